@@ -1,0 +1,274 @@
+"""``dfedrw run``: one OS process per client on this machine, over loopback.
+
+The launcher binds a zmq ROUTER on a loopback port the OS picks; every client starts its gRPC
+server on a port the OS picks (so no two processes ever race for a port), registers its
+address, and gets the address book back once all have registered (a handshake, never a sleep).
+Clients then stream per-round telemetry to the same socket, which drives the live progress.
+Results come from the files the clients write, so they never depend on telemetry arriving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from peer.config import Scenario, dump_scenario
+from peer.data import check_dataset
+from peer.node import attack_for, rule_for, scenario_topology
+from peer.results import summarize, write_json_atomic
+
+# Grace given to children between SIGTERM and SIGKILL when the run is stopped.
+_TERM_GRACE = 5.0
+
+
+@dataclass
+class Child:
+    id: int
+    role: str
+    proc: subprocess.Popen
+    log_path: Path
+    registered: bool = False
+    address: str | None = None
+    round: int = -1
+    last: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    reported: bool = False
+
+
+def default_out_dir(root: Path = Path("runs")) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        path = root / (stamp if i == 0 else f"{stamp}-{i}")
+        if not path.exists():
+            return path
+    raise RuntimeError(f"no free run folder under {root}")
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class LocalRun:
+    def __init__(self, scenario: Scenario, out_dir: Path, *, console: Console | None = None, python: str = sys.executable) -> None:
+        self.scenario = scenario
+        self.out_dir = Path(out_dir)
+        self.console = console or Console(stderr=True)
+        self.python = python
+        self.children: dict[int, Child] = {}
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._identities: dict[int, bytes] = {}
+        self._book_sent = False
+
+    # -- processes ----------------------------------------------------------------------
+    def check(self) -> None:
+        """Build every client's rule or attack here first, so a bad setting fails once, clearly,
+        instead of in every child process."""
+        topology = scenario_topology(self.scenario)
+        for k in range(topology.num_clients):
+            if k in topology.byzantine:
+                attack_for(self.scenario.attack, topology.num_clients, len(topology.byzantine))
+            else:
+                rule_for(self.scenario.aggregation_for(k))
+        check_dataset(self.scenario.data.name, self.scenario.data.dir or None)
+
+    def spawn(self) -> None:
+        topology = scenario_topology(self.scenario)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "logs").mkdir(exist_ok=True)
+        scenario_path = self.out_dir / "scenario.toml"
+        dump_scenario(self.scenario, scenario_path)
+        env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        # One thread per process: 12 clients on 2 cores thrash with torch's default pool.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        for k in range(topology.num_clients):
+            role = "byzantine" if k in topology.byzantine else "honest"
+            log_path = self.out_dir / "logs" / f"{k}.log"
+            cmd = [
+                self.python, "-m", "peer",
+                "--scenario", str(scenario_path),
+                "--id", str(k),
+                "--rendezvous", self.endpoint,
+                "--out", str(self.out_dir),
+            ]
+            with log_path.open("w") as log_file:
+                # A new session: Ctrl-C in the terminal reaches the launcher only, which then
+                # stops every child itself, in order.
+                proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.children[k] = Child(k, role, proc, log_path)
+
+    def stop_all(self) -> None:
+        alive = [c for c in self.children.values() if c.proc.poll() is None]
+        for c in alive:
+            c.proc.terminate()
+        deadline = time.monotonic() + _TERM_GRACE
+        for c in alive:
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+        for c in self.children.values():
+            c.exit_code = c.proc.poll()
+
+    # -- messages -----------------------------------------------------------------------
+    def _handle(self, identity: bytes, payload: bytes) -> None:
+        try:
+            msg = json.loads(payload)
+        except json.JSONDecodeError:
+            return
+        child = self.children.get(msg.get("id"))
+        if child is None:
+            return
+        kind = msg.get("type")
+        if kind == "register":
+            child.registered = True
+            child.address = msg["address"]
+            self._identities[child.id] = identity
+        elif kind == "round":
+            child.round = msg["round"]
+            child.last = {k: v for k, v in msg.items() if k in ("train_loss", "accuracy", "global_accuracy")}
+        elif kind == "done":
+            child.round = self.scenario.rounds - 1
+
+    def _maybe_send_book(self) -> None:
+        """Send the address book once every client that is still alive has registered."""
+        if self._book_sent:
+            return
+        pending = [c for c in self.children.values() if not c.registered and c.proc.poll() is None]
+        if pending:
+            return
+        book = {str(c.id): c.address for c in self.children.values() if c.registered}
+        for k, identity in self._identities.items():
+            self._sock.send_multipart([identity, json.dumps({"type": "addresses", "addresses": book}).encode()])
+        self._book_sent = True
+
+    def _poll_exits(self) -> None:
+        for c in self.children.values():
+            if c.exit_code is None:
+                c.exit_code = c.proc.poll()
+            if c.exit_code is not None and c.exit_code != 0 and not c.reported:
+                c.reported = True
+                self.console.print(f"[red]client {c.id} ({c.role}) {_describe_exit(c.exit_code)}: {_last_line(c.log_path)}[/red]")
+                self.console.print(f"[red]  log: {c.log_path}[/red]")
+
+    # -- main loop ----------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        start = time.monotonic()
+        self.check()
+        self.spawn()
+        rounds = self.scenario.rounds
+        interactive = self.console.is_terminal
+        progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+            console=self.console, disable=not interactive,
+        )
+        tasks = {k: progress.add_task(f"client {k:>3} {c.role:<9}", total=rounds, info="starting") for k, c in self.children.items()}
+        next_plain = 0.0
+        interrupted = False
+        try:
+            with progress:
+                while any(c.exit_code is None for c in self.children.values()):
+                    if self._sock.poll(200):
+                        while True:
+                            try:
+                                identity, payload = self._sock.recv_multipart(zmq.NOBLOCK)
+                            except zmq.Again:
+                                break
+                            self._handle(identity, payload)
+                    self._poll_exits()
+                    self._maybe_send_book()
+                    for k, c in self.children.items():
+                        info = _info(c)
+                        progress.update(tasks[k], completed=c.round + 1, info=info)
+                    if not interactive and time.monotonic() >= next_plain:
+                        next_plain = time.monotonic() + 10.0
+                        done = [c.round + 1 for c in self.children.values() if c.exit_code in (None, 0)]
+                        self.console.print(f"[{time.monotonic() - start:6.1f}s] rounds done: min {min(done, default=0)}/{rounds}, max {max(done, default=0)}/{rounds}")
+        except KeyboardInterrupt:
+            interrupted = True
+            self.console.print("[yellow]interrupted: stopping every client[/yellow]")
+        finally:
+            self.stop_all()
+            self._sock.close()
+            self._ctx.term()
+        summary = summarize(
+            self.out_dir,
+            roles={k: c.role for k, c in self.children.items()},
+            pids={k: c.proc.pid for k, c in self.children.items()},
+            exit_codes={k: c.exit_code for k, c in self.children.items()},
+            rounds=rounds,
+            wall_seconds=time.monotonic() - start,
+        )
+        summary["interrupted"] = interrupted
+        summary["launcher_pid"] = os.getpid()
+        write_json_atomic(self.out_dir / "summary.json", summary)
+        return summary
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def _info(c: Child) -> str:
+    if c.exit_code not in (None, 0):
+        return f"[red]{_describe_exit(c.exit_code)}[/red]"
+    parts = []
+    if c.last.get("train_loss") is not None:
+        parts.append(f"loss {c.last['train_loss']:.3f}")
+    if c.last.get("accuracy") is not None:
+        parts.append(f"acc {c.last['accuracy']:.1f}%")
+    return " ".join(parts) or ("running" if c.registered else "starting")
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    table = Table(title="per-client results")
+    for col in ("id", "role", "pid", "local acc %", "global acc %", "rejected", "status"):
+        table.add_column(col, justify="right" if col not in ("role", "status") else "left")
+    for k, p in summary["peers"].items():
+        fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+        status = "ok" if p["completed"] else f"[red]failed ({p.get('rounds_done', 0)} rounds)[/red]"
+        table.add_row(k, p["role"], str(p["pid"]), fmt(p["accuracy"]), fmt(p["global_accuracy"]), str(p["rejected_messages"] if p["rejected_messages"] is not None else "-"), status)
+    console.print(table)
+
+    def f(key: str, unit: str = "") -> str:
+        v = summary.get(key)
+        return "-" if v is None else f"{v:.4g}{unit}"
+
+    console.print(
+        f"honest mean accuracy {f('honest_mean_accuracy', '%')} (variance {f('accuracy_variance', ' %^2')}, worst {f('worst_accuracy', '%')}); "
+        f"global {f('honest_mean_global_accuracy', '%')}; Byzantine weight share {f('byzantine_weight_share')}; "
+        f"failed {summary['failed_peers'] or 'none'}; {summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
+    )
+
+
+def run_local(scenario: Scenario, out_dir: Path | None = None, *, console: Console | None = None) -> tuple[Path, dict[str, Any]]:
+    out = Path(out_dir) if out_dir else default_out_dir()
+    if (out / "summary.json").exists():
+        raise FileExistsError(f"{out} already holds a finished run; choose another --out")
+    run = LocalRun(scenario, out, console=console)
+    return out, run.run()

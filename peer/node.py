@@ -1,0 +1,344 @@
+"""The one module that wires a client together: data, model, aggregation rule or attack,
+inbox, transport, launcher link, results.
+
+Round t at an honest client k (paper, Algorithm 1):
+  1. local SGD step(s) -> w_k^{t+1/2};
+  2. send it to every neighbour; wait until each neighbour's round-t model arrived or the
+     round deadline passed (neighbours presumed gone are not waited for);
+  3. aggregate own + received with the client's rule (DFedReweighting scores every candidate
+     on the auxiliary set A_k) -> w_k^{t+1}.
+A Byzantine client holds no data: each round it waits for its honest neighbours' round-t
+models, crafts one message per receiver with its attack, and sends them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from peer.aggregation import RoundInputs, build_rule
+from peer.attacks import make_attack
+from peer.config import AggregationConfig, AttackConfig, Scenario
+from peer.data import Dataset, aux_indices, load_dataset, local_test_indices, partition
+from peer.models import build_model, get_vector, set_vector
+from peer.results import RoundLog, write_json_atomic
+from peer.telemetry import LauncherLink, NullLink
+from peer.training import LocalTrainer, VectorEvaluator, evaluate
+from peer.transport.base import Transport
+from peer.transport.grpc_transport import GrpcTransport
+from peer.transport.inbox import Inbox
+from peer.transport.serde import WireError, decode, encode, join_chunks, model_specs
+from topologies import Topology, build_topology
+
+log = logging.getLogger(__name__)
+
+# (features, classes) per dataset, so a Byzantine client knows the model layout without data.
+DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
+
+
+def derive_seed(seed: int, *keys: int | str) -> int:
+    """An independent, reproducible seed for one purpose of one client."""
+    words = [k if isinstance(k, int) else int.from_bytes(k.encode()[:8].ljust(8, b"\0"), "little") for k in keys]
+    return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint32)[0])
+
+
+def scenario_topology(scenario: Scenario) -> Topology:
+    t = scenario.topology
+    return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None)
+
+
+def rule_for(cfg: AggregationConfig):
+    if cfg.rule == "dfedavg":
+        return build_rule("dfedavg", rule_params={"weighting": cfg.dfedavg_weighting})
+    crs_params: dict[str, Any] = {}
+    if cfg.crs == "softmax":
+        crs_params = {"temperature": cfg.temperature, "scale": cfg.accuracy_scale}
+    elif cfg.crs == "loss_clip_mean":
+        crs_params = {"weighting": cfg.loss_clip_weighting}
+    elif cfg.crs == "clip":
+        crs_params = {"threshold": cfg.clip_threshold}
+    tpm_params: dict[str, Any] = {}
+    if cfg.tpm == "combined":
+        tpm_params = {"accuracy": cfg.tpm_accuracy_weight, "loss": cfg.tpm_loss_weight}
+    return build_rule(cfg.rule, tpm=cfg.tpm, crs=cfg.crs, tpm_params=tpm_params, crs_params=crs_params)
+
+
+def attack_for(cfg: AttackConfig, num_clients: int, num_byzantine: int):
+    if cfg.name == "gaussian":
+        return make_attack("gaussian", std=cfg.std, center=cfg.center)
+    if cfg.name == "sign_flip":
+        return make_attack("sign_flip", scale=cfg.scale)
+    if cfg.name == "alie":
+        z = None if cfg.z == "auto" else float(cfg.z)
+        return make_attack("alie", z=z, num_clients=num_clients, num_byzantine=num_byzantine)
+    raise ValueError(f"attack.name={cfg.name!r} has no Byzantine behaviour")
+
+
+@dataclass
+class ClientData:
+    train: Dataset
+    aux: Dataset
+    local_test: Dataset
+    global_test: Dataset
+
+
+def client_data(scenario: Scenario, topology: Topology, client_id: int) -> ClientData:
+    """Client k's shard, auxiliary subset and test sets. Every client computes the same seeded
+    partition over the honest clients and keeps its own part."""
+    d = scenario.data
+    train, test = load_dataset(d.name, d.dir or None)
+    honest = sorted(topology.honest())
+    shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed)
+    shard = train.subset(shards[honest.index(client_id)])
+    aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
+    size = min(d.local_test_size, len(test.y))
+    local = test.subset(
+        local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
+    )
+    return ClientData(train=shard, aux=aux, local_test=local, global_test=test)
+
+
+@dataclass
+class Liveness:
+    """Consecutive missed deadlines per neighbour; past the limit a neighbour is not waited for."""
+
+    limit: int
+    missed: dict[int, int] = field(default_factory=dict)
+
+    def update(self, inbox: Inbox, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
+        for k in expected:
+            if k in arrived:
+                self.missed[k] = 0
+            else:
+                self.missed[k] = self.missed.get(k, 0) + 1
+                if self.missed[k] == self.limit:
+                    log.warning("client %d: neighbour %d missed %d deadlines, no longer waiting for it", inbox.own_id, k, self.limit)
+                    inbox.set_gone(k)
+
+
+class Peer:
+    """A client process's state and round loop (honest or Byzantine)."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        client_id: int,
+        out_dir: Path,
+        *,
+        transport: Transport | None = None,
+        link: LauncherLink | NullLink | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.id = client_id
+        self.out_dir = Path(out_dir)
+        self.topology = scenario_topology(scenario)
+        if not 0 <= client_id < self.topology.num_clients:
+            raise ValueError(f"client id {client_id} out of range 0..{self.topology.num_clients - 1}")
+        self.role = "byzantine" if client_id in self.topology.byzantine else "honest"
+        self.neighbours = tuple(self.topology.neighbours(client_id))
+        self.link = link or NullLink()
+        net = scenario.network
+        self.transport = transport or GrpcTransport(
+            net.host, 0, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
+            max_workers=len(self.neighbours) + 4,
+        )
+        self.inbox = Inbox(client_id, self.neighbours, self.topology.num_clients, net.round_window)
+        features, classes = DATASET_SHAPES[scenario.data.name]
+        t = scenario.train
+        init_seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
+        self.model = build_model(t.model, features, classes, hidden=t.hidden, seed=init_seed)
+        self.specs = model_specs(self.model)
+        self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
+        self.results = RoundLog(self.out_dir, client_id)
+
+    # -- receiving ---------------------------------------------------------------------
+    def deliver(self, chunks) -> tuple[bool, str]:
+        """Validate one incoming Push stream and buffer it (called on transport threads)."""
+        try:
+            header, payload, wire = join_chunks(chunks, self.max_bytes)
+            # Screened before decoding so a stranger costs no tensor work.
+            refused = self.inbox.screen(header.sender)
+            if refused is not None:
+                return refused
+            msg = decode(header, payload, self.specs, wire)
+        except WireError as exc:
+            return self.inbox.reject(exc.reason, str(exc))
+        return self.inbox.offer(msg)
+
+    def _on_reachability(self, peer: int, reachable: bool) -> None:
+        if not reachable and peer not in self.inbox.gone():
+            log.warning("client %d: neighbour %d unreachable, no longer waiting for it", self.id, peer)
+            self.inbox.set_gone(peer)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> str:
+        return self.transport.start(self.deliver)
+
+    def connect(self, addresses: Mapping[int, str]) -> None:
+        for k in self.neighbours:
+            if k not in addresses:
+                # A neighbour that never came up (e.g. it died at start) is not waited for.
+                log.warning("client %d: no address for neighbour %d; going on without it", self.id, k)
+                self.inbox.set_gone(k)
+        self.transport.connect({k: addresses[k] for k in self.neighbours if k in addresses}, self._on_reachability)
+        late = self.transport.wait_ready(self.scenario.network.connect_timeout)
+        for k in late:
+            log.warning("client %d: neighbour %d not reachable at start", self.id, k)
+            self.inbox.set_gone(k)
+
+    def run(self) -> dict[str, Any]:
+        torch.set_num_threads(1)
+        start = time.monotonic()
+        try:
+            if self.role == "honest":
+                final = self._run_honest()
+            else:
+                final = self._run_byzantine()
+        finally:
+            self.transport.flush(timeout=5.0)
+            self.results.close()
+        final.update(
+            id=self.id,
+            role=self.role,
+            pid=os.getpid(),
+            completed=True,
+            wall_seconds=round(time.monotonic() - start, 3),
+            rejected_messages=self.inbox.total_rejected(),
+            rejected_by_reason=dict(self.inbox.rejected),
+            stale_messages=self.inbox.stale,
+        )
+        write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)
+        self.link.send({"type": "done", "id": self.id, "accuracy": final.get("accuracy"), "global_accuracy": final.get("global_accuracy")})
+        return final
+
+    def close(self) -> None:
+        self.transport.close()
+        self.link.close()
+
+    # -- round loops -------------------------------------------------------------------
+    def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to) -> None:
+        chunks = encode(self.id, round_, vector, self.specs, num_samples=num_samples, chunk_bytes=self.scenario.network.chunk_bytes)
+        for k in to:
+            self.transport.send(k, chunks)
+
+    def _run_honest(self) -> dict[str, Any]:
+        sc = self.scenario
+        data = client_data(sc, self.topology, self.id)
+        t = sc.train
+        trainer = LocalTrainer(self.model, data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps, seed=derive_seed(sc.seed, "batches", self.id))
+        rule = rule_for(sc.aggregation_for(self.id))
+        aux_eval = VectorEvaluator(self.model, data.aux)
+        neighbours = frozenset(self.neighbours)
+        liveness = Liveness(sc.network.max_missed_rounds)
+        num_samples = len(data.train.y)
+        last: dict[str, float] = {}
+        for r in range(sc.rounds):
+            self.inbox.advance(r)
+            sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
+            loss = trainer.step()
+            own = get_vector(self.model)
+            self._send_all(r, own, num_samples, self.neighbours)
+            expected = neighbours - self.inbox.gone()
+            got = self.inbox.wait(r, expected, sc.network.round_timeout)
+            liveness.update(self.inbox, expected, got)
+            ids = (self.id, *sorted(got))
+            vectors = torch.stack([own, *(got[k].vector for k in ids[1:])])
+            sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
+            agg = rule(RoundInputs(own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval))
+            set_vector(self.model, agg.model)
+            record: dict[str, Any] = {
+                "round": r,
+                "train_loss": loss,
+                "weights": {str(k): round(float(w), 6) for k, w in agg.weights.items()},
+                "bytes_sent": self.transport.bytes_sent - sent0,
+                "bytes_received": self.inbox.bytes_received - recv0,
+                "missing": sorted(expected - got.keys()),
+            }
+            if agg.scores is not None:
+                record["scores"] = {str(k): _finite_or_none(v) for k, v in agg.scores.items()}
+            every = sc.eval.every
+            if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
+                last = {
+                    "accuracy": 100.0 * evaluate(self.model, data.local_test)["accuracy"],
+                    "global_accuracy": 100.0 * evaluate(self.model, data.global_test)["accuracy"],
+                }
+                record.update(last)
+            self.results.write(record)
+            self.link.send({"type": "round", "id": self.id, "round": r, "train_loss": loss, **last})
+        return {**last, "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
+
+    def _run_byzantine(self) -> dict[str, Any]:
+        sc = self.scenario
+        attack = attack_for(sc.attack, self.topology.num_clients, len(self.topology.byzantine))
+        gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", self.id))
+        targets = tuple(k for k in self.neighbours if k not in self.topology.byzantine)
+        liveness = Liveness(sc.network.max_missed_rounds)
+        for r in range(sc.rounds):
+            self.inbox.advance(r)
+            sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
+            expected = frozenset(targets) - self.inbox.gone()
+            got = self.inbox.wait(r, expected, sc.network.round_timeout)
+            liveness.update(self.inbox, expected, got)
+            honest_got = [got[k].vector for k in sorted(got) if k not in self.topology.byzantine]
+            received = torch.stack(honest_got) if honest_got else torch.empty(0, sum(s.numel for s in self.specs))
+            silent = 0
+            for k in targets:
+                crafted = attack(received, k, gen)
+                if crafted is None:
+                    silent += 1
+                    continue
+                self.transport.send(k, encode(self.id, r, crafted, self.specs, chunk_bytes=sc.network.chunk_bytes))
+            self.results.write({
+                "round": r,
+                "train_loss": None,
+                "weights": {},
+                "bytes_sent": self.transport.bytes_sent - sent0,
+                "bytes_received": self.inbox.bytes_received - recv0,
+                "received_from": sorted(got),
+                "silent_to": silent,
+            })
+            self.link.send({"type": "round", "id": self.id, "round": r})
+        return {"attack": sc.attack.name}
+
+
+def _finite_or_none(x: float) -> float | None:
+    x = float(x)
+    return round(x, 6) if np.isfinite(x) else None
+
+
+def run_peer(
+    scenario: Scenario,
+    client_id: int,
+    out_dir: Path,
+    *,
+    rendezvous: str | None = None,
+    addresses: Mapping[int, str] | None = None,
+    listen_port: int = 0,
+    advertise: str | None = None,
+) -> dict[str, Any]:
+    """Run one client to completion: start, find the neighbours, run every round, write results.
+
+    Addresses come either from the launcher (``rendezvous``, a zmq endpoint) or are given.
+    """
+    if (rendezvous is None) == (addresses is None):
+        raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
+    net = scenario.network
+    link = LauncherLink(rendezvous) if rendezvous else NullLink()
+    transport = GrpcTransport(net.host, listen_port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3), advertise=advertise)
+    peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)
+    try:
+        address = peer.start()
+        if rendezvous:
+            addresses = link.register(client_id, address, os.getpid(), peer.role, net.connect_timeout)
+        peer.connect(addresses)
+        return peer.run()
+    finally:
+        peer.close()

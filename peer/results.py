@@ -1,0 +1,121 @@
+"""What a run leaves on disk, and the summary built from it.
+
+Each client appends one JSON object per round to ``peers/<id>.jsonl`` as it goes (flushed
+every line, so a crash loses nothing already done) and writes ``peers/<id>.json`` when it
+finishes. The launcher builds ``summary.json`` from these files only, never from telemetry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class RoundLog:
+    def __init__(self, out_dir: Path, client_id: int) -> None:
+        path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_rounds(out_dir: Path, client_id: int) -> list[dict[str, Any]]:
+    """The per-round records of one client; a torn last line (crash mid-write) is skipped."""
+    path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def read_final(out_dir: Path, client_id: int) -> dict[str, Any] | None:
+    path = Path(out_dir) / "peers" / f"{client_id}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def summarize(
+    out_dir: Path,
+    *,
+    roles: dict[int, str],
+    pids: dict[int, int | None],
+    exit_codes: dict[int, int | None],
+    rounds: int,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """Build the run summary from the files the clients wrote."""
+    byzantine = {k for k, r in roles.items() if r == "byzantine"}
+    peers: dict[str, Any] = {}
+    failed: list[int] = []
+    accs: list[float] = []
+    gaccs: list[float] = []
+    shares: list[float] = []
+    for k in sorted(roles):
+        final = read_final(out_dir, k)
+        ok = final is not None and final.get("completed") and exit_codes.get(k) in (0, None)
+        if not ok:
+            failed.append(k)
+        records = read_rounds(out_dir, k)
+        entry: dict[str, Any] = {
+            "role": roles[k],
+            "pid": pids.get(k),
+            "exit_code": exit_codes.get(k),
+            "completed": bool(ok),
+            "rounds_done": len(records),
+            "accuracy": None,
+            "global_accuracy": None,
+            "rejected_messages": None,
+            "stale_messages": None,
+        }
+        if final is not None:
+            for key in ("accuracy", "global_accuracy", "rejected_messages", "rejected_by_reason", "stale_messages"):
+                entry[key] = final.get(key)
+        peers[str(k)] = entry
+        if roles[k] == "honest" and ok:
+            accs.append(final["accuracy"])
+            gaccs.append(final["global_accuracy"])
+        if roles[k] == "honest" and byzantine:
+            for rec in records:
+                w = rec.get("weights") or {}
+                shares.append(sum(v for s, v in w.items() if int(s) in byzantine))
+
+    def stat(fn, xs):
+        return float(fn(np.asarray(xs))) if xs else None
+
+    return {
+        "honest_mean_accuracy": stat(np.mean, accs),
+        "accuracy_variance": stat(np.var, accs),
+        "honest_mean_global_accuracy": stat(np.mean, gaccs),
+        "global_accuracy_variance": stat(np.var, gaccs),
+        "worst_accuracy": stat(np.min, accs),
+        "rounds": rounds,
+        "wall_seconds": round(wall_seconds, 3),
+        "byzantine_weight_share": (float(np.mean(shares)) if shares else 0.0) if byzantine else None,
+        "failed_peers": failed,
+        "honest_completed": len(accs),
+        "peers": peers,
+    }

@@ -1,0 +1,40 @@
+"""What the client needs from a transport; gRPC is one implementation.
+
+A transport delivers each received Push stream to a ``Deliver`` callback (which validates and
+buffers it, see :func:`peer.transport.receive`) and sends model messages to neighbours without
+blocking the round loop. It tells the client when a neighbour cannot be reached at all, so the
+client stops waiting for it instead of paying the round deadline every round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+from peer.transport.pb import peer_pb2 as pb
+
+# (chunks of one Push stream) -> (accepted, reason)
+Deliver = Callable[[Iterable[pb.ModelChunk]], tuple[bool, str]]
+# (peer id, reachable) -> None
+Reachability = Callable[[int, bool], None]
+
+
+class Transport(Protocol):
+    bytes_sent: int
+
+    def start(self, deliver: Deliver) -> str:
+        """Start receiving; returns the address other peers reach this one at."""
+
+    def connect(self, addresses: Mapping[int, str], on_reachability: Reachability) -> None:
+        """Open connections to the given neighbours (id -> address)."""
+
+    def wait_ready(self, timeout: float) -> list[int]:
+        """Wait until every neighbour accepts connections; returns those that did not in time."""
+
+    def send(self, to: int, chunks: list[pb.ModelChunk]) -> None:
+        """Send one message without blocking."""
+
+    def flush(self, timeout: float) -> None:
+        """Wait (bounded) for the sends in flight."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,129 @@
+"""The receive side of the round protocol, independent of any transport.
+
+Messages are keyed by round. A message for the current round or up to ``window`` rounds ahead
+is buffered; an older one is stale and dropped; anything else (unknown sender, not a neighbour,
+far-future round, second copy) is rejected. Every rejection is counted by reason and logged,
+and the client carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+from peer.transport.serde import ModelMessage
+
+log = logging.getLogger(__name__)
+
+
+class Inbox:
+    def __init__(self, own_id: int, neighbours: Iterable[int], num_clients: int, window: int) -> None:
+        self.own_id = own_id
+        self.neighbours = frozenset(neighbours)
+        self.num_clients = num_clients
+        self.window = window
+        self._round = 0
+        self._buffer: dict[int, dict[int, ModelMessage]] = {}
+        # Neighbours not waited for: unreachable, or silent for too many deadlines in a row.
+        self._gone: set[int] = set()
+        self._cond = threading.Condition()
+        self.rejected: Counter[str] = Counter()
+        self.stale = 0
+        self.bytes_received = 0
+
+    @property
+    def round(self) -> int:
+        return self._round
+
+    def reject(self, reason: str, detail: str = "") -> tuple[bool, str]:
+        with self._cond:
+            self.rejected[reason] += 1
+        log.warning("client %d rejected a message: %s %s", self.own_id, reason, detail)
+        return False, reason
+
+    def screen(self, sender: int) -> tuple[bool, str] | None:
+        """Reject a sender that is unknown or not a neighbour (None when it may send to us).
+
+        Cheap, so a transport can call it before decoding any tensor bytes.
+        """
+        if not 0 <= sender < self.num_clients:
+            return self.reject("unknown_sender", f"sender {sender}")
+        if sender not in self.neighbours:
+            return self.reject("not_neighbour", f"sender {sender}")
+        return None
+
+    def offer(self, msg: ModelMessage) -> tuple[bool, str]:
+        """Buffer ``msg`` if it is acceptable; returns (accepted, reason)."""
+        refused = self.screen(msg.sender)
+        if refused is not None:
+            return refused
+        with self._cond:
+            current = self._round
+            if msg.round < current:
+                stale = True
+            elif msg.round > current + self.window:
+                stale = None
+            else:
+                stale = False
+                slot = self._buffer.setdefault(msg.round, {})
+                duplicate = msg.sender in slot
+                if not duplicate:
+                    slot[msg.sender] = msg
+                    self.bytes_received += msg.nbytes
+                    self._gone.discard(msg.sender)
+                    self._cond.notify_all()
+        if stale:
+            # Late, not malicious: the deadline for that round passed. Dropped and counted apart.
+            with self._cond:
+                self.stale += 1
+            log.info("client %d dropped a stale round-%d message from %d", self.own_id, msg.round, msg.sender)
+            return False, "stale_round"
+        if stale is None:
+            return self.reject(
+                "future_round", f"round {msg.round} > {current}+{self.window} from {msg.sender}"
+            )
+        if duplicate:
+            return self.reject("duplicate", f"second round-{msg.round} message from {msg.sender}")
+        return True, ""
+
+    def set_gone(self, peer: int, gone: bool = True) -> None:
+        with self._cond:
+            if gone:
+                self._gone.add(peer)
+            else:
+                self._gone.discard(peer)
+            self._cond.notify_all()
+
+    def gone(self) -> frozenset[int]:
+        with self._cond:
+            return frozenset(self._gone)
+
+    def wait(self, round_: int, expect: Iterable[int], timeout: float) -> dict[int, ModelMessage]:
+        """Block until every expected peer (minus those marked gone) delivered ``round_``, or timeout.
+
+        Returns what arrived for that round, from any neighbour.
+        """
+        expect = frozenset(expect)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                have = self._buffer.get(round_, {})
+                missing = expect - have.keys() - self._gone
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return dict(have)
+                self._cond.wait(left)
+
+    def advance(self, round_: int) -> None:
+        """Move to ``round_``: older buffered rounds are dropped (they are stale now)."""
+        with self._cond:
+            self._round = round_
+            for r in [r for r in self._buffer if r < round_]:
+                del self._buffer[r]
+
+    def total_rejected(self) -> int:
+        with self._cond:
+            return sum(self.rejected.values())

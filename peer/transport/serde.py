@@ -1,0 +1,152 @@
+"""Model messages on the wire: raw little-endian tensor bytes plus a header, never pickle.
+
+A model is a flat float32 vector on the client side; on the wire it is the concatenation of
+its parameter tensors, each described by a :class:`TensorSpec`, so a receiver can check every
+name, dtype and shape against its own model before it touches the bytes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from peer.transport.pb import peer_pb2 as pb
+
+WIRE_DTYPES = {"float32": np.dtype("<f4")}
+
+
+class WireError(ValueError):
+    """A received message is malformed; ``reason`` is a short machine-friendly tag."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * WIRE_DTYPES[self.dtype].itemsize
+
+
+def model_specs(model: torch.nn.Module) -> tuple[TensorSpec, ...]:
+    """The wire layout of a model: its parameters in ``named_parameters`` order."""
+    return tuple(
+        TensorSpec(name, str(p.dtype).removeprefix("torch."), tuple(p.shape))
+        for name, p in model.named_parameters()
+    )
+
+
+@dataclass(frozen=True)
+class ModelMessage:
+    sender: int
+    round: int
+    vector: torch.Tensor  # flat float32
+    num_samples: int = 0
+    nbytes: int = 0  # size on the wire, for accounting
+
+
+def encode(
+    sender: int,
+    round_: int,
+    vector: torch.Tensor,
+    specs: Sequence[TensorSpec],
+    *,
+    num_samples: int = 0,
+    chunk_bytes: int = 1 << 20,
+) -> list[pb.ModelChunk]:
+    """Split a flat model into Push chunks; the header rides on the first chunk."""
+    payload = vector.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+    expected = sum(s.nbytes for s in specs)
+    if len(payload) != expected:
+        raise ValueError(f"vector has {len(payload)} bytes, the model layout needs {expected}")
+    header = pb.ModelHeader(
+        sender=sender,
+        round=round_,
+        tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
+        total_bytes=len(payload),
+        crc32=zlib.crc32(payload),
+        num_samples=num_samples,
+    )
+    view = memoryview(payload)
+    chunks = [pb.ModelChunk(header=header, data=bytes(view[:chunk_bytes]))]
+    for start in range(chunk_bytes, len(payload), chunk_bytes):
+        chunks.append(pb.ModelChunk(data=bytes(view[start : start + chunk_bytes])))
+    return chunks
+
+
+def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.ModelHeader, bytes, int]:
+    """Reassemble a Push stream: (header, payload, bytes on the wire).
+
+    Stops reading as soon as the stream exceeds ``max_bytes`` or the size the header declared,
+    so an oversized stream costs the receiver at most that much memory.
+    """
+    header = None
+    parts: list[bytes] = []
+    size = 0
+    wire = 0
+    for i, chunk in enumerate(chunks):
+        wire += chunk.ByteSize()
+        if i == 0:
+            if not chunk.HasField("header"):
+                raise WireError("no_header", "the first chunk carries no header")
+            header = chunk.header
+            if header.total_bytes > max_bytes:
+                raise WireError("too_large", f"{header.total_bytes} bytes > limit {max_bytes}")
+        elif chunk.HasField("header"):
+            raise WireError("bad_chunk", "a header appeared after the first chunk")
+        size += len(chunk.data)
+        if size > header.total_bytes:
+            raise WireError("size_mismatch", f"stream longer than the declared {header.total_bytes} bytes")
+        parts.append(chunk.data)
+    if header is None:
+        raise WireError("empty", "empty stream")
+    if size != header.total_bytes:
+        raise WireError("size_mismatch", f"got {size} bytes, header declared {header.total_bytes}")
+    return header, b"".join(parts), wire
+
+
+def decode(header: pb.ModelHeader, payload: bytes, specs: Sequence[TensorSpec], wire_bytes: int = 0) -> ModelMessage:
+    """Check a message against the receiver's model layout and turn it into a vector.
+
+    Raises :class:`WireError` on any mismatch: tensor count, name, dtype, shape, byte size,
+    checksum, or a non-finite value.
+    """
+    if len(header.tensors) != len(specs):
+        raise WireError("shape_mismatch", f"{len(header.tensors)} tensors, expected {len(specs)}")
+    for got, want in zip(header.tensors, specs, strict=True):
+        if got.dtype != want.dtype:
+            raise WireError("dtype_mismatch", f"{got.name}: dtype {got.dtype!r}, expected {want.dtype!r}")
+        if got.name != want.name or tuple(got.shape) != want.shape:
+            raise WireError(
+                "shape_mismatch", f"{got.name}{tuple(got.shape)}, expected {want.name}{want.shape}"
+            )
+    expected = sum(s.nbytes for s in specs)
+    if header.total_bytes != expected or len(payload) != expected:
+        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected}")
+    if zlib.crc32(payload) != header.crc32:
+        raise WireError("bad_checksum", "payload CRC-32 does not match the header")
+    array = np.frombuffer(payload, dtype=WIRE_DTYPES["float32"])
+    if not np.isfinite(array).all():
+        raise WireError("non_finite", "the model contains NaN or Inf")
+    vector = torch.from_numpy(array.astype(np.float32, copy=True))
+    return ModelMessage(
+        sender=header.sender,
+        round=header.round,
+        vector=vector,
+        num_samples=header.num_samples,
+        nbytes=wire_bytes,
+    )

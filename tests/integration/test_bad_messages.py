@@ -1,0 +1,75 @@
+"""Acceptance E: malformed and unwanted messages over real gRPC (loopback) are rejected and
+counted, and the receiver keeps training. Four clients run as threads in this process."""
+
+import threading
+
+import grpc
+import torch
+
+from peer.node import Peer
+from peer.transport.pb import peer_pb2_grpc as pb_grpc
+from peer.transport.serde import TensorSpec, encode
+
+
+def run_network(scenario, out_dir, meddle):
+    peers = {k: Peer(scenario, k, out_dir) for k in range(scenario.num_clients)}
+    addresses = {k: p.start() for k, p in peers.items()}
+    finals, errors = {}, []
+
+    def client(k):
+        try:
+            peers[k].connect(addresses)
+            finals[k] = peers[k].run()
+        except Exception as exc:  # surfaced below
+            errors.append((k, exc))
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in peers]
+    for t in threads:
+        t.start()
+    try:
+        meddle(peers, addresses)
+    finally:
+        for t in threads:
+            t.join(timeout=120)
+        for p in peers.values():
+            p.close()
+    assert not errors, errors
+    assert all(not t.is_alive() for t in threads), "a client hung"
+    return peers, finals
+
+
+def test_bad_messages_are_rejected_counted_and_training_goes_on(small_scenario, tmp_path):
+    # Ring 0-1-2-3-0: client 2 is known but not a neighbour of client 0.
+    scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "attack.name=none", "rounds=40")
+    replies = []
+
+    def meddle(peers, addresses):
+        target = peers[0]
+        specs = target.specs
+        good = torch.zeros(sum(s.numel for s in specs))
+        nan = good.clone()
+        nan[0] = float("nan")
+        wrong = tuple(TensorSpec(s.name, s.dtype, tuple(reversed(s.shape))) for s in specs)
+        messages = {
+            "shape_mismatch": encode(1, 0, good, wrong),
+            "non_finite": encode(3, 0, nan, specs),
+            "not_neighbour": encode(2, 0, good, specs),
+            "future_round": encode(1, 10**6, good, specs),
+        }
+        with grpc.insecure_channel(addresses[0]) as channel:
+            stub = pb_grpc.PeerStub(channel)
+            for name, chunks in messages.items():
+                reply = stub.Push(iter(chunks), timeout=10)
+                replies.append((name, reply.accepted, reply.reason))
+
+    peers, finals = run_network(scenario, tmp_path, meddle)
+    assert replies == [(n, False, n) for n in ("shape_mismatch", "non_finite", "not_neighbour", "future_round")]
+    final = finals[0]
+    assert final["rejected_by_reason"] == {"shape_mismatch": 1, "non_finite": 1, "not_neighbour": 1, "future_round": 1}
+    assert final["rejected_messages"] == 4
+    # It kept training: every round done, and its neighbours' models were still used.
+    rounds = (tmp_path / "peers" / "0.jsonl").read_text().splitlines()
+    assert len(rounds) == 40
+    assert all(f["completed"] for f in finals.values())
+    for k in (1, 2, 3):
+        assert finals[k]["rejected_messages"] == 0

@@ -1,0 +1,62 @@
+"""Real client processes started by the launcher (loopback only)."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from rich.console import Console
+
+from launch.local import LocalRun
+from peer.results import read_rounds
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigkill_one_honest_client_others_finish(small_scenario, tmp_path):
+    scenario = small_scenario(
+        "topology.honest=6", "topology.byzantine=0", "attack.name=none", "rounds=400", "network.round_timeout=3"
+    )
+    run = LocalRun(scenario, tmp_path, console=Console(file=open(os.devnull, "w")))
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(run.run()), daemon=True)
+    thread.start()
+    victim = 2
+    try:
+        wait_for(lambda: len(read_rounds(tmp_path, victim)) >= 20, 120, "client 2 to train 20 rounds")
+        os.kill(run.children[victim].proc.pid, signal.SIGKILL)
+        thread.join(timeout=180)
+        assert not thread.is_alive(), "the run hung after a client was killed"
+    finally:
+        run.stop_all()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed_peers"] == [victim]
+    assert summary["peers"][str(victim)]["exit_code"] == -signal.SIGKILL
+    assert summary["peers"][str(victim)]["rounds_done"] < 400
+    others = [p for k, p in summary["peers"].items() if int(k) != victim]
+    assert all(p["completed"] and p["rounds_done"] == 400 for p in others)
+    assert summary["honest_completed"] == 5
+
+
+@pytest.mark.slow
+def test_default_scenario_runs_as_distinct_processes(tmp_path):
+    from peer.config import load_scenario
+
+    run = LocalRun(load_scenario(None), tmp_path, console=Console(file=open(os.devnull, "w")))
+    summary = run.run()
+    pids = [p["pid"] for p in summary["peers"].values()]
+    assert len(pids) == 12 and len(set(pids)) == 12 and os.getpid() not in pids
+    assert summary["failed_peers"] == []
+    assert summary["byzantine_weight_share"] < 0.01
+    assert summary["honest_mean_accuracy"] > 60
+    for k in summary["peers"]:
+        assert len(read_rounds(tmp_path, int(k))) == summary["rounds"]

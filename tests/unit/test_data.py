@@ -1,0 +1,390 @@
+"""Unit tests for peer.data: IDX io, dataset loading, partitions, local test and aux sets."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from peer.data import (
+    DATASETS,
+    IDX_FILES,
+    Dataset,
+    DatasetUnavailable,
+    aux_indices,
+    load_dataset,
+    local_test_indices,
+    parse_partition,
+    partition,
+    read_idx,
+)
+
+_IDX_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype(">i2"): 0x0B,
+              np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """Encode ``array`` in the IDX format (independent of the reader under test)."""
+    big = array.astype(array.dtype.newbyteorder(">")) if array.dtype.itemsize > 1 else array
+    header = bytes([0, 0, _IDX_CODES[big.dtype], array.ndim])
+    header += b"".join(struct.pack(">i", d) for d in array.shape)
+    return header + big.tobytes()
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool) -> Path:
+    data = idx_bytes(array)
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def write_idx_dataset(directory: Path, compress: bool) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = {
+        "train_images": rng.integers(0, 256, size=(12, 3, 4), dtype=np.uint8),
+        "train_labels": np.arange(12, dtype=np.uint8) % 10,
+        "test_images": rng.integers(0, 256, size=(5, 3, 4), dtype=np.uint8),
+        "test_labels": np.array([9, 0, 1, 2, 3], dtype=np.uint8),
+    }
+    arrays["train_images"][0, 0, 0] = 255
+    for role, stem in IDX_FILES.items():
+        write_idx(directory / stem, arrays[role], compress)
+    return arrays
+
+
+# --------------------------------------------------------------------------------- IDX reader
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("dtype", ["u1", "i1", ">i2", ">i4", ">f4", ">f8"])
+def test_read_idx_round_trips_every_type_code(tmp_path, compress, dtype):
+    # Prepare
+    expected = (np.arange(24).reshape(2, 3, 4) - 5).astype(dtype)
+    if dtype == "u1":
+        expected = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    path = write_idx(tmp_path / "a-idx3", expected, compress)
+    # Execute
+    got = read_idx(path)
+    # Assert
+    assert got.shape == (2, 3, 4)
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype.isnative
+
+
+def test_read_idx_truncated_body_names_the_file(tmp_path):
+    # Prepare
+    data = idx_bytes(np.zeros((4, 2, 2), dtype=np.uint8))
+    path = tmp_path / "short-idx3"
+    path.write_bytes(data[:-3])
+    # Execute / Assert
+    with pytest.raises(ValueError, match=r"short-idx3.*truncated"):
+        read_idx(path)
+
+
+def test_read_idx_truncated_gzip_is_a_clear_error(tmp_path):
+    # Prepare
+    packed = gzip.compress(idx_bytes(np.zeros((40, 5), dtype=np.uint8)))
+    path = tmp_path / "cut.gz"
+    path.write_bytes(packed[: len(packed) // 2])
+    # Execute / Assert
+    with pytest.raises(ValueError, match="cut.gz"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b"\x01\x00\x08\x01\x00\x00\x00\x01\x07", "two zero bytes"),
+        (b"\x00\x00\x0a\x01\x00\x00\x00\x01\x07", "type code 0x0A"),
+        (b"\x00\x00\x08\x02\x00\x00\x00\x01", "header"),
+        (b"\x00\x00", "too short"),
+        (b"\x00\x00\x08\x01\x00\x00\x00\x01\x07\x07", "trailing bytes"),
+    ],
+)
+def test_read_idx_rejects_bad_headers(tmp_path, raw, message):
+    # Prepare
+    path = tmp_path / "bad"
+    path.write_bytes(raw)
+    # Execute / Assert
+    with pytest.raises(ValueError, match=message):
+        read_idx(path)
+
+
+# --------------------------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize("name", ["fashion-mnist", "mnist"])
+@pytest.mark.parametrize("compress", [False, True])
+def test_load_dataset_reads_idx_directory(tmp_path, name, compress):
+    # Prepare
+    arrays = write_idx_dataset(tmp_path, compress)
+    # Execute
+    train, test = load_dataset(name, data_dir=tmp_path)
+    # Assert
+    assert train.x.dtype == torch.float32 and train.y.dtype == torch.int64
+    assert train.x.shape == (12, 12) and test.x.shape == (5, 12)
+    assert train.num_classes == 10
+    np.testing.assert_allclose(train.x.numpy(), arrays["train_images"].reshape(12, -1) / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(test.y.numpy(), arrays["test_labels"])
+    assert float(train.x.max()) == 1.0 and float(train.x.min()) >= 0.0
+
+
+def test_load_dataset_accepts_mixed_plain_and_gzip(tmp_path):
+    # Prepare
+    write_idx_dataset(tmp_path, compress=True)
+    stem = IDX_FILES["test_labels"]
+    plain = gzip.decompress((tmp_path / f"{stem}.gz").read_bytes())
+    (tmp_path / f"{stem}.gz").unlink()
+    (tmp_path / stem).write_bytes(plain)
+    # Execute
+    _, test = load_dataset("mnist", data_dir=str(tmp_path))
+    # Assert
+    assert test.y.tolist() == [9, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "name, hint",
+    [("mnist", "dfedrw fetch mnist"), ("fashion-mnist", "apt-get install dataset-fashion-mnist")],
+)
+def test_missing_file_raises_dataset_unavailable_with_one_line_hint(tmp_path, name, hint):
+    # Prepare
+    write_idx_dataset(tmp_path, compress=True)
+    (tmp_path / f"{IDX_FILES['train_labels']}.gz").unlink()
+    # Execute
+    with pytest.raises(DatasetUnavailable) as info:
+        load_dataset(name, data_dir=tmp_path)
+    # Assert
+    message = str(info.value)
+    assert "\n" not in message
+    assert IDX_FILES["train_labels"] in message and hint in message
+
+
+def test_missing_directory_raises_dataset_unavailable(tmp_path):
+    # Execute
+    with pytest.raises(DatasetUnavailable) as info:
+        load_dataset("fashion-mnist", data_dir=tmp_path / "nowhere")
+    # Assert
+    assert "nowhere" in str(info.value) and "data.dir" in str(info.value)
+
+
+def test_mnist_without_directory_says_how_to_get_it():
+    # Execute
+    with pytest.raises(DatasetUnavailable) as info:
+        load_dataset("mnist")
+    # Assert
+    assert "data.dir" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_dataset_names_the_choices():
+    with pytest.raises(ValueError, match="cifar.*" + ".*".join(DATASETS)):
+        load_dataset("cifar")
+
+
+def test_digits_loads_fixed_stratified_split():
+    # Execute
+    train, test = load_dataset("digits")
+    train_again, _ = load_dataset("digits", data_dir="/ignored")
+    # Assert
+    assert len(train) + len(test) == 1797
+    assert len(test) == 360
+    assert train.x.shape[1] == 64 and train.num_classes == 10
+    assert 0.0 <= float(train.x.min()) and float(train.x.max()) <= 1.0
+    assert torch.equal(train.x, train_again.x)
+    train_counts = np.bincount(train.y.numpy(), minlength=10) / len(train)
+    test_counts = np.bincount(test.y.numpy(), minlength=10) / len(test)
+    np.testing.assert_allclose(train_counts, test_counts, atol=0.01)
+
+
+def test_dataset_subset_picks_rows():
+    # Prepare
+    data = Dataset(x=torch.arange(12, dtype=torch.float32).reshape(6, 2), y=torch.arange(6), num_classes=6)
+    # Execute
+    part = data.subset(np.array([4, 1]))
+    # Assert
+    assert part.y.tolist() == [4, 1]
+    assert part.x.tolist() == [[8.0, 9.0], [2.0, 3.0]]
+    assert part.num_classes == 6
+
+
+# --------------------------------------------------------------------------------- partitions
+
+
+def balanced_labels(per_class: int = 100, num_classes: int = 10) -> np.ndarray:
+    return np.repeat(np.arange(num_classes), per_class)
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [("iid", ("iid", None)), ("dirichlet:0.1", ("dirichlet", 0.1)), ("Dirichlet:1", ("dirichlet", 1.0)),
+     ("labelskew:4", ("labelskew", 4))],
+)
+def test_parse_partition_accepts_valid_forms(spec, expected):
+    assert parse_partition(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "noniid", "dirichlet", "dirichlet:0", "dirichlet:-1", "dirichlet:nan",
+                                  "dirichlet:x", "labelskew:0", "labelskew:2.5", "labelskew:", "iid:3"])
+def test_parse_partition_rejects_bad_specs_listing_valid_forms(spec):
+    with pytest.raises(ValueError, match=r"valid forms: iid, dirichlet:ALPHA.*labelskew:H"):
+        parse_partition(spec)
+
+
+@pytest.mark.parametrize("spec", ["iid", "dirichlet:0.5", "labelskew:3"])
+def test_partitions_are_disjoint_sorted_int64_and_deterministic(spec):
+    # Prepare
+    labels = balanced_labels()
+    # Execute
+    first = partition(labels, 7, spec, seed=43)
+    again = partition(labels, 7, spec, seed=43)
+    other = partition(labels, 7, spec, seed=44)
+    # Assert
+    assert len(first) == 7
+    joined = np.concatenate(first)
+    assert len(np.unique(joined)) == len(joined)
+    for part in first:
+        assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+
+
+def test_iid_gives_equal_sizes_and_drops_only_the_remainder():
+    # Prepare
+    labels = balanced_labels(per_class=10, num_classes=10)  # 100 samples
+    # Execute
+    parts = partition(labels, 7, "iid", seed=1)
+    # Assert
+    assert [len(p) for p in parts] == [14] * 7
+    assert len(np.concatenate(parts)) == 100 - 100 % 7
+
+
+def test_dirichlet_covers_every_sample():
+    # Prepare
+    labels = balanced_labels()
+    # Execute
+    parts = partition(labels, 5, "dirichlet:1.0", seed=3)
+    # Assert
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+    assert min(len(p) for p in parts) >= 10
+
+
+def class_share_spread(labels: np.ndarray, parts: list[np.ndarray]) -> float:
+    """Mean over clients of the largest class share: 1/C when uniform, 1 when one class."""
+    shares = [np.bincount(labels[p], minlength=10).max() / len(p) for p in parts]
+    return float(np.mean(shares))
+
+
+def test_dirichlet_small_alpha_is_skewed_and_large_alpha_nearly_uniform():
+    # Prepare
+    labels = balanced_labels(per_class=500)
+    # Execute
+    skewed = partition(labels, 10, "dirichlet:0.1", seed=43)
+    uniform = partition(labels, 10, "dirichlet:1000", seed=43)
+    # Assert
+    assert class_share_spread(labels, skewed) > 0.4
+    assert class_share_spread(labels, uniform) < 0.15
+    sizes = np.array([len(p) for p in uniform])
+    assert np.all(np.abs(sizes - 500) < 60)
+
+
+def test_dirichlet_gives_up_with_value_error_when_impossible():
+    # Prepare: 20 samples for 10 clients each needing 2, with extreme skew
+    labels = np.repeat(np.arange(2), 10)
+    # Execute / Assert
+    with pytest.raises(ValueError, match="dirichlet"):
+        partition(labels, 10, "dirichlet:0.001", seed=0)
+
+
+@pytest.mark.parametrize("num_clients, h", [(10, 4), (7, 3), (5, 10), (10, 1)])
+def test_labelskew_gives_each_client_h_classes_with_equal_counts(num_clients, h):
+    # Prepare: unequal class sizes so equal per-class counts are not an accident
+    labels = np.concatenate([np.full(90 + 3 * c, c) for c in range(10)])
+    # Execute
+    parts = partition(labels, num_clients, f"labelskew:{h}", seed=43)
+    # Assert
+    for part in parts:
+        counts = np.bincount(labels[part], minlength=10)
+        held = counts[counts > 0]
+        assert len(held) == h
+        assert np.all(held == held[0])
+
+
+def test_labelskew_spreads_classes_cyclically():
+    # Prepare
+    labels = balanced_labels()
+    # Execute
+    parts = partition(labels, 10, "labelskew:4", seed=43)
+    # Assert: 10 clients * 4 classes over 10 classes = every class on 4 clients
+    holders = np.zeros(10, dtype=int)
+    for part in parts:
+        holders[np.unique(labels[part])] += 1
+    assert holders.tolist() == [4] * 10
+    assert [len(p) for p in parts] == [100] * 10
+
+
+def test_labelskew_h_above_class_count_is_rejected():
+    with pytest.raises(ValueError, match="H=11"):
+        partition(balanced_labels(), 3, "labelskew:11", seed=0)
+
+
+@pytest.mark.parametrize("num_clients", [0, -1, 2.5])
+def test_partition_rejects_bad_client_counts(num_clients):
+    with pytest.raises(ValueError, match="num_clients"):
+        partition(balanced_labels(), num_clients, "iid", seed=0)
+
+
+# --------------------------------------------------------------------------------- local test / aux
+
+
+def test_local_test_set_matches_train_distribution():
+    # Prepare
+    train_labels = np.array([0] * 60 + [3] * 30 + [7] * 10)
+    test_labels = np.repeat(np.arange(10), 100)
+    # Execute
+    idx = local_test_indices(train_labels, test_labels, num_classes=10, size=50, seed=5)
+    # Assert
+    counts = np.bincount(test_labels[idx], minlength=10)
+    assert counts[[0, 3, 7]].tolist() == [30, 15, 5]
+    assert counts.sum() == 50
+    assert idx.dtype == np.int64 and np.all(np.diff(idx) > 0)
+    np.testing.assert_array_equal(idx, local_test_indices(train_labels, test_labels, 10, 50, seed=5))
+    assert not np.array_equal(idx, local_test_indices(train_labels, test_labels, 10, 50, seed=6))
+
+
+def test_local_test_set_caps_at_available_samples():
+    # Prepare
+    train_labels = np.array([0, 0, 1, 1])
+    test_labels = np.array([0, 0, 0, 1])
+    # Execute
+    idx = local_test_indices(train_labels, test_labels, num_classes=2, size=10, seed=0)
+    # Assert
+    assert idx.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "n, fraction, expected", [(30, 0.1, 3), (100, 0.1, 10), (5, 0.01, 1), (7, 1.0, 7), (11, 0.25, 3)]
+)
+def test_aux_indices_size(n, fraction, expected):
+    # Execute
+    idx = aux_indices(n, fraction, seed=2)
+    # Assert
+    assert len(idx) == expected
+    assert len(np.unique(idx)) == expected and idx.min() >= 0 and idx.max() < n
+    assert np.all(np.diff(idx) > 0) and idx.dtype == np.int64
+
+
+def test_aux_indices_deterministic_per_seed():
+    assert np.array_equal(aux_indices(1000, 0.1, seed=1), aux_indices(1000, 0.1, seed=1))
+    assert not np.array_equal(aux_indices(1000, 0.1, seed=1), aux_indices(1000, 0.1, seed=2))
+
+
+@pytest.mark.parametrize("fraction", [0, -0.1, 1.5, float("nan")])
+def test_aux_indices_rejects_bad_fraction(fraction):
+    with pytest.raises(ValueError, match="fraction"):
+        aux_indices(10, fraction, seed=0)

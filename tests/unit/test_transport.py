@@ -1,0 +1,139 @@
+"""Wire encoding, validation and the inbox: no sockets needed."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from peer.transport.grpc_transport import handle_push
+from peer.transport.inbox import Inbox
+from peer.transport.serde import ModelMessage, TensorSpec, WireError, decode, encode, join_chunks
+
+SPECS = (TensorSpec("0.weight", "float32", (3, 4)), TensorSpec("0.bias", "float32", (3,)))
+D = 15
+
+
+def vec(seed=0):
+    return torch.randn(D, generator=torch.Generator().manual_seed(seed))
+
+
+def roundtrip(chunks, specs=SPECS, max_bytes=1 << 20):
+    header, payload, wire = join_chunks(iter(chunks), max_bytes)
+    return decode(header, payload, specs, wire)
+
+
+def test_encode_decode_roundtrip_in_many_chunks():
+    v = vec()
+    chunks = encode(2, 7, v, SPECS, num_samples=100, chunk_bytes=8)
+    assert len(chunks) == 8  # 60 bytes in 8-byte chunks
+    msg = roundtrip(chunks)
+    assert (msg.sender, msg.round, msg.num_samples) == (2, 7, 100)
+    assert torch.equal(msg.vector, v)
+    assert msg.nbytes > 60
+
+
+def test_payload_is_little_endian_float32_bytes_not_pickle():
+    v = torch.arange(D, dtype=torch.float32)
+    chunks = encode(0, 0, v, SPECS)
+    assert chunks[0].data == np.arange(D, dtype="<f4").tobytes()
+
+
+@pytest.mark.parametrize(
+    "specs, reason",
+    [
+        ((TensorSpec("0.weight", "float32", (4, 3)), TensorSpec("0.bias", "float32", (3,))), "shape_mismatch"),
+        ((TensorSpec("0.weight", "float32", (3, 4)),), "shape_mismatch"),
+    ],
+)
+def test_layout_mismatch_is_rejected(specs, reason):
+    sender_specs = specs if sum(s.numel for s in specs) == D else (TensorSpec("x", "float32", (12,)),)
+    chunks = encode(1, 0, vec()[: sum(s.numel for s in sender_specs)], sender_specs)
+    with pytest.raises(WireError) as err:
+        roundtrip(chunks)
+    assert err.value.reason == reason
+
+
+def test_nan_and_inf_are_rejected():
+    for bad in (float("nan"), float("inf")):
+        v = vec()
+        v[3] = bad
+        with pytest.raises(WireError) as err:
+            roundtrip(encode(1, 0, v, SPECS))
+        assert err.value.reason == "non_finite"
+
+
+def test_corrupted_payload_fails_checksum():
+    chunks = encode(1, 0, vec(), SPECS)
+    chunks[0].data = b"\0" + chunks[0].data[1:]
+    with pytest.raises(WireError) as err:
+        roundtrip(chunks)
+    assert err.value.reason == "bad_checksum"
+
+
+def test_oversized_and_truncated_streams_are_rejected():
+    chunks = encode(1, 0, vec(), SPECS, chunk_bytes=16)
+    with pytest.raises(WireError) as err:
+        join_chunks(iter(chunks), max_bytes=30)
+    assert err.value.reason == "too_large"
+    with pytest.raises(WireError) as err:
+        join_chunks(iter(chunks[:-1]), max_bytes=1 << 20)
+    assert err.value.reason == "size_mismatch"
+    with pytest.raises(WireError) as err:
+        join_chunks(iter(chunks[1:]), max_bytes=1 << 20)
+    assert err.value.reason == "no_header"
+
+
+def msg(sender, rnd):
+    return ModelMessage(sender=sender, round=rnd, vector=vec(sender), nbytes=10)
+
+
+def test_inbox_window_stale_future_duplicate_and_strangers():
+    inbox = Inbox(own_id=0, neighbours=[1, 2], num_clients=4, window=2)
+    inbox.advance(5)
+    assert inbox.offer(msg(1, 5)) == (True, "")
+    assert inbox.offer(msg(2, 7)) == (True, "")  # buffered for later
+    assert inbox.offer(msg(1, 4)) == (False, "stale_round")
+    assert inbox.offer(msg(1, 8)) == (False, "future_round")
+    assert inbox.offer(msg(1, 5)) == (False, "duplicate")
+    assert inbox.offer(msg(3, 5)) == (False, "not_neighbour")
+    assert inbox.offer(msg(9, 5)) == (False, "unknown_sender")
+    assert dict(inbox.rejected) == {"future_round": 1, "duplicate": 1, "not_neighbour": 1, "unknown_sender": 1}
+    assert inbox.stale == 1
+    inbox.advance(7)
+    assert set(inbox.wait(7, [], 0.0)) == {2}
+
+
+def test_inbox_wait_returns_at_deadline_with_what_arrived():
+    inbox = Inbox(0, [1, 2], 3, 2)
+    inbox.offer(msg(1, 0))
+    t0 = time.monotonic()
+    got = inbox.wait(0, [1, 2], timeout=0.2)
+    assert set(got) == {1}
+    assert 0.15 < time.monotonic() - t0 < 2.0
+
+
+def test_inbox_wait_wakes_on_arrival_and_on_gone():
+    inbox = Inbox(0, [1, 2], 3, 2)
+    threading.Timer(0.05, lambda: inbox.offer(msg(1, 0))).start()
+    threading.Timer(0.1, lambda: inbox.set_gone(2)).start()
+    t0 = time.monotonic()
+    got = inbox.wait(0, [1, 2], timeout=10.0)
+    assert set(got) == {1}
+    assert time.monotonic() - t0 < 5.0
+    # a message from a peer marked gone brings it back
+    inbox.offer(msg(2, 1))
+    assert 2 not in inbox.gone()
+
+
+def test_servicer_logic_needs_no_socket():
+    seen = []
+
+    def deliver(chunks):
+        seen.extend(chunks)
+        return False, "future_round"
+
+    reply = handle_push(iter(encode(1, 0, vec(), SPECS)), deliver)
+    assert (reply.accepted, reply.reason) == (False, "future_round")
+    assert len(seen) == 1

@@ -1,0 +1,236 @@
+"""Seeded communication graphs, Byzantine placement and edge-list files.
+
+The paper ("Experimental Settings") uses an Erdos-Renyi graph G(N, rho), N = benign +
+Byzantine clients, rho = 0.7, re-drawn until the graph and its honest subgraph are both
+connected. Ring, complete and user-supplied edge lists are offered for other experiments.
+All builders are deterministic for the same arguments and never touch global RNG state.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import networkx as nx
+import numpy as np
+
+__all__ = [
+    "TOPOLOGY_KINDS",
+    "Topology",
+    "build_topology",
+    "complete",
+    "erdos_renyi_connected",
+    "place_byzantine",
+    "read_edgelist",
+    "ring",
+    "write_edgelist",
+]
+
+TOPOLOGY_KINDS = ("erdos_renyi", "ring", "complete", "edgelist")
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _honest_nodes(n: int, byzantine: Iterable[int]) -> list[int]:
+    bad = set(byzantine)
+    return [k for k in range(n) if k not in bad]
+
+
+def _check_byzantine(n: int, byzantine: Iterable[int]) -> frozenset[int]:
+    ids = frozenset(int(b) for b in byzantine)
+    outside = sorted(b for b in ids if not 0 <= b < n)
+    if outside:
+        raise ValueError(f"Byzantine ids {outside} are outside the node range 0..{n - 1}")
+    return ids
+
+
+@dataclass(frozen=True)
+class Topology:
+    """An undirected communication graph on nodes ``0 .. n-1`` and the Byzantine node ids."""
+
+    graph: nx.Graph
+    byzantine: frozenset[int]
+
+    def __post_init__(self) -> None:
+        n = self.graph.number_of_nodes()
+        if set(self.graph.nodes) != set(range(n)):
+            raise ValueError(f"graph nodes must be exactly 0..{n - 1}, got {sorted(self.graph.nodes)}")
+        _check_byzantine(n, self.byzantine)
+
+    @property
+    def num_clients(self) -> int:
+        """Number of nodes, honest and Byzantine."""
+        return self.graph.number_of_nodes()
+
+    def neighbours(self, k: int) -> tuple[int, ...]:
+        """Sorted neighbour ids of node ``k``."""
+        if k not in self.graph:
+            raise ValueError(f"node {k!r} is not in the topology; valid ids: 0..{self.num_clients - 1}")
+        return tuple(sorted(int(j) for j in self.graph.neighbors(k)))
+
+    def honest(self) -> tuple[int, ...]:
+        """Sorted ids of the honest (non-Byzantine) nodes."""
+        return tuple(_honest_nodes(self.num_clients, self.byzantine))
+
+    def is_byzantine(self, k: int) -> bool:
+        """Whether node ``k`` is Byzantine."""
+        return k in self.byzantine
+
+
+def place_byzantine(num_clients: int, num_byzantine: int, seed: int) -> frozenset[int]:
+    """Choose ``num_byzantine`` of ``range(num_clients)`` uniformly without replacement.
+
+    At least one client must stay honest. Deterministic for the same arguments.
+    """
+    num_clients = _check_count("num_clients", num_clients, 1)
+    num_byzantine = _check_count("num_byzantine", num_byzantine, 0)
+    if num_byzantine >= num_clients:
+        raise ValueError(
+            f"num_byzantine={num_byzantine} leaves no honest client among num_clients={num_clients}; "
+            f"valid range: 0..{num_clients - 1}"
+        )
+    rng = np.random.default_rng(seed)
+    return frozenset(int(b) for b in rng.choice(num_clients, size=num_byzantine, replace=False))
+
+
+def _honest_connected(graph: nx.Graph, byzantine: Iterable[int]) -> bool:
+    honest = _honest_nodes(graph.number_of_nodes(), byzantine)
+    return bool(honest) and nx.is_connected(graph.subgraph(honest))
+
+
+def erdos_renyi_connected(
+    n: int, rho: float, byzantine: frozenset[int], seed: int, max_tries: int = 10000
+) -> nx.Graph:
+    """Draw G(n, rho) until it is connected and its honest subgraph is connected.
+
+    Each try uses ``networkx.gnp_random_graph`` with a seed taken from a generator seeded by
+    ``seed``, so the result depends only on the arguments. Raises ValueError after
+    ``max_tries`` failed draws.
+    """
+    n = _check_count("n", n, 1)
+    max_tries = _check_count("max_tries", max_tries, 1)
+    if not 0 < rho <= 1:
+        raise ValueError(f"rho must lie in (0, 1], got {rho!r}")
+    byzantine = _check_byzantine(n, byzantine)
+    if len(byzantine) == n:
+        raise ValueError(f"all {n} nodes are Byzantine; an honest subgraph needs at least one honest node")
+    rng = np.random.default_rng(seed)
+    for _ in range(max_tries):
+        graph = nx.gnp_random_graph(n, rho, seed=int(rng.integers(2**32)))
+        if nx.is_connected(graph) and _honest_connected(graph, byzantine):
+            return graph
+    raise ValueError(
+        f"no connected Erdos-Renyi graph with a connected honest subgraph in {max_tries} draws "
+        f"(n={n}, rho={rho}, {len(byzantine)} Byzantine); raise rho or max_tries"
+    )
+
+
+def ring(n: int) -> nx.Graph:
+    """Cycle on ``n >= 2`` nodes (for n = 2 a single edge)."""
+    # cycle_graph(1) would give a self loop, which is no neighbour.
+    return nx.cycle_graph(_check_count("n", n, 2))
+
+
+def complete(n: int) -> nx.Graph:
+    """Complete graph on ``n >= 1`` nodes."""
+    return nx.complete_graph(_check_count("n", n, 1))
+
+
+def read_edgelist(path: str | os.PathLike, n: int) -> nx.Graph:
+    """Read an undirected graph on nodes ``0 .. n-1`` from lines ``"u v"``.
+
+    ``#`` starts a comment; blank lines are skipped; repeated edges collapse. Node ids out
+    of range, self loops and malformed lines raise ValueError naming ``path:line``. Nodes
+    that appear in no edge are still in the graph.
+    """
+    n = _check_count("n", n, 1)
+    path = Path(path)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            where = f"{path}:{lineno}"
+            fields = text.split()
+            if len(fields) != 2:
+                raise ValueError(f"{where}: expected two node ids 'u v', got {text!r}")
+            try:
+                u, v = int(fields[0]), int(fields[1])
+            except ValueError:
+                raise ValueError(f"{where}: node ids must be integers, got {text!r}") from None
+            for node in (u, v):
+                if not 0 <= node < n:
+                    raise ValueError(f"{where}: node id {node} is outside 0..{n - 1}")
+            if u == v:
+                raise ValueError(f"{where}: self loop on node {u} is not allowed")
+            graph.add_edge(u, v)
+    return graph
+
+
+def write_edgelist(graph: nx.Graph, path: str | os.PathLike) -> None:
+    """Write ``graph`` as sorted ``"u v"`` lines (u < v) readable by :func:`read_edgelist`."""
+    edges = sorted(tuple(sorted((int(u), int(v)))) for u, v in graph.edges)
+    lines = [f"# {graph.number_of_nodes()} nodes, {len(edges)} edges"]
+    lines += [f"{u} {v}" for u, v in edges]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _check_usable(graph: nx.Graph, byzantine: frozenset[int], kind: str, require_honest_connected: bool) -> None:
+    if not nx.is_connected(graph):
+        raise ValueError(f"{kind} topology: the graph is not connected")
+    if require_honest_connected and not _honest_connected(graph, byzantine):
+        raise ValueError(
+            f"{kind} topology: the honest subgraph (without Byzantine nodes {sorted(byzantine)}) is not connected"
+        )
+    lonely = [k for k in _honest_nodes(graph.number_of_nodes(), byzantine) if graph.degree(k) == 0]
+    if lonely:
+        raise ValueError(f"{kind} topology: honest clients {lonely} have no neighbour")
+
+
+def build_topology(
+    kind: str,
+    num_honest: int,
+    num_byzantine: int,
+    seed: int,
+    rho: float = 0.7,
+    file: str | os.PathLike | None = None,
+) -> Topology:
+    """Build the scenario's topology on ``num_honest + num_byzantine`` nodes.
+
+    Byzantine ids come from :func:`place_byzantine` with ``seed``; then the graph:
+    ``erdos_renyi`` (:func:`erdos_renyi_connected` with ``rho`` and ``seed``), ``ring``,
+    ``complete`` or ``edgelist`` (read from ``file``). The graph must be connected and every
+    honest client must have a neighbour; for ``erdos_renyi`` and ``edgelist`` the honest
+    subgraph must be connected too. A ring is not held to that: Byzantine nodes on a ring
+    may cut the honest clients apart, which is a legitimate experiment.
+    """
+    if kind not in TOPOLOGY_KINDS:
+        raise ValueError(f"unknown topology kind {kind!r}; valid choices: {', '.join(TOPOLOGY_KINDS)}")
+    num_honest = _check_count("num_honest", num_honest, 1)
+    num_byzantine = _check_count("num_byzantine", num_byzantine, 0)
+    n = num_honest + num_byzantine
+    if n < 2:
+        raise ValueError(f"a topology needs at least 2 clients so each has a neighbour, got {n}")
+    if kind == "edgelist" and file is None:
+        raise ValueError("topology kind 'edgelist' needs a file; set file to an edge-list path")
+    if kind != "edgelist" and file is not None:
+        raise ValueError(f"file={str(file)!r} is only used by topology kind 'edgelist', not {kind!r}")
+    byzantine = place_byzantine(n, num_byzantine, seed)
+    if kind == "erdos_renyi":
+        graph = erdos_renyi_connected(n, rho, byzantine, seed)
+    elif kind == "ring":
+        graph = ring(n)
+    elif kind == "complete":
+        graph = complete(n)
+    else:
+        graph = read_edgelist(file, n)
+    _check_usable(graph, byzantine, kind, require_honest_connected=kind in ("erdos_renyi", "edgelist"))
+    return Topology(graph=graph, byzantine=byzantine)
