@@ -1,0 +1,69 @@
+"""Aggregation: target performance metrics (TPM), reweighting strategies (CRS) and rules.
+
+Pure tensor code: nothing here imports a transport (gRPC, ZeroMQ) or ``peer.transport``, so
+rules can be tested and reused without a network.
+"""
+
+from peer.aggregation.crs import (
+    CRS,
+    CRS_REGISTRY,
+    AccuracyClippedAtMean,
+    Clip,
+    LossClippedAtMean,
+    Proportional,
+    ReweightingStrategy,
+    Softmax,
+    apply_crs_contract,
+    make_crs,
+)
+from peer.aggregation.registry import build_from_registry
+from peer.aggregation.rules import (
+    RULE_REGISTRY,
+    Aggregate,
+    DFedAvg,
+    DFedReweighting,
+    RoundInputs,
+    Rule,
+    build_rule,
+    finite_rows,
+    weighted_sum,
+)
+from peer.aggregation.tpm import (
+    TPM,
+    TPM_REGISTRY,
+    Accuracy,
+    Evaluate,
+    Loss,
+    WeightedCombination,
+    make_tpm,
+)
+
+__all__ = [
+    "CRS",
+    "CRS_REGISTRY",
+    "RULE_REGISTRY",
+    "TPM",
+    "TPM_REGISTRY",
+    "Accuracy",
+    "AccuracyClippedAtMean",
+    "Aggregate",
+    "Clip",
+    "DFedAvg",
+    "DFedReweighting",
+    "Evaluate",
+    "Loss",
+    "LossClippedAtMean",
+    "Proportional",
+    "ReweightingStrategy",
+    "RoundInputs",
+    "Rule",
+    "Softmax",
+    "WeightedCombination",
+    "apply_crs_contract",
+    "build_from_registry",
+    "build_rule",
+    "finite_rows",
+    "make_crs",
+    "make_tpm",
+    "weighted_sum",
+]

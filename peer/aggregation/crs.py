@@ -1,0 +1,293 @@
+"""Customized reweighting strategies (CRS): performance scores -> aggregation weights.
+
+A CRS is step 3 of DFedReweighting (paper, section "DFedReweighting", Algorithm 1): client k
+has a score ``m_i`` for every candidate model (its own and each neighbour's) and turns the
+score set ``M_k`` into weights ``v_i = s(m_i, M_k)``::
+
+    weights = crs(scores)      # scores: float tensor [C]  ->  weights: float64 tensor [C]
+
+The weights are non-negative and sum to 1, so ``sum_i v_i w_i`` is a convex combination.
+
+Edge-case contract (every CRS here, implemented once in :func:`apply_crs_contract`)
+-----------------------------------------------------------------------------------
+1. A non-finite score (NaN, +Inf, -Inf) gets weight exactly 0 and is left out of every
+   statistic the CRS computes (e.g. the mean used as a clipping threshold). A model whose
+   evaluation failed, or an overflowing/adversarial one, must never receive weight, and one
+   NaN must not turn the threshold into NaN for everybody else.
+2. No finite score at all -> all-zero weights. This is the one output that does not sum to 1:
+   there is nothing to trust, and the caller decides (the rules keep the client's own model).
+3. One finite score -> that candidate gets 1.0. All finite scores equal -> uniform over them.
+   Both are decided before the strategy runs, so even a strategy that would divide by zero
+   (proportional on all-zero scores) or clip everything (a mean threshold hit by rounding)
+   gives the natural answer.
+4. If the strategy gives total weight 0 to the finite candidates (e.g. all scores <= 0 under
+   :class:`Proportional`) -> uniform over the finite candidates.
+5. Raw strategy weights are divided by their maximum before being summed, so huge finite
+   scores cannot overflow the normalisation.
+
+The output is float64 on the CPU whatever the input dtype/device: weights are tiny ([C]) and
+float64 keeps "sums to 1" at the 1e-15 level. The mean used as a threshold is an exactly
+rounded sum (``math.fsum``), so the output does not depend on the order of the candidates.
+
+Adding a strategy: subclass :class:`ReweightingStrategy`, implement ``weigh`` (it only ever
+sees >= 2 finite, not-all-equal scores), and register the class in :data:`CRS_REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from peer.aggregation.registry import build_from_registry, check_choice, check_real
+
+__all__ = [
+    "CRS",
+    "CRS_REGISTRY",
+    "AccuracyClippedAtMean",
+    "Clip",
+    "LossClippedAtMean",
+    "Proportional",
+    "ReweightingStrategy",
+    "Softmax",
+    "apply_crs_contract",
+    "make_crs",
+]
+
+
+@runtime_checkable
+class CRS(Protocol):
+    """Anything mapping a score vector [C] to non-negative weights [C] summing to 1."""
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor: ...
+
+
+def _as_score_vector(scores: torch.Tensor) -> torch.Tensor:
+    tensor = torch.as_tensor(scores)
+    if tensor.dim() != 1:
+        raise ValueError(
+            f"scores must be a 1-D tensor [C], got shape {tuple(tensor.shape)}"
+        )
+    return tensor.detach().to(device="cpu", dtype=torch.float64)
+
+
+def _mean(values: torch.Tensor) -> float:
+    """Order-independent mean of finite values that cannot overflow.
+
+    ``math.fsum`` is exactly rounded, so permuting the candidates cannot move the threshold by
+    one ulp and flip a keep/clip decision; dividing by the largest magnitude first keeps the
+    partial sums finite for scores near the float64 limit.
+    """
+    items = values.tolist()
+    magnitude = max(abs(v) for v in items)
+    if magnitude == 0.0:
+        return 0.0
+    return math.fsum(v / magnitude for v in items) / len(items) * magnitude
+
+
+def apply_crs_contract(
+    scores: torch.Tensor,
+    weigh: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    owner: str = "CRS",
+) -> torch.Tensor:
+    """Apply the module's edge-case contract around a raw weighting function.
+
+    ``weigh`` receives only the finite scores (float64, at least two, not all equal) and
+    returns raw non-negative finite weights of the same shape; this function handles
+    non-finite scores, the degenerate cases and the normalisation (see module docstring).
+    """
+    values = _as_score_vector(scores)
+    weights = torch.zeros_like(values)
+    finite = torch.isfinite(values)
+    count = int(finite.sum())
+    if count == 0:
+        return weights
+    kept = values[finite]
+    if count == 1 or bool((kept == kept[0]).all()):
+        weights[finite] = 1.0 / count
+        return weights
+
+    raw = torch.as_tensor(weigh(kept), dtype=torch.float64)
+    if raw.shape != kept.shape:
+        raise ValueError(
+            f"{owner}: weigh returned shape {tuple(raw.shape)}, expected {tuple(kept.shape)}"
+        )
+    if not bool(torch.isfinite(raw).all()) or bool((raw < 0).any()):
+        raise ValueError(f"{owner}: weigh returned negative or non-finite weights {raw.tolist()}")
+    top = raw.max()
+    raw = torch.ones_like(raw) if top <= 0 else raw / top
+    weights[finite] = raw / raw.sum()
+    return weights
+
+
+class ReweightingStrategy:
+    """Base class of the built-in CRSs: ``__call__`` = contract + ``weigh``.
+
+    ``v = normalise(weigh(m[finite]))`` with the edge cases of the module docstring.
+    Subclasses implement ``weigh(finite_scores) -> raw non-negative weights``.
+    """
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        return apply_crs_contract(scores, self.weigh, owner=type(self).__name__)
+
+
+@dataclass(frozen=True)
+class Softmax(ReweightingStrategy):
+    """Temperature-scaled softmax over the scores (client fairness).
+
+    ``v_i = exp(scale * m_i / T) / sum_j exp(scale * m_j / T)``
+
+    Source: paper, eq. (combination-fairness-acc), TPM = accuracy, T in {0.01, 0.1, 0.5}. A
+    smaller T concentrates the weight on the best candidates. The paper does not say whether
+    accuracy is a fraction or a percentage; ``scale`` makes both readings available (1 for a
+    fraction in [0, 1], 100 for percent: ``scale=100, T=10`` equals ``scale=1, T=0.1``). A
+    negative ``scale`` prefers low scores, e.g. a softmax over losses.
+
+    Computed as ``exp(factor * (m_i - m_ref))`` with ``m_ref`` the best score (log-sum-exp
+    shift), so it never overflows; a vanishing T tends to a uniform split over the arg-max.
+    """
+
+    temperature: float
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        temperature = check_real("Softmax", "temperature", self.temperature, positive=True)
+        object.__setattr__(self, "temperature", temperature)
+        scale = check_real("Softmax", "scale", self.scale)
+        if scale == 0.0:
+            raise ValueError("Softmax: scale must be nonzero (0 would ignore the scores), got 0")
+        object.__setattr__(self, "scale", scale)
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        factor = self.scale / self.temperature  # may be +-inf for a tiny T: handled below
+        if factor == 0.0:  # underflow of a tiny scale over a huge T: scores do not matter
+            return torch.ones_like(scores)
+        reference = scores.max() if factor > 0 else scores.min()
+        # factor * diff <= 0 always; diff == 0 is special-cased because inf * 0 is NaN.
+        diff = scores - reference
+        exponent = torch.where(diff == 0, torch.zeros_like(diff), diff * factor)
+        return torch.exp(exponent)
+
+
+_LOSS_CLIP_WEIGHTINGS = ("proportional", "inverse", "uniform")
+
+
+@dataclass(frozen=True)
+class LossClippedAtMean(ReweightingStrategy):
+    """Loss clipping at the mean (Byzantine robustness; TPM = loss).
+
+    ``mu = mean_j m_j``; ``v_i = 0`` if ``m_i > mu``; the kept candidates (``m_i <= mu``) are
+    weighted by ``weighting``:
+
+    * ``"proportional"`` (default): ``v_i = m_i / sum_{kept} m_j`` -- paper eq.
+      (combination-loss) exactly as written, the rule behind the paper's Byzantine table.
+      Note that among the kept candidates it gives *more* weight to a *higher* loss.
+    * ``"inverse"``: ``v_i = (1/m_i) / sum_{kept} 1/m_j`` -- lower loss, more weight. If a
+      kept loss is 0, the zero-loss candidates share all the weight uniformly.
+    * ``"uniform"``: ``v_i = 1 / |kept|``.
+
+    Negative scores (impossible for cross-entropy, possible for a custom TPM) are clamped to 0
+    before weighting so weights stay non-negative. If the kept scores sum to 0 under
+    "proportional" they share the weight uniformly; the clipped ones stay at 0.
+    When all candidates are equal nothing is above the mean, so all are kept (uniform).
+    """
+
+    weighting: str = "proportional"
+
+    def __post_init__(self) -> None:
+        check_choice("LossClippedAtMean", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        # The mean lies in [min, max]; taking max(mean, min) only undoes rounding, and
+        # guarantees the best candidate is always kept.
+        threshold = max(_mean(scores), float(scores.min()))
+        kept = scores <= threshold
+        losses = scores.clamp(min=0.0)
+        zero = torch.zeros_like(losses)
+        if self.weighting == "uniform":
+            return kept.to(torch.float64)
+        if self.weighting == "proportional":
+            raw = torch.where(kept, losses, zero)
+            return raw if bool(raw.sum() > 0) else kept.to(torch.float64)
+        perfect = kept & (losses == 0)
+        if bool(perfect.any()):
+            return perfect.to(torch.float64)
+        # min/m_i lies in (0, 1]: no overflow even for denormal losses.
+        smallest = losses[kept].min()
+        safe = torch.where(kept, losses, torch.ones_like(losses))
+        return torch.where(kept, smallest / safe, zero)
+
+
+@dataclass(frozen=True)
+class AccuracyClippedAtMean(ReweightingStrategy):
+    """Accuracy clipping at the mean (alternative Byzantine-robust pair; TPM = accuracy).
+
+    ``mu = mean_j m_j``; ``v_i = m_i / sum_{m_j >= mu} m_j`` if ``m_i >= mu``, else 0.
+
+    Source: paper, eq. (strategy2inbzt). Negative scores are clamped to 0; if the kept scores
+    sum to 0 they share the weight uniformly (the clipped ones stay at 0).
+    """
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        threshold = min(_mean(scores), float(scores.max()))  # undo rounding; keep the best
+        kept = scores >= threshold
+        raw = torch.where(kept, scores.clamp(min=0.0), torch.zeros_like(scores))
+        return raw if bool(raw.sum() > 0) else kept.to(torch.float64)
+
+
+@dataclass(frozen=True)
+class Proportional(ReweightingStrategy):
+    """Weights proportional to the scores (group fairness with TPM = accuracy).
+
+    ``v_i = max(m_i, 0) / sum_j max(m_j, 0)``
+
+    Source: paper, table "multi-objective task across clients" (clients 2 and 3). Negative
+    scores are clamped to 0 rather than rejected: a weight cannot be negative, and a custom
+    TPM may legitimately produce negative values; if every score is <= 0 the contract's
+    uniform fallback applies.
+    """
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.clamp(min=0.0)
+
+
+@dataclass(frozen=True)
+class Clip(ReweightingStrategy):
+    """Weights proportional to the scores clipped to ``[0, threshold]`` (fast convergence).
+
+    ``v_i = clip(m_i, 0, t) / sum_j clip(m_j, 0, t)``, ``t > 0``
+
+    Source: paper, table "multi-objective task across clients" (client 4, TPM = loss). All
+    candidates scoring >= t tie, so no single very high score can take all the weight.
+    """
+
+    threshold: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "threshold", check_real("Clip", "threshold", self.threshold, positive=True)
+        )
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.clamp(min=0.0, max=self.threshold)
+
+
+CRS_REGISTRY: dict[str, type] = {
+    "softmax": Softmax,
+    "loss_clip_mean": LossClippedAtMean,
+    "acc_clip_mean": AccuracyClippedAtMean,
+    "proportional": Proportional,
+    "clip": Clip,
+}
+
+
+def make_crs(name: str, **params: object) -> CRS:
+    """Build the CRS registered as ``name`` with keyword ``params`` (checked, see registry)."""
+    return build_from_registry("crs", CRS_REGISTRY, name, params)

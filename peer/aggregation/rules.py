@@ -1,0 +1,301 @@
+"""Aggregation rules: one client's candidate models of round t -> its next model.
+
+A rule is the whole of a client's aggregation step::
+
+    aggregate = rule(inputs)     # RoundInputs -> Aggregate(model, weights, scores)
+
+``inputs.vectors`` holds the client's own half-step model ``w_k^{t+1/2}`` in row 0 and each
+received neighbour model in the following rows; the rule returns
+``w_k^{t+1} = sum_i v_i w_i^{t+1/2}`` and the weight ``v_i`` it gave each sender, which the
+client logs. Rules are pure tensor code: no transport, no model, no data; whatever needs the
+client's data comes in through ``inputs.evaluate``.
+
+Shared conventions (both rules here):
+
+* A row containing NaN/Inf never gets weight and is left out of the weighted sum before the
+  sum is taken (``0 * NaN`` is NaN, so zero weight alone would not protect the result).
+* If no candidate can be weighted the client keeps its own model (weight 1 on ``ids[0]``).
+  Should the own row itself be non-finite, it is still returned: replacing it would need a
+  model this module does not have, and the client is the one to decide what to do.
+* The sum is taken in float64 and cast to float32; weights sum to 1 and are reported for
+  every candidate id; the output does not depend on the order of rows 1.. .
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from peer.aggregation.crs import CRS, make_crs
+from peer.aggregation.registry import build_from_registry, check_choice, check_int
+from peer.aggregation.tpm import TPM, make_tpm
+
+__all__ = [
+    "RULE_REGISTRY",
+    "Aggregate",
+    "DFedAvg",
+    "DFedReweighting",
+    "RoundInputs",
+    "Rule",
+    "build_rule",
+    "finite_rows",
+    "weighted_sum",
+]
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What a client hands its aggregation rule in round ``round``.
+
+    ``vectors[i]`` is the flattened model sent by ``ids[i]``; ``ids[0] == own_id`` is the
+    client's own model. ``num_samples[i]`` is the training-set size sender ``ids[i]``
+    declared (0 if unknown). ``evaluate(candidates) -> {"accuracy": [C], "loss": [C]}`` runs
+    candidates on the client's auxiliary data (needed by DFedReweighting only).
+    Sequences are normalised to tuples; inconsistent inputs raise ``ValueError``.
+    """
+
+    own_id: int
+    round: int
+    ids: tuple[int, ...]
+    vectors: torch.Tensor
+    num_samples: tuple[int, ...]
+    evaluate: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
+
+    def __post_init__(self) -> None:
+        own_id = check_int("RoundInputs", "own_id", self.own_id)
+        check_int("RoundInputs", "round", self.round, minimum=0)
+        if isinstance(self.ids, (str, bytes)) or not isinstance(self.ids, Sequence):
+            raise ValueError(f"RoundInputs: ids must be a sequence of ints, got {self.ids!r}")
+        ids = tuple(check_int("RoundInputs", "ids[]", i) for i in self.ids)
+        if not ids or ids[0] != own_id:
+            raise ValueError(
+                f"RoundInputs: ids[0] must be own_id {own_id} (own model first), got ids={ids}"
+            )
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"RoundInputs: ids must be distinct, got {ids}")
+        vectors = self.vectors
+        if not isinstance(vectors, torch.Tensor) or vectors.dim() != 2:
+            shape = tuple(vectors.shape) if isinstance(vectors, torch.Tensor) else type(vectors)
+            raise ValueError(f"RoundInputs: vectors must be a 2-D tensor [C, D], got {shape}")
+        if not vectors.is_floating_point():
+            raise ValueError(f"RoundInputs: vectors must be floating point, got {vectors.dtype}")
+        if vectors.shape[0] != len(ids):
+            raise ValueError(
+                f"RoundInputs: vectors has {vectors.shape[0]} rows but there are {len(ids)} ids"
+            )
+        if isinstance(self.num_samples, (str, bytes)) or not isinstance(
+            self.num_samples, Sequence
+        ):
+            raise ValueError(
+                f"RoundInputs: num_samples must be a sequence of ints, got {self.num_samples!r}"
+            )
+        num_samples = tuple(
+            check_int("RoundInputs", "num_samples[]", n, minimum=0) for n in self.num_samples
+        )
+        if len(num_samples) != len(ids):
+            raise ValueError(
+                f"RoundInputs: num_samples has {len(num_samples)} entries but there are "
+                f"{len(ids)} ids"
+            )
+        if self.evaluate is not None and not callable(self.evaluate):
+            raise ValueError(
+                f"RoundInputs: evaluate must be callable or None, got {self.evaluate!r}"
+            )
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "num_samples", num_samples)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A rule's result: the new model, the weight per sender id, the TPM score per sender id."""
+
+    model: torch.Tensor
+    weights: dict[int, float]
+    scores: dict[int, float] | None = None
+
+
+@runtime_checkable
+class Rule(Protocol):
+    """Anything mapping :class:`RoundInputs` to an :class:`Aggregate`."""
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate: ...
+
+
+def finite_rows(vectors: torch.Tensor) -> torch.Tensor:
+    """Boolean CPU mask [C]: True where the whole row is finite."""
+    return torch.isfinite(vectors).all(dim=1).cpu()
+
+
+def weighted_sum(vectors: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``sum_i v_i w_i`` over the rows with ``v_i > 0``, in float64, returned as float32 [D].
+
+    Rows with zero weight are dropped *before* multiplying so a NaN row cannot poison the sum.
+    """
+    weights = weights.to(dtype=torch.float64, device="cpu")
+    used = weights > 0
+    rows = vectors[used.to(vectors.device)].to(torch.float64)
+    return (weights[used].to(vectors.device) @ rows).to(torch.float32)
+
+
+def _own_only(count: int) -> torch.Tensor:
+    weights = torch.zeros(count, dtype=torch.float64)
+    weights[0] = 1.0
+    return weights
+
+
+def _finish(
+    inputs: RoundInputs, weights: torch.Tensor, scores: torch.Tensor | None
+) -> Aggregate:
+    if not bool(weights.sum() > 0):
+        weights = _own_only(len(inputs.ids))
+    weights = weights / weights.sum()
+    return Aggregate(
+        model=weighted_sum(inputs.vectors, weights),
+        weights={sender: float(w) for sender, w in zip(inputs.ids, weights.tolist())},
+        scores=None
+        if scores is None
+        else {sender: float(s) for sender, s in zip(inputs.ids, scores.tolist())},
+    )
+
+
+@dataclass(frozen=True)
+class DFedReweighting:
+    """DFedReweighting: score every candidate with a TPM, weight the scores with a CRS.
+
+    ``m_i = TPM(w_i, A_k)``;  ``v = CRS(m)``;  ``w_k^{t+1} = sum_i v_i w_i^{t+1/2}``
+
+    Source: paper, Algorithm 1 and eq. (agg). Rows with NaN/Inf are never evaluated: their
+    score is reported as NaN and their weight is 0, so a finite-looking score for a broken
+    model cannot slip in, nor can it shift a CRS threshold such as the mean loss. If the CRS
+    finds no finite score (all-zero weights) the client keeps its own model.
+    """
+
+    tpm: TPM
+    crs: CRS
+
+    def __post_init__(self) -> None:
+        for name in ("tpm", "crs"):
+            if not callable(getattr(self, name)):
+                raise ValueError(
+                    f"DFedReweighting: {name} must be callable, got {getattr(self, name)!r}"
+                )
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        if inputs.evaluate is None:
+            raise ValueError(
+                "DFedReweighting: inputs.evaluate is None; this rule scores candidates on the "
+                "client's auxiliary data and needs an evaluate callable"
+            )
+        count = len(inputs.ids)
+        finite = finite_rows(inputs.vectors)
+        scores = torch.full((count,), float("nan"), dtype=torch.float64)
+        if bool(finite.any()):
+            usable = inputs.vectors
+            if not bool(finite.all()):
+                usable = usable[finite.to(usable.device)]
+            computed = torch.as_tensor(self.tpm(usable, inputs.evaluate))
+            computed = computed.detach().to(device="cpu", dtype=torch.float64)
+            if computed.shape != (usable.shape[0],):
+                raise ValueError(
+                    f"DFedReweighting: TPM {self.tpm!r} returned shape {tuple(computed.shape)}, "
+                    f"expected ({usable.shape[0]},)"
+                )
+            scores[finite] = computed
+
+        weights = torch.as_tensor(self.crs(scores)).detach().to(device="cpu", dtype=torch.float64)
+        if weights.shape != (count,):
+            raise ValueError(
+                f"DFedReweighting: CRS {self.crs!r} returned shape {tuple(weights.shape)}, "
+                f"expected ({count},)"
+            )
+        if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+            raise ValueError(
+                f"DFedReweighting: CRS {self.crs!r} returned invalid weights {weights.tolist()}; "
+                "weights must be finite and >= 0"
+            )
+        # The CRS contract already zeroes NaN scores; enforcing it here keeps a custom CRS
+        # from ever weighting a non-finite model.
+        weights = torch.where(finite, weights, torch.zeros_like(weights))
+        return _finish(inputs, weights, scores)
+
+
+_DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
+
+
+@dataclass(frozen=True)
+class DFedAvg:
+    """Decentralized FedAvg: average the candidates by declared data size, or uniformly.
+
+    ``"data_size"``: ``v_i = n_i / sum_j n_j`` (uniform if every ``n_i`` is 0);
+    ``"uniform"``: ``v_i = 1 / C``.
+
+    Source: McMahan et al. 2017 (FedAvg) applied per client over its neighbourhood, the
+    paper's DFedAvg baseline. Rows with NaN/Inf are excluded (weight 0) before normalising.
+    The sizes are whatever senders declared: a Byzantine sender can inflate its own.
+    """
+
+    weighting: str = "data_size"
+
+    def __post_init__(self) -> None:
+        check_choice("DFedAvg", "weighting", self.weighting, _DFEDAVG_WEIGHTINGS)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = finite_rows(inputs.vectors)
+        uniform = finite.to(torch.float64)
+        if self.weighting == "uniform":
+            return _finish(inputs, uniform, None)
+        sizes = torch.tensor(inputs.num_samples, dtype=torch.float64)
+        weights = torch.where(finite, sizes, torch.zeros_like(sizes))
+        if not bool(weights.sum() > 0):
+            weights = uniform
+        return _finish(inputs, weights, None)
+
+
+RULE_REGISTRY: dict[str, type] = {
+    "dfedreweighting": DFedReweighting,
+    "dfedavg": DFedAvg,
+}
+
+
+def _takes_tpm_and_crs(factory: Callable[..., Any]) -> bool:
+    # Decided from the signature, not the class, so a registered variant of DFedReweighting
+    # gets its TPM and CRS built the same way.
+    names = inspect.signature(factory).parameters
+    return "tpm" in names and "crs" in names
+
+
+def build_rule(
+    rule: str,
+    tpm: str = "accuracy",
+    crs: str = "softmax",
+    tpm_params: Mapping[str, Any] | None = None,
+    crs_params: Mapping[str, Any] | None = None,
+    rule_params: Mapping[str, Any] | None = None,
+) -> Rule:
+    """Build a rule from names, e.g. ``build_rule("dfedreweighting", "loss", "loss_clip_mean")``.
+
+    The TPM and CRS are built only for rules whose constructor takes ``tpm`` and ``crs``
+    (DFedReweighting); giving
+    ``tpm_params``/``crs_params`` to a rule that does not use them is an error rather than
+    being silently ignored. ``softmax`` needs ``crs_params={"temperature": ...}``.
+    """
+    if not isinstance(rule, str) or rule not in RULE_REGISTRY:
+        raise ValueError(f"unknown rule {rule!r}; valid choices: {sorted(RULE_REGISTRY)}")
+    factory = RULE_REGISTRY[rule]
+    if _takes_tpm_and_crs(factory):
+        fixed = {
+            "tpm": make_tpm(tpm, **dict(tpm_params or {})),
+            "crs": make_crs(crs, **dict(crs_params or {})),
+        }
+        return build_from_registry("rule", RULE_REGISTRY, rule, rule_params, fixed=fixed)
+    for label, params in (("tpm_params", tpm_params), ("crs_params", crs_params)):
+        if params:
+            raise ValueError(
+                f"rule {rule!r} uses no TPM/CRS, but {label}={dict(params)!r} was given; "
+                "only rules built from a TPM and a CRS (e.g. 'dfedreweighting') take them"
+            )
+    return build_from_registry("rule", RULE_REGISTRY, rule, rule_params)

@@ -1,0 +1,157 @@
+"""Target performance metrics (TPM): candidate models -> one score per candidate.
+
+A TPM is step 2 of DFedReweighting (paper, section "DFedReweighting", Algorithm 1): client k
+scores every candidate ``w_i`` in its candidate set on its auxiliary data ``A_k``::
+
+    scores = tpm(candidates, evaluate)   # candidates: float32 [C, D] (row = flattened model)
+                                         # scores: float64 [C] on the CPU
+
+The TPM does not know the model architecture or the data: ``evaluate`` is supplied by the
+client, runs every candidate on the auxiliary set and returns
+``{"accuracy": Tensor[C] (fraction in [0, 1]), "loss": Tensor[C] (mean cross-entropy)}``.
+Keeping the model out of this module is what lets aggregation stay pure tensor code.
+
+Scores are returned as computed, NaN/Inf included: deciding what a non-finite score means is
+the CRS contract's job (it gets weight 0), see :mod:`peer.aggregation.crs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from peer.aggregation.registry import build_from_registry, check_real
+
+__all__ = [
+    "TPM",
+    "TPM_REGISTRY",
+    "Accuracy",
+    "Evaluate",
+    "Loss",
+    "WeightedCombination",
+    "make_tpm",
+]
+
+Evaluate = Callable[[torch.Tensor], Mapping[str, torch.Tensor]]
+"""``evaluate(candidates [C, D]) -> {"accuracy": Tensor[C], "loss": Tensor[C]}``."""
+
+
+@runtime_checkable
+class TPM(Protocol):
+    """Anything mapping candidates [C, D] and an evaluate callable to scores [C]."""
+
+    def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor: ...
+
+
+def _evaluate(
+    candidates: torch.Tensor, evaluate: Evaluate, keys: tuple[str, ...], owner: str
+) -> dict[str, torch.Tensor]:
+    """Run ``evaluate`` once and return the requested metrics as float64 CPU vectors [C]."""
+    if not isinstance(candidates, torch.Tensor) or candidates.dim() != 2:
+        is_tensor = isinstance(candidates, torch.Tensor)
+        shape = tuple(candidates.shape) if is_tensor else type(candidates)
+        raise ValueError(f"{owner}: candidates must be a 2-D tensor [C, D], got {shape}")
+    if not callable(evaluate):
+        raise ValueError(f"{owner}: evaluate must be callable, got {evaluate!r}")
+    result = evaluate(candidates)
+    if not isinstance(result, Mapping):
+        raise ValueError(
+            f"{owner}: evaluate must return a mapping with keys {list(keys)}, "
+            f"got {type(result).__name__}"
+        )
+    count = candidates.shape[0]
+    metrics = {}
+    for key in keys:
+        if key not in result:
+            raise ValueError(
+                f"{owner}: evaluate result lacks {key!r}; it has {sorted(result)}, "
+                f"needed {list(keys)}"
+            )
+        values = torch.as_tensor(result[key]).detach().to(device="cpu", dtype=torch.float64)
+        if values.shape != (count,):
+            raise ValueError(
+                f"{owner}: evaluate()[{key!r}] must have shape ({count},) (one value per "
+                f"candidate), got {tuple(values.shape)}"
+            )
+        metrics[key] = values
+    return metrics
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Accuracy of each candidate on the auxiliary set.
+
+    ``m_i = Acc(w_i, A_k)``, a fraction in [0, 1].
+
+    Source: paper, eq. (combination-fairness-acc) and eq. (strategy2inbzt). Pair with
+    ``Softmax(scale=100)`` to read the paper's temperature against percentages.
+    """
+
+    def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
+        return _evaluate(candidates, evaluate, ("accuracy",), "Accuracy")["accuracy"]
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Mean cross-entropy of each candidate on the auxiliary set.
+
+    ``m_i = f(w_i, A_k)``
+
+    Source: paper, eq. (combination-loss), the Byzantine-robustness pair with
+    ``LossClippedAtMean``.
+    """
+
+    def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
+        return _evaluate(candidates, evaluate, ("loss",), "Loss")["loss"]
+
+
+@dataclass(frozen=True)
+class WeightedCombination:
+    """Weighted sum of accuracy and loss (multi-objective within each client).
+
+    ``m_i = a * Acc(w_i, A_k) + b * f(w_i, A_k)``, defaults ``a = b = 1/2``.
+
+    Source: paper, eq. (mult-within), paired with a monotonically increasing CRS ``f_e``.
+    With the paper's ``b = +1/2`` a *higher* loss raises the score; a negative loss
+    coefficient (e.g. ``a = 1, b = -1``) makes the score penalise loss instead. A term whose
+    coefficient is 0 is not evaluated into the score at all, so a NaN loss cannot hide a
+    finite accuracy when ``b = 0`` (``0 * NaN`` would be NaN).
+    """
+
+    accuracy: float = 0.5
+    loss: float = 0.5
+
+    def __post_init__(self) -> None:
+        accuracy = check_real("WeightedCombination", "accuracy", self.accuracy)
+        loss = check_real("WeightedCombination", "loss", self.loss)
+        if accuracy == 0.0 and loss == 0.0:
+            raise ValueError(
+                "WeightedCombination: accuracy and loss coefficients are both 0, "
+                "so every score would be 0; set at least one nonzero"
+            )
+        object.__setattr__(self, "accuracy", accuracy)
+        object.__setattr__(self, "loss", loss)
+
+    def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
+        metrics = _evaluate(candidates, evaluate, ("accuracy", "loss"), "WeightedCombination")
+        score = torch.zeros(candidates.shape[0], dtype=torch.float64)
+        if self.accuracy != 0.0:
+            score = score + self.accuracy * metrics["accuracy"]
+        if self.loss != 0.0:
+            score = score + self.loss * metrics["loss"]
+        return score
+
+
+TPM_REGISTRY: dict[str, type] = {
+    "accuracy": Accuracy,
+    "loss": Loss,
+    "combined": WeightedCombination,
+}
+
+
+def make_tpm(name: str, **params: object) -> TPM:
+    """Build the TPM registered as ``name`` with keyword ``params`` (checked, see registry)."""
+    return build_from_registry("tpm", TPM_REGISTRY, name, params)

@@ -1,0 +1,54 @@
+import json
+
+import pytest
+
+from peer.results import RoundLog, read_rounds, summarize, write_json_atomic
+
+
+def write_peer(out, k, role, acc, gacc, weights_per_round, completed=True):
+    log = RoundLog(out, k)
+    for r, w in enumerate(weights_per_round):
+        log.write({"round": r, "weights": {str(s): v for s, v in w.items()}})
+    log.close()
+    if completed:
+        write_json_atomic(out / "peers" / f"{k}.json", {"completed": True, "accuracy": acc, "global_accuracy": gacc, "rejected_messages": 0})
+
+
+def test_summary_statistics_hand_computed(tmp_path):
+    # honest 0, 1, 2; Byzantine 3. Client 2 crashed after one round.
+    write_peer(tmp_path, 0, "honest", 80.0, 70.0, [{0: 0.5, 1: 0.3, 3: 0.2}, {0: 1.0}])
+    write_peer(tmp_path, 1, "honest", 90.0, 74.0, [{1: 0.9, 3: 0.1}, {1: 1.0, 3: 0.0}])
+    write_peer(tmp_path, 2, "honest", None, None, [{2: 1.0}], completed=False)
+    write_peer(tmp_path, 3, "byzantine", None, None, [{}, {}])
+    s = summarize(
+        tmp_path,
+        roles={0: "honest", 1: "honest", 2: "honest", 3: "byzantine"},
+        pids={0: 10, 1: 11, 2: 12, 3: 13},
+        exit_codes={0: 0, 1: 0, 2: -9, 3: 0},
+        rounds=2,
+        wall_seconds=1.5,
+    )
+    assert s["honest_mean_accuracy"] == pytest.approx(85.0)
+    assert s["accuracy_variance"] == pytest.approx(25.0)  # population variance of 80, 90
+    assert s["honest_mean_global_accuracy"] == pytest.approx(72.0)
+    assert s["global_accuracy_variance"] == pytest.approx(4.0)
+    assert s["worst_accuracy"] == 80.0
+    # shares per honest client-round: 0.2, 0.0, 0.1, 0.0, and client 2's one round 0.0
+    assert s["byzantine_weight_share"] == pytest.approx(0.3 / 5)
+    assert s["failed_peers"] == [2]
+    assert s["peers"]["2"]["rounds_done"] == 1 and s["peers"]["2"]["exit_code"] == -9
+    assert s["peers"]["0"]["pid"] == 10
+
+
+def test_no_byzantine_gives_null_share(tmp_path):
+    write_peer(tmp_path, 0, "honest", 50.0, 50.0, [{0: 1.0}])
+    s = summarize(tmp_path, roles={0: "honest"}, pids={0: 1}, exit_codes={0: 0}, rounds=1, wall_seconds=0)
+    assert s["byzantine_weight_share"] is None and s["accuracy_variance"] == 0.0
+
+
+def test_torn_last_line_is_skipped(tmp_path):
+    write_peer(tmp_path, 0, "honest", 1.0, 1.0, [{0: 1.0}, {0: 1.0}])
+    with (tmp_path / "peers" / "0.jsonl").open("a") as f:
+        f.write('{"round": 2, "wei')
+    assert [r["round"] for r in read_rounds(tmp_path, 0)] == [0, 1]
+    json.loads((tmp_path / "peers" / "0.json").read_text())
