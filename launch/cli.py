@@ -40,11 +40,12 @@ def _parse_peers(items: list[str]) -> dict[int, str]:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from launch.local import print_summary, run_local
+    from launch.local import print_summary
+    from launch.runner import run_scenario
 
     scenario = load_scenario(args.scenario, args.set)
     console = Console(stderr=True)
-    out, summary = run_local(scenario, args.out, console=console)
+    out, summary = run_scenario(scenario, args.out, console=console)
     print_summary(summary, Console())
     print(f"results: {out}")
     if summary.get("interrupted"):

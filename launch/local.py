@@ -15,15 +15,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.data import check_dataset
 from peer.node import attack_for, rule_for, scenario_topology
@@ -41,8 +41,6 @@ class Child:
     log_path: Path
     registered: bool = False
     address: str | None = None
-    round: int = -1
-    last: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     reported: bool = False
 
@@ -65,6 +63,18 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def preflight(scenario: Scenario) -> None:
+    """Build every client's rule or attack and check the data first, so a bad setting fails
+    once, clearly, before any client starts."""
+    topology = scenario_topology(scenario)
+    for k in range(topology.num_clients):
+        if k in topology.byzantine:
+            attack_for(scenario.attack, topology.num_clients, len(topology.byzantine))
+        else:
+            rule_for(scenario.aggregation_for(k))
+    check_dataset(scenario.data.name, scenario.data.dir or None)
+
+
 class LocalRun:
     def __init__(self, scenario: Scenario, out_dir: Path, *, console: Console | None = None, python: str = sys.executable) -> None:
         self.scenario = scenario
@@ -81,17 +91,6 @@ class LocalRun:
         self._book_sent = False
 
     # -- processes ----------------------------------------------------------------------
-    def check(self) -> None:
-        """Build every client's rule or attack here first, so a bad setting fails once, clearly,
-        instead of in every child process."""
-        topology = scenario_topology(self.scenario)
-        for k in range(topology.num_clients):
-            if k in topology.byzantine:
-                attack_for(self.scenario.attack, topology.num_clients, len(topology.byzantine))
-            else:
-                rule_for(self.scenario.aggregation_for(k))
-        check_dataset(self.scenario.data.name, self.scenario.data.dir or None)
-
     def spawn(self) -> None:
         topology = scenario_topology(self.scenario)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,24 +131,19 @@ class LocalRun:
             c.exit_code = c.proc.poll()
 
     # -- messages -----------------------------------------------------------------------
-    def _handle(self, identity: bytes, payload: bytes) -> None:
+    def _handle(self, identity: bytes, payload: bytes) -> dict[str, Any] | None:
         try:
             msg = json.loads(payload)
         except json.JSONDecodeError:
-            return
-        child = self.children.get(msg.get("id"))
+            return None
+        child = self.children.get(msg.get("id")) if isinstance(msg, dict) else None
         if child is None:
-            return
-        kind = msg.get("type")
-        if kind == "register":
+            return None
+        if msg.get("type") == "register":
             child.registered = True
             child.address = msg["address"]
             self._identities[child.id] = identity
-        elif kind == "round":
-            child.round = msg["round"]
-            child.last = {k: v for k, v in msg.items() if k in ("train_loss", "accuracy", "global_accuracy")}
-        elif kind == "done":
-            child.round = self.scenario.rounds - 1
+        return msg
 
     def _maybe_send_book(self) -> None:
         """Send the address book once every client that is still alive has registered."""
@@ -163,31 +157,25 @@ class LocalRun:
             self._sock.send_multipart([identity, json.dumps({"type": "addresses", "addresses": book}).encode()])
         self._book_sent = True
 
-    def _poll_exits(self) -> None:
+    def _poll_exits(self, board: ProgressBoard) -> None:
         for c in self.children.values():
             if c.exit_code is None:
                 c.exit_code = c.proc.poll()
             if c.exit_code is not None and c.exit_code != 0 and not c.reported:
                 c.reported = True
+                board.set_status(c.id, f"[red]{_describe_exit(c.exit_code)}[/red]")
                 self.console.print(f"[red]client {c.id} ({c.role}) {_describe_exit(c.exit_code)}: {_last_line(c.log_path)}[/red]")
                 self.console.print(f"[red]  log: {c.log_path}[/red]")
 
     # -- main loop ----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         start = time.monotonic()
-        self.check()
+        preflight(self.scenario)
         self.spawn()
-        rounds = self.scenario.rounds
-        interactive = self.console.is_terminal
-        progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-            console=self.console, disable=not interactive,
-        )
-        tasks = {k: progress.add_task(f"client {k:>3} {c.role:<9}", total=rounds, info="starting") for k, c in self.children.items()}
-        next_plain = 0.0
         interrupted = False
+        board = ProgressBoard(self.console, {k: c.role for k, c in self.children.items()}, self.scenario.rounds)
         try:
-            with progress:
+            with board:
                 while any(c.exit_code is None for c in self.children.values()):
                     if self._sock.poll(200):
                         while True:
@@ -195,16 +183,12 @@ class LocalRun:
                                 identity, payload = self._sock.recv_multipart(zmq.NOBLOCK)
                             except zmq.Again:
                                 break
-                            self._handle(identity, payload)
-                    self._poll_exits()
+                            msg = self._handle(identity, payload)
+                            if msg is not None:
+                                board.event(msg)
+                    self._poll_exits(board)
                     self._maybe_send_book()
-                    for k, c in self.children.items():
-                        info = _info(c)
-                        progress.update(tasks[k], completed=c.round + 1, info=info)
-                    if not interactive and time.monotonic() >= next_plain:
-                        next_plain = time.monotonic() + 10.0
-                        done = [c.round + 1 for c in self.children.values() if c.exit_code in (None, 0)]
-                        self.console.print(f"[{time.monotonic() - start:6.1f}s] rounds done: min {min(done, default=0)}/{rounds}, max {max(done, default=0)}/{rounds}")
+                    board.refresh()
         except KeyboardInterrupt:
             interrupted = True
             self.console.print("[yellow]interrupted: stopping every client[/yellow]")
@@ -217,11 +201,12 @@ class LocalRun:
             roles={k: c.role for k, c in self.children.items()},
             pids={k: c.proc.pid for k, c in self.children.items()},
             exit_codes={k: c.exit_code for k, c in self.children.items()},
-            rounds=rounds,
+            rounds=self.scenario.rounds,
             wall_seconds=time.monotonic() - start,
         )
         summary["interrupted"] = interrupted
         summary["launcher_pid"] = os.getpid()
+        summary["transport"] = "grpc"
         write_json_atomic(self.out_dir / "summary.json", summary)
         return summary
 
@@ -232,17 +217,6 @@ def _last_line(path: Path) -> str:
     except OSError:
         return ""
     return lines[-1][:300] if lines else "(no output)"
-
-
-def _info(c: Child) -> str:
-    if c.exit_code not in (None, 0):
-        return f"[red]{_describe_exit(c.exit_code)}[/red]"
-    parts = []
-    if c.last.get("train_loss") is not None:
-        parts.append(f"loss {c.last['train_loss']:.3f}")
-    if c.last.get("accuracy") is not None:
-        parts.append(f"acc {c.last['accuracy']:.1f}%")
-    return " ".join(parts) or ("running" if c.registered else "starting")
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:
@@ -264,11 +238,3 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         f"global {f('honest_mean_global_accuracy', '%')}; Byzantine weight share {f('byzantine_weight_share')}; "
         f"failed {summary['failed_peers'] or 'none'}; {summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
     )
-
-
-def run_local(scenario: Scenario, out_dir: Path | None = None, *, console: Console | None = None) -> tuple[Path, dict[str, Any]]:
-    out = Path(out_dir) if out_dir else default_out_dir()
-    if (out / "summary.json").exists():
-        raise FileExistsError(f"{out} already holds a finished run; choose another --out")
-    run = LocalRun(scenario, out, console=console)
-    return out, run.run()

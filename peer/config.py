@@ -37,7 +37,7 @@ ATTACKS = ("none", "gaussian", "sign_flip", "alie")
 RULES = ("dfedreweighting", "dfedavg")
 TPMS = ("accuracy", "loss", "combined")
 CRSS = ("softmax", "loss_clip_mean", "acc_clip_mean", "proportional", "clip")
-TRANSPORTS = ("grpc",)
+TRANSPORTS = ("grpc", "inproc")
 
 
 class ScenarioError(ValueError):

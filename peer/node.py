@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -124,6 +125,10 @@ class Liveness:
                     inbox.set_gone(k)
 
 
+class Stopped(RuntimeError):
+    """The client was asked to stop before its last round."""
+
+
 class Peer:
     """A client process's state and round loop (honest or Byzantine)."""
 
@@ -158,6 +163,7 @@ class Peer:
         self.specs = model_specs(self.model)
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
         self.results = RoundLog(self.out_dir, client_id)
+        self.stop_requested = threading.Event()
 
     # -- receiving ---------------------------------------------------------------------
     def deliver(self, chunks) -> tuple[bool, str]:
@@ -224,8 +230,12 @@ class Peer:
         self.link.close()
 
     # -- round loops -------------------------------------------------------------------
-    def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to) -> None:
-        chunks = encode(self.id, round_, vector, self.specs, num_samples=num_samples, chunk_bytes=self.scenario.network.chunk_bytes)
+    def _check_stop(self) -> None:
+        if self.stop_requested.is_set():
+            raise Stopped(f"client {self.id} stopped")
+
+    def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
+        chunks = encode(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
         for k in to:
             self.transport.send(k, chunks)
 
@@ -241,18 +251,26 @@ class Peer:
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
         for r in range(sc.rounds):
+            self._check_stop()
             self.inbox.advance(r)
             sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
+            reference = get_vector(self.model)
             loss = trainer.step()
             own = get_vector(self.model)
-            self._send_all(r, own, num_samples, self.neighbours)
+            self._send_all(r, own, num_samples, self.neighbours, loss)
             expected = neighbours - self.inbox.gone()
             got = self.inbox.wait(r, expected, sc.network.round_timeout)
             liveness.update(self.inbox, expected, got)
             ids = (self.id, *sorted(got))
             vectors = torch.stack([own, *(got[k].vector for k in ids[1:])])
             sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
-            agg = rule(RoundInputs(own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval))
+            losses = (loss, *(got[k].train_loss for k in ids[1:]))
+            agg = rule(
+                RoundInputs(
+                    own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval,
+                    total_rounds=sc.rounds, declared_losses=losses, reference=reference,
+                )
+            )
             set_vector(self.model, agg.model)
             record: dict[str, Any] = {
                 "round": r,
@@ -282,6 +300,7 @@ class Peer:
         targets = tuple(k for k in self.neighbours if k not in self.topology.byzantine)
         liveness = Liveness(sc.network.max_missed_rounds)
         for r in range(sc.rounds):
+            self._check_stop()
             self.inbox.advance(r)
             sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
             expected = frozenset(targets) - self.inbox.gone()

@@ -64,6 +64,13 @@ class RoundInputs:
     vectors: torch.Tensor
     num_samples: tuple[int, ...]
     evaluate: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
+    # Scheduled number of rounds T (BALANCE's acceptance radius decays with t/T); 0 if unknown.
+    total_rounds: int = 0
+    # Training loss each sender declared for its model (q-FFL weights by it); NaN if unknown.
+    declared_losses: tuple[float, ...] | None = None
+    # The client's model at the start of the round, w_k^t (before its local step): rules that
+    # work on updates (Flame, q-FFL) measure them against it. None if unknown.
+    reference: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         own_id = check_int("RoundInputs", "own_id", self.own_id)
@@ -105,6 +112,18 @@ class RoundInputs:
             raise ValueError(
                 f"RoundInputs: evaluate must be callable or None, got {self.evaluate!r}"
             )
+        check_int("RoundInputs", "total_rounds", self.total_rounds, minimum=0)
+        if self.reference is not None and (
+            not isinstance(self.reference, torch.Tensor) or tuple(self.reference.shape) != (vectors.shape[1],)
+        ):
+            raise ValueError(f"RoundInputs: reference must be a [D] tensor with D = {vectors.shape[1]}")
+        if self.declared_losses is not None:
+            losses = tuple(float(x) for x in self.declared_losses)
+            if len(losses) != len(ids):
+                raise ValueError(
+                    f"RoundInputs: declared_losses has {len(losses)} entries but there are {len(ids)} ids"
+                )
+            object.__setattr__(self, "declared_losses", losses)
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "num_samples", num_samples)
 

@@ -57,6 +57,7 @@ class ModelMessage:
     vector: torch.Tensor  # flat float32
     num_samples: int = 0
     nbytes: int = 0  # size on the wire, for accounting
+    train_loss: float = float("nan")  # declared by the sender; NaN when not finite or absent
 
 
 def encode(
@@ -66,6 +67,7 @@ def encode(
     specs: Sequence[TensorSpec],
     *,
     num_samples: int = 0,
+    train_loss: float = float("nan"),
     chunk_bytes: int = 1 << 20,
 ) -> list[pb.ModelChunk]:
     """Split a flat model into Push chunks; the header rides on the first chunk."""
@@ -80,6 +82,7 @@ def encode(
         total_bytes=len(payload),
         crc32=zlib.crc32(payload),
         num_samples=num_samples,
+        train_loss=train_loss,
     )
     view = memoryview(payload)
     chunks = [pb.ModelChunk(header=header, data=bytes(view[:chunk_bytes]))]
@@ -149,4 +152,5 @@ def decode(header: pb.ModelHeader, payload: bytes, specs: Sequence[TensorSpec], 
         vector=vector,
         num_samples=header.num_samples,
         nbytes=wire_bytes,
+        train_loss=header.train_loss if np.isfinite(header.train_loss) else float("nan"),
     )

@@ -17,20 +17,22 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelHeader(_message.Message):
-    __slots__ = ("sender", "round", "tensors", "total_bytes", "crc32", "num_samples")
+    __slots__ = ("sender", "round", "tensors", "total_bytes", "crc32", "num_samples", "train_loss")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CRC32_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     sender: int
     round: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     crc32: int
     num_samples: int
-    def __init__(self, sender: _Optional[int] = ..., round: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    train_loss: float
+    def __init__(self, sender: _Optional[int] = ..., round: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "data")

@@ -1,0 +1,112 @@
+"""``network.transport = "inproc"``: every client of a scenario as a thread of this process.
+
+Same client code (``peer.node.Peer``) and the same on-disk results as the process launcher;
+messages go through the in-process transport. Meant for fast tests and large sweeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from launch.progress import ProgressBoard
+from peer.config import Scenario, dump_scenario
+from peer.node import Peer, scenario_topology
+from peer.results import summarize, write_json_atomic
+from peer.transport.inproc import InprocHub, InprocTransport
+
+log = logging.getLogger(__name__)
+
+
+class QueueLink:
+    """Telemetry to the launcher in the same process."""
+
+    dropped = 0
+
+    def __init__(self, events: queue.Queue) -> None:
+        self._events = events
+
+    def send(self, event: dict[str, Any]) -> None:
+        self._events.put_nowait(event)
+
+    def close(self) -> None:
+        pass
+
+
+def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[str, Any]:
+    from launch.local import preflight
+
+    start = time.monotonic()
+    preflight(scenario)
+    out_dir = Path(out_dir)
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    dump_scenario(scenario, out_dir / "scenario.toml")
+    topology = scenario_topology(scenario)
+    roles = {k: ("byzantine" if k in topology.byzantine else "honest") for k in range(topology.num_clients)}
+    events: queue.Queue = queue.Queue()
+    hub = InprocHub()
+    peers = {
+        k: Peer(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}"), link=QueueLink(events))
+        for k in roles
+    }
+    addresses = {k: p.start() for k, p in peers.items()}
+    exit_codes: dict[int, int | None] = {k: None for k in roles}
+
+    def client(k: int) -> None:
+        try:
+            peers[k].connect(addresses)
+            peers[k].run()
+            exit_codes[k] = 0
+        except BaseException:  # noqa: BLE001 - any failure of one client is reported, the rest go on
+            exit_codes[k] = 1
+            (out_dir / "logs" / f"{k}.log").write_text(traceback.format_exc())
+            events.put({"type": "failed", "id": k})
+        finally:
+            peers[k].close()
+
+    threads = {k: threading.Thread(target=client, args=(k,), name=f"client-{k}", daemon=True) for k in roles}
+    for t in threads.values():
+        t.start()
+    interrupted = False
+    board = ProgressBoard(console, roles, scenario.rounds)
+    try:
+        with board:
+            while any(t.is_alive() for t in threads.values()):
+                try:
+                    msg = events.get(timeout=0.2)
+                    board.event(msg)
+                    if msg.get("type") == "failed":
+                        k = msg["id"]
+                        board.set_status(k, "[red]failed[/red]")
+                        console.print(f"[red]client {k} ({roles[k]}) failed; log: {out_dir / 'logs' / f'{k}.log'}[/red]")
+                    while True:
+                        board.event(events.get_nowait())
+                except queue.Empty:
+                    pass
+                board.refresh()
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted: stopping every client[/yellow]")
+        for p in peers.values():
+            p.stop_requested.set()
+        for t in threads.values():
+            t.join(timeout=scenario.network.round_timeout + 5)
+    summary = summarize(
+        out_dir,
+        roles=roles,
+        pids={k: os.getpid() for k in roles},
+        exit_codes=exit_codes,
+        rounds=scenario.rounds,
+        wall_seconds=time.monotonic() - start,
+    )
+    summary.update(interrupted=interrupted, launcher_pid=os.getpid(), transport="inproc")
+    write_json_atomic(out_dir / "summary.json", summary)
+    return summary

@@ -1,0 +1,25 @@
+"""Run one scenario to completion with the transport it names; the one entry point the CLI
+and the sweep use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from launch.local import LocalRun, default_out_dir
+from peer.config import Scenario
+
+
+def run_scenario(scenario: Scenario, out_dir: Path | None = None, *, console: Console | None = None) -> tuple[Path, dict[str, Any]]:
+    """Run ``scenario``, write its results under ``out_dir`` and return (out_dir, summary)."""
+    out = Path(out_dir) if out_dir else default_out_dir()
+    if (out / "summary.json").exists():
+        raise FileExistsError(f"{out} already holds a finished run; choose another --out")
+    console = console or Console(stderr=True)
+    if scenario.network.transport == "inproc":
+        from launch.inproc import run_inproc
+
+        return out, run_inproc(scenario, out, console=console)
+    return out, LocalRun(scenario, out, console=console).run()
