@@ -164,6 +164,7 @@ class Peer:
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
         self.results = RoundLog(self.out_dir, client_id)
         self.stop_requested = threading.Event()
+        self._prepared = False
 
     # -- receiving ---------------------------------------------------------------------
     def deliver(self, chunks) -> tuple[bool, str]:
@@ -185,7 +186,27 @@ class Peer:
             self.inbox.set_gone(peer)
 
     # -- lifecycle ---------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Load data and build the rule or attack. Done before the server starts, so that a
+        client that can be reached is ready to run round 0 at once: clients that started
+        rounds far apart would otherwise count each other as missing."""
+        sc = self.scenario
+        if self.role == "honest":
+            self.data = client_data(sc, self.topology, self.id)
+            t = sc.train
+            self.trainer = LocalTrainer(
+                self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
+                seed=derive_seed(sc.seed, "batches", self.id),
+            )
+            self.rule = rule_for(sc.aggregation_for(self.id))
+            self.aux_eval = VectorEvaluator(self.model, self.data.aux)
+        else:
+            self.attack = attack_for(sc.attack, self.topology.num_clients, len(self.topology.byzantine))
+
     def start(self) -> str:
+        if not self._prepared:
+            self.prepare()
+            self._prepared = True
         return self.transport.start(self.deliver)
 
     def connect(self, addresses: Mapping[int, str]) -> None:
@@ -241,15 +262,12 @@ class Peer:
 
     def _run_honest(self) -> dict[str, Any]:
         sc = self.scenario
-        data = client_data(sc, self.topology, self.id)
-        t = sc.train
-        trainer = LocalTrainer(self.model, data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps, seed=derive_seed(sc.seed, "batches", self.id))
-        rule = rule_for(sc.aggregation_for(self.id))
-        aux_eval = VectorEvaluator(self.model, data.aux)
+        data, trainer, rule, aux_eval = self.data, self.trainer, self.rule, self.aux_eval
         neighbours = frozenset(self.neighbours)
         liveness = Liveness(sc.network.max_missed_rounds)
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
+        loop_start = time.monotonic()
         for r in range(sc.rounds):
             self._check_stop()
             self.inbox.advance(r)
@@ -291,14 +309,15 @@ class Peer:
                 record.update(last)
             self.results.write(record)
             self.link.send({"type": "round", "id": self.id, "round": r, "train_loss": loss, **last})
-        return {**last, "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
+        return {**last, "loop_seconds": round(time.monotonic() - loop_start, 3), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 
     def _run_byzantine(self) -> dict[str, Any]:
         sc = self.scenario
-        attack = attack_for(sc.attack, self.topology.num_clients, len(self.topology.byzantine))
+        attack = self.attack
         gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", self.id))
         targets = tuple(k for k in self.neighbours if k not in self.topology.byzantine)
         liveness = Liveness(sc.network.max_missed_rounds)
+        loop_start = time.monotonic()
         for r in range(sc.rounds):
             self._check_stop()
             self.inbox.advance(r)
@@ -325,7 +344,7 @@ class Peer:
                 "silent_to": silent,
             })
             self.link.send({"type": "round", "id": self.id, "round": r})
-        return {"attack": sc.attack.name}
+        return {"attack": sc.attack.name, "loop_seconds": round(time.monotonic() - loop_start, 3)}
 
 
 def _finite_or_none(x: float) -> float | None:

@@ -274,6 +274,10 @@ class DFedAvg:
         return _finish(inputs, weights, None)
 
 
+# The baseline rules (median, trimmed_mean, krum, multi_krum, geometric_median, flame, balance,
+# qfdfl, acc_above_mean) are added at the bottom of peer/aggregation/robust.py: they build on
+# the types above, so registering them here would be a circular import. The package __init__
+# imports robust.py, so the registry is complete whenever this module can be reached.
 RULE_REGISTRY: dict[str, type] = {
     "dfedreweighting": DFedReweighting,
     "dfedavg": DFedAvg,

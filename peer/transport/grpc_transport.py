@@ -38,6 +38,9 @@ class PeerServicer(pb_grpc.PeerServicer):
     def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
         return handle_push(request_iterator, self._deliver)
 
+    def PushOne(self, request, context):  # noqa: N802 - gRPC method name
+        return handle_push(iter((request,)), self._deliver)
+
 
 class GrpcTransport:
     def __init__(
@@ -105,7 +108,11 @@ class GrpcTransport:
         if stub is None:  # never connected (no address): nothing to send to
             return
         size = sum(c.ByteSize() for c in chunks)
-        future = stub.Push.future(iter(chunks), timeout=self.send_timeout)
+        if len(chunks) == 1:
+            # Unary: a streaming call costs gRPC Python a thread per call to drain the iterator.
+            future = stub.PushOne.future(chunks[0], timeout=self.send_timeout)
+        else:
+            future = stub.Push.future(iter(chunks), timeout=self.send_timeout)
         with self._lock:
             self._inflight.add(future)
             self.bytes_sent += size

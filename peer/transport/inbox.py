@@ -64,6 +64,9 @@ class Inbox:
             current = self._round
             if msg.round < current:
                 stale = True
+                # A late message still shows the sender is alive (it is behind, not gone): wait
+                # for it again, so two clients that drifted apart fall back into step.
+                self._gone.discard(msg.sender)
             elif msg.round > current + self.window:
                 stale = None
             else:

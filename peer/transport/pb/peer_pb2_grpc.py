@@ -34,6 +34,11 @@ class PeerStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.PushOne = channel.unary_unary(
+                '/peer.transport.pb.Peer/PushOne',
+                request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+                response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+                _registered_method=True)
         self.Push = channel.stream_unary(
                 '/peer.transport.pb.Peer/Push',
                 request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
@@ -43,6 +48,13 @@ class PeerStub:
 
 class PeerServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def PushOne(self, request, context):
+        """A model that fits in one chunk (header included): a plain request/response call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Push(self, request_iterator, context):
         """Client-streaming so a large model can arrive in chunks under the message-size limit.
@@ -54,6 +66,11 @@ class PeerServicer:
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'PushOne': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushOne,
+                    request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
+                    response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
+            ),
             'Push': grpc.stream_unary_rpc_method_handler(
                     servicer.Push,
                     request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
@@ -69,6 +86,33 @@ def add_PeerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Peer:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def PushOne(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peer.transport.pb.Peer/PushOne',
+            peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+            peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Push(request_iterator,

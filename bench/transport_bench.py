@@ -1,0 +1,59 @@
+"""Wall time of one scenario in-process vs as gRPC client processes, and their ratio.
+
+    python bench/transport_bench.py                      # the paper's IID DFedReweighting setting:
+                                                         # Fashion-MNIST, 3000 rounds, 10 honest + 2 Byzantine
+    python bench/transport_bench.py --set rounds=300 --set data.name=digits
+
+Both runs happen in this one invocation, back to back, so the ratio is comparable even on a
+busy machine; the figures themselves are not. Startup (process spawn, imports, data loading)
+is reported apart from the round loop, measured from the clients' own logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+
+from launch.runner import run_scenario  # noqa: E402
+from peer.config import load_scenario  # noqa: E402
+
+PAPER_IID = ["data.name=fashion-mnist", "data.partition=iid", "rounds=3000", "attack.name=gaussian"]
+
+
+def loop_seconds(out: Path) -> float:
+    """Slowest client's time inside its round loop (from its final record)."""
+    times = []
+    for path in (out / "peers").glob("*.json"):
+        times.append(json.loads(path.read_text()).get("loop_seconds", 0.0))
+    return max(times, default=float("nan"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", action="append", default=[], help="extra scenario overrides")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temp dir)")
+    args = parser.parse_args()
+    root = args.out or Path(tempfile.mkdtemp(prefix="dfedrw-bench-"))
+    quiet = Console(file=open(os.devnull, "w"))
+    rows = {}
+    for transport in ("inproc", "grpc"):
+        scenario = load_scenario(None, [*PAPER_IID, *args.set, f"network.transport={transport}"])
+        out, summary = run_scenario(scenario, root / transport, console=quiet)
+        rows[transport] = (summary["wall_seconds"], loop_seconds(out), summary["honest_mean_accuracy"])
+        print(f"{transport:>7}: wall {summary['wall_seconds']:8.1f} s   round loop {rows[transport][1]:8.1f} s   "
+              f"honest acc {summary['honest_mean_accuracy']:.2f}%", flush=True)
+    (wi, li, ai), (wg, lg, ag) = rows["inproc"], rows["grpc"]
+    print(f"ratio grpc/inproc: wall {wg / wi:.2f}x   round loop {lg / li:.2f}x   (accuracy equal: {ai == ag})")
+    print(f"runs in {root}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,634 @@
+"""Baseline aggregation rules the paper compares DFedReweighting with.
+
+Each rule runs at one client over its own half-step model (row 0 of ``inputs.vectors``) and
+the models its neighbours sent, and returns an :class:`~peer.aggregation.rules.Aggregate`
+exactly like the rules in :mod:`peer.aggregation.rules`:
+
+* Byzantine-robust rules: :class:`Median`, :class:`TrimmedMean` (Yin et al. 2018),
+  :class:`Krum`, :class:`MultiKrum` (Blanchard et al. 2017), :class:`GeometricMedian`
+  (Pillutla et al. 2022), :class:`Flame` (Nguyen et al. 2022), :class:`Balance`
+  (Fang et al. 2024);
+* fairness baseline: :class:`QFDFL` (q-FFL of Li et al. 2020, applied per client);
+* :class:`AccuracyAboveMean`, the selection rule of the authors' earlier code.
+
+Conventions shared with :mod:`peer.aggregation.rules`:
+
+* A row containing NaN/Inf is dropped before any statistic is computed (a median, a distance,
+  a cluster) and gets weight 0; the counts a rule uses (``C`` in the formulas below) are the
+  counts of *finite* candidates. A hyper-parameter such as ``num_byzantine`` is not reduced
+  for dropped rows: nothing says the broken rows were the Byzantine ones.
+* If nothing can be weighted the client keeps its own model (weight 1 on ``ids[0]``), even
+  when that row is itself non-finite (the client decides what to do then).
+* Every rule first puts the finite candidates in increasing id order and computes in that
+  order, so the result does not depend on the order of rows 1.. down to the last bit, and
+  ties (Krum scores, equal values in a trimmed coordinate, equally large Flame clusters) are
+  broken towards the lower id.
+* Computation is float64, the model is returned as float32 on the input device, and
+  ``weights`` holds every candidate id and sums to 1.
+
+Reported weights: for rules whose model is ``sum_i v_i w_i`` (Krum, multi-Krum, geometric
+median, BALANCE, q-FDFL, accuracy-above-mean) they are exactly the ``v_i``. Coordinate-wise
+rules (median, trimmed mean) pick a different subset per coordinate, so their weights are the
+share of coordinates each candidate contributed; Flame adds clipping and noise on top of the
+weighted mean its weights describe. Each docstring says which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from peer.aggregation.registry import check_int, check_real
+from peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs, finite_rows
+from peer.aggregation.tpm import Accuracy
+
+__all__ = [
+    "AccuracyAboveMean",
+    "Balance",
+    "Flame",
+    "GeometricMedian",
+    "Krum",
+    "Median",
+    "MultiKrum",
+    "QFDFL",
+    "TrimmedMean",
+]
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+@dataclass(frozen=True)
+class _Finite:
+    """The finite candidates in increasing id order, as float64 rows on the input device."""
+
+    ids: tuple[int, ...]
+    rows: torch.Tensor
+    # Index of the client's own model in ``rows``; None when the own row is non-finite.
+    own: int | None
+    # Index of each finite candidate in ``inputs`` (to line up per-row side data).
+    positions: tuple[int, ...]
+
+
+def _finite_by_id(inputs: RoundInputs) -> _Finite:
+    finite = finite_rows(inputs.vectors).tolist()
+    positions = tuple(
+        sorted((i for i, ok in enumerate(finite) if ok), key=lambda i: inputs.ids[i])
+    )
+    index = torch.tensor(positions, dtype=torch.long, device=inputs.vectors.device)
+    rows = inputs.vectors.index_select(0, index).to(torch.float64)
+    ids = tuple(inputs.ids[i] for i in positions)
+    own = ids.index(inputs.own_id) if inputs.own_id in ids else None
+    return _Finite(ids=ids, rows=rows, own=own, positions=positions)
+
+
+def _aggregate(
+    inputs: RoundInputs,
+    model: torch.Tensor,
+    weights: Mapping[int, float],
+    scores: Mapping[int, float] | None = None,
+) -> Aggregate:
+    """Package a float64 model and per-id weights (normalised, every id listed)."""
+    total = math.fsum(weights.values())
+    if not total > 0:
+        # Only reachable with zero-length models (no coordinate to count): nothing was chosen.
+        weights, total = {inputs.own_id: 1.0}, 1.0
+    return Aggregate(
+        model=model.to(torch.float32),
+        weights={sender: weights.get(sender, 0.0) / total for sender in inputs.ids},
+        scores=None
+        if scores is None
+        else {sender: scores.get(sender, math.nan) for sender in inputs.ids},
+    )
+
+
+def _keep_own(inputs: RoundInputs, scores: Mapping[int, float] | None = None) -> Aggregate:
+    return _aggregate(inputs, inputs.vectors[0].to(torch.float64), {inputs.own_id: 1.0}, scores)
+
+
+def _combine(finite: _Finite, coefficients: torch.Tensor) -> torch.Tensor:
+    """``sum_i c_i w_i`` over the finite rows (float64 [D]); ``coefficients`` is CPU [F]."""
+    return coefficients.to(device=finite.rows.device, dtype=torch.float64) @ finite.rows
+
+
+def _by_id(finite: _Finite, values: torch.Tensor) -> dict[int, float]:
+    return dict(zip(finite.ids, values.tolist()))
+
+
+def _middle(values: torch.Tensor) -> torch.Tensor:
+    """Median along dim 0 as ``torch.quantile(values, 0.5, dim=0)`` (linear) defines it.
+
+    Computed from a sort rather than with ``torch.quantile``, which refuses inputs of more
+    than 2**24 elements (a few neighbours of a CNN already exceed that).
+    """
+    count = values.shape[0]
+    ordered = values.sort(dim=0).values
+    return (ordered[(count - 1) // 2] + ordered[count // 2]) / 2
+
+
+def _pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
+    """``d[i, j] = ||w_i - w_j||^2`` (float64 [F, F] on the CPU).
+
+    One row at a time keeps memory at [F, D] instead of [F, F, D]; computing each entry from
+    the difference (not ``|a|^2 + |b|^2 - 2ab``) keeps it exact for identical models and
+    bitwise symmetric.
+    """
+    return torch.stack([((rows - row) ** 2).sum(dim=1) for row in rows]).cpu()
+
+
+# ---------------------------------------------------------------- coordinate-wise rules
+
+
+@dataclass(frozen=True)
+class Median:
+    """Coordinate-wise median of the finite candidates (own model included).
+
+    ``w_k^{t+1}[d] = median_i w_i[d]``; for an even count the mean of the two middle values,
+    i.e. ``torch.quantile(q=0.5, interpolation="linear")`` semantics.
+
+    Reported weight of candidate ``i``: the number of coordinates at which ``w_i[d]`` is one
+    of the (one or two) values the median takes, normalised so the weights sum to 1. A model
+    that is never a middle value (e.g. a far-away Byzantine one) gets 0. The model is not
+    ``sum_i v_i w_i`` for these weights.
+
+    Source: Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
+    Rates", ICML 2018.
+    """
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        count = len(finite.ids)
+        if count == 0:
+            return _keep_own(inputs)
+        ordered = finite.rows.sort(dim=0).values
+        low, high = ordered[(count - 1) // 2], ordered[count // 2]
+        model = (low + high) / 2
+        hits = ((finite.rows == low) | (finite.rows == high)).sum(dim=1).to(torch.float64)
+        return _aggregate(inputs, model, _by_id(finite, hits.cpu()))
+
+
+@dataclass(frozen=True)
+class TrimmedMean:
+    """Coordinate-wise trimmed mean: drop the ``b`` largest and ``b`` smallest, average the rest.
+
+    ``w_k^{t+1}[d] = 1/(C - 2b) * sum_{i = b+1}^{C-b} w_(i)[d]``  (``w_(i)[d]`` sorted), with
+    ``b = num_byzantine``. When ``2b >= C`` (few finite candidates) ``b`` is reduced to
+    ``floor((C - 1) / 2)``, which keeps one value (odd C) or two (even C): the median.
+
+    Reported weight of candidate ``i``: its share of the kept (coordinate, candidate) entries.
+    Equal values are ranked by id, so which of them is "kept" is deterministic.
+
+    Source: Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
+    Rates", ICML 2018.
+    """
+
+    num_byzantine: int
+
+    def __post_init__(self) -> None:
+        check_int("TrimmedMean", "num_byzantine", self.num_byzantine, minimum=0)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        count = len(finite.ids)
+        if count == 0:
+            return _keep_own(inputs)
+        trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
+        # Stable, on id-ordered rows: ties resolve the same way whatever the arrival order.
+        ordered = finite.rows.sort(dim=0, stable=True)
+        kept = ordered.values[trim : count - trim]
+        model = kept.sum(dim=0) / kept.shape[0]
+        shares = torch.bincount(ordered.indices[trim : count - trim].flatten().cpu(),
+                                minlength=count)
+        return _aggregate(inputs, model, _by_id(finite, shares.to(torch.float64)))
+
+
+# ---------------------------------------------------------------- distance-based rules
+
+
+def _krum_scores(rows: torch.Tensor, num_byzantine: int) -> torch.Tensor:
+    """Krum score per row: sum of squared distances to its ``C - f - 2`` nearest others."""
+    count = rows.shape[0]
+    # At least one neighbour (a score of 0 for everybody would make the choice arbitrary),
+    # and no more than there are other candidates.
+    neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
+    distances = _pairwise_squared_distances(rows)
+    distances.fill_diagonal_(math.inf)
+    return distances.sort(dim=1).values[:, :neighbours].sum(dim=1)
+
+
+def _lowest_scores(finite: _Finite, num_byzantine: int, keep: int) -> torch.Tensor:
+    """Uniform weights (CPU [F]) on the ``keep`` lowest Krum scores, ties to the lower id."""
+    count = len(finite.ids)
+    weights = torch.zeros(count, dtype=torch.float64)
+    if count == 1:
+        weights[0] = 1.0
+        return weights
+    scores = _krum_scores(finite.rows, num_byzantine)
+    chosen = scores.sort(stable=True).indices[:keep]
+    weights[chosen] = 1.0 / keep
+    return weights
+
+
+@dataclass(frozen=True)
+class Krum:
+    """Krum: keep the one candidate closest to its nearest neighbours.
+
+    ``s_i = sum_{j in N_i} ||w_i - w_j||^2`` over the ``C - f - 2`` candidates nearest to
+    ``w_i`` (``f = num_byzantine``);  ``w_k^{t+1} = w_{argmin_i s_i}``.
+
+    With few finite candidates (``C - f - 2 < 1``) one neighbour is used, so the scores still
+    say something; ties go to the lower id. Weight 1 on the chosen candidate.
+
+    Source: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
+    Descent", NeurIPS 2017.
+    """
+
+    num_byzantine: int
+
+    def __post_init__(self) -> None:
+        check_int("Krum", "num_byzantine", self.num_byzantine, minimum=0)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        if not finite.ids:
+            return _keep_own(inputs)
+        weights = _lowest_scores(finite, self.num_byzantine, keep=1)
+        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
+
+
+@dataclass(frozen=True)
+class MultiKrum:
+    """Multi-Krum: average the ``m`` candidates with the lowest Krum scores.
+
+    ``s_i`` as in :class:`Krum`;  ``w_k^{t+1} = 1/m * sum_{i in S} w_i`` with ``S`` the ``m``
+    lowest scores. ``m`` defaults to ``C - f`` and is clamped to ``[1, C]`` (C = finite
+    candidates this round). Neighbour count clamp and tie-break as in :class:`Krum`; weight
+    ``1/m`` on each chosen candidate.
+
+    Source: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
+    Descent", NeurIPS 2017 (Multi-Krum, El Mhamdi et al. 2018 naming).
+    """
+
+    num_byzantine: int
+    m: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("MultiKrum", "num_byzantine", self.num_byzantine, minimum=0)
+        if self.m is not None:
+            check_int("MultiKrum", "m", self.m, minimum=1)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        count = len(finite.ids)
+        if count == 0:
+            return _keep_own(inputs)
+        keep = count - self.num_byzantine if self.m is None else self.m
+        keep = min(max(keep, 1), count)
+        weights = _lowest_scores(finite, self.num_byzantine, keep=keep)
+        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
+
+
+@dataclass(frozen=True)
+class GeometricMedian:
+    """Geometric median by smoothed Weiszfeld iterations (RFA).
+
+    ``z = argmin_z sum_i ||z - w_i||``, iterated from the mean as
+    ``beta_i = 1 / max(eps, ||z - w_i||)``,  ``c_i = beta_i / sum_j beta_j``,
+    ``z <- sum_i c_i w_i``, for at most ``max_iter`` steps, stopping once the objective
+    changes by at most ``tol`` times its value. ``eps`` keeps a candidate that coincides with
+    ``z`` from dividing by zero. Reported weights are the final ``c_i`` (a convex
+    combination), and the model is exactly ``sum_i c_i w_i``.
+
+    Source: Pillutla, Kakade and Harchaoui, "Robust Aggregation for Federated Learning",
+    IEEE Trans. Signal Processing 2022 (RFA), with uniform candidate weights.
+    """
+
+    max_iter: int = 100
+    tol: float = 1e-6
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_int("GeometricMedian", "max_iter", self.max_iter, minimum=1)
+        object.__setattr__(
+            self, "tol", check_real("GeometricMedian", "tol", self.tol, nonnegative=True)
+        )
+        object.__setattr__(
+            self, "eps", check_real("GeometricMedian", "eps", self.eps, positive=True)
+        )
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        count = len(finite.ids)
+        if count == 0:
+            return _keep_own(inputs)
+        coefficients = torch.full((count,), 1.0 / count, dtype=torch.float64)
+        median = _combine(finite, coefficients)
+        objective = float(torch.linalg.vector_norm(finite.rows - median, dim=1).sum())
+        for _ in range(self.max_iter):
+            distances = torch.linalg.vector_norm(finite.rows - median, dim=1).cpu()
+            inverse = 1.0 / distances.clamp(min=self.eps)
+            coefficients = inverse / inverse.sum()
+            median = _combine(finite, coefficients)
+            previous = objective
+            objective = float(torch.linalg.vector_norm(finite.rows - median, dim=1).sum())
+            if abs(previous - objective) <= self.tol * objective:
+                break
+        return _aggregate(inputs, median, _by_id(finite, coefficients))
+
+
+# ---------------------------------------------------------------- Flame
+
+
+def _noise_seed(seed: int, own_id: int, round_: int) -> int:
+    # A digest rather than ``hash()`` so the stream is the same on every platform and Python
+    # version; each client and round gets its own stream without any shared RNG state.
+    digest = hashlib.blake2b(f"flame/{seed}/{own_id}/{round_}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") & (2**63 - 1)
+
+
+def _largest_cluster(updates: torch.Tensor, min_cluster_size: int) -> torch.Tensor:
+    """Boolean CPU mask of the largest HDBSCAN cluster on cosine distances of ``updates``."""
+    # Imported here: scikit-learn is slow to import and only this rule needs it.
+    from sklearn.cluster import HDBSCAN
+
+    count = updates.shape[0]
+    norms = torch.linalg.vector_norm(updates, dim=1, keepdim=True)
+    # A zero update has no direction; dividing by 1 leaves it at 0, i.e. cosine distance 1
+    # (orthogonal) to every other update.
+    unit = updates / torch.where(norms > 0, norms, torch.ones_like(norms))
+    distances = (1.0 - unit @ unit.T).clamp(min=0.0, max=2.0).cpu()
+    distances = (distances + distances.T) / 2
+    distances.fill_diagonal_(0.0)
+    labels = HDBSCAN(
+        metric="precomputed",
+        min_cluster_size=min(min_cluster_size, count),
+        min_samples=1,
+        allow_single_cluster=True,
+        copy=True,
+    ).fit(distances.numpy()).labels_
+    clusters = sorted({int(label) for label in labels if label >= 0})
+    if not clusters:
+        # HDBSCAN found no structure at all: nothing stands out as an outlier either.
+        return torch.ones(count, dtype=torch.bool)
+    # Largest cluster; equal sizes go to the cluster holding the lowest id (rows are in id
+    # order and labels are compared by first occurrence).
+    sizes = {label: int((labels == label).sum()) for label in clusters}
+    first = {label: int(list(labels).index(label)) for label in clusters}
+    best = min(clusters, key=lambda label: (-sizes[label], first[label]))
+    return torch.as_tensor(labels == best, dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class Flame:
+    """FLAME adapted to decentralized FL: cluster updates, clip to the median norm, add noise.
+
+    Updates are measured from the client's start-of-round model:
+    ``u_i = w_i - w_k^t`` (``inputs.reference``; if it is None, the own half-step model row 0
+    stands in, making the own update 0, which is cosine distance 1 to every other update).
+
+    1. HDBSCAN (``metric="precomputed"``, ``min_samples=1``, ``allow_single_cluster=True``,
+       ``min_cluster_size`` default ``C // 2 + 1``, clamped to ``C``) on the pairwise cosine
+       distances ``1 - cos(u_i, u_j)``; the largest cluster is accepted, noise points and
+       other clusters rejected. If every point is labelled noise, all are accepted; with
+       fewer than 3 finite candidates clustering is skipped and all are accepted.
+    2. ``S_t = median_i ||u_i||`` over all finite updates (mean of the two middle values for
+       an even count); ``u_i <- u_i * min(1, S_t / ||u_i||)``.
+    3. ``w_k^{t+1} = w_k^t + mean_{i accepted} u_i + N(0, (noise * S_t)^2 I)``, the noise
+       drawn from a ``torch.Generator`` seeded from ``(seed, own_id, round)``: deterministic,
+       different per client and round, no global RNG state.
+
+    Reported weights are ``1/|accepted|`` on the accepted ids and 0 elsewhere: they describe
+    the accepted mean; clipping and noise are applied on top, so the model is not
+    ``sum_i v_i w_i``. If the reference is non-finite the client keeps its own model.
+
+    Source: Nguyen et al., "FLAME: Taming Backdoors in Federated Learning", USENIX Security
+    2022.
+    """
+
+    noise: float = 0.001
+    seed: int = 0
+    min_cluster_size: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise", check_real("Flame", "noise", self.noise, nonnegative=True))
+        check_int("Flame", "seed", self.seed)
+        if self.min_cluster_size is not None:
+            # HDBSCAN itself refuses clusters of one point.
+            check_int("Flame", "min_cluster_size", self.min_cluster_size, minimum=2)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        count = len(finite.ids)
+        reference = inputs.vectors[0] if inputs.reference is None else inputs.reference
+        reference = reference.to(device=inputs.vectors.device, dtype=torch.float64)
+        if count == 0 or not bool(torch.isfinite(reference).all()):
+            return _keep_own(inputs)
+        updates = finite.rows - reference
+        if count < 3:
+            accepted = torch.ones(count, dtype=torch.bool)
+        else:
+            default = count // 2 + 1
+            size = default if self.min_cluster_size is None else self.min_cluster_size
+            accepted = _largest_cluster(updates, size)
+
+        norms = torch.linalg.vector_norm(updates, dim=1)
+        bound = _middle(norms[:, None])[0]
+        factors = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
+        clipped = updates * factors[:, None]
+        chosen = accepted.to(updates.device)
+        model = reference + clipped[chosen].sum(dim=0) / int(accepted.sum())
+        scale = self.noise * float(bound)
+        if scale > 0:
+            generator = torch.Generator().manual_seed(_noise_seed(self.seed, inputs.own_id,
+                                                                  inputs.round))
+            drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float64)
+            model = model + scale * drawn.to(model.device)
+        weights = accepted.to(torch.float64) / int(accepted.sum())
+        return _aggregate(inputs, model, _by_id(finite, weights))
+
+
+# ---------------------------------------------------------------- BALANCE
+
+
+@dataclass(frozen=True)
+class Balance:
+    """BALANCE: accept neighbours close to the own model, then mix them with it.
+
+    Neighbour ``j`` is accepted if
+    ``||w_k - w_j|| <= gamma * exp(-kappa * t / T) * ||w_k||``  (``t = round``,
+    ``T = total_rounds``; with ``T = 0``, i.e. unknown, the factor is ``exp(0) = 1``), and
+    ``w_k^{t+1} = alpha * w_k + (1 - alpha) * mean_{j accepted} w_j``, or ``w_k`` if none is.
+
+    ``w_k`` is the own half-step model (row 0). ``alpha`` is the weight of the own model, as
+    in the design brief's ``w_k = a*w_k + (1-a)*mean(accepted)`` with the paper's tuned
+    ``a = 0.1, gamma = 2, kappa = 1``. Weights: ``alpha`` on the own id and
+    ``(1 - alpha)/|accepted|`` on each accepted neighbour (1 on the own id if none is). With a
+    non-finite own model there is no radius to measure, so the client keeps its own model.
+
+    Source: Fang et al., "Byzantine-Robust Decentralized Federated Learning", ACM CCS 2024.
+    """
+
+    gamma: float = 2.0
+    kappa: float = 1.0
+    alpha: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gamma", check_real("Balance", "gamma", self.gamma, nonnegative=True))
+        object.__setattr__(self, "kappa", check_real("Balance", "kappa", self.kappa, nonnegative=True))
+        alpha = check_real("Balance", "alpha", self.alpha, nonnegative=True)
+        if alpha > 1.0:
+            raise ValueError(f"Balance: alpha must be in [0, 1], got {self.alpha!r}")
+        object.__setattr__(self, "alpha", alpha)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        if finite.own is None:
+            return _keep_own(inputs)
+        own = finite.rows[finite.own]
+        progress = inputs.round / inputs.total_rounds if inputs.total_rounds > 0 else 0.0
+        radius = self.gamma * math.exp(-self.kappa * progress) * float(
+            torch.linalg.vector_norm(own)
+        )
+        distances = torch.linalg.vector_norm(finite.rows - own, dim=1).cpu()
+        accepted = distances <= radius
+        accepted[finite.own] = False
+        weights = torch.zeros(len(finite.ids), dtype=torch.float64)
+        if bool(accepted.any()):
+            weights[accepted] = (1.0 - self.alpha) / int(accepted.sum())
+            weights[finite.own] = self.alpha
+        else:
+            weights[finite.own] = 1.0
+        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
+
+
+# ---------------------------------------------------------------- q-FDFL
+
+
+@dataclass(frozen=True)
+class QFDFL:
+    """q-FDFL: the q-FedAvg step of q-FFL, run by each client with its own start model as "global".
+
+    With ``L = 1 / lr``, reference ``w = w_k^t`` and each candidate's declared local loss
+    ``F_j`` (``inputs.declared_losses``):
+    ``dw_j = L (w - w_j)``,  ``Delta_j = F_j^q dw_j``,
+    ``h_j = q F_j^(q-1) ||dw_j||^2 + L F_j^q``,
+    ``w_k^{t+1} = w - sum_j Delta_j / sum_j h_j``.
+
+    Equivalently ``w_k^{t+1} = (1 - sum_j c_j) w + sum_j c_j w_j`` with
+    ``c_j = L F_j^q / sum_i h_i``; since ``h_j >= L F_j^q``, ``sum_j c_j <= 1`` and every
+    coefficient is >= 0. Reported weights are ``c_j`` per candidate, with the remainder
+    ``1 - sum_j c_j`` added to the own id: "own" then stands for the start-of-round model and
+    the own half-step model together. ``q = 0`` gives the plain mean of the candidates.
+
+    Candidates whose declared loss is missing or non-finite are dropped; finite losses are
+    clamped to ``>= 1e-12`` (``F^(q-1)`` is undefined at 0). Losses are whatever senders
+    declared: a Byzantine sender can claim any value. If no candidate is usable, or the
+    reference is non-finite, the client keeps its own model.
+
+    Source: Li, Sanjabi, Beirami and Smith, "Fair Resource Allocation in Federated Learning",
+    ICLR 2020 (q-FedAvg, Algorithm 2).
+    """
+
+    q: float = 0.1
+    lr: float = 0.01
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "q", check_real("QFDFL", "q", self.q, nonnegative=True))
+        object.__setattr__(self, "lr", check_real("QFDFL", "lr", self.lr, positive=True))
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        if inputs.reference is None:
+            raise ValueError(
+                "QFDFL: inputs.reference is None; q-FFL steps from the client's start-of-round "
+                "model w_k^t, which the client must supply"
+            )
+        if inputs.declared_losses is None:
+            raise ValueError(
+                "QFDFL: inputs.declared_losses is None; q-FFL weights candidates by their "
+                "declared training loss, one value per id (NaN where unknown)"
+            )
+        finite = _finite_by_id(inputs)
+        reference = inputs.reference.to(device=inputs.vectors.device, dtype=torch.float64)
+        losses = torch.tensor(
+            [inputs.declared_losses[i] for i in finite.positions], dtype=torch.float64
+        )
+        usable = torch.isfinite(losses)
+        if not bool(usable.any()) or not bool(torch.isfinite(reference).all()):
+            return _keep_own(inputs)
+
+        lipschitz = 1.0 / self.lr
+        loss = losses.clamp(min=1e-12)
+        steps = torch.linalg.vector_norm(finite.rows - reference, dim=1).cpu() * lipschitz
+        powered = loss**self.q
+        # q * F^(q-1) is written as q * F^q / F so q = 0 gives exactly 0, not 0 * huge.
+        curvature = self.q * powered / loss * steps**2 + lipschitz * powered
+        total = float(curvature[usable].sum())
+        coefficients = torch.where(usable, lipschitz * powered / total, torch.zeros_like(loss))
+        remainder = max(0.0, 1.0 - math.fsum(coefficients.tolist()))
+        model = remainder * reference + _combine(finite, coefficients)
+        weights = _by_id(finite, coefficients)
+        weights[inputs.own_id] = weights.get(inputs.own_id, 0.0) + remainder
+        return _aggregate(inputs, model, weights)
+
+
+# ---------------------------------------------------------------- accuracy above mean
+
+
+@dataclass(frozen=True)
+class AccuracyAboveMean:
+    """Keep the own model and every neighbour at least as accurate as the candidates' mean.
+
+    ``a_i = Acc(w_i, A_k)``,  ``mu = mean_i a_i``,
+    ``S = {k} | {j : a_j >= mu}``,  ``w_k^{t+1} = 1/|S| * sum_{i in S} w_i``.
+
+    The mean is over candidates with a finite accuracy (an exactly rounded sum, so it does not
+    depend on the order); a neighbour whose accuracy is non-finite is not kept, the own model
+    always is (when its row is finite). ``Aggregate.scores`` holds the accuracies (NaN for
+    rows that were not evaluated because they are non-finite). Uniform weight on ``S``.
+
+    Source: the selection rule of the DFedReweighting authors' earlier code, the
+    accuracy-based special case of the paper's eq. (strategy2inbzt) with uniform weights.
+    """
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        if inputs.evaluate is None:
+            raise ValueError(
+                "AccuracyAboveMean: inputs.evaluate is None; this rule scores candidates on "
+                "the client's auxiliary data and needs an evaluate callable"
+            )
+        finite = _finite_by_id(inputs)
+        if not finite.ids:
+            return _keep_own(inputs)
+        accuracy = Accuracy()(finite.rows.to(inputs.vectors.dtype), inputs.evaluate)
+        scores = _by_id(finite, accuracy)
+        measured = [a for a in accuracy.tolist() if math.isfinite(a)]
+        keep = torch.zeros(len(finite.ids), dtype=torch.bool)
+        if measured:
+            mean = math.fsum(measured) / len(measured)
+            keep = torch.isfinite(accuracy) & (accuracy >= mean)
+        if finite.own is not None:
+            keep[finite.own] = True
+        if not bool(keep.any()):
+            return _keep_own(inputs, scores)
+        weights = keep.to(torch.float64) / int(keep.sum())
+        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights), scores)
+
+
+# Registered here rather than in rules.py, which this module imports (see the note there).
+RULE_REGISTRY.update(
+    {
+        "median": Median,
+        "trimmed_mean": TrimmedMean,
+        "krum": Krum,
+        "multi_krum": MultiKrum,
+        "geometric_median": GeometricMedian,
+        "flame": Flame,
+        "balance": Balance,
+        "qfdfl": QFDFL,
+        "acc_above_mean": AccuracyAboveMean,
+    }
+)
