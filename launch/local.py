@@ -115,6 +115,8 @@ class LocalRun:
                 # stops every child itself, in order.
                 proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             self.children[k] = Child(k, role, proc, log_path)
+        # Written at once so an operator (or a test) can find every client process of the run.
+        write_json_atomic(self.out_dir / "pids.json", {"launcher": os.getpid(), "clients": {str(k): c.proc.pid for k, c in self.children.items()}})
 
     def stop_all(self) -> None:
         alive = [c for c in self.children.values() if c.proc.poll() is None]

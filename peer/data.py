@@ -9,6 +9,7 @@ function takes an explicit seed; nothing here touches global RNG state or writes
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import numbers
@@ -247,8 +248,12 @@ def check_dataset(name: str, data_dir: str | os.PathLike | None = None) -> None:
         _find_idx_file(directory, stem, name)
 
 
+@functools.lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[Dataset, Dataset]:
-    """Load ``(train, test)`` for ``name`` in :data:`DATASETS`.
+    """Cached per process: clients that share a process (the in-process transport) share one
+    read-only copy instead of decoding the files once each.
+
+    Load ``(train, test)`` for ``name`` in :data:`DATASETS`.
 
     ``digits`` ignores ``data_dir`` and uses a fixed stratified 80/20 split. ``fashion-mnist``
     and ``mnist`` read the four IDX files (plain or ``.gz``) from ``data_dir``, falling back to

@@ -325,15 +325,25 @@ class Peer:
             expected = frozenset(targets) - self.inbox.gone()
             got = self.inbox.wait(r, expected, sc.network.round_timeout)
             liveness.update(self.inbox, expected, got)
-            honest_got = [got[k].vector for k in sorted(got) if k not in self.topology.byzantine]
-            received = torch.stack(honest_got) if honest_got else torch.empty(0, sum(s.numel for s in self.specs))
+            honest_msgs = [got[k] for k in sorted(got) if k not in self.topology.byzantine]
+            received = (
+                torch.stack([m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
+            )
+            # Claim the data size and loss the honest neighbours claim, so data-size or
+            # loss-based weighting cannot single the attacker out by its metadata.
+            claimed_size = round(float(np.mean([m.num_samples for m in honest_msgs]))) if honest_msgs else 0
+            losses = [m.train_loss for m in honest_msgs if np.isfinite(m.train_loss)]
+            claimed_loss = float(np.mean(losses)) if losses else float("nan")
             silent = 0
             for k in targets:
                 crafted = attack(received, k, gen)
                 if crafted is None:
                     silent += 1
                     continue
-                self.transport.send(k, encode(self.id, r, crafted, self.specs, chunk_bytes=sc.network.chunk_bytes))
+                self.transport.send(
+                    k,
+                    encode(self.id, r, crafted, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
+                )
             self.results.write({
                 "round": r,
                 "train_loss": None,

@@ -60,3 +60,52 @@ def test_default_scenario_runs_as_distinct_processes(tmp_path):
     assert summary["honest_mean_accuracy"] > 60
     for k in summary["peers"]:
         assert len(read_rounds(tmp_path, int(k))) == summary["rounds"]
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _launch(tmp_path, *overrides):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "launch.cli", "run", "--out", str(tmp_path), "--set", "rounds=100000",
+           "--set", "topology.honest=4", "--set", "topology.byzantine=0", "--set", "attack.name=none", *overrides]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_ctrl_c_stops_every_client(tmp_path):
+    launcher = _launch(tmp_path)
+    try:
+        wait_for(lambda: len(read_rounds(tmp_path, 0)) >= 5, 120, "the clients to start training")
+        pids = json.loads((tmp_path / "pids.json").read_text())["clients"]
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=60) == 130
+        for pid in pids.values():
+            wait_for(lambda pid=pid: _gone(pid), 30, f"client pid {pid} to exit")
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["interrupted"] is True
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_clients_exit_when_the_launcher_dies(tmp_path):
+    launcher = _launch(tmp_path)
+    try:
+        wait_for(lambda: len(read_rounds(tmp_path, 0)) >= 5, 120, "the clients to start training")
+        pids = json.loads((tmp_path / "pids.json").read_text())["clients"]
+        launcher.kill()
+        launcher.wait()
+        for pid in pids.values():
+            wait_for(lambda pid=pid: _gone(pid), 30, f"orphaned client pid {pid} to exit")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
