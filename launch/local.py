@@ -26,7 +26,7 @@ from rich.table import Table
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.data import check_dataset
-from peer.node import attack_for, rule_for, scenario_topology
+from peer.node import attack_for, client_rule, scenario_topology
 from peer.results import summarize, write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
@@ -71,7 +71,7 @@ def preflight(scenario: Scenario) -> None:
         if k in topology.byzantine:
             attack_for(scenario.attack, topology.num_clients, len(topology.byzantine))
         else:
-            rule_for(scenario.aggregation_for(k))
+            client_rule(scenario, topology, k)
     check_dataset(scenario.data.name, scenario.data.dir or None)
 
 

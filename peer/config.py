@@ -8,7 +8,9 @@ A scenario file has the sections below (every key optional; defaults in the data
     [topology]    kind, rho, file, honest, byzantine
     [attack]      name, std, center, scale, z
     [aggregation] rule, tpm, crs, temperature, accuracy_scale, loss_clip_weighting,
-                  clip_threshold, tpm_accuracy_weight, tpm_loss_weight, dfedavg_weighting
+                  clip_threshold, tpm_accuracy_weight, tpm_loss_weight, dfedavg_weighting,
+                  assumed_byzantine, multi_krum_m, flame_noise, balance_gamma, balance_kappa,
+                  balance_alpha, q
     [network]     transport, host, round_timeout, round_window, max_missed_rounds,
                   connect_timeout, chunk_bytes, max_message_bytes
     [eval]        every
@@ -34,7 +36,19 @@ DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("softmax_regression", "mlp")
 TOPOLOGIES = ("erdos_renyi", "ring", "complete", "edgelist")
 ATTACKS = ("none", "gaussian", "sign_flip", "alie")
-RULES = ("dfedreweighting", "dfedavg")
+RULES = (
+    "dfedreweighting",
+    "dfedavg",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "multi_krum",
+    "geometric_median",
+    "flame",
+    "balance",
+    "qfdfl",
+    "acc_above_mean",
+)
 TPMS = ("accuracy", "loss", "combined")
 CRSS = ("softmax", "loss_clip_mean", "acc_clip_mean", "proportional", "clip")
 TRANSPORTS = ("grpc", "inproc")
@@ -161,9 +175,27 @@ class AggregationConfig:
     tpm_accuracy_weight: float = 0.5
     tpm_loss_weight: float = 0.5
     dfedavg_weighting: str = "data_size"
+    # What robust rules (trimmed_mean, krum, multi_krum) are told about the number of Byzantine
+    # neighbours: -1 = the client's true count (an oracle the experimenter has), else this number.
+    assumed_byzantine: int = -1
+    multi_krum_m: int = 0  # 0: C - f
+    flame_noise: float = 0.001
+    balance_gamma: float = 2.0
+    balance_kappa: float = 1.0
+    balance_alpha: float = 0.1
+    q: float = 0.1  # q-FDFL
 
     def __post_init__(self) -> None:
         _choice("aggregation.rule", self.rule, RULES)
+        if self.assumed_byzantine < -1:
+            raise ScenarioError(f"aggregation.assumed_byzantine={self.assumed_byzantine} must be -1 (true count) or >= 0")
+        _positive("aggregation.multi_krum_m", self.multi_krum_m, allow_zero=True)
+        _positive("aggregation.flame_noise", self.flame_noise, allow_zero=True)
+        _positive("aggregation.balance_gamma", self.balance_gamma)
+        _positive("aggregation.balance_kappa", self.balance_kappa, allow_zero=True)
+        if not 0 <= self.balance_alpha <= 1:
+            raise ScenarioError(f"aggregation.balance_alpha={self.balance_alpha} must be in [0, 1]")
+        _positive("aggregation.q", self.q, allow_zero=True)
         _choice("aggregation.tpm", self.tpm, TPMS)
         _choice("aggregation.crs", self.crs, CRSS)
         _choice(

@@ -56,9 +56,30 @@ def scenario_topology(scenario: Scenario) -> Topology:
     return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None)
 
 
-def rule_for(cfg: AggregationConfig):
-    if cfg.rule == "dfedavg":
-        return build_rule("dfedavg", rule_params={"weighting": cfg.dfedavg_weighting})
+def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int) -> int:
+    """How many Byzantine neighbours a robust rule at ``client`` is told it has."""
+    if cfg.assumed_byzantine >= 0:
+        return cfg.assumed_byzantine
+    return sum(1 for k in topology.neighbours(client) if k in topology.byzantine)
+
+
+def rule_for(cfg: AggregationConfig, *, byzantine: int = 0, lr: float = 0.01, seed: int = 0):
+    """Build a client's aggregation rule from its settings. ``byzantine`` is what the rules that
+    need it are told; ``lr`` is the local learning rate (q-FFL's 1/L); ``seed`` seeds Flame's noise."""
+    simple: dict[str, dict[str, Any]] = {
+        "dfedavg": {"weighting": cfg.dfedavg_weighting},
+        "median": {},
+        "trimmed_mean": {"num_byzantine": byzantine},
+        "krum": {"num_byzantine": byzantine},
+        "multi_krum": {"num_byzantine": byzantine, "m": cfg.multi_krum_m or None},
+        "geometric_median": {},
+        "flame": {"noise": cfg.flame_noise, "seed": seed},
+        "balance": {"gamma": cfg.balance_gamma, "kappa": cfg.balance_kappa, "alpha": cfg.balance_alpha},
+        "qfdfl": {"q": cfg.q, "lr": lr},
+        "acc_above_mean": {},
+    }
+    if cfg.rule in simple:
+        return build_rule(cfg.rule, rule_params=simple[cfg.rule])
     crs_params: dict[str, Any] = {}
     if cfg.crs == "softmax":
         crs_params = {"temperature": cfg.temperature, "scale": cfg.accuracy_scale}
@@ -70,6 +91,13 @@ def rule_for(cfg: AggregationConfig):
     if cfg.tpm == "combined":
         tpm_params = {"accuracy": cfg.tpm_accuracy_weight, "loss": cfg.tpm_loss_weight}
     return build_rule(cfg.rule, tpm=cfg.tpm, crs=cfg.crs, tpm_params=tpm_params, crs_params=crs_params)
+
+
+def client_rule(scenario: Scenario, topology: Topology, client: int):
+    cfg = scenario.aggregation_for(client)
+    return rule_for(
+        cfg, byzantine=told_byzantine(cfg, topology, client), lr=scenario.train.lr, seed=derive_seed(scenario.seed, "rule", client)
+    )
 
 
 def attack_for(cfg: AttackConfig, num_clients: int, num_byzantine: int):
@@ -198,7 +226,7 @@ class Peer:
                 self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
                 seed=derive_seed(sc.seed, "batches", self.id),
             )
-            self.rule = rule_for(sc.aggregation_for(self.id))
+            self.rule = client_rule(sc, self.topology, self.id)
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
         else:
             self.attack = attack_for(sc.attack, self.topology.num_clients, len(self.topology.byzantine))
@@ -232,6 +260,9 @@ class Peer:
         finally:
             self.transport.flush(timeout=5.0)
             self.results.close()
+        if self.role == "honest":
+            cfg = self.scenario.aggregation_for(self.id)
+            final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, self.id)}
         final.update(
             id=self.id,
             role=self.role,

@@ -414,7 +414,8 @@ class Flame:
     min_cluster_size: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise", check_real("Flame", "noise", self.noise, nonnegative=True))
+        noise = check_real("Flame", "noise", self.noise, nonnegative=True)
+        object.__setattr__(self, "noise", noise)
         check_int("Flame", "seed", self.seed)
         if self.min_cluster_size is not None:
             # HDBSCAN itself refuses clusters of one point.
@@ -477,8 +478,10 @@ class Balance:
     alpha: float = 0.1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gamma", check_real("Balance", "gamma", self.gamma, nonnegative=True))
-        object.__setattr__(self, "kappa", check_real("Balance", "kappa", self.kappa, nonnegative=True))
+        gamma = check_real("Balance", "gamma", self.gamma, nonnegative=True)
+        kappa = check_real("Balance", "kappa", self.kappa, nonnegative=True)
+        object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "kappa", kappa)
         alpha = check_real("Balance", "alpha", self.alpha, nonnegative=True)
         if alpha > 1.0:
             raise ValueError(f"Balance: alpha must be in [0, 1], got {self.alpha!r}")

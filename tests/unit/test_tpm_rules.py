@@ -394,7 +394,10 @@ def test_build_rule_from_names():
     assert robust == DFedReweighting(Loss(), LossClippedAtMean("inverse"))
     assert fair == DFedReweighting(Accuracy(), Softmax(0.1, 100.0))
     assert average == DFedAvg("uniform")
-    assert set(RULE_REGISTRY) == {"dfedreweighting", "dfedavg"}
+    assert set(RULE_REGISTRY) == {
+        "dfedreweighting", "dfedavg", "median", "trimmed_mean", "krum", "multi_krum",
+        "geometric_median", "flame", "balance", "qfdfl", "acc_above_mean",
+    }
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,635 @@
+"""Unit tests for the baseline aggregation rules in peer.aggregation.robust.
+
+Every expected value is worked out by hand in the comments next to it. The property tests
+check the shared conventions (weights form a distribution over every id, arrival order does
+not matter, a NaN row gets no weight) and the robustness guarantee each rule is known for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from peer.aggregation import (
+    QFDFL,
+    RULE_REGISTRY,
+    AccuracyAboveMean,
+    Aggregate,
+    Balance,
+    Flame,
+    GeometricMedian,
+    Krum,
+    Median,
+    MultiKrum,
+    RoundInputs,
+    TrimmedMean,
+    build_rule,
+)
+
+NAN = float("nan")
+
+
+def column_evaluate(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
+    """accuracy = second coordinate, loss = first: scores readable straight off the rows."""
+    return {"accuracy": candidates[:, 1].clone(), "loss": candidates[:, 0].clone()}
+
+
+def inputs_for(rows, *, own_id=7, ids=None, round_=0, total_rounds=0, losses=None,
+               reference=None, evaluate=column_evaluate) -> RoundInputs:
+    ids = ids or (own_id, *range(100, 100 + len(rows) - 1))
+    return RoundInputs(
+        own_id=own_id,
+        round=round_,
+        ids=tuple(ids),
+        vectors=torch.tensor(rows, dtype=torch.float32),
+        num_samples=(0,) * len(rows),
+        evaluate=evaluate,
+        total_rounds=total_rounds,
+        declared_losses=None if losses is None else tuple(losses),
+        reference=None if reference is None else torch.tensor(reference, dtype=torch.float32),
+    )
+
+
+def assert_weights(aggregate: Aggregate, expected: dict[int, float]) -> None:
+    assert list(aggregate.weights) == list(expected)
+    for sender, weight in expected.items():
+        assert aggregate.weights[sender] == pytest.approx(weight, abs=1e-12), sender
+
+
+def assert_model(aggregate: Aggregate, expected: list[float], atol: float = 1e-6) -> None:
+    assert aggregate.model.dtype == torch.float32
+    torch.testing.assert_close(aggregate.model, torch.tensor(expected, dtype=torch.float32),
+                               atol=atol, rtol=0)
+
+
+# ---------------------------------------------------------------- Median
+
+
+def test_median_odd_count_hand_computed():
+    # Prepare: column 0 sorted 1, 2, 100 -> 2 (row 1); column 1 sorted -5, 10, 20 -> 10 (row 0)
+    inputs = inputs_for([[1, 10], [2, 20], [100, -5]])
+
+    # Execute
+    result = Median()(inputs)
+
+    # Assert: each of rows 0 and 1 is the median at one coordinate of two; row 2 never is
+    assert_model(result, [2, 10])
+    assert_weights(result, {7: 0.5, 100: 0.5, 101: 0.0})
+    assert result.scores is None
+
+
+def test_median_even_count_takes_mean_of_middle_values():
+    # Prepare: column 0 sorted 1, 3, 5, 7 -> (3 + 5)/2 = 4, middle values from rows 1, 2;
+    # column 1 sorted 1, 2, 6, 8 -> (2 + 6)/2 = 4, middle values from rows 1, 3
+    inputs = inputs_for([[1, 1], [3, 2], [5, 8], [7, 6]])
+
+    # Execute
+    result = Median()(inputs)
+
+    # Assert: hits row0 0, row1 2, row2 1, row3 1 -> / 4
+    assert_model(result, [4, 4])
+    assert_weights(result, {7: 0.0, 100: 0.5, 101: 0.25, 102: 0.25})
+
+
+# ---------------------------------------------------------------- TrimmedMean
+
+
+def test_trimmed_mean_hand_computed():
+    # Prepare: b = 1. Column 0 sorted 0, 1, 2, 100 keeps 1, 2 (rows 1, 2) -> 1.5;
+    # column 1 sorted -10, 10, 20, 30 keeps 10, 20 (rows 0, 1) -> 15
+    inputs = inputs_for([[0, 10], [1, 20], [2, 30], [100, -10]])
+
+    # Execute
+    result = TrimmedMean(num_byzantine=1)(inputs)
+
+    # Assert: kept entries row0 1, row1 2, row2 1, row3 0 of 4
+    assert_model(result, [1.5, 15])
+    assert_weights(result, {7: 0.25, 100: 0.5, 101: 0.25, 102: 0.0})
+
+
+@pytest.mark.parametrize(
+    ("rows", "num_byzantine", "expected_model"),
+    [
+        ([[1], [2], [9]], 2, [2]),  # 2b >= 3 -> b = 1: the median
+        ([[1], [2], [4], [9]], 5, [3]),  # 2b >= 4 -> b = 1: mean of 2 and 4
+        ([[1], [2], [9]], 0, [4]),  # b = 0 is the plain mean
+    ],
+)
+def test_trimmed_mean_reduces_b_when_too_large(rows, num_byzantine, expected_model):
+    # Execute
+    result = TrimmedMean(num_byzantine)(inputs_for(rows))
+
+    # Assert
+    assert_model(result, expected_model)
+
+
+def test_trimmed_mean_ranks_equal_values_by_id():
+    # Prepare: every value is equal, so which row counts as "kept" is a tie broken by id:
+    # ids in order 3, 5, 7, 9 -> b = 1 drops ids 3 and 9 at every coordinate
+    inputs = inputs_for([[1, 1]] * 4, own_id=7, ids=(7, 9, 3, 5))
+
+    # Execute
+    result = TrimmedMean(1)(inputs)
+
+    # Assert
+    assert_weights(result, {7: 0.5, 9: 0.0, 3: 0.0, 5: 0.5})
+
+
+# ---------------------------------------------------------------- Krum / Multi-Krum
+
+# Own id 50 and neighbours 10..40: sorted by id the own model is last, so a tie between it and
+# neighbour 10 shows that ties go to the lower id, not to the lower row.
+KRUM_IDS = (50, 10, 20, 30, 40)
+# p0 (0,0)  p1 (2,0)  p2 (0,3)  p3 (1,1)  p4 (10,10), f = 1 -> C - f - 2 = 2 neighbours.
+# Squared distances and the two nearest:
+#   p0: p1 4, p2 9, p3 2, p4 200 -> 2 + 4 = 6
+#   p1: p0 4, p2 13, p3 2, p4 164 -> 2 + 4 = 6
+#   p2: p0 9, p1 13, p3 5, p4 149 -> 5 + 9 = 14
+#   p3: p0 2, p1 2, p2 5, p4 162 -> 2 + 2 = 4
+#   p4: 200, 164, 149, 162 -> 149 + 162 = 311
+KRUM_ROWS = [[0, 0], [2, 0], [0, 3], [1, 1], [10, 10]]
+
+
+def test_krum_picks_lowest_score():
+    # Execute
+    result = Krum(num_byzantine=1)(inputs_for(KRUM_ROWS, own_id=50, ids=KRUM_IDS))
+
+    # Assert: p3 (id 30) has the lowest score 4
+    assert_model(result, [1, 1])
+    assert_weights(result, {50: 0.0, 10: 0.0, 20: 0.0, 30: 1.0, 40: 0.0})
+
+
+def test_multi_krum_default_m_averages_c_minus_f():
+    # Execute: m = C - f = 4 -> p3, p0, p1, p2 (scores 4, 6, 6, 14), the far p4 is out
+    result = MultiKrum(num_byzantine=1)(inputs_for(KRUM_ROWS, own_id=50, ids=KRUM_IDS))
+
+    # Assert: mean of (0,0), (2,0), (0,3), (1,1) = (0.75, 1)
+    assert_model(result, [0.75, 1.0])
+    assert_weights(result, {50: 0.25, 10: 0.25, 20: 0.25, 30: 0.25, 40: 0.0})
+
+
+def test_multi_krum_breaks_score_ties_by_lower_id():
+    # Execute: m = 2 -> p3 (score 4), then p0 (id 50) and p1 (id 10) tie at 6: id 10 wins
+    result = MultiKrum(num_byzantine=1, m=2)(inputs_for(KRUM_ROWS, own_id=50, ids=KRUM_IDS))
+
+    # Assert: mean of (2,0) and (1,1)
+    assert_model(result, [1.5, 0.5])
+    assert_weights(result, {50: 0.0, 10: 0.5, 20: 0.0, 30: 0.5, 40: 0.0})
+
+
+def test_krum_with_too_few_candidates_uses_one_neighbour():
+    # Prepare: C = 3, f = 1 -> C - f - 2 = 0, clamped to 1 neighbour.
+    # 1-D points 0, 1, 10: nearest squared distances 1, 1, 81 -> tie of ids 7 and 100
+    inputs = inputs_for([[0], [1], [10]])
+
+    # Execute
+    krum = Krum(1)(inputs)
+    multi = MultiKrum(1, m=99)(inputs)
+
+    # Assert: Krum takes the lower id; m = 99 is clamped to C = 3 (plain mean)
+    assert_weights(krum, {7: 1.0, 100: 0.0, 101: 0.0})
+    assert_model(multi, [11 / 3])
+
+
+# ---------------------------------------------------------------- GeometricMedian
+
+
+def test_geometric_median_of_collinear_points_is_the_middle_point():
+    # Prepare: on a line the geometric median is the 1-D median, the point (1, 0)
+    inputs = inputs_for([[0, 0], [1, 0], [5, 0]])
+
+    # Execute
+    result = GeometricMedian()(inputs)
+
+    # Assert: the Weiszfeld coefficients concentrate on the middle point
+    assert_model(result, [1, 0], atol=1e-4)
+    assert result.weights[100] > 0.999
+    assert sum(result.weights.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_geometric_median_of_symmetric_points_is_the_centre():
+    # Prepare: square corners are equidistant from the centre (1, 1): uniform coefficients
+    inputs = inputs_for([[0, 0], [2, 0], [0, 2], [2, 2]])
+
+    # Execute
+    result = GeometricMedian()(inputs)
+
+    # Assert
+    assert_model(result, [1, 1])
+    assert_weights(result, {7: 0.25, 100: 0.25, 101: 0.25, 102: 0.25})
+
+
+# ---------------------------------------------------------------- Flame
+
+FLAME_REFERENCE = [1.0, -1.0, 0.0, 2.0]
+FLAME_DIRECTION = torch.tensor([0.5, 0.5, 0.5, 0.5])  # unit vector
+
+
+def flame_inputs(scales, round_=0, reference=FLAME_REFERENCE):
+    rows = [(torch.tensor(FLAME_REFERENCE) + s * FLAME_DIRECTION).tolist() for s in scales]
+    ids = (50, *range(1, len(scales)))
+    return inputs_for(rows, own_id=50, ids=ids, round_=round_, reference=reference)
+
+
+def test_flame_rejects_opposite_updates_and_clips_to_median_norm():
+    # Prepare: six updates along +d with norms 1..6, two along -d with norms 10 and 12.
+    # Cosine distances: 0 within each group, 2 across; min_cluster_size = 8 // 2 + 1 = 5, so
+    # only the six form a cluster. Norms sorted 1 2 3 4 5 6 10 12 -> S_t = (4 + 5)/2 = 4.5;
+    # accepted norms clipped 1 2 3 4 4.5 4.5 -> mean update = 19/6 along d = 19/12 per coord.
+    inputs = flame_inputs([1, 2, 3, 4, 5, 6, -10, -12])
+
+    # Execute
+    result = Flame(noise=0.0)(inputs)
+
+    # Assert
+    assert_model(result, [1 + 19 / 12, -1 + 19 / 12, 19 / 12, 2 + 19 / 12], atol=1e-5)
+    expected = {sender: 1 / 6 for sender in (50, 1, 2, 3, 4, 5)} | {6: 0.0, 7: 0.0}
+    assert_weights(result, expected)
+
+
+def test_flame_noise_is_seeded_by_client_and_round():
+    # Prepare: 4 000 coordinates so the noise's spread can be measured
+    dim = 4000
+    generator = torch.Generator().manual_seed(0)
+    reference = torch.zeros(dim)
+    updates = torch.ones(3, dim) + 0.01 * torch.randn(3, dim, generator=generator)
+    inputs = RoundInputs(0, 4, (0, 1, 2), updates, (0, 0, 0), reference=reference)
+    later = RoundInputs(0, 5, (0, 1, 2), updates, (0, 0, 0), reference=reference)
+    rule, silent = Flame(noise=0.1, seed=3), Flame(noise=0.0)
+
+    # Execute
+    first, again, other = rule(inputs), rule(inputs), rule(later)
+    noiseless = silent(inputs)
+
+    # Assert: same stream for the same (seed, client, round), a new one next round, and a
+    # spread of noise * S_t with S_t = median norm ~ sqrt(dim)
+    assert torch.equal(first.model, again.model)
+    assert not torch.equal(first.model, other.model)
+    spread = float((first.model - noiseless.model).std())
+    median_norm = float(torch.linalg.vector_norm(updates, dim=1).median())
+    assert spread == pytest.approx(0.1 * median_norm, rel=0.05)
+
+
+def test_flame_without_reference_measures_from_own_model_and_skips_small_sets():
+    # Prepare: two candidates only (no clustering); the own row is the reference, so its
+    # update is 0 and the neighbour's is (4, 0). Norms 0 and 4 -> S_t = 2: clipped to (2, 0).
+    inputs = inputs_for([[1, 1], [5, 1]])
+
+    # Execute
+    result = Flame(noise=0.0)(inputs)
+
+    # Assert: (1, 1) + mean((0, 0), (2, 0)) = (2, 1)
+    assert_model(result, [2, 1])
+    assert_weights(result, {7: 0.5, 100: 0.5})
+
+
+# ---------------------------------------------------------------- Balance
+
+# own (3, 4): ||own|| = 5. Distances: (3, 0) -> 4, (0, 0) -> 5, (10, 4) -> 7.
+BALANCE_ROWS = [[3, 4], [3, 0], [0, 0], [10, 4]]
+
+
+@pytest.mark.parametrize(("round_", "total_rounds"), [(0, 10), (5, 0)])
+def test_balance_accepts_within_radius(round_, total_rounds):
+    # Prepare: gamma = 1 -> radius 5 * exp(-t/T) = 5 at t = 0, and also when T = 0 (unknown)
+    inputs = inputs_for(BALANCE_ROWS, round_=round_, total_rounds=total_rounds)
+
+    # Execute
+    result = Balance(gamma=1.0, kappa=1.0, alpha=0.1)(inputs)
+
+    # Assert: (3, 0) and (0, 0) accepted (5 <= 5 included) ->
+    # 0.1 * (3, 4) + 0.9 * (1.5, 0) = (1.65, 0.4)
+    assert_model(result, [1.65, 0.4])
+    assert_weights(result, {7: 0.1, 100: 0.45, 101: 0.45, 102: 0.0})
+
+
+def test_balance_radius_shrinks_with_rounds():
+    # Prepare: t/T = 0.5 -> radius 5 * exp(-0.5) = 3.03 < 4: nobody accepted
+    inputs = inputs_for(BALANCE_ROWS, round_=5, total_rounds=10)
+
+    # Execute
+    result = Balance(gamma=1.0)(inputs)
+
+    # Assert
+    assert_model(result, [3, 4])
+    assert_weights(result, {7: 1.0, 100: 0.0, 101: 0.0, 102: 0.0})
+
+
+# ---------------------------------------------------------------- q-FDFL
+
+
+def test_qfdfl_with_q_zero_is_the_mean_of_candidates_with_a_declared_loss():
+    # Prepare: q = 0 -> h_j = L, c_j = L / (n L) = 1/n whatever the losses and lr;
+    # the third candidate declared no loss and is dropped
+    inputs = inputs_for([[1, 0], [3, 0], [100, 100]], losses=[2.0, 5.0, NAN],
+                        reference=[0, 0])
+
+    # Execute
+    result = QFDFL(q=0.0, lr=0.3)(inputs)
+
+    # Assert
+    assert_model(result, [2, 0])
+    assert_weights(result, {7: 0.5, 100: 0.5, 101: 0.0})
+
+
+def test_qfdfl_hand_computed_q_one():
+    # Prepare: q = 1, lr = 1 (L = 1), reference (0, 0).
+    # own (1, 0), F = 1: dw = (-1, 0), h = 1 * 1 + 1 = 2;  Delta = (-1, 0)
+    # nbr (0, 2), F = 4: dw = (0, -2), h = 1 * 4 + 4 = 8;  Delta = (0, -8)
+    # new = 0 - (-1, -8) / 10 = (0.1, 0.8); c = (1/10, 4/10), remainder 0.5 -> own
+    inputs = inputs_for([[1, 0], [0, 2]], losses=[1.0, 4.0], reference=[0, 0])
+
+    # Execute
+    result = QFDFL(q=1.0, lr=1.0)(inputs)
+
+    # Assert
+    assert_model(result, [0.1, 0.8])
+    assert_weights(result, {7: 0.6, 100: 0.4})
+
+
+def test_qfdfl_needs_reference_and_declared_losses():
+    with pytest.raises(ValueError, match="reference is None"):
+        QFDFL()(inputs_for([[1.0]], losses=[1.0]))
+    with pytest.raises(ValueError, match="declared_losses is None"):
+        QFDFL()(inputs_for([[1.0]], reference=[0.0]))
+
+
+# ---------------------------------------------------------------- AccuracyAboveMean
+
+
+def test_accuracy_above_mean_hand_computed():
+    # Prepare: accuracies 0.25 (own), 0.875, 0.5, 0.625 -> mean 0.5625:
+    # keep own (always), 0.875 and 0.625
+    inputs = inputs_for([[0, 0.25], [1, 0.875], [2, 0.5], [3, 0.625]])
+
+    # Execute
+    result = AccuracyAboveMean()(inputs)
+
+    # Assert: mean of rows 0, 1, 3
+    assert_model(result, [4 / 3, 1.75 / 3])
+    assert_weights(result, {7: 1 / 3, 100: 1 / 3, 101: 0.0, 102: 1 / 3})
+    assert result.scores == {7: 0.25, 100: 0.875, 101: 0.5, 102: 0.625}
+
+
+def test_accuracy_above_mean_keeps_ties_and_skips_non_finite_rows():
+    # Prepare: accuracies 0.5, 0.25, 0.75, 0.5 and a NaN row that is never evaluated;
+    # mean 0.5 -> the neighbour at exactly 0.5 is kept
+    inputs = inputs_for([[0, 0.5], [0, 0.25], [0, 0.75], [0, 0.5], [NAN, 1.0]])
+
+    # Execute
+    result = AccuracyAboveMean()(inputs)
+
+    # Assert
+    assert_weights(result, {7: 1 / 3, 100: 0.0, 101: 1 / 3, 102: 1 / 3, 103: 0.0})
+    assert math.isnan(result.scores[103])
+
+
+def test_accuracy_above_mean_needs_evaluate():
+    with pytest.raises(ValueError, match="evaluate is None"):
+        AccuracyAboveMean()(inputs_for([[1.0]], evaluate=None))
+
+
+# ---------------------------------------------------------------- shared edge cases
+
+ALL_RULES = [
+    Median(),
+    TrimmedMean(1),
+    Krum(1),
+    MultiKrum(1),
+    GeometricMedian(),
+    Flame(seed=1),
+    Balance(),
+    QFDFL(),
+    AccuracyAboveMean(),
+]
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=lambda rule: type(rule).__name__)
+def test_every_rule_keeps_own_model_when_every_row_is_non_finite(rule):
+    # Prepare
+    inputs = inputs_for([[NAN, 1.0], [2.0, math.inf]], losses=[1.0, 1.0], reference=[0, 0])
+
+    # Execute
+    result = rule(inputs)
+
+    # Assert
+    assert_weights(result, {7: 1.0, 100: 0.0})
+    assert math.isnan(float(result.model[0])) and float(result.model[1]) == 1.0
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=lambda rule: type(rule).__name__)
+def test_every_rule_with_one_candidate_keeps_it(rule):
+    # Execute
+    result = rule(inputs_for([[1.5, 0.25]], losses=[0.7], reference=[1.5, 0.25]))
+
+    # Assert
+    assert result.weights == {7: 1.0}
+    assert_model(result, [1.5, 0.25])
+
+
+# ---------------------------------------------------------------- construction and registry
+
+
+def test_build_rule_builds_each_baseline():
+    # Execute / Assert
+    assert build_rule("median") == Median()
+    assert build_rule("trimmed_mean", rule_params={"num_byzantine": 2}) == TrimmedMean(2)
+    assert build_rule("krum", rule_params={"num_byzantine": 1}) == Krum(1)
+    assert build_rule("multi_krum", rule_params={"num_byzantine": 1, "m": 3}) == MultiKrum(1, 3)
+    assert build_rule("geometric_median", rule_params={"max_iter": 5}) == GeometricMedian(5)
+    assert build_rule("flame", rule_params={"seed": 4}) == Flame(seed=4)
+    assert build_rule("balance", rule_params={"alpha": 0.5}) == Balance(alpha=0.5)
+    assert build_rule("qfdfl", rule_params={"q": 0.5}) == QFDFL(q=0.5)
+    assert build_rule("acc_above_mean") == AccuracyAboveMean()
+    assert {"median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "flame",
+            "balance", "qfdfl", "acc_above_mean"} <= set(RULE_REGISTRY)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rule": "krum"}, r"requires parameter\(s\) \['num_byzantine'\]"),
+        ({"rule": "median", "rule_params": {"f": 1}}, r"does not accept parameter 'f'"),
+        ({"rule": "balance", "rule_params": {"beta": 1}}, r"'beta'.*\['gamma', 'kappa', 'alpha'\]"),
+        ({"rule": "flame", "tpm_params": {"x": 1}}, "uses no TPM/CRS"),
+        ({"rule": "multikrum"}, r"unknown rule 'multikrum'.*'multi_krum'"),
+    ],
+)
+def test_build_rule_errors_for_baselines(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_rule(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: TrimmedMean(-1), r"TrimmedMean: num_byzantine must be >= 0, got -1"),
+        (lambda: Krum(1.5), r"Krum: num_byzantine must be an integer, got 1.5"),
+        (lambda: MultiKrum(1, m=0), r"MultiKrum: m must be >= 1, got 0"),
+        (lambda: GeometricMedian(max_iter=0), r"max_iter must be >= 1, got 0"),
+        (lambda: GeometricMedian(eps=0.0), r"eps must be > 0, got 0.0"),
+        (lambda: GeometricMedian(tol=NAN), r"tol must be finite"),
+        (lambda: Flame(noise=-1.0), r"Flame: noise must be >= 0, got -1.0"),
+        (lambda: Flame(min_cluster_size=1), r"min_cluster_size must be >= 2, got 1"),
+        (lambda: Flame(seed=True), r"seed must be an integer, got True"),
+        (lambda: Balance(alpha=1.5), r"alpha must be in \[0, 1\], got 1.5"),
+        (lambda: Balance(gamma=-2.0), r"gamma must be >= 0, got -2.0"),
+        (lambda: QFDFL(q=-0.1), r"QFDFL: q must be >= 0, got -0.1"),
+        (lambda: QFDFL(lr=0), r"QFDFL: lr must be > 0, got 0"),
+    ],
+)
+def test_hyper_parameters_are_validated(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+# ---------------------------------------------------------------- property tests
+
+
+def row_evaluate(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A per-row metric, so a candidate's score does not depend on the other candidates."""
+    return {"accuracy": torch.sigmoid(candidates.sum(dim=1)), "loss": candidates[:, 0].abs()}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    count=st.integers(1, 8),
+    broken=st.sets(st.integers(1, 7), max_size=2),
+    rule_index=st.integers(0, len(ALL_RULES) - 1),
+    data=st.data(),
+)
+def test_weights_are_a_distribution_independent_of_order(seed, count, broken, rule_index, data):
+    # Prepare: a NaN in some neighbour rows; own model, reference and losses are finite
+    generator = torch.Generator().manual_seed(seed)
+    vectors = torch.randn(count, 5, generator=generator) * 2.0
+    for row in broken:
+        if row < count:
+            vectors[row, row % 5] = NAN
+    reference = torch.randn(5, generator=generator)
+    losses = (0.1 + torch.rand(count, generator=generator)).tolist()
+    ids = (0, *range(10, 10 + count - 1))
+    order = [0, *data.draw(st.permutations(range(1, count)))]
+    rule = ALL_RULES[rule_index]
+
+    def make(rows):
+        return RoundInputs(0, 2, tuple(ids[i] for i in rows), vectors[rows], (0,) * count,
+                           row_evaluate, total_rounds=10,
+                           declared_losses=tuple(losses[i] for i in rows), reference=reference)
+
+    # Execute
+    direct = rule(make(list(range(count))))
+    permuted = rule(make(order))
+
+    # Assert
+    assert set(direct.weights) == set(ids)
+    assert sum(direct.weights.values()) == pytest.approx(1.0, abs=1e-9)
+    assert all(w >= 0 for w in direct.weights.values())
+    for row in broken:
+        if row < count:
+            assert direct.weights[ids[row]] == 0.0
+    assert bool(torch.isfinite(direct.model).all())
+    for sender in ids:
+        assert permuted.weights[sender] == pytest.approx(direct.weights[sender], abs=1e-9)
+    torch.testing.assert_close(permuted.model, direct.model, atol=1e-5, rtol=0)
+
+
+def honest_and_outliers(data, outlier_coordinate):
+    """(honest rows in [-1, 1], all rows with f outliers among rows 1.., f) with C > 2f + 2."""
+    dim = data.draw(st.integers(1, 3))
+    num_byzantine = data.draw(st.integers(0, 2))
+    honest_count = data.draw(st.integers(num_byzantine + 3, 8 - num_byzantine))
+    unit = st.floats(-1.0, 1.0, allow_nan=False)
+    honest = torch.tensor(
+        data.draw(st.lists(st.lists(unit, min_size=dim, max_size=dim),
+                           min_size=honest_count, max_size=honest_count)),
+        dtype=torch.float64,
+    )
+    outliers = torch.tensor(
+        data.draw(st.lists(st.lists(outlier_coordinate, min_size=dim, max_size=dim),
+                           min_size=num_byzantine, max_size=num_byzantine)),
+        dtype=torch.float64,
+    ).reshape(num_byzantine, dim)
+    rows = list(honest)
+    for outlier in outliers:
+        rows.insert(data.draw(st.integers(1, len(rows))), outlier)
+    return honest, torch.stack(rows), num_byzantine
+
+
+def run_rule(rule, rows: torch.Tensor) -> torch.Tensor:
+    count = rows.shape[0]
+    inputs = RoundInputs(0, 0, tuple(range(count)), rows.float(), (0,) * count)
+    return rule(inputs).model.double()
+
+
+def assert_inside_honest_box(model: torch.Tensor, honest: torch.Tensor) -> None:
+    honest = honest.float().double()  # the rows the rule saw
+    low, high = honest.min(dim=0).values, honest.max(dim=0).values
+    assert bool((model >= low - 1e-6).all()) and bool((model <= high + 1e-6).all()), (
+        model, low, high)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), use_median=st.booleans())
+def test_median_and_trimmed_mean_stay_inside_honest_range(data, use_median):
+    # Prepare: outliers anywhere, even inside or right next to the honest range
+    honest, rows, num_byzantine = honest_and_outliers(
+        data, st.floats(-1e6, 1e6, allow_nan=False))
+    rule = Median() if use_median else TrimmedMean(num_byzantine)
+
+    # Execute
+    model = run_rule(rule, rows)
+
+    # Assert
+    assert_inside_honest_box(model, honest)
+
+
+# Far from every honest row in at least one coordinate: squared distance >= 81 to each honest
+# row, against <= 4 * dim = 12 between honest rows, so every outlier's score exceeds every
+# honest score (an outlier next to the honest rows could legitimately be chosen by Krum).
+FAR = st.one_of(st.floats(10.0, 1e6), st.floats(-1e6, -10.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), multi=st.booleans())
+def test_krum_and_multi_krum_stay_inside_honest_range(data, multi):
+    # Prepare
+    honest, rows, num_byzantine = honest_and_outliers(data, FAR)
+    rule = MultiKrum(num_byzantine) if multi else Krum(num_byzantine)
+
+    # Execute
+    model = run_rule(rule, rows)
+
+    # Assert
+    assert_inside_honest_box(model, honest)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_geometric_median_stays_near_the_honest_rows(data):
+    # The geometric median can leave the honest coordinate-wise box (honest (0, +-10),
+    # (0, +-20) and an outlier (-1000, 0) pull it to x = -3.5), so the guarantee checked is
+    # the breakdown bound: for |H| > |B|, from sum ||m - x_i|| <= sum ||mu - x_i|| and the
+    # triangle inequality, ||m - mu|| <= 2 sum_H ||mu - x_i|| / (|H| - |B|), mu = honest mean.
+    # Prepare
+    honest, rows, num_byzantine = honest_and_outliers(data, FAR)
+    honest = honest.float().double()
+
+    rule = GeometricMedian()
+
+    # Execute
+    model = run_rule(rule, rows)
+
+    # Assert: the iterations stop once the objective moves by at most tol times itself, so
+    # the solution may be off the exact minimiser by about that much objective (which the
+    # outliers dominate); 1e-5 covers the float32 output.
+    centre = honest.mean(dim=0)
+    spread = float(torch.linalg.vector_norm(honest - centre, dim=1).sum())
+    objective = float(torch.linalg.vector_norm(rows.float().double() - model, dim=1).sum())
+    margin = honest.shape[0] - num_byzantine
+    bound = (2 * spread + rule.tol * objective) / margin
+    assert float(torch.linalg.vector_norm(model - centre)) <= bound + 1e-5
