@@ -1,0 +1,41 @@
+"""Build ``summary.json`` for a run whose clients were not started by ``dfedrw run``: clients
+under torchrun, in docker-compose services, or started by hand, that all wrote into one
+results folder (shared disk or volume). Roles come from the scenario, pids from each client's
+final record; a client with no final record failed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from peer.config import Scenario, load_scenario
+from peer.node import scenario_topology
+from peer.results import read_final, summarize, write_json_atomic
+
+
+def collect_summary(
+    out_dir: Path,
+    scenario: Scenario | None = None,
+    *,
+    exit_codes: dict[int, int | None] | None = None,
+    wall_seconds: float | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Summarize ``out_dir`` (scenario: given, or ``out_dir/scenario.toml``) and write summary.json."""
+    out_dir = Path(out_dir)
+    if scenario is None:
+        scenario = load_scenario(out_dir / "scenario.toml")
+    topology = scenario_topology(scenario)
+    roles = {k: ("byzantine" if k in topology.byzantine else "honest") for k in range(topology.num_clients)}
+    finals = {k: read_final(out_dir, k) for k in roles}
+    pids = {k: (f or {}).get("pid") for k, f in finals.items()}
+    if wall_seconds is None:
+        wall_seconds = max((f.get("wall_seconds", 0.0) for f in finals.values() if f), default=0.0)
+    summary = summarize(
+        out_dir, roles=roles, pids=pids, exit_codes=exit_codes or {}, rounds=scenario.rounds, wall_seconds=wall_seconds
+    )
+    summary.update(extra or {})
+    summary["collected_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json_atomic(out_dir / "summary.json", summary)
+    return summary
