@@ -3,6 +3,8 @@
     dfedrw run [SCENARIO] [--set key=value ...] [--out DIR]
     dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR]
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
+    dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
+    dfedrw report DIR... [--out OUTDIR] [--no-plots]
 
 Every ``peer`` flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID,
 DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT).
@@ -99,6 +101,33 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from launch.sweep import run_sweep
+
+    out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
+    try:
+        result = run_sweep(args.grid, out, jobs=args.jobs, dry_run=args.dry_run, console=Console(stderr=True))
+    except KeyboardInterrupt:
+        # Before any run started (while checking the grid): nothing to stop or record.
+        print("dfedrw sweep: interrupted", file=sys.stderr)
+        return 130
+    if not args.dry_run:
+        print(f"results: {result.out_dir}")
+    return result.exit_code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from launch.report import write_report
+
+    out = args.out if args.out is not None else args.dirs[0] / "report"
+    written = write_report(args.dirs, out, plots=not args.no_plots)
+    print((out / "table.md").read_text(encoding="utf-8"), end="")
+    print(f"\nwrote {len(written)} files to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dfedrw", description="Decentralized federated learning with DFedReweighting.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -124,6 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("dataset", choices=["mnist", "fashion-mnist"])
     f.add_argument("--dir", required=True)
     f.set_defaults(func=cmd_fetch)
+
+    sw = sub.add_parser("sweep", help="run every scenario of a grid file, in parallel and resumably")
+    sw.add_argument("grid", type=Path, help="grid TOML (base, set, [axes], [[variants.NAME]], [[exclude]], [report])")
+    sw.add_argument("--out", type=Path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
+    sw.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the number of CPUs)")
+    sw.add_argument("--dry-run", action="store_true", help="print the points and their run folders, run nothing")
+    sw.set_defaults(func=cmd_sweep)
+
+    rp = sub.add_parser("report", help="tables, paper comparison and plots from sweep folders")
+    rp.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="sweep folders (merged; same [report] required)")
+    rp.add_argument("--out", type=Path, default=None, help="output folder (default: DIR/report of the first DIR)")
+    rp.add_argument("--no-plots", action="store_true", help="write the tables only")
+    rp.set_defaults(func=cmd_report)
     return parser
 
 

@@ -129,7 +129,7 @@ class TopologyConfig:
     rho: float = 0.7
     file: str = ""
     honest: int = 10
-    byzantine: int = 2
+    byzantine: int = 0
 
     def __post_init__(self) -> None:
         _choice("topology.kind", self.kind, TOPOLOGIES)
@@ -379,6 +379,28 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     if scenario.peers:
         out["peers"] = {str(k): {"aggregation": dict(v)} for k, v in sorted(scenario.peers.items())}
     return out
+
+
+def scenario_changes(scenario: Scenario) -> dict[str, Any]:
+    """Only the settings that differ from the built-in defaults, as a nested table.
+
+    A run's identity: it stays the same when a later version adds a key whose default keeps
+    the old behaviour, so finished runs stay valid across such versions.
+    """
+
+    def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in a.items():
+            base = b.get(key)
+            if isinstance(value, Mapping) and isinstance(base, Mapping):
+                sub = diff(value, base)
+                if sub:
+                    out[key] = sub
+            elif value != base or key not in b:
+                out[key] = value
+        return out
+
+    return diff(scenario_to_dict(scenario), scenario_to_dict(Scenario()))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -72,3 +72,13 @@ def test_missing_file_and_bad_toml(tmp_path):
         load_scenario(tmp_path / "bad.toml")
     with pytest.raises(ScenarioError, match="table"):
         scenario_from_dict({"data": 3})
+
+
+def test_scenario_changes_lists_only_non_defaults():
+    from peer.config import Scenario, scenario_changes
+
+    assert scenario_changes(Scenario()) == {}
+    s = load_scenario(None, ["rounds=5"])
+    changes = scenario_changes(s)
+    assert changes["rounds"] == 5 and changes["attack"] == {"name": "gaussian"}
+    assert "lr" not in changes.get("train", {})

@@ -1,0 +1,211 @@
+"""Figures for ``dfedrw report`` (matplotlib, Agg, PNG; file names depend only on the table).
+
+- ``accuracy_<i>_<row>.png``: honest mean accuracy per evaluation round, one line per column
+  (method), averaged over seeds; one figure per row.
+- ``clients_<i>_<row>.png``: each honest client's final accuracy, a box per method, all seeds
+  pooled; one figure per row.
+- ``weights_<i>_<row>__<j>_<column>.png``: the mean aggregation weight each honest client gave
+  each sender over all rounds, for the first-seed run of a cell that has Byzantine clients;
+  Byzantine senders are marked in red.
+
+Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot), so no global state or
+GUI backend is involved. Per-round files are read line by line with :mod:`json`; lines without
+the wanted key are skipped before parsing, which keeps long runs fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+import numpy as np
+
+from launch.report import Cell, RunResult, Table
+
+# PNG metadata would otherwise carry the matplotlib version.
+_SAVE = {"dpi": 110, "metadata": {"Software": None}}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "all"
+
+
+def _accuracy_key(table: Table) -> str:
+    """The per-client accuracy field behind the table's metric."""
+    return "global_accuracy" if table.metric == "honest_mean_global_accuracy" else "accuracy"
+
+
+def _ids(run: RunResult, role: str) -> list[int]:
+    peers = (run.summary or {}).get("peers", {})
+    return sorted(int(k) for k, p in peers.items() if p.get("role") == role)
+
+
+def _records(folder: Path, client: int, needle: str | None = None):
+    path = folder / "peers" / f"{client}.jsonl"
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if needle is not None and needle not in line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line of a crashed client
+
+
+def accuracy_curve(run: RunResult, key: str) -> dict[int, float]:
+    """Round -> mean over honest clients of ``key`` on the evaluation rounds of one run."""
+    per_round: dict[int, list[float]] = defaultdict(list)
+    for k in _ids(run, "honest"):
+        for rec in _records(run.folder, k, f'"{key}"'):
+            value = rec.get(key)
+            if value is not None:
+                per_round[int(rec["round"])].append(float(value))
+    return {r: float(np.mean(v)) for r, v in sorted(per_round.items())}
+
+
+def mean_weights(run: RunResult) -> tuple[list[int], list[int], np.ndarray]:
+    """(honest receivers, all senders, matrix): the mean weight each honest client gave each
+    sender over its rounds; NaN where it never received from that sender (not a neighbour)."""
+    receivers = _ids(run, "honest")
+    senders = sorted(int(k) for k in (run.summary or {}).get("peers", {}))
+    col = {s: j for j, s in enumerate(senders)}
+    matrix = np.full((len(receivers), len(senders)), np.nan)
+    for i, k in enumerate(receivers):
+        totals = np.zeros(len(senders))
+        seen = np.zeros(len(senders), dtype=bool)
+        rounds = 0
+        for rec in _records(run.folder, k):
+            rounds += 1
+            for s, w in (rec.get("weights") or {}).items():
+                j = col.get(int(s))
+                if j is not None:
+                    totals[j] += float(w)
+                    seen[j] = True
+        if rounds:
+            matrix[i, seen] = totals[seen] / rounds
+    return receivers, senders, matrix
+
+
+def _new_figure(width: float = 7.0, height: float = 4.5):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, **_SAVE)
+    return path
+
+
+def plot_accuracy(table: Table, row: tuple[str, ...], path: Path) -> Path:
+    key = _accuracy_key(table)
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for c in table.columns:
+        cell = table.cells.get((row, c))
+        if cell is None or not cell.n:
+            continue
+        curves = [accuracy_curve(r, key) for r in cell.runs]
+        rounds = sorted(set().union(*curves))
+        if not rounds:
+            continue
+        mean = [np.mean([cv[r] for cv in curves if r in cv]) for r in rounds]
+        x = [r + 1 for r in rounds]
+        ax.plot(x, mean, marker="o" if len(x) <= 20 else None, label=f"{table.column_label(c)} (n={cell.n})")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"honest mean {'global' if key == 'global_accuracy' else 'local'} test accuracy (%)")
+    ax.set_title(" / ".join(table.row_label(row)))
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_clients(table: Table, row: tuple[str, ...], path: Path) -> Path:
+    key = _accuracy_key(table)
+    data, labels = [], []
+    for c in table.columns:
+        cell = table.cells.get((row, c))
+        values = []
+        for r in cell.runs if cell else []:
+            for k in _ids(r, "honest"):
+                v = r.summary["peers"][str(k)].get(key)
+                if v is not None:
+                    values.append(float(v))
+        data.append(values)
+        labels.append(table.column_label(c))
+    fig = _new_figure(max(6.0, 1.1 * len(labels) + 2), 4.5)
+    ax = fig.add_subplot()
+    positions = list(range(1, len(data) + 1))
+    ax.boxplot([d if d else [np.nan] for d in data], positions=positions, widths=0.5, showfliers=False)
+    for x, d in zip(positions, data):
+        ax.scatter([x] * len(d), d, s=10, alpha=0.5, color="tab:blue")
+    ax.set_xticks(positions, labels, rotation=20, ha="right", fontsize="small")
+    ax.set_ylabel(f"final {'global' if key == 'global_accuracy' else 'local'} test accuracy per client (%)")
+    ax.set_title(f"{' / '.join(table.row_label(row))}: per-client accuracy, all seeds")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_weights(table: Table, row: tuple[str, ...], cell: Cell, run: RunResult, path: Path) -> Path:
+    receivers, senders, matrix = mean_weights(run)
+    byzantine = set(_ids(run, "byzantine"))
+    n = len(senders)
+    fig = _new_figure(max(5.0, 0.45 * n + 2.5), max(4.0, 0.4 * len(receivers) + 2.0))
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, max(len(receivers), 1) * 2], width_ratios=[30, 1], hspace=0.05)
+    marker = fig.add_subplot(grid[0, 0])
+    ax = fig.add_subplot(grid[1, 0], sharex=marker)
+    bar = fig.add_subplot(grid[1, 1])
+    # A strip above the heatmap: red where the sender is Byzantine.
+    marker.imshow([[1.0 if s in byzantine else 0.0 for s in senders]], aspect="auto", cmap="Reds", vmin=0, vmax=1.25)
+    marker.set_yticks([0], ["Byzantine"], fontsize="small")
+    marker.tick_params(axis="x", labelbottom=False, bottom=False)
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"].with_extremes(bad="#dddddd")
+    vmax = float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0
+    image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap=cmap, vmin=0.0, vmax=max(vmax, 1e-9))
+    ax.set_xticks(range(n), [str(s) for s in senders])
+    ax.set_yticks(range(len(receivers)), [str(k) for k in receivers])
+    for tick, s in zip(ax.get_xticklabels(), senders):
+        if s in byzantine:
+            tick.set_color("red")
+            tick.set_fontweight("bold")
+    if n <= 16 and len(receivers) <= 16:
+        for i in range(len(receivers)):
+            for j in range(n):
+                if np.isfinite(matrix[i, j]):
+                    ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if matrix[i, j] < 0.6 * vmax else "black")
+    ax.set_xlabel("sender (red: Byzantine; grey: not a neighbour)")
+    ax.set_ylabel("honest receiver")
+    fig.colorbar(image, cax=bar, label="mean weight")
+    seed = f", seed {run.seed}" if run.seed is not None else ""
+    marker.set_title(f"{' / '.join(table.row_label(row))} — {table.column_label(cell.column)}{seed}", fontsize="medium")
+    return _save(fig, path)
+
+
+def make_plots(table: Table, out_dir: Path) -> list[Path]:
+    """Write every figure of the table under ``out_dir``; returns their paths in a fixed order."""
+    out_dir = Path(out_dir)
+    written: list[Path] = []
+    for i, row in enumerate(table.rows):
+        stem = f"{i:02d}_{_slug('_'.join(table.row_label(row)))}"
+        written.append(plot_accuracy(table, row, out_dir / f"accuracy_{stem}.png"))
+        written.append(plot_clients(table, row, out_dir / f"clients_{stem}.png"))
+        for j, c in enumerate(table.columns):
+            cell = table.cells.get((row, c))
+            if cell is None or not cell.n:
+                continue
+            first = cell.runs[0]
+            if not _ids(first, "byzantine"):
+                continue
+            name = f"weights_{stem}__{j:02d}_{_slug(table.column_label(c))}.png"
+            written.append(plot_weights(table, row, cell, first, out_dir / name))
+    return written

@@ -1,0 +1,581 @@
+"""``dfedrw report``: the paper's tables from one or more sweep folders.
+
+The layout comes from the grid's ``[report]`` table (recorded in ``sweep.json``)::
+
+    [report]
+    kind = "fairness"                 # or "byzantine"
+    metric = "honest_mean_accuracy"   # summary key the cells use (byzantine default: honest_mean_global_accuracy)
+    rows = ["data.partition"]         # axes forming the rows, in this order
+    columns = "method"                # the axis forming the columns (grid order)
+    unranked = ["No-AT"]              # optional: columns never bolded as the best of a row
+    tolerance = 3.0                   # optional: accuracy gap (points) listed in comparison.md
+    [report.row_labels]               # optional pretty names of row values (also column_labels, axis_labels)
+    "dirichlet:0.1" = "Diri(0.1)"
+    [report.paper]                    # optional: "ROW|COLUMN" -> paper value, with pretty labels;
+    "IID|DFedAvg" = 1.455             # several row axes join with "|": "GA|IID|Median"
+    "Diri(0.1)|DFedAvg" = [360.772, 76.972]   # fairness may give [variance, accuracy]
+
+A fairness cell is ``VAR (ACC)``: the population variance of the honest clients' accuracy
+(%^2) and their mean accuracy (%), each averaged over seeds. A byzantine cell is ``ACC ± STD``:
+the mean over seeds and the population standard deviation over seeds (ddof=0). The ``seed``
+axis is always averaged over; any other axis with several values must be a row or the column.
+
+Outputs (byte-identical when run again on the same results): ``table.md``, ``table.csv`` (the
+paper's layout), ``cells.csv`` (one line per cell, full precision), ``comparison.md`` (with
+``[report.paper]``) and ``plots/*.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KINDS = ("fairness", "byzantine")
+# Summary accuracy key -> the summary key holding the variance of the same accuracy.
+METRICS = {
+    "honest_mean_accuracy": "accuracy_variance",
+    "honest_mean_global_accuracy": "global_accuracy_variance",
+}
+DEFAULT_METRIC = {"fairness": "honest_mean_accuracy", "byzantine": "honest_mean_global_accuracy"}
+SPEC_KEYS = (
+    "kind", "metric", "rows", "columns", "row_labels", "column_labels", "axis_labels", "unranked", "paper", "tolerance",
+)
+SEED_AXIS = "seed"
+MISSING = "missing"
+# A cell no point of the grid maps to (e.g. removed by [[exclude]]).
+NOT_IN_GRID = "—"
+
+
+class ReportError(ValueError):
+    """A report spec or sweep folder cannot be reported; the message names the problem."""
+
+
+def _label_table(name: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+        raise ReportError(f"report.{name} must be a table of \"value\" = \"pretty name\" strings")
+    return {str(k): v for k, v in value.items()}
+
+
+def normalize_report_spec(
+    raw: Mapping[str, Any] | None, axes: Mapping[str, Sequence[str]], *, required: bool = True
+) -> dict[str, Any] | None:
+    """Check a ``[report]`` table against the grid's axes and fill in its defaults.
+
+    Defaults: kind ``fairness``; the metric of the kind; the last non-seed axis as the
+    columns and the other non-seed axes as the rows. Returns None when ``raw`` is None, not
+    ``required``, and the grid has no axis to put in the columns.
+    """
+    spec = dict(raw or {})
+    for key in spec:
+        if key not in SPEC_KEYS:
+            raise ReportError(f"unknown key 'report.{key}'; valid keys: {', '.join(SPEC_KEYS)}")
+    kind = spec.get("kind", "fairness")
+    if kind not in KINDS:
+        raise ReportError(f"report.kind={kind!r} is not valid; choose one of: {', '.join(KINDS)}")
+    metric = spec.get("metric", DEFAULT_METRIC[kind])
+    if metric not in METRICS:
+        raise ReportError(f"report.metric={metric!r} is not valid; choose one of: {', '.join(METRICS)}")
+    free = [a for a in axes if a != SEED_AXIS]
+    columns = spec.get("columns")
+    if columns is None:
+        if not free:
+            if raw is None and not required:
+                return None
+            raise ReportError(f"report.columns: the grid has no axis besides '{SEED_AXIS}' to form the columns")
+        columns = free[-1]
+    if not isinstance(columns, str) or columns not in axes or columns == SEED_AXIS:
+        raise ReportError(f"report.columns={columns!r} must name one axis; choose one of: {', '.join(free)}")
+    rows = spec.get("rows")
+    if rows is None:
+        rows = [a for a in free if a != columns]
+    if isinstance(rows, str):
+        rows = [rows]
+    if not isinstance(rows, list) or not all(isinstance(r, str) for r in rows):
+        raise ReportError(f"report.rows={rows!r} must be a list of axis names; choose from: {', '.join(free)}")
+    for r in rows:
+        if r not in axes or r == SEED_AXIS or r == columns:
+            choices = ", ".join(a for a in free if a != columns)
+            raise ReportError(f"report.rows: {r!r} is not a row axis; choose from: {choices}")
+    if len(set(rows)) != len(rows):
+        raise ReportError(f"report.rows={rows!r} names an axis twice")
+    for a, labels in axes.items():
+        if a not in rows and a != columns and a != SEED_AXIS and len(labels) > 1:
+            raise ReportError(
+                f"axis '{a}' has {len(labels)} values but is neither in report.rows nor report.columns; "
+                f"add it to report.rows (only '{SEED_AXIS}' is averaged over)"
+            )
+    unranked = spec.get("unranked", [])
+    if not isinstance(unranked, list) or not all(isinstance(u, str) for u in unranked):
+        raise ReportError("report.unranked must be a list of column labels")
+    tolerance = spec.get("tolerance", 3.0)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
+        raise ReportError(f"report.tolerance={tolerance!r} must be a number > 0 (accuracy points)")
+    paper = spec.get("paper", {})
+    if not isinstance(paper, Mapping):
+        raise ReportError("report.paper must be a table of \"ROW|COLUMN\" = value")
+    clean_paper: dict[str, Any] = {}
+    for key, value in paper.items():
+        ok_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok_pair = (
+            kind == "fairness" and isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        )
+        if not (ok_number or ok_pair):
+            what = "a variance or [variance, accuracy]" if kind == "fairness" else "an accuracy"
+            raise ReportError(f"report.paper.{key!r}={value!r} must be {what}")
+        clean_paper[str(key)] = [float(v) for v in value] if ok_pair else float(value)
+    return {
+        "kind": kind,
+        "metric": metric,
+        "rows": list(rows),
+        "columns": columns,
+        "row_labels": _label_table("row_labels", spec.get("row_labels")),
+        "column_labels": _label_table("column_labels", spec.get("column_labels")),
+        "axis_labels": _label_table("axis_labels", spec.get("axis_labels")),
+        "unranked": list(unranked),
+        "paper": clean_paper,
+        "tolerance": float(tolerance),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading results
+
+
+@dataclass
+class RunResult:
+    name: str
+    folder: Path
+    seed: str | None
+    summary: dict[str, Any] | None
+
+
+@dataclass
+class Cell:
+    row: tuple[str, ...]
+    column: str
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    def values(self, key: str) -> np.ndarray:
+        return np.asarray([float(r.summary[key]) for r in self.runs], dtype=float)
+
+    def mean(self, key: str) -> float | None:
+        return float(np.mean(self.values(key))) if self.runs else None
+
+    def std(self, key: str) -> float | None:
+        # Population std over seeds (ddof=0), as the footnote says.
+        return float(np.std(self.values(key), ddof=0)) if self.runs else None
+
+
+@dataclass
+class Missing:
+    run: str
+    state: str
+    points: list[str]
+
+
+@dataclass
+class Table:
+    spec: dict[str, Any]
+    axes: dict[str, list[str]]
+    rows: list[tuple[str, ...]]
+    columns: list[str]
+    cells: dict[tuple[tuple[str, ...], str], Cell]
+    seeds: list[str]
+    missing: list[Missing]
+
+    @property
+    def kind(self) -> str:
+        return self.spec["kind"]
+
+    @property
+    def metric(self) -> str:
+        return self.spec["metric"]
+
+    @property
+    def variance_key(self) -> str:
+        return METRICS[self.metric]
+
+    def row_label(self, row: tuple[str, ...]) -> list[str]:
+        if not row:
+            return ["all"]
+        return [self.spec["row_labels"].get(v, v) for v in row]
+
+    def row_key(self, row: tuple[str, ...]) -> str:
+        return "|".join(self.row_label(row))
+
+    def column_label(self, column: str) -> str:
+        return self.spec["column_labels"].get(column, column)
+
+    def row_headers(self) -> list[str]:
+        return [self.spec["axis_labels"].get(a, a) for a in self.spec["rows"]] or [""]
+
+    def n_max(self) -> int:
+        return max((c.n for c in self.cells.values()), default=0)
+
+
+def _read_summary(folder: Path) -> tuple[dict[str, Any] | None, str]:
+    path = folder / "summary.json"
+    if not path.exists():
+        return None, "no summary.json" if folder.exists() else "not started"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None, "unreadable summary.json"
+    if summary.get("interrupted"):
+        return None, "interrupted"
+    return summary, "done"
+
+
+def _read_sweep(folder: Path) -> dict[str, Any]:
+    path = folder / "sweep.json"
+    if not path.exists():
+        raise ReportError(f"{folder}: no sweep.json; give a folder written by `dfedrw sweep`")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not valid JSON: {exc}") from None
+
+
+def load_results(dirs: Sequence[str | Path]) -> Table:
+    """Read the sweep folders (merged; they must share one report spec) into a :class:`Table`."""
+    if not dirs:
+        raise ReportError("give at least one sweep folder")
+    axes: dict[str, list[str]] = {}
+    spec: dict[str, Any] | None = None
+    first: Path | None = None
+    points: list[tuple[dict[str, str], Path]] = []
+    for d in map(Path, dirs):
+        record = _read_sweep(d)
+        if record.get("report") is None:
+            raise ReportError(f"{d}: its grid has no [report] table and no axis to form the columns; add [report]")
+        if spec is None:
+            spec, first = record["report"], d
+        elif record["report"] != spec:
+            diff = sorted(k for k in set(spec) | set(record["report"]) if spec.get(k) != record["report"].get(k))
+            raise ReportError(
+                f"{d}: its report spec differs from {first}'s (keys: {', '.join(diff)}); merge only sweeps with the same [report]"
+            )
+        for name, labels in record.get("axes", {}).items():
+            merged = axes.setdefault(name, [])
+            merged.extend(label for label in labels if label not in merged)
+        for p in record.get("points", []):
+            points.append((dict(p["labels"]), d / p["run"]))
+    assert spec is not None
+    spec = normalize_report_spec(spec, axes)
+    for labels, _ in points:
+        for a in [*spec["rows"], spec["columns"]]:
+            if a not in labels:
+                raise ReportError(f"a point has no label for axis '{a}': {labels}")
+
+    summaries: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    cells: dict[tuple[tuple[str, ...], str], Cell] = {}
+    missing: dict[str, Missing] = {}
+    seen_in_cell: set[tuple[tuple[str, ...], str, str]] = set()
+    metric = spec["metric"]
+    for labels, folder in points:
+        name = folder.name
+        if name not in summaries:
+            summaries[name] = _read_summary(folder)
+        summary, state = summaries[name]
+        if summary is not None and summary.get(metric) is None:
+            summary, state = None, f"no {metric} (every honest client failed)"
+        row = tuple(labels[a] for a in spec["rows"])
+        column = labels[spec["columns"]]
+        cell = cells.setdefault((row, column), Cell(row, column))
+        desc = ", ".join(f"{k}={v}" for k, v in labels.items())
+        if summary is None:
+            missing.setdefault(name, Missing(f"runs/{name}", state, [])).points.append(desc)
+            continue
+        # Several points (or merged sweeps) may name the same run; it counts once per cell.
+        if (row, column, name) in seen_in_cell:
+            continue
+        seen_in_cell.add((row, column, name))
+        cell.runs.append(RunResult(name, folder, labels.get(SEED_AXIS), summary))
+
+    seeds = axes.get(SEED_AXIS, [])
+    order = {s: i for i, s in enumerate(seeds)}
+    for cell in cells.values():
+        cell.runs.sort(key=lambda r: (order.get(r.seed, len(order)), r.name))
+
+    def product(names: list[str]) -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = [()]
+        for a in names:
+            out = [(*t, v) for t in out for v in axes[a]]
+        return out
+
+    present_rows = {r for r, _ in cells}
+    present_cols = {c for _, c in cells}
+    rows = [r for r in product(spec["rows"]) if r in present_rows]
+    columns = [c for c in axes[spec["columns"]] if c in present_cols]
+    return Table(spec, axes, rows, columns, cells, seeds, sorted(missing.values(), key=lambda m: m.run))
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def _fmt(x: float, digits: int) -> str:
+    text = f"{x:.{digits}f}"
+    # "-0.000" would differ from "0.000" only by rounding noise.
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def _signed(x: float, digits: int) -> str:
+    text = f"{x:+.{digits}f}"
+    return "+" + text[1:] if float(text) == 0 else text
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _best_columns(table: Table, row: tuple[str, ...]) -> set[str]:
+    """Columns holding the best value of a row, compared as displayed (ties all count)."""
+    unranked = set(table.spec["unranked"])
+    scored = {}
+    for c in table.columns:
+        cell = table.cells.get((row, c))
+        if cell is None or not cell.n or c in unranked or table.column_label(c) in unranked:
+            continue
+        if table.kind == "fairness":
+            scored[c] = float(_fmt(cell.mean(table.variance_key), 3))
+        else:
+            scored[c] = -float(_fmt(cell.mean(table.metric), 2))
+    if not scored:
+        return set()
+    best = min(scored.values())
+    return {c for c, v in scored.items() if v == best}
+
+
+def cell_text(table: Table, row: tuple[str, ...], column: str, *, bold: bool = False) -> str:
+    """One cell as the paper prints it; ``[n=k]`` marks a cell with fewer seeds than the most."""
+    cell = table.cells.get((row, column))
+    if cell is None:
+        return NOT_IN_GRID
+    if not cell.n:
+        return MISSING
+    if table.kind == "fairness":
+        head, tail = _fmt(cell.mean(table.variance_key), 3), f" ({_fmt(cell.mean(table.metric), 3)})"
+    else:
+        head, tail = _fmt(cell.mean(table.metric), 2), f" ± {_fmt(cell.std(table.metric), 2)}"
+    if bold:
+        head = f"**{head}**"
+    flag = f" [n={cell.n}]" if cell.n < table.n_max() else ""
+    return head + tail + flag
+
+
+def _row_cells(table: Table, row: tuple[str, ...], *, markdown: bool) -> list[str]:
+    best = _best_columns(table, row) if markdown else set()
+    return [cell_text(table, row, c, bold=c in best) for c in table.columns]
+
+
+def _description(table: Table) -> str:
+    unranked = table.spec["unranked"]
+    excluding = f" (excluding {', '.join(unranked)})" if unranked else ""
+    if table.kind == "fairness":
+        return (
+            f"Cell: VAR (ACC): the population variance over honest clients of their final test accuracy (%², "
+            f"`{table.variance_key}`) and, in brackets, their mean accuracy (%, `{table.metric}`), each averaged "
+            f"over seeds. **Bold**: the lowest variance in the row{excluding}."
+        )
+    return (
+        f"Cell: ACC ± STD: the mean over seeds of `{table.metric}` (%) and its standard deviation over seeds "
+        f"(population, ddof=0). **Bold**: the highest accuracy in the row{excluding}."
+    )
+
+
+def _seed_note(table: Table) -> str:
+    n = table.n_max()
+    seeds = f" ({'seed' if len(table.seeds) == 1 else 'seeds'} {', '.join(table.seeds)})" if table.seeds else ""
+    short = sorted({c.n for c in table.cells.values() if c.n < n})
+    if not short:
+        return f"Each cell averages {n} seed{'s' if n != 1 else ''}{seeds}."
+    return f"Cells average up to {n} seeds{seeds}; [n=k] marks a cell with only k finished runs."
+
+
+def render_markdown(table: Table) -> str:
+    """``table.md``: the table in the paper's layout, its legend, seed counts and missing runs."""
+    title = "Client fairness" if table.kind == "fairness" else "Byzantine robustness"
+    header = [*table.row_headers(), *(table.column_label(c) for c in table.columns)]
+    lines = [f"# {title}", "", _description(table), ""]
+    lines.append("| " + " | ".join(_md_escape(h) for h in header) + " |")
+    lines.append("|" + "|".join(["---"] * len(header)) + "|")
+    previous: list[str] = []
+    for row in table.rows:
+        labels = table.row_label(row)
+        # Like the paper's multirow: an outer row label is printed once per group.
+        shown = []
+        for i, label in enumerate(labels):
+            same_group = i < len(labels) - 1 and labels[: i + 1] == previous[: i + 1]
+            shown.append("" if same_group else label)
+        previous = labels
+        lines.append("| " + " | ".join(_md_escape(x) for x in [*shown, *_row_cells(table, row, markdown=True)]) + " |")
+    lines += ["", _seed_note(table)]
+    if table.kind == "byzantine":
+        lines.append("± is the population standard deviation over seeds (numpy ddof=0), not the sample one.")
+    if table.missing:
+        lines += ["", f"Missing results ({len(table.missing)} run{'s' if len(table.missing) != 1 else ''}):", ""]
+        for m in table.missing:
+            lines.append(f"- `{m.run}` ({m.state}): {'; '.join(m.points)}")
+    return "\n".join(lines) + "\n"
+
+
+def _csv(rows: list[list[str]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def render_csv(table: Table) -> str:
+    """``table.csv``: the paper's layout with the same cell text as table.md, without bold."""
+    out = [[*table.row_headers(), *(table.column_label(c) for c in table.columns)]]
+    for row in table.rows:
+        out.append([*table.row_label(row), *_row_cells(table, row, markdown=False)])
+    return _csv(out)
+
+
+def render_cells_csv(table: Table) -> str:
+    """``cells.csv``: one line per cell with its seed count, means and stds (6 decimals)."""
+    keys = [table.metric, table.variance_key]
+    header = [*table.spec["rows"], table.spec["columns"], "seeds"]
+    for k in keys:
+        header += [f"{k}_mean", f"{k}_std"]
+    out = [header]
+    for row in table.rows:
+        for c in table.columns:
+            cell = table.cells.get((row, c))
+            if cell is None:
+                continue
+            line = [*row, c, str(cell.n)]
+            for k in keys:
+                line += [_fmt(cell.mean(k), 6), _fmt(cell.std(k), 6)] if cell.n else ["", ""]
+            out.append(line)
+    return _csv(out)
+
+
+def _paper_pair(table: Table, value: Any) -> tuple[float | None, float | None]:
+    """(paper variance, paper accuracy) of a ``report.paper`` value."""
+    if table.kind == "byzantine":
+        return None, float(value)
+    if isinstance(value, list):
+        return float(value[0]), float(value[1])
+    return float(value), None
+
+
+def render_comparison(table: Table) -> str | None:
+    """``comparison.md``: ours vs the paper per cell, the accuracy cells off by more than the
+    tolerance, and (fairness) the rows whose method order by variance differs. None without
+    ``report.paper``."""
+    paper = table.spec["paper"]
+    if not paper:
+        return None
+    tol = table.spec["tolerance"]
+    heads = [*table.row_headers(), "Method"]
+    if table.kind == "fairness":
+        heads += ["ours VAR", "paper VAR", "Δ VAR", "ours ACC", "paper ACC", "Δ ACC"]
+    else:
+        heads += ["ours ACC", "paper ACC", "Δ ACC"]
+    lines = [
+        "# Comparison with the paper",
+        "",
+        f"Ours: this sweep, averaged over seeds (`{table.metric}`); paper: `[report.paper]` of the grid. Δ = ours − paper.",
+        "",
+        "| " + " | ".join(_md_escape(h) for h in heads) + " |",
+        "|" + "|".join(["---"] * len(heads)) + "|",
+    ]
+    matched: set[str] = set()
+    far: list[str] = []
+    order_rows: list[str] = []
+    for row in table.rows:
+        ours_var: dict[str, float] = {}
+        paper_var: dict[str, float] = {}
+        for c in table.columns:
+            key = f"{table.row_key(row)}|{table.column_label(c)}"
+            if key not in paper:
+                continue
+            matched.add(key)
+            p_var, p_acc = _paper_pair(table, paper[key])
+            cell = table.cells.get((row, c))
+            has = cell is not None and cell.n > 0
+            o_acc = cell.mean(table.metric) if has else None
+            o_var = cell.mean(table.variance_key) if has and table.kind == "fairness" else None
+            values: list[str] = []
+            if table.kind == "fairness":
+                values += _triple(o_var, p_var, 3)
+                if o_var is not None and p_var is not None:
+                    ours_var[c], paper_var[c] = float(_fmt(o_var, 3)), p_var
+            values += _triple(o_acc, p_acc, 3 if table.kind == "fairness" else 2)
+            lines.append("| " + " | ".join(_md_escape(x) for x in [*table.row_label(row), table.column_label(c), *values]) + " |")
+            if o_acc is not None and p_acc is not None and abs(o_acc - p_acc) > tol:
+                place = " / ".join([*table.row_label(row), table.column_label(c)])
+                far.append(
+                    f"- {place}: ours {_fmt(o_acc, 2)}, paper {_fmt(p_acc, 2)} ({_signed(o_acc - p_acc, 2)})"
+                )
+        if table.kind == "fairness" and len(ours_var) >= 2:
+            cols = list(ours_var)
+            ours_order = sorted(cols, key=lambda c: (ours_var[c], cols.index(c)))
+            paper_order = sorted(cols, key=lambda c: (paper_var[c], cols.index(c)))
+            if ours_order != paper_order:
+                order_rows.append(
+                    f"- {' / '.join(table.row_label(row))}: ours "
+                    + " < ".join(f"{table.column_label(c)} ({_fmt(ours_var[c], 3)})" for c in ours_order)
+                    + "; paper "
+                    + " < ".join(f"{table.column_label(c)} ({_fmt(paper_var[c], 3)})" for c in paper_order)
+                )
+    lines += ["", f"## Accuracy cells more than {_fmt(tol, 1)} points from the paper", ""]
+    lines += far or ["None."]
+    if table.kind == "fairness":
+        lines += ["", "## Rows where the order of methods by variance differs from the paper", ""]
+        lines += order_rows or ["None."]
+    unmatched = sorted(set(paper) - matched)
+    if unmatched:
+        lines += ["", "## Paper values with no cell in this table (check the labels)", ""]
+        lines += [f"- `{k}`" for k in unmatched]
+    return "\n".join(lines) + "\n"
+
+
+def _triple(ours: float | None, paper: float | None, digits: int) -> list[str]:
+    o = MISSING if ours is None else _fmt(ours, digits)
+    p = "" if paper is None else _fmt(paper, digits)
+    d = _signed(ours - paper, digits) if ours is not None and paper is not None else ""
+    return [o, p, d]
+
+
+def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, *, plots: bool = True) -> list[Path]:
+    """Write table.md, table.csv, cells.csv, comparison.md (with paper values) and the plots
+    to ``out_dir`` (default: the first folder's ``report/``); returns the files written."""
+    table = load_results(dirs)
+    out = Path(out_dir) if out_dir is not None else Path(dirs[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (("table.md", render_markdown(table)), ("table.csv", render_csv(table)), ("cells.csv", render_cells_csv(table))):
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    comparison = render_comparison(table)
+    stale = out / "comparison.md"
+    if comparison is not None:
+        stale.write_text(comparison, encoding="utf-8")
+        written.append(stale)
+    elif stale.exists():
+        # Left from an earlier report with paper values, it would no longer match the table.
+        stale.unlink()
+    if plots:
+        from launch.plots import make_plots
+
+        written += make_plots(table, out / "plots")
+    return written
