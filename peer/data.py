@@ -233,27 +233,32 @@ def _load_digits() -> tuple[Dataset, Dataset]:
     return take(train_idx), take(test_idx)
 
 
-def check_dataset(name: str, data_dir: str | os.PathLike | None = None) -> None:
-    """Raise :class:`DatasetUnavailable` if ``name`` cannot be loaded, without loading it."""
-    _check_dataset_name(name)
-    if name == "digits":
-        return
+def _data_directory(name: str, data_dir: str | os.PathLike | None) -> Path:
     chosen = data_dir if data_dir is not None else DEFAULT_DIRS[name]
     if chosen is None:
         raise DatasetUnavailable(f"{name}: no data directory given; {_unavailable_hint(name)}")
     directory = Path(chosen)
     if not directory.is_dir():
         raise DatasetUnavailable(f"{name}: data directory {directory} does not exist; {_unavailable_hint(name)}")
+    return directory
+
+
+def check_dataset(name: str, data_dir: str | os.PathLike | None = None) -> None:
+    """Raise :class:`DatasetUnavailable` if ``name`` cannot be loaded, without loading it."""
+    _check_dataset_name(name)
+    if name == "digits":
+        return
+    directory = _data_directory(name, data_dir)
     for stem in IDX_FILES.values():
         _find_idx_file(directory, stem, name)
 
 
 @functools.lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[Dataset, Dataset]:
-    """Cached per process: clients that share a process (the in-process transport) share one
-    read-only copy instead of decoding the files once each.
+    """Load ``(train, test)`` for ``name`` in :data:`DATASETS`.
 
-    Load ``(train, test)`` for ``name`` in :data:`DATASETS`.
+    Cached per process: clients that share a process (the in-process transport) share one
+    read-only copy instead of decoding the files once each.
 
     ``digits`` ignores ``data_dir`` and uses a fixed stratified 80/20 split. ``fashion-mnist``
     and ``mnist`` read the four IDX files (plain or ``.gz``) from ``data_dir``, falling back to
@@ -263,12 +268,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[
     _check_dataset_name(name)
     if name == "digits":
         return _load_digits()
-    chosen = data_dir if data_dir is not None else DEFAULT_DIRS[name]
-    if chosen is None:
-        raise DatasetUnavailable(f"{name}: no data directory given; {_unavailable_hint(name)}")
-    directory = Path(chosen)
-    if not directory.is_dir():
-        raise DatasetUnavailable(f"{name}: data directory {directory} does not exist; {_unavailable_hint(name)}")
+    directory = _data_directory(name, data_dir)
     return _load_idx_split(directory, name, "train"), _load_idx_split(directory, name, "test")
 
 
