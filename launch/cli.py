@@ -71,6 +71,15 @@ def _watch_parent(parent: int) -> None:
 def cmd_peer(args: argparse.Namespace) -> int:
     from peer.node import run_peer
 
+    if args.id is None and _env("RANK") is not None and _env("WORLD_SIZE") is not None:
+        # Under torchrun: client id = RANK, addresses through torchrun's store.
+        from launch.torchrun import run_torchrun
+
+        if args.scenario is None:
+            raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
+        final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out))
+        logging.getLogger("peer").info("client %s done: %s", final["id"], final)
+        return 0
     if args.scenario is None or args.id is None:
         raise SystemExit("dfedrw peer: --scenario and --id are required (or DFEDRW_SCENARIO / DFEDRW_ID)")
     parent = _env("DFEDRW_PARENT_PID")
@@ -139,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=None, help="results folder (default: a new folder under runs/)")
     run.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("peer", help="run one client process")
+    p = sub.add_parser("peer", help="run one client process (under torchrun: client id = RANK)")
     p.add_argument("--scenario", default=_env("DFEDRW_SCENARIO"))
     p.add_argument("--id", type=int, default=_env("DFEDRW_ID"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -17,6 +17,10 @@ def run_scenario(scenario: Scenario, out_dir: Path | None = None, *, console: Co
     out = Path(out_dir) if out_dir else default_out_dir()
     if (out / "summary.json").exists():
         raise FileExistsError(f"{out} already holds a finished run; choose another --out")
+    if scenario.network.transport == "torch":
+        raise ValueError(
+            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"
+        )
     console = console or Console(stderr=True)
     if scenario.network.transport == "inproc":
         from launch.inproc import run_inproc

@@ -51,7 +51,8 @@ RULES = (
 )
 TPMS = ("accuracy", "loss", "combined")
 CRSS = ("softmax", "loss_clip_mean", "acc_clip_mean", "proportional", "clip")
-TRANSPORTS = ("grpc", "inproc")
+# "torch" (torch.distributed point-to-point) is valid only for clients started by torchrun.
+TRANSPORTS = ("grpc", "inproc", "torch")
 
 
 class ScenarioError(ValueError):

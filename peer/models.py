@@ -35,8 +35,11 @@ def build_model(name: str, in_features: int, num_classes: int, *, hidden: int = 
 
 
 def get_vector(model: nn.Module) -> torch.Tensor:
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    """A copy of the model's parameters as one flat vector, on the CPU wherever the model is."""
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().to("cpu", copy=True)
 
 
 def set_vector(model: nn.Module, vector: torch.Tensor) -> None:
-    torch.nn.utils.vector_to_parameters(vector.to(torch.float32), model.parameters())
+    """Load a flat vector into the model's parameters (moved to the model's device)."""
+    device = next(model.parameters()).device
+    torch.nn.utils.vector_to_parameters(vector.to(device=device, dtype=torch.float32), model.parameters())

@@ -118,6 +118,14 @@ class ClientData:
     local_test: Dataset
     global_test: Dataset
 
+    def to(self, device: torch.device) -> ClientData:
+        """The same sets with their tensors on ``device``."""
+
+        def move(d: Dataset) -> Dataset:
+            return Dataset(x=d.x.to(device), y=d.y.to(device), num_classes=d.num_classes)
+
+        return ClientData(move(self.train), move(self.aux), move(self.local_test), move(self.global_test))
+
 
 def client_data(scenario: Scenario, topology: Topology, client_id: int) -> ClientData:
     """Client k's shard, auxiliary subset and test sets. Every client computes the same seeded
@@ -168,8 +176,12 @@ class Peer:
         *,
         transport: Transport | None = None,
         link: LauncherLink | NullLink | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.scenario = scenario
+        # Where the model, training data and evaluation live; vectors on the wire and in
+        # aggregation stay on the CPU.
+        self.device = torch.device(device)
         self.id = client_id
         self.out_dir = Path(out_dir)
         self.topology = scenario_topology(scenario)
@@ -187,7 +199,7 @@ class Peer:
         features, classes = DATASET_SHAPES[scenario.data.name]
         t = scenario.train
         init_seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
-        self.model = build_model(t.model, features, classes, hidden=t.hidden, seed=init_seed)
+        self.model = build_model(t.model, features, classes, hidden=t.hidden, seed=init_seed).to(self.device)
         self.specs = model_specs(self.model)
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
         self.results = RoundLog(self.out_dir, client_id)
@@ -221,6 +233,8 @@ class Peer:
         sc = self.scenario
         if self.role == "honest":
             self.data = client_data(sc, self.topology, self.id)
+            if self.device.type != "cpu":
+                self.data = self.data.to(self.device)
             t = sc.train
             self.trainer = LocalTrainer(
                 self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
@@ -267,6 +281,7 @@ class Peer:
             id=self.id,
             role=self.role,
             pid=os.getpid(),
+            device=str(self.device),
             completed=True,
             wall_seconds=round(time.monotonic() - start, 3),
             rejected_messages=self.inbox.total_rejected(),
@@ -410,6 +425,10 @@ def run_peer(
     if (rendezvous is None) == (addresses is None):
         raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
     net = scenario.network
+    if net.transport == "torch":
+        raise ValueError(
+            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"
+        )
     link = LauncherLink(rendezvous) if rendezvous else NullLink()
     transport = GrpcTransport(net.host, listen_port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3), advertise=advertise)
     peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)

@@ -1,0 +1,279 @@
+"""One client per torchrun rank: ``torchrun --nproc-per-node N -m peer --scenario FILE``.
+
+torchrun tells each worker who it is (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
+client id = RANK. Addresses are exchanged through the key-value store torchrun already runs
+(the default store of ``init_process_group``): each rank sets ``dfedrw/addr/<rank>`` and reads
+its neighbours' keys; no other rendezvous service. After its run each rank sets
+``dfedrw/done/<rank>``; rank 0 waits (bounded) for every rank and writes ``summary.json`` in
+the format of ``dfedrw run``. The results folder must be one folder every rank writes to (on
+several nodes: a shared file system).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launch.collect import collect_summary
+from peer.config import Scenario, dump_scenario
+from peer.node import Peer, scenario_topology
+from peer.transport.grpc_transport import GrpcTransport
+from peer.transport.torchdist import TorchDistTransport
+
+log = logging.getLogger(__name__)
+
+ADDR_KEY = "dfedrw/addr/{}"
+DONE_KEY = "dfedrw/done/{}"
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """What torchrun tells a worker about itself."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> RankEnv:
+        """Read the torchrun variables; RANK and WORLD_SIZE are required."""
+        if "RANK" not in environ or "WORLD_SIZE" not in environ:
+            raise ValueError("not under torchrun: RANK and WORLD_SIZE are not set")
+        world = int(environ["WORLD_SIZE"])
+        return cls(
+            rank=int(environ["RANK"]),
+            world_size=world,
+            local_rank=int(environ.get("LOCAL_RANK", "0")),
+            local_world_size=int(environ.get("LOCAL_WORLD_SIZE", str(world))),
+            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(environ.get("MASTER_PORT", "29500")),
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    addrs = {info[4][0].split("%")[0] for info in infos}
+    return bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
+
+
+def route_address(master_addr: str, master_port: int) -> str:
+    """This host's address on the route to the master: what other nodes can reach it at.
+
+    Connecting a UDP socket only asks the kernel for a route; no packet is sent.
+    """
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            return s.getsockname()[0]
+    except OSError as exc:  # gaierror included
+        raise OSError(
+            f"no route to MASTER_ADDR {master_addr}:{master_port} to find this host's address ({exc}); "
+            "set DFEDRW_ADVERTISE to the address other nodes reach this one at"
+        ) from exc
+
+
+def listen_and_advertise(host: str, env: RankEnv, override: str | None = None) -> tuple[str, str | None]:
+    """(address the gRPC server listens on, address it advertises; None = the listen address).
+
+    On one node (a loopback MASTER_ADDR) nothing changes. With a master on another address the
+    clients span nodes: a server on a loopback address could not be reached, so it listens on
+    every interface and advertises the address that routes to the master. ``override``
+    (DFEDRW_ADVERTISE) replaces the advertised address in every case.
+    """
+    if is_loopback(env.master_addr):
+        return host, override or None
+    if _is_wildcard(host):
+        listen = host
+    elif is_loopback(host):
+        listen = "::" if ":" in host else "0.0.0.0"
+    else:
+        return host, override or None  # the scenario names an address of this host
+    return listen, override or route_address(env.master_addr, env.master_port)
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return False
+
+
+def exchange_addresses(store, rank: int, address: str, peers: Iterable[int], timeout: float) -> dict[int, str]:
+    """Publish this client's address and read its peers' (id -> address) from the store.
+
+    Waits at most ``timeout`` seconds in all; a peer whose key did not appear by then is left
+    out (the client goes on without it, as with ``dfedrw run``).
+    """
+    store.set(ADDR_KEY.format(rank), address)
+    deadline = time.monotonic() + timeout
+    book: dict[int, str] = {}
+    for k in sorted(peers):
+        key = ADDR_KEY.format(k)
+        try:
+            store.wait([key], timedelta(seconds=max(0.001, deadline - time.monotonic())))
+        except RuntimeError:  # DistStoreError: the key did not appear in time
+            log.warning("client %d: no address from %d within %.0f s", rank, k, timeout)
+            continue
+        book[k] = store.get(key).decode()
+    return book
+
+
+def mark_done(store, rank: int, ok: bool) -> None:
+    """Tell rank 0 this client has finished (``ok``) or failed."""
+    store.set(DONE_KEY.format(rank), "ok" if ok else "failed")
+
+
+def wait_done(store, ranks: Iterable[int], timeout: float) -> dict[int, str | None]:
+    """Each rank's done status ("ok" / "failed"), None for one not done within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    status: dict[int, str | None] = {}
+    for k in sorted(ranks):
+        key = DONE_KEY.format(k)
+        try:
+            store.wait([key], timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            status[k] = store.get(key).decode()
+        except RuntimeError:
+            status[k] = None
+    return status
+
+
+def finish_skew(scenario: Scenario) -> float:
+    """How long one client may still run after another has finished.
+
+    Each client waits (at most a round deadline) for its neighbours' last models, so clients
+    finish at most about one deadline per hop apart; fewer hops than clients.
+    """
+    net = scenario.network
+    return net.connect_timeout + scenario.num_clients * net.round_timeout
+
+
+def pick_device(env: RankEnv) -> torch.device:
+    """The GPU LOCAL_RANK maps to (ranks share GPUs round-robin), or the CPU without CUDA."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = env.local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: Mapping[str, str]):
+    net = scenario.network
+    if net.transport == "grpc":
+        host, advertise = listen_and_advertise(net.host, env, environ.get("DFEDRW_ADVERTISE") or None)
+        return GrpcTransport(host, 0, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3), advertise=advertise)
+    if net.transport == "torch":
+        if device.type == "cuda" and env.local_world_size > torch.cuda.device_count():
+            # NCCL refuses two ranks on one GPU; the messages go through gloo on the CPU instead.
+            log.warning(
+                "client %d: %d ranks on %d GPUs; the torch transport uses gloo", env.rank, env.local_world_size, torch.cuda.device_count()
+            )
+            device = torch.device("cpu")
+        return TorchDistTransport(
+            env.rank,
+            scenario_topology(scenario).graph.edges,
+            device=device,
+            # A neighbour may be silent (e.g. an attacker with nothing to answer) for the
+            # whole run, in the worst case every round at its deadline.
+            timeout=net.connect_timeout + scenario.rounds * 2 * net.round_timeout,
+            max_message_bytes=net.max_message_bytes,
+            max_messages=scenario.rounds,
+            linger=finish_skew(scenario),
+        )
+    raise ValueError(f"network.transport = {net.transport!r} cannot run under torchrun; use 'grpc' or 'torch'")
+
+
+def run_torchrun(scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run this rank's client to completion; rank 0 also writes ``summary.json``.
+
+    Returns the client's final record (``peers/<id>.json``).
+    """
+    environ = os.environ if environ is None else environ
+    start = time.monotonic()
+    env = RankEnv.from_environ(environ)
+    if env.world_size != scenario.num_clients:
+        raise ValueError(
+            f"torchrun started WORLD_SIZE={env.world_size} ranks but the scenario has {scenario.num_clients} clients "
+            f"(topology.honest + topology.byzantine); use --nproc-per-node (x --nnodes) = {scenario.num_clients}"
+        )
+    if scenario.network.transport not in ("grpc", "torch"):
+        raise ValueError(f"network.transport = {scenario.network.transport!r} cannot run under torchrun; use 'grpc' or 'torch'")
+    out_dir = Path(out_dir)
+    if (out_dir / "summary.json").exists():
+        raise FileExistsError(f"{out_dir} already holds a finished run; choose another --out")
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    # Each rank's log in the results folder, as `dfedrw run` keeps them.
+    handler = logging.FileHandler(out_dir / "logs" / f"{env.rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        device = pick_device(env)
+        dist.init_process_group(backend="gloo", timeout=timedelta(seconds=scenario.network.connect_timeout))
+        try:
+            return _run_rank(scenario, out_dir, env, device, environ, start)
+        finally:
+            dist.destroy_process_group()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _run_rank(scenario: Scenario, out_dir: Path, env: RankEnv, device: torch.device, environ: Mapping[str, str], start: float) -> dict[str, Any]:
+    net = scenario.network
+    store = dist.distributed_c10d._get_default_store()
+    if env.rank == 0:
+        dump_scenario(scenario, out_dir / "scenario.toml")
+    ok = interrupted = False
+    try:
+        peer = Peer(scenario, env.rank, out_dir, transport=_transport(scenario, env, device, environ), device=device)
+        try:
+            address = peer.start()
+            log.info("client %d (%s) of %d: device %s, address %s", env.rank, peer.role, env.world_size, device, address)
+            addresses = exchange_addresses(store, env.rank, address, peer.neighbours, net.connect_timeout)
+            peer.connect(addresses)
+            final = peer.run()
+            ok = True
+        finally:
+            peer.close()
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        mark_done(store, env.rank, ok)
+        # Rank 0 writes the summary even when its own client failed: the others' results stand.
+        if env.rank == 0:
+            _summarize(scenario, out_dir, store, env, start, interrupted)
+    return final
+
+
+def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: float, interrupted: bool) -> None:
+    status = wait_done(store, range(env.world_size), finish_skew(scenario))
+    late = sorted(k for k, s in status.items() if s is None)
+    if late:
+        log.warning("no done mark from ranks %s within %.0f s; summarising without them", late, finish_skew(scenario))
+    collect_summary(
+        out_dir,
+        scenario,
+        exit_codes={k: None if s is None else (0 if s == "ok" else 1) for k, s in status.items()},
+        wall_seconds=time.monotonic() - start,
+        # The keys `dfedrw run` adds, so both summaries have one format.
+        extra={"launcher": "torchrun", "launcher_pid": os.getppid(), "interrupted": interrupted, "transport": scenario.network.transport},
+    )
