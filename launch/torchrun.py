@@ -27,8 +27,7 @@ import torch.distributed as dist
 
 from launch.collect import collect_summary
 from peer.config import Scenario, dump_scenario
-from peer.node import Peer, scenario_topology
-from peer.transport.grpc_transport import GrpcTransport
+from peer.node import Peer, grpc_transport_for, scenario_topology
 from peer.transport.torchdist import TorchDistTransport
 
 log = logging.getLogger(__name__)
@@ -89,6 +88,38 @@ def route_address(master_addr: str, master_port: int) -> str:
             f"no route to MASTER_ADDR {master_addr}:{master_port} to find this host's address ({exc}); "
             "set DFEDRW_ADVERTISE to the address other nodes reach this one at"
         ) from exc
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the local network interface that holds IPv4 ``address`` (None if none)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on this interface
+                continue
+        if socket.inet_ntoa(raw[20:24]) == address:
+            return name
+    return None
+
+
+def gloo_interface(env: RankEnv, environ: Mapping[str, str]) -> str | None:
+    """The interface gloo should bind for a multi-node job, when the user did not choose one.
+
+    Left alone, gloo binds the address this host's name resolves to, often 127.0.0.1, and
+    ranks on other nodes then cannot connect. The interface on the route to MASTER_ADDR is
+    the one other nodes reach this host through.
+    """
+    if environ.get("GLOO_SOCKET_IFNAME") or is_loopback(env.master_addr):
+        return None
+    try:
+        return interface_of(route_address(env.master_addr, env.master_port))
+    except OSError:
+        return None
 
 
 def listen_and_advertise(host: str, env: RankEnv, override: str | None = None) -> tuple[str, str | None]:
@@ -179,7 +210,7 @@ def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: 
     net = scenario.network
     if net.transport == "grpc":
         host, advertise = listen_and_advertise(net.host, env, environ.get("DFEDRW_ADVERTISE") or None)
-        return GrpcTransport(host, 0, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3), advertise=advertise)
+        return grpc_transport_for(scenario, host, 0, advertise=advertise)
     if net.transport == "torch":
         if device.type == "cuda" and env.local_world_size > torch.cuda.device_count():
             # NCCL refuses two ranks on one GPU; the messages go through gloo on the CPU instead.
@@ -226,6 +257,10 @@ def run_torchrun(scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str
     logging.getLogger().addHandler(handler)
     try:
         device = pick_device(env)
+        iface = gloo_interface(env, environ)
+        if iface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
+            logging.getLogger(__name__).info("gloo binds interface %s (on the route to %s)", iface, env.master_addr)
         dist.init_process_group(backend="gloo", timeout=timedelta(seconds=scenario.network.connect_timeout))
         try:
             return _run_rank(scenario, out_dir, env, device, environ, start)

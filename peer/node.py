@@ -41,8 +41,20 @@ from topologies import Topology, build_topology
 
 log = logging.getLogger(__name__)
 
+# A neighbour presumed gone is still sent a model every this many rounds.
+_PROBE_EVERY = 5
+
 # (features, classes) per dataset, so a Byzantine client knows the model layout without data.
 DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
+
+
+def grpc_transport_for(scenario: Scenario, host: str, port: int, *, advertise: str | None = None) -> GrpcTransport:
+    """The gRPC transport with the scenario's limits: a server thread per possible neighbour."""
+    net = scenario.network
+    return GrpcTransport(
+        host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
+        max_workers=scenario.num_clients + 4, advertise=advertise,
+    )
 
 
 def derive_seed(seed: int, *keys: int | str) -> int:
@@ -191,10 +203,7 @@ class Peer:
         self.neighbours = tuple(self.topology.neighbours(client_id))
         self.link = link or NullLink()
         net = scenario.network
-        self.transport = transport or GrpcTransport(
-            net.host, 0, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-            max_workers=len(self.neighbours) + 4,
-        )
+        self.transport = transport or grpc_transport_for(scenario, net.host, 0)
         self.inbox = Inbox(client_id, self.neighbours, self.topology.num_clients, net.round_window)
         features, classes = DATASET_SHAPES[scenario.data.name]
         t = scenario.train
@@ -303,7 +312,13 @@ class Peer:
 
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
         chunks = encode(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
+        gone = self.inbox.gone()
         for k in to:
+            # A neighbour presumed gone only gets a probe now and then: a send to a silently
+            # dead host hangs until its timeout, but two clients that lost each other must keep
+            # probing or neither would ever hear from the other again.
+            if k in gone and round_ % _PROBE_EVERY:
+                continue
             self.transport.send(k, chunks)
 
     def _run_honest(self) -> dict[str, Any]:
@@ -430,7 +445,7 @@ def run_peer(
             "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"
         )
     link = LauncherLink(rendezvous) if rendezvous else NullLink()
-    transport = GrpcTransport(net.host, listen_port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3), advertise=advertise)
+    transport = grpc_transport_for(scenario, net.host, listen_port, advertise=advertise)
     peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)
     try:
         address = peer.start()

@@ -164,3 +164,14 @@ def test_groups_are_created_in_one_order_whatever_the_edge_order():
     b = torchdist.directed_groups([(1, 0), (2, 1), (0, 2)])
 
     assert a == b == [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)]
+
+
+def test_gloo_interface_is_found_for_an_address_and_left_alone_on_one_node():
+    from launch.torchrun import RankEnv, gloo_interface, interface_of
+
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("192.0.2.123") is None  # TEST-NET-1: held by no interface here
+    env = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    assert gloo_interface(env, {}) is None
+    env2 = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert gloo_interface(env2, {"GLOO_SOCKET_IFNAME": "eth7"}) is None
