@@ -3,7 +3,7 @@
 A scenario file has the sections below (every key optional; defaults in the dataclasses):
 
     seed, rounds
-    [data]        name, dir, partition, aux_fraction, local_test_size
+    [data]        name, dir, partition, aux_fraction, local_test_size, labelskew_assign
     [train]       model, hidden, lr, batch_size, local_steps, init
     [topology]    kind, rho, file, honest, byzantine
     [attack]      name, std, center, scale, z
@@ -78,9 +78,13 @@ class DataConfig:
     partition: str = "iid"
     aux_fraction: float = 0.1
     local_test_size: int = 1000
+    # How labelskew:H gives classes to clients: "cyclic" (every class held by the same number
+    # of clients) or "random" (each client draws H classes).
+    labelskew_assign: str = "cyclic"
 
     def __post_init__(self) -> None:
         _choice("data.name", self.name, DATASETS)
+        _choice("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
         p = self.partition
         kind, _, arg = p.partition(":")
         if kind == "iid" and not arg:
@@ -112,12 +116,12 @@ class TrainConfig:
     batch_size: int = 32
     local_steps: int = 1
     # "shared": every client starts from the same seeded initialisation (the usual DFL set-up);
-    # "per_client": each client draws its own.
+    # "per_client": each client draws its own; "zeros": all parameters start at 0.
     init: str = "shared"
 
     def __post_init__(self) -> None:
         _choice("train.model", self.model, MODELS)
-        _choice("train.init", self.init, ("shared", "per_client"))
+        _choice("train.init", self.init, ("shared", "per_client", "zeros"))
         _positive("train.hidden", self.hidden)
         _positive("train.lr", self.lr)
         _positive("train.batch_size", self.batch_size)

@@ -382,17 +382,27 @@ def _partition_dirichlet(
     )
 
 
+LABELSKEW_ASSIGN = ("cyclic", "random")
+
+
 def _partition_labelskew(
-    labels: np.ndarray, num_clients: int, h: int, rng: np.random.Generator
+    labels: np.ndarray, num_clients: int, h: int, rng: np.random.Generator, assign: str = "cyclic"
 ) -> list[np.ndarray]:
     classes = np.unique(labels)
     num_classes = classes.size
     if h > num_classes:
         raise _partition_error(f"labelskew:{h}", f"H={h} exceeds the {num_classes} classes present")
-    perm = rng.permutation(classes)
-    # Cyclic layout: consecutive clients take consecutive windows of H classes, so every
-    # class is held by about num_clients * H / C clients.
-    held = [[perm[(k * h + j) % num_classes] for j in range(h)] for k in range(num_clients)]
+    if assign == "cyclic":
+        perm = rng.permutation(classes)
+        # Cyclic layout: consecutive clients take consecutive windows of H classes, so every
+        # class is held by about num_clients * H / C clients.
+        held = [[perm[(k * h + j) % num_classes] for j in range(h)] for k in range(num_clients)]
+    elif assign == "random":
+        # Each client draws its H classes independently: some classes may be held by many
+        # clients and some by none, as in the usual "pathological non-IID" set-ups.
+        held = [list(rng.choice(classes, size=h, replace=False)) for _ in range(num_clients)]
+    else:
+        raise ValueError(f"labelskew assignment {assign!r} is not valid; choose one of: {', '.join(LABELSKEW_ASSIGN)}")
     holders: dict[int, list[int]] = {int(c): [] for c in classes}
     for k, cls in enumerate(held):
         for c in cls:
@@ -419,7 +429,9 @@ def _partition_labelskew(
     return _sorted_int64(parts)
 
 
-def partition(labels: np.ndarray, num_clients: int, spec: str, seed: int) -> list[np.ndarray]:
+def partition(
+    labels: np.ndarray, num_clients: int, spec: str, seed: int, *, labelskew_assign: str = "cyclic"
+) -> list[np.ndarray]:
     """Split sample indices among ``num_clients`` clients according to ``spec``.
 
     - ``iid``: seeded shuffle cut into equal parts; the remainder ``n % num_clients`` is dropped.
@@ -429,7 +441,8 @@ def partition(labels: np.ndarray, num_clients: int, spec: str, seed: int) -> lis
     - ``labelskew:H``: client k holds classes ``perm[(k*H + j) % C]`` for ``j < H`` (seeded
       class permutation); each client takes the same number of samples from each of its
       classes, the smallest equal share of those classes among their holders. Samples beyond
-      that are unused.
+      that are unused. ``labelskew_assign="random"`` instead lets every client draw its H
+      classes at random (seeded).
 
     Returns one sorted int64 index array per client; the arrays are disjoint.
     """
@@ -446,7 +459,7 @@ def partition(labels: np.ndarray, num_clients: int, spec: str, seed: int) -> lis
         return _partition_iid(labels.shape[0], int(num_clients), rng)
     if kind == "dirichlet":
         return _partition_dirichlet(labels, int(num_clients), float(param), rng)
-    return _partition_labelskew(labels, int(num_clients), int(param), rng)
+    return _partition_labelskew(labels, int(num_clients), int(param), rng, labelskew_assign)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def client_data(scenario: Scenario, topology: Topology, client_id: int) -> Clien
     d = scenario.data
     train, test = load_dataset(d.name, d.dir or None)
     honest = sorted(topology.honest())
-    shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed)
+    shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
     shard = train.subset(shards[honest.index(client_id)])
     aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
     size = min(d.local_test_size, len(test.y))
@@ -208,7 +208,11 @@ class Peer:
         features, classes = DATASET_SHAPES[scenario.data.name]
         t = scenario.train
         init_seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
-        self.model = build_model(t.model, features, classes, hidden=t.hidden, seed=init_seed).to(self.device)
+        self.model = build_model(t.model, features, classes, hidden=t.hidden, seed=init_seed)
+        if t.init == "zeros":
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.zero_().to(self.device)
         self.specs = model_specs(self.model)
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
         self.results = RoundLog(self.out_dir, client_id)

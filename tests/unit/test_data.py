@@ -388,3 +388,14 @@ def test_aux_indices_deterministic_per_seed():
 def test_aux_indices_rejects_bad_fraction(fraction):
     with pytest.raises(ValueError, match="fraction"):
         aux_indices(10, fraction, seed=0)
+
+
+def test_labelskew_random_assignment_gives_h_classes_each_and_is_seeded():
+    labels = np.repeat(np.arange(10), 100)
+    a = partition(labels, 10, "labelskew:3", seed=5, labelskew_assign="random")
+    b = partition(labels, 10, "labelskew:3", seed=5, labelskew_assign="random")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    for part in a:
+        assert len(np.unique(labels[part])) == 3
+    with pytest.raises(ValueError, match="cyclic, random"):
+        partition(labels, 10, "labelskew:3", seed=5, labelskew_assign="bogus")
