@@ -333,6 +333,7 @@ class Peer:
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
         loop_start = time.monotonic()
+        log_every = max(1, sc.rounds // 20)
         for r in range(sc.rounds):
             self._check_stop()
             self.inbox.advance(r)
@@ -374,6 +375,10 @@ class Peer:
                 record.update(last)
             self.results.write(record)
             self.link.send({"type": "round", "id": self.id, "round": r, "train_loss": loss, **last})
+            if (r + 1) % log_every == 0 or r == sc.rounds - 1:
+                # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
+                acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
+                log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
         return {**last, "loop_seconds": round(time.monotonic() - loop_start, 3), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 
     def _run_byzantine(self) -> dict[str, Any]:
