@@ -72,6 +72,11 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
         finally:
             peers[k].close()
 
+    # All clients share this process's log: keep their per-round progress lines out of it (the
+    # progress board shows progress); warnings still come through.
+    peer_log = logging.getLogger("peer.node")
+    peer_level = peer_log.level
+    peer_log.setLevel(max(logging.WARNING, peer_level))
     threads = {k: threading.Thread(target=client, args=(k,), name=f"client-{k}", daemon=True) for k in roles}
     for t in threads.values():
         t.start()
@@ -99,6 +104,7 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
             p.stop_requested.set()
         for t in threads.values():
             t.join(timeout=scenario.network.round_timeout + 5)
+    peer_log.setLevel(peer_level)
     summary = summarize(
         out_dir,
         roles=roles,
