@@ -5,7 +5,8 @@
     python bench/transport_bench.py --set rounds=300 --set data.name=digits
 
 Both runs happen in this one invocation, back to back, so the ratio is comparable even on a
-busy machine; the figures themselves are not. Startup (process spawn, imports, data loading)
+busy machine; the figures themselves are not. CPU time (all client processes together) is the
+least noise-sensitive of the three. Startup (process spawn, imports, data loading)
 is reported apart from the round loop, measured from the clients' own logs.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +28,13 @@ from launch.runner import run_scenario  # noqa: E402
 from peer.config import load_scenario  # noqa: E402
 
 PAPER_IID = ["data.name=fashion-mnist", "data.partition=iid", "rounds=3000", "attack.name=gaussian"]
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the gRPC client processes)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def loop_seconds(out: Path) -> float:
@@ -46,12 +55,14 @@ def main() -> None:
     rows = {}
     for transport in ("inproc", "grpc"):
         scenario = load_scenario(None, [*PAPER_IID, *args.set, f"network.transport={transport}"])
+        before = cpu_seconds()
         out, summary = run_scenario(scenario, root / transport, console=quiet)
-        rows[transport] = (summary["wall_seconds"], loop_seconds(out), summary["honest_mean_accuracy"])
+        cpu = cpu_seconds() - before
+        rows[transport] = (summary["wall_seconds"], loop_seconds(out), summary["honest_mean_accuracy"], cpu)
         print(f"{transport:>7}: wall {summary['wall_seconds']:8.1f} s   round loop {rows[transport][1]:8.1f} s   "
-              f"honest acc {summary['honest_mean_accuracy']:.2f}%", flush=True)
-    (wi, li, ai), (wg, lg, ag) = rows["inproc"], rows["grpc"]
-    print(f"ratio grpc/inproc: wall {wg / wi:.2f}x   round loop {lg / li:.2f}x   (accuracy equal: {ai == ag})")
+              f"CPU {cpu:8.1f} s   honest acc {summary['honest_mean_accuracy']:.2f}%", flush=True)
+    (wi, li, ai, ci), (wg, lg, ag, cg) = rows["inproc"], rows["grpc"]
+    print(f"ratio grpc/inproc: wall {wg / wi:.2f}x   round loop {lg / li:.2f}x   CPU {cg / ci:.2f}x   (accuracy equal: {ai == ag})")
     print(f"runs in {root}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent import futures
 
@@ -42,6 +43,61 @@ class PeerServicer(pb_grpc.PeerServicer):
         return handle_push(iter((request,)), self._deliver)
 
 
+class _Sender:
+    """One neighbour's outgoing queue, drained by one thread making blocking calls.
+
+    A thread per neighbour instead of ``.future()`` calls: gRPC Python starts a channel-spin
+    thread for a future call whenever the channel has none in flight, i.e. once per message
+    here, and those thread starts were the largest cost of a round over gRPC. One sender also
+    keeps the messages to a neighbour in order. Only the newest few messages are kept: if a
+    neighbour is so slow that more pile up, the oldest are dropped (they would arrive stale).
+    """
+
+    MAX_QUEUED = 4
+
+    def __init__(self, peer: int, stub: pb_grpc.PeerStub, transport: "GrpcTransport") -> None:
+        self.peer = peer
+        self.stub = stub
+        self.transport = transport
+        self.queue: deque[list[pb.ModelChunk]] = deque()
+        self.busy = False
+        self.closed = False
+        self.thread = threading.Thread(target=self._loop, name=f"send-{peer}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        t = self.transport
+        while True:
+            with t._cond:
+                while not self.queue and not self.closed:
+                    t._cond.wait()
+                if self.closed and not self.queue:
+                    return
+                chunks = self.queue.popleft()
+                self.busy = True
+            self._push(chunks)
+            with t._cond:
+                self.busy = False
+                t._cond.notify_all()
+
+    def _push(self, chunks: list[pb.ModelChunk]) -> None:
+        t = self.transport
+        try:
+            if len(chunks) == 1:
+                reply = self.stub.PushOne(chunks[0], timeout=t.send_timeout)
+            else:
+                reply = self.stub.Push(iter(chunks), timeout=t.send_timeout)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                t._on_reachability(self.peer, False)
+            else:
+                log.debug("send to %d failed: %s", self.peer, err)
+            return
+        t._on_reachability(self.peer, True)
+        if not reply.accepted:
+            log.debug("peer %d refused our message: %s", self.peer, reply.reason)
+
+
 class GrpcTransport:
     def __init__(
         self,
@@ -61,11 +117,11 @@ class GrpcTransport:
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
         self._channels: dict[int, grpc.Channel] = {}
-        self._stubs: dict[int, pb_grpc.PeerStub] = {}
-        self._inflight: set[grpc.Future] = set()
-        self._lock = threading.Lock()
+        self._senders: dict[int, _Sender] = {}
+        self._cond = threading.Condition()
         self._on_reachability: Reachability = lambda peer, ok: None
         self.bytes_sent = 0
+        self.dropped = 0
 
     def _options(self) -> list[tuple[str, int]]:
         return [
@@ -91,7 +147,7 @@ class GrpcTransport:
         for peer, address in addresses.items():
             channel = grpc.insecure_channel(address, options=self._options())
             self._channels[peer] = channel
-            self._stubs[peer] = pb_grpc.PeerStub(channel)
+            self._senders[peer] = _Sender(peer, pb_grpc.PeerStub(channel), self)
 
     def wait_ready(self, timeout: float) -> list[int]:
         pending = {peer: grpc.channel_ready_future(ch) for peer, ch in self._channels.items()}
@@ -104,48 +160,38 @@ class GrpcTransport:
         return late
 
     def send(self, to: int, chunks: list[pb.ModelChunk]) -> None:
-        stub = self._stubs.get(to)
-        if stub is None:  # never connected (no address): nothing to send to
+        sender = self._senders.get(to)
+        if sender is None:  # never connected (no address): nothing to send to
             return
         size = sum(c.ByteSize() for c in chunks)
-        if len(chunks) == 1:
-            # Unary: a streaming call costs gRPC Python a thread per call to drain the iterator.
-            future = stub.PushOne.future(chunks[0], timeout=self.send_timeout)
-        else:
-            future = stub.Push.future(iter(chunks), timeout=self.send_timeout)
-        with self._lock:
-            self._inflight.add(future)
+        with self._cond:
+            if len(sender.queue) >= _Sender.MAX_QUEUED:
+                sender.queue.popleft()
+                self.dropped += 1
+            sender.queue.append(chunks)
             self.bytes_sent += size
-
-        def done(f: grpc.Future, peer: int = to) -> None:
-            with self._lock:
-                self._inflight.discard(f)
-            err = f.exception()
-            if err is None:
-                self._on_reachability(peer, True)
-                reply = f.result()
-                if not reply.accepted:
-                    log.debug("peer %d refused our message: %s", peer, reply.reason)
-            elif isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.UNAVAILABLE:
-                self._on_reachability(peer, False)
-            else:
-                log.debug("send to %d failed: %s", peer, err)
-
-        future.add_done_callback(done)
+            self._cond.notify_all()
 
     def flush(self, timeout: float) -> None:
-        with self._lock:
-            pending = list(self._inflight)
+        """Wait until every queued message was sent (or failed), at most ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        for f in pending:
-            try:
-                f.exception(timeout=max(0.0, deadline - time.monotonic()))
-            except grpc.FutureTimeoutError:
-                return
+        with self._cond:
+            while any(s.queue or s.busy for s in self._senders.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
     def close(self) -> None:
+        with self._cond:
+            for sender in self._senders.values():
+                sender.closed = True
+                sender.queue.clear()
+            self._cond.notify_all()
         for channel in self._channels.values():
             channel.close()
+        for sender in self._senders.values():
+            sender.thread.join(timeout=2.0)
         if self._server is not None:
             self._server.stop(grace=0.5).wait()
 
