@@ -5,6 +5,8 @@
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
     dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
     dfedrw report DIR... [--out OUTDIR] [--no-plots]
+    dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N]
+    dfedrw summarize OUT [--scenario FILE]
 
 Every ``peer`` flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID,
 DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT).
@@ -137,6 +139,35 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compose(args: argparse.Namespace) -> int:
+    from launch.compose import ComposeOptions, write_compose
+
+    options = ComposeOptions(image=args.image, base_image=args.base_image, port=args.port, offline=args.offline)
+    folder = write_compose(load_scenario(args.scenario, args.set), args.out, options)
+    byzantine = [s.name for s in folder.services if s.byzantine]
+    print(f"{len(folder.services)} client services (Byzantine: {', '.join(byzantine) or 'none'}) in {folder.out_dir}")
+    for warning in folder.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"next: see {folder.out_dir / 'README.md'} (build the wheelhouse, docker-compose build, docker-compose up)")
+    return 0
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from launch.collect import collect_summary
+    from launch.local import print_summary
+
+    if not (args.out / "peers").is_dir():
+        print(f"dfedrw summarize: {args.out / 'peers'} does not exist; OUT is the folder the clients wrote to", file=sys.stderr)
+        return 2
+    scenario = load_scenario(args.scenario) if args.scenario else None
+    summary = collect_summary(args.out, scenario)
+    print_summary(summary, Console())
+    print(f"summary: {args.out / 'summary.json'}")
+    return 1 if summary["failed_peers"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dfedrw", description="Decentralized federated learning with DFedReweighting.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -175,6 +206,21 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", type=Path, default=None, help="output folder (default: DIR/report of the first DIR)")
     rp.add_argument("--no-plots", action="store_true", help="write the tables only")
     rp.set_defaults(func=cmd_report)
+
+    cp = sub.add_parser("compose", help="write a docker-compose cluster for a scenario (one container per client)")
+    cp.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
+    cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    cp.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for docker-compose.yml, Dockerfile, scenario.toml, results/")
+    cp.add_argument("--offline", action="store_true", help="build from a local base image and a local wheelhouse, with no network")
+    cp.add_argument("--image", default="dfedrw:latest", help="image name the services run (default: dfedrw:latest)")
+    cp.add_argument("--base-image", default="", help="FROM image (default: python:3.11-slim, or dfedrw-base:bookworm with --offline)")
+    cp.add_argument("--port", type=int, default=50051, help="port every client listens on in its container (default: 50051)")
+    cp.set_defaults(func=cmd_compose)
+
+    sm = sub.add_parser("summarize", help="write OUT/summary.json from the clients' files and print the results (exit 1 if a client failed)")
+    sm.add_argument("out", type=Path, metavar="OUT", help="results folder holding peers/<id>.json(l)")
+    sm.add_argument("--scenario", type=Path, default=None, metavar="FILE", help="the run's scenario (default: OUT/scenario.toml)")
+    sm.set_defaults(func=cmd_summarize)
     return parser
 
 

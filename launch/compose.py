@@ -1,0 +1,405 @@
+"""``dfedrw compose``: a docker-compose cluster for a scenario, one container per client.
+
+Writes into a folder:
+
+- ``docker-compose.yml``: one service ``client-K`` per client, Byzantine clients included, each
+  started as ``python -m peer --scenario /scenario/scenario.toml --id K --out /results
+  --listen-port PORT --peer J=client-J:PORT ...`` with its graph neighbours only; a Byzantine
+  service takes its attack from the one line ``DFEDRW_ATTACK: NAME`` of its environment; a
+  one-shot ``summarize`` service (profile ``summarize``) writes ``results/summary.json``;
+- ``Dockerfile`` (online: ``python:3.11-slim`` and the CPU PyTorch index; offline: a local base
+  image and a local wheelhouse, no network) and ``.dockerignore``;
+- ``scenario.toml``: the resolved scenario as the containers see it (listening on 0.0.0.0,
+  data and edge-list paths inside the container);
+- ``README.md`` (how to build, run, watch and swap the attack), ``results/``, ``wheelhouse/``.
+
+The graph is drawn here from the scenario's seed, exactly as each client draws it, so the
+address lists in the file agree with what every container computes for itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from peer.config import Scenario, dump_scenario
+from peer.data import DEFAULT_DIRS
+from peer.node import scenario_topology
+
+IMAGE = "dfedrw:latest"
+ONLINE_BASE_IMAGE = "python:3.11-slim"
+OFFLINE_BASE_IMAGE = "dfedrw-base:bookworm"
+TORCH_REQUIREMENT = "torch==2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PORT = 50051
+
+# Paths inside the containers.
+SCENARIO_PATH = "/scenario/scenario.toml"
+EDGES_PATH = "/scenario/edges.txt"
+RESULTS_PATH = "/results"
+DATA_PATH = "/data"
+
+# Environment key whose value a Byzantine service passes on as --set attack.name=VALUE.
+ATTACK_ENV = "DFEDRW_ATTACK"
+SUMMARIZE_SERVICE = "summarize"
+
+_IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+
+
+@dataclass(frozen=True)
+class ComposeOptions:
+    image: str = IMAGE
+    # "" picks ONLINE_BASE_IMAGE or OFFLINE_BASE_IMAGE.
+    base_image: str = ""
+    port: int = PORT
+    offline: bool = False
+
+    def __post_init__(self) -> None:
+        for key, value in (("image", self.image), ("base_image", self.base_image or OFFLINE_BASE_IMAGE)):
+            if not _IMAGE_NAME.match(value):
+                raise ValueError(f"compose: {key}={value!r} is not a valid image name")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"compose: port={self.port} must be in 1..65535")
+
+    @property
+    def base(self) -> str:
+        return self.base_image or (OFFLINE_BASE_IMAGE if self.offline else ONLINE_BASE_IMAGE)
+
+
+@dataclass(frozen=True)
+class ClientService:
+    """One client's service: who it is and whom it talks to."""
+
+    id: int
+    byzantine: bool
+    neighbours: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return service_name(self.id)
+
+
+def service_name(client: int) -> str:
+    return f"client-{client}"
+
+
+def plan_services(scenario: Scenario) -> list[ClientService]:
+    topology = scenario_topology(scenario)
+    return [
+        ClientService(k, k in topology.byzantine, topology.neighbours(k)) for k in range(topology.num_clients)
+    ]
+
+
+def peer_command(service: ClientService, port: int) -> list[str]:
+    """The client's command line, without the attack (see :func:`_service_command`)."""
+    command = [
+        "python", "-m", "peer", "--scenario", SCENARIO_PATH, "--id", str(service.id),
+        "--out", RESULTS_PATH, "--listen-port", str(port),
+    ]
+    for k in service.neighbours:
+        command += ["--peer", f"{k}={service_name(k)}:{port}"]
+    return command
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: str  # relative to the compose folder, or absolute
+    container: str
+    read_only: bool = True
+
+    def spec(self) -> str:
+        return f"{self.host}:{self.container}" + (":ro" if self.read_only else "")
+
+
+def container_scenario(scenario: Scenario) -> tuple[Scenario, list[Mount], dict[str, Path]]:
+    """The scenario as the containers run it, the bind mounts it needs, and the host files to
+    copy into the compose folder (name in the folder -> source)."""
+    if scenario.network.transport != "grpc":
+        raise ValueError(
+            f"compose: network.transport={scenario.network.transport!r}; containers talk over gRPC, "
+            "set network.transport=grpc"
+        )
+    mounts = [Mount("./scenario.toml", SCENARIO_PATH), Mount("./results", RESULTS_PATH, read_only=False)]
+    copies: dict[str, Path] = {}
+    # Inside a container the client must accept connections from the other containers.
+    network = dataclasses.replace(scenario.network, host="0.0.0.0")
+    data = scenario.data
+    if data.name != "digits":  # digits ships inside scikit-learn; the IDX sets are mounted
+        host_dir = data.dir or DEFAULT_DIRS.get(data.name)
+        if not host_dir:
+            raise ValueError(f"compose: {data.name} needs data.dir (a folder with the four IDX files)")
+        if not Path(host_dir).is_dir():
+            raise ValueError(f"compose: data directory {host_dir} does not exist on this host")
+        mounts.append(Mount(str(Path(host_dir).resolve()), DATA_PATH))
+        data = dataclasses.replace(data, dir=DATA_PATH)
+    topology = scenario.topology
+    if topology.kind == "edgelist":
+        copies["edges.txt"] = Path(topology.file)
+        mounts.append(Mount("./edges.txt", EDGES_PATH))
+        topology = dataclasses.replace(topology, file=EDGES_PATH)
+    resolved = dataclasses.replace(scenario, network=network, data=data, topology=topology)
+    return resolved, mounts, copies
+
+
+# -- rendering -------------------------------------------------------------------------------
+# The YAML is written by hand (no YAML library in the dependencies); every scalar is a JSON
+# string, which YAML reads as the same double-quoted string.
+
+
+def _q(text: str) -> str:
+    # Compose substitutes ${VAR} in every value: a literal "$" must be written "$$".
+    return json.dumps(text.replace("$", "$$"))
+
+
+def _flow_list(items: list[str], indent: int) -> str:
+    """A YAML flow sequence over several lines: the leading arguments, then the ``--peer``
+    pairs four to a line, continuation lines under the first item."""
+    head = items.index("--peer") if "--peer" in items else len(items)
+    pairs = [items[i : i + 2] for i in range(head, len(items), 2)]
+    lines = [items[:head]] + [sum(pairs[i : i + 4], []) for i in range(0, len(pairs), 4)]
+    text = [", ".join(_q(x) for x in line) for line in lines if line]
+    return "[" + (",\n" + " " * (indent + 1)).join(text) + "]"
+
+
+def _service_command(service: ClientService, port: int) -> list[str]:
+    command = peer_command(service, port)
+    if not service.byzantine:
+        return command
+    # The attack comes from the service's own environment (its DFEDRW_ATTACK line), read by a
+    # shell in the container: "$$" keeps compose from substituting it from the host's
+    # environment, which would make one setting for every Byzantine service.
+    line = shlex.join(command) + f' --set "attack.name=${ATTACK_ENV}"'
+    return ["sh", "-c", "exec " + line]
+
+
+def _volumes(mounts: list[Mount]) -> list[str]:
+    return ["    volumes:", *(f"      - {_q(m.spec())}" for m in mounts)]
+
+
+def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mount], services: list[ClientService]) -> str:
+    byzantine = [s.id for s in services if s.byzantine]
+    header = [
+        f"# {len(services)} DFedReweighting clients, one container each (written by `dfedrw compose`).",
+        f"# Byzantine clients: {', '.join(map(str, byzantine)) or 'none'}; each takes its attack from the",
+        f"# {ATTACK_ENV} line of its service (one of none, gaussian, sign_flip, alie).",
+        "# Build once, run, then summarize (README.md):",
+        "#   docker-compose build && docker-compose up",
+        f"#   docker-compose run --rm {SUMMARIZE_SERVICE}",
+        "# The network is internal: containers reach each other only; no port is published.",
+        "",
+        "services:",
+    ]
+    body: list[str] = []
+    for i, svc in enumerate(services):
+        command_key = "    command: "
+        body.append(f"  {svc.name}:" + ("  # Byzantine" if svc.byzantine else ""))
+        if i == 0:
+            # One service builds the image every service runs, so `docker-compose build` builds
+            # it once; `up` handles services in file order, so it exists before the others start.
+            if options.offline:
+                body += ["    build:", '      context: "."', '      network: "none"']
+            else:
+                body.append('    build: "."')
+        body.append(f"    image: {_q(options.image)}")
+        if i != 0:
+            # The image is built here, never in a registry: a pull could only fail.
+            body.append('    pull_policy: "never"')
+        # An init process as PID 1 passes SIGTERM on: `docker-compose stop` ends a client at once.
+        body.append("    init: true")
+        if svc.byzantine:
+            body += ["    environment:", f"      {ATTACK_ENV}: {_q(scenario.attack.name)}"]
+        body.append(command_key + _flow_list(_service_command(svc, options.port), len(command_key)))
+        body += _volumes(mounts)
+        body.append("")
+    command_key = "    command: "
+    summarize_cmd = ["dfedrw", "summarize", RESULTS_PATH, "--scenario", SCENARIO_PATH]
+    body += [
+        f"  {SUMMARIZE_SERVICE}:",
+        "    # One-shot, after `docker-compose up` has returned: writes results/summary.json.",
+        f"    image: {_q(options.image)}",
+        '    pull_policy: "never"',
+        f"    profiles: [{_q(SUMMARIZE_SERVICE)}]",
+        command_key + _flow_list(summarize_cmd, len(command_key)),
+        *_volumes(mounts),
+        "",
+        "networks:",
+        "  default:",
+        "    internal: true",
+    ]
+    return "\n".join(header + body) + "\n"
+
+
+def render_dockerfile(options: ComposeOptions) -> str:
+    check_wheel = (
+        "ls /wheelhouse/dfedrw-*.whl >/dev/null 2>&1 || "
+        "{ echo 'wheelhouse/ holds no dfedrw wheel: run scripts/build_wheelhouse.sh (see README.md)' >&2; exit 1; }"
+    )
+    if options.offline:
+        return f"""\
+# The clients' image, built with no network: a local base image with python3 (README.md says
+# how to make it with debootstrap) and every wheel from ./wheelhouse
+# (bash scripts/build_wheelhouse.sh DIR/wheelhouse).
+ARG BASE_IMAGE={options.base}
+FROM ${{BASE_IMAGE}} AS install
+RUN python3 -m venv /opt/dfedrw
+COPY wheelhouse/ /wheelhouse/
+RUN {check_wheel} \\
+    && /opt/dfedrw/bin/pip install --no-cache-dir --disable-pip-version-check --no-index \\
+       --find-links /wheelhouse /wheelhouse/dfedrw-*.whl
+
+# Only the installed environment goes into the image, not the wheelhouse it came from.
+FROM ${{BASE_IMAGE}}
+COPY --from=install /opt/dfedrw /opt/dfedrw
+ENV PATH=/opt/dfedrw/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+    PYTHONUNBUFFERED=1
+WORKDIR /results
+"""
+    return f"""\
+# The clients' image: {options.base}, the CPU build of PyTorch, then the project wheel from
+# ./wheelhouse (bash scripts/build_wheelhouse.sh --project-only DIR/wheelhouse).
+ARG BASE_IMAGE={options.base}
+FROM ${{BASE_IMAGE}}
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The CPU index: the default one would pull several GB of CUDA packages. A layer of its own,
+# so rebuilding after a change to the project does not download PyTorch again.
+RUN pip install {TORCH_REQUIREMENT} --index-url {TORCH_CPU_INDEX}
+COPY wheelhouse/ /wheelhouse/
+RUN {check_wheel} \\
+    && pip install --find-links /wheelhouse /wheelhouse/dfedrw-*.whl && rm -rf /wheelhouse
+WORKDIR /results
+"""
+
+
+DOCKERIGNORE = """\
+# Only the wheels go into the build context; results, the scenario and the data are mounted.
+*
+!Dockerfile
+!wheelhouse
+"""
+
+
+def render_readme(scenario: Scenario, options: ComposeOptions, services: list[ClientService], folder: str) -> str:
+    """The folder's README; ``folder`` is the path the repository's commands reach it by."""
+    byzantine = [s for s in services if s.byzantine]
+    example = byzantine[0].name if byzantine else "client-K"
+    if options.offline:
+        build = f"""\
+Offline build (no registry, no index): a local base image with python3, then every wheel from
+`wheelhouse/`.
+
+```bash
+# once per machine: the base image from a minimal Debian (about a minute)
+debootstrap --variant=minbase --include=python3,python3-venv bookworm rootfs http://deb.debian.org/debian
+rm -f rootfs/var/cache/apt/archives/*.deb
+tar -C rootfs -c . | docker import - {options.base}
+# every dependency as a wheel, from the repository (same Python as the image: 3.11)
+bash scripts/build_wheelhouse.sh {folder}/wheelhouse
+docker-compose build
+```"""
+    else:
+        build = f"""\
+Online build: `{options.base}`, PyTorch from its CPU index, then the project wheel.
+
+```bash
+bash scripts/build_wheelhouse.sh --project-only {folder}/wheelhouse   # from the repository
+docker-compose build
+```
+
+No registry here? `dfedrw compose ... --offline` writes the offline variant."""
+    return f"""\
+# dfedrw on docker-compose
+
+{len(services)} clients of one DFedReweighting scenario, one container each, written by
+`dfedrw compose`. Services `client-0` .. `client-{len(services) - 1}`; Byzantine:
+{', '.join(f'`{s.name}`' for s in byzantine) or 'none'}. `scenario.toml` is the resolved scenario
+the containers read (mounted read-only); they write to `results/`.
+
+## Build
+
+{build}
+
+`client-0` carries the build; every service runs the image `{options.image}`.
+
+## Run
+
+```bash
+docker-compose up                        # every client; returns when all have finished
+docker-compose run --rm summarize        # results/summary.json and the headline numbers
+# or, on the host: dfedrw summarize results --scenario scenario.toml
+docker-compose down                      # remove the containers and the network
+```
+
+`docker-compose up -d` runs in the background. `docker-compose logs -f` follows the clients:
+each honest client logs a progress line every `rounds/20` rounds (round, training loss,
+accuracy when evaluated), and every client its warnings and a final line. Every round of every
+client is in `results/peers/<id>.jsonl`: `tail -f results/peers/*.jsonl`.
+
+Results (`results/`, written by root inside the containers): `peers/<id>.jsonl` per round,
+`peers/<id>.json` when a client finishes, `summary.json` from `summarize`. Clients append to
+`peers/<id>.jsonl`: move `results/` away before running again.
+
+## Swap the attack
+
+A Byzantine service takes its attack from one line of its environment, e.g. in `{example}`:
+
+```yaml
+    environment:
+      {ATTACK_ENV}: "{scenario.attack.name}"
+```
+
+Edit that line (`none`, `gaussian`, `sign_flip`, `alie`; each Byzantine service has its own) and
+run `docker-compose up` again, or regenerate everything with `dfedrw compose ... --set
+attack.name=sign_flip --out {folder}`, which also records the attack in `scenario.toml`.
+The attack's other settings (`attack.std`, `attack.scale`, `attack.z`) come from
+`scenario.toml`. No rebuild is needed for either.
+"""
+
+
+@dataclass(frozen=True)
+class ComposeFolder:
+    out_dir: Path
+    services: list[ClientService]
+    written: list[Path]
+    # Things the user should know before `docker-compose up` (e.g. results of an earlier run).
+    warnings: list[str]
+
+
+def write_compose(scenario: Scenario, out_dir: Path, options: ComposeOptions | None = None) -> ComposeFolder:
+    """Write the compose folder for ``scenario`` into ``out_dir`` (files are replaced, results kept)."""
+    options = options or ComposeOptions()
+    out_dir = Path(out_dir)
+    resolved, mounts, copies = container_scenario(scenario)
+    # From the host's scenario: the container's may name files that exist only in a container.
+    services = plan_services(scenario)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def write(name: str, text: str) -> None:
+        path = out_dir / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+
+    write("docker-compose.yml", render_compose(resolved, options, mounts, services))
+    write("Dockerfile", render_dockerfile(options))
+    write(".dockerignore", DOCKERIGNORE)
+    write("README.md", render_readme(resolved, options, services, str(out_dir)))
+    dump_scenario(resolved, out_dir / "scenario.toml")
+    written.append(out_dir / "scenario.toml")
+    for name, source in copies.items():
+        shutil.copyfile(source, out_dir / name)
+        written.append(out_dir / name)
+    # Made here so the folders belong to the user, not to the engine that would create them.
+    (out_dir / "wheelhouse").mkdir(exist_ok=True)
+    (out_dir / "results").mkdir(exist_ok=True)
+    warnings = []
+    if any((out_dir / "results").iterdir()):
+        warnings.append(
+            f"{out_dir / 'results'} holds an earlier run; clients append to peers/<id>.jsonl, "
+            "so move it away before `docker-compose up`"
+        )
+    return ComposeFolder(out_dir, services, written, warnings)

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# End to end on docker-compose: a 6-client scenario (1 Byzantine) on digits, one container per
+# client, built offline and run twice (Gaussian, then sign-flip after swapping the attack).
+#
+# Not part of `pytest`; `.ci/run` runs it when DFEDRW_E2E_DOCKER=1. Needs root. It installs
+# docker.io, docker-compose and debootstrap if missing, and starts its own Docker engine inside
+# a network namespace it creates: that namespace has only loopback and the engine's own
+# bridges, nothing is published, and the compose network is internal, so no container traffic
+# leaves it. The engine has its own socket, data root and exec root under a temporary folder,
+# apart from any other engine on the machine. Everything is torn down at exit.
+#
+# Settings (environment): PYTHON (default .venv/bin/python), DFEDRW_E2E_ROUNDS (50),
+# DFEDRW_E2E_UP_TIMEOUT (seconds per `docker-compose up`, 600), DFEDRW_E2E_CACHE (base root
+# file system and wheelhouse kept between runs, /var/tmp/dfedrw-e2e-cache; DFEDRW_E2E_FRESH=1
+# rebuilds them), DFEDRW_E2E_KEEP=1 (keep the work folder for inspection).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO="$PWD"
+PY="${PYTHON:-$REPO/.venv/bin/python}"
+ROUNDS="${DFEDRW_E2E_ROUNDS:-50}"
+UP_TIMEOUT="${DFEDRW_E2E_UP_TIMEOUT:-600}"
+CACHE="${DFEDRW_E2E_CACHE:-/var/tmp/dfedrw-e2e-cache}"
+BASE_IMAGE="dfedrw-base:bookworm"
+IMAGE="dfedrw-e2e:latest"
+CLIENTS=6
+
+T0=$SECONDS
+step() { echo "[docker-e2e +$((SECONDS - T0))s] $*" >&2; }
+fail() { echo "[docker-e2e] FAILED: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || fail "needs root (network namespace, Docker engine)"
+if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null || ! command -v debootstrap >/dev/null; then
+    step "installing docker.io docker-compose debootstrap"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null
+fi
+[ -x "$PY" ] || bash scripts/setup.sh
+# The client matching the engine installed with it (a newer client may stand first on PATH).
+DOCKER="$(command -v /usr/bin/docker || command -v docker)"
+
+WORK="$(mktemp -d /var/tmp/dfedrw-e2e.XXXXXX)"
+NS="dfedrw-e2e-$$"
+export DOCKER_HOST="unix://$WORK/docker.sock"
+export COMPOSE_PROJECT_NAME="dfedrw-e2e"
+# docker-compose v1 waits this long for a request to the engine (a build sends ~300 MB).
+export COMPOSE_HTTP_TIMEOUT=300
+CLUSTER="$WORK/cluster"
+DOCKERD_PID=""
+
+cleanup() {
+    local rc=$?
+    set +e
+    if [ -n "$DOCKERD_PID" ] && kill -0 "$DOCKERD_PID" 2>/dev/null; then
+        if [ -f "$CLUSTER/docker-compose.yml" ]; then
+            (cd "$CLUSTER" && timeout 120 docker-compose down --remove-orphans --timeout 5 >/dev/null 2>&1)
+        fi
+        kill -TERM "$DOCKERD_PID"
+        for _ in $(seq 60); do
+            kill -0 "$DOCKERD_PID" 2>/dev/null || break
+            sleep 0.5
+        done
+        kill -0 "$DOCKERD_PID" 2>/dev/null && kill -KILL "$DOCKERD_PID"
+        wait "$DOCKERD_PID" 2>/dev/null
+    fi
+    ip netns del "$NS" 2>/dev/null
+    if [ "${DFEDRW_E2E_KEEP:-0}" = 1 ] || [ $rc != 0 ]; then
+        echo "[docker-e2e] work folder kept: $WORK (engine log: $WORK/dockerd.log)" >&2
+        # The engine's layers are of no use without it.
+        rm -rf "$WORK/docker" "$WORK/exec"
+    else
+        rm -rf "$WORK"
+    fi
+    step "done (exit $rc)"
+}
+trap cleanup EXIT
+# Exit (and so clean up) with the usual status on Ctrl-C or kill; bash acts on either once
+# the command in the foreground has returned.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# -- a Docker engine in a network namespace of its own ---------------------------------------
+step "starting dockerd in network namespace $NS"
+ip netns add "$NS"
+ip netns exec "$NS" ip link set lo up
+echo '{}' >"$WORK/daemon.json"
+# --iptables=false: no rules anywhere (the namespace has no way out to masquerade to);
+# --bridge=none: no default bridge; compose makes its own network, builds run with none.
+# nsenter, not `ip netns exec`: the latter remounts /sys, which hides the cgroup mounts.
+nsenter --net="/run/netns/$NS" dockerd \
+    --host "$DOCKER_HOST" --config-file "$WORK/daemon.json" \
+    --data-root "$WORK/docker" --exec-root "$WORK/exec" --pidfile "$WORK/dockerd.pid" \
+    --storage-driver=overlay2 --iptables=false --ip-masq=false --bridge=none \
+    >"$WORK/dockerd.log" 2>&1 &
+DOCKERD_PID=$!
+for _ in $(seq 120); do
+    "$DOCKER" version >/dev/null 2>&1 && break
+    kill -0 "$DOCKERD_PID" 2>/dev/null || fail "dockerd exited: $(tail -5 "$WORK/dockerd.log")"
+    sleep 0.5
+done
+"$DOCKER" version >/dev/null 2>&1 || fail "dockerd not ready after 60 s: $(tail -5 "$WORK/dockerd.log")"
+[ -z "$(ip netns exec "$NS" ip route show default)" ] || fail "namespace $NS has a default route"
+
+# -- the offline base image: minimal Debian with python3 ------------------------------------
+mkdir -p "$CACHE"
+if [ "${DFEDRW_E2E_FRESH:-0}" = 1 ]; then
+    rm -rf "$CACHE/base-rootfs.tar" "$CACHE/wheelhouse"
+fi
+if [ ! -s "$CACHE/base-rootfs.tar" ]; then
+    step "debootstrap bookworm (minbase + python3)"
+    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$WORK/rootfs" \
+        http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
+        || fail "debootstrap: $(tail -5 "$WORK/debootstrap.log")"
+    rm -f "$WORK"/rootfs/var/cache/apt/archives/*.deb
+    tar -C "$WORK/rootfs" -cf "$CACHE/base-rootfs.tar.part" .
+    mv "$CACHE/base-rootfs.tar.part" "$CACHE/base-rootfs.tar"
+    rm -rf "$WORK/rootfs"
+fi
+step "docker import $BASE_IMAGE"
+"$DOCKER" import "$CACHE/base-rootfs.tar" "$BASE_IMAGE" >/dev/null
+
+# -- the cluster -------------------------------------------------------------------------------
+# A long deadline: on a loaded machine a missed one would make the run differ from the
+# in-process run it is compared with (rounds take milliseconds, so it costs nothing).
+SETTINGS=(--set topology.honest=5 --set topology.byzantine=1 --set "rounds=$ROUNDS" --set eval.every=10
+    --set network.round_timeout=30)
+generate() {  # generate ATTACK
+    "$PY" -m launch.cli compose --offline --image "$IMAGE" "${SETTINGS[@]}" --set "attack.name=$1" --out "$CLUSTER" >&2
+}
+step "dfedrw compose ($CLIENTS clients, $ROUNDS rounds)"
+generate gaussian
+[ "$(cd "$CLUSTER" && docker-compose config --services | grep -c '^client-')" = "$CLIENTS" ] \
+    || fail "expected $CLIENTS client services"
+BYZ="$(grep -o '^  client-[0-9]*:  # Byzantine' "$CLUSTER/docker-compose.yml" | grep -o 'client-[0-9]*')"
+BYZ_ID="${BYZ#client-}"
+[ -n "$BYZ_ID" ] || fail "no Byzantine service in the compose file"
+
+step "wheelhouse"
+PYTHON="$PY" bash scripts/build_wheelhouse.sh "$CACHE/wheelhouse" 2>&1 | grep -v "is ignored" >&2
+cp -a "$CACHE/wheelhouse/." "$CLUSTER/wheelhouse/"
+
+step "docker-compose build"
+(cd "$CLUSTER" && docker-compose build) >"$WORK/build.log" 2>&1 || fail "build: $(tail -20 "$WORK/build.log")"
+
+check_run() {  # check_run ATTACK: every client finished, ran the attack asked for, and matches the same
+    # scenario run in one process on the host (same code, seeds and messages; compared only
+    # when no client missed a deadline, since a missed one changes what was aggregated).
+    "$PY" -m launch.cli run "$CLUSTER/scenario.toml" --set network.transport=inproc --set network.host=127.0.0.1 \
+        --set "attack.name=$1" --out "$WORK/inproc-$1" >"$WORK/inproc-$1.log" 2>&1 || fail "in-process run ($1): $(tail -5 "$WORK/inproc-$1.log")"
+    "$PY" - "$CLUSTER/results" "$WORK/inproc-$1" "$CLIENTS" "$BYZ_ID" "$1" <<'EOF'
+import json, sys
+from pathlib import Path
+from peer.results import read_rounds
+results, inproc, clients, byz, attack = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+finals = {k: json.loads((results / "peers" / f"{k}.json").read_text()) for k in range(clients)}
+bad = [k for k, f in finals.items() if not f.get("completed")]
+assert not bad, f"clients not completed: {bad}"
+assert finals[byz]["attack"] == attack, f"client {byz} ran {finals[byz]['attack']!r}, not {attack!r}"
+summary = json.loads((results / "summary.json").read_text())
+assert summary["failed_peers"] == [], summary["failed_peers"]
+assert summary["honest_completed"] == clients - 1, summary["honest_completed"]
+missed = sum(1 for k in range(clients) if k != byz for r in read_rounds(results, k) if r["missing"])
+for k in range(clients):
+    if k == byz or missed:
+        continue
+    rounds, local = read_rounds(results, k), read_rounds(inproc, k)
+    assert [r["weights"] for r in rounds] == [r["weights"] for r in local], f"client {k}: weights differ from the in-process run"
+    theirs = json.loads((inproc / "peers" / f"{k}.json").read_text())["accuracy"]
+    assert finals[k]["accuracy"] == theirs, f"client {k}: accuracy {finals[k]['accuracy']} vs {theirs} in process"
+print(f"{attack}: honest mean accuracy {summary['honest_mean_accuracy']:.2f}%, "
+      f"Byzantine weight share {summary['byzantine_weight_share']:.4f}, round loop {summary['wall_seconds']:.1f} s; "
+      + (f"not compared with the in-process run: {missed} missed deadlines" if missed
+         else "per-round weights and accuracies equal to the in-process run"), file=sys.stderr)
+EOF
+}
+
+run_cluster() {  # run_cluster ATTACK
+    step "docker-compose up ($1)"
+    local t=$SECONDS
+    (cd "$CLUSTER" && timeout "$UP_TIMEOUT" docker-compose up --no-color) >"$WORK/up-$1.log" 2>&1 \
+        || fail "docker-compose up ($1): $(tail -20 "$WORK/up-$1.log")"
+    step "up ($1) took $((SECONDS - t)) s; docker-compose logs holds" \
+        "$(cd "$CLUSTER" && docker-compose logs --no-color | grep -c " round [0-9]*/$ROUNDS") progress lines"
+    local codes
+    codes="$(cd "$CLUSTER" && docker-compose ps -q | xargs "$DOCKER" inspect -f '{{.Name}} {{.State.ExitCode}}')"
+    if grep -v ' 0$' <<<"$codes" >&2; then
+        fail "a client exited non-zero ($1); see $WORK/up-$1.log"
+    fi
+    (cd "$CLUSTER" && timeout 300 docker-compose run --rm summarize) >"$WORK/summarize-$1.log" 2>&1 \
+        || fail "summarize ($1): $(tail -20 "$WORK/summarize-$1.log")"
+    check_run "$1" || fail "results ($1); see $WORK/up-$1.log"
+    (cd "$CLUSTER" && timeout 120 docker-compose down --timeout 5) >>"$WORK/up-$1.log" 2>&1 || fail "docker-compose down ($1)"
+}
+
+run_cluster gaussian
+mv "$CLUSTER/results" "$WORK/results-gaussian"
+
+step "swap the attack: regenerate with --set attack.name=sign_flip"
+cp "$CLUSTER/docker-compose.yml" "$WORK/compose-gaussian.yml"
+generate sign_flip
+changed="$(diff "$WORK/compose-gaussian.yml" "$CLUSTER/docker-compose.yml" | grep -c '^[<>]' || true)"
+[ "$changed" = 2 ] || fail "swapping the attack changed $changed lines of the compose file, expected 1 each way"
+grep -q 'DFEDRW_ATTACK: "sign_flip"' "$CLUSTER/docker-compose.yml" || fail "no sign_flip line"
+run_cluster sign_flip
+mv "$CLUSTER/results" "$WORK/results-sign_flip"
+mkdir "$CLUSTER/results"
+
+step "swap the attack: edit the one line of the Byzantine service to alie"
+sed -i 's/DFEDRW_ATTACK: "sign_flip"/DFEDRW_ATTACK: "alie"/' "$CLUSTER/docker-compose.yml"
+run_cluster alie
+
+step "passed in $((SECONDS - T0)) s"

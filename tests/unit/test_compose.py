@@ -1,0 +1,243 @@
+"""``dfedrw compose``: the generated cluster matches the scenario's graph, and the files are
+valid for docker-compose (checked by ``docker-compose config``, which needs no engine)."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launch.cli import main
+from launch.compose import (
+    ATTACK_ENV,
+    ComposeOptions,
+    container_scenario,
+    plan_services,
+    render_dockerfile,
+    write_compose,
+)
+from peer.config import load_scenario
+from peer.node import scenario_topology
+from peer.results import write_json_atomic
+
+COMPOSE = shutil.which("docker-compose")
+needs_compose = pytest.mark.skipif(
+    COMPOSE is None, reason="docker-compose is not on PATH (apt-get install -y docker-compose)"
+)
+
+
+def compose_config(folder: Path) -> dict:
+    """The file as docker-compose reads it, as a dict (docker-compose v2 prints JSON; v1 only
+    YAML, read with the YAML library its own interpreter carries)."""
+    run = subprocess.run([COMPOSE, "config", "--format", "json"], cwd=folder, capture_output=True, text=True, timeout=60)
+    if run.returncode == 0 and run.stdout.lstrip().startswith("{"):
+        return json.loads(run.stdout)
+    # v1 answers an unknown option with its usage text (and exit status 0).
+    yaml_text = subprocess.run([COMPOSE, "config"], cwd=folder, capture_output=True, text=True, timeout=60, check=True).stdout
+    shebang = Path(COMPOSE).read_text(errors="replace").splitlines()[0]
+    interpreter = shebang[2:].split()
+    to_json = "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
+    out = subprocess.run([*interpreter, "-c", to_json], input=yaml_text, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout)
+
+
+def peers_of(command: list[str]) -> dict[int, str]:
+    """``--peer ID=ADDRESS`` pairs of a command, the Byzantine services' ``sh -c`` line included."""
+    words = command[2].split() if command[:2] == ["sh", "-c"] else command
+    pairs = [words[i + 1] for i, w in enumerate(words) if w == "--peer"]
+    return {int(p.split("=")[0]): p.split("=", 1)[1] for p in pairs}
+
+
+def test_default_scenario_gives_a_service_per_client_talking_to_its_neighbours(tmp_path):
+    # Prepare
+    scenario = load_scenario(None)
+    topology = scenario_topology(scenario)
+
+    # Execute
+    folder = write_compose(scenario, tmp_path)
+
+    # Assert
+    assert [s.name for s in folder.services] == [f"client-{k}" for k in range(12)]
+    assert {s.id for s in folder.services if s.byzantine} == set(topology.byzantine)
+    assert len(topology.byzantine) == 2
+    text = (tmp_path / "docker-compose.yml").read_text()
+    for k in range(12):
+        assert f"  client-{k}:" in text
+    for svc in folder.services:
+        assert svc.neighbours == topology.neighbours(svc.id)
+
+
+@needs_compose
+def test_docker_compose_reads_the_file_as_generated(tmp_path):
+    # Prepare
+    scenario = load_scenario(None)
+    topology = scenario_topology(scenario)
+    write_compose(scenario, tmp_path, ComposeOptions(port=50100))
+
+    # Execute
+    config = compose_config(tmp_path)
+
+    # Assert
+    services = config["services"]
+    assert set(services) == {f"client-{k}" for k in range(12)} | {"summarize"}
+    for k in range(12):
+        svc = services[f"client-{k}"]
+        assert peers_of(svc["command"]) == {j: f"client-{j}:50100" for j in topology.neighbours(k)}
+        assert "--listen-port 50100" in " ".join(svc["command"])
+        assert svc["image"] == "dfedrw:latest"
+        if k in topology.byzantine:
+            assert svc["environment"] == {ATTACK_ENV: "gaussian"}
+            assert svc["command"][:2] == ["sh", "-c"]
+        else:
+            assert "environment" not in svc
+            assert svc["command"][:3] == ["python", "-m", "peer"]
+    assert [k for k, s in services.items() if "build" in s] == ["client-0"]
+    assert services["summarize"]["profiles"] == ["summarize"]
+    assert config["networks"]["default"]["internal"] is True
+
+
+def test_byzantine_service_reads_its_attack_from_its_own_environment(tmp_path):
+    # Prepare
+    scenario = load_scenario(None)
+
+    # Execute
+    folder = write_compose(scenario, tmp_path)
+
+    # Assert: "$$" is compose's escape for "$", so the container's shell, not compose, reads it.
+    text = (tmp_path / "docker-compose.yml").read_text()
+    byzantine = [s for s in folder.services if s.byzantine]
+    assert text.count(f'{ATTACK_ENV}: "gaussian"') == len(byzantine) == 2
+    assert text.count(f'--set \\"attack.name=$${ATTACK_ENV}\\"') == 2
+    assert f"${{{ATTACK_ENV}" not in text
+
+
+def test_swapping_the_attack_changes_only_the_attack_lines(tmp_path):
+    # Prepare
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["compose", "--out", str(a)]) == 0
+
+    # Execute
+    assert main(["compose", "--set", "attack.name=sign_flip", "--out", str(b)]) == 0
+
+    # Assert
+    lines_a = (a / "docker-compose.yml").read_text().splitlines()
+    lines_b = (b / "docker-compose.yml").read_text().splitlines()
+    assert len(lines_a) == len(lines_b)
+    changed = [(x, y) for x, y in zip(lines_a, lines_b) if x != y]
+    assert len(changed) == 2
+    for x, y in changed:
+        assert x.strip() == f'{ATTACK_ENV}: "gaussian"'
+        assert y.strip() == f'{ATTACK_ENV}: "sign_flip"'
+    assert load_scenario(b / "scenario.toml").attack.name == "sign_flip"
+
+
+def test_scenario_file_is_the_resolved_scenario_listening_on_every_interface(tmp_path):
+    # Prepare
+    scenario = load_scenario(None, ["rounds=7"])
+
+    # Execute
+    write_compose(scenario, tmp_path)
+
+    # Assert
+    written = load_scenario(tmp_path / "scenario.toml")
+    assert written.network.host == "0.0.0.0"
+    assert written.rounds == 7
+    assert scenario_topology(written).graph.edges == scenario_topology(scenario).graph.edges
+    assert (tmp_path / "results").is_dir() and (tmp_path / "wheelhouse").is_dir()
+    assert (tmp_path / ".dockerignore").exists() and "docker-compose up" in (tmp_path / "README.md").read_text()
+
+
+def test_idx_dataset_and_edge_list_are_mounted_into_the_containers(tmp_path):
+    # Prepare
+    data = tmp_path / "fmnist"
+    data.mkdir()
+    edges = tmp_path / "ring.txt"
+    edges.write_text("0 1\n1 2\n2 0\n")
+    scenario = load_scenario(
+        None,
+        ["data.name='fashion-mnist'", f"data.dir='{data}'", "topology.kind='edgelist'", f"topology.file='{edges}'",
+         "topology.honest=3", "topology.byzantine=0", "attack.name='none'"],
+    )
+
+    # Execute
+    resolved, mounts, copies = container_scenario(scenario)
+    write_compose(scenario, tmp_path / "out")
+
+    # Assert
+    assert resolved.data.dir == "/data" and resolved.topology.file == "/scenario/edges.txt"
+    assert f"{data}:/data:ro" in [m.spec() for m in mounts]
+    assert "./edges.txt:/scenario/edges.txt:ro" in [m.spec() for m in mounts]
+    assert (tmp_path / "out" / "edges.txt").read_text() == edges.read_text()
+    assert f'"{data}:/data:ro"' in (tmp_path / "out" / "docker-compose.yml").read_text()
+
+
+def test_a_scenario_that_cannot_run_in_containers_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="network.transport"):
+        write_compose(load_scenario(None, ["network.transport='inproc'"]), tmp_path)
+    with pytest.raises(ValueError, match="port"):
+        ComposeOptions(port=0)
+    assert main(["compose", "--set", "network.transport='inproc'", "--out", str(tmp_path)]) == 2
+
+
+def test_dockerfile_online_uses_the_cpu_index_and_offline_uses_no_network():
+    online = render_dockerfile(ComposeOptions())
+    offline = render_dockerfile(ComposeOptions(offline=True))
+    custom = render_dockerfile(ComposeOptions(offline=True, base_image="registry.local/debian-py:12"))
+
+    assert "ARG BASE_IMAGE=python:3.11-slim" in online
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in online
+    assert "ARG BASE_IMAGE=dfedrw-base:bookworm" in offline
+    assert "--no-index" in offline and "--find-links /wheelhouse" in offline
+    assert "http" not in offline
+    assert "ARG BASE_IMAGE=registry.local/debian-py:12" in custom
+
+
+def test_offline_compose_builds_with_no_network(tmp_path):
+    write_compose(load_scenario(None), tmp_path, ComposeOptions(offline=True, image="dfedrw-test:1"))
+
+    text = (tmp_path / "docker-compose.yml").read_text()
+
+    assert re.search(r'build:\n\s+context: "\."\n\s+network: "none"', text)
+    assert text.count('image: "dfedrw-test:1"') == 13
+
+
+def write_finals(results: Path, clients: int, *, missing: int | None = None) -> None:
+    for k in range(clients):
+        (results / "peers").mkdir(parents=True, exist_ok=True)
+        (results / "peers" / f"{k}.jsonl").write_text(json.dumps({"round": 0, "train_loss": 1.0, "weights": {str(k): 1.0}}) + "\n")
+        if k != missing:
+            write_json_atomic(results / "peers" / f"{k}.json", {"completed": True, "accuracy": 50.0 + k, "global_accuracy": 40.0, "pid": 1})
+
+
+def test_summarize_writes_the_summary_and_fails_when_a_client_did_not_finish(tmp_path, capsys):
+    # Prepare
+    scenario_file = tmp_path / "scenario.toml"
+    scenario_file.write_text('rounds = 1\n[topology]\nkind = "complete"\nhonest = 3\n')
+    ok, broken = tmp_path / "ok", tmp_path / "broken"
+    write_finals(ok, 3)
+    write_finals(broken, 3, missing=2)
+
+    # Execute
+    rc_ok = main(["summarize", str(ok), "--scenario", str(scenario_file)])
+    rc_broken = main(["summarize", str(broken), "--scenario", str(scenario_file)])
+    rc_empty = main(["summarize", str(tmp_path / "nothing")])
+
+    # Assert
+    assert (rc_ok, rc_broken, rc_empty) == (0, 1, 2)
+    summary = json.loads((ok / "summary.json").read_text())
+    assert summary["honest_mean_accuracy"] == pytest.approx(51.0)
+    assert json.loads((broken / "summary.json").read_text())["failed_peers"] == [2]
+    assert "honest mean accuracy" in capsys.readouterr().out
+
+
+def test_plan_matches_the_graph_each_client_draws():
+    scenario = load_scenario(None, ["topology.honest=5", "topology.byzantine=1"])
+    topology = scenario_topology(scenario)
+
+    services = plan_services(scenario)
+
+    assert [(s.id, s.neighbours, s.byzantine) for s in services] == [
+        (k, topology.neighbours(k), k in topology.byzantine) for k in range(6)
+    ]
