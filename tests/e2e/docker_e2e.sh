@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # End to end on docker-compose: a 6-client scenario (1 Byzantine) on digits, one container per
-# client, built offline and run twice (Gaussian, then sign-flip after swapping the attack).
+# client, built offline and run three times: Gaussian; sign-flip, regenerated with --set;
+# ALIE, by editing the Byzantine service's one attack line. Each run must finish on every
+# client and give, round for round, the weights and accuracies of the same scenario run in
+# one process on the host. About 3 minutes on an idle 2-core machine (2.5 with the cache).
 #
 # Not part of `pytest`; `.ci/run` runs it when DFEDRW_E2E_DOCKER=1. Needs root. It installs
 # docker.io, docker-compose and debootstrap if missing, and starts its own Docker engine inside

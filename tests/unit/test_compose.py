@@ -24,7 +24,7 @@ from peer.results import write_json_atomic
 
 COMPOSE = shutil.which("docker-compose")
 needs_compose = pytest.mark.skipif(
-    COMPOSE is None, reason="docker-compose is not on PATH (apt-get install -y docker-compose)"
+    COMPOSE is None, reason="docker-compose is not on PATH (apt-get install -y --no-install-recommends docker-compose)"
 )
 
 
