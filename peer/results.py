@@ -58,6 +58,14 @@ def read_final(out_dir: Path, client_id: int) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _isolated(records: list[dict[str, Any]]) -> bool:
+    """True when, over the last tenth of its rounds, a client aggregated its own model only."""
+    if not records:
+        return False
+    tail = records[-max(1, len(records) // 10):]
+    return all(len(r.get("weights") or {}) <= 1 for r in tail)
+
+
 def summarize(
     out_dir: Path,
     *,
@@ -71,6 +79,7 @@ def summarize(
     byzantine = {k for k, r in roles.items() if r == "byzantine"}
     peers: dict[str, Any] = {}
     failed: list[int] = []
+    isolated: list[int] = []
     accs: list[float] = []
     gaccs: list[float] = []
     shares: list[float] = []
@@ -94,6 +103,10 @@ def summarize(
         if final is not None:
             for key in ("accuracy", "global_accuracy", "rejected_messages", "rejected_by_reason", "stale_messages"):
                 entry[key] = final.get(key)
+        if roles[k] == "honest" and _isolated(records):
+            # Completed, but alone: it heard from no neighbour at the end (e.g. its host was cut
+            # off). Its accuracy is that of a model trained on its own data only.
+            isolated.append(k)
         peers[str(k)] = entry
         if roles[k] == "honest" and ok:
             accs.append(final["accuracy"])
@@ -116,6 +129,7 @@ def summarize(
         "wall_seconds": round(wall_seconds, 3),
         "byzantine_weight_share": (float(np.mean(shares)) if shares else 0.0) if byzantine else None,
         "failed_peers": failed,
+        "isolated_peers": isolated,
         "honest_completed": len(accs),
         "peers": peers,
     }

@@ -52,3 +52,11 @@ def test_torn_last_line_is_skipped(tmp_path):
         f.write('{"round": 2, "wei')
     assert [r["round"] for r in read_rounds(tmp_path, 0)] == [0, 1]
     json.loads((tmp_path / "peers" / "0.json").read_text())
+
+
+def test_a_client_that_ended_alone_is_listed_as_isolated(tmp_path):
+    # client 0 heard from 1 throughout; client 1 lost everyone for its last rounds.
+    write_peer(tmp_path, 0, "honest", 80.0, 80.0, [{0: 0.5, 1: 0.5}] * 20)
+    write_peer(tmp_path, 1, "honest", 60.0, 60.0, [{1: 0.5, 0: 0.5}] * 10 + [{1: 1.0}] * 10)
+    s = summarize(tmp_path, roles={0: "honest", 1: "honest"}, pids={0: 1, 1: 2}, exit_codes={0: 0, 1: 0}, rounds=20, wall_seconds=0)
+    assert s["isolated_peers"] == [1] and s["failed_peers"] == []
