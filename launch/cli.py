@@ -155,14 +155,14 @@ def cmd_compose(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from launch.collect import collect_summary
+    from launch.collect import collect_summary, collected_now
     from launch.local import print_summary
 
     if not (args.out / "peers").is_dir():
         print(f"dfedrw summarize: {args.out / 'peers'} does not exist; OUT is the folder the clients wrote to", file=sys.stderr)
         return 2
     scenario = load_scenario(args.scenario) if args.scenario else None
-    summary = collect_summary(args.out, scenario)
+    summary = collect_summary(args.out, scenario, extra={"collected_at": collected_now()})
     print_summary(summary, Console())
     print(f"summary: {args.out / 'summary.json'}")
     return 1 if summary["failed_peers"] else 0

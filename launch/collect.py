@@ -1,7 +1,8 @@
-"""Build ``summary.json`` for a run whose clients were not started by ``dfedrw run``: clients
-under torchrun, in docker-compose services, or started by hand, that all wrote into one
-results folder (shared disk or volume). Roles come from the scenario, pids from each client's
-final record; a client with no final record failed."""
+"""Build a run's ``summary.json`` from the files its clients wrote: the one place every way of
+running a scenario (local processes, in-process, torchrun, docker-compose services, clients
+started by hand) turns a results folder into a summary. Roles come from the scenario; pids,
+when the caller does not know them, from each client's final record; a client with no final
+record failed."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ from peer.node import scenario_topology
 from peer.results import read_final, summarize, write_json_atomic
 
 
+def collected_now() -> str:
+    """Timestamp for a summary assembled after the clients finished (``collected_at``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
 def collect_summary(
     out_dir: Path,
     scenario: Scenario | None = None,
     *,
+    pids: dict[int, int | None] | None = None,
     exit_codes: dict[int, int | None] | None = None,
     wall_seconds: float | None = None,
     extra: dict[str, Any] | None = None,
@@ -29,13 +36,13 @@ def collect_summary(
     topology = scenario_topology(scenario)
     roles = {k: ("byzantine" if k in topology.byzantine else "honest") for k in range(topology.num_clients)}
     finals = {k: read_final(out_dir, k) for k in roles}
-    pids = {k: (f or {}).get("pid") for k, f in finals.items()}
+    if pids is None:
+        pids = {k: (f or {}).get("pid") for k, f in finals.items()}
     if wall_seconds is None:
         wall_seconds = max((f.get("wall_seconds", 0.0) for f in finals.values() if f), default=0.0)
     summary = summarize(
         out_dir, roles=roles, pids=pids, exit_codes=exit_codes or {}, rounds=scenario.rounds, wall_seconds=wall_seconds
     )
     summary.update(extra or {})
-    summary["collected_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json_atomic(out_dir / "summary.json", summary)
     return summary

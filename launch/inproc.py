@@ -17,10 +17,10 @@ from typing import Any
 
 from rich.console import Console
 
+from launch.collect import collect_summary
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.node import Peer, scenario_topology
-from peer.results import summarize, write_json_atomic
 from peer.transport.inproc import InprocHub, InprocTransport
 
 log = logging.getLogger(__name__)
@@ -105,14 +105,12 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
         for t in threads.values():
             t.join(timeout=scenario.network.round_timeout + 5)
     peer_log.setLevel(peer_level)
-    summary = summarize(
+    summary = collect_summary(
         out_dir,
-        roles=roles,
+        scenario,
         pids={k: os.getpid() for k in roles},
         exit_codes=exit_codes,
-        rounds=scenario.rounds,
         wall_seconds=time.monotonic() - start,
+        extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "inproc"},
     )
-    summary.update(interrupted=interrupted, launcher_pid=os.getpid(), transport="inproc")
-    write_json_atomic(out_dir / "summary.json", summary)
     return summary

@@ -23,11 +23,12 @@ import zmq
 from rich.console import Console
 from rich.table import Table
 
+from launch.collect import collect_summary
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.data import check_dataset
 from peer.node import attack_for, client_rule, scenario_topology
-from peer.results import summarize, write_json_atomic
+from peer.results import write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
 _TERM_GRACE = 5.0
@@ -198,18 +199,14 @@ class LocalRun:
             self.stop_all()
             self._sock.close()
             self._ctx.term()
-        summary = summarize(
+        summary = collect_summary(
             self.out_dir,
-            roles={k: c.role for k, c in self.children.items()},
+            self.scenario,
             pids={k: c.proc.pid for k, c in self.children.items()},
             exit_codes={k: c.exit_code for k, c in self.children.items()},
-            rounds=self.scenario.rounds,
             wall_seconds=time.monotonic() - start,
+            extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "grpc"},
         )
-        summary["interrupted"] = interrupted
-        summary["launcher_pid"] = os.getpid()
-        summary["transport"] = "grpc"
-        write_json_atomic(self.out_dir / "summary.json", summary)
         return summary
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launch.collect import collect_summary
+from launch.collect import collect_summary, collected_now
 from peer.config import Scenario, dump_scenario
 from peer.node import Peer, grpc_transport_for, scenario_topology
 from peer.transport.torchdist import TorchDistTransport
@@ -310,5 +310,5 @@ def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: fl
         exit_codes={k: None if s is None else (0 if s == "ok" else 1) for k, s in status.items()},
         wall_seconds=time.monotonic() - start,
         # The keys `dfedrw run` adds, so both summaries have one format.
-        extra={"launcher": "torchrun", "launcher_pid": os.getppid(), "interrupted": interrupted, "transport": scenario.network.transport},
+        extra={"launcher": "torchrun", "collected_at": collected_now(), "launcher_pid": os.getppid(), "interrupted": interrupted, "transport": scenario.network.transport},
     )

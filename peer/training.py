@@ -8,7 +8,6 @@ from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 from peer.data import Dataset
-from peer.models import set_vector
 
 
 class LocalTrainer:
