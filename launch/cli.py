@@ -5,6 +5,7 @@
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
     dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
     dfedrw report DIR... [--out OUTDIR] [--no-plots]
+    dfedrw export SWEEP_DIR --out DIR
     dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N]
     dfedrw summarize OUT [--scenario FILE]
 
@@ -139,6 +140,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from launch.record import export_sweep
+
+    exported, left_out = export_sweep(args.sweep, args.out)
+    print(f"exported {exported} finished runs of {args.sweep} to {args.out}")
+    if left_out:
+        print(f"left out {len(left_out)} runs that have not finished: {', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''}", file=sys.stderr)
+    return 0
+
+
 def cmd_compose(args: argparse.Namespace) -> int:
     from launch.compose import ComposeOptions, write_compose
 
@@ -206,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", type=Path, default=None, help="output folder (default: DIR/report of the first DIR)")
     rp.add_argument("--no-plots", action="store_true", help="write the tables only")
     rp.set_defaults(func=cmd_report)
+
+    ex = sub.add_parser("export", help="copy a sweep's results in compact form (summary, scenario, curves, mean weights per run)")
+    ex.add_argument("sweep", type=Path, metavar="SWEEP_DIR", help="folder written by `dfedrw sweep`")
+    ex.add_argument("--out", type=Path, required=True, metavar="DIR", help="destination (replaced); `dfedrw report DIR` reads it like the sweep")
+    ex.set_defaults(func=cmd_export)
 
     cp = sub.add_parser("compose", help="write a docker-compose cluster for a scenario (one container per client)")
     cp.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")

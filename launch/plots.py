@@ -9,18 +9,18 @@
   Byzantine senders are marked in red.
 
 Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot), so no global state or
-GUI backend is involved. Per-round files are read line by line with :mod:`json`; lines without
-the wanted key are skipped before parsing, which keeps long runs fast.
+GUI backend is involved. Curves and weights come from each run's compact record
+(:mod:`launch.record`), built from the per-round files when a run has none.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections import defaultdict
 from pathlib import Path
+
 import numpy as np
 
+from launch.record import curve, run_record, weights
 from launch.report import Cell, RunResult, Table
 
 # PNG metadata would otherwise carry the matplotlib version.
@@ -41,52 +41,21 @@ def _ids(run: RunResult, role: str) -> list[int]:
     return sorted(int(k) for k, p in peers.items() if p.get("role") == role)
 
 
-def _records(folder: Path, client: int, needle: str | None = None):
-    path = folder / "peers" / f"{client}.jsonl"
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if needle is not None and needle not in line:
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line of a crashed client
+def _record(run: RunResult) -> dict:
+    if run.record is None:
+        run.record = run_record(run.folder, run.summary or {})
+    return run.record
 
 
 def accuracy_curve(run: RunResult, key: str) -> dict[int, float]:
     """Round -> mean over honest clients of ``key`` on the evaluation rounds of one run."""
-    per_round: dict[int, list[float]] = defaultdict(list)
-    for k in _ids(run, "honest"):
-        for rec in _records(run.folder, k, f'"{key}"'):
-            value = rec.get(key)
-            if value is not None:
-                per_round[int(rec["round"])].append(float(value))
-    return {r: float(np.mean(v)) for r, v in sorted(per_round.items())}
+    return curve(_record(run), key)
 
 
 def mean_weights(run: RunResult) -> tuple[list[int], list[int], np.ndarray]:
     """(honest receivers, all senders, matrix): the mean weight each honest client gave each
     sender over its rounds; NaN where it never received from that sender (not a neighbour)."""
-    receivers = _ids(run, "honest")
-    senders = sorted(int(k) for k in (run.summary or {}).get("peers", {}))
-    col = {s: j for j, s in enumerate(senders)}
-    matrix = np.full((len(receivers), len(senders)), np.nan)
-    for i, k in enumerate(receivers):
-        totals = np.zeros(len(senders))
-        seen = np.zeros(len(senders), dtype=bool)
-        rounds = 0
-        for rec in _records(run.folder, k):
-            rounds += 1
-            for s, w in (rec.get("weights") or {}).items():
-                j = col.get(int(s))
-                if j is not None:
-                    totals[j] += float(w)
-                    seen[j] = True
-        if rounds:
-            matrix[i, seen] = totals[seen] / rounds
-    return receivers, senders, matrix
+    return weights(_record(run))
 
 
 def _new_figure(width: float = 7.0, height: float = 4.5):

@@ -157,6 +157,7 @@ class RunResult:
     folder: Path
     seed: str | None
     summary: dict[str, Any] | None
+    record: dict[str, Any] | None = None  # launch.record, read when a plot first needs it
 
 
 @dataclass

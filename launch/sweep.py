@@ -66,6 +66,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from peer.config import Scenario, ScenarioError, load_scenario, parse_override, scenario_changes, scenario_from_dict, scenario_to_dict
 from peer.results import write_json_atomic
+from launch.record import write_record
 
 GRID_KEYS = ("base", "set", "axes", "variants", "exclude", "report")
 VARIANT_KEYS = ("label", "set")
@@ -724,6 +725,12 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
     write_json_atomic(plan.out_dir / SWEEP_FILE, _sweep_record(plan, statuses, sittings))
 
     def on_done(run: PlannedRun) -> None:
+        # The compact record (curves, mean weights) that the report and `dfedrw export` read;
+        # without it they rebuild it from the per-round files, so a failure here is not fatal.
+        try:
+            write_record(run.folder)
+        except (OSError, ValueError) as exc:
+            console.print(f"run {run.name}: could not write its record.json ({exc})", markup=False, highlight=False, soft_wrap=True)
         statuses[run.key] = "done"
         result.done += 1
 

@@ -396,6 +396,13 @@ def test_tiny_grid_end_to_end_then_report(tmp_path, capsys):
             np.mean([s["honest_mean_accuracy"] for s in summaries]), abs=1e-6
         )
         assert cells[method]["seeds"] == "2"
+    # each finished run has its compact record, and the export reports the same
+    for run in record["runs"]:
+        assert (out / run / "record.json").is_file()
+    assert main(["export", str(out), "--out", str(tmp_path / "exported")]) == 0
+    assert main(["report", str(tmp_path / "exported"), "--out", str(tmp_path / "again")]) == 0
+    for name in ("table.md", "table.csv", "cells.csv", "plots/accuracy_00_iid.png", "plots/clients_00_iid.png"):
+        assert (tmp_path / "again" / name).read_bytes() == (out / "report" / name).read_bytes(), name
     # a second sitting finds everything done
     assert main(["sweep", str(TINY), "--out", str(out), "--jobs", "2"]) == 0
     assert len(json.loads((out / "sweep.json").read_text())["sittings"]) == 2

@@ -1,0 +1,177 @@
+"""The compact record of one finished run, and exporting a sweep in that form.
+
+A run folder holds each client's per-round JSONL (megabytes for 3000 rounds). The report needs
+only a little of it: the honest mean accuracy at each evaluation round and the mean weight each
+honest client gave each sender. ``record.json`` keeps exactly that, next to ``summary.json``::
+
+    {"version": 1,
+     "curves": {"accuracy": [[round, mean], ...], "global_accuracy": [[round, mean], ...]},
+     "weights": {"receivers": [ids], "senders": [ids], "matrix": [[weight or null, ...], ...]}}
+
+``null`` in the matrix: that receiver never got a model from that sender (not a neighbour).
+``dfedrw sweep`` writes it when a run finishes; :func:`run_record` builds it from the JSONL
+when it is absent. ``dfedrw export SWEEP --out DIR`` copies a sweep as ``sweep.json`` plus
+``runs/<run>/{summary.json, scenario.toml, record.json}`` for each finished run: small enough
+to commit, and ``dfedrw report DIR`` gives the same tables and plots from it as from the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from peer.results import write_json_atomic
+
+RECORD_FILE = "record.json"
+RECORD_VERSION = 1
+CURVE_KEYS = ("accuracy", "global_accuracy")
+EXPORTED_FILES = ("summary.json", "scenario.toml", RECORD_FILE)
+
+
+class RecordError(ValueError):
+    """A sweep folder that cannot be exported."""
+
+
+def _peer_ids(summary: dict[str, Any], role: str | None = None) -> list[int]:
+    peers = summary.get("peers", {})
+    return sorted(int(k) for k, p in peers.items() if role is None or p.get("role") == role)
+
+
+def _lines(folder: Path, client: int) -> Iterator[dict[str, Any]]:
+    path = folder / "peers" / f"{client}.jsonl"
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line of a crashed client
+
+
+def build_record(folder: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """Read the clients' JSONL files of a run folder once and reduce them to the record."""
+    receivers = _peer_ids(summary, "honest")
+    senders = _peer_ids(summary)
+    col = {s: j for j, s in enumerate(senders)}
+    per_round: dict[str, dict[int, list[float]]] = {key: defaultdict(list) for key in CURVE_KEYS}
+    matrix = np.full((len(receivers), len(senders)), np.nan)
+    for i, k in enumerate(receivers):
+        totals = np.zeros(len(senders))
+        seen = np.zeros(len(senders), dtype=bool)
+        rounds = 0
+        for rec in _lines(folder, k):
+            rounds += 1
+            for key in CURVE_KEYS:
+                value = rec.get(key)
+                if value is not None:
+                    per_round[key][int(rec["round"])].append(float(value))
+            for s, w in (rec.get("weights") or {}).items():
+                j = col.get(int(s))
+                if j is not None:
+                    totals[j] += float(w)
+                    seen[j] = True
+        if rounds:
+            matrix[i, seen] = totals[seen] / rounds
+    return {
+        "version": RECORD_VERSION,
+        "curves": {key: [[r, float(np.mean(v))] for r, v in sorted(per_round[key].items())] for key in CURVE_KEYS},
+        "weights": {
+            "receivers": receivers,
+            "senders": senders,
+            "matrix": [[None if np.isnan(x) else float(x) for x in row] for row in matrix],
+        },
+    }
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """The folder's ``record.json``, or None when it is missing, unreadable or of another version."""
+    try:
+        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and record.get("version") == RECORD_VERSION else None
+
+
+def run_record(folder: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """The run's record: ``record.json`` when present, else built from the JSONL files."""
+    return read_record(folder) or build_record(folder, summary)
+
+
+def write_record(folder: Path) -> dict[str, Any]:
+    """Build and write ``record.json`` for a finished run folder (one with ``summary.json``)."""
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    record = build_record(folder, summary)
+    write_json_atomic(folder / RECORD_FILE, record, indent=None)
+    return record
+
+
+def curve(record: dict[str, Any], key: str) -> dict[int, float]:
+    return {int(r): float(v) for r, v in record["curves"].get(key, [])}
+
+
+def weights(record: dict[str, Any]) -> tuple[list[int], list[int], np.ndarray]:
+    w = record["weights"]
+    matrix = np.array([[np.nan if x is None else x for x in row] for row in w["matrix"]], dtype=float)
+    return list(w["receivers"]), list(w["senders"]), matrix.reshape(len(w["receivers"]), len(w["senders"]))
+
+
+def _portable(path: str | None) -> str | None:
+    """A path as it may be committed: relative to the working directory when under it, else
+    only its file name (an absolute path names one machine)."""
+    if not path:
+        return path
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
+def export_sweep(src: str | Path, dest: str | Path) -> tuple[int, list[str]]:
+    """Copy the compact form of the sweep folder ``src`` to ``dest`` (see the module docstring).
+
+    Returns (runs exported, runs left out because they have not finished). ``dest`` is
+    replaced wholesale, so an export is exactly the sweep's current state.
+    """
+    src, dest = Path(src), Path(dest)
+    try:
+        sweep = json.loads((src / "sweep.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecordError(f"{src}: no sweep.json; give a folder written by `dfedrw sweep`") from None
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{src / 'sweep.json'}: not valid JSON: {exc}") from None
+    if dest.resolve() == src.resolve():
+        raise RecordError(f"--out {dest} is the sweep folder itself; export to another folder")
+    from launch.report import _read_summary
+
+    tmp = dest.with_name(dest.name + ".exporting")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "runs").mkdir(parents=True)
+    exported, left_out = 0, []
+    for run in sorted({p["run"] for p in sweep.get("points", [])}):
+        folder = src / run
+        summary, state = _read_summary(folder)
+        if summary is None:
+            left_out.append(f"{run} ({state})")
+            continue
+        out = tmp / run
+        out.mkdir(parents=True)
+        shutil.copyfile(folder / "summary.json", out / "summary.json")
+        shutil.copyfile(folder / "scenario.toml", out / "scenario.toml")
+        record = read_record(folder) or build_record(folder, summary)
+        write_json_atomic(out / RECORD_FILE, record, indent=None)
+        exported += 1
+    sweep["grid"] = _portable(sweep.get("grid"))
+    sweep["base"] = _portable(sweep.get("base"))
+    write_json_atomic(tmp / "sweep.json", sweep)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return exported, left_out

@@ -1,0 +1,113 @@
+"""launch.record: the compact per-run record and `dfedrw export`."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from launch.cli import main
+from launch.record import RecordError, build_record, export_sweep, read_record, run_record, write_record
+from launch.report import write_report
+from tests.unit.test_report import BYZ_SPEC, byz_peers, byz_rounds, make_byzantine, write_run
+
+
+def with_scenarios(root):
+    """Give every run folder of a hand-made sweep the scenario.toml a real run has."""
+    for folder in (root / "runs").iterdir():
+        (folder / "scenario.toml").write_text(f'# {folder.name}\nseed = 43\n')
+    return root
+
+
+def test_record_hand_computed_and_written_compactly(tmp_path):
+    folder = write_run(tmp_path, "r", {}, byz_peers(80.0, byzantine=True), byz_rounds(80.0))
+
+    record = write_record(folder)
+
+    assert record["curves"]["global_accuracy"] == [[1, 70.0], [3, 80.0]]
+    assert record["curves"]["accuracy"] == [[1, 0.0]]
+    assert record["weights"]["receivers"] == [0, 1] and record["weights"]["senders"] == [0, 1, 2]
+    # client 0 over 4 rounds: self 0.5+1+0.5+1, client 1 only in round 2, client 2 only in round 0;
+    # client 1 never heard from 0 or 2 (not neighbours): null, not 0
+    assert record["weights"]["matrix"] == [[0.75, 0.125, 0.125], [None, 1.0, None]]
+    text = (folder / "record.json").read_text()
+    assert "\n" not in text.rstrip("\n") and json.loads(text) == record
+    assert read_record(folder) == record
+
+
+def test_run_record_prefers_the_file_and_rebuilds_without_it(tmp_path):
+    folder = write_run(tmp_path, "r", {}, byz_peers(80.0, byzantine=False), byz_rounds(80.0))
+    summary = json.loads((folder / "summary.json").read_text())
+    built = run_record(folder, summary)
+    assert not (folder / "record.json").exists()  # reading never writes
+
+    (folder / "record.json").write_text(json.dumps({**built, "curves": {"accuracy": [[5, 1.0]]}}))
+    assert run_record(folder, summary)["curves"] == {"accuracy": [[5, 1.0]]}
+    (folder / "record.json").write_text(json.dumps({**built, "version": 99}))
+    assert run_record(folder, summary) == built  # another version is ignored, not misread
+    (folder / "record.json").write_text("{torn")
+    assert run_record(folder, summary) == built
+
+
+def test_a_crashed_clients_torn_last_line_is_skipped(tmp_path):
+    folder = write_run(tmp_path, "r", {}, byz_peers(80.0, byzantine=False), byz_rounds(80.0))
+    with (folder / "peers" / "1.jsonl").open("a") as fh:
+        fh.write('{"round": 4, "weights": {"1": 0.')
+    record = build_record(folder, json.loads((folder / "summary.json").read_text()))
+    assert record["weights"]["matrix"][1] == [None, 1.0]
+
+
+def test_export_reports_exactly_like_the_sweep_and_leaves_out_unfinished_runs(tmp_path):
+    src = with_scenarios(make_byzantine(tmp_path / "s", {**BYZ_SPEC}))
+    sweep = json.loads((src / "sweep.json").read_text())
+    sweep["grid"] = str(tmp_path / "somewhere" / "grid.toml")  # an absolute path from another machine
+    (src / "sweep.json").write_text(json.dumps(sweep))
+    unfinished = src / sweep["points"][0]["run"]
+    (unfinished / "summary.json").unlink()
+    (src / "runs" / "stray-folder").mkdir()  # not a point of the sweep: not exported
+
+    runs = sorted({p["run"] for p in sweep["points"]})
+    finished = [r for r in runs if (src / r / "summary.json").exists()]
+    assert 0 < len(finished) < len(runs) - 1
+
+    exported, left_out = export_sweep(src, tmp_path / "e")
+
+    assert exported == len(finished)
+    assert f"{sweep['points'][0]['run']} (no summary.json)" in left_out and len(left_out) == len(runs) - len(finished)
+    out = tmp_path / "e"
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(r.split("/")[1] for r in finished)
+    for folder in (out / "runs").iterdir():
+        assert sorted(p.name for p in folder.iterdir()) == ["record.json", "scenario.toml", "summary.json"]
+    assert json.loads((out / "sweep.json").read_text())["grid"] == "grid.toml"
+    a = {p.relative_to(tmp_path / "a"): p.read_bytes() for p in write_report([src], tmp_path / "a")}
+    b = {p.relative_to(tmp_path / "b"): p.read_bytes() for p in write_report([out], tmp_path / "b")}
+    assert any(str(p).startswith("plots/weights_") for p in a)
+    # identical, except that the export cannot tell a run never started from one that did not finish
+    assert b[Path("table.md")] == a[Path("table.md")].replace(b"(no summary.json)", b"(not started)")
+    assert {p: v for p, v in a.items() if p.name != "table.md"} == {p: v for p, v in b.items() if p.name != "table.md"}
+
+
+def test_export_replaces_the_destination_and_refuses_bad_folders(tmp_path, capsys):
+    src = with_scenarios(make_byzantine(tmp_path / "s", {**BYZ_SPEC}))
+    dest = tmp_path / "e"
+    dest.mkdir()
+    (dest / "old.txt").write_text("from an earlier export")
+    export_sweep(src, dest)
+    assert not (dest / "old.txt").exists() and not (tmp_path / "e.exporting").exists()
+
+    with pytest.raises(RecordError, match="the sweep folder itself"):
+        export_sweep(src, src)
+    with pytest.raises(RecordError, match="no sweep.json"):
+        export_sweep(tmp_path, tmp_path / "x")
+    assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "no sweep.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_weights_matrix_nan_roundtrip(tmp_path):
+    from launch.record import weights
+
+    folder = write_run(tmp_path, "r", {}, byz_peers(80.0, byzantine=True), byz_rounds(80.0))
+    receivers, senders, matrix = weights(write_record(folder))
+    assert receivers == [0, 1] and senders == [0, 1, 2]
+    assert math.isnan(matrix[1, 0]) and matrix[0, 0] == 0.75
