@@ -6,8 +6,8 @@
 
 Both runs happen in this one invocation, back to back, so the ratio is comparable even on a
 busy machine; the figures themselves are not. CPU time (all client processes together) is the
-least noise-sensitive of the three. Startup (process spawn, imports, data loading)
-is reported apart from the round loop, measured from the clients' own logs.
+least noise-sensitive. The round loop (wall and CPU, from the clients' own final records)
+leaves out process start, imports and data loading.
 """
 
 from __future__ import annotations
@@ -45,6 +45,18 @@ def loop_seconds(out: Path) -> float:
     return max(times, default=float("nan"))
 
 
+def loop_cpu_seconds(out: Path, summary: dict) -> float:
+    """CPU time spent in the round loops, all client processes together. A client records
+    its whole process's CPU time, so clients sharing a process (in-process transport) count once."""
+    per_process: dict[int, float] = {}
+    for k, peer in summary["peers"].items():
+        path = out / "peers" / f"{k}.json"
+        if path.exists():
+            cpu = json.loads(path.read_text()).get("loop_cpu_seconds", 0.0)
+            per_process[peer["pid"]] = max(per_process.get(peer["pid"], 0.0), cpu)
+    return sum(per_process.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], help="extra scenario overrides")
@@ -58,11 +70,12 @@ def main() -> None:
         before = cpu_seconds()
         out, summary = run_scenario(scenario, root / transport, console=quiet)
         cpu = cpu_seconds() - before
-        rows[transport] = (summary["wall_seconds"], loop_seconds(out), summary["honest_mean_accuracy"], cpu)
+        rows[transport] = (summary["wall_seconds"], loop_seconds(out), summary["honest_mean_accuracy"], cpu, loop_cpu_seconds(out, summary))
         print(f"{transport:>7}: wall {summary['wall_seconds']:8.1f} s   round loop {rows[transport][1]:8.1f} s   "
-              f"CPU {cpu:8.1f} s   honest acc {summary['honest_mean_accuracy']:.2f}%", flush=True)
-    (wi, li, ai, ci), (wg, lg, ag, cg) = rows["inproc"], rows["grpc"]
-    print(f"ratio grpc/inproc: wall {wg / wi:.2f}x   round loop {lg / li:.2f}x   CPU {cg / ci:.2f}x   (accuracy equal: {ai == ag})")
+              f"CPU {cpu:8.1f} s (in round loops {rows[transport][4]:8.1f} s)   honest acc {summary['honest_mean_accuracy']:.2f}%", flush=True)
+    (wi, li, ai, ci, lci), (wg, lg, ag, cg, lcg) = rows["inproc"], rows["grpc"]
+    print(f"ratio grpc/inproc: wall {wg / wi:.2f}x   round loop {lg / li:.2f}x   CPU {cg / ci:.2f}x   "
+          f"round-loop CPU {lcg / lci:.2f}x   (accuracy equal: {ai == ag})")
     print(f"runs in {root}")
 
 

@@ -174,7 +174,8 @@ class AggregationConfig:
     crs: str = "loss_clip_mean"
     temperature: float = 0.1
     # Multiplies accuracy before the softmax: 1 treats accuracy as a fraction, 100 as percent.
-    accuracy_scale: float = 1.0
+    # Percent is what reproduces the paper's fairness table at its temperatures (docs/results).
+    accuracy_scale: float = 100.0
     loss_clip_weighting: str = "proportional"
     clip_threshold: float = 1.0
     tpm_accuracy_weight: float = 0.5

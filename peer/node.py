@@ -177,6 +177,12 @@ class Stopped(RuntimeError):
     """The client was asked to stop before its last round."""
 
 
+
+def _loop_times(wall_start: float, cpu_start: float) -> dict[str, float]:
+    """Wall and CPU seconds of the round loop. CPU time is the whole process's (all its
+    threads; with the in-process transport, all its clients)."""
+    return {"loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
+
 class Peer:
     """A client process's state and round loop (honest or Byzantine)."""
 
@@ -332,7 +338,7 @@ class Peer:
         liveness = Liveness(sc.network.max_missed_rounds)
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
-        loop_start = time.monotonic()
+        loop_start, cpu_start = time.monotonic(), time.process_time()
         log_every = max(1, sc.rounds // 20)
         for r in range(sc.rounds):
             self._check_stop()
@@ -379,7 +385,7 @@ class Peer:
                 # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
                 acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
                 log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
-        return {**last, "loop_seconds": round(time.monotonic() - loop_start, 3), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
+        return {**last, **_loop_times(loop_start, cpu_start), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 
     def _run_byzantine(self) -> dict[str, Any]:
         sc = self.scenario
@@ -387,7 +393,7 @@ class Peer:
         gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", self.id))
         targets = tuple(k for k in self.neighbours if k not in self.topology.byzantine)
         liveness = Liveness(sc.network.max_missed_rounds)
-        loop_start = time.monotonic()
+        loop_start, cpu_start = time.monotonic(), time.process_time()
         for r in range(sc.rounds):
             self._check_stop()
             self.inbox.advance(r)
@@ -424,7 +430,7 @@ class Peer:
                 "silent_to": silent,
             })
             self.link.send({"type": "round", "id": self.id, "round": r})
-        return {"attack": sc.attack.name, "loop_seconds": round(time.monotonic() - loop_start, 3)}
+        return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start)}
 
 
 def _finite_or_none(x: float) -> float | None:

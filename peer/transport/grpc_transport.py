@@ -48,9 +48,10 @@ class _Sender:
 
     A thread per neighbour instead of ``.future()`` calls: gRPC Python starts a channel-spin
     thread for a future call whenever the channel has none in flight, i.e. once per message
-    here, and those thread starts were the largest cost of a round over gRPC. One sender also
-    keeps the messages to a neighbour in order. Only the newest few messages are kept: if a
-    neighbour is so slow that more pile up, the oldest are dropped (they would arrive stale).
+    here, and those thread starts were the largest cost of a round over gRPC. Each sender has
+    its own condition, so queueing a message wakes only the thread that sends it. One sender
+    also keeps the messages to a neighbour in order. Only the newest few messages are kept: if
+    a neighbour is so slow that more pile up, the oldest are dropped (they would arrive stale).
     """
 
     MAX_QUEUED = 4
@@ -59,26 +60,51 @@ class _Sender:
         self.peer = peer
         self.stub = stub
         self.transport = transport
+        self.cond = threading.Condition()
         self.queue: deque[list[pb.ModelChunk]] = deque()
         self.busy = False
         self.closed = False
         self.thread = threading.Thread(target=self._loop, name=f"send-{peer}", daemon=True)
         self.thread.start()
 
+    def put(self, chunks: list[pb.ModelChunk]) -> bool:
+        """Queue one message; True when the oldest queued one was dropped to make room."""
+        with self.cond:
+            dropped = len(self.queue) >= self.MAX_QUEUED
+            if dropped:
+                self.queue.popleft()
+            self.queue.append(chunks)
+            self.cond.notify()
+        return dropped
+
+    def wait_idle(self, deadline: float) -> None:
+        with self.cond:
+            while self.queue or self.busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(left)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.queue.clear()
+            self.cond.notify_all()
+
     def _loop(self) -> None:
-        t = self.transport
         while True:
-            with t._cond:
+            with self.cond:
                 while not self.queue and not self.closed:
-                    t._cond.wait()
-                if self.closed and not self.queue:
+                    self.cond.wait()
+                if self.closed:
                     return
                 chunks = self.queue.popleft()
                 self.busy = True
             self._push(chunks)
-            with t._cond:
+            with self.cond:
                 self.busy = False
-                t._cond.notify_all()
+                if not self.queue:
+                    self.cond.notify_all()  # a flush() may be waiting
 
     def _push(self, chunks: list[pb.ModelChunk]) -> None:
         t = self.transport
@@ -118,7 +144,7 @@ class GrpcTransport:
         self._server: grpc.Server | None = None
         self._channels: dict[int, grpc.Channel] = {}
         self._senders: dict[int, _Sender] = {}
-        self._cond = threading.Condition()
+        self._sized: tuple[list[pb.ModelChunk] | None, int] = (None, 0)
         self._on_reachability: Reachability = lambda peer, ok: None
         self.bytes_sent = 0
         self.dropped = 0
@@ -163,37 +189,31 @@ class GrpcTransport:
         sender = self._senders.get(to)
         if sender is None:  # never connected (no address): nothing to send to
             return
-        size = sum(c.ByteSize() for c in chunks)
-        with self._cond:
-            if len(sender.queue) >= _Sender.MAX_QUEUED:
-                sender.queue.popleft()
-                self.dropped += 1
-            sender.queue.append(chunks)
-            self.bytes_sent += size
-            self._cond.notify_all()
+        # The round loop sends one message object to every neighbour: size it once.
+        last, size = self._sized
+        if last is not chunks:
+            size = sum(c.ByteSize() for c in chunks)
+            self._sized = (chunks, size)
+        if sender.put(chunks):
+            self.dropped += 1
+        self.bytes_sent += size
 
     def flush(self, timeout: float) -> None:
         """Wait until every queued message was sent (or failed), at most ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while any(s.queue or s.busy for s in self._senders.values()):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(left)
+        for sender in self._senders.values():
+            sender.wait_idle(deadline)
 
     def close(self) -> None:
-        with self._cond:
-            for sender in self._senders.values():
-                sender.closed = True
-                sender.queue.clear()
-            self._cond.notify_all()
+        for sender in self._senders.values():
+            sender.stop()
         for channel in self._channels.values():
             channel.close()
         for sender in self._senders.values():
             sender.thread.join(timeout=2.0)
         if self._server is not None:
             self._server.stop(grace=0.5).wait()
+        self._sized = (None, 0)
 
 
 def _bracket(host: str) -> str:
