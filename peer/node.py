@@ -52,7 +52,7 @@ def grpc_transport_for(scenario: Scenario, host: str, port: int, *, advertise: s
     """The gRPC transport with the scenario's limits: a server thread per possible neighbour."""
     net = scenario.network
     return GrpcTransport(
-        host, port, chunk_bytes=net.chunk_bytes, max_message_bytes=net.max_message_bytes,
+        host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
         max_workers=scenario.num_clients + 4, advertise=advertise,
     )
 

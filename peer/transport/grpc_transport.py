@@ -1,9 +1,7 @@
 """gRPC transport: one server per client and a channel to each neighbour.
 
-Models go out on one long-lived ``Stream`` call per neighbour, many messages per call: a gRPC
-call costs several thread hand-offs on each side, a message on an open stream far fewer. The
-servicer is thin: it cuts the stream into messages at their header chunks, hands each to the
-client's ``deliver`` callback, and ends the call when the sender does (or is not a neighbour). Message-size limits are explicit on both ends (a model larger than
+The servicer is thin: it hands the Push stream to the client's ``deliver`` callback and turns
+the verdict into a reply. Message-size limits are explicit on both ends (a model larger than
 one chunk streams in several), and ``grpc.so_reuseport`` is off so two clients can never share
 a port silently.
 """
@@ -14,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent import futures
 
 import grpc
@@ -34,44 +32,9 @@ def handle_push(chunks: Iterable[pb.ModelChunk], deliver: Deliver) -> pb.PushRep
     return pb.PushReply(accepted=accepted, reason=reason)
 
 
-def split_messages(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> Iterator[list[pb.ModelChunk]]:
-    """Cut a ``Stream`` call into messages: a header chunk starts one, and it is complete when
-    its data reaches ``header.total_bytes``. Data chunks outside a message come out one by one
-    (the receiver rejects them: no header); a message whose header declares more than
-    ``max_bytes`` comes out at once (rejected: too large) and its data is skipped, so one
-    message never holds more than ``max_bytes`` in memory. A message cut short by the next
-    header or the end of the call comes out as it is (rejected: size mismatch)."""
-    current: list[pb.ModelChunk] = []
-    need = have = 0
-    skipping = False
-    for chunk in chunks:
-        if chunk.HasField("header"):
-            if current:
-                yield current
-            current, need, have, skipping = [chunk], chunk.header.total_bytes, len(chunk.data), False
-            if need > max_bytes:
-                yield current
-                current, skipping = [], True
-                continue
-        elif skipping:
-            continue
-        elif not current:
-            yield [chunk]
-            continue
-        else:
-            current.append(chunk)
-            have += len(chunk.data)
-        if have >= need:
-            yield current
-            current = []
-    if current:
-        yield current
-
-
 class PeerServicer(pb_grpc.PeerServicer):
-    def __init__(self, deliver: Deliver, max_bytes: int) -> None:
+    def __init__(self, deliver: Deliver) -> None:
         self._deliver = deliver
-        self._max_bytes = max_bytes
 
     def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
         return handle_push(request_iterator, self._deliver)
@@ -79,26 +42,16 @@ class PeerServicer(pb_grpc.PeerServicer):
     def PushOne(self, request, context):  # noqa: N802 - gRPC method name
         return handle_push(iter((request,)), self._deliver)
 
-    def Stream(self, request_iterator, context):  # noqa: N802 - gRPC method name
-        last = pb.PushReply(accepted=True)
-        for message in split_messages(request_iterator, self._max_bytes):
-            accepted, reason = self._deliver(message)
-            if not accepted:
-                last = pb.PushReply(accepted=False, reason=reason)
-                if reason == "not_neighbour":
-                    break  # a stranger does not get to hold one of our server threads
-        return last
-
 
 class _Sender:
-    """One neighbour's outgoing queue and the ``Stream`` call that carries it.
+    """One neighbour's outgoing queue, drained by one thread making blocking calls.
 
-    The sender thread opens a call when there is something to send and blocks in it; gRPC
-    reads the messages from :meth:`_messages` as they are queued. When the call fails (the
-    neighbour went away) the messages it had taken are lost and the next message opens a new
-    call. Each sender has its own condition, so queueing a message wakes only its own threads.
-    Only the newest few messages are kept: if a neighbour is so slow that more pile up, the
-    oldest are dropped (they would arrive stale).
+    A thread per neighbour instead of ``.future()`` calls: gRPC Python starts a channel-spin
+    thread for a future call whenever the channel has none in flight, i.e. once per message
+    here, and those thread starts were the largest cost of a round over gRPC. Each sender has
+    its own condition, so queueing a message wakes only the thread that sends it. One sender
+    also keeps the messages to a neighbour in order. Only the newest few messages are kept: if
+    a neighbour is so slow that more pile up, the oldest are dropped (they would arrive stale).
     """
 
     MAX_QUEUED = 4
@@ -109,8 +62,7 @@ class _Sender:
         self.transport = transport
         self.cond = threading.Condition()
         self.queue: deque[list[pb.ModelChunk]] = deque()
-        self.streaming = False  # a call is open
-        self.ending = False  # flush(): end the call once the queue is empty
+        self.busy = False
         self.closed = False
         self.thread = threading.Thread(target=self._loop, name=f"send-{peer}", daemon=True)
         self.thread.start()
@@ -122,23 +74,16 @@ class _Sender:
             if dropped:
                 self.queue.popleft()
             self.queue.append(chunks)
-            self.cond.notify_all()
+            self.cond.notify()
         return dropped
 
     def wait_idle(self, deadline: float) -> None:
-        """End the open call once everything queued went out; wait (until ``deadline``) for
-        the receiver's reply, which comes after it has read every message."""
         with self.cond:
-            self.ending = True
-            self.cond.notify_all()
-            try:
-                while self.queue or self.streaming:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    self.cond.wait(left)
-            finally:
-                self.ending = False
+            while self.queue or self.busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(left)
 
     def stop(self) -> None:
         with self.cond:
@@ -146,39 +91,37 @@ class _Sender:
             self.queue.clear()
             self.cond.notify_all()
 
-    def _messages(self) -> Iterator[pb.ModelChunk]:
-        while True:
-            with self.cond:
-                while not self.queue and not self.closed and not self.ending:
-                    self.cond.wait()
-                if self.closed or not self.queue:
-                    return
-                chunks = self.queue.popleft()
-            yield from chunks
-
     def _loop(self) -> None:
-        t = self.transport
         while True:
             with self.cond:
                 while not self.queue and not self.closed:
                     self.cond.wait()
                 if self.closed:
                     return
-                self.streaming = True
-            try:
-                reply = self.stub.Stream(self._messages())
-                t._on_reachability(self.peer, True)
-                if not reply.accepted:
-                    log.debug("peer %d refused a message of ours: %s", self.peer, reply.reason)
-            except grpc.RpcError as err:
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    t._on_reachability(self.peer, False)
-                else:
-                    log.debug("stream to %d failed: %s", self.peer, err)
-            finally:
-                with self.cond:
-                    self.streaming = False
-                    self.cond.notify_all()
+                chunks = self.queue.popleft()
+                self.busy = True
+            self._push(chunks)
+            with self.cond:
+                self.busy = False
+                if not self.queue:
+                    self.cond.notify_all()  # a flush() may be waiting
+
+    def _push(self, chunks: list[pb.ModelChunk]) -> None:
+        t = self.transport
+        try:
+            if len(chunks) == 1:
+                reply = self.stub.PushOne(chunks[0], timeout=t.send_timeout)
+            else:
+                reply = self.stub.Push(iter(chunks), timeout=t.send_timeout)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                t._on_reachability(self.peer, False)
+            else:
+                log.debug("send to %d failed: %s", self.peer, err)
+            return
+        t._on_reachability(self.peer, True)
+        if not reply.accepted:
+            log.debug("peer %d refused our message: %s", self.peer, reply.reason)
 
 
 class GrpcTransport:
@@ -188,14 +131,14 @@ class GrpcTransport:
         port: int = 0,
         *,
         chunk_bytes: int = 1 << 20,
-        max_message_bytes: int = 256 << 20,
+        send_timeout: float = 30.0,
         max_workers: int = 8,
         advertise: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.advertise = advertise
-        self.max_message_bytes = max_message_bytes
+        self.send_timeout = send_timeout
         self._limit = chunk_bytes + _FRAMING
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
@@ -217,7 +160,7 @@ class GrpcTransport:
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="peer-rpc"),
             options=[*self._options(), ("grpc.so_reuseport", 0)],
         )
-        pb_grpc.add_PeerServicer_to_server(PeerServicer(deliver, self.max_message_bytes), self._server)
+        pb_grpc.add_PeerServicer_to_server(PeerServicer(deliver), self._server)
         bound = self._server.add_insecure_port(f"{_bracket(self.host)}:{self.port}")
         if bound == 0:
             raise OSError(f"could not listen on {self.host}:{self.port} (port in use?)")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.transport.grpc_transport import GrpcTransport, PeerServicer, handle_push, split_messages
+from peer.transport.grpc_transport import handle_push
 from peer.transport.inbox import Inbox
 from peer.transport.serde import ModelMessage, TensorSpec, WireError, decode, encode, join_chunks
 
@@ -137,98 +137,3 @@ def test_servicer_logic_needs_no_socket():
     reply = handle_push(iter(encode(1, 0, vec(), SPECS)), deliver)
     assert (reply.accepted, reply.reason) == (False, "future_round")
     assert len(seen) == 1
-
-
-# --------------------------------------------------------------------------- Stream: many messages on one call
-
-
-def test_split_messages_cuts_a_stream_at_headers():
-    messages = [encode(1, r, vec(r), SPECS, chunk_bytes=16) for r in range(3)]
-    assert all(len(m) == 4 for m in messages)  # 60 bytes in chunks of 16
-
-    out = list(split_messages([c for m in messages for c in m], max_bytes=1 << 20))
-
-    assert out == messages
-    assert [roundtrip(m).round for m in out] == [0, 1, 2]
-
-
-def test_split_messages_bad_framing_comes_out_to_be_rejected():
-    good = encode(1, 0, vec(), SPECS, chunk_bytes=16)
-    stray = good[1]  # a data chunk with no message open
-    short = encode(1, 1, vec(1), SPECS, chunk_bytes=16)[:2]  # cut short by the next header
-    huge = encode(1, 2, vec(2), SPECS, chunk_bytes=16)  # declares more than the limit below
-    huge[0].header.total_bytes = 10_000
-
-    out = list(split_messages([stray, *short, *huge, *good], max_bytes=1000))
-
-    assert out == [[stray], short, [huge[0]], good]  # huge's data chunks were skipped
-    with pytest.raises(WireError, match="no_header"):
-        join_chunks(iter(out[0]), 1000)
-    with pytest.raises(WireError, match="size_mismatch"):
-        join_chunks(iter(out[1]), 1000)
-    with pytest.raises(WireError, match="too_large"):
-        join_chunks(iter(out[2]), 1000)
-
-
-def test_stream_handler_stops_reading_a_stranger():
-    read = []
-
-    def chunks():
-        for r in range(5):
-            read.append(r)
-            yield from encode(9, r, vec(r), SPECS)
-
-    reply = PeerServicer(lambda m: (False, "not_neighbour"), 1 << 20).Stream(chunks(), None)
-
-    assert (reply.accepted, reply.reason) == (False, "not_neighbour") and read == [0]
-
-
-def _pair(deliver, chunk_bytes=16):
-    receiver = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
-    address = receiver.start(deliver)
-    sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
-    sender.start(lambda m: (True, ""))
-    return sender, receiver, address
-
-
-def test_grpc_stream_delivers_every_message_in_order_over_loopback():
-    got, lock = [], threading.Lock()
-
-    def deliver(chunks):
-        with lock:
-            got.append(roundtrip(list(chunks)))
-        return True, ""
-
-    sender, receiver, address = _pair(deliver)
-    try:
-        sender.connect({1: address}, lambda peer, ok: None)
-        assert sender.wait_ready(10.0) == []
-        for r in range(12):
-            sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
-            if r % 3 == 0:
-                sender.flush(10.0)  # ends the call; the next message opens a new one
-        sender.flush(10.0)
-        assert [m.round for m in got] == list(range(12))
-        assert all(torch.equal(m.vector, vec(m.round)) for m in got)
-        assert sender.bytes_sent == sum(sum(c.ByteSize() for c in encode(0, r, vec(r), SPECS, chunk_bytes=16)) for r in range(12))
-    finally:
-        sender.close()
-        receiver.close()
-
-
-def test_grpc_sender_reports_a_neighbour_that_went_away():
-    sender, receiver, address = _pair(lambda chunks: (len(list(chunks)) > 0, ""))
-    events = []
-    try:
-        sender.connect({1: address}, lambda peer, ok: events.append((peer, ok)))
-        sender.send(1, encode(0, 0, vec(), SPECS))
-        sender.flush(10.0)
-        assert (1, True) in events
-        receiver.close()
-        deadline = time.monotonic() + 15
-        while (1, False) not in events and time.monotonic() < deadline:
-            sender.send(1, encode(0, 1, vec(), SPECS))
-            time.sleep(0.2)
-        assert (1, False) in events
-    finally:
-        sender.close()

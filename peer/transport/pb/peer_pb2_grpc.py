@@ -44,11 +44,6 @@ class PeerStub:
                 request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
                 response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
                 _registered_method=True)
-        self.Stream = channel.stream_unary(
-                '/peer.transport.pb.Peer/Stream',
-                request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-                response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
-                _registered_method=True)
 
 
 class PeerServicer:
@@ -68,15 +63,6 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Stream(self, request_iterator, context):
-        """One long-lived call per neighbour carrying many messages, each a header chunk followed by
-        its data chunks (header.total_bytes says where it ends). The reply comes when the sender
-        ends the call; it reports the last rejection, if any. Far cheaper per message than a call.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -87,11 +73,6 @@ def add_PeerServicer_to_server(servicer, server):
             ),
             'Push': grpc.stream_unary_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
-                    response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
-            ),
-            'Stream': grpc.stream_unary_rpc_method_handler(
-                    servicer.Stream,
                     request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
                     response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
             ),
@@ -148,33 +129,6 @@ class Peer:
             request_iterator,
             target,
             '/peer.transport.pb.Peer/Push',
-            peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-            peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Stream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/peer.transport.pb.Peer/Stream',
             peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
             peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
             options,
