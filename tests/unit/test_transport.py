@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.transport.grpc_transport import handle_push
+from peer.transport.grpc_transport import GrpcTransport, handle_push
 from peer.transport.inbox import Inbox
 from peer.transport.serde import ModelMessage, TensorSpec, WireError, decode, encode, join_chunks
 
@@ -137,3 +137,57 @@ def test_servicer_logic_needs_no_socket():
     reply = handle_push(iter(encode(1, 0, vec(), SPECS)), deliver)
     assert (reply.accepted, reply.reason) == (False, "future_round")
     assert len(seen) == 1
+
+
+# --------------------------------------------------------------------------- over loopback
+
+
+def _pair(deliver, chunk_bytes=16):
+    receiver = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
+    address = receiver.start(deliver)
+    sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
+    sender.start(lambda m: (True, ""))
+    return sender, receiver, address
+
+
+def test_grpc_stream_delivers_every_message_in_order_over_loopback():
+    got, lock = [], threading.Lock()
+
+    def deliver(chunks):
+        with lock:
+            got.append(roundtrip(list(chunks)))
+        return True, ""
+
+    sender, receiver, address = _pair(deliver)
+    try:
+        sender.connect({1: address}, lambda peer, ok: None)
+        assert sender.wait_ready(10.0) == []
+        for r in range(12):
+            sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
+            if r % 3 == 0:
+                sender.flush(10.0)
+        sender.flush(10.0)
+        assert [m.round for m in got] == list(range(12))
+        assert all(torch.equal(m.vector, vec(m.round)) for m in got)
+        assert sender.bytes_sent == sum(sum(c.ByteSize() for c in encode(0, r, vec(r), SPECS, chunk_bytes=16)) for r in range(12))
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_grpc_sender_reports_a_neighbour_that_went_away():
+    sender, receiver, address = _pair(lambda chunks: (len(list(chunks)) > 0, ""))
+    events = []
+    try:
+        sender.connect({1: address}, lambda peer, ok: events.append((peer, ok)))
+        sender.send(1, encode(0, 0, vec(), SPECS))
+        sender.flush(10.0)
+        assert (1, True) in events
+        receiver.close()
+        deadline = time.monotonic() + 15
+        while (1, False) not in events and time.monotonic() < deadline:
+            sender.send(1, encode(0, 1, vec(), SPECS))
+            time.sleep(0.2)
+        assert (1, False) in events
+    finally:
+        sender.close()
