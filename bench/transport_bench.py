@@ -37,24 +37,19 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def loop_seconds(out: Path) -> float:
-    """Slowest client's time inside its round loop (from its final record)."""
-    times = []
-    for path in (out / "peers").glob("*.json"):
-        times.append(json.loads(path.read_text()).get("loop_seconds", 0.0))
-    return max(times, default=float("nan"))
-
-
-def loop_cpu_seconds(out: Path, summary: dict) -> float:
-    """CPU time spent in the round loops, all client processes together. A client records
-    its whole process's CPU time, so clients sharing a process (in-process transport) count once."""
-    per_process: dict[int, float] = {}
+def loop_times(out: Path, summary: dict) -> tuple[float, float]:
+    """(slowest client's wall seconds in its round loop, CPU seconds of all round loops), from
+    the clients' final records. A client records its whole process's CPU time, so clients that
+    share a process (in-process transport) count once."""
+    wall, per_process = [], {}
     for k, peer in summary["peers"].items():
         path = out / "peers" / f"{k}.json"
         if path.exists():
-            cpu = json.loads(path.read_text()).get("loop_cpu_seconds", 0.0)
+            record = json.loads(path.read_text())
+            wall.append(record.get("loop_seconds", 0.0))
+            cpu = record.get("loop_cpu_seconds", 0.0)
             per_process[peer["pid"]] = max(per_process.get(peer["pid"], 0.0), cpu)
-    return sum(per_process.values())
+    return max(wall, default=float("nan")), sum(per_process.values())
 
 
 def main() -> None:
@@ -70,7 +65,8 @@ def main() -> None:
         before = cpu_seconds()
         out, summary = run_scenario(scenario, root / transport, console=quiet)
         cpu = cpu_seconds() - before
-        rows[transport] = (summary["wall_seconds"], loop_seconds(out), summary["honest_mean_accuracy"], cpu, loop_cpu_seconds(out, summary))
+        loop_wall, loop_cpu = loop_times(out, summary)
+        rows[transport] = (summary["wall_seconds"], loop_wall, summary["honest_mean_accuracy"], cpu, loop_cpu)
         print(f"{transport:>7}: wall {summary['wall_seconds']:8.1f} s   round loop {rows[transport][1]:8.1f} s   "
               f"CPU {cpu:8.1f} s (in round loops {rows[transport][4]:8.1f} s)   honest acc {summary['honest_mean_accuracy']:.2f}%", flush=True)
     (wi, li, ai, ci, lci), (wg, lg, ag, cg, lcg) = rows["inproc"], rows["grpc"]

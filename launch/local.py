@@ -46,6 +46,17 @@ class Child:
     reported: bool = False
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def default_out_dir(root: Path = Path("runs")) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1000):

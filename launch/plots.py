@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launch.record import curve, run_record, weights
+from launch.record import curve, peer_ids, run_record, weights
 from launch.report import Cell, RunResult, Table
 
 # PNG metadata would otherwise carry the matplotlib version.
@@ -37,8 +37,7 @@ def _accuracy_key(table: Table) -> str:
 
 
 def _ids(run: RunResult, role: str) -> list[int]:
-    peers = (run.summary or {}).get("peers", {})
-    return sorted(int(k) for k, p in peers.items() if p.get("role") == role)
+    return peer_ids(run.summary or {}, role)
 
 
 def _record(run: RunResult) -> dict:

@@ -38,7 +38,7 @@ class RecordError(ValueError):
     """A sweep folder that cannot be exported."""
 
 
-def _peer_ids(summary: dict[str, Any], role: str | None = None) -> list[int]:
+def peer_ids(summary: dict[str, Any], role: str | None = None) -> list[int]:
     peers = summary.get("peers", {})
     return sorted(int(k) for k, p in peers.items() if role is None or p.get("role") == role)
 
@@ -57,8 +57,8 @@ def _lines(folder: Path, client: int) -> Iterator[dict[str, Any]]:
 
 def build_record(folder: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """Read the clients' JSONL files of a run folder once and reduce them to the record."""
-    receivers = _peer_ids(summary, "honest")
-    senders = _peer_ids(summary)
+    receivers = peer_ids(summary, "honest")
+    senders = peer_ids(summary)
     col = {s: j for j, s in enumerate(senders)}
     per_round: dict[str, dict[int, list[float]]] = {key: defaultdict(list) for key in CURVE_KEYS}
     matrix = np.full((len(receivers), len(senders)), np.nan)

@@ -667,6 +667,8 @@ def run_sweep(
 def _sweep_lock(out_dir: Path):
     """Hold ``out_dir/sweep.lock`` (our PID) while running: a second sweep on the same folder
     would delete the runs this one has in progress, taking them for interrupted ones."""
+    from launch.local import pid_alive
+
     path = out_dir / LOCK_FILE
     while True:
         try:
@@ -677,7 +679,7 @@ def _sweep_lock(out_dir: Path):
                 pid = int(path.read_text().strip() or "0")
             except (OSError, ValueError):
                 pid = 0
-            if pid and pid != os.getpid() and _alive(pid):
+            if pid and pid != os.getpid() and pid_alive(pid):
                 raise SweepError(f"{out_dir}: another sweep (pid {pid}) is running there; wait for it or stop it") from None
             # Left by a sweep that was killed: take it over.
             path.unlink(missing_ok=True)
@@ -687,16 +689,6 @@ def _sweep_lock(out_dir: Path):
         yield
     finally:
         path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> SweepResult:

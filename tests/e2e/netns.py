@@ -35,6 +35,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from launch.local import pid_alive
+
 # Host interface name inside each host namespace; the same in every host so that a program
 # (e.g. gloo's GLOO_SOCKET_IFNAME) can be told which interface faces the lab network.
 HOST_IF = "eth0"
@@ -61,16 +63,6 @@ def _cmd(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProc
     if check and done.returncode != 0:
         raise LabError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
     return done
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _netns_names() -> list[str]:
@@ -128,7 +120,7 @@ def remove_stale_labs() -> list[str]:
         if m is None:
             continue
         pid = int(m.group(1))
-        if pid != os.getpid() and not _alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             _ip("netns", "del", name, check=False)
             removed.append(name)
     return removed
