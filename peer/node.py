@@ -177,11 +177,11 @@ class Stopped(RuntimeError):
     """The client was asked to stop before its last round."""
 
 
-
 def _loop_times(wall_start: float, cpu_start: float) -> dict[str, float]:
     """Wall and CPU seconds of the round loop. CPU time is the whole process's (all its
     threads; with the in-process transport, all its clients)."""
     return {"loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
+
 
 class Peer:
     """A client process's state and round loop (honest or Byzantine)."""
