@@ -134,6 +134,31 @@ def _portable(path: str | None) -> str | None:
         return p.name
 
 
+def read_sweep(folder: Path) -> dict[str, Any]:
+    """A sweep folder's ``sweep.json`` (its grid, axes and points)."""
+    path = folder / "sweep.json"
+    if not path.exists():
+        raise RecordError(f"{folder}: no sweep.json; give a folder written by `dfedrw sweep`")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}: not valid JSON: {exc}") from None
+
+
+def read_summary(folder: Path) -> tuple[dict[str, Any] | None, str]:
+    """(summary, "done") for a finished run folder, else (None, why it has no result)."""
+    path = folder / "summary.json"
+    if not path.exists():
+        return None, "no summary.json" if folder.exists() else "not started"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None, "unreadable summary.json"
+    if summary.get("interrupted"):
+        return None, "interrupted"
+    return summary, "done"
+
+
 def export_sweep(src: str | Path, dest: str | Path) -> tuple[int, list[str]]:
     """Copy the compact form of the sweep folder ``src`` to ``dest`` (see the module docstring).
 
@@ -141,23 +166,16 @@ def export_sweep(src: str | Path, dest: str | Path) -> tuple[int, list[str]]:
     replaced wholesale, so an export is exactly the sweep's current state.
     """
     src, dest = Path(src), Path(dest)
-    try:
-        sweep = json.loads((src / "sweep.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RecordError(f"{src}: no sweep.json; give a folder written by `dfedrw sweep`") from None
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{src / 'sweep.json'}: not valid JSON: {exc}") from None
+    sweep = read_sweep(src)
     if dest.resolve() == src.resolve():
         raise RecordError(f"--out {dest} is the sweep folder itself; export to another folder")
-    from launch.report import _read_summary
-
     tmp = dest.with_name(dest.name + ".exporting")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "runs").mkdir(parents=True)
     exported, left_out = 0, []
     for run in sorted({p["run"] for p in sweep.get("points", [])}):
         folder = src / run
-        summary, state = _read_summary(folder)
+        summary, state = read_summary(folder)
         if summary is None:
             left_out.append(f"{run} ({state})")
             continue

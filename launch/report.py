@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from launch.record import read_summary, read_sweep
+
 KINDS = ("fairness", "byzantine")
 # Summary accuracy key -> the summary key holding the variance of the same accuracy.
 METRICS = {
@@ -228,29 +230,6 @@ class Table:
         return max((c.n for c in self.cells.values()), default=0)
 
 
-def _read_summary(folder: Path) -> tuple[dict[str, Any] | None, str]:
-    path = folder / "summary.json"
-    if not path.exists():
-        return None, "no summary.json" if folder.exists() else "not started"
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return None, "unreadable summary.json"
-    if summary.get("interrupted"):
-        return None, "interrupted"
-    return summary, "done"
-
-
-def _read_sweep(folder: Path) -> dict[str, Any]:
-    path = folder / "sweep.json"
-    if not path.exists():
-        raise ReportError(f"{folder}: no sweep.json; give a folder written by `dfedrw sweep`")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: not valid JSON: {exc}") from None
-
-
 def load_results(dirs: Sequence[str | Path]) -> Table:
     """Read the sweep folders (merged; they must share one report spec) into a :class:`Table`."""
     if not dirs:
@@ -260,7 +239,7 @@ def load_results(dirs: Sequence[str | Path]) -> Table:
     first: Path | None = None
     points: list[tuple[dict[str, str], Path]] = []
     for d in map(Path, dirs):
-        record = _read_sweep(d)
+        record = read_sweep(d)
         if record.get("report") is None:
             raise ReportError(f"{d}: its grid has no [report] table and no axis to form the columns; add [report]")
         if spec is None:
@@ -290,7 +269,7 @@ def load_results(dirs: Sequence[str | Path]) -> Table:
     for labels, folder in points:
         name = folder.name
         if name not in summaries:
-            summaries[name] = _read_summary(folder)
+            summaries[name] = read_summary(folder)
         summary, state = summaries[name]
         if summary is not None and summary.get(metric) is None:
             summary, state = None, f"no {metric} (every honest client failed)"
