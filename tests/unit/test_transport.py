@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.transport.grpc_transport import GrpcTransport, handle_push
+from peer.transport.grpc_transport import GrpcTransport, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
 from peer.transport.serde import ModelMessage, TensorSpec, WireError, decode, encode, join_chunks
 
@@ -139,6 +139,59 @@ def test_servicer_logic_needs_no_socket():
     assert len(seen) == 1
 
 
+# --------------------------------------------------------------------------- Exchange: many messages on one call
+
+
+def test_split_messages_cuts_a_call_at_headers():
+    messages = [encode(1, r, vec(r), SPECS, chunk_bytes=16) for r in range(3)]
+    assert all(len(m) == 4 for m in messages)  # 60 bytes in chunks of 16
+
+    out = list(split_messages([c for m in messages for c in m], max_bytes=1 << 20))
+
+    assert out == messages
+    assert [roundtrip(m).round for m in out] == [0, 1, 2]
+
+
+def test_split_messages_bad_framing_comes_out_to_be_rejected():
+    good = encode(1, 0, vec(), SPECS, chunk_bytes=16)
+    stray = good[1]  # a data chunk with no message open
+    short = encode(1, 1, vec(1), SPECS, chunk_bytes=16)[:2]  # cut short by the next header
+    huge = encode(1, 2, vec(2), SPECS, chunk_bytes=16)  # declares more than the limit below
+    huge[0].header.total_bytes = 10_000
+
+    out = list(split_messages([stray, *short, *huge, *good], max_bytes=1000))
+
+    assert out == [[stray], short, [huge[0]], good]  # huge's data chunks were skipped
+    with pytest.raises(WireError, match="no_header"):
+        join_chunks(iter(out[0]), 1000)
+    with pytest.raises(WireError, match="size_mismatch"):
+        join_chunks(iter(out[1]), 1000)
+    with pytest.raises(WireError, match="too_large"):
+        join_chunks(iter(out[2]), 1000)
+
+
+def test_exchange_answers_each_message_and_stops_reading_a_stranger():
+    read = []
+
+    def chunks(sender):
+        for r in range(5):
+            read.append(r)
+            yield from encode(sender, r, vec(r), SPECS, chunk_bytes=16)
+
+    verdicts = iter([(True, ""), (False, "stale_round"), (True, ""), (True, ""), (True, "")])
+
+    def deliver(message):
+        assert len(list(message)) == 4  # a whole message per call of deliver
+        return next(verdicts)
+
+    replies = list(PeerServicer(deliver, 1 << 20).Exchange(chunks(1), None))
+    assert [(r.accepted, r.reason) for r in replies] == [(True, ""), (False, "stale_round"), (True, ""), (True, ""), (True, "")]
+
+    read.clear()
+    replies = list(PeerServicer(lambda m: (False, "not_neighbour"), 1 << 20).Exchange(chunks(9), None))
+    assert [(r.accepted, r.reason) for r in replies] == [(False, "not_neighbour")] and read == [0]
+
+
 # --------------------------------------------------------------------------- over loopback
 
 
@@ -191,3 +244,66 @@ def test_grpc_sender_reports_a_neighbour_that_went_away():
         assert (1, False) in events
     finally:
         sender.close()
+
+
+def test_grpc_sender_keeps_one_message_in_flight_and_the_newest_queued():
+    """The next message goes out only after the reply to the previous one; meanwhile the queue
+    keeps the newest MAX_QUEUED messages, so a slow receiver gets fresh models, not a backlog."""
+    release, first_in = threading.Event(), threading.Event()
+    got, lock = [], threading.Lock()
+
+    def deliver(chunks):
+        m = roundtrip(list(chunks))
+        with lock:
+            got.append(m.round)
+        if m.round == 0:
+            first_in.set()
+            release.wait(10.0)
+        return True, ""
+
+    sender, receiver, address = _pair(deliver)
+    try:
+        sender.connect({1: address}, lambda peer, ok: None)
+        assert sender.wait_ready(10.0) == []
+        sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
+        assert first_in.wait(10.0)
+        for r in range(1, 8):
+            sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
+        time.sleep(0.3)
+        with lock:
+            assert got == [0]  # nothing else left while round 0 awaits its reply
+        release.set()
+        sender.flush(10.0)
+        assert got == [0, 4, 5, 6, 7] and sender.dropped == 3
+    finally:
+        release.set()
+        sender.close()
+        receiver.close()
+
+
+def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
+    release = threading.Event()
+    got = []
+
+    def deliver(chunks):
+        m = roundtrip(list(chunks))
+        got.append(m.round)
+        if m.round == 0:
+            release.wait(10.0)  # never answered in time
+        return True, ""
+
+    sender, receiver, address = _pair(deliver)
+    sender.send_timeout = 0.5
+    try:
+        sender.connect({1: address}, lambda peer, ok: None)
+        assert sender.wait_ready(10.0) == []
+        sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
+        sender.send(1, encode(0, 1, vec(1), SPECS, chunk_bytes=16))
+        deadline = time.monotonic() + 10
+        while 1 not in got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == [0, 1]  # round 1 went out on a new call once round 0's was cancelled
+    finally:
+        release.set()
+        sender.close()
+        receiver.close()

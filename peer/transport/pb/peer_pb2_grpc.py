@@ -44,6 +44,11 @@ class PeerStub:
                 request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
                 response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.Exchange = channel.stream_stream(
+                '/peer.transport.pb.Peer/Exchange',
+                request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+                response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -63,6 +68,15 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exchange(self, request_iterator, context):
+        """Many messages on one long-lived call, each a header chunk and the data chunks that follow
+        it, and one reply per message. A sender sends its next message once the reply to the
+        previous one came. The receiver ends the call at a sender that is not its neighbour.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +87,11 @@ def add_PeerServicer_to_server(servicer, server):
             ),
             'Push': grpc.stream_unary_rpc_method_handler(
                     servicer.Push,
+                    request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
+                    response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
+            ),
+            'Exchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exchange,
                     request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
                     response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
             ),
@@ -129,6 +148,33 @@ class Peer:
             request_iterator,
             target,
             '/peer.transport.pb.Peer/Push',
+            peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+            peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/peer.transport.pb.Peer/Exchange',
             peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
             peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
             options,
