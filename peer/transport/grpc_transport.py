@@ -117,6 +117,7 @@ class _Sender:
         self.cond = threading.Condition()
         self.queue: deque[list[pb.ModelChunk]] = deque()
         self.in_flight = False  # a message awaits its reply
+        self.sent_at = 0.0  # when it went out
         self.call: grpc.Call | None = None
         self.call_id = 0  # a new id ends the message iterator of the previous call
         self.closed = False
@@ -136,11 +137,7 @@ class _Sender:
     def wait_idle(self, deadline: float) -> None:
         """Wait (until ``deadline``) for every queued message to be answered or lost."""
         with self.cond:
-            while self.queue or self.in_flight:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self.cond.wait(left)
+            self.cond.wait_for(lambda: not (self.queue or self.in_flight), deadline - time.monotonic())
 
     def stop(self) -> None:
         with self.cond:
@@ -152,13 +149,11 @@ class _Sender:
         timeout = self.transport.send_timeout
         while True:
             with self.cond:
-                overdue = time.monotonic() + timeout
                 while not self.closed and self.call_id == call_id and (self.in_flight or not self.queue):
                     if not self.in_flight:
                         self.cond.wait()
-                        overdue = time.monotonic() + timeout
                         continue
-                    left = overdue - time.monotonic()
+                    left = self.sent_at + timeout - time.monotonic()
                     if left <= 0:
                         log.debug("no reply from %d in %.0f s; cancelling the call", self.peer, timeout)
                         if self.call is not None:
@@ -168,7 +163,7 @@ class _Sender:
                 if self.closed or self.call_id != call_id:
                     return
                 chunks = self.queue.popleft()
-                self.in_flight = True
+                self.in_flight, self.sent_at = True, time.monotonic()
             yield from chunks
 
     def _on_reply(self, reply: pb.PushReply) -> None:

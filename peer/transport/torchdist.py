@@ -217,13 +217,8 @@ class TorchDistTransport:
             self._lock.notify_all()
 
     def flush(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
         with self._lock:
-            while self._unsent > 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._lock.wait(left)
+            self._lock.wait_for(lambda: self._unsent == 0, timeout)
 
     def close(self) -> None:
         with self._lock:
