@@ -10,13 +10,13 @@ from rich.console import Console
 
 from launch.local import LocalRun, default_out_dir
 from peer.config import Scenario
+from peer.results import check_fresh_out_dir
 
 
 def run_scenario(scenario: Scenario, out_dir: Path | None = None, *, console: Console | None = None) -> tuple[Path, dict[str, Any]]:
     """Run ``scenario``, write its results under ``out_dir`` and return (out_dir, summary)."""
     out = Path(out_dir) if out_dir else default_out_dir()
-    if (out / "summary.json").exists():
-        raise FileExistsError(f"{out} already holds a finished run; choose another --out")
+    check_fresh_out_dir(out, range(scenario.num_clients))
     if scenario.network.transport == "torch":
         raise ValueError(
             "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from launch.collect import collect_summary, collected_now
 from peer.config import Scenario, dump_scenario
 from peer.node import Peer, grpc_transport_for, scenario_topology
+from peer.results import check_fresh_out_dir
 from peer.transport.torchdist import TorchDistTransport
 
 log = logging.getLogger(__name__)
@@ -248,8 +249,8 @@ def run_torchrun(scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str
     if scenario.network.transport not in ("grpc", "torch"):
         raise ValueError(f"network.transport = {scenario.network.transport!r} cannot run under torchrun; use 'grpc' or 'torch'")
     out_dir = Path(out_dir)
-    if (out_dir / "summary.json").exists():
-        raise FileExistsError(f"{out_dir} already holds a finished run; choose another --out")
+    # Every rank writes into the same folder at once: each checks only its own round log.
+    check_fresh_out_dir(out_dir, [env.rank])
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     # Each rank's log in the results folder, as `dfedrw run` keeps them.
     handler = logging.FileHandler(out_dir / "logs" / f"{env.rank}.log")

@@ -3,23 +3,38 @@
 Each client appends one JSON object per round to ``peers/<id>.jsonl`` as it goes (flushed
 every line, so a crash loses nothing already done) and writes ``peers/<id>.json`` when it
 finishes. The launcher builds ``summary.json`` from these files only, never from telemetry.
+
+A results folder holds one run: the launchers refuse a folder an earlier run wrote into
+(:func:`check_fresh_out_dir`), and a client started again by hand into its own folder moves the
+earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class RoundLog:
     def __init__(self, out_dir: Path, client_id: int) -> None:
         path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", encoding="utf-8")
+        if path.exists() and path.stat().st_size > 0:
+            n = 1
+            while path.with_name(f"{path.name}.{n}").exists():
+                n += 1
+            kept = path.with_name(f"{path.name}.{n}")
+            os.replace(path, kept)
+            log.warning("client %d: %s holds an earlier run's rounds; moved to %s", client_id, path, kept.name)
+        self._file = path.open("x", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
@@ -27,6 +42,28 @@ class RoundLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def check_fresh_out_dir(out_dir: Path, client_ids: Iterable[int]) -> None:
+    """Raise FileExistsError when ``out_dir`` already holds a run's results: a summary (finished
+    or interrupted) or a round log of one of ``client_ids`` (a run that was killed before its
+    summary). Results of two runs in one folder would be mixed up."""
+    out = Path(out_dir)
+    summary = out / "summary.json"
+    if summary.exists():
+        try:
+            interrupted = bool(json.loads(summary.read_text(encoding="utf-8")).get("interrupted"))
+        except (OSError, ValueError, AttributeError):
+            interrupted = False
+        what = "an interrupted run" if interrupted else "a finished run"
+        raise FileExistsError(f"{out} already holds {what}; choose another --out (or delete the folder to redo it)")
+    logs = [out / "peers" / f"{k}.jsonl" for k in client_ids]
+    found = [p.name for p in logs if p.exists() and p.stat().st_size > 0]
+    if found:
+        raise FileExistsError(
+            f"{out} holds round logs of an earlier run that did not finish ({', '.join(found[:3])}"
+            f"{', ...' if len(found) > 3 else ''}); choose another --out (or delete the folder to redo it)"
+        )
 
 
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:

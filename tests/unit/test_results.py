@@ -2,7 +2,9 @@ import json
 
 import pytest
 
-from peer.results import RoundLog, read_rounds, summarize, write_json_atomic
+from launch.cli import main
+from peer.config import dump_scenario
+from peer.results import RoundLog, check_fresh_out_dir, read_rounds, summarize, write_json_atomic
 
 
 def write_peer(out, k, role, acc, gacc, weights_per_round, completed=True):
@@ -60,3 +62,54 @@ def test_a_client_that_ended_alone_is_listed_as_isolated(tmp_path):
     write_peer(tmp_path, 1, "honest", 60.0, 60.0, [{1: 0.5, 0: 0.5}] * 10 + [{1: 1.0}] * 10)
     s = summarize(tmp_path, roles={0: "honest", 1: "honest"}, pids={0: 1, 1: 2}, exit_codes={0: 0, 1: 0}, rounds=20, wall_seconds=0)
     assert s["isolated_peers"] == [1] and s["failed_peers"] == []
+
+
+# -- one run per results folder ------------------------------------------------------------------
+def test_a_client_started_again_moves_the_earlier_round_log_aside(tmp_path):
+    write_peer(tmp_path, 0, "honest", None, None, [{0: 1.0}, {0: 1.0}, {0: 1.0}], completed=False)
+    write_peer(tmp_path, 0, "honest", None, None, [{0: 0.5}], completed=False)
+    write_peer(tmp_path, 0, "honest", None, None, [{0: 0.25}, {0: 0.25}], completed=False)
+
+    assert [r["weights"] for r in read_rounds(tmp_path, 0)] == [{"0": 0.25}, {"0": 0.25}]
+    peers = tmp_path / "peers"
+    assert len((peers / "0.jsonl.1").read_text().splitlines()) == 3
+    assert len((peers / "0.jsonl.2").read_text().splitlines()) == 1
+
+
+def test_a_fresh_or_empty_folder_is_accepted(tmp_path):
+    check_fresh_out_dir(tmp_path / "missing", range(3))
+    (tmp_path / "peers").mkdir()
+    (tmp_path / "peers" / "0.jsonl").write_text("")  # opened, nothing written yet
+    check_fresh_out_dir(tmp_path, range(3))
+
+
+@pytest.mark.parametrize(
+    "summary, what",
+    [({"interrupted": True}, "an interrupted run"), ({"interrupted": False}, "a finished run"), (None, "a finished run")],
+)
+def test_a_folder_with_a_summary_is_refused_and_says_which_kind(tmp_path, summary, what):
+    path = tmp_path / "summary.json"
+    path.write_text("{not json" if summary is None else json.dumps(summary))
+
+    with pytest.raises(FileExistsError, match=f"already holds {what}"):
+        check_fresh_out_dir(tmp_path, range(3))
+
+
+def test_a_folder_with_round_logs_of_a_killed_run_is_refused(tmp_path):
+    write_peer(tmp_path, 2, "honest", None, None, [{2: 1.0}], completed=False)
+
+    with pytest.raises(FileExistsError, match=r"earlier run that did not finish \(2\.jsonl\)"):
+        check_fresh_out_dir(tmp_path, range(3))
+    check_fresh_out_dir(tmp_path, [0, 1])  # a torchrun rank checks only its own log
+
+
+def test_dfedrw_run_refuses_a_reused_folder_before_starting_anything(small_scenario, tmp_path, capsys):
+    scenario_path = tmp_path / "s.toml"
+    dump_scenario(small_scenario("network.transport=inproc"), scenario_path)
+    out = tmp_path / "run"
+    write_peer(out, 1, "honest", None, None, [{1: 1.0}], completed=False)
+
+    assert main(["run", str(scenario_path), "--out", str(out)]) == 2
+    assert "earlier run that did not finish" in capsys.readouterr().err
+    assert not (out / "summary.json").exists()
+    assert sorted(p.name for p in (out / "peers").iterdir()) == ["1.jsonl"]
