@@ -366,6 +366,15 @@ def run_state(folder: Path, scenario: Scenario) -> str:
     return "done" if recorded == scenario else "different"
 
 
+def _run_seconds(folder: Path) -> float | None:
+    """The wall time a finished run's summary records, if it is readable."""
+    try:
+        seconds = json.loads((folder / "summary.json").read_text(encoding="utf-8")).get("wall_seconds")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 
@@ -421,7 +430,10 @@ class SweepResult:
 class SweepBoard:
     """Sweep progress: a rich bar on a terminal, plain lines otherwise (one per finished run)."""
 
-    def __init__(self, console: Console, total: int, skipped: int, *, heartbeat: float = 30.0) -> None:
+    def __init__(
+        self, console: Console, total: int, skipped: int, *, jobs: int = 1,
+        prior_seconds: Sequence[float] = (), heartbeat: float = 30.0,
+    ) -> None:
         self.console = console
         self.total = total
         self.skipped = skipped
@@ -429,6 +441,11 @@ class SweepBoard:
         self.failed = 0
         self.running = 0
         self.to_run = total - skipped
+        self.jobs = max(1, jobs)
+        # Run times for the ETA: this sitting's finished runs, else those of earlier sittings.
+        self._prior_seconds = list(prior_seconds)
+        self._seconds: list[float] = []
+        self._started: dict[str, float] = {}
         self.interactive = console.is_terminal
         self._heartbeat = heartbeat
         self._start = time.monotonic()
@@ -452,14 +469,19 @@ class SweepBoard:
         return time.monotonic() - self._start
 
     def eta(self) -> str:
-        finished = self.done + self.failed
-        remaining = self.to_run - finished
+        """Remaining work over the parallelism: the runs not started take the mean run time
+        each, a running one what is left of the mean (nothing once it is past it)."""
+        remaining = self.to_run - self.done - self.failed
         if remaining <= 0:
             return "0s"
-        if not finished:
+        known = self._seconds or self._prior_seconds
+        if not known:
             return "?"
-        # Wall time per finished run already reflects the parallelism.
-        return _seconds(self.elapsed() / finished * remaining)
+        mean = sum(known) / len(known)
+        now = time.monotonic()
+        left_running = [max(mean - (now - t), 0.0) for t in self._started.values()]
+        work = (remaining - len(left_running)) * mean + sum(left_running)
+        return _seconds(max(work / self.jobs, max(left_running, default=0.0)))
 
     def info(self) -> str:
         return f"done {self.done} · skipped {self.skipped} · running {self.running} · failed {self.failed}"
@@ -469,12 +491,15 @@ class SweepBoard:
 
     def started(self, run: PlannedRun) -> None:
         self.running += 1
+        self._started[run.key] = time.monotonic()
         if not self.interactive:
             self.line(f"start {run.name}")
 
     def finished(self, run: PlannedRun, ok: bool, seconds: float) -> None:
         self.running -= 1
+        self._started.pop(run.key, None)
         if ok:
+            self._seconds.append(seconds)
             self.done += 1
         else:
             self.failed += 1
@@ -694,11 +719,15 @@ def _sweep_lock(out_dir: Path):
 def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> SweepResult:
     statuses: dict[str, str] = {}
     to_run: list[PlannedRun] = []
+    prior_seconds: list[float] = []
     for key, run in plan.runs.items():
         state = run_state(run.folder, run.scenario)
         if state == "done":
             statuses[key] = "done"
             result.skipped += 1
+            seconds = _run_seconds(run.folder)
+            if seconds is not None:
+                prior_seconds.append(seconds)
         elif state == "different":
             statuses[key] = "failed"
             result.failures.append(Failure(
@@ -739,7 +768,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
     start = time.monotonic()
     restore = _sigterm_as_interrupt()
     try:
-        with SweepBoard(console, len(plan.runs), result.skipped) as board:
+        with SweepBoard(console, len(plan.runs), result.skipped, jobs=jobs, prior_seconds=prior_seconds) as board:
             _execute(to_run, jobs, board, on_done, on_failure)
     except KeyboardInterrupt:
         result.interrupted = True

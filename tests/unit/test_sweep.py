@@ -406,3 +406,47 @@ def test_tiny_grid_end_to_end_then_report(tmp_path, capsys):
     # a second sitting finds everything done
     assert main(["sweep", str(TINY), "--out", str(out), "--jobs", "2"]) == 0
     assert len(json.loads((out / "sweep.json").read_text())["sittings"]) == 2
+
+
+# -- ETA ---------------------------------------------------------------------------------------
+def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    clock = [0.0]
+    monkeypatch.setattr(sweep, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    run = lambda k: SimpleNamespace(key=k, name=k)  # noqa: E731
+    quiet = Console(file=io.StringIO())
+
+    assert sweep.SweepBoard(quiet, 12, 2, jobs=2).eta() == "?"  # nothing to go by yet
+    board = sweep.SweepBoard(quiet, 12, 2, jobs=2, prior_seconds=[90.0, 110.0])
+    assert board.eta() == "8m20s"  # 10 runs x 100 s (earlier sittings) / 2
+    board.started(run("a"))
+    board.started(run("b"))
+    clock[0] = 30.0
+    assert board.eta() == "7m50s"  # (8 x 100 + 2 x 70) / 2
+    clock[0] = 60.0
+    board.finished(run("a"), True, 60.0)
+    assert board.eta() == "4m00s"  # this sitting's runs take over: 8 x 60 / 2, b past its mean
+    board.finished(run("b"), False, 60.0)  # a failed run's time is not a run time
+    board.started(run("c"))
+    clock[0] = 70.0
+    assert board.eta() == "3m55s"  # (7 x 60 + 50) / 2
+    for k in "defghij":
+        board.started(run(k))
+        board.finished(run(k), True, 60.0)
+    assert board.eta() == "50s"  # c alone: what is left of it, not half of that
+    board.finished(run("c"), True, 60.0)
+    assert board.eta() == "0s"
+
+
+def test_a_resumed_sweep_takes_its_first_eta_from_the_finished_runs(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    assert sweep._run_seconds(folder) is None
+    (folder / "summary.json").write_text(json.dumps({"wall_seconds": 81.5}))
+    assert sweep._run_seconds(folder) == 81.5
+    (folder / "summary.json").write_text("[1, 2]")
+    assert sweep._run_seconds(folder) is None
