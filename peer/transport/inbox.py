@@ -30,6 +30,10 @@ class Inbox:
         # Neighbours not waited for: unreachable, or silent for too many deadlines in a row.
         self._gone: set[int] = set()
         self._cond = threading.Condition()
+        # What the round loop is blocked on in wait(): (round, expected senders), else None.
+        # Messages and gone-marks wake it only once that is complete, not on every arrival:
+        # each needless wake-up costs a thread switch and a turn at the interpreter lock.
+        self._waiting: tuple[int, frozenset[int]] | None = None
         self.rejected: Counter[str] = Counter()
         self.stale = 0
         self.bytes_received = 0
@@ -77,7 +81,7 @@ class Inbox:
                     slot[msg.sender] = msg
                     self.bytes_received += msg.nbytes
                     self._gone.discard(msg.sender)
-                    self._cond.notify_all()
+                    self._wake_if_complete()
         if stale:
             # Late, not malicious: the deadline for that round passed. Dropped and counted apart.
             with self._cond:
@@ -98,7 +102,7 @@ class Inbox:
                 self._gone.add(peer)
             else:
                 self._gone.discard(peer)
-            self._cond.notify_all()
+            self._wake_if_complete()
 
     def gone(self) -> frozenset[int]:
         with self._cond:
@@ -112,13 +116,23 @@ class Inbox:
         expect = frozenset(expect)
         deadline = time.monotonic() + timeout
         with self._cond:
-            while True:
-                have = self._buffer.get(round_, {})
-                missing = expect - have.keys() - self._gone
-                left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    return dict(have)
-                self._cond.wait(left)
+            self._waiting = (round_, expect)
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if self._complete(round_, expect) or left <= 0:
+                        return dict(self._buffer.get(round_, {}))
+                    self._cond.wait(left)
+            finally:
+                self._waiting = None
+
+    def _complete(self, round_: int, expect: frozenset[int]) -> bool:
+        return not (expect - self._buffer.get(round_, {}).keys() - self._gone)
+
+    def _wake_if_complete(self) -> None:
+        # Called with the lock held.
+        if self._waiting is not None and self._complete(*self._waiting):
+            self._cond.notify_all()
 
     def advance(self, round_: int) -> None:
         """Move to ``round_``: older buffered rounds are dropped (they are stale now)."""

@@ -127,6 +127,28 @@ def test_inbox_wait_wakes_on_arrival_and_on_gone():
     assert 2 not in inbox.gone()
 
 
+def test_inbox_wakes_the_round_loop_only_when_its_round_is_complete():
+    inbox = Inbox(0, [1, 2, 3], 4, 2)
+    wakes = []
+    notify_all = inbox._cond.notify_all
+    inbox._cond.notify_all = lambda: (wakes.append(time.monotonic()), notify_all())
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(inbox.wait(0, [1, 2, 3], timeout=10.0)))
+    waiter.start()
+    while inbox._waiting is None:
+        time.sleep(0.001)
+
+    inbox.offer(msg(1, 0))
+    inbox.offer(msg(2, 1))  # a later round: nothing to wake for
+    inbox.offer(msg(2, 0))
+    assert wakes == [] and waiter.is_alive()
+    inbox.set_gone(3)  # the last one missing is gone: round 0 is complete
+    waiter.join(5.0)
+    assert not waiter.is_alive() and len(wakes) == 1 and set(got) == {1, 2}
+    inbox.offer(msg(1, 1))  # nobody waiting
+    assert len(wakes) == 1
+
+
 def test_servicer_logic_needs_no_socket():
     seen = []
 
