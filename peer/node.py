@@ -227,8 +227,14 @@ class Peer:
         self._prepared = False
 
     # -- receiving ---------------------------------------------------------------------
-    def deliver(self, chunks) -> tuple[bool, str]:
-        """Validate one incoming Push stream and buffer it (called on transport threads)."""
+    def deliver(self, chunks) -> tuple[bool, str, int]:
+        """Validate one incoming Push stream and buffer it (called on transport threads).
+
+        Returns (accepted, reason, this client's round): the sender drops what it still has
+        queued for earlier rounds."""
+        return (*self._accept(chunks), self.inbox.round)
+
+    def _accept(self, chunks) -> tuple[bool, str]:
         try:
             header, payload, wire = join_chunks(chunks, self.max_bytes)
             # Screened before decoding so a stranger costs no tensor work.

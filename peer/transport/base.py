@@ -14,7 +14,7 @@ from typing import Protocol
 from peer.transport.pb import peer_pb2 as pb
 
 # (chunks of one Push stream) -> (accepted, reason)
-Deliver = Callable[[Iterable[pb.ModelChunk]], tuple[bool, str]]
+Deliver = Callable[[Iterable[pb.ModelChunk]], tuple[bool, str, int]]
 # (peer id, reachable) -> None
 Reachability = Callable[[int, bool], None]
 

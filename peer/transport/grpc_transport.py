@@ -30,8 +30,8 @@ _FRAMING = 1 << 20
 
 
 def handle_push(chunks: Iterable[pb.ModelChunk], deliver: Deliver) -> pb.PushReply:
-    accepted, reason = deliver(chunks)
-    return pb.PushReply(accepted=accepted, reason=reason)
+    accepted, reason, round_ = deliver(chunks)
+    return pb.PushReply(accepted=accepted, reason=reason, round=round_)
 
 
 def split_messages(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> Iterator[list[pb.ModelChunk]]:
@@ -99,7 +99,8 @@ class _Sender:
     connection's buffer, so without the wait for the reply every queued message would go there
     at once, and on a lossy link the fresh model would sit behind a backlog of ones that arrive
     stale. Here they wait in the queue, where only the newest few are kept (older ones are
-    dropped), as with a call per message.
+    dropped), as with a call per message. Each reply carries the receiver's round: queued
+    messages for earlier rounds would arrive stale and are dropped unsent.
 
     The sender thread opens a call when there is something to send and reads its replies; gRPC's
     own thread takes the messages from :meth:`_messages`. A call that fails, or whose reply is
@@ -115,7 +116,7 @@ class _Sender:
         self.stub = stub
         self.transport = transport
         self.cond = threading.Condition()
-        self.queue: deque[list[pb.ModelChunk]] = deque()
+        self.queue: deque[list[pb.ModelChunk]] = deque()  # each message starts with its header chunk
         self.in_flight = False  # a message awaits its reply
         self.sent_at = 0.0  # when it went out
         self.call: grpc.Call | None = None
@@ -169,6 +170,11 @@ class _Sender:
     def _on_reply(self, reply: pb.PushReply) -> None:
         with self.cond:
             self.in_flight = False
+            stale = 0
+            while self.queue and self.queue[0][0].header.round < reply.round:
+                self.queue.popleft()  # queued in round order: the oldest go first
+                stale += 1
+            self.transport.skipped_stale += stale
             self.cond.notify_all()
         self.transport._on_reachability(self.peer, True)
         if not reply.accepted:
@@ -228,7 +234,8 @@ class GrpcTransport:
         self._sized: tuple[list[pb.ModelChunk] | None, int] = (None, 0)
         self._on_reachability: Reachability = lambda peer, ok: None
         self.bytes_sent = 0
-        self.dropped = 0
+        self.dropped = 0  # queued messages pushed out by newer ones
+        self.skipped_stale = 0  # queued messages for rounds the receiver had already passed
 
     def _options(self) -> list[tuple[str, int]]:
         return [

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from peer.node import Peer
 from peer.transport.grpc_transport import GrpcTransport, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
 from peer.transport.serde import ModelMessage, TensorSpec, WireError, decode, encode, join_chunks
@@ -154,10 +155,10 @@ def test_servicer_logic_needs_no_socket():
 
     def deliver(chunks):
         seen.extend(chunks)
-        return False, "future_round"
+        return False, "future_round", 3
 
     reply = handle_push(iter(encode(1, 0, vec(), SPECS)), deliver)
-    assert (reply.accepted, reply.reason) == (False, "future_round")
+    assert (reply.accepted, reply.reason, reply.round) == (False, "future_round", 3)
     assert len(seen) == 1
 
 
@@ -200,17 +201,17 @@ def test_exchange_answers_each_message_and_stops_reading_a_stranger():
             read.append(r)
             yield from encode(sender, r, vec(r), SPECS, chunk_bytes=16)
 
-    verdicts = iter([(True, ""), (False, "stale_round"), (True, ""), (True, ""), (True, "")])
+    verdicts = iter([(True, "", 0), (False, "stale_round", 2), (True, "", 2), (True, "", 3), (True, "", 4)])
 
     def deliver(message):
         assert len(list(message)) == 4  # a whole message per call of deliver
         return next(verdicts)
 
     replies = list(PeerServicer(deliver, 1 << 20).Exchange(chunks(1), None))
-    assert [(r.accepted, r.reason) for r in replies] == [(True, ""), (False, "stale_round"), (True, ""), (True, ""), (True, "")]
+    assert [(r.accepted, r.reason, r.round) for r in replies] == [(True, "", 0), (False, "stale_round", 2), (True, "", 2), (True, "", 3), (True, "", 4)]
 
     read.clear()
-    replies = list(PeerServicer(lambda m: (False, "not_neighbour"), 1 << 20).Exchange(chunks(9), None))
+    replies = list(PeerServicer(lambda m: (False, "not_neighbour", 0), 1 << 20).Exchange(chunks(9), None))
     assert [(r.accepted, r.reason) for r in replies] == [(False, "not_neighbour")] and read == [0]
 
 
@@ -221,7 +222,7 @@ def _pair(deliver, chunk_bytes=16):
     receiver = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
     address = receiver.start(deliver)
     sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
-    sender.start(lambda m: (True, ""))
+    sender.start(lambda m: (True, "", 0))
     return sender, receiver, address
 
 
@@ -231,7 +232,7 @@ def test_grpc_stream_delivers_every_message_in_order_over_loopback():
     def deliver(chunks):
         with lock:
             got.append(roundtrip(list(chunks)))
-        return True, ""
+        return True, "", 0
 
     sender, receiver, address = _pair(deliver)
     try:
@@ -251,7 +252,7 @@ def test_grpc_stream_delivers_every_message_in_order_over_loopback():
 
 
 def test_grpc_sender_reports_a_neighbour_that_went_away():
-    sender, receiver, address = _pair(lambda chunks: (len(list(chunks)) > 0, ""))
+    sender, receiver, address = _pair(lambda chunks: (len(list(chunks)) > 0, "", 0))
     events = []
     try:
         sender.connect({1: address}, lambda peer, ok: events.append((peer, ok)))
@@ -281,7 +282,7 @@ def test_grpc_sender_keeps_one_message_in_flight_and_the_newest_queued():
         if m.round == 0:
             first_in.set()
             release.wait(10.0)
-        return True, ""
+        return True, "", 0
 
     sender, receiver, address = _pair(deliver)
     try:
@@ -312,7 +313,7 @@ def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
         got.append(m.round)
         if m.round == 0:
             release.wait(10.0)  # never answered in time
-        return True, ""
+        return True, "", 0
 
     sender, receiver, address = _pair(deliver)
     sender.send_timeout = 0.5
@@ -329,3 +330,47 @@ def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
         release.set()
         sender.close()
         receiver.close()
+
+
+def test_grpc_sender_drops_queued_messages_the_receiver_is_past():
+    """Each reply carries the receiver's round: what is queued for earlier rounds would only
+    arrive stale, so it is never sent."""
+    release, first_in = threading.Event(), threading.Event()
+    got = []
+
+    def deliver(chunks):
+        m = roundtrip(list(chunks))
+        got.append(m.round)
+        if m.round == 0:
+            first_in.set()
+            release.wait(10.0)
+            return True, "", 3  # meanwhile the receiver moved on to round 3
+        return True, "", m.round
+
+    sender, receiver, address = _pair(deliver)
+    try:
+        sender.connect({1: address}, lambda peer, ok: None)
+        assert sender.wait_ready(10.0) == []
+        sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
+        assert first_in.wait(10.0)
+        for r in range(1, 5):
+            sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
+        release.set()
+        sender.flush(10.0)
+        assert got == [0, 3, 4] and sender.skipped_stale == 2 and sender.dropped == 0
+    finally:
+        release.set()
+        sender.close()
+        receiver.close()
+
+
+def test_a_client_answers_with_its_round(small_scenario, tmp_path):
+    peer = Peer(small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0"), 0, tmp_path)
+    try:
+        good = torch.zeros(sum(s.numel for s in peer.specs))
+        peer.inbox.advance(7)
+        assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
+        assert peer.deliver(iter(encode(1, 5, good, peer.specs))) == (False, "stale_round", 7)
+        assert peer.deliver(iter(encode(2, 7, good, peer.specs))) == (False, "not_neighbour", 7)
+    finally:
+        peer.close()

@@ -43,9 +43,11 @@ class ModelChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PushReply(_message.Message):
-    __slots__ = ("accepted", "reason")
+    __slots__ = ("accepted", "reason", "round")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    round: int
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
