@@ -442,9 +442,8 @@ class SweepBoard:
         self.running = 0
         self.to_run = total - skipped
         self.jobs = max(1, jobs)
-        # Run times for the ETA: this sitting's finished runs, else those of earlier sittings.
-        self._prior_seconds = list(prior_seconds)
-        self._seconds: list[float] = []
+        # Run times for the ETA: the runs finished in earlier sittings and in this one.
+        self._seconds: list[float] = list(prior_seconds)
         self._started: dict[str, float] = {}
         self.interactive = console.is_terminal
         self._heartbeat = heartbeat
@@ -474,10 +473,9 @@ class SweepBoard:
         remaining = self.to_run - self.done - self.failed
         if remaining <= 0:
             return "0s"
-        known = self._seconds or self._prior_seconds
-        if not known:
+        if not self._seconds:
             return "?"
-        mean = sum(known) / len(known)
+        mean = sum(self._seconds) / len(self._seconds)
         now = time.monotonic()
         left_running = [max(mean - (now - t), 0.0) for t in self._started.values()]
         work = (remaining - len(left_running)) * mean + sum(left_running)

@@ -427,18 +427,18 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
     board.started(run("b"))
     clock[0] = 30.0
     assert board.eta() == "7m50s"  # (8 x 100 + 2 x 70) / 2
-    clock[0] = 60.0
-    board.finished(run("a"), True, 60.0)
-    assert board.eta() == "4m00s"  # this sitting's runs take over: 8 x 60 / 2, b past its mean
-    board.finished(run("b"), False, 60.0)  # a failed run's time is not a run time
+    clock[0] = 40.0
+    board.finished(run("a"), True, 40.0)  # mean of 90, 110, 40: 80 s
+    assert board.eta() == "5m40s"  # (8 x 80 + 40 left of b) / 2
+    board.finished(run("b"), False, 40.0)  # a failed run's time is not a run time
     board.started(run("c"))
-    clock[0] = 70.0
-    assert board.eta() == "3m55s"  # (7 x 60 + 50) / 2
+    clock[0] = 50.0
+    assert board.eta() == "5m15s"  # (7 x 80 + 70) / 2
     for k in "defghij":
         board.started(run(k))
-        board.finished(run(k), True, 60.0)
-    assert board.eta() == "50s"  # c alone: what is left of it, not half of that
-    board.finished(run("c"), True, 60.0)
+        board.finished(run(k), True, 80.0)
+    assert board.eta() == "1m10s"  # c alone: what is left of it, not half of that
+    board.finished(run("c"), True, 80.0)
     assert board.eta() == "0s"
 
 
