@@ -30,6 +30,7 @@ from peer.results import write_json_atomic
 
 RECORD_FILE = "record.json"
 RECORD_VERSION = 1
+NOT_STARTED = "not started"  # the state of a run whose folder does not exist (yet)
 CURVE_KEYS = ("accuracy", "global_accuracy")
 EXPORTED_FILES = ("summary.json", "scenario.toml", RECORD_FILE)
 
@@ -149,7 +150,7 @@ def read_summary(folder: Path) -> tuple[dict[str, Any] | None, str]:
     """(summary, "done") for a finished run folder, else (None, why it has no result)."""
     path = folder / "summary.json"
     if not path.exists():
-        return None, "no summary.json" if folder.exists() else "not started"
+        return None, "no summary.json" if folder.exists() else NOT_STARTED
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from launch.record import read_summary, read_sweep
+from launch.record import NOT_STARTED, read_summary, read_sweep
 
 KINDS = ("fairness", "byzantine")
 # Summary accuracy key -> the summary key holding the variance of the same accuracy.
@@ -51,6 +51,7 @@ SPEC_KEYS = (
 )
 SEED_AXIS = "seed"
 MISSING = "missing"
+MAX_NOT_STARTED_LISTED = 10
 # A cell no point of the grid maps to (e.g. removed by [[exclude]]).
 NOT_IN_GRID = "—"
 
@@ -409,8 +410,14 @@ def render_markdown(table: Table) -> str:
         lines.append("± is the population standard deviation over seeds (numpy ddof=0), not the sample one.")
     if table.missing:
         lines += ["", f"Missing results ({len(table.missing)} run{'s' if len(table.missing) != 1 else ''}):", ""]
-        for m in table.missing:
+        # Runs that started and left no result all need a look; of those not started yet (a
+        # sweep in progress may have hundreds) the first few are enough.
+        waiting = [m for m in table.missing if m.state == NOT_STARTED]
+        shown = [m for m in table.missing if m.state != NOT_STARTED] + waiting[:MAX_NOT_STARTED_LISTED]
+        for m in sorted(shown, key=lambda m: m.run):
             lines.append(f"- `{m.run}` ({m.state}): {'; '.join(m.points)}")
+        if len(waiting) > MAX_NOT_STARTED_LISTED:
+            lines.append(f"- and {len(waiting) - MAX_NOT_STARTED_LISTED} more runs not started (`dfedrw sweep GRID --out DIR --dry-run` lists every run and its state)")
     return "\n".join(lines) + "\n"
 
 

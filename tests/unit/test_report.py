@@ -3,12 +3,15 @@ determinism and the plots' inputs."""
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from launch.cli import main
 from launch.plots import accuracy_curve, make_plots, mean_weights
 from launch.report import (
+    MAX_NOT_STARTED_LISTED,
+    Missing,
     ReportError,
     RunResult,
     load_results,
@@ -299,6 +302,20 @@ def test_byzantine_table_exact_with_shared_baseline_and_ties(tmp_path):
     assert render_markdown(table) == BYZ_MD
     assert render_csv(table) == BYZ_CSV
     assert table.cells[("sign_flip", "iid"), "No-AT"].runs[0].name == "43_iid_noat"
+
+
+def test_a_sweep_in_progress_lists_its_broken_runs_and_only_the_first_runs_not_started(tmp_path):
+    table = load_results([make_byzantine(tmp_path / "s")])
+    waiting = [Missing(f"runs/w{i:02d}", "not started", [f"seed={i}"]) for i in range(MAX_NOT_STARTED_LISTED + 3)]
+    broken = [Missing("runs/x1", "interrupted", ["seed=99"]), Missing("runs/a0", "no summary.json", ["seed=98"])]
+
+    md = render_markdown(replace(table, missing=[*waiting, *broken]))
+
+    listed = md[md.index("Missing results (15 runs):"):].splitlines()[2:]
+    assert listed[0] == "- `runs/a0` (no summary.json): seed=98"
+    assert [line.split("`")[1] for line in listed[1:-2]] == [f"runs/w{i:02d}" for i in range(MAX_NOT_STARTED_LISTED)]
+    assert listed[-2] == "- `runs/x1` (interrupted): seed=99"
+    assert listed[-1].startswith("- and 3 more runs not started (")
 
 
 def test_byzantine_comparison(tmp_path):
