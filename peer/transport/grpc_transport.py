@@ -118,6 +118,7 @@ class _Sender:
         self.cond = threading.Condition()
         self.queue: deque[list[pb.ModelChunk]] = deque()  # each message starts with its header chunk
         self.in_flight = False  # a message awaits its reply
+        self.skipped_stale = 0  # queued messages for rounds the receiver had already passed
         self.sent_at = 0.0  # when it went out
         self.call: grpc.Call | None = None
         self.call_id = 0  # a new id ends the message iterator of the previous call
@@ -170,11 +171,9 @@ class _Sender:
     def _on_reply(self, reply: pb.PushReply) -> None:
         with self.cond:
             self.in_flight = False
-            stale = 0
             while self.queue and self.queue[0][0].header.round < reply.round:
                 self.queue.popleft()  # queued in round order: the oldest go first
-                stale += 1
-            self.transport.skipped_stale += stale
+                self.skipped_stale += 1
             self.cond.notify_all()
         self.transport._on_reachability(self.peer, True)
         if not reply.accepted:
@@ -235,7 +234,11 @@ class GrpcTransport:
         self._on_reachability: Reachability = lambda peer, ok: None
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
-        self.skipped_stale = 0  # queued messages for rounds the receiver had already passed
+
+    @property
+    def skipped_stale(self) -> int:
+        """Queued messages dropped unsent because the receiver had passed their round."""
+        return sum(s.skipped_stale for s in self._senders.values())
 
     def _options(self) -> list[tuple[str, int]]:
         return [
