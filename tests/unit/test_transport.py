@@ -269,37 +269,49 @@ def test_grpc_sender_reports_a_neighbour_that_went_away():
         sender.close()
 
 
-def test_grpc_sender_keeps_one_message_in_flight_and_the_newest_queued():
-    """The next message goes out only after the reply to the previous one; meanwhile the queue
-    keeps the newest MAX_QUEUED messages, so a slow receiver gets fresh models, not a backlog."""
-    release, first_in = threading.Event(), threading.Event()
-    got, lock = [], threading.Lock()
+class _SlowFirstReply:
+    """A receiver that holds its reply to the round-0 message until released, answering it
+    with ``first_reply_round`` as its round (and every later message with that message's)."""
 
-    def deliver(chunks):
+    def __init__(self, first_reply_round=0):
+        self.first_reply_round = first_reply_round
+        self.release, self.first_in = threading.Event(), threading.Event()
+        self.got, self.lock = [], threading.Lock()
+
+    def __call__(self, chunks):
         m = roundtrip(list(chunks))
-        with lock:
-            got.append(m.round)
+        with self.lock:
+            self.got.append(m.round)
         if m.round == 0:
-            first_in.set()
-            release.wait(10.0)
-        return True, "", 0
+            self.first_in.set()
+            self.release.wait(10.0)
+            return True, "", self.first_reply_round
+        return True, "", m.round
 
-    sender, receiver, address = _pair(deliver)
-    try:
+    def queue_behind_the_first(self, sender, address, later_rounds):
         sender.connect({1: address}, lambda peer, ok: None)
         assert sender.wait_ready(10.0) == []
         sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
-        assert first_in.wait(10.0)
-        for r in range(1, 8):
+        assert self.first_in.wait(10.0)
+        for r in later_rounds:
             sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
+
+
+def test_grpc_sender_keeps_one_message_in_flight_and_the_newest_queued():
+    """The next message goes out only after the reply to the previous one; meanwhile the queue
+    keeps the newest MAX_QUEUED messages, so a slow receiver gets fresh models, not a backlog."""
+    receiver_logic = _SlowFirstReply()
+    sender, receiver, address = _pair(receiver_logic)
+    try:
+        receiver_logic.queue_behind_the_first(sender, address, range(1, 8))
         time.sleep(0.3)
-        with lock:
-            assert got == [0]  # nothing else left while round 0 awaits its reply
-        release.set()
+        with receiver_logic.lock:
+            assert receiver_logic.got == [0]  # nothing else left while round 0 awaits its reply
+        receiver_logic.release.set()
         sender.flush(10.0)
-        assert got == [0, 4, 5, 6, 7] and sender.dropped == 3
+        assert receiver_logic.got == [0, 4, 5, 6, 7] and sender.dropped == 3 and sender.skipped_stale == 0
     finally:
-        release.set()
+        receiver_logic.release.set()
         sender.close()
         receiver.close()
 
@@ -335,31 +347,15 @@ def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
 def test_grpc_sender_drops_queued_messages_the_receiver_is_past():
     """Each reply carries the receiver's round: what is queued for earlier rounds would only
     arrive stale, so it is never sent."""
-    release, first_in = threading.Event(), threading.Event()
-    got = []
-
-    def deliver(chunks):
-        m = roundtrip(list(chunks))
-        got.append(m.round)
-        if m.round == 0:
-            first_in.set()
-            release.wait(10.0)
-            return True, "", 3  # meanwhile the receiver moved on to round 3
-        return True, "", m.round
-
-    sender, receiver, address = _pair(deliver)
+    receiver_logic = _SlowFirstReply(first_reply_round=3)  # meanwhile it moved on to round 3
+    sender, receiver, address = _pair(receiver_logic)
     try:
-        sender.connect({1: address}, lambda peer, ok: None)
-        assert sender.wait_ready(10.0) == []
-        sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
-        assert first_in.wait(10.0)
-        for r in range(1, 5):
-            sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
-        release.set()
+        receiver_logic.queue_behind_the_first(sender, address, range(1, 5))
+        receiver_logic.release.set()
         sender.flush(10.0)
-        assert got == [0, 3, 4] and sender.skipped_stale == 2 and sender.dropped == 0
+        assert receiver_logic.got == [0, 3, 4] and sender.skipped_stale == 2 and sender.dropped == 0
     finally:
-        release.set()
+        receiver_logic.release.set()
         sender.close()
         receiver.close()
 
