@@ -1,25 +1,4 @@
-"""Seeded graph builders, Byzantine placement and edge-list io."""
+"""Seeded graph builders, Byzantine placement and edge-list io (all in ``topologies.graphs``)."""
 
-from topologies.graphs import (
-    TOPOLOGY_KINDS,
-    Topology,
-    build_topology,
-    complete,
-    erdos_renyi_connected,
-    place_byzantine,
-    read_edgelist,
-    ring,
-    write_edgelist,
-)
-
-__all__ = [
-    "TOPOLOGY_KINDS",
-    "Topology",
-    "build_topology",
-    "complete",
-    "erdos_renyi_connected",
-    "place_byzantine",
-    "read_edgelist",
-    "ring",
-    "write_edgelist",
-]
+from topologies.graphs import *  # noqa: F403 - the package's public names are that module's
+from topologies.graphs import __all__  # noqa: F401
