@@ -186,6 +186,7 @@ class AggregationConfig:
     assumed_byzantine: int = -1
     multi_krum_m: int = 0  # 0: C - f
     flame_noise: float = 0.001
+    flame_cluster_on: str = "updates"
     balance_gamma: float = 2.0
     balance_kappa: float = 1.0
     balance_alpha: float = 0.1
@@ -197,6 +198,7 @@ class AggregationConfig:
             raise ScenarioError(f"aggregation.assumed_byzantine={self.assumed_byzantine} must be -1 (true count) or >= 0")
         _positive("aggregation.multi_krum_m", self.multi_krum_m, allow_zero=True)
         _positive("aggregation.flame_noise", self.flame_noise, allow_zero=True)
+        _choice("aggregation.flame_cluster_on", self.flame_cluster_on, ("updates", "models"))
         _positive("aggregation.balance_gamma", self.balance_gamma)
         _positive("aggregation.balance_kappa", self.balance_kappa, allow_zero=True)
         if not 0 <= self.balance_alpha <= 1:

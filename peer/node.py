@@ -86,7 +86,7 @@ def rule_for(cfg: AggregationConfig, *, byzantine: int = 0, lr: float = 0.01, se
         "krum": {"num_byzantine": byzantine},
         "multi_krum": {"num_byzantine": byzantine, "m": cfg.multi_krum_m or None},
         "geometric_median": {},
-        "flame": {"noise": cfg.flame_noise, "seed": seed},
+        "flame": {"noise": cfg.flame_noise, "seed": seed, "cluster_on": cfg.flame_cluster_on},
         "balance": {"gamma": cfg.balance_gamma, "kappa": cfg.balance_kappa, "alpha": cfg.balance_alpha},
         "qfdfl": {"q": cfg.q, "lr": lr},
         "acc_above_mean": {},

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.aggregation.registry import check_int, check_real
+from peer.aggregation.registry import check_choice, check_int, check_real
 from peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs, finite_rows
 from peer.aggregation.tpm import Accuracy
 
@@ -343,6 +343,9 @@ class GeometricMedian:
 # ---------------------------------------------------------------- Flame
 
 
+FLAME_CLUSTER_ON = ("updates", "models")
+
+
 def _noise_seed(seed: int, own_id: int, round_: int) -> int:
     # A digest rather than ``hash()`` so the stream is the same on every platform and Python
     # version; each client and round gets its own stream without any shared RNG state.
@@ -351,7 +354,8 @@ def _noise_seed(seed: int, own_id: int, round_: int) -> int:
 
 
 def _largest_cluster(updates: torch.Tensor, min_cluster_size: int) -> torch.Tensor:
-    """Boolean CPU mask of the largest HDBSCAN cluster on cosine distances of ``updates``."""
+    """Boolean CPU mask of the largest HDBSCAN cluster on cosine distances of the rows of
+    ``updates`` (updates or whole models)."""
     # Imported here: scikit-learn is slow to import and only this rule needs it.
     from sklearn.cluster import HDBSCAN
 
@@ -392,9 +396,13 @@ class Flame:
 
     1. HDBSCAN (``metric="precomputed"``, ``min_samples=1``, ``allow_single_cluster=True``,
        ``min_cluster_size`` default ``C // 2 + 1``, clamped to ``C``) on the pairwise cosine
-       distances ``1 - cos(u_i, u_j)``; the largest cluster is accepted, noise points and
-       other clusters rejected. If every point is labelled noise, all are accepted; with
-       fewer than 3 finite candidates clustering is skipped and all are accepted.
+       distances ``1 - cos(x_i, x_j)``, where ``x_i`` is the update ``u_i``
+       (``cluster_on="updates"``) or the model ``w_i`` (``"models"``, as FLAME's algorithm
+       writes it for the clients' local models; in decentralized FL with non-IID data the
+       neighbours' updates from the own model point in unrelated directions, their models
+       much less so). The largest cluster is accepted, noise points and other clusters
+       rejected. If every point is labelled noise, all are accepted; with fewer than 3
+       finite candidates clustering is skipped and all are accepted.
     2. ``S_t = median_i ||u_i||`` over all finite updates (mean of the two middle values for
        an even count); ``u_i <- u_i * min(1, S_t / ||u_i||)``.
     3. ``w_k^{t+1} = w_k^t + mean_{i accepted} u_i + N(0, (noise * S_t)^2 I)``, the noise
@@ -412,8 +420,10 @@ class Flame:
     noise: float = 0.001
     seed: int = 0
     min_cluster_size: int | None = None
+    cluster_on: str = "updates"
 
     def __post_init__(self) -> None:
+        check_choice("Flame", "cluster_on", self.cluster_on, FLAME_CLUSTER_ON)
         noise = check_real("Flame", "noise", self.noise, nonnegative=True)
         object.__setattr__(self, "noise", noise)
         check_int("Flame", "seed", self.seed)
@@ -434,7 +444,7 @@ class Flame:
         else:
             default = count // 2 + 1
             size = default if self.min_cluster_size is None else self.min_cluster_size
-            accepted = _largest_cluster(updates, size)
+            accepted = _largest_cluster(updates if self.cluster_on == "updates" else finite.rows, size)
 
         norms = torch.linalg.vector_norm(updates, dim=1)
         bound = _middle(norms[:, None])[0]

@@ -251,6 +251,25 @@ def test_flame_rejects_opposite_updates_and_clips_to_median_norm():
     assert_weights(result, expected)
 
 
+def test_flame_clusters_models_or_updates():
+    # Prepare: own start-of-round model (10, 0); two neighbours at (10, 1) and (10, -1), two
+    # at (-10, 1) and (-10, 2) (sign-flipped). Updates from the own model: (0, 1), (0, -1),
+    # (-20, 1), (-20, 2). The own row (10, 0) is also a candidate, its update 0.
+    rows = [[10, 0], [10, 1], [10, -1], [-10, 1], [-10, 2]]
+    inputs = inputs_for(rows, own_id=0, ids=(0, 1, 2, 3, 4), reference=[10, 0])
+
+    # Execute
+    by_model = Flame(noise=0.0, cluster_on="models", min_cluster_size=3)(inputs)
+    by_update = Flame(noise=0.0, cluster_on="updates", min_cluster_size=3)(inputs)
+
+    # Assert: by model, the three near (10, 0) are one cluster (cosine distance < 0.01) and the
+    # two near (-10, .) another, farther than 1.9 from them. By update, (0, 1) and (0, -1)
+    # are opposite and the zero update is orthogonal to all, while the two sign-flipped
+    # updates point alike: they are the one cluster left.
+    assert_weights(by_model, {0: 1 / 3, 1: 1 / 3, 2: 1 / 3, 3: 0.0, 4: 0.0})
+    assert by_update.weights[3] > 0 and by_update.weights[4] > 0
+
+
 def test_flame_noise_is_seeded_by_client_and_round():
     # Prepare: 4 000 coordinates so the noise's spread can be measured
     dim = 4000
@@ -475,6 +494,7 @@ def test_build_rule_errors_for_baselines(kwargs, message):
         (lambda: GeometricMedian(tol=NAN), r"tol must be finite"),
         (lambda: Flame(noise=-1.0), r"Flame: noise must be >= 0, got -1.0"),
         (lambda: Flame(min_cluster_size=1), r"min_cluster_size must be >= 2, got 1"),
+        (lambda: Flame(cluster_on="weights"), r"Flame: cluster_on must be one of \['updates', 'models'\], got 'weights'"),
         (lambda: Flame(seed=True), r"seed must be an integer, got True"),
         (lambda: Balance(alpha=1.5), r"alpha must be in \[0, 1\], got 1.5"),
         (lambda: Balance(gamma=-2.0), r"gamma must be >= 0, got -2.0"),
