@@ -479,6 +479,8 @@ class SweepBoard:
         now = time.monotonic()
         left_running = [max(mean - (now - t), 0.0) for t in self._started.values()]
         work = (remaining - len(left_running)) * mean + sum(left_running)
+        if work <= 0:
+            return "?"  # only runs already past the mean run time are left: no telling when
         return _seconds(max(work / self.jobs, max(left_running, default=0.0)))
 
     def info(self) -> str:

@@ -438,6 +438,8 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
         board.started(run(k))
         board.finished(run(k), True, 80.0)
     assert board.eta() == "1m10s"  # c alone: what is left of it, not half of that
+    clock[0] = 200.0
+    assert board.eta() == "?"  # c past the mean: no telling
     board.finished(run("c"), True, 80.0)
     assert board.eta() == "0s"
 
