@@ -313,6 +313,7 @@ class Peer:
             rejected_messages=self.inbox.total_rejected(),
             rejected_by_reason=dict(self.inbox.rejected),
             stale_messages=self.inbox.stale,
+            unsent_messages={"dropped": self.transport.dropped, "stale": self.transport.skipped_stale},
         )
         write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)
         self.link.send({"type": "done", "id": self.id, "accuracy": final.get("accuracy"), "global_accuracy": final.get("global_accuracy")})

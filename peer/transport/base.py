@@ -21,6 +21,8 @@ Reachability = Callable[[int, bool], None]
 
 class Transport(Protocol):
     bytes_sent: int
+    dropped: int  # messages never sent: pushed out of a full queue by newer ones
+    skipped_stale: int  # messages never sent: the receiver had already passed their round
 
     def start(self, deliver: Deliver) -> str:
         """Start receiving; returns the address other peers reach this one at."""

@@ -43,6 +43,9 @@ class InprocTransport:
         self._peers: dict[int, str] = {}
         self._on_reachability: Reachability = lambda peer, ok: None
         self.bytes_sent = 0
+        # Delivery is synchronous: nothing ever waits in a queue.
+        self.dropped = 0
+        self.skipped_stale = 0
 
     def start(self, deliver: Deliver) -> str:
         self.hub.register(self.address, deliver)

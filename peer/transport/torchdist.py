@@ -147,6 +147,7 @@ class TorchDistTransport:
         self.max_queued = max_queued
         self.bytes_sent = 0
         self.dropped = 0  # messages not sent because the neighbour's queue was full
+        self.skipped_stale = 0  # no replies on this transport: it never learns a receiver's round
         self.malformed = 0  # received messages that were no ModelChunk
         self._deliver: Deliver | None = None
         self._on_reachability: Reachability = lambda peer, ok: None

@@ -67,6 +67,7 @@ def test_bad_messages_are_rejected_counted_and_training_goes_on(small_scenario, 
     final = finals[0]
     assert final["rejected_by_reason"] == {"shape_mismatch": 1, "non_finite": 1, "not_neighbour": 1, "future_round": 1}
     assert final["rejected_messages"] == 4
+    assert all(isinstance(f["unsent_messages"][k], int) for f in finals.values() for k in ("dropped", "stale"))
     # It kept training: every round done, and its neighbours' models were still used.
     rounds = (tmp_path / "peers" / "0.jsonl").read_text().splitlines()
     assert len(rounds) == 40
