@@ -32,10 +32,13 @@ Results go under ``OUT``:
     OUT/sweep.lock                  the PID of the sweep running there (refuses a second one)
     OUT/runs/<slug>-<hash>/         one folder per distinct resolved scenario (``hash``: the first
                                     10 hex digits of the SHA-256 of its resolved TOML), holding
-                                    scenario.request.toml, run.log and what ``dfedrw run`` writes
+                                    scenario.request.toml, run.log, run.pid (while it runs) and
+                                    what ``dfedrw run`` writes
 
 Running the same command again resumes: a folder with a finished summary of the same scenario
-is skipped, an interrupted or crashed one is deleted and run again.
+is skipped, an interrupted or crashed one is deleted and run again. A run whose ``dfedrw run``
+is still alive (its sweep was killed outright, so it never stopped its children) is never
+deleted under it: the sweep refuses to start until it has ended.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ LOCK_FILE = "sweep.lock"
 RUNS_DIR = "runs"
 REQUEST_FILE = "scenario.request.toml"
 LOG_FILE = "run.log"
+PID_FILE = "run.pid"  # the PID of the `dfedrw run` child while it runs
 
 # Between SIGINT (the child writes an interrupted summary and stops its clients) and SIGTERM,
 # then SIGKILL, when a sweep is stopped.
@@ -366,6 +370,25 @@ def run_state(folder: Path, scenario: Scenario) -> str:
     return "done" if recorded == scenario else "different"
 
 
+def still_running(folder: Path) -> int | None:
+    """The PID of a ``dfedrw run`` still working in ``folder`` (left by a sweep that was killed
+    without stopping its children), else None. A recycled PID is told apart by its command
+    line (which names the run folder) where /proc shows it."""
+    from launch.local import pid_alive
+
+    try:
+        pid = int((folder / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if pid <= 0 or not pid_alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return pid  # no /proc here: alive is all we can tell
+    return pid if folder.name in cmdline else None
+
+
 def _run_seconds(folder: Path) -> float | None:
     """The wall time a finished run's summary records, if it is readable."""
     try:
@@ -583,6 +606,7 @@ def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, 
                     # then stops each child in order.
                     start_new_session=True,
                 )
+                (run.folder / PID_FILE).write_text(str(proc.pid))
                 running.append(_Job(run, proc, log, time.monotonic()))
                 board.started(run)
             for job in list(running):
@@ -591,6 +615,7 @@ def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, 
                     continue
                 running.remove(job)
                 job.log.close()
+                (job.run.folder / PID_FILE).unlink(missing_ok=True)
                 state = run_state(job.run.folder, job.run.scenario)
                 ok = rc == 0 and state == "done"
                 board.finished(job.run, ok, time.monotonic() - job.start)
@@ -717,6 +742,13 @@ def _sweep_lock(out_dir: Path):
 
 
 def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> SweepResult:
+    orphans = {run.name: pid for run in plan.runs.values() if (pid := still_running(run.folder)) is not None}
+    if orphans:
+        listed = ", ".join(f"{name} (pid {pid})" for name, pid in orphans.items())
+        raise SweepError(
+            f"{len(orphans)} run(s) in {plan.out_dir} are still running from a sweep that was killed "
+            f"without stopping them: {listed}; wait for them to end or stop them (kill -INT PID), then run again"
+        )
     statuses: dict[str, str] = {}
     to_run: list[PlannedRun] = []
     prior_seconds: list[float] = []

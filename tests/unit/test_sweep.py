@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -452,3 +453,39 @@ def test_a_resumed_sweep_takes_its_first_eta_from_the_finished_runs(tmp_path):
     assert sweep._run_seconds(folder) == 81.5
     (folder / "summary.json").write_text("[1, 2]")
     assert sweep._run_seconds(folder) is None
+
+
+def test_a_run_left_running_by_a_killed_sweep_is_not_deleted_under_it(tmp_path, fake_run):
+    grid_path = write_grid(tmp_path, FAST + "[axes]\nseed = [43]\n")
+    (run,) = plan_sweep(load_grid(grid_path), tmp_path / "out").runs.values()
+    run.folder.mkdir(parents=True)
+    (run.folder / "peers").mkdir()
+    # What a killed sweep leaves: its child still at work in the folder, its PID on file.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run.folder)])
+    try:
+        (run.folder / sweep.PID_FILE).write_text(str(child.pid))
+        deadline = time.monotonic() + 10  # until the child has exec'd (its command line is its own)
+        while sweep.still_running(run.folder) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sweep.still_running(run.folder) == child.pid
+
+        with pytest.raises(SweepError, match=rf"still running .*{run.folder.name} \(pid {child.pid}\)"):
+            run_sweep(grid_path, tmp_path / "out", console=quiet_console(), check_runnable=False)
+        assert (run.folder / "peers").exists() and fake_run() == []
+    finally:
+        child.kill()
+        child.wait()
+
+    assert sweep.still_running(run.folder) is None
+    result = run_sweep(grid_path, tmp_path / "out", console=quiet_console(), check_runnable=False)
+    assert result.done == 1 and not (run.folder / sweep.PID_FILE).exists()
+
+
+def test_a_recycled_pid_is_not_taken_for_a_run(tmp_path):
+    folder = tmp_path / "runs" / "43-abc"
+    folder.mkdir(parents=True)
+    (folder / sweep.PID_FILE).write_text(str(os.getpid()))  # alive, but not a run of this folder
+    if Path(f"/proc/{os.getpid()}/cmdline").exists():
+        assert sweep.still_running(folder) is None
+    (folder / sweep.PID_FILE).write_text("not a pid")
+    assert sweep.still_running(folder) is None
