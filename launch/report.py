@@ -9,6 +9,8 @@ The layout comes from the grid's ``[report]`` table (recorded in ``sweep.json``)
     columns = "method"                # the axis forming the columns (grid order)
     unranked = ["No-AT"]              # optional: columns never bolded as the best of a row
     tolerance = 3.0                   # optional: accuracy gap (points) listed in comparison.md
+    reference = "No-AT"               # optional, byzantine: comparison.md also gives each cell less
+                                      # this column's, ours and the paper's
     [report.row_labels]               # optional pretty names of row values (also column_labels, axis_labels)
     "dirichlet:0.1" = "Diri(0.1)"
     [report.paper]                    # optional: "ROW|COLUMN" -> paper value, with pretty labels;
@@ -48,6 +50,7 @@ METRICS = {
 DEFAULT_METRIC = {"fairness": "honest_mean_accuracy", "byzantine": "honest_mean_global_accuracy"}
 SPEC_KEYS = (
     "kind", "metric", "rows", "columns", "row_labels", "column_labels", "axis_labels", "unranked", "paper", "tolerance",
+    "reference",
 )
 SEED_AXIS = "seed"
 MISSING = "missing"
@@ -119,6 +122,12 @@ def normalize_report_spec(
     unranked = spec.get("unranked", [])
     if not isinstance(unranked, list) or not all(isinstance(u, str) for u in unranked):
         raise ReportError("report.unranked must be a list of column labels")
+    reference = spec.get("reference")
+    if reference is not None:
+        if kind != "byzantine":
+            raise ReportError("report.reference is for kind = \"byzantine\": the column every method is compared with (e.g. \"No-AT\")")
+        if not isinstance(reference, str) or reference not in axes[columns]:
+            raise ReportError(f"report.reference={reference!r} must be a value of the columns axis '{columns}': {', '.join(axes[columns])}")
     tolerance = spec.get("tolerance", 3.0)
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
         raise ReportError(f"report.tolerance={tolerance!r} must be a number > 0 (accuracy points)")
@@ -147,6 +156,7 @@ def normalize_report_spec(
         "unranked": list(unranked),
         "paper": clean_paper,
         "tolerance": float(tolerance),
+        "reference": reference,
     }
 
 
@@ -472,15 +482,25 @@ def render_comparison(table: Table) -> str | None:
     if not paper:
         return None
     tol = table.spec["tolerance"]
+    # Byzantine tables may name a reference column (No-attack): each method's accuracy less the
+    # reference's in the same row, ours and the paper's, so that an offset every method in a
+    # row shares (e.g. from how the no-attack training itself differs) cancels out.
+    reference = table.spec.get("reference")
+    ref_label = table.column_label(reference) if reference is not None else None
     heads = [*table.row_headers(), "Method"]
     if table.kind == "fairness":
         heads += ["ours VAR", "paper VAR", "Δ VAR", "ours ACC", "paper ACC", "Δ ACC"]
     else:
         heads += ["ours ACC", "paper ACC", "Δ ACC"]
+        if ref_label is not None:
+            heads += [f"ours − {ref_label}", f"paper − {ref_label}"]
+    intro = f"Ours: this sweep, averaged over seeds (`{table.metric}`); paper: `[report.paper]` of the grid. Δ = ours − paper."
+    if ref_label is not None:
+        intro += f" ours/paper − {ref_label}: the accuracy less that of {ref_label} in the same row."
     lines = [
         "# Comparison with the paper",
         "",
-        f"Ours: this sweep, averaged over seeds (`{table.metric}`); paper: `[report.paper]` of the grid. Δ = ours − paper.",
+        intro,
         "",
         "| " + " | ".join(_md_escape(h) for h in heads) + " |",
         "|" + "|".join(["---"] * len(heads)) + "|",
@@ -507,6 +527,8 @@ def render_comparison(table: Table) -> str | None:
                 if o_var is not None and p_var is not None:
                     ours_var[c], paper_var[c] = float(_fmt(o_var, 3)), p_var
             values += _triple(o_acc, p_acc, 3 if table.kind == "fairness" else 2)
+            if ref_label is not None:
+                values += _drops(table, paper, row, c, o_acc, p_acc)
             lines.append("| " + " | ".join(_md_escape(x) for x in [*table.row_label(row), table.column_label(c), *values]) + " |")
             if o_acc is not None and p_acc is not None and abs(o_acc - p_acc) > tol:
                 place = " / ".join([*table.row_label(row), table.column_label(c)])
@@ -534,6 +556,22 @@ def render_comparison(table: Table) -> str | None:
         lines += ["", "## Paper values with no cell in this table (check the labels)", ""]
         lines += [f"- `{k}`" for k in unmatched]
     return "\n".join(lines) + "\n"
+
+
+def _drops(table: Table, paper: Mapping[str, Any], row: tuple[str, ...], column: str,
+           ours: float | None, theirs: float | None) -> list[str]:
+    """[ours − reference, paper − reference] for one cell of the row (blank in the reference
+    column itself and where either side is missing)."""
+    reference = table.spec["reference"]
+    if column == reference:
+        return ["", ""]
+    ref_cell = table.cells.get((row, reference))
+    ref_ours = ref_cell.mean(table.metric) if ref_cell is not None and ref_cell.n > 0 else None
+    ref_theirs = paper.get(f"{table.row_key(row)}|{table.column_label(reference)}")
+    return [
+        _signed(ours - ref_ours, 2) if ours is not None and ref_ours is not None else "",
+        _signed(theirs - ref_theirs, 2) if theirs is not None and ref_theirs is not None else "",
+    ]
 
 
 def _triple(ours: float | None, paper: float | None, digits: int) -> list[str]:

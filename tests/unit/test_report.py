@@ -325,6 +325,33 @@ def test_byzantine_comparison(tmp_path):
     assert render_comparison(table) == BYZ_COMPARISON
 
 
+def test_byzantine_comparison_against_a_reference_column(tmp_path):
+    paper = {"GA|IID|No-AT": 81.6, "GA|IID|Ours": 81.32, "GA|IID|Median": 91.79, "S-F|IID|Ours": 83.48}
+    table = load_results([make_byzantine(tmp_path / "s", {**BYZ_SPEC, "paper": paper, "reference": "No-AT"})])
+
+    lines = render_comparison(table).splitlines()
+
+    assert lines[4] == "| Attack | DH | Method | ours ACC | paper ACC | Δ ACC | ours − No-AT | paper − No-AT |"
+    assert lines[6:10] == [
+        "| GA | IID | No-AT | 82.00 | 81.60 | +0.40 |  |  |",
+        "| GA | IID | Median | 80.50 | 91.79 | -11.29 | -1.50 | +10.19 |",
+        "| GA | IID | Ours | 80.50 | 81.32 | -0.82 | -1.50 | -0.28 |",
+        "| S-F | IID | Ours | 83.00 | 83.48 | -0.48 | +1.00 |  |",  # the paper has no S-F No-AT cell here
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        ({"kind": "fairness", "reference": "DFedAvg"}, "for kind = \"byzantine\""),
+        ({"kind": "byzantine", "reference": "Nobody"}, "must be a value of the columns axis 'method'"),
+    ],
+)
+def test_a_reference_must_be_a_byzantine_column(raw, words):
+    with pytest.raises(ReportError, match=words):
+        normalize_report_spec({**raw, "rows": ["attack.name", "data.partition"], "columns": "method"}, BYZ_AXES)
+
+
 # --------------------------------------------------------------------------- files, merging, determinism
 
 
