@@ -49,12 +49,12 @@ DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784,
 
 
 def grpc_transport_for(scenario: Scenario, host: str, port: int, *, advertise: str | None = None) -> GrpcTransport:
-    """The gRPC transport with the scenario's limits: a server thread per possible neighbour (each
-    neighbour's ``Exchange`` call holds one for the whole run)."""
+    """The gRPC transport with the scenario's limits: room for a call from every possible neighbour (each
+    neighbour's ``Exchange`` call stays open for the whole run)."""
     net = scenario.network
     return GrpcTransport(
         host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-        max_message_bytes=net.max_message_bytes, max_workers=scenario.num_clients + 4, advertise=advertise,
+        max_message_bytes=net.max_message_bytes, max_calls=scenario.num_clients + 4, advertise=advertise,
     )
 
 
@@ -228,7 +228,7 @@ class Peer:
 
     # -- receiving ---------------------------------------------------------------------
     def deliver(self, chunks) -> tuple[bool, str, int]:
-        """Validate one incoming Push stream and buffer it (called on transport threads).
+        """Validate one incoming message and buffer it (called on the transport's thread).
 
         Returns (accepted, reason, this client's round): the sender drops what it still has
         queued for earlier rounds."""

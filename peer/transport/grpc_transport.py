@@ -1,4 +1,4 @@
-"""gRPC transport: one server per client and a channel to each neighbour.
+"""gRPC transport: one server per client and a channel to each neighbour, on gRPC's asyncio API.
 
 Models go to a neighbour on one long-lived ``Exchange`` call, one message at a time: the next
 goes out once the receiver's reply to the previous one came back. The servicer is thin: it cuts
@@ -6,16 +6,23 @@ the call into messages at their header chunks, hands each to the client's ``deli
 and turns the verdict into a reply. ``Push``/``PushOne`` take one message per call, for tools
 and tests. Message-size limits are explicit on both ends (a model larger than one chunk streams
 in several), and ``grpc.so_reuseport`` is off so two clients can never share a port silently.
+
+Every server, channel and call of a process runs on one event loop in one thread (``grpc-io``),
+started on first use. The round loop hands a message over with one thread-safe call; gRPC's
+threaded API would have passed each message and each reply between several threads per call
+(request iterator, channel poller, sender, server poller, handler pool). ``deliver`` runs on
+the event loop and must return promptly: the client's own validates, decodes and buffers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
-from concurrent import futures
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import grpc
 
@@ -28,45 +35,93 @@ log = logging.getLogger(__name__)
 # Room for the header and protobuf framing on top of one chunk of tensor bytes.
 _FRAMING = 1 << 20
 
+T = TypeVar("T")
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def io_loop() -> asyncio.AbstractEventLoop:
+    """The process's gRPC event loop, on a daemon thread started on first use. One loop for the
+    whole process: gRPC's asyncio layer shares one completion queue among all loops."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(started.set)
+                loop.run_forever()
+
+            threading.Thread(target=run, name="grpc-io", daemon=True).start()
+            started.wait()
+            _loop = loop
+        return _loop
+
+
+def on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coro`` on the gRPC event loop and wait (at most ``timeout`` s) for its result."""
+    return asyncio.run_coroutine_threadsafe(coro, io_loop()).result(timeout)
+
 
 def handle_push(chunks: Iterable[pb.ModelChunk], deliver: Deliver) -> pb.PushReply:
     accepted, reason, round_ = deliver(chunks)
     return pb.PushReply(accepted=accepted, reason=reason, round=round_)
 
 
-def split_messages(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> Iterator[list[pb.ModelChunk]]:
-    """Cut an ``Exchange`` call into messages: a header chunk starts one, and it is complete
-    when its data reaches ``header.total_bytes``. A data chunk outside a message comes out on
-    its own (the receiver rejects it: no header); a message whose header declares more than
-    ``max_bytes`` comes out at once (rejected: too large) and its data is skipped, so a message
-    never holds more than ``max_bytes`` in memory; a message cut short by the next header or
-    the end of the call comes out as it is (rejected: size mismatch). One message out, one
-    reply back: the sender counts on it."""
-    current: list[pb.ModelChunk] = []
-    need = have = 0
-    skipping = False
-    for chunk in chunks:
+class MessageSplitter:
+    """Cuts an ``Exchange`` call into messages, one chunk at a time: a header chunk starts one,
+    and it is complete when its data reaches ``header.total_bytes``. A data chunk outside a
+    message comes out on its own (the receiver rejects it: no header); a message whose header
+    declares more than ``max_bytes`` comes out at once (rejected: too large) and its data is
+    skipped, so a message never holds more than ``max_bytes`` in memory; a message cut short by
+    the next header or the end of the call comes out as it is (rejected: size mismatch). One
+    message out, one reply back: the sender counts on it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.current: list[pb.ModelChunk] = []
+        self.need = self.have = 0
+        self.skipping = False
+
+    def feed(self, chunk: pb.ModelChunk) -> list[list[pb.ModelChunk]]:
+        """The messages this chunk completes (none, one, or two when it cuts one short)."""
+        out = []
         if chunk.HasField("header"):
-            if current:
-                yield current
-            current, need, have, skipping = [chunk], chunk.header.total_bytes, len(chunk.data), False
-            if need > max_bytes:
-                yield current
-                current, skipping = [], True
-                continue
-        elif skipping:
-            continue
-        elif not current:
-            yield [chunk]
-            continue
+            if self.current:
+                out.append(self.current)
+            self.current, self.need, self.have = [chunk], chunk.header.total_bytes, len(chunk.data)
+            self.skipping = self.need > self.max_bytes
+            if self.skipping:
+                out.append(self.current)
+                self.current = []
+                return out
+        elif self.skipping:
+            return out
+        elif not self.current:
+            return [[chunk]]
         else:
-            current.append(chunk)
-            have += len(chunk.data)
-        if have >= need:
-            yield current
-            current = []
-    if current:
-        yield current
+            self.current.append(chunk)
+            self.have += len(chunk.data)
+        if self.have >= self.need:
+            out.append(self.current)
+            self.current = []
+        return out
+
+    def end(self) -> list[list[pb.ModelChunk]]:
+        """What is left when the call ends: a message cut short, if any."""
+        out, self.current = ([self.current] if self.current else []), []
+        return out
+
+
+def split_messages(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> Iterator[list[pb.ModelChunk]]:
+    """The messages of a call's chunks (see :class:`MessageSplitter`)."""
+    splitter = MessageSplitter(max_bytes)
+    for chunk in chunks:
+        yield from splitter.feed(chunk)
+    yield from splitter.end()
 
 
 class PeerServicer(pb_grpc.PeerServicer):
@@ -74,26 +129,41 @@ class PeerServicer(pb_grpc.PeerServicer):
         self._deliver = deliver
         self._max_bytes = max_bytes
 
-    def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
-        return handle_push(request_iterator, self._deliver)
+    async def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        # Read no more than one message's worth: what is beyond is rejected unread.
+        chunks, size = [], 0
+        async for chunk in request_iterator:
+            chunks.append(chunk)
+            size += len(chunk.data)
+            if size > self._max_bytes:
+                break
+        return handle_push(chunks, self._deliver)
 
-    def PushOne(self, request, context):  # noqa: N802 - gRPC method name
-        return handle_push(iter((request,)), self._deliver)
+    async def PushOne(self, request, context):  # noqa: N802 - gRPC method name
+        return handle_push((request,), self._deliver)
 
-    def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
-        for message in split_messages(request_iterator, self._max_bytes):
+    async def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        splitter = MessageSplitter(self._max_bytes)
+        async for message in _messages(request_iterator, splitter):
             reply = handle_push(message, self._deliver)
             yield reply
             if reply.reason == "not_neighbour":
-                return  # a stranger does not get to hold one of our server threads
+                return  # a stranger does not get to keep a call open here
+
+
+async def _messages(chunks: AsyncIterator[pb.ModelChunk], splitter: MessageSplitter) -> AsyncIterator[list[pb.ModelChunk]]:
+    async for chunk in chunks:
+        for message in splitter.feed(chunk):
+            yield message
+    for message in splitter.end():
+        yield message
 
 
 class _Sender:
     """One neighbour's outgoing queue and the ``Exchange`` call that carries it.
 
-    A long-lived call instead of a call per message: a unary call costs gRPC Python several
-    thread hand-offs on each side (about 0.4 ms of CPU per message on loopback), a message and
-    its reply on an open call less than half that.
+    A long-lived call instead of a call per message: a unary call costs gRPC several hand-offs
+    per message, a message and its reply on an open call much less.
 
     One message in flight at a time. gRPC counts a message as sent once it is in the
     connection's buffer, so without the wait for the reply every queued message would go there
@@ -102,110 +172,124 @@ class _Sender:
     dropped), as with a call per message. Each reply carries the receiver's round: queued
     messages for earlier rounds would arrive stale and are dropped unsent.
 
-    The sender thread opens a call when there is something to send and reads its replies; gRPC's
-    own thread takes the messages from :meth:`_messages`. A call that fails, or whose reply is
-    more than ``send_timeout`` late (the call is cancelled), loses the message in flight; the
-    next message opens a new call. Each sender has its own condition, so queueing a message
-    wakes only its own threads.
+    :meth:`put` is called from the round loop's thread; everything else runs on the gRPC event
+    loop, in one task per neighbour that opens a call when there is something to send. A call
+    that fails, or whose reply is more than ``send_timeout`` late (the call is cancelled), loses
+    the message in flight; the next message opens a new call.
     """
 
     MAX_QUEUED = 4
 
-    def __init__(self, peer: int, stub: pb_grpc.PeerStub, transport: "GrpcTransport") -> None:
+    def __init__(self, peer: int, channel: grpc.aio.Channel, transport: "GrpcTransport") -> None:
         self.peer = peer
-        self.stub = stub
+        self.stub = pb_grpc.PeerStub(channel)
         self.transport = transport
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()  # guards the queue, shared with the round loop's thread
         self.queue: deque[list[pb.ModelChunk]] = deque()  # each message starts with its header chunk
         self.in_flight = False  # a message awaits its reply
         self.skipped_stale = 0  # queued messages for rounds the receiver had already passed
-        self.sent_at = 0.0  # when it went out
-        self.call: grpc.Call | None = None
-        self.call_id = 0  # a new id ends the message iterator of the previous call
         self.closed = False
-        self.thread = threading.Thread(target=self._loop, name=f"send-{peer}", daemon=True)
-        self.thread.start()
+        self.loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()  # set when a message was queued or the sender closed
+        self.idle_waiters: list[asyncio.Future] = []
+        self.task = self.loop.create_task(self._run(), name=f"send-{peer}")
 
     def put(self, chunks: list[pb.ModelChunk]) -> bool:
-        """Queue one message; True when the oldest queued one was dropped to make room."""
-        with self.cond:
+        """Queue one message (from any thread); True when the oldest queued one was dropped."""
+        with self.lock:
             dropped = len(self.queue) >= self.MAX_QUEUED
             if dropped:
                 self.queue.popleft()
             self.queue.append(chunks)
-            self.cond.notify_all()
+        self.loop.call_soon_threadsafe(self.wake.set)
         return dropped
 
-    def wait_idle(self, deadline: float) -> None:
-        """Wait (until ``deadline``) for every queued message to be answered or lost."""
-        with self.cond:
-            self.cond.wait_for(lambda: not (self.queue or self.in_flight), deadline - time.monotonic())
+    async def wait_idle(self) -> None:
+        """Until every queued message was answered or lost."""
+        if self._busy():
+            waiter = self.loop.create_future()
+            self.idle_waiters.append(waiter)
+            await waiter
 
     def stop(self) -> None:
-        with self.cond:
-            self.closed = True
+        self.closed = True
+        with self.lock:
             self.queue.clear()
-            self.cond.notify_all()
+        self.task.cancel()
+        self._settle()
 
-    def _messages(self, call_id: int) -> Iterator[pb.ModelChunk]:
-        timeout = self.transport.send_timeout
+    def _busy(self) -> bool:
+        with self.lock:
+            return bool(self.queue) or self.in_flight
+
+    def _settle(self) -> None:
+        if self.closed or not self._busy():
+            for waiter in self.idle_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self.idle_waiters.clear()
+
+    async def _next(self) -> list[pb.ModelChunk]:
+        """The oldest queued message, waiting for one."""
         while True:
-            with self.cond:
-                while not self.closed and self.call_id == call_id and (self.in_flight or not self.queue):
-                    if not self.in_flight:
-                        self.cond.wait()
-                        continue
-                    left = self.sent_at + timeout - time.monotonic()
-                    if left <= 0:
-                        log.debug("no reply from %d in %.0f s; cancelling the call", self.peer, timeout)
-                        if self.call is not None:
-                            self.call.cancel()
-                        return
-                    self.cond.wait(left)
-                if self.closed or self.call_id != call_id:
+            with self.lock:
+                if self.queue:
+                    self.in_flight = True
+                    return self.queue.popleft()
+            self._settle()
+            self.wake.clear()  # a put() after the check above sets it again: its wake-up comes later
+            await self.wake.wait()
+
+    async def _run(self) -> None:
+        try:
+            while not self.closed:
+                first = await self._next()
+                try:
+                    await self._call(first)
+                except Exception:  # a bug here must not silence this neighbour for the rest of the run
+                    log.exception("sending to %d failed", self.peer)
+        finally:
+            self.in_flight = False
+            self._settle()
+
+    async def _call(self, first: list[pb.ModelChunk]) -> None:
+        """One ``Exchange`` call: ``first`` and whatever is queued after it, until the call ends."""
+        call = self.stub.Exchange()
+        chunks = first
+        try:
+            while True:
+                reply = await asyncio.wait_for(self._send(call, chunks), self.transport.send_timeout)
+                if reply is grpc.aio.EOF:  # the receiver ended the call
                     return
-                chunks = self.queue.popleft()
-                self.in_flight, self.sent_at = True, time.monotonic()
-            yield from chunks
+                self._on_reply(reply)
+                chunks = await self._next()
+        except TimeoutError:
+            log.debug("no reply from %d in %.0f s; cancelling the call", self.peer, self.transport.send_timeout)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            code = await call.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self.transport._on_reachability(self.peer, False)
+            else:
+                log.debug("call to %d ended: %s", self.peer, code)
+        finally:
+            call.cancel()  # no-op once it ended
+            self.in_flight = False
+
+    @staticmethod
+    async def _send(call, chunks: list[pb.ModelChunk]):
+        for chunk in chunks:
+            await call.write(chunk)
+        return await call.read()
 
     def _on_reply(self, reply: pb.PushReply) -> None:
-        with self.cond:
+        with self.lock:
             self.in_flight = False
             while self.queue and self.queue[0][0].header.round < reply.round:
                 self.queue.popleft()  # queued in round order: the oldest go first
                 self.skipped_stale += 1
-            self.cond.notify_all()
         self.transport._on_reachability(self.peer, True)
         if not reply.accepted:
             log.debug("peer %d refused a message of ours: %s", self.peer, reply.reason)
-
-    def _loop(self) -> None:
-        t = self.transport
-        while True:
-            with self.cond:
-                while not self.queue and not self.closed:
-                    self.cond.wait()
-                if self.closed:
-                    return
-                self.call_id += 1
-                call_id = self.call_id
-            try:
-                call = self.stub.Exchange(self._messages(call_id))
-                with self.cond:
-                    self.call = call
-                for reply in call:
-                    self._on_reply(reply)
-            except grpc.RpcError as err:
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    t._on_reachability(self.peer, False)
-                else:
-                    log.debug("call to %d ended: %s", self.peer, err)
-            finally:
-                with self.cond:
-                    self.call_id += 1
-                    self.call = None
-                    self.in_flight = False
-                    self.cond.notify_all()
 
 
 class GrpcTransport:
@@ -217,7 +301,7 @@ class GrpcTransport:
         chunk_bytes: int = 1 << 20,
         send_timeout: float = 30.0,
         max_message_bytes: int = 256 << 20,
-        max_workers: int = 8,
+        max_calls: int = 8,
         advertise: str | None = None,
     ) -> None:
         self.host = host
@@ -226,9 +310,9 @@ class GrpcTransport:
         self.send_timeout = send_timeout
         self.max_message_bytes = max_message_bytes
         self._limit = chunk_bytes + _FRAMING
-        self._max_workers = max_workers
-        self._server: grpc.Server | None = None
-        self._channels: dict[int, grpc.Channel] = {}
+        self._max_calls = max_calls
+        self._server: grpc.aio.Server | None = None
+        self._channels: dict[int, grpc.aio.Channel] = {}
         self._senders: dict[int, _Sender] = {}
         self._sized: tuple[list[pb.ModelChunk] | None, int] = (None, 0)
         self._on_reachability: Reachability = lambda peer, ok: None
@@ -247,34 +331,53 @@ class GrpcTransport:
         ]
 
     def start(self, deliver: Deliver) -> str:
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="peer-rpc"),
-            options=[*self._options(), ("grpc.so_reuseport", 0)],
-        )
-        pb_grpc.add_PeerServicer_to_server(PeerServicer(deliver, self.max_message_bytes), self._server)
-        bound = self._server.add_insecure_port(f"{_bracket(self.host)}:{self.port}")
+        """Listen; ``deliver`` gets each incoming message, on the gRPC event loop."""
+        address = f"{_bracket(self.host)}:{self.port}"
+
+        async def start() -> tuple[grpc.aio.Server, int]:
+            # Concurrent calls are bounded: each neighbour's Exchange call stays open all run.
+            server = grpc.aio.server(
+                options=[*self._options(), ("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=self._max_calls
+            )
+            pb_grpc.add_PeerServicer_to_server(PeerServicer(deliver, self.max_message_bytes), server)
+            try:
+                bound = server.add_insecure_port(address)
+            except RuntimeError:
+                bound = 0
+            if bound:
+                await server.start()
+            return server, bound
+
+        self._server, bound = on_loop(start())
         if bound == 0:
+            self._server = None
             raise OSError(f"could not listen on {self.host}:{self.port} (port in use?)")
         self.port = bound
-        self._server.start()
         return f"{_bracket(self.advertise or self.host)}:{bound}"
 
     def connect(self, addresses: Mapping[int, str], on_reachability: Reachability) -> None:
         self._on_reachability = on_reachability
-        for peer, address in addresses.items():
-            channel = grpc.insecure_channel(address, options=self._options())
-            self._channels[peer] = channel
-            self._senders[peer] = _Sender(peer, pb_grpc.PeerStub(channel), self)
+
+        async def connect() -> None:
+            for peer, address in addresses.items():
+                channel = grpc.aio.insecure_channel(address, options=self._options())
+                self._channels[peer] = channel
+                self._senders[peer] = _Sender(peer, channel, self)
+
+        on_loop(connect())
 
     def wait_ready(self, timeout: float) -> list[int]:
-        pending = {peer: grpc.channel_ready_future(ch) for peer, ch in self._channels.items()}
-        late = []
-        for peer, ready in pending.items():
+        async def ready(channel: grpc.aio.Channel) -> bool:
             try:
-                ready.result(timeout=timeout)
-            except grpc.FutureTimeoutError:
-                late.append(peer)
-        return late
+                await asyncio.wait_for(channel.channel_ready(), timeout)
+                return True
+            except TimeoutError:
+                return False
+
+        async def every() -> list[bool]:
+            return await asyncio.gather(*(ready(ch) for ch in self._channels.values()))
+
+        return [peer for peer, ok in zip(self._channels, on_loop(every())) if not ok]
 
     def send(self, to: int, chunks: list[pb.ModelChunk]) -> None:
         sender = self._senders.get(to)
@@ -291,19 +394,29 @@ class GrpcTransport:
 
     def flush(self, timeout: float) -> None:
         """Wait until every queued message was sent (or failed), at most ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        for sender in self._senders.values():
-            sender.wait_idle(deadline)
+
+        async def idle() -> None:
+            try:
+                await asyncio.wait_for(asyncio.gather(*(s.wait_idle() for s in self._senders.values())), timeout)
+            except TimeoutError:
+                pass
+
+        on_loop(idle())
 
     def close(self) -> None:
-        for sender in self._senders.values():
-            sender.stop()
-        for channel in self._channels.values():
-            channel.close()
-        for sender in self._senders.values():
-            sender.thread.join(timeout=2.0)
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait()
+        async def close() -> None:
+            for sender in self._senders.values():
+                sender.stop()
+            await asyncio.gather(*(s.task for s in self._senders.values()), return_exceptions=True)
+            for channel in self._channels.values():
+                await channel.close()
+            if self._server is not None:
+                await self._server.stop(grace=0.5)
+
+        on_loop(close())
+        self._senders.clear()
+        self._channels.clear()
+        self._server = None
         self._sized = (None, 0)
 
 

@@ -1,8 +1,11 @@
 """Wire encoding, validation and the inbox: no sockets needed."""
 
+import asyncio
 import threading
 import time
+from concurrent import futures
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch
 from peer.node import Peer
 from peer.transport.grpc_transport import GrpcTransport, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
+from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import ModelMessage, TensorSpec, WireError, decode, encode, join_chunks
 
 SPECS = (TensorSpec("0.weight", "float32", (3, 4)), TensorSpec("0.bias", "float32", (3,)))
@@ -207,12 +211,25 @@ def test_exchange_answers_each_message_and_stops_reading_a_stranger():
         assert len(list(message)) == 4  # a whole message per call of deliver
         return next(verdicts)
 
-    replies = list(PeerServicer(deliver, 1 << 20).Exchange(chunks(1), None))
+    replies = exchange(PeerServicer(deliver, 1 << 20), chunks(1))
     assert [(r.accepted, r.reason, r.round) for r in replies] == [(True, "", 0), (False, "stale_round", 2), (True, "", 2), (True, "", 3), (True, "", 4)]
 
     read.clear()
-    replies = list(PeerServicer(lambda m: (False, "not_neighbour", 0), 1 << 20).Exchange(chunks(9), None))
+    replies = exchange(PeerServicer(lambda m: (False, "not_neighbour", 0), 1 << 20), chunks(9))
     assert [(r.accepted, r.reason) for r in replies] == [(False, "not_neighbour")] and read == [0]
+
+
+def exchange(servicer, chunks):
+    """The replies of the servicer's Exchange handler to a call carrying ``chunks``."""
+
+    async def call():
+        async def incoming():
+            for chunk in chunks:
+                yield chunk
+
+        return [reply async for reply in servicer.Exchange(incoming(), None)]
+
+    return asyncio.run(call())
 
 
 # --------------------------------------------------------------------------- over loopback
@@ -224,6 +241,32 @@ def _pair(deliver, chunk_bytes=16):
     sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
     sender.start(lambda m: (True, "", 0))
     return sender, receiver, address
+
+
+class _ThreadedReceiver(pb_grpc.PeerServicer):
+    """A receiver on gRPC's threaded server. Its ``deliver`` may block (a slow receiver) without
+    stalling the sender: a GrpcTransport's deliver runs on the event loop its sender shares."""
+
+    def __init__(self, deliver):
+        self.deliver = deliver
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_PeerServicer_to_server(self, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        for message in split_messages(request_iterator, 1 << 20):
+            yield handle_push(message, self.deliver)
+
+    def close(self):
+        self.server.stop(grace=0).wait()
+
+
+def _slow_pair(deliver):
+    receiver = _ThreadedReceiver(deliver)
+    sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=16)
+    sender.start(lambda m: (True, "", 0))
+    return sender, receiver, receiver.address
 
 
 def test_grpc_stream_delivers_every_message_in_order_over_loopback():
@@ -301,7 +344,7 @@ def test_grpc_sender_keeps_one_message_in_flight_and_the_newest_queued():
     """The next message goes out only after the reply to the previous one; meanwhile the queue
     keeps the newest MAX_QUEUED messages, so a slow receiver gets fresh models, not a backlog."""
     receiver_logic = _SlowFirstReply()
-    sender, receiver, address = _pair(receiver_logic)
+    sender, receiver, address = _slow_pair(receiver_logic)
     try:
         receiver_logic.queue_behind_the_first(sender, address, range(1, 8))
         time.sleep(0.3)
@@ -327,7 +370,7 @@ def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
             release.wait(10.0)  # never answered in time
         return True, "", 0
 
-    sender, receiver, address = _pair(deliver)
+    sender, receiver, address = _slow_pair(deliver)
     sender.send_timeout = 0.5
     try:
         sender.connect({1: address}, lambda peer, ok: None)
@@ -348,7 +391,7 @@ def test_grpc_sender_drops_queued_messages_the_receiver_is_past():
     """Each reply carries the receiver's round: what is queued for earlier rounds would only
     arrive stale, so it is never sent."""
     receiver_logic = _SlowFirstReply(first_reply_round=3)  # meanwhile it moved on to round 3
-    sender, receiver, address = _pair(receiver_logic)
+    sender, receiver, address = _slow_pair(receiver_logic)
     try:
         receiver_logic.queue_behind_the_first(sender, address, range(1, 5))
         receiver_logic.release.set()
