@@ -413,3 +413,30 @@ def test_a_client_answers_with_its_round(small_scenario, tmp_path):
         assert peer.deliver(iter(encode(2, 7, good, peer.specs))) == (False, "not_neighbour", 7)
     finally:
         peer.close()
+
+
+def test_push_reads_no_more_than_one_message_worth():
+    read = []
+
+    async def call():
+        async def incoming():
+            for i, chunk in enumerate(encode(1, 0, vec(), SPECS, chunk_bytes=16) * 10):
+                read.append(i)
+                yield chunk
+
+        servicer = PeerServicer(lambda chunks: (False, "size_mismatch", 0), max_bytes=60)
+        return await servicer.Push(incoming(), None)
+
+    reply = asyncio.run(call())
+    assert (reply.accepted, reply.reason) == (False, "size_mismatch")
+    assert len(read) == 5  # 4 chunks hold the 60 bytes; the 5th goes past them and ends the read
+
+
+def test_grpc_transport_refuses_a_port_in_use():
+    first = GrpcTransport("127.0.0.1", 0)
+    first.start(lambda m: (True, "", 0))
+    try:
+        with pytest.raises(OSError, match=f"could not listen on 127.0.0.1:{first.port}"):
+            GrpcTransport("127.0.0.1", first.port).start(lambda m: (True, "", 0))
+    finally:
+        first.close()
