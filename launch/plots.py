@@ -71,7 +71,7 @@ def _save(fig, path: Path) -> Path:
 
 def plot_accuracy(table: Table, row: tuple[str, ...], path: Path) -> Path:
     key = _accuracy_key(table)
-    fig = _new_figure()
+    fig = _new_figure(8.5, 4.5)
     ax = fig.add_subplot()
     for c in table.columns:
         cell = table.cells.get((row, c))
@@ -88,8 +88,8 @@ def plot_accuracy(table: Table, row: tuple[str, ...], path: Path) -> Path:
     ax.set_ylabel(f"honest mean {'global' if key == 'global_accuracy' else 'local'} test accuracy (%)")
     ax.set_title(" / ".join(table.row_label(row)))
     ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize="small")
+    if ax.lines:  # beside the axes: inside, it hides whichever curve runs under it
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     return _save(fig, path)
 
