@@ -413,7 +413,10 @@ class GrpcTransport:
             if self._server is not None:
                 await self._server.stop(grace=0.5)
 
-        on_loop(close())
+        try:
+            on_loop(close(), timeout=10.0)
+        except TimeoutError:  # the process is on its way out: do not hang it
+            log.warning("gRPC transport did not close within 10 s")
         self._senders.clear()
         self._channels.clear()
         self._server = None
