@@ -128,6 +128,13 @@ class PeerServicer(pb_grpc.PeerServicer):
     def __init__(self, deliver: Deliver, max_bytes: int) -> None:
         self._deliver = deliver
         self._max_bytes = max_bytes
+        self._open_calls: set[asyncio.Task] = set()  # the tasks serving open Exchange calls
+
+    def end_calls(self) -> None:
+        """Cancel every open ``Exchange`` call (on closing: neighbours that are still running
+        keep theirs open). Stopping the server under them would abort each with a warning."""
+        for task in self._open_calls:
+            task.cancel()
 
     async def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
         # Read no more than one message's worth: what is beyond is rejected unread.
@@ -143,12 +150,17 @@ class PeerServicer(pb_grpc.PeerServicer):
         return handle_push((request,), self._deliver)
 
     async def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
-        splitter = MessageSplitter(self._max_bytes)
-        async for message in _messages(request_iterator, splitter):
-            reply = handle_push(message, self._deliver)
-            yield reply
-            if reply.reason == "not_neighbour":
-                return  # a stranger does not get to keep a call open here
+        task = asyncio.current_task()
+        self._open_calls.add(task)
+        try:
+            splitter = MessageSplitter(self._max_bytes)
+            async for message in _messages(request_iterator, splitter):
+                reply = handle_push(message, self._deliver)
+                yield reply
+                if reply.reason == "not_neighbour":
+                    return  # a stranger does not get to keep a call open here
+        finally:
+            self._open_calls.discard(task)
 
 
 async def _messages(chunks: AsyncIterator[pb.ModelChunk], splitter: MessageSplitter) -> AsyncIterator[list[pb.ModelChunk]]:
@@ -312,17 +324,19 @@ class GrpcTransport:
         self._limit = chunk_bytes + _FRAMING
         self._max_calls = max_calls
         self._server: grpc.aio.Server | None = None
+        self._servicer: PeerServicer | None = None
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._senders: dict[int, _Sender] = {}
         self._sized: tuple[list[pb.ModelChunk] | None, int] = (None, 0)
         self._on_reachability: Reachability = lambda peer, ok: None
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
+        self._closed_stale = 0  # skipped_stale of the senders already closed
 
     @property
     def skipped_stale(self) -> int:
         """Queued messages dropped unsent because the receiver had passed their round."""
-        return sum(s.skipped_stale for s in self._senders.values())
+        return self._closed_stale + sum(s.skipped_stale for s in self._senders.values())
 
     def _options(self) -> list[tuple[str, int]]:
         return [
@@ -339,7 +353,8 @@ class GrpcTransport:
             server = grpc.aio.server(
                 options=[*self._options(), ("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=self._max_calls
             )
-            pb_grpc.add_PeerServicer_to_server(PeerServicer(deliver, self.max_message_bytes), server)
+            self._servicer = PeerServicer(deliver, self.max_message_bytes)
+            pb_grpc.add_PeerServicer_to_server(self._servicer, server)
             try:
                 bound = server.add_insecure_port(address)
             except RuntimeError:
@@ -404,23 +419,32 @@ class GrpcTransport:
         on_loop(idle())
 
     def close(self) -> None:
-        async def close() -> None:
-            for sender in self._senders.values():
-                sender.stop()
-            await asyncio.gather(*(s.task for s in self._senders.values()), return_exceptions=True)
-            for channel in self._channels.values():
-                await channel.close()
-            if self._server is not None:
-                await self._server.stop(grace=0.5)
+        # Taken out of self here and released on the event loop: gRPC's asyncio layer shuts
+        # itself down in whichever thread drops its last object, and doing that outside the
+        # loop's thread races the loop still polling its socket.
+        senders, channels = list(self._senders.values()), list(self._channels.values())
+        server, servicer = self._server, self._servicer
+        self._closed_stale += sum(s.skipped_stale for s in senders)
+        self._senders, self._channels, self._server, self._servicer = {}, {}, None, None
+        self._sized = (None, 0)
 
+        async def close(senders, channels, server, servicer) -> None:
+            for sender in senders:
+                sender.stop()
+            await asyncio.gather(*(s.task for s in senders), return_exceptions=True)
+            for channel in channels:
+                await channel.close()
+            if server is not None:
+                servicer.end_calls()
+                await asyncio.sleep(0)  # let the cancelled calls finish before the server stops
+                await server.stop(grace=0.5)
+
+        closing = close(senders, channels, server, servicer)
+        del senders, channels, server, servicer
         try:
-            on_loop(close(), timeout=10.0)
+            on_loop(closing, timeout=10.0)
         except TimeoutError:  # the process is on its way out: do not hang it
             log.warning("gRPC transport did not close within 10 s")
-        self._senders.clear()
-        self._channels.clear()
-        self._server = None
-        self._sized = (None, 0)
 
 
 def _bracket(host: str) -> str:
