@@ -49,8 +49,8 @@ DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784,
 
 
 def grpc_transport_for(scenario: Scenario, host: str, port: int, *, advertise: str | None = None) -> GrpcTransport:
-    """The gRPC transport with the scenario's limits: room for a call from every possible neighbour (each
-    neighbour's ``Exchange`` call stays open for the whole run)."""
+    """The gRPC transport with the scenario's limits: room for a call from every possible
+    neighbour (each neighbour's ``Exchange`` call stays open for the whole run)."""
     net = scenario.network
     return GrpcTransport(
         host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
