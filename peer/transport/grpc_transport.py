@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -261,8 +260,7 @@ class _Sender:
                 except Exception:  # a bug here must not silence this neighbour for the rest of the run
                     log.exception("sending to %d failed", self.peer)
         finally:
-            self.in_flight = False
-            self._settle()
+            self._settle()  # _call cleared in_flight on its way out
 
     async def _call(self, first: list[pb.ModelChunk]) -> None:
         """One ``Exchange`` call: ``first`` and whatever is queued after it, until the call ends."""
