@@ -1,0 +1,48 @@
+"""The grids shipped in examples/grids: each one plans (every point is a valid scenario) and
+every ``[report.paper]`` key names a cell of its table, so a typo in a paper key or a row label
+cannot silently drop a comparison."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from launch.sweep import load_grid, plan_sweep
+
+GRIDS = sorted((Path(__file__).resolve().parents[2] / "examples" / "grids").rglob("*.toml"))
+
+
+def table_keys(plan, axes):
+    """Every "ROW|COLUMN" key the report of ``plan`` can print, with its labels."""
+    spec = plan.report
+    row_values = [axes[a] for a in spec["rows"]]
+    keys = set()
+    for row in itertools.product(*row_values):
+        row_key = "|".join(spec["row_labels"].get(v, v) for v in row) if row else "all"
+        for c in axes[spec["columns"]]:
+            keys.add(f"{row_key}|{spec['column_labels'].get(c, c)}")
+    return keys
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.relative_to(p.parents[1]).as_posix())
+def test_grid_plans_and_paper_keys_name_cells(path, tmp_path):
+    grid = load_grid(path)
+    plan = plan_sweep(grid, tmp_path / "sweep")
+    assert plan.runs and len(plan.points) >= len(plan.runs)
+    if plan.report is None:
+        return
+    unknown = sorted(set(plan.report["paper"]) - table_keys(plan, grid.axis_labels()))
+    assert not unknown, f"{path.name}: [report.paper] keys that name no cell: {unknown}"
+
+
+def test_paper_grids_cover_both_tables():
+    # Seeds 43-46 of every cell of the paper's two tables.
+    grids = {p.stem: p for p in GRIDS}
+    fairness = plan_sweep(load_grid(grids["paper_fairness_fmnist"]), Path("unused"))
+    byzantine = plan_sweep(load_grid(grids["paper_byzantine_fmnist"]), Path("unused"))
+    assert len(fairness.points) == 4 * 4 * 7
+    assert len(fairness.report["paper"]) == 4 * 7
+    # No-attack runs are shared by the three attack rows: 3 * 4 * 7 points, 4 * 4 * (3 * 6 + 1) runs.
+    assert len(byzantine.points) == 4 * 3 * 4 * 7
+    assert len(byzantine.runs) == 4 * 4 * (3 * 6 + 1)
+    assert len(byzantine.report["paper"]) == 3 * 4 * 7
