@@ -29,6 +29,8 @@ Results go under ``OUT``:
 
     OUT/sweep.json                  the grid path, the report spec, every point (its labels, its
                                     overrides and its run folder), the sittings and their wall time
+                                    (saved at each finished run and every minute, so that a sweep
+                                    killed outright keeps its time up to then; marked ``killed``)
     OUT/sweep.lock                  the PID of the sweep running there (refuses a second one)
     OUT/runs/<slug>-<hash>/         one folder per distinct resolved scenario (``hash``: the first
                                     10 hex digits of the SHA-256 of its resolved TOML), holding
@@ -85,6 +87,8 @@ PID_FILE = "run.pid"  # the PID of the `dfedrw run` child while it runs
 _INT_GRACE = 10.0
 _TERM_GRACE = 5.0
 _POLL = 0.2
+# How often (seconds) a sitting's time is saved to sweep.json besides at each finished run.
+_CHECKPOINT_EVERY = 60.0
 _LOG_TAIL_LINES = 20
 
 
@@ -581,9 +585,10 @@ def _stop(jobs: Sequence[_Job]) -> None:
             j.log.close()
 
 
-def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, on_failure) -> None:
+def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, on_failure, on_tick=None) -> None:
     """Run ``runs`` with at most ``jobs`` at a time, calling ``on_done(run)`` or
-    ``on_failure(run, reason, log_tail)`` as each ends.
+    ``on_failure(run, reason, log_tail)`` as each ends, and ``on_tick()`` (if given) on every
+    pass of the polling loop.
 
     On KeyboardInterrupt every running child is stopped and the interrupt re-raised; finished
     runs are left as they are.
@@ -625,6 +630,8 @@ def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, 
                     reason = f"exit code {rc}" if rc != 0 else f"exit code 0 but the run folder is {state}"
                     on_failure(job.run, reason, log_tail(job.run.folder / LOG_FILE))
             board.refresh()
+            if on_tick is not None:
+                on_tick()
             if running:
                 time.sleep(_POLL)
     except KeyboardInterrupt:
@@ -662,13 +669,19 @@ def _sweep_record(plan: Plan, statuses: Mapping[str, str], sittings: list[dict[s
 
 
 def _previous_sittings(out_dir: Path) -> list[dict[str, Any]]:
+    """The sittings recorded so far. One that never wrote its final entry was killed (the lock
+    is ours, so it is not running): it is marked so and keeps the time of its last checkpoint."""
     path = out_dir / SWEEP_FILE
     if not path.exists():
         return []
     try:
-        return list(json.loads(path.read_text(encoding="utf-8")).get("sittings", []))
+        sittings = list(json.loads(path.read_text(encoding="utf-8")).get("sittings", []))
     except (json.JSONDecodeError, AttributeError):
         return []
+    for s in sittings:
+        if isinstance(s, dict) and s.get("interrupted") is None:
+            s.update(interrupted=True, killed=True)
+    return sittings
 
 
 def print_plan(plan: Plan, file: TextIO | None = None) -> None:
@@ -777,6 +790,28 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
     sittings.append(sitting)
     write_json_atomic(plan.out_dir / SWEEP_FILE, _sweep_record(plan, statuses, sittings))
 
+    start = time.monotonic()
+    last_save = start
+
+    def save(final: bool = False) -> None:
+        # Written at every finished run and once a minute, so that a sweep killed outright
+        # (no chance to write its final entry) still counts its time up to the last save.
+        nonlocal last_save
+        result.wall_seconds = time.monotonic() - start
+        sitting.update(
+            end=_now(), wall_seconds=round(result.wall_seconds, 3), runs_done=result.done,
+            runs_skipped=result.skipped, runs_failed=len(result.failures),
+            interrupted=result.interrupted if final else None,
+        )
+        record = _sweep_record(plan, statuses, sittings)
+        result.total_wall_seconds = record["wall_seconds"]
+        write_json_atomic(plan.out_dir / SWEEP_FILE, record)
+        last_save = time.monotonic()
+
+    def on_tick() -> None:
+        if time.monotonic() - last_save >= _CHECKPOINT_EVERY:
+            save()
+
     def on_done(run: PlannedRun) -> None:
         # The compact record (curves, mean weights) that the report and `dfedrw export` read;
         # without it they rebuild it from the per-round files, so a failure here is not fatal.
@@ -786,10 +821,12 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
             console.print(f"run {run.name}: could not write its record.json ({exc})", markup=False, highlight=False, soft_wrap=True)
         statuses[run.key] = "done"
         result.done += 1
+        save()
 
     def on_failure(run: PlannedRun, reason: str, tail: str) -> None:
         statuses[run.key] = "failed"
         result.failures.append(Failure(run.name, [plan.points[i].describe() for i in run.points], reason, tail))
+        save()
         console.print(f"run {run.name} failed ({reason}); last lines of {run.folder / LOG_FILE}:\n{tail}", markup=False, highlight=False, soft_wrap=True)
 
     console.print(
@@ -797,23 +834,15 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
         f"{len(to_run)} to run, {jobs} at a time; results in {plan.out_dir}",
         markup=False, highlight=False, soft_wrap=True,
     )
-    start = time.monotonic()
     restore = _sigterm_as_interrupt()
     try:
         with SweepBoard(console, len(plan.runs), result.skipped, jobs=jobs, prior_seconds=prior_seconds) as board:
-            _execute(to_run, jobs, board, on_done, on_failure)
+            _execute(to_run, jobs, board, on_done, on_failure, on_tick)
     except KeyboardInterrupt:
         result.interrupted = True
     finally:
         restore()
-        result.wall_seconds = time.monotonic() - start
-        sitting.update(
-            end=_now(), wall_seconds=round(result.wall_seconds, 3), runs_done=result.done,
-            runs_skipped=result.skipped, runs_failed=len(result.failures), interrupted=result.interrupted,
-        )
-        record = _sweep_record(plan, statuses, sittings)
-        result.total_wall_seconds = record["wall_seconds"]
-        write_json_atomic(plan.out_dir / SWEEP_FILE, record)
+        save(final=True)
 
     console.print(
         f"sweep wall time: {_seconds(result.wall_seconds)} this sitting, {_seconds(result.total_wall_seconds)} "

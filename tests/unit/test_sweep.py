@@ -329,6 +329,36 @@ def test_interrupt_stops_running_children_and_keeps_finished_runs(tmp_path, fake
     assert record["sittings"][-1]["interrupted"] is True
 
 
+def test_a_sweep_killed_outright_keeps_its_time_up_to_the_last_finished_run(tmp_path, fake_run, monkeypatch):
+    grid_path = write_grid(tmp_path, GRID)
+    record_path = tmp_path / "out" / "sweep.json"
+    seen: list[dict] = []
+    write = sweep.write_json_atomic
+
+    def spy(path, data):
+        if path == record_path and data["sittings"][-1].get("runs_done") == 4 and not seen:
+            seen.append(json.loads(json.dumps(data)))
+        return write(path, data)
+
+    monkeypatch.setattr(sweep, "write_json_atomic", spy)
+
+    run_sweep(grid_path, tmp_path / "out", jobs=1, console=quiet_console(), check_runnable=False)
+
+    # What a kill right after the fourth run would have left: a checkpoint, not a final entry.
+    (checkpoint,) = seen
+    last = checkpoint["sittings"][-1]
+    assert last["interrupted"] is None and last["wall_seconds"] > 0 and last["end"] is not None
+    assert checkpoint["wall_seconds"] == pytest.approx(last["wall_seconds"], abs=1e-2)
+    record_path.write_text(json.dumps(checkpoint))
+
+    run_sweep(grid_path, tmp_path / "out", jobs=1, console=quiet_console(), check_runnable=False)
+
+    killed, second = json.loads(record_path.read_text())["sittings"]
+    assert killed["killed"] is True and killed["interrupted"] is True
+    assert killed["wall_seconds"] == last["wall_seconds"]
+    assert second["interrupted"] is False and "killed" not in second
+
+
 def test_a_second_sweep_on_a_busy_folder_is_refused_and_a_stale_lock_taken_over(tmp_path, fake_run):
     grid_path = write_grid(tmp_path, FAST + "[axes]\nseed = [43]\n")
     (tmp_path / "out").mkdir()
