@@ -585,10 +585,10 @@ def _stop(jobs: Sequence[_Job]) -> None:
             j.log.close()
 
 
-def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, on_failure, on_tick=None) -> None:
+def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, on_failure, on_tick) -> None:
     """Run ``runs`` with at most ``jobs`` at a time, calling ``on_done(run)`` or
-    ``on_failure(run, reason, log_tail)`` as each ends, and ``on_tick()`` (if given) on every
-    pass of the polling loop.
+    ``on_failure(run, reason, log_tail)`` as each ends, and ``on_tick()`` on every pass of the
+    polling loop.
 
     On KeyboardInterrupt every running child is stopped and the interrupt re-raised; finished
     runs are left as they are.
@@ -630,8 +630,7 @@ def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, 
                     reason = f"exit code {rc}" if rc != 0 else f"exit code 0 but the run folder is {state}"
                     on_failure(job.run, reason, log_tail(job.run.folder / LOG_FILE))
             board.refresh()
-            if on_tick is not None:
-                on_tick()
+            on_tick()
             if running:
                 time.sleep(_POLL)
     except KeyboardInterrupt:
@@ -786,10 +785,8 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
             to_run.append(run)
 
     sittings = _previous_sittings(plan.out_dir)
-    sitting: dict[str, Any] = {"start": _now(), "end": None, "wall_seconds": None, "jobs": jobs, "runs_total": len(plan.runs)}
+    sitting: dict[str, Any] = {"start": _now(), "jobs": jobs, "runs_total": len(plan.runs)}
     sittings.append(sitting)
-    write_json_atomic(plan.out_dir / SWEEP_FILE, _sweep_record(plan, statuses, sittings))
-
     start = time.monotonic()
     last_save = start
 
@@ -807,6 +804,8 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
         result.total_wall_seconds = record["wall_seconds"]
         write_json_atomic(plan.out_dir / SWEEP_FILE, record)
         last_save = time.monotonic()
+
+    save()
 
     def on_tick() -> None:
         if time.monotonic() - last_save >= _CHECKPOINT_EVERY:

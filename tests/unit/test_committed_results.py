@@ -23,8 +23,11 @@ def report_commands() -> list[tuple[Path, Path]]:
     return [(ROOT / data, ROOT / out) for data, out in pairs]
 
 
+COMMANDS = report_commands()
+
+
 def test_every_committed_data_folder_has_its_report_command():
-    commands = report_commands()
+    commands = COMMANDS
     assert commands, "no `dfedrw report` commands found in docs/results/README.md"
     reported = {data for data, _ in commands}
     committed = {p for p in (RESULTS / "data").iterdir() if (p / "sweep.json").is_file()}
@@ -33,7 +36,7 @@ def test_every_committed_data_folder_has_its_report_command():
         assert (out / "table.md").is_file(), f"{out} has no table.md"
 
 
-@pytest.mark.parametrize("data,out", report_commands(), ids=lambda p: p.name)
+@pytest.mark.parametrize("data,out", COMMANDS, ids=lambda p: p.name)
 def test_report_regenerates_the_committed_tables(data, out, tmp_path):
     write_report([data], tmp_path, plots=False)
     for name in TABLES:
@@ -45,7 +48,7 @@ def test_report_regenerates_the_committed_tables(data, out, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data,out", report_commands(), ids=lambda p: p.name)
+@pytest.mark.parametrize("data,out", COMMANDS, ids=lambda p: p.name)
 def test_report_regenerates_the_committed_plots(data, out, tmp_path):
     write_report([data], tmp_path, plots=True)
     made = sorted(p.relative_to(tmp_path) for p in (tmp_path / "plots").rglob("*.png"))
