@@ -234,6 +234,10 @@ class Table:
     def column_label(self, column: str) -> str:
         return self.spec["column_labels"].get(column, column)
 
+    def cell_key(self, row: tuple[str, ...], column: str) -> str:
+        """The cell's key in ``[report.paper]``: "ROW|COLUMN", in labels."""
+        return f"{self.row_key(row)}|{self.column_label(column)}"
+
     def row_headers(self) -> list[str]:
         return [self.spec["axis_labels"].get(a, a) for a in self.spec["rows"]] or [""]
 
@@ -512,7 +516,7 @@ def render_comparison(table: Table) -> str | None:
         ours_var: dict[str, float] = {}
         paper_var: dict[str, float] = {}
         for c in table.columns:
-            key = f"{table.row_key(row)}|{table.column_label(c)}"
+            key = table.cell_key(row, c)
             if key not in paper:
                 continue
             matched.add(key)

@@ -27,12 +27,11 @@ COMMANDS = report_commands()
 
 
 def test_every_committed_data_folder_has_its_report_command():
-    commands = COMMANDS
-    assert commands, "no `dfedrw report` commands found in docs/results/README.md"
-    reported = {data for data, _ in commands}
+    assert COMMANDS, "no `dfedrw report` commands found in docs/results/README.md"
+    reported = {data for data, _ in COMMANDS}
     committed = {p for p in (RESULTS / "data").iterdir() if (p / "sweep.json").is_file()}
     assert committed == reported
-    for data, out in commands:
+    for data, out in COMMANDS:
         assert (out / "table.md").is_file(), f"{out} has no table.md"
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.report import Table
 from launch.sweep import load_grid, plan_sweep
 
 GRIDS = sorted((Path(__file__).resolve().parents[2] / "examples" / "grids").rglob("*.toml"))
@@ -15,13 +16,9 @@ GRIDS = sorted((Path(__file__).resolve().parents[2] / "examples" / "grids").rglo
 def table_keys(plan, axes):
     """Every "ROW|COLUMN" key the report of ``plan`` can print, with its labels."""
     spec = plan.report
-    row_values = [axes[a] for a in spec["rows"]]
-    keys = set()
-    for row in itertools.product(*row_values):
-        row_key = "|".join(spec["row_labels"].get(v, v) for v in row) if row else "all"
-        for c in axes[spec["columns"]]:
-            keys.add(f"{row_key}|{spec['column_labels'].get(c, c)}")
-    return keys
+    table = Table(spec, axes, rows=[], columns=[], cells={}, seeds=[], missing=[])
+    rows = itertools.product(*(axes[a] for a in spec["rows"]))
+    return {table.cell_key(row, c) for row in rows for c in axes[spec["columns"]]}
 
 
 @pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.relative_to(p.parents[1]).as_posix())
