@@ -1,7 +1,8 @@
 """``dfedrw``: the command line. Thin: flags become a scenario and a call into the library.
 
-    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR]
-    dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR]
+    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR]
+    dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
+    dfedrw certs [SCENARIO] [--set key=value ...] --out DIR [--days N]
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
     dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
     dfedrw report DIR... [--out OUTDIR] [--no-plots]
@@ -10,7 +11,8 @@
     dfedrw summarize OUT [--scenario FILE]
 
 Every ``peer`` flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID,
-DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT).
+DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT),
+DFEDRW_CERTS.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, args.set)
     console = Console(stderr=True)
-    out, summary = run_scenario(scenario, args.out, console=console)
+    out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs)
     print_summary(summary, Console())
     print(f"results: {out}")
     if summary.get("interrupted"):
@@ -80,7 +82,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
         if args.scenario is None:
             raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
-        final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out))
+        final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs)
         logging.getLogger("peer").info("client %s done: %s", final["id"], final)
         return 0
     if args.scenario is None or args.id is None:
@@ -100,8 +102,21 @@ def cmd_peer(args: argparse.Namespace) -> int:
         rendezvous=rendezvous or None,
         addresses=None if rendezvous else peers,
         listen_port=int(args.listen_port),
+        certs=args.certs,
     )
     logging.getLogger("peer").info("client %s done: %s", args.id, final)
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from peer.identity import make_certificates
+
+    scenario = load_scenario(args.scenario, args.set)
+    run_id = make_certificates(scenario.num_clients, args.out, days=args.days)
+    print(
+        f"run {run_id}: a CA and {scenario.num_clients} client certificates in {args.out} "
+        f"(ca.pem, client-K.pem, client-K.key; give client K only its own key)"
+    )
     return 0
 
 
@@ -188,7 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
     run.add_argument("--out", type=Path, default=None, help="results folder (default: a new folder under runs/)")
+    run.add_argument("--certs", type=Path, default=None, help="certificate folder from `dfedrw certs` (default: new certificates in OUT/certs)")
     run.set_defaults(func=cmd_run)
+
+    ce = sub.add_parser("certs", help="make a run's CA and one certificate per client (for compose, several hosts, torchrun)")
+    ce.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario); sets the number of clients")
+    ce.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    ce.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for ca.pem, client-K.pem and client-K.key (keys mode 0600)")
+    ce.add_argument("--days", type=int, default=30, help="validity of the certificates in days (default: 30)")
+    ce.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("peer", help="run one client process (under torchrun: client id = RANK)")
     p.add_argument("--scenario", default=_env("DFEDRW_SCENARIO"))
@@ -198,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", action="append", default=None, metavar="ID=HOST:PORT", help="static address of a client (repeatable)")
     p.add_argument("--listen-port", type=int, default=int(_env("DFEDRW_LISTEN_PORT", "0")))
     p.add_argument("--out", default=_env("DFEDRW_OUT", "runs/peer"))
+    p.add_argument("--certs", type=Path, default=_env("DFEDRW_CERTS"), help="the run's certificate folder (needed with network.tls = 'mutual')")
     p.set_defaults(func=cmd_peer)
 
     f = sub.add_parser("fetch", help="download MNIST / Fashion-MNIST IDX files (needs internet)")

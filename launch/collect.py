@@ -43,6 +43,8 @@ def collect_summary(
     summary = summarize(
         out_dir, roles=roles, pids=pids, exit_codes=exit_codes or {}, rounds=scenario.rounds, wall_seconds=wall_seconds
     )
+    # Whether senders were authenticated: a reader of the summary must not have to guess.
+    summary["tls"] = scenario.network.tls if scenario.network.transport == "grpc" else f"n/a ({scenario.network.transport} transport)"
     summary.update(extra or {})
     write_json_atomic(out_dir / "summary.json", summary)
     return summary

@@ -27,6 +27,7 @@ from launch.collect import collect_summary
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.data import check_dataset
+from peer.identity import load_identity, make_certificates
 from peer.node import attack_for, client_rule, scenario_topology
 from peer.results import write_json_atomic
 
@@ -87,10 +88,20 @@ def preflight(scenario: Scenario) -> None:
     check_dataset(scenario.data.name, scenario.data.dir or None)
 
 
+def check_certificates(scenario: Scenario, certs: Path | None) -> None:
+    """A given certificate folder must hold a valid identity for every client of the scenario."""
+    if certs is not None and scenario.network.tls == "mutual":
+        for k in range(scenario.num_clients):
+            load_identity(certs, k)
+
+
 class LocalRun:
-    def __init__(self, scenario: Scenario, out_dir: Path, *, console: Console | None = None, python: str = sys.executable) -> None:
+    def __init__(
+        self, scenario: Scenario, out_dir: Path, *, console: Console | None = None, python: str = sys.executable, certs: Path | None = None
+    ) -> None:
         self.scenario = scenario
         self.out_dir = Path(out_dir)
+        self.certs = Path(certs) if certs is not None else None
         self.console = console or Console(stderr=True)
         self.python = python
         self.children: dict[int, Child] = {}
@@ -109,6 +120,7 @@ class LocalRun:
         (self.out_dir / "logs").mkdir(exist_ok=True)
         scenario_path = self.out_dir / "scenario.toml"
         dump_scenario(self.scenario, scenario_path)
+        certs = self._certificates()
         env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         # One thread per process: 12 clients on 2 cores thrash with torch's default pool.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -122,6 +134,8 @@ class LocalRun:
                 "--rendezvous", self.endpoint,
                 "--out", str(self.out_dir),
             ]
+            if certs is not None:
+                cmd += ["--certs", str(certs)]
             with log_path.open("w") as log_file:
                 # A new session: Ctrl-C in the terminal reaches the launcher only, which then
                 # stops every child itself, in order.
@@ -129,6 +143,18 @@ class LocalRun:
             self.children[k] = Child(k, role, proc, log_path)
         # Written at once so an operator (or a test) can find every client process of the run.
         write_json_atomic(self.out_dir / "pids.json", {"launcher": os.getpid(), "clients": {str(k): c.proc.pid for k, c in self.children.items()}})
+
+    def _certificates(self) -> Path | None:
+        """The clients' certificate folder: the one given, else a new CA and certificates for
+        this run only, in the results folder."""
+        if self.scenario.network.tls == "off":
+            self.console.print("[yellow]network.tls = 'off': senders are not authenticated; any local process can send models in a client's name[/yellow]")
+            return None
+        if self.certs is not None:
+            return self.certs
+        certs = self.out_dir / "certs"
+        make_certificates(self.scenario.num_clients, certs)
+        return certs
 
     def stop_all(self) -> None:
         alive = [c for c in self.children.values() if c.proc.poll() is None]
@@ -185,6 +211,7 @@ class LocalRun:
     def run(self) -> dict[str, Any]:
         start = time.monotonic()
         preflight(self.scenario)
+        check_certificates(self.scenario, self.certs)
         self.spawn()
         interrupted = False
         board = ProgressBoard(self.console, {k: c.role for k, c in self.children.items()}, self.scenario.rounds)
@@ -243,6 +270,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         v = summary.get(key)
         return "-" if v is None else f"{v:.4g}{unit}"
 
+    if summary.get("tls") == "off":
+        console.print("[yellow]network.tls was 'off': no sender was authenticated in this run[/yellow]")
     console.print(
         f"honest mean accuracy {f('honest_mean_accuracy', '%')} (variance {f('accuracy_variance', ' %^2')}, worst {f('worst_accuracy', '%')}); "
         f"global {f('honest_mean_global_accuracy', '%')}; Byzantine weight share {f('byzantine_weight_share')}; "

@@ -13,8 +13,11 @@ from peer.config import Scenario
 from peer.results import check_fresh_out_dir
 
 
-def run_scenario(scenario: Scenario, out_dir: Path | None = None, *, console: Console | None = None) -> tuple[Path, dict[str, Any]]:
-    """Run ``scenario``, write its results under ``out_dir`` and return (out_dir, summary)."""
+def run_scenario(
+    scenario: Scenario, out_dir: Path | None = None, *, console: Console | None = None, certs: Path | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Run ``scenario``, write its results under ``out_dir`` and return (out_dir, summary).
+    ``certs``: a certificate folder for the clients (default: new ones in ``out_dir/certs``)."""
     out = Path(out_dir) if out_dir else default_out_dir()
     check_fresh_out_dir(out, range(scenario.num_clients))
     if scenario.network.transport == "torch":
@@ -26,4 +29,4 @@ def run_scenario(scenario: Scenario, out_dir: Path | None = None, *, console: Co
         from launch.inproc import run_inproc
 
         return out, run_inproc(scenario, out, console=console)
-    return out, LocalRun(scenario, out, console=console).run()
+    return out, LocalRun(scenario, out, console=console, certs=certs).run()

@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from launch.collect import collect_summary, collected_now
 from peer.config import Scenario, dump_scenario
-from peer.node import Peer, grpc_transport_for, scenario_topology
+from peer.identity import make_certificates
+from peer.node import Peer, client_identity, grpc_transport_for, scenario_topology
 from peer.results import check_fresh_out_dir
 from peer.transport.torchdist import TorchDistTransport
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 ADDR_KEY = "dfedrw/addr/{}"
 DONE_KEY = "dfedrw/done/{}"
+CERTS_KEY = "dfedrw/certs"
 
 
 @dataclass(frozen=True)
@@ -207,11 +209,27 @@ def pick_device(env: RankEnv) -> torch.device:
     return torch.device("cuda", index)
 
 
-def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: Mapping[str, str]):
+def shared_certificates(scenario: Scenario, store, rank: int, out_dir: Path, certs: Path | None, timeout: float) -> Path | None:
+    """The run's certificate folder: the one given (``dfedrw certs``, copied to every node), or,
+    when none is given, one rank 0 makes in the results folder, which every rank shares."""
+    if scenario.network.transport != "grpc" or scenario.network.tls == "off":
+        return None
+    if certs is not None:
+        return Path(certs)
+    folder = Path(out_dir) / "certs"
+    if rank == 0:
+        make_certificates(scenario.num_clients, folder)
+        store.set(CERTS_KEY, str(folder))
+    else:
+        store.wait([CERTS_KEY], timedelta(seconds=timeout))
+    return folder
+
+
+def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: Mapping[str, str], certs: Path | None = None):
     net = scenario.network
     if net.transport == "grpc":
         host, advertise = listen_and_advertise(net.host, env, environ.get("DFEDRW_ADVERTISE") or None)
-        return grpc_transport_for(scenario, host, 0, advertise=advertise)
+        return grpc_transport_for(scenario, host, 0, advertise=advertise, identity=client_identity(scenario, certs, env.rank))
     if net.transport == "torch":
         if device.type == "cuda" and env.local_world_size > torch.cuda.device_count():
             # NCCL refuses two ranks on one GPU; the messages go through gloo on the CPU instead.
@@ -233,7 +251,9 @@ def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: 
     raise ValueError(f"network.transport = {net.transport!r} cannot run under torchrun; use 'grpc' or 'torch'")
 
 
-def run_torchrun(scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def run_torchrun(
+    scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str] | None = None, certs: Path | None = None
+) -> dict[str, Any]:
     """Run this rank's client to completion; rank 0 also writes ``summary.json``.
 
     Returns the client's final record (``peers/<id>.json``).
@@ -264,7 +284,7 @@ def run_torchrun(scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str
             logging.getLogger(__name__).info("gloo binds interface %s (on the route to %s)", iface, env.master_addr)
         dist.init_process_group(backend="gloo", timeout=timedelta(seconds=scenario.network.connect_timeout))
         try:
-            return _run_rank(scenario, out_dir, env, device, environ, start)
+            return _run_rank(scenario, out_dir, env, device, environ, start, certs)
         finally:
             dist.destroy_process_group()
     finally:
@@ -272,14 +292,17 @@ def run_torchrun(scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str
         handler.close()
 
 
-def _run_rank(scenario: Scenario, out_dir: Path, env: RankEnv, device: torch.device, environ: Mapping[str, str], start: float) -> dict[str, Any]:
+def _run_rank(
+    scenario: Scenario, out_dir: Path, env: RankEnv, device: torch.device, environ: Mapping[str, str], start: float, certs: Path | None
+) -> dict[str, Any]:
     net = scenario.network
     store = dist.distributed_c10d._get_default_store()
+    certs = shared_certificates(scenario, store, env.rank, out_dir, certs, net.connect_timeout)
     if env.rank == 0:
         dump_scenario(scenario, out_dir / "scenario.toml")
     ok = interrupted = False
     try:
-        peer = Peer(scenario, env.rank, out_dir, transport=_transport(scenario, env, device, environ), device=device)
+        peer = Peer(scenario, env.rank, out_dir, transport=_transport(scenario, env, device, environ, certs), device=device)
         try:
             address = peer.start()
             log.info("client %d (%s) of %d: device %s, address %s", env.rank, peer.role, env.world_size, device, address)

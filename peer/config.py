@@ -231,9 +231,14 @@ class NetworkConfig:
     connect_timeout: float = 120.0
     chunk_bytes: int = 1 << 20
     max_message_bytes: int = 256 << 20
+    # "mutual": every gRPC connection is mutual TLS with the run's own certificates, and a
+    # message's sender is the client its certificate names. "off": plaintext, any process can
+    # claim any id; for debugging only.
+    tls: str = "mutual"
 
     def __post_init__(self) -> None:
         _choice("network.transport", self.transport, TRANSPORTS)
+        _choice("network.tls", self.tls, ("mutual", "off"))
         _positive("network.round_timeout", self.round_timeout)
         _positive("network.round_window", self.round_window)
         _positive("network.max_missed_rounds", self.max_missed_rounds)

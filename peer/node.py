@@ -28,6 +28,7 @@ import torch
 from peer.aggregation import RoundInputs, build_rule
 from peer.attacks import make_attack
 from peer.config import AggregationConfig, AttackConfig, Scenario
+from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import build_model, get_vector, set_vector
 from peer.results import RoundLog, write_json_atomic
@@ -48,14 +49,32 @@ _PROBE_EVERY = 5
 DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
 
 
-def grpc_transport_for(scenario: Scenario, host: str, port: int, *, advertise: str | None = None) -> GrpcTransport:
+def grpc_transport_for(
+    scenario: Scenario, host: str, port: int, *, advertise: str | None = None, identity: ClientIdentity | None = None
+) -> GrpcTransport:
     """The gRPC transport with the scenario's limits: room for a call from every possible
-    neighbour (each neighbour's ``Exchange`` call stays open for the whole run)."""
+    neighbour (each neighbour's ``Exchange`` call stays open for the whole run). With
+    ``network.tls = "mutual"`` it needs the client's ``identity``."""
     net = scenario.network
+    if net.tls == "mutual" and identity is None:
+        raise IdentityError("network.tls = 'mutual' needs this client's certificate: give --certs DIR (made by `dfedrw certs`)")
+    if net.tls == "off":
+        log.warning(
+            "network.tls = 'off': no sender is authenticated, so any process that reaches this client can send models "
+            "in a neighbour's name; use it for debugging only"
+        )
+        identity = None
     return GrpcTransport(
         host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-        max_message_bytes=net.max_message_bytes, max_calls=scenario.num_clients + 4, advertise=advertise,
+        max_message_bytes=net.max_message_bytes, max_calls=scenario.num_clients + 4, advertise=advertise, identity=identity,
     )
+
+
+def client_identity(scenario: Scenario, certs: Path | None, client: int) -> ClientIdentity | None:
+    """Client ``client``'s credentials from a certificate folder when the scenario uses TLS."""
+    if scenario.network.tls == "off" or certs is None:
+        return None
+    return load_identity(Path(certs), client)
 
 
 def derive_seed(seed: int, *keys: int | str) -> int:
@@ -193,7 +212,7 @@ class Peer:
         client_id: int,
         out_dir: Path,
         *,
-        transport: Transport | None = None,
+        transport: Transport,
         link: LauncherLink | NullLink | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
@@ -210,7 +229,7 @@ class Peer:
         self.neighbours = tuple(self.topology.neighbours(client_id))
         self.link = link or NullLink()
         net = scenario.network
-        self.transport = transport or grpc_transport_for(scenario, net.host, 0)
+        self.transport = transport
         self.inbox = Inbox(client_id, self.neighbours, self.topology.num_clients, net.round_window)
         features, classes = DATASET_SHAPES[scenario.data.name]
         t = scenario.train
@@ -227,16 +246,25 @@ class Peer:
         self._prepared = False
 
     # -- receiving ---------------------------------------------------------------------
-    def deliver(self, chunks) -> tuple[bool, str, int]:
+    def deliver(self, chunks, sender: int | None = None) -> tuple[bool, str, int]:
         """Validate one incoming message and buffer it (called on the transport's thread).
+        ``sender`` is the id the transport authenticated (None: it authenticates nobody).
 
         Returns (accepted, reason, this client's round): the sender drops what it still has
         queued for earlier rounds."""
-        return (*self._accept(chunks), self.inbox.round)
+        return (*self._accept(chunks, sender), self.inbox.round)
 
-    def _accept(self, chunks) -> tuple[bool, str]:
+    def _accept(self, chunks, sender: int | None) -> tuple[bool, str]:
         try:
+            if sender is not None:
+                # A stranger is turned away before its bytes are even joined.
+                refused = self.inbox.screen(sender)
+                if refused is not None:
+                    return refused
             header, payload, wire = join_chunks(chunks, self.max_bytes)
+            if sender is not None and header.sender != sender:
+                # The sender is who its certificate says, never who the message says.
+                return self.inbox.reject("impersonation", f"client {sender} claimed to be {header.sender}")
             # Screened before decoding so a stranger costs no tensor work.
             refused = self.inbox.screen(header.sender)
             if refused is not None:
@@ -314,6 +342,7 @@ class Peer:
             rejected_by_reason=dict(self.inbox.rejected),
             stale_messages=self.inbox.stale,
             unsent_messages={"dropped": self.transport.dropped, "stale": self.transport.skipped_stale},
+            tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
         )
         write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)
         self.link.send({"type": "done", "id": self.id, "accuracy": final.get("accuracy"), "global_accuracy": final.get("global_accuracy")})
@@ -455,10 +484,12 @@ def run_peer(
     addresses: Mapping[int, str] | None = None,
     listen_port: int = 0,
     advertise: str | None = None,
+    certs: Path | None = None,
 ) -> dict[str, Any]:
     """Run one client to completion: start, find the neighbours, run every round, write results.
 
     Addresses come either from the launcher (``rendezvous``, a zmq endpoint) or are given.
+    ``certs`` is the run's certificate folder (``dfedrw certs``), needed with TLS.
     """
     if (rendezvous is None) == (addresses is None):
         raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
@@ -467,8 +498,10 @@ def run_peer(
         raise ValueError(
             "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"
         )
+    transport = grpc_transport_for(
+        scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
+    )
     link = LauncherLink(rendezvous) if rendezvous else NullLink()
-    transport = grpc_transport_for(scenario, net.host, listen_port, advertise=advertise)
     peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)
     try:
         address = peer.start()

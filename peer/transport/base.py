@@ -15,8 +15,10 @@ from typing import Protocol
 
 from peer.transport.pb import peer_pb2 as pb
 
-# (chunks of one Push stream) -> (accepted, reason)
-Deliver = Callable[[Iterable[pb.ModelChunk]], tuple[bool, str, int]]
+# (chunks of one message, the sender's authenticated id or None) -> (accepted, reason, own round).
+# The id is the one the transport verified (gRPC: the peer certificate; torch.distributed and
+# in-process: the sending rank or thread); None when the transport authenticates nobody.
+Deliver = Callable[[Iterable[pb.ModelChunk], int | None], tuple[bool, str, int]]
 # (peer id, reachable) -> None
 Reachability = Callable[[int, bool], None]
 

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from peer.identity import ClientIdentity, client_of_uri, server_name
 from peer.transport.base import Deliver, Reachability
 from peer.transport.pb import peer_pb2 as pb
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
@@ -65,9 +66,22 @@ def on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     return asyncio.run_coroutine_threadsafe(coro, io_loop()).result(timeout)
 
 
-def handle_push(chunks: Iterable[pb.ModelChunk], deliver: Deliver) -> pb.PushReply:
-    accepted, reason, round_ = deliver(chunks)
+def handle_push(chunks: Iterable[pb.ModelChunk], deliver: Deliver, sender: int | None = None) -> pb.PushReply:
+    accepted, reason, round_ = deliver(chunks, sender)
     return pb.PushReply(accepted=accepted, reason=reason, round=round_)
+
+
+def authenticated_sender(context, run_id: str | None) -> int | None:
+    """The client id in the caller's verified certificate (gRPC checked it against the run's
+    CA during the handshake); None when the server runs without TLS. Raises ``PermissionError``
+    for a certificate that names no client of this run."""
+    if run_id is None:
+        return None
+    uris = context.auth_context().get("peer_uri", [])
+    ids = {client_of_uri(u.decode("ascii", "replace"), run_id) for u in uris}
+    if len(ids) != 1 or None in ids:
+        raise PermissionError("no client identity of this run in the peer certificate")
+    return ids.pop()
 
 
 class MessageSplitter:
@@ -123,11 +137,35 @@ def split_messages(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> Iterator[
     yield from splitter.end()
 
 
+def server_credentials(identity: ClientIdentity) -> grpc.ServerCredentials:
+    """Mutual TLS: a caller must present a certificate from the run's CA."""
+    return grpc.ssl_server_credentials([(identity.key_pem, identity.cert_pem)], root_certificates=identity.ca_pem, require_client_auth=True)
+
+
+def channel_credentials(identity: ClientIdentity) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=identity.ca_pem, private_key=identity.key_pem, certificate_chain=identity.cert_pem)
+
+
+def identity_options(identity: ClientIdentity, peer: int) -> list[tuple[str, str]]:
+    """Channel options that make the receiver prove it is client ``peer`` of this run, not only
+    that the run's CA signed its certificate: its DNS name says which client it is."""
+    return [("grpc.ssl_target_name_override", server_name(identity.run_id, peer))]
+
+
 class PeerServicer(pb_grpc.PeerServicer):
-    def __init__(self, deliver: Deliver, max_bytes: int) -> None:
+    """Thin: who is calling (from the TLS handshake), then each message to ``deliver``.
+
+    With TLS each authenticated client has one ``Exchange`` slot: a new call from the same
+    client replaces its older one (a client that restarted opens a new call), so no one can
+    take another's slot, and a stranger is turned away before it sends a byte of model."""
+
+    def __init__(self, deliver: Deliver, max_bytes: int, run_id: str | None = None) -> None:
         self._deliver = deliver
         self._max_bytes = max_bytes
+        self._run_id = run_id
         self._open_calls: set[asyncio.Task] = set()  # the tasks serving open Exchange calls
+        self._slots: dict[int, asyncio.Task] = {}  # authenticated sender -> its Exchange call
+        self.refused_calls = 0  # calls ended at once: no client identity of this run
 
     def end_calls(self) -> None:
         """Cancel every open ``Exchange`` call (on closing: neighbours that are still running
@@ -135,31 +173,51 @@ class PeerServicer(pb_grpc.PeerServicer):
         for task in self._open_calls:
             task.cancel()
 
+    async def _sender(self, context) -> int | None:
+        try:
+            return authenticated_sender(context, self._run_id)
+        except PermissionError:
+            self.refused_calls += 1
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no client identity of this run")
+
     async def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        sender = await self._sender(context)
         # Read no more than one message's worth: what is beyond is rejected unread.
         chunks, size = [], 0
         async for chunk in request_iterator:
             chunks.append(chunk)
-            size += len(chunk.data)
+            size += chunk.ByteSize()
             if size > self._max_bytes:
                 break
-        return handle_push(chunks, self._deliver)
+        return handle_push(chunks, self._deliver, sender)
 
     async def PushOne(self, request, context):  # noqa: N802 - gRPC method name
-        return handle_push((request,), self._deliver)
+        return handle_push((request,), self._deliver, await self._sender(context))
 
     async def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        sender = await self._sender(context)
         task = asyncio.current_task()
         self._open_calls.add(task)
+        if sender is not None:
+            older = self._slots.get(sender)
+            if older is not None and older is not task:
+                older.cancel()
+            self._slots[sender] = task
         try:
             splitter = MessageSplitter(self._max_bytes)
             async for message in _messages(request_iterator, splitter):
-                reply = handle_push(message, self._deliver)
+                reply = handle_push(message, self._deliver, sender)
                 yield reply
-                if reply.reason == "not_neighbour":
-                    return  # a stranger does not get to keep a call open here
+                if reply.reason in _END_CALL:
+                    return  # a stranger or an impostor does not get to keep a call open here
         finally:
             self._open_calls.discard(task)
+            if sender is not None and self._slots.get(sender) is task:
+                del self._slots[sender]
+
+
+# Verdicts after which the receiver ends the call: nothing else on it can be accepted.
+_END_CALL = frozenset({"not_neighbour", "unknown_sender", "impersonation"})
 
 
 async def _messages(chunks: AsyncIterator[pb.ModelChunk], splitter: MessageSplitter) -> AsyncIterator[list[pb.ModelChunk]]:
@@ -313,6 +371,7 @@ class GrpcTransport:
         max_message_bytes: int = 256 << 20,
         max_calls: int = 8,
         advertise: str | None = None,
+        identity: ClientIdentity | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -321,6 +380,7 @@ class GrpcTransport:
         self.max_message_bytes = max_message_bytes
         self._limit = chunk_bytes + _FRAMING
         self._max_calls = max_calls
+        self.identity = identity  # None: no TLS, and no sender is authenticated
         self._server: grpc.aio.Server | None = None
         self._servicer: PeerServicer | None = None
         self._channels: dict[int, grpc.aio.Channel] = {}
@@ -351,10 +411,13 @@ class GrpcTransport:
             server = grpc.aio.server(
                 options=[*self._options(), ("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=self._max_calls
             )
-            self._servicer = PeerServicer(deliver, self.max_message_bytes)
+            self._servicer = PeerServicer(deliver, self.max_message_bytes, self.identity.run_id if self.identity else None)
             pb_grpc.add_PeerServicer_to_server(self._servicer, server)
             try:
-                bound = server.add_insecure_port(address)
+                if self.identity is None:
+                    bound = server.add_insecure_port(address)
+                else:
+                    bound = server.add_secure_port(address, server_credentials(self.identity))
             except RuntimeError:
                 bound = 0
             if bound:
@@ -373,7 +436,11 @@ class GrpcTransport:
 
         async def connect() -> None:
             for peer, address in addresses.items():
-                channel = grpc.aio.insecure_channel(address, options=self._options())
+                if self.identity is None:
+                    channel = grpc.aio.insecure_channel(address, options=self._options())
+                else:
+                    options = [*self._options(), *identity_options(self.identity, peer)]
+                    channel = grpc.aio.secure_channel(address, channel_credentials(self.identity), options=options)
                 self._channels[peer] = channel
                 self._senders[peer] = _Sender(peer, channel, self)
 

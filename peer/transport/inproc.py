@@ -67,7 +67,7 @@ class InprocTransport:
             self._on_reachability(to, False)
             return
         self.bytes_sent += sum(c.ByteSize() for c in chunks)
-        deliver(iter(chunks))
+        deliver(iter(chunks), None)  # threads of one process: nobody to authenticate
 
     def flush(self, timeout: float) -> None:
         pass  # delivery is synchronous

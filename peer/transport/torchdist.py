@@ -293,7 +293,7 @@ class TorchDistTransport:
                         self.malformed += 1
                     log.warning("client %d: %d sent %d bytes that are no ModelChunk", self.rank, peer, size)
                     continue
-                deliver(iter((chunk,)))
+                deliver(iter((chunk,)), peer)  # the rank it came from, not the one it claims
             log.warning("client %d: %d sent more than %d messages; no longer receiving from it", self.rank, peer, self.max_messages)
         except FrameError as exc:
             log.warning("client %d: stream from %d out of step, no longer receiving from it: %s", self.rank, peer, exc)

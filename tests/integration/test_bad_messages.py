@@ -6,13 +6,20 @@ import threading
 import grpc
 import torch
 
-from peer.node import Peer
+from peer.identity import load_identity, make_certificates
+from peer.node import Peer, grpc_transport_for
+from peer.transport.grpc_transport import channel_credentials, identity_options
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import TensorSpec, encode
 
 
 def run_network(scenario, out_dir, meddle):
-    peers = {k: Peer(scenario, k, out_dir) for k in range(scenario.num_clients)}
+    certs = out_dir / "certs"
+    make_certificates(scenario.num_clients, certs)
+    peers = {
+        k: Peer(scenario, k, out_dir, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k)))
+        for k in range(scenario.num_clients)
+    }
     addresses = {k: p.start() for k, p in peers.items()}
     finals, errors = {}, []
 
@@ -56,11 +63,12 @@ def test_bad_messages_are_rejected_counted_and_training_goes_on(small_scenario, 
             "not_neighbour": encode(2, 0, good, specs),
             "future_round": encode(1, 10**6, good, specs),
         }
-        with grpc.insecure_channel(addresses[0]) as channel:
-            stub = pb_grpc.PeerStub(channel)
-            for name, chunks in messages.items():
-                reply = stub.Push(iter(chunks), timeout=10)
-                replies.append((name, reply.accepted, reply.reason))
+        for name, chunks in messages.items():
+            # Each message sent by the client it names, with that client's own certificate.
+            me = load_identity(tmp_path / "certs", chunks[0].header.sender)
+            with grpc.secure_channel(addresses[0], channel_credentials(me), options=identity_options(me, 0)) as channel:
+                reply = pb_grpc.PeerStub(channel).Push(iter(chunks), timeout=10)
+            replies.append((name, reply.accepted, reply.reason))
 
     peers, finals = run_network(scenario, tmp_path, meddle)
     assert replies == [(n, False, n) for n in ("shape_mismatch", "non_finite", "not_neighbour", "future_round")]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from peer.node import Peer
+from peer.transport.inproc import InprocHub, InprocTransport
 from peer.transport.grpc_transport import GrpcTransport, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
@@ -157,7 +158,7 @@ def test_inbox_wakes_the_round_loop_only_when_its_round_is_complete():
 def test_servicer_logic_needs_no_socket():
     seen = []
 
-    def deliver(chunks):
+    def deliver(chunks, sender=None):
         seen.extend(chunks)
         return False, "future_round", 3
 
@@ -207,7 +208,7 @@ def test_exchange_answers_each_message_and_stops_reading_a_stranger():
 
     verdicts = iter([(True, "", 0), (False, "stale_round", 2), (True, "", 2), (True, "", 3), (True, "", 4)])
 
-    def deliver(message):
+    def deliver(message, sender=None):
         assert len(list(message)) == 4  # a whole message per call of deliver
         return next(verdicts)
 
@@ -215,7 +216,7 @@ def test_exchange_answers_each_message_and_stops_reading_a_stranger():
     assert [(r.accepted, r.reason, r.round) for r in replies] == [(True, "", 0), (False, "stale_round", 2), (True, "", 2), (True, "", 3), (True, "", 4)]
 
     read.clear()
-    replies = exchange(PeerServicer(lambda m: (False, "not_neighbour", 0), 1 << 20), chunks(9))
+    replies = exchange(PeerServicer(lambda m, sender=None: (False, "not_neighbour", 0), 1 << 20), chunks(9))
     assert [(r.accepted, r.reason) for r in replies] == [(False, "not_neighbour")] and read == [0]
 
 
@@ -239,7 +240,7 @@ def _pair(deliver, chunk_bytes=16):
     receiver = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
     address = receiver.start(deliver)
     sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
-    sender.start(lambda m: (True, "", 0))
+    sender.start(lambda m, sender=None: (True, "", 0))
     return sender, receiver, address
 
 
@@ -265,14 +266,14 @@ class _ThreadedReceiver(pb_grpc.PeerServicer):
 def _slow_pair(deliver):
     receiver = _ThreadedReceiver(deliver)
     sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=16)
-    sender.start(lambda m: (True, "", 0))
+    sender.start(lambda m, sender=None: (True, "", 0))
     return sender, receiver, receiver.address
 
 
 def test_grpc_stream_delivers_every_message_in_order_over_loopback():
     got, lock = [], threading.Lock()
 
-    def deliver(chunks):
+    def deliver(chunks, sender=None):
         with lock:
             got.append(roundtrip(list(chunks)))
         return True, "", 0
@@ -295,7 +296,7 @@ def test_grpc_stream_delivers_every_message_in_order_over_loopback():
 
 
 def test_grpc_sender_reports_a_neighbour_that_went_away():
-    sender, receiver, address = _pair(lambda chunks: (len(list(chunks)) > 0, "", 0))
+    sender, receiver, address = _pair(lambda chunks, sender=None: (len(list(chunks)) > 0, "", 0))
     events = []
     try:
         sender.connect({1: address}, lambda peer, ok: events.append((peer, ok)))
@@ -321,7 +322,7 @@ class _SlowFirstReply:
         self.release, self.first_in = threading.Event(), threading.Event()
         self.got, self.lock = [], threading.Lock()
 
-    def __call__(self, chunks):
+    def __call__(self, chunks, sender=None):
         m = roundtrip(list(chunks))
         with self.lock:
             self.got.append(m.round)
@@ -363,7 +364,7 @@ def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
     release = threading.Event()
     got = []
 
-    def deliver(chunks):
+    def deliver(chunks, sender=None):
         m = roundtrip(list(chunks))
         got.append(m.round)
         if m.round == 0:
@@ -404,7 +405,8 @@ def test_grpc_sender_drops_queued_messages_the_receiver_is_past():
 
 
 def test_a_client_answers_with_its_round(small_scenario, tmp_path):
-    peer = Peer(small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0"), 0, tmp_path)
+    scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0")
+    peer = Peer(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
     try:
         good = torch.zeros(sum(s.numel for s in peer.specs))
         peer.inbox.advance(7)
@@ -415,28 +417,36 @@ def test_a_client_answers_with_its_round(small_scenario, tmp_path):
         peer.close()
 
 
-def test_push_reads_no_more_than_one_message_worth():
+def test_push_reads_no_more_than_one_message_worth_headers_counted():
     read = []
+    sent = encode(1, 0, vec(), SPECS, chunk_bytes=16) * 10
 
     async def call():
         async def incoming():
-            for i, chunk in enumerate(encode(1, 0, vec(), SPECS, chunk_bytes=16) * 10):
+            for i, chunk in enumerate(sent):
                 read.append(i)
                 yield chunk
 
-        servicer = PeerServicer(lambda chunks: (False, "size_mismatch", 0), max_bytes=60)
+        servicer = PeerServicer(lambda chunks, sender=None: (False, "size_mismatch", 0), max_bytes=200)
         return await servicer.Push(incoming(), None)
 
     reply = asyncio.run(call())
     assert (reply.accepted, reply.reason) == (False, "size_mismatch")
-    assert len(read) == 5  # 4 chunks hold the 60 bytes; the 5th goes past them and ends the read
+    # Every byte buffered counts, the header's too: reading stops at the chunk that passes 200.
+    total, stop = 0, None
+    for i, chunk in enumerate(sent):
+        total += chunk.ByteSize()
+        if total > 200:
+            stop = i
+            break
+    assert len(read) == stop + 1 < len(sent)
 
 
 def test_grpc_transport_refuses_a_port_in_use():
     first = GrpcTransport("127.0.0.1", 0)
-    first.start(lambda m: (True, "", 0))
+    first.start(lambda m, sender=None: (True, "", 0))
     try:
         with pytest.raises(OSError, match=f"could not listen on 127.0.0.1:{first.port}"):
-            GrpcTransport("127.0.0.1", first.port).start(lambda m: (True, "", 0))
+            GrpcTransport("127.0.0.1", first.port).start(lambda m, sender=None: (True, "", 0))
     finally:
         first.close()
