@@ -244,6 +244,8 @@ class Peer:
         self.results = RoundLog(self.out_dir, client_id)
         self.stop_requested = threading.Event()
         self._prepared = False
+        # Where this client listens, once started (kept in its final record).
+        self.address: str | None = None
 
     # -- receiving ---------------------------------------------------------------------
     def deliver(self, chunks, sender: int | None = None) -> tuple[bool, str, int]:
@@ -303,7 +305,8 @@ class Peer:
         if not self._prepared:
             self.prepare()
             self._prepared = True
-        return self.transport.start(self.deliver)
+        self.address = self.transport.start(self.deliver)
+        return self.address
 
     def connect(self, addresses: Mapping[int, str]) -> None:
         for k in self.neighbours:
@@ -335,6 +338,7 @@ class Peer:
             id=self.id,
             role=self.role,
             pid=os.getpid(),
+            address=self.address,
             device=str(self.device),
             completed=True,
             wall_seconds=round(time.monotonic() - start, 3),
