@@ -489,10 +489,12 @@ def run_peer(
     listen_port: int = 0,
     advertise: str | None = None,
     certs: Path | None = None,
+    link_token: str | None = None,
 ) -> dict[str, Any]:
     """Run one client to completion: start, find the neighbours, run every round, write results.
 
-    Addresses come either from the launcher (``rendezvous``, a zmq endpoint) or are given.
+    Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
+    registers with ``link_token``, the secret the launcher gave it) or are given.
     ``certs`` is the run's certificate folder (``dfedrw certs``), needed with TLS.
     """
     if (rendezvous is None) == (addresses is None):
@@ -505,7 +507,7 @@ def run_peer(
     transport = grpc_transport_for(
         scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
     )
-    link = LauncherLink(rendezvous) if rendezvous else NullLink()
+    link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
     peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)
     try:
         address = peer.start()
