@@ -12,7 +12,8 @@
 
 Every ``peer`` flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID,
 DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT),
-DFEDRW_CERTS.
+DFEDRW_CERTS. The secret a client shows the launcher comes only from the environment
+(DFEDRW_LINK_TOKEN, set by ``dfedrw run``), never a flag: a command line is readable by every user.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         addresses=None if rendezvous else peers,
         listen_port=int(args.listen_port),
         certs=args.certs,
+        link_token=_env("DFEDRW_LINK_TOKEN"),
     )
     logging.getLogger("peer").info("client %s done: %s", args.id, final)
     return 0

@@ -5,6 +5,11 @@ server on a port the OS picks (so no two processes ever race for a port), regist
 address, and gets the address book back once all have registered (a handshake, never a sleep).
 Clients then stream per-round telemetry to the same socket, which drives the live progress.
 Results come from the files the clients write, so they never depend on telemetry arriving.
+
+The socket binds 127.0.0.1 only, yet any local user can reach it: each client gets its own
+secret through its environment and must show it to register; telemetry is taken only from the
+connection a client registered from, and every other frame is dropped and counted (see
+``launch.link``), the counts going into ``summary.json`` under ``launcher_link``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launch.collect import collect_summary
+from launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.data import check_dataset
@@ -33,6 +39,11 @@ from peer.results import write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
 _TERM_GRACE = 5.0
+# Frames taken from the socket before the loop looks at the children again, so a flood of
+# frames cannot keep it from noticing exits or sending the address book.
+_DRAIN_MAX = 1000
+# Seconds between two log lines about dropped frames.
+_DROP_LOG_EVERY = 5.0
 
 
 @dataclass
@@ -108,10 +119,14 @@ class LocalRun:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        # Loopback only: the clients run on this machine.
         self._sock.bind("tcp://127.0.0.1:*")
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._identities: dict[int, bytes] = {}
+        self.gate = LinkGate({})
         self._book_sent = False
+        self._next_drop_log = 0.0
+        self._drops_unlogged = 0
 
     # -- processes ----------------------------------------------------------------------
     def spawn(self) -> None:
@@ -126,6 +141,7 @@ class LocalRun:
         env.setdefault("OMP_NUM_THREADS", "1")
         for k in range(topology.num_clients):
             role = "byzantine" if k in topology.byzantine else "honest"
+            self.gate.tokens[k] = new_token()
             log_path = self.out_dir / "logs" / f"{k}.log"
             cmd = [
                 self.python, "-m", "peer",
@@ -139,7 +155,9 @@ class LocalRun:
             with log_path.open("w") as log_file:
                 # A new session: Ctrl-C in the terminal reaches the launcher only, which then
                 # stops every child itself, in order.
-                proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**env, TOKEN_ENV: self.gate.tokens[k]}, start_new_session=True
+                )
             self.children[k] = Child(k, role, proc, log_path)
         # Written at once so an operator (or a test) can find every client process of the run.
         write_json_atomic(self.out_dir / "pids.json", {"launcher": os.getpid(), "clients": {str(k): c.proc.pid for k, c in self.children.items()}})
@@ -171,19 +189,44 @@ class LocalRun:
             c.exit_code = c.proc.poll()
 
     # -- messages -----------------------------------------------------------------------
-    def _handle(self, identity: bytes, payload: bytes) -> dict[str, Any] | None:
-        try:
-            msg = json.loads(payload)
-        except json.JSONDecodeError:
+    def _handle(self, frames: list[bytes]) -> dict[str, Any] | None:
+        """The message to show on the progress board, or None when the frames were dropped."""
+        msg = self.gate.admit(frames)
+        if isinstance(msg, str):
+            self._log_drop(msg, frames)
             return None
-        child = self.children.get(msg.get("id")) if isinstance(msg, dict) else None
-        if child is None:
-            return None
-        if msg.get("type") == "register":
+        if msg["type"] == "register":
+            child = self.children[msg["id"]]
             child.registered = True
             child.address = msg["address"]
-            self._identities[child.id] = identity
         return msg
+
+    def _receive(self, board: ProgressBoard, timeout_ms: int) -> None:
+        """Handle what arrived within ``timeout_ms``, at most ``_DRAIN_MAX`` frames."""
+        if not self._sock.poll(timeout_ms):
+            return
+        for _ in range(_DRAIN_MAX):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = self._handle(frames)
+            if msg is not None:
+                board.event(msg)
+
+    def _log_drop(self, reason: str, frames: list[bytes]) -> None:
+        self._drops_unlogged += 1
+        now = time.monotonic()
+        if now < self._next_drop_log:
+            return
+        self._next_drop_log = now + _DROP_LOG_EVERY
+        # repr escapes every byte; markup=False keeps rich from reading brackets in it.
+        preview = repr(frames[-1][:60]) if frames else "(no frame)"
+        self.console.print(
+            f"launcher link: dropped {self._drops_unlogged} frame(s), last {reason}: {preview}",
+            markup=False, highlight=False, emoji=False, style="yellow",
+        )
+        self._drops_unlogged = 0
 
     def _maybe_send_book(self) -> None:
         """Send the address book once every client that is still alive has registered."""
@@ -193,7 +236,7 @@ class LocalRun:
         if pending:
             return
         book = {str(c.id): c.address for c in self.children.values() if c.registered}
-        for k, identity in self._identities.items():
+        for k, identity in self.gate.identities.items():
             self._sock.send_multipart([identity, json.dumps({"type": "addresses", "addresses": book}).encode()])
         self._book_sent = True
 
@@ -218,15 +261,7 @@ class LocalRun:
         try:
             with board:
                 while any(c.exit_code is None for c in self.children.values()):
-                    if self._sock.poll(200):
-                        while True:
-                            try:
-                                identity, payload = self._sock.recv_multipart(zmq.NOBLOCK)
-                            except zmq.Again:
-                                break
-                            msg = self._handle(identity, payload)
-                            if msg is not None:
-                                board.event(msg)
+                    self._receive(board, 200)
                     self._poll_exits(board)
                     self._maybe_send_book()
                     board.refresh()
@@ -243,7 +278,12 @@ class LocalRun:
             pids={k: c.proc.pid for k, c in self.children.items()},
             exit_codes={k: c.exit_code for k, c in self.children.items()},
             wall_seconds=time.monotonic() - start,
-            extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "grpc"},
+            extra={
+                "interrupted": interrupted,
+                "launcher_pid": os.getpid(),
+                "transport": "grpc",
+                "launcher_link": {"registered": len(self.gate.identities), "dropped": dict(self.gate.dropped)},
+            },
         )
         return summary
 

@@ -35,13 +35,18 @@ class ProgressBoard:
         self._progress.__exit__(*exc)
 
     def event(self, msg: dict[str, Any]) -> None:
+        # Events come from other processes: every field is checked here too, so an ill-typed
+        # one is ignored rather than breaking the board (bool is an int to isinstance).
         k = msg.get("id")
-        if k not in self.round:
+        if not _is_int(k) or k not in self.round:
             return
         kind = msg.get("type")
         if kind == "round":
-            self.round[k] = int(msg["round"])
-            self.last[k] = {key: msg[key] for key in ("train_loss", "accuracy") if msg.get(key) is not None}
+            r = msg.get("round")
+            if not _is_int(r) or not 0 <= r < self.rounds:
+                return
+            self.round[k] = r
+            self.last[k] = {key: msg[key] for key in ("train_loss", "accuracy") if _is_number(msg.get(key))}
             self.status[k] = "running"
         elif kind == "done":
             self.round[k] = self.rounds - 1
@@ -72,3 +77,12 @@ class ProgressBoard:
             self.console.print(
                 f"[{now - self._start:7.1f}s] rounds done: slowest {min(done, default=0)}/{self.rounds}, fastest {max(done, default=0)}/{self.rounds}"
             )
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    # Bounded ints only: formatting a huge int as a float overflows.
+    return isinstance(x, float) or (_is_int(x) and abs(x) < 2**53)

@@ -244,6 +244,8 @@ class Peer:
         self.results = RoundLog(self.out_dir, client_id)
         self.stop_requested = threading.Event()
         self._prepared = False
+        # Where this client listens, once started (kept in its final record).
+        self.address: str | None = None
 
     # -- receiving ---------------------------------------------------------------------
     def deliver(self, chunks, sender: int | None = None) -> tuple[bool, str, int]:
@@ -303,7 +305,8 @@ class Peer:
         if not self._prepared:
             self.prepare()
             self._prepared = True
-        return self.transport.start(self.deliver)
+        self.address = self.transport.start(self.deliver)
+        return self.address
 
     def connect(self, addresses: Mapping[int, str]) -> None:
         for k in self.neighbours:
@@ -335,6 +338,7 @@ class Peer:
             id=self.id,
             role=self.role,
             pid=os.getpid(),
+            address=self.address,
             device=str(self.device),
             completed=True,
             wall_seconds=round(time.monotonic() - start, 3),
@@ -485,10 +489,12 @@ def run_peer(
     listen_port: int = 0,
     advertise: str | None = None,
     certs: Path | None = None,
+    link_token: str | None = None,
 ) -> dict[str, Any]:
     """Run one client to completion: start, find the neighbours, run every round, write results.
 
-    Addresses come either from the launcher (``rendezvous``, a zmq endpoint) or are given.
+    Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
+    registers with ``link_token``, the secret the launcher gave it) or are given.
     ``certs`` is the run's certificate folder (``dfedrw certs``), needed with TLS.
     """
     if (rendezvous is None) == (addresses is None):
@@ -501,7 +507,7 @@ def run_peer(
     transport = grpc_transport_for(
         scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
     )
-    link = LauncherLink(rendezvous) if rendezvous else NullLink()
+    link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
     peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)
     try:
         address = peer.start()

@@ -1,0 +1,278 @@
+"""The launcher's zmq socket: malformed frames and fake registrations are dropped and counted,
+never raised, and never change a client's address (no client processes here)."""
+
+import io
+import json
+import os
+import threading
+import time
+from collections import Counter
+
+import pytest
+import zmq
+from rich.console import Console
+
+from launch import link
+from launch.link import MAX_FRAME_BYTES, LinkGate, parse_frame
+from launch.local import Child, LocalRun
+from launch.progress import ProgressBoard
+from peer.config import load_scenario
+from peer.telemetry import LauncherLink
+
+ID = b"\x00\x80\x00\x00\x01"
+TOKENS = {k: link.new_token() for k in range(4)}
+
+
+def frame(obj) -> list[bytes]:
+    return [ID, json.dumps(obj).encode()]
+
+
+def register(k=0, **fields):
+    msg = {"type": "register", "id": k, "address": f"127.0.0.1:{5000 + k}", "pid": 100 + k, "role": "honest", "token": TOKENS.get(k)}
+    msg.update(fields)
+    return {key: v for key, v in msg.items() if v is not ...}
+
+
+MALFORMED = {
+    "no payload": ([ID], link.FRAMES),
+    "two payload frames": ([ID, b"{}", b"{}"], link.FRAMES),
+    "nothing": ([], link.FRAMES),
+    "oversized": ([ID, b" " * (MAX_FRAME_BYTES + 1)], link.OVERSIZED),
+    "empty": ([ID, b""], link.NOT_JSON),
+    "text": ([ID, b"hello [red]launcher[/red]"], link.NOT_JSON),
+    "not utf-8": ([ID, b"\xff\xfe\x00{"], link.NOT_JSON),
+    "nested past the parser": ([ID, b"[" * 50_000], link.NOT_JSON),
+    "truncated": ([ID, b'{"type": "register", "id": 0'], link.NOT_JSON),
+    "list": (frame([1, 2]), link.NOT_OBJECT),
+    "string": (frame("register"), link.NOT_OBJECT),
+    "null": (frame(None), link.NOT_OBJECT),
+    "no type": (frame({"id": 0}), link.UNKNOWN_TYPE),
+    "unknown type": (frame({"type": "addresses", "id": 0}), link.UNKNOWN_TYPE),
+    "list as type": (frame({"type": ["register"], "id": 0}), link.UNKNOWN_TYPE),
+    "list as id": (frame(register(id=[0])), link.BAD_FIELD),
+    "string id": (frame(register(id="0")), link.BAD_FIELD),
+    "float id": (frame(register(id=0.0)), link.BAD_FIELD),
+    "bool id": (frame(register(id=True)), link.BAD_FIELD),
+    "register without address": (frame(register(address=...)), link.BAD_FIELD),
+    "empty address": (frame(register(address="")), link.BAD_FIELD),
+    "address without port": (frame(register(address="127.0.0.1")), link.BAD_FIELD),
+    "port 0": (frame(register(address="127.0.0.1:0")), link.BAD_FIELD),
+    "port out of range": (frame(register(address="127.0.0.1:70000")), link.BAD_FIELD),
+    "address with a newline": (frame(register(address="127.0.0.1:1\n[red]x")), link.BAD_FIELD),
+    "address with a space": (frame(register(address="evil host:1")), link.BAD_FIELD),
+    "long address": (frame(register(address="a" * 300 + ":1")), link.BAD_FIELD),
+    "list as address": (frame(register(address=["127.0.0.1:1"])), link.BAD_FIELD),
+    "register without pid": (frame(register(pid=...)), link.BAD_FIELD),
+    "string pid": (frame(register(pid="100")), link.BAD_FIELD),
+    "register without role": (frame(register(role=...)), link.BAD_FIELD),
+    "list as token": (frame(register(token=[TOKENS[0]])), link.BAD_FIELD),
+    "round without round": (frame({"type": "round", "id": 0}), link.BAD_FIELD),
+    "non-numeric round": (frame({"type": "round", "id": 0, "round": "3"}), link.BAD_FIELD),
+    "fractional round": (frame({"type": "round", "id": 0, "round": 1.5}), link.BAD_FIELD),
+    "negative round": (frame({"type": "round", "id": 0, "round": -1}), link.BAD_FIELD),
+    "bool round": (frame({"type": "round", "id": 0, "round": True}), link.BAD_FIELD),
+    "string loss": (frame({"type": "round", "id": 0, "round": 1, "train_loss": "low"}), link.BAD_FIELD),
+    "huge int accuracy": (frame({"type": "round", "id": 0, "round": 1, "accuracy": 10**400}), link.BAD_FIELD),
+    "list accuracy on done": (frame({"type": "done", "id": 0, "accuracy": [99]}), link.BAD_FIELD),
+    "done without id": (frame({"type": "done"}), link.BAD_FIELD),
+}
+
+
+@pytest.mark.parametrize("frames,reason", MALFORMED.values(), ids=MALFORMED.keys())
+def test_parse_frame_names_why_a_malformed_frame_is_dropped(frames, reason):
+    assert parse_frame(frames) == reason
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        register(),
+        register(token=...),  # accepted by the parser; the gate refuses it
+        register(address="[::1]:5000"),
+        {"type": "round", "id": 0, "round": 0},
+        {"type": "round", "id": 1, "round": 7, "train_loss": 0.5, "accuracy": 91.0, "global_accuracy": None},
+        {"type": "round", "id": 1, "round": 7, "train_loss": float("nan")},
+        {"type": "done", "id": 2, "accuracy": 90, "global_accuracy": 88.5},
+    ],
+)
+def test_parse_frame_returns_well_formed_messages(msg):
+    assert parse_frame(frame(msg)) == json.loads(json.dumps(msg))
+
+
+def test_gate_counts_every_malformed_frame_and_learns_nothing():
+    gate = LinkGate(dict(TOKENS))
+    for frames, _ in MALFORMED.values():
+        assert isinstance(gate.admit(frames), str)
+    assert gate.dropped == Counter(reason for _, reason in MALFORMED.values())
+    assert gate.addresses == {} and gate.identities == {}
+
+
+@pytest.mark.parametrize(
+    "token",
+    [None, "", "0" * 32, TOKENS[1], TOKENS[0][:-1], TOKENS[0] + "0", TOKENS[0].upper(), "é" * 32, "\ud800" * 32],
+    ids=["none", "empty", "zeros", "another client's", "short", "long", "look-alike", "non-ascii", "lone surrogate"],
+)
+def test_registration_without_the_clients_token_is_dropped(token):
+    gate = LinkGate(dict(TOKENS))
+    assert gate.admit(frame(register(0, token=token if token is not None else ...))) == link.BAD_TOKEN
+    assert gate.dropped == {link.BAD_TOKEN: 1} and gate.addresses == {}
+
+
+def test_registration_for_a_client_the_launcher_did_not_start_is_dropped():
+    gate = LinkGate(dict(TOKENS))
+    for k in (4, -1, 10**30):
+        assert gate.admit(frame(register(k, address="127.0.0.1:5000", token=TOKENS[0]))) == link.UNKNOWN_ID
+    assert gate.dropped == {link.UNKNOWN_ID: 3}
+
+
+def test_fake_registrations_for_every_client_never_take_an_address():
+    gate = LinkGate(dict(TOKENS))
+    fakes = 0
+    for i in range(1320):
+        for k in TOKENS:
+            token = ... if i % 3 == 0 else f"{i:032x}"
+            identity = i.to_bytes(4, "big")
+            assert gate.admit([identity, json.dumps(register(k, address=f"127.0.0.1:{40000 + i}", token=token)).encode()]) == link.BAD_TOKEN
+            fakes += 1
+    assert fakes == 5280 and gate.dropped == {link.BAD_TOKEN: 5280}
+    for k in TOKENS:
+        assert isinstance(gate.admit([b"real%d" % k, json.dumps(register(k)).encode()]), dict)
+    assert gate.addresses == {k: f"127.0.0.1:{5000 + k}" for k in TOKENS}
+
+
+def test_second_registration_never_moves_an_address_even_with_the_right_token():
+    gate = LinkGate(dict(TOKENS))
+    assert isinstance(gate.admit([b"first", json.dumps(register(0)).encode()]), dict)
+    for identity in (b"first", b"thief"):
+        assert gate.admit([identity, json.dumps(register(0, address="127.0.0.1:6666")).encode()]) == link.SECOND_REGISTRATION
+    assert gate.addresses == {0: "127.0.0.1:5000"} and gate.identities == {0: b"first"}
+    assert gate.dropped == {link.SECOND_REGISTRATION: 2}
+
+
+def test_telemetry_is_taken_only_from_the_connection_that_registered():
+    gate = LinkGate(dict(TOKENS))
+    round_msg = json.dumps({"type": "round", "id": 0, "round": 3, "train_loss": 0.1}).encode()
+    assert gate.admit([b"early", round_msg]) == link.WRONG_SENDER
+    gate.admit([b"client0", json.dumps(register(0)).encode()])
+    assert gate.admit([b"other", round_msg]) == link.WRONG_SENDER
+    assert gate.admit([b"other", json.dumps({"type": "done", "id": 0}).encode()]) == link.WRONG_SENDER
+    assert gate.admit([b"client0", round_msg])["round"] == 3
+    assert gate.dropped == {link.WRONG_SENDER: 3}
+
+
+def test_progress_board_ignores_ill_typed_events():
+    board = ProgressBoard(Console(file=open(os.devnull, "w")), {0: "honest", 1: "honest"}, rounds=10)
+    for msg in [
+        {"type": "round", "id": [0], "round": 1},
+        {"type": "round", "id": True, "round": 1},
+        {"type": "round", "id": 0, "round": "3"},
+        {"type": "round", "id": 0, "round": 10**6},
+        {"type": "round", "id": 0},
+        {"type": "done", "id": "1"},
+    ]:
+        board.event(msg)
+    assert board.round == {0: -1, 1: -1}
+    board.event({"type": "round", "id": 0, "round": 2, "train_loss": "low", "accuracy": 10**400})
+    board.event({"type": "round", "id": 1, "round": 4, "train_loss": 0.25, "accuracy": 91.5})
+    board.refresh()
+    assert board.round == {0: 2, 1: 4} and board.last == {0: {}, 1: {"train_loss": 0.25, "accuracy": 91.5}}
+
+
+# -- the launcher's own socket, with in-process clients -------------------------------------
+
+
+class _AliveProc:
+    pid = 0
+
+    def poll(self):
+        return None
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    scenario = load_scenario(None, ["topology.honest=4", "topology.byzantine=0", "attack.name=none"])
+    run = LocalRun(scenario, tmp_path, console=Console(file=open(os.devnull, "w")))
+    for k, token in TOKENS.items():
+        run.gate.tokens[k] = token
+        run.children[k] = Child(k, "honest", _AliveProc(), tmp_path / f"{k}.log")
+    board = ProgressBoard(run.console, {k: "honest" for k in TOKENS}, scenario.rounds)
+    yield run, board
+    run._sock.close()
+    run._ctx.term()
+
+
+def _dealer(ctx, endpoint):
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def test_launcher_hands_the_real_book_to_real_clients_under_attack(launcher):
+    run, board = launcher
+    ctx = zmq.Context()
+    attacker = _dealer(ctx, run.endpoint)
+    big = _dealer(ctx, run.endpoint)
+    books, errors = {}, []
+
+    def client(k):
+        link_ = LauncherLink(run.endpoint, TOKENS[k])
+        try:
+            books[k] = link_.register(k, f"127.0.0.1:{5000 + k}", 100 + k, "honest", timeout=20)
+            link_.send({"type": "round", "id": k, "round": 0, "train_loss": 0.5})
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            link_.close()
+
+    try:
+        # The attacker goes first, so its fakes are ahead of every real registration.
+        big.send(b" " * (MAX_FRAME_BYTES + 1))  # zmq closes this connection; the launcher never sees it
+        # A DEALER sends no identity frame (the ROUTER adds its own) and never an empty message.
+        malformed = [frames[1:] or [b""] for frames, _ in MALFORMED.values() if len(frames) > 1 and len(frames[-1]) <= MAX_FRAME_BYTES]
+        for frames in malformed:
+            attacker.send_multipart(frames)
+        for i in range(250):
+            for k in TOKENS:
+                attacker.send_json(register(k, address=f"127.0.0.1:{40000 + i}", token=... if i % 2 else f"{i:032x}"))
+        for k in TOKENS:
+            attacker.send_json({"type": "round", "id": k, "round": 5})
+        threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in TOKENS]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not run._book_sent:
+            run._receive(board, 100)
+            run._maybe_send_book()
+        for t in threads:
+            t.join(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and board.round != {k: 0 for k in TOKENS}:
+            run._receive(board, 100)
+        assert not errors and run._book_sent
+        real = {k: f"127.0.0.1:{5000 + k}" for k in TOKENS}
+        assert all(books[k] == real for k in TOKENS)
+        assert {k: c.address for k, c in run.children.items()} == real
+        assert not attacker.poll(200), "the attacker was sent the address book"
+        dropped = run.gate.dropped
+        assert dropped[link.BAD_TOKEN] == 1000
+        assert dropped[link.WRONG_SENDER] == 4
+        assert sum(dropped[r] for r in link.MALFORMED) == len(malformed)
+        assert board.round == {k: 0 for k in TOKENS}
+    finally:
+        attacker.close()
+        big.close()
+        ctx.term()
+
+
+def test_dropped_frames_are_logged_escaped_short_and_rate_limited(launcher):
+    run, _ = launcher
+    out = io.StringIO()
+    run.console = Console(file=out, width=200)
+    hostile = b"\x1b[31m[red]:smile:\n" + b"A" * 5000
+    for _ in range(100):
+        assert run._handle([b"x", hostile]) is None
+    text = out.getvalue()
+    assert text.count("\n") == 1 and len(text) < 200
+    assert "\x1b" not in text and "[red]" in text and ":smile:" in text
+    assert run.gate.dropped == {link.NOT_JSON: 100}
