@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -45,12 +46,29 @@ def _parse_peers(items: list[str]) -> dict[int, str]:
     return book
 
 
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, which stops every child and records the stop.
+
+    Set explicitly because the inherited disposition cannot be trusted: a background job of a
+    non-interactive shell starts with SIGINT ignored, and Python then installs no handler, so
+    Ctrl-C or ``kill -INT`` would be lost. A handler (unlike SIG_IGN) is reset at exec, so the
+    processes started from here get the default disposition back.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from launch.local import print_summary
     from launch.runner import run_scenario
 
+    _stop_on_signals()
     scenario = load_scenario(args.scenario, args.set)
     console = Console(stderr=True)
     out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs)
@@ -136,6 +154,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from launch.sweep import run_sweep
 
     out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
+    _stop_on_signals()
     try:
         result = run_sweep(args.grid, out, jobs=args.jobs, dry_run=args.dry_run, console=Console(stderr=True))
     except KeyboardInterrupt:

@@ -17,6 +17,9 @@ A scenario file has the sections below (every key optional; defaults in the data
     [peers.K.aggregation]  per-client overrides of any [aggregation] key for client K
 
 Unknown keys and bad values raise :class:`ScenarioError` naming the key and the valid choices.
+Every number has a checked range (NaN and infinity are refused): the bounds are far beyond any
+useful experiment and are there so that a typo fails at load with one line instead of
+exhausting memory, overflowing gRPC's int32 message limits or running for ever.
 TOML has no null, so "unset" string options use the empty string.
 """
 
@@ -64,11 +67,28 @@ def _choice(key: str, value: Any, choices: Sequence[str]) -> None:
         raise ScenarioError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
 
 
-def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or (isinstance(value, float) and not math.isfinite(value)):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ScenarioError(f"{key}={value!r} must be a finite number {bound}")
+def _bound(x: float) -> str:
+    return f"{x:_}" if isinstance(x, int) else f"{x:g}"
+
+
+def _in_range(key: str, value: float, lo: float, hi: float, *, open_lo: bool = False) -> None:
+    """Refuse ``value`` outside ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``), NaN and infinity."""
+    finite = not isinstance(value, float) or math.isfinite(value)
+    above = value > lo if open_lo else value >= lo
+    if not (finite and above and value <= hi):
+        interval = f"{'(' if open_lo else '['}{_bound(lo)}, {_bound(hi)}]"
+        what = "an integer" if isinstance(value, int) else "a finite number"
+        raise ScenarioError(f"{key}={value!r} must be {what} in {interval}")
+
+
+# Limits shared by several keys. Clients are OS processes with a gRPC server each, so a few
+# thousand is already far past what one machine or a compose cluster can hold.
+MAX_CLIENTS = 4096
+MAX_ROUNDS = 10_000_000
+# A magnitude no learning rate, noise scale or coefficient comes near; it only keeps
+# arithmetic finite.
+MAX_MAGNITUDE = 1e6
+MAX_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -94,18 +114,18 @@ class DataConfig:
                 alpha = float(arg)
             except ValueError:
                 alpha = -1.0
-            if not (alpha > 0 and math.isfinite(alpha)):
-                raise ScenarioError(f"data.partition={p!r}: dirichlet:ALPHA needs ALPHA > 0")
+            if not (0 < alpha <= MAX_MAGNITUDE):
+                raise ScenarioError(f"data.partition={p!r}: dirichlet:ALPHA needs 0 < ALPHA <= {MAX_MAGNITUDE:g}")
         elif kind == "labelskew" and arg:
-            if not arg.isdigit() or int(arg) < 1:
-                raise ScenarioError(f"data.partition={p!r}: labelskew:H needs an integer H >= 1")
+            if not arg.isdigit() or not 1 <= int(arg) <= 1_000_000:
+                raise ScenarioError(f"data.partition={p!r}: labelskew:H needs an integer H in [1, 1_000_000]")
         else:
             raise ScenarioError(
                 f"data.partition={p!r} is not valid; use iid, dirichlet:ALPHA or labelskew:H"
             )
-        if not 0 < self.aux_fraction <= 1:
-            raise ScenarioError(f"data.aux_fraction={self.aux_fraction!r} must be in (0, 1]")
-        _positive("data.local_test_size", self.local_test_size)
+        _in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
+        # Capped by the test set's size when drawn; the bound only refuses nonsense.
+        _in_range("data.local_test_size", self.local_test_size, 1, 10_000_000)
 
 
 @dataclass(frozen=True)
@@ -122,10 +142,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _choice("train.model", self.model, MODELS)
         _choice("train.init", self.init, ("shared", "per_client", "zeros"))
-        _positive("train.hidden", self.hidden)
-        _positive("train.lr", self.lr)
-        _positive("train.batch_size", self.batch_size)
-        _positive("train.local_steps", self.local_steps)
+        # 65536 hidden units on 784 inputs is already ~200 MB of parameters per message.
+        _in_range("train.hidden", self.hidden, 1, 65_536)
+        _in_range("train.lr", self.lr, 0.0, MAX_MAGNITUDE, open_lo=True)
+        _in_range("train.batch_size", self.batch_size, 1, 1_000_000)
+        _in_range("train.local_steps", self.local_steps, 1, 10_000)
 
 
 @dataclass(frozen=True)
@@ -138,11 +159,13 @@ class TopologyConfig:
 
     def __post_init__(self) -> None:
         _choice("topology.kind", self.kind, TOPOLOGIES)
-        if not 0 < self.rho <= 1:
-            raise ScenarioError(f"topology.rho={self.rho!r} must be in (0, 1]")
-        if self.honest < 1:
-            raise ScenarioError(f"topology.honest={self.honest!r} must be >= 1")
-        _positive("topology.byzantine", self.byzantine, allow_zero=True)
+        _in_range("topology.rho", self.rho, 0.0, 1.0, open_lo=True)
+        _in_range("topology.honest", self.honest, 1, MAX_CLIENTS)
+        _in_range("topology.byzantine", self.byzantine, 0, MAX_CLIENTS - 1)
+        if self.num_clients > MAX_CLIENTS:
+            raise ScenarioError(
+                f"topology.honest + topology.byzantine = {self.num_clients} clients; at most {MAX_CLIENTS:_}"
+            )
         if self.kind == "edgelist" and not self.file:
             raise ScenarioError("topology.kind='edgelist' needs topology.file (an edge-list path)")
 
@@ -162,9 +185,13 @@ class AttackConfig:
     def __post_init__(self) -> None:
         _choice("attack.name", self.name, ATTACKS)
         _choice("attack.center", self.center, ("received_mean", "zero"))
-        _positive("attack.std", self.std, allow_zero=True)
-        if isinstance(self.z, str) and self.z != "auto":
-            raise ScenarioError(f"attack.z={self.z!r} must be a number or 'auto'")
+        _in_range("attack.std", self.std, 0.0, MAX_MAGNITUDE)
+        _in_range("attack.scale", self.scale, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+        if isinstance(self.z, str):
+            if self.z != "auto":
+                raise ScenarioError(f"attack.z={self.z!r} must be a number or 'auto'")
+        else:
+            _in_range("attack.z", self.z, -MAX_MAGNITUDE, MAX_MAGNITUDE)
 
 
 @dataclass(frozen=True)
@@ -194,16 +221,15 @@ class AggregationConfig:
 
     def __post_init__(self) -> None:
         _choice("aggregation.rule", self.rule, RULES)
-        if self.assumed_byzantine < -1:
-            raise ScenarioError(f"aggregation.assumed_byzantine={self.assumed_byzantine} must be -1 (true count) or >= 0")
-        _positive("aggregation.multi_krum_m", self.multi_krum_m, allow_zero=True)
-        _positive("aggregation.flame_noise", self.flame_noise, allow_zero=True)
+        _in_range("aggregation.assumed_byzantine", self.assumed_byzantine, -1, MAX_CLIENTS)
+        _in_range("aggregation.multi_krum_m", self.multi_krum_m, 0, MAX_CLIENTS)
+        _in_range("aggregation.flame_noise", self.flame_noise, 0.0, MAX_MAGNITUDE)
         _choice("aggregation.flame_cluster_on", self.flame_cluster_on, ("updates", "models"))
-        _positive("aggregation.balance_gamma", self.balance_gamma)
-        _positive("aggregation.balance_kappa", self.balance_kappa, allow_zero=True)
-        if not 0 <= self.balance_alpha <= 1:
-            raise ScenarioError(f"aggregation.balance_alpha={self.balance_alpha} must be in [0, 1]")
-        _positive("aggregation.q", self.q, allow_zero=True)
+        _in_range("aggregation.balance_gamma", self.balance_gamma, 0.0, MAX_MAGNITUDE, open_lo=True)
+        _in_range("aggregation.balance_kappa", self.balance_kappa, 0.0, MAX_MAGNITUDE)
+        _in_range("aggregation.balance_alpha", self.balance_alpha, 0.0, 1.0)
+        # loss ** (q + 1) overflows float64 long before q = 1000 matters.
+        _in_range("aggregation.q", self.q, 0.0, 1000.0)
         _choice("aggregation.tpm", self.tpm, TPMS)
         _choice("aggregation.crs", self.crs, CRSS)
         _choice(
@@ -212,9 +238,12 @@ class AggregationConfig:
             ("proportional", "inverse", "uniform"),
         )
         _choice("aggregation.dfedavg_weighting", self.dfedavg_weighting, ("data_size", "uniform"))
-        _positive("aggregation.temperature", self.temperature)
-        _positive("aggregation.accuracy_scale", self.accuracy_scale)
-        _positive("aggregation.clip_threshold", self.clip_threshold)
+        _in_range("aggregation.temperature", self.temperature, 0.0, MAX_MAGNITUDE, open_lo=True)
+        _in_range("aggregation.accuracy_scale", self.accuracy_scale, 0.0, MAX_MAGNITUDE, open_lo=True)
+        _in_range("aggregation.clip_threshold", self.clip_threshold, 0.0, MAX_MAGNITUDE, open_lo=True)
+        # Signed: a negative loss coefficient makes the combined score penalise loss.
+        _in_range("aggregation.tpm_accuracy_weight", self.tpm_accuracy_weight, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+        _in_range("aggregation.tpm_loss_weight", self.tpm_loss_weight, -MAX_MAGNITUDE, MAX_MAGNITUDE)
 
 
 @dataclass(frozen=True)
@@ -239,12 +268,13 @@ class NetworkConfig:
     def __post_init__(self) -> None:
         _choice("network.transport", self.transport, TRANSPORTS)
         _choice("network.tls", self.tls, ("mutual", "off"))
-        _positive("network.round_timeout", self.round_timeout)
-        _positive("network.round_window", self.round_window)
-        _positive("network.max_missed_rounds", self.max_missed_rounds)
-        _positive("network.connect_timeout", self.connect_timeout)
-        _positive("network.chunk_bytes", self.chunk_bytes)
-        _positive("network.max_message_bytes", self.max_message_bytes)
+        _in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        _in_range("network.round_window", self.round_window, 1, 1000)
+        _in_range("network.max_missed_rounds", self.max_missed_rounds, 1, 1_000_000)
+        _in_range("network.connect_timeout", self.connect_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        # gRPC message limits are int32: a chunk plus its framing must stay well below 2 GiB.
+        _in_range("network.chunk_bytes", self.chunk_bytes, 1 << 10, 64 << 20)
+        _in_range("network.max_message_bytes", self.max_message_bytes, 1 << 10, 1 << 30)
 
 
 @dataclass(frozen=True)
@@ -253,7 +283,7 @@ class EvalConfig:
     every: int = 50
 
     def __post_init__(self) -> None:
-        _positive("eval.every", self.every, allow_zero=True)
+        _in_range("eval.every", self.every, 0, MAX_ROUNDS)
 
 
 @dataclass(frozen=True)
@@ -271,9 +301,9 @@ class Scenario:
     peers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive("rounds", self.rounds)
-        if self.seed < 0:
-            raise ScenarioError(f"seed={self.seed!r} must be >= 0")
+        _in_range("rounds", self.rounds, 1, MAX_ROUNDS)
+        # TOML integers are int64; numpy and torch seeds take any of the non-negative ones.
+        _in_range("seed", self.seed, 0, 2**63 - 1)
         n = self.topology.num_clients
         for k, over in self.peers.items():
             if not 0 <= k < n:

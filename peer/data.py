@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import math
 import numbers
 import os
@@ -28,6 +29,7 @@ __all__ = [
     "DATASETS",
     "DEFAULT_DIRS",
     "DOWNLOAD_BASE_URLS",
+    "IDX_DIGESTS",
     "IDX_FILES",
     "PARTITION_FORMS",
     "Dataset",
@@ -61,6 +63,41 @@ IDX_FILES: dict[str, str] = {
     "train_labels": "train-labels-idx1-ubyte",
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+# The known digests of the standard files; download_idx accepts a file that matches any of its
+# entries and deletes one that matches none. An entry is (hashlib algorithm, what is hashed:
+# "gz" = the file as served, "idx" = its decompressed bytes, hex digest). No SHA-256 of the
+# MNIST files is published, so MNIST has the MD5 sums torchvision checks against the same
+# files. Debian's dataset-fashion-mnist recompressed the .gz files (their bytes differ from the
+# mirror's), so for Fashion-MNIST the SHA-256 of the decompressed content (computed from the
+# Debian files, identical to the mirror's) is what can be verified offline, next to the MD5 of
+# the mirror's .gz that torchvision checks.
+IDX_DIGESTS: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] = {
+    "mnist": {
+        "train-images-idx3-ubyte": (("md5", "gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),),
+        "train-labels-idx1-ubyte": (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),),
+        "t10k-images-idx3-ubyte": (("md5", "gz", "9fb629c4189551a2d022fa330f9573f3"),),
+        "t10k-labels-idx1-ubyte": (("md5", "gz", "ec29112dd5afa0611ce80d1b7f02629c"),),
+    },
+    "fashion-mnist": {
+        "train-images-idx3-ubyte": (
+            ("sha256", "idx", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
+            ("md5", "gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+        ),
+        "train-labels-idx1-ubyte": (
+            ("sha256", "idx", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
+            ("md5", "gz", "25c81989df183df01b3e8a0aad5dffbe"),
+        ),
+        "t10k-images-idx3-ubyte": (
+            ("sha256", "idx", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
+            ("md5", "gz", "bef4ecab320f06d8554ea6380940ec79"),
+        ),
+        "t10k-labels-idx1-ubyte": (
+            ("sha256", "idx", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+            ("md5", "gz", "bb300cfdad3c16e7a12a480ee83cd310"),
+        ),
+    },
 }
 
 PARTITION_FORMS = ("iid", "dirichlet:ALPHA (ALPHA > 0)", "labelskew:H (1 <= H <= num_classes)")
@@ -272,15 +309,41 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[
     return _load_idx_split(directory, name, "train"), _load_idx_split(directory, name, "test")
 
 
+def _digest(path: Path, algorithm: str, of: str) -> str:
+    h = hashlib.new(algorithm)
+    opener = gzip.open if of == "idx" else open
+    with opener(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def idx_digest_error(name: str, stem: str, path: str | os.PathLike) -> str | None:
+    """None if the gzipped file ``path`` matches a known digest of ``name``'s ``stem`` (see
+    :data:`IDX_DIGESTS`), else a one-line description of the mismatch."""
+    path = Path(path)
+    seen = []
+    for algorithm, of, expected in IDX_DIGESTS[name][stem]:
+        try:
+            got = _digest(path, algorithm, of)
+        except (OSError, EOFError, gzip.BadGzipFile):  # "idx" of a file that is not gzip
+            got = "unreadable"
+        if got == expected:
+            return None
+        seen.append(f"{algorithm} of the {'decompressed ' if of == 'idx' else ''}file {got}, expected {expected}")
+    return "; ".join(seen)
+
+
 def download_idx(
     name: str, data_dir: str | os.PathLike, base_url: str | None = None, timeout: float = 60.0
 ) -> None:
     """Download the four gzipped IDX files of ``name`` into ``data_dir`` (the online path).
 
     ``base_url`` defaults to :data:`DOWNLOAD_BASE_URLS`. Files already present (plain or
-    ``.gz``) are kept. Each file is written under a temporary name, checked with
-    :func:`read_idx`, then renamed, so an interrupted or bogus download leaves nothing that
-    :func:`load_dataset` would pick up.
+    ``.gz``) are kept. Each file is written under a temporary name, checked against
+    :data:`IDX_DIGESTS` and with :func:`read_idx`, then renamed, so an interrupted, corrupt
+    or substituted download leaves nothing that :func:`load_dataset` would pick up; a
+    checksum mismatch raises ValueError naming the file.
     """
     if name not in DOWNLOAD_BASE_URLS:
         raise ValueError(
@@ -297,9 +360,13 @@ def download_idx(
         target = directory / f"{stem}.gz"
         fd, tmp_name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".part", dir=directory)
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(base + target.name, timeout=timeout) as resp:
+            url = base + target.name
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
                 while chunk := resp.read(1 << 20):
                     out.write(chunk)
+            mismatch = idx_digest_error(name, stem, tmp_name)
+            if mismatch is not None:
+                raise ValueError(f"{name}: {url} failed its checksum and was deleted ({mismatch})")
             read_idx(tmp_name)
             os.replace(tmp_name, target)
         finally:

@@ -146,14 +146,20 @@ def read_edgelist(path: str | os.PathLike, n: int) -> nx.Graph:
     """Read an undirected graph on nodes ``0 .. n-1`` from lines ``"u v"``.
 
     ``#`` starts a comment; blank lines are skipped; repeated edges collapse. Node ids out
-    of range, self loops and malformed lines raise ValueError naming ``path:line``. Nodes
+    of range, self loops and malformed lines raise ValueError naming ``path:line``; so does
+    a file that cannot be opened (one line naming the path). Nodes
     that appear in no edge are still in the graph.
     """
     n = _check_count("n", n, 1)
     path = Path(path)
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        # The scenario only names the file; a missing one is bad input, not a crash.
+        raise ValueError(f"topology.file: cannot read edge list {str(path)!r}: {exc.strerror}") from None
     graph = nx.Graph()
     graph.add_nodes_from(range(n))
-    with open(path, encoding="utf-8") as handle:
+    with handle:
         for lineno, line in enumerate(handle, start=1):
             text = line.split("#", 1)[0].strip()
             if not text:

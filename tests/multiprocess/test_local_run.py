@@ -70,13 +70,20 @@ def _gone(pid):
     return False
 
 
-def _launch(tmp_path, *overrides):
+def _launch(tmp_path, *overrides, preexec_fn=None):
     import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "launch.cli", "run", "--out", str(tmp_path), "--set", "rounds=100000",
            "--set", "topology.honest=4", "--set", "topology.byzantine=0", "--set", "attack.name=none", *overrides]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
+
+
+def _ignores(pid, signum):
+    """Whether process ``pid`` has ``signum`` set to SIG_IGN (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
+    return bool(mask >> (signum - 1) & 1)
 
 
 def test_ctrl_c_stops_every_client(tmp_path):
@@ -85,6 +92,31 @@ def test_ctrl_c_stops_every_client(tmp_path):
         wait_for(lambda: len(read_rounds(tmp_path, 0)) >= 5, 120, "the clients to start training")
         pids = json.loads((tmp_path / "pids.json").read_text())["clients"]
         launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=60) == 130
+        for pid in pids.values():
+            wait_for(lambda pid=pid: _gone(pid), 30, f"client pid {pid} to exit")
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["interrupted"] is True
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads signal masks from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_every_client_even_when_started_with_sigint_ignored(tmp_path, signum):
+    # What a background job of a non-interactive shell inherits: SIGINT set to SIG_IGN.
+    launcher = _launch(tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for(lambda: len(read_rounds(tmp_path, 0)) >= 5, 120, "the clients to start training")
+        pids = json.loads((tmp_path / "pids.json").read_text())["clients"]
+        assert not _ignores(launcher.pid, signal.SIGINT)
+        # Clients get the default disposition back rather than the ignored one.
+        assert not any(_ignores(pid, signal.SIGINT) for pid in pids.values())
+        assert all(os.getsid(pid) == pid for pid in pids.values())  # each in its own session
+        launcher.send_signal(signum)
         assert launcher.wait(timeout=60) == 130
         for pid in pids.values():
             wait_for(lambda pid=pid: _gone(pid), 30, f"client pid {pid} to exit")

@@ -1,4 +1,9 @@
+import math
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peer.config import ScenarioError, dump_scenario, load_scenario, parse_override, scenario_from_dict
 
@@ -82,3 +87,165 @@ def test_scenario_changes_lists_only_non_defaults():
     changes = scenario_changes(s)
     assert changes["rounds"] == 5 and changes["attack"] == {"name": "gaussian"}
     assert "lr" not in changes.get("train", {})
+
+
+# -- ranges -----------------------------------------------------------------------------------
+
+# The measured failures: each passed the old checks and then crashed or ran away in every client.
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("network.chunk_bytes=3221225472", "network.chunk_bytes"),  # gRPC OverflowError
+        ("train.hidden=1e11", "train.hidden"),  # a 25.6 TB allocation
+        ("rounds=1e30", "rounds"),  # runs until killed
+    ],
+)
+def test_measured_runaway_values_are_refused_in_one_line(override, key):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(None, [override])
+    message = str(err.value)
+    assert message.startswith(f"{key}=") and "\n" not in message
+
+
+# key, a value just inside each end, a value just outside each end.
+RANGES = [
+    ("seed", [0, 2**63 - 1], [-1]),
+    ("rounds", [1, 10_000_000], [0, 10_000_001]),
+    ("data.aux_fraction", [1e-9, 1.0], [0.0, 1.01]),
+    ("data.local_test_size", [1, 10_000_000], [0, 10_000_001]),
+    ("train.hidden", [1, 65_536], [0, 65_537]),
+    ("train.lr", [1e-12, 1e6], [0.0, -0.1, 1.1e6]),
+    ("train.batch_size", [1, 1_000_000], [0, 1_000_001]),
+    ("train.local_steps", [1, 10_000], [0, 10_001]),
+    ("topology.rho", [1e-9, 1.0], [0.0, 1.5]),
+    ("topology.honest", [1, 4094], [0, 4097]),
+    ("topology.byzantine", [0, 4], [-1, 4096]),
+    ("attack.std", [0.0, 1e6], [-1.0, 2e6]),
+    ("attack.scale", [-1e6, 1e6], [-2e6, 2e6]),
+    ("attack.z", [-1e6, 0.0, 1e6], [2e6]),
+    ("aggregation.temperature", [1e-9, 1e6], [0.0, 2e6]),
+    ("aggregation.accuracy_scale", [1e-9, 1e6], [0.0, 2e6]),
+    ("aggregation.clip_threshold", [1e-9, 1e6], [0.0, 2e6]),
+    ("aggregation.tpm_accuracy_weight", [-1e6, 1e6], [-2e6, 2e6]),
+    ("aggregation.tpm_loss_weight", [-1e6, 1e6], [-2e6, 2e6]),
+    ("aggregation.assumed_byzantine", [-1, 4096], [-2, 4097]),
+    ("aggregation.multi_krum_m", [0, 4096], [-1, 4097]),
+    ("aggregation.flame_noise", [0.0, 1e6], [-1e-9, 2e6]),
+    ("aggregation.balance_gamma", [1e-9, 1e6], [0.0, 2e6]),
+    ("aggregation.balance_kappa", [0.0, 1e6], [-1e-9, 2e6]),
+    ("aggregation.balance_alpha", [0.0, 1.0], [-0.1, 1.1]),
+    ("aggregation.q", [0.0, 1000.0], [-0.1, 1001.0]),
+    ("network.round_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
+    ("network.connect_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
+    ("network.round_window", [1, 1000], [0, 1001]),
+    ("network.max_missed_rounds", [1, 1_000_000], [0, 1_000_001]),
+    ("network.chunk_bytes", [1024, 64 << 20], [1023, (64 << 20) + 1, 3 << 30]),
+    ("network.max_message_bytes", [1024, 1 << 30], [1023, (1 << 30) + 1]),
+    ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
+]
+FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]
+
+
+def test_every_numeric_setting_has_a_tested_range():
+    from dataclasses import fields
+
+    from peer.config import _SECTIONS, Scenario
+
+    numeric = {f.name for f in fields(Scenario) if f.type in ("int", "float")}
+    for section, cls in _SECTIONS.items():
+        numeric |= {f"{section}.{f.name}" for f in fields(cls) if "int" in f.type or "float" in f.type}
+    assert numeric == {key for key, _, _ in RANGES}
+
+
+def _override(key, value):
+    return f"{key}={value!r}" if math.isfinite(value) else f"{key}={'nan' if math.isnan(value) else 'inf'}"
+
+
+@pytest.mark.parametrize("key, value", [(k, v) for k, inside, _ in RANGES for v in inside])
+def test_values_inside_the_range_load(key, value):
+    s = load_scenario(None, [_override(key, value)])
+    section, _, name = key.rpartition(".")
+    assert getattr(getattr(s, section) if section else s, name) == value
+
+
+@pytest.mark.parametrize("key, value", [(k, v) for k, _, outside in RANGES for v in outside])
+def test_values_outside_the_range_name_key_value_and_range(key, value):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(None, [_override(key, value)])
+    message = str(err.value)
+    assert message.startswith(f"{key}={value!r} must be") and "]" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_nan_and_infinity_are_refused_for_every_float(key, bad):
+    with pytest.raises(ScenarioError, match=rf"^{re.escape(key)}=(nan|inf|-inf)"):
+        load_scenario(None, [_override(key, bad)])
+
+
+@pytest.mark.parametrize("key", ["rounds", "train.hidden", "network.chunk_bytes", "topology.honest"])
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_nan_and_infinity_are_not_integers(key, bad):
+    with pytest.raises(ScenarioError, match=rf"^{re.escape(key)}=.*integer"):
+        load_scenario(None, [f"{key}={bad}"])
+
+
+@pytest.mark.parametrize(
+    "partition", ["dirichlet:nan", "dirichlet:inf", "dirichlet:1e7", "labelskew:0", "labelskew:1000001"]
+)
+def test_partition_parameters_are_bounded(partition):
+    with pytest.raises(ScenarioError, match="data.partition"):
+        load_scenario(None, [f"data.partition='{partition}'"])
+
+
+def test_clients_are_bounded_in_total():
+    assert load_scenario(None, ["topology.honest=4094", "topology.byzantine=2"]).num_clients == 4096
+    with pytest.raises(ScenarioError, match=r"topology.honest \+ topology.byzantine = 4097 clients; at most 4_096"):
+        load_scenario(None, ["topology.honest=4095", "topology.byzantine=2"])
+
+
+def test_per_client_overrides_are_range_checked():
+    with pytest.raises(ScenarioError, match=r"^aggregation.temperature=inf"):
+        load_scenario(None, ["peers.1.aggregation.temperature=inf"])
+
+
+# Every numeric key's range; a tiny positive low end in RANGES stands for an open bound at 0.
+# The two client counts are also bounded by their sum.
+BOUNDS = {key: (0.0 if 0 < min(inside) < 0.01 else min(inside), max(inside)) for key, inside, _ in RANGES}
+BOUNDS["topology.byzantine"] = (0, 4086)
+SUM_BOUNDED = {"topology.byzantine", "topology.honest"}
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    key=st.sampled_from(sorted(BOUNDS)),
+    value=st.one_of(
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=-2e6, max_value=2e6),
+        st.integers(min_value=-10, max_value=70_000),
+    ),
+)
+def test_any_number_loads_only_inside_its_range(key, value):
+    lo, hi = BOUNDS[key]
+    try:
+        s = load_scenario(None, [_override(key, value)])
+    except ScenarioError as err:
+        assert str(err).startswith(f"{key}=") and "\n" not in str(err)
+        integral = isinstance(value, int) or (math.isfinite(value) and value.is_integer())
+        must_load = lo < value < hi and key not in SUM_BOUNDED
+        assert not must_load or (isinstance(lo, int) and not integral), str(err)
+        return
+    section, _, name = key.rpartition(".")
+    loaded = getattr(getattr(s, section) if section else s, name)
+    assert loaded == value and lo <= loaded <= hi
+
+
+def test_missing_edge_list_is_one_line_from_the_cli(tmp_path, capsys):
+    from launch.cli import main
+
+    code = main(["run", "--set", "topology.kind=edgelist", "--set", f"topology.file={str(tmp_path / 'nope')!r}", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("dfedrw: topology.file: cannot read edge list") and "No such file" in err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()

@@ -399,3 +399,81 @@ def test_labelskew_random_assignment_gives_h_classes_each_and_is_seeded():
         assert len(np.unique(labels[part])) == 3
     with pytest.raises(ValueError, match="cyclic, random"):
         partition(labels, 10, "labelskew:3", seed=5, labelskew_assign="bogus")
+
+
+# -- download_idx checksums (never the network: urlopen is replaced) ----------------------------
+
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def _idx_gz(rows: int) -> bytes:
+    body = struct.pack(">HBBI", 0, 0x08, 1, rows) + bytes(range(rows))
+    return gzip.compress(body, mtime=0)
+
+
+def _serve(monkeypatch, files: dict[str, bytes]) -> list[str]:
+    import io
+    import urllib.request
+
+    asked = []
+
+    def fake_urlopen(url, timeout=None):
+        asked.append(url)
+        return io.BytesIO(files[url.rsplit("/", 1)[1]])
+
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    return asked
+
+
+def _digests_of(files: dict[str, bytes]) -> dict[str, tuple]:
+    import hashlib
+
+    return {name[: -len(".gz")]: (("sha256", "idx", hashlib.sha256(gzip.decompress(data)).hexdigest()),) for name, data in files.items()}
+
+
+def test_download_keeps_files_that_match_their_digests(monkeypatch, tmp_path):
+    import peer.data
+
+    files = {f"{stem}.gz": _idx_gz(3 + i) for i, stem in enumerate(peer.data.IDX_FILES.values())}
+    monkeypatch.setitem(peer.data.IDX_DIGESTS, "mnist", _digests_of(files))
+    asked = _serve(monkeypatch, files)
+    peer.data.download_idx("mnist", tmp_path, base_url="http://mirror.invalid/mnist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+    assert all(u.startswith("http://mirror.invalid/mnist/") for u in asked) and len(asked) == 4
+
+
+def test_download_with_a_wrong_checksum_deletes_the_file_and_says_so(monkeypatch, tmp_path):
+    import peer.data
+
+    stems = list(peer.data.IDX_FILES.values())
+    files = {f"{stem}.gz": _idx_gz(5) for stem in stems}
+    digests = _digests_of(files)
+    files[f"{stems[1]}.gz"] = _idx_gz(6)  # a valid IDX file, but not the one expected
+    monkeypatch.setitem(peer.data.IDX_DIGESTS, "mnist", digests)
+    _serve(monkeypatch, files)
+    with pytest.raises(ValueError, match=rf"mnist: http://m/{stems[1]}.gz failed its checksum and was deleted \(sha256 of the decompressed file [0-9a-f]{{64}}, expected {digests[stems[1]][0][2]}\)"):
+        peer.data.download_idx("mnist", tmp_path, base_url="http://m/")
+    assert [p.name for p in tmp_path.iterdir()] == [f"{stems[0]}.gz"]
+
+
+def test_mnist_digests_are_the_published_md5_of_the_gz(monkeypatch, tmp_path):
+    import peer.data
+
+    stem = "train-labels-idx1-ubyte"
+    assert peer.data.IDX_DIGESTS["mnist"][stem] == (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),)
+    _serve(monkeypatch, {f"{s}.gz": b"not gzip" for s in peer.data.IDX_FILES.values()})
+    with pytest.raises(ValueError, match="md5 of the file [0-9a-f]{32}, expected f68b3c2d"):
+        peer.data.download_idx("mnist", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not DEBIAN_FMNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
+def test_debian_fashion_mnist_matches_the_recorded_digests(monkeypatch, tmp_path):
+    import peer.data
+
+    for stem in peer.data.IDX_FILES.values():
+        assert peer.data.idx_digest_error("fashion-mnist", stem, DEBIAN_FMNIST / f"{stem}.gz") is None
+    # A download serving those bytes is accepted as is.
+    _serve(monkeypatch, {p.name: p.read_bytes() for p in DEBIAN_FMNIST.glob("*.gz")})
+    peer.data.download_idx("fashion-mnist", tmp_path)
+    assert len(list(tmp_path.glob("*.gz"))) == 4

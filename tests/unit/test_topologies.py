@@ -217,3 +217,10 @@ def test_topology_rejects_unknown_neighbour_query():
     topo = Topology(graph=complete(3), byzantine=frozenset())
     with pytest.raises(ValueError, match="0..2"):
         topo.neighbours(3)
+
+
+@pytest.mark.parametrize("name", ["missing.txt", "."])
+def test_unreadable_edge_list_is_a_one_line_value_error(tmp_path, name):
+    with pytest.raises(ValueError, match=r"^topology.file: cannot read edge list '.*': [A-Z]") as err:
+        build_topology("edgelist", 3, 0, seed=1, file=tmp_path / name)
+    assert "\n" not in str(err.value)
