@@ -379,6 +379,19 @@ def render_readme(scenario: Scenario, options: ComposeOptions, services: list[Cl
     """The folder's README; ``folder`` is the path the repository's commands reach it by."""
     byzantine = [s for s in services if s.byzantine]
     example = byzantine[0].name if byzantine else "client-K"
+    if uses_certificates(scenario):
+        certificates = f"""\
+- Certificates (`network.tls = "{scenario.network.tls}"`): `certs/` holds the run's CA certificate and
+  one key and certificate per client, made by `dfedrw compose` (as `dfedrw certs` would) and
+  kept when the folder is written again. The CA's key was never written, so nobody can mint
+  another identity. Service `client-K` gets, as docker-compose secrets in `/run/secrets`, only
+  `ca.pem`, `client-K.pem` and `client-K.key`, and runs with `--certs /run/secrets`: its peers
+  accept a model as client K's only over a connection that proves it holds that key. A
+  Byzantine client can send bad models, but only in its own name."""
+    else:
+        certificates = """\
+- Certificates: none, `network.tls = "off"`: no sender is authenticated, so any container on the
+  network can send models in any client's name. Only for debugging."""
     if options.offline:
         build = f"""\
 Offline build (no registry, no index): a local base image with python3, then every wheel from
@@ -413,13 +426,7 @@ the containers read (mounted read-only); client K writes only to `results/client
 
 ## Who a client is, and what it can touch
 
-- Certificates (`network.tls = "{scenario.network.tls}"`): `certs/` holds the run's CA certificate and
-  one key and certificate per client, made by `dfedrw compose` (as `dfedrw certs` would) and
-  kept when the folder is written again. The CA's key was never written, so nobody can mint
-  another identity. Service `client-K` gets, as docker-compose secrets in `/run/secrets`, only
-  `ca.pem`, `client-K.pem` and `client-K.key`, and runs with `--certs /run/secrets`: its peers
-  accept a model as client K's only over a connection that proves it holds that key. A
-  Byzantine client can send bad models, but only in its own name.
+{certificates}
 - User: every service runs as `user: "{':'.join(map(str, options.run_as))}"`, never root. File secrets are bind mounts,
   so a key keeps the owner and mode it has here: `certs/client-K.key` is mode 0600 and owned by
   that user (`dfedrw compose` gives it to that user when run as root; otherwise the

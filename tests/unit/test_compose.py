@@ -287,6 +287,7 @@ def test_each_client_gets_only_its_own_certificate_and_key(tmp_path):
     assert text.count('"--certs", "/run/secrets"') == 3 and text.count("--certs /run/secrets --peer") == 1
     # The build context holds no certificate.
     assert (tmp_path / ".dockerignore").read_text().splitlines()[1] == "*"
+    assert "gets, as docker-compose secrets in `/run/secrets`, only" in (tmp_path / "README.md").read_text()
 
 
 def test_certificates_are_kept_when_the_folder_is_written_again_and_never_overwritten(tmp_path):
@@ -316,6 +317,7 @@ def test_with_tls_off_no_certificates_are_made_or_mounted(tmp_path):
 
     assert not (tmp_path / "certs").exists()
     assert "secrets" not in text and "--certs" not in text
+    assert 'Certificates: none, `network.tls = "off"`' in (tmp_path / "README.md").read_text()
 
 
 def test_each_client_writes_only_its_own_results_folder_and_summarize_reads_them_all(tmp_path):
