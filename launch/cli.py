@@ -7,7 +7,7 @@
     dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
     dfedrw report DIR... [--out OUTDIR] [--no-plots]
     dfedrw export SWEEP_DIR --out DIR
-    dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N]
+    dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N] [--user UID:GID]
     dfedrw summarize OUT [--scenario FILE]
 
 Every ``peer`` flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID,
@@ -189,10 +189,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_compose(args: argparse.Namespace) -> int:
     from launch.compose import ComposeOptions, write_compose
 
-    options = ComposeOptions(image=args.image, base_image=args.base_image, port=args.port, offline=args.offline)
+    options = ComposeOptions(image=args.image, base_image=args.base_image, port=args.port, offline=args.offline, user=args.user)
     folder = write_compose(load_scenario(args.scenario, args.set), args.out, options)
     byzantine = [s.name for s in folder.services if s.byzantine]
-    print(f"{len(folder.services)} client services (Byzantine: {', '.join(byzantine) or 'none'}) in {folder.out_dir}")
+    print(f"{len(folder.services)} client services (Byzantine: {', '.join(byzantine) or 'none'}) in {folder.out_dir}, run as user {options.run_as[0]}:{options.run_as[1]}")
+    if folder.run_id is not None:
+        what = "made" if folder.made_certificates else "kept"
+        print(f"certificates of run {folder.run_id} {what} in {folder.out_dir / 'certs'}; each service gets only its own key, as a secret")
     for warning in folder.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"next: see {folder.out_dir / 'README.md'} (build the wheelhouse, docker-compose build, docker-compose up)")
@@ -276,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--image", default="dfedrw:latest", help="image name the services run (default: dfedrw:latest)")
     cp.add_argument("--base-image", default="", help="FROM image (default: python:3.11-slim, or dfedrw-base:bookworm with --offline)")
     cp.add_argument("--port", type=int, default=50051, help="port every client listens on in its container (default: 50051)")
+    cp.add_argument("--user", default="", metavar="UID:GID", help="user the containers run as (default: yours, or 10001:10001 when run as root); never root")
     cp.set_defaults(func=cmd_compose)
 
     sm = sub.add_parser("summarize", help="write OUT/summary.json from the clients' files and print the results (exit 1 if a client failed)")

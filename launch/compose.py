@@ -4,14 +4,22 @@ Writes into a folder:
 
 - ``docker-compose.yml``: one service ``client-K`` per client, Byzantine clients included, each
   started as ``python -m peer --scenario /scenario/scenario.toml --id K --out /results
-  --listen-port PORT --peer J=client-J:PORT ...`` with its graph neighbours only; a Byzantine
-  service takes its attack from the one line ``DFEDRW_ATTACK: NAME`` of its environment; a
-  one-shot ``summarize`` service (profile ``summarize``) writes ``results/summary.json``;
+  --listen-port PORT --certs /run/secrets --peer J=client-J:PORT ...`` with its graph
+  neighbours only, as a non-root user; a Byzantine service takes its attack from the one line
+  ``DFEDRW_ATTACK: NAME`` of its environment; a one-shot ``summarize`` service (profile
+  ``summarize``) writes ``results/summary.json``;
+- ``certs/``: the run's CA and one key and certificate per client (``dfedrw certs``), kept when
+  the folder is written again. Each service gets, as docker-compose secrets under
+  ``/run/secrets``, only ``ca.pem`` and its own ``client-K.pem`` and ``client-K.key``;
+- ``results/``: ``clients/K/`` is the only folder client K can write (mounted on its
+  ``/results/peers``), and ``peers/K.json`` / ``peers/K.jsonl`` are links into it, so
+  ``dfedrw summarize results`` reads every client as from any other launcher while no
+  container, Byzantine or not, can write another client's results;
 - ``Dockerfile`` (online: ``python:3.11-slim`` and the CPU PyTorch index; offline: a local base
   image and a local wheelhouse, no network) and ``.dockerignore``;
 - ``scenario.toml``: the resolved scenario as the containers see it (listening on 0.0.0.0,
   data and edge-list paths inside the container);
-- ``README.md`` (how to build, run, watch and swap the attack), ``results/``, ``wheelhouse/``.
+- ``README.md`` (how to build, run, watch and swap the attack), ``wheelhouse/``.
 
 The graph is drawn here from the scenario's seed, exactly as each client draws it, so the
 address lists in the file agree with what every container computes for itself.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
 import shutil
@@ -29,6 +38,7 @@ from pathlib import Path
 
 from peer.config import Scenario, dump_scenario
 from peer.data import DEFAULT_DIRS
+from peer.identity import CA_FILE, IdentityError, cert_file, key_file, load_identity, make_certificates, run_id_of
 from peer.node import scenario_topology
 
 IMAGE = "dfedrw:latest"
@@ -42,13 +52,27 @@ PORT = 50051
 SCENARIO_PATH = "/scenario/scenario.toml"
 EDGES_PATH = "/scenario/edges.txt"
 RESULTS_PATH = "/results"
+# Where a client writes (RESULTS_PATH/peers): the one writable mount of its container.
+CLIENT_RESULTS_PATH = RESULTS_PATH + "/peers"
 DATA_PATH = "/data"
+# docker-compose mounts a service's secrets here; the client reads its certificates from it.
+SECRETS_PATH = "/run/secrets"
+
+# In the compose folder.
+CERTS_DIR = "certs"
+RESULTS_DIR = "results"
+
+# The clients' user in the image (no name, no home: nothing needs one). When `dfedrw compose`
+# runs as root, the keys and results folders are given to this user; otherwise the containers
+# run as the user who wrote the folder, who owns them already.
+CONTAINER_UID = 10001
 
 # Environment key whose value a Byzantine service passes on as --set attack.name=VALUE.
 ATTACK_ENV = "DFEDRW_ATTACK"
 SUMMARIZE_SERVICE = "summarize"
 
 _IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+_USER = re.compile(r"^(0|[1-9][0-9]{0,9}):(0|[1-9][0-9]{0,9})$")
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,8 @@ class ComposeOptions:
     base_image: str = ""
     port: int = PORT
     offline: bool = False
+    # "UID:GID" the clients run as; "" picks default_user().
+    user: str = ""
 
     def __post_init__(self) -> None:
         for key, value in (("image", self.image), ("base_image", self.base_image or OFFLINE_BASE_IMAGE)):
@@ -65,6 +91,15 @@ class ComposeOptions:
                 raise ValueError(f"compose: {key}={value!r} is not a valid image name")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"compose: port={self.port} must be in 1..65535")
+        if self.user and not _USER.match(self.user):
+            raise ValueError(f"compose: user={self.user!r} must be UID:GID, numbers")
+        if self.user and self.user.split(":")[0] == "0":
+            raise ValueError("compose: user=0:... would run the clients as root; give another UID")
+
+    @property
+    def run_as(self) -> tuple[int, int]:
+        uid, gid = (self.user or default_user()).split(":")
+        return int(uid), int(gid)
 
     @property
     def base(self) -> str:
@@ -88,6 +123,31 @@ def service_name(client: int) -> str:
     return f"client-{client}"
 
 
+def default_user() -> str:
+    """Who the clients run as: the user writing the folder, or CONTAINER_UID when that is root."""
+    uid, gid = os.getuid(), os.getgid()
+    return f"{CONTAINER_UID}:{CONTAINER_UID}" if uid == 0 else f"{uid}:{gid}"
+
+
+def uses_certificates(scenario: Scenario) -> bool:
+    return scenario.network.tls == "mutual"
+
+
+def client_results_dir(client: int) -> str:
+    """Client ``client``'s results folder, relative to the compose folder."""
+    return f"{RESULTS_DIR}/clients/{client}"
+
+
+def client_secrets(client: int) -> list[tuple[str, str, str]]:
+    """(secret name, file in the compose folder, file name under /run/secrets): what one
+    client gets, and all it gets: the CA's certificate and its own certificate and key."""
+    return [
+        ("ca", f"./{CERTS_DIR}/{CA_FILE}", CA_FILE),
+        (f"client-{client}-cert", f"./{CERTS_DIR}/{cert_file(client)}", cert_file(client)),
+        (f"client-{client}-key", f"./{CERTS_DIR}/{key_file(client)}", key_file(client)),
+    ]
+
+
 def plan_services(scenario: Scenario) -> list[ClientService]:
     topology = scenario_topology(scenario)
     return [
@@ -95,12 +155,14 @@ def plan_services(scenario: Scenario) -> list[ClientService]:
     ]
 
 
-def peer_command(service: ClientService, port: int) -> list[str]:
+def peer_command(service: ClientService, port: int, *, certs: bool = True) -> list[str]:
     """The client's command line, without the attack (see :func:`_service_command`)."""
     command = [
         "python", "-m", "peer", "--scenario", SCENARIO_PATH, "--id", str(service.id),
         "--out", RESULTS_PATH, "--listen-port", str(port),
     ]
+    if certs:
+        command += ["--certs", SECRETS_PATH]
     for k in service.neighbours:
         command += ["--peer", f"{k}={service_name(k)}:{port}"]
     return command
@@ -117,14 +179,15 @@ class Mount:
 
 
 def container_scenario(scenario: Scenario) -> tuple[Scenario, list[Mount], dict[str, Path]]:
-    """The scenario as the containers run it, the bind mounts it needs, and the host files to
-    copy into the compose folder (name in the folder -> source)."""
+    """The scenario as the containers run it, the read-only bind mounts every service has (the
+    results folders are per service: see :func:`render_compose`), and the host files to copy
+    into the compose folder (name in the folder -> source)."""
     if scenario.network.transport != "grpc":
         raise ValueError(
             f"compose: network.transport={scenario.network.transport!r}; containers talk over gRPC, "
             "set network.transport=grpc"
         )
-    mounts = [Mount("./scenario.toml", SCENARIO_PATH), Mount("./results", RESULTS_PATH, read_only=False)]
+    mounts = [Mount("./scenario.toml", SCENARIO_PATH)]
     copies: dict[str, Path] = {}
     # Inside a container the client must accept connections from the other containers.
     network = dataclasses.replace(scenario.network, host="0.0.0.0")
@@ -166,8 +229,8 @@ def _flow_list(items: list[str], indent: int) -> str:
     return "[" + (",\n" + " " * (indent + 1)).join(text) + "]"
 
 
-def _service_command(service: ClientService, port: int) -> list[str]:
-    command = peer_command(service, port)
+def _service_command(service: ClientService, port: int, certs: bool) -> list[str]:
+    command = peer_command(service, port, certs=certs)
     if not service.byzantine:
         return command
     # The attack comes from the service's own environment (its DFEDRW_ATTACK line), read by a
@@ -183,6 +246,9 @@ def _volumes(mounts: list[Mount]) -> list[str]:
 
 def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mount], services: list[ClientService]) -> str:
     byzantine = [s.id for s in services if s.byzantine]
+    certs = uses_certificates(scenario)
+    uid, gid = options.run_as
+    user = f"    user: {_q(f'{uid}:{gid}')}"
     header = [
         f"# {len(services)} DFedReweighting clients, one container each (written by `dfedrw compose`).",
         f"# Byzantine clients: {', '.join(map(str, byzantine)) or 'none'}; each takes its attack from the",
@@ -191,6 +257,8 @@ def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mou
         "#   docker-compose build && docker-compose up",
         f"#   docker-compose run --rm {SUMMARIZE_SERVICE}",
         "# The network is internal: containers reach each other only; no port is published.",
+        f"# Clients run as user {uid}:{gid}; client K can write only results/clients/K (its /results/peers)"
+        + (f",\n# and gets only ca.pem, client-K.pem and client-K.key of certs/, as secrets in {SECRETS_PATH}." if certs else "."),
         "",
         "services:",
     ]
@@ -211,10 +279,16 @@ def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mou
             body.append('    pull_policy: "never"')
         # An init process as PID 1 passes SIGTERM on: `docker-compose stop` ends a client at once.
         body.append("    init: true")
+        body.append(user)
         if svc.byzantine:
             body += ["    environment:", f"      {ATTACK_ENV}: {_q(scenario.attack.name)}"]
-        body.append(command_key + _flow_list(_service_command(svc, options.port), len(command_key)))
-        body += _volumes(mounts)
+        body.append(command_key + _flow_list(_service_command(svc, options.port, certs), len(command_key)))
+        # Its own results folder is the only thing a client can write.
+        body += _volumes([*mounts, Mount(f"./{client_results_dir(svc.id)}", CLIENT_RESULTS_PATH, read_only=False)])
+        if certs:
+            body.append("    secrets:")
+            for name, _, target in client_secrets(svc.id):
+                body += [f"      - source: {_q(name)}", f"        target: {_q(target)}"]
         body.append("")
     command_key = "    command: "
     summarize_cmd = ["dfedrw", "summarize", RESULTS_PATH, "--scenario", SCENARIO_PATH]
@@ -224,17 +298,34 @@ def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mou
         f"    image: {_q(options.image)}",
         '    pull_policy: "never"',
         f"    profiles: [{_q(SUMMARIZE_SERVICE)}]",
+        user,
         command_key + _flow_list(summarize_cmd, len(command_key)),
-        *_volumes(mounts),
+        # Every client's results (read through the links in results/peers), and summary.json.
+        *_volumes([*mounts, Mount(f"./{RESULTS_DIR}", RESULTS_PATH, read_only=False)]),
         "",
         "networks:",
         "  default:",
         "    internal: true",
     ]
+    if certs:
+        # File secrets: docker-compose bind-mounts each file read-only, with the owner and mode
+        # it has here (the keys: 0600, owned by the clients' user).
+        body += ["", "secrets:"]
+        declared: set[str] = set()
+        for svc in services:
+            for name, file, _ in client_secrets(svc.id):
+                if name not in declared:
+                    declared.add(name)
+                    body += [f"  {name}:", f"    file: {_q(file)}"]
     return "\n".join(header + body) + "\n"
 
 
 def render_dockerfile(options: ComposeOptions) -> str:
+    user = f"""\
+# The clients never run as root: a user with no name and no home (HOME=/tmp); each service of
+# docker-compose.yml names the same or another UID:GID in its `user:` line.
+WORKDIR /tmp
+USER {CONTAINER_UID}:{CONTAINER_UID}"""
     check_wheel = (
         "ls /wheelhouse/dfedrw-*.whl >/dev/null 2>&1 || "
         "{ echo 'wheelhouse/ holds no dfedrw wheel: run scripts/build_wheelhouse.sh (see README.md)' >&2; exit 1; }"
@@ -256,8 +347,8 @@ RUN {check_wheel} \\
 FROM ${{BASE_IMAGE}}
 COPY --from=install /opt/dfedrw /opt/dfedrw
 ENV PATH=/opt/dfedrw/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
-    PYTHONUNBUFFERED=1
-WORKDIR /results
+    PYTHONUNBUFFERED=1 HOME=/tmp
+{user}
 """
     return f"""\
 # The clients' image: {options.base}, the CPU build of PyTorch, then the project wheel from
@@ -271,7 +362,8 @@ RUN pip install {TORCH_REQUIREMENT} --index-url {TORCH_CPU_INDEX}
 COPY wheelhouse/ /wheelhouse/
 RUN {check_wheel} \\
     && pip install --find-links /wheelhouse /wheelhouse/dfedrw-*.whl && rm -rf /wheelhouse
-WORKDIR /results
+ENV HOME=/tmp
+{user}
 """
 
 
@@ -287,6 +379,19 @@ def render_readme(scenario: Scenario, options: ComposeOptions, services: list[Cl
     """The folder's README; ``folder`` is the path the repository's commands reach it by."""
     byzantine = [s for s in services if s.byzantine]
     example = byzantine[0].name if byzantine else "client-K"
+    if uses_certificates(scenario):
+        certificates = f"""\
+- Certificates (`network.tls = "{scenario.network.tls}"`): `certs/` holds the run's CA certificate and
+  one key and certificate per client, made by `dfedrw compose` (as `dfedrw certs` would) and
+  kept when the folder is written again. The CA's key was never written, so nobody can mint
+  another identity. Service `client-K` gets, as docker-compose secrets in `/run/secrets`, only
+  `ca.pem`, `client-K.pem` and `client-K.key`, and runs with `--certs /run/secrets`: its peers
+  accept a model as client K's only over a connection that proves it holds that key. A
+  Byzantine client can send bad models, but only in its own name."""
+    else:
+        certificates = """\
+- Certificates: none, `network.tls = "off"`: no sender is authenticated, so any container on the
+  network can send models in any client's name. Only for debugging."""
     if options.offline:
         build = f"""\
 Offline build (no registry, no index): a local base image with python3, then every wheel from
@@ -317,7 +422,19 @@ No registry here? `dfedrw compose ... --offline` writes the offline variant."""
 {len(services)} clients of one DFedReweighting scenario, one container each, written by
 `dfedrw compose`. Services `client-0` .. `client-{len(services) - 1}`; Byzantine:
 {', '.join(f'`{s.name}`' for s in byzantine) or 'none'}. `scenario.toml` is the resolved scenario
-the containers read (mounted read-only); they write to `results/`.
+the containers read (mounted read-only); client K writes only to `results/clients/K/`.
+
+## Who a client is, and what it can touch
+
+{certificates}
+- User: every service runs as `user: "{':'.join(map(str, options.run_as))}"`, never root. File secrets are bind mounts,
+  so a key keeps the owner and mode it has here: `certs/client-K.key` is mode 0600 and owned by
+  that user (`dfedrw compose` gives it to that user when run as root; otherwise the
+  containers run as you). Running `docker-compose` on another machine, copy the folder with
+  owners and modes (`tar -p`, `rsync -a` as root).
+- Results: `results/clients/K/` is client K's one writable mount (its `/results/peers`); no
+  container sees another client's folder. `results/peers/K.json` and `K.jsonl` are links into
+  it, so `results/` reads like the results folder of any other launcher.
 
 ## Build
 
@@ -339,9 +456,10 @@ each honest client logs a progress line every `rounds/20` rounds (round, trainin
 accuracy when evaluated), and every client its warnings and a final line. Every round of every
 client is in `results/peers/<id>.jsonl`: `tail -f results/peers/*.jsonl`.
 
-Results (`results/`, written by root inside the containers): `peers/<id>.jsonl` per round,
-`peers/<id>.json` when a client finishes, `summary.json` from `summarize`. Clients append to
-`peers/<id>.jsonl`: move `results/` away before running again.
+Results (`results/`): `peers/<id>.jsonl` per round, `peers/<id>.json` when a client finishes
+(both links into `clients/<id>/`), `summary.json` from `summarize`. Before running again, move
+`results/` away and run the same `dfedrw compose` command again: it makes a fresh `results/`
+(with the folders and links above) and keeps `certs/`.
 
 ## Swap the attack
 
@@ -354,7 +472,8 @@ A Byzantine service takes its attack from one line of its environment, e.g. in `
 
 Edit that line (`none`, `gaussian`, `sign_flip`, `alie`; each Byzantine service has its own) and
 run `docker-compose up` again, or regenerate everything with `dfedrw compose ... --set
-attack.name=sign_flip --out {folder}`, which also records the attack in `scenario.toml`.
+attack.name=sign_flip --out {folder}`, which also records the attack in `scenario.toml`
+(and rewrites an edited line).
 The attack's other settings (`attack.std`, `attack.scale`, `attack.z`) come from
 `scenario.toml`. No rebuild is needed for either.
 """
@@ -367,16 +486,85 @@ class ComposeFolder:
     written: list[Path]
     # Things the user should know before `docker-compose up` (e.g. results of an earlier run).
     warnings: list[str]
+    # The certificates' run id (None with network.tls = "off") and whether they were made now.
+    run_id: str | None = None
+    made_certificates: bool = False
+
+
+def ensure_certificates(scenario: Scenario, folder: Path) -> tuple[str, bool]:
+    """The compose folder's certificates: made when ``folder`` holds none, otherwise kept (never
+    overwritten) when they fit the scenario, i.e. hold a valid identity for every client.
+    Returns (run id, made now)."""
+    folder = Path(folder)
+    if not (folder / CA_FILE).exists():
+        if folder.exists() and any(folder.iterdir()):
+            raise ValueError(f"compose: {folder} holds files but no {CA_FILE}; move it away")
+        return make_certificates(scenario.num_clients, folder), True
+    try:
+        for k in range(scenario.num_clients):
+            load_identity(folder, k)
+        return run_id_of(folder), False
+    except (IdentityError, OSError) as exc:
+        raise ValueError(
+            f"compose: {folder} holds certificates that do not fit this scenario ({exc}); they are never "
+            f"overwritten: move {folder} away to make new ones"
+        ) from None
+
+
+def prepare_results(out_dir: Path, services: list[ClientService], owner: tuple[int, int] | None) -> list[str]:
+    """``results/clients/K`` for each client and the links ``results/peers/K.json(l)`` into it;
+    ``owner`` (uid, gid) gets the folders a container writes (given when run as root).
+    Returns warnings about an earlier run's results."""
+    results = Path(out_dir) / RESULTS_DIR
+    peers = results / "peers"
+    peers.mkdir(parents=True, exist_ok=True)
+    warnings = []
+    earlier = []
+    for svc in services:
+        own = Path(out_dir) / client_results_dir(svc.id)
+        own.mkdir(parents=True, exist_ok=True)
+        if owner is not None:
+            os.chown(own, *owner)
+        if any(own.iterdir()):
+            earlier.append(svc.id)
+        for name in (f"{svc.id}.json", f"{svc.id}.jsonl"):
+            link = peers / name
+            target = Path("..") / "clients" / str(svc.id) / name
+            if link.is_symlink() and Path(os.readlink(link)) == target:
+                continue
+            if link.exists() or link.is_symlink():
+                warnings.append(f"{link} is not a link to {target}: move {results} away and write the folder again")
+                continue
+            link.symlink_to(target)
+    if owner is not None:
+        # The summarize service writes summary.json here.
+        os.chown(results, *owner)
+    if earlier or (results / "summary.json").exists():
+        warnings.append(
+            f"{results} holds an earlier run (clients {earlier or 'none'}); a client keeps its old round log as "
+            f"<id>.jsonl.1 and replaces <id>.json, so move {results} away and write the folder again before `docker-compose up`"
+        )
+    return warnings
 
 
 def write_compose(scenario: Scenario, out_dir: Path, options: ComposeOptions | None = None) -> ComposeFolder:
-    """Write the compose folder for ``scenario`` into ``out_dir`` (files are replaced, results kept)."""
+    """Write the compose folder for ``scenario`` into ``out_dir``: files are replaced, results
+    and certificates kept (see :func:`ensure_certificates`)."""
     options = options or ComposeOptions()
     out_dir = Path(out_dir)
     resolved, mounts, copies = container_scenario(scenario)
     # From the host's scenario: the container's may name files that exist only in a container.
     services = plan_services(scenario)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # As root the containers' user (not root) must own what they read or write; otherwise they
+    # run as the user writing the folder (default_user), who owns it all already.
+    owner = options.run_as if os.getuid() == 0 else None
+    run_id, made = None, False
+    if uses_certificates(scenario):
+        run_id, made = ensure_certificates(scenario, out_dir / CERTS_DIR)
+        if owner is not None:
+            for k in range(scenario.num_clients):
+                os.chown(out_dir / CERTS_DIR / key_file(k), *owner)
     written: list[Path] = []
 
     def write(name: str, text: str) -> None:
@@ -395,11 +583,5 @@ def write_compose(scenario: Scenario, out_dir: Path, options: ComposeOptions | N
         written.append(out_dir / name)
     # Made here so the folders belong to the user, not to the engine that would create them.
     (out_dir / "wheelhouse").mkdir(exist_ok=True)
-    (out_dir / "results").mkdir(exist_ok=True)
-    warnings = []
-    if any((out_dir / "results").iterdir()):
-        warnings.append(
-            f"{out_dir / 'results'} holds an earlier run; clients append to peers/<id>.jsonl, "
-            "so move it away before `docker-compose up`"
-        )
-    return ComposeFolder(out_dir, services, written, warnings)
+    warnings = prepare_results(out_dir, services, owner)
+    return ComposeFolder(out_dir, services, written, warnings, run_id, made)

@@ -5,6 +5,14 @@
 # client and give, round for round, the weights and accuracies of the same scenario run in
 # one process on the host. About 3 minutes on an idle 2-core machine (2.5 with the cache).
 #
+# The clients talk over mutual TLS with the certificates `dfedrw compose` makes (certs/), each
+# service given only ca.pem and its own certificate and key as secrets, and run as a non-root
+# user. Checked here: every client container ran as that user, its only writable mount was
+# its own results folder and its secrets were its own three files; the Byzantine container,
+# probed from inside, is not root, sees no other client's key or results, and what it writes
+# under another client's name stays in its own folder; every final record and the summary say
+# tls "mutual".
+#
 # Not part of `pytest`; `.ci/run` runs it when DFEDRW_E2E_DOCKER=1. Needs root. It installs
 # docker.io, docker-compose and debootstrap if missing, and starts its own Docker engine inside
 # a network namespace it creates: that namespace has only loopback and the engine's own
@@ -136,6 +144,14 @@ generate gaussian
 BYZ="$(grep -o '^  client-[0-9]*:  # Byzantine' "$CLUSTER/docker-compose.yml" | grep -o 'client-[0-9]*')"
 BYZ_ID="${BYZ#client-}"
 [ -n "$BYZ_ID" ] || fail "no Byzantine service in the compose file"
+RUN_AS="$(grep -o '^    user: "[0-9]*:[0-9]*"' "$CLUSTER/docker-compose.yml" | sort -u | grep -o '[0-9][0-9]*:[0-9][0-9]*')"
+[ "$(wc -l <<<"$RUN_AS")" = 1 ] && [ "${RUN_AS%%:*}" != 0 ] || fail "services should all run as one non-root user: $RUN_AS"
+# File secrets are bind mounts: each key must be 0600 and owned by the containers' user.
+for k in $(seq 0 $((CLIENTS - 1))); do
+    [ "$(stat -c '%a %u:%g' "$CLUSTER/certs/client-$k.key")" = "600 $RUN_AS" ] \
+        || fail "certs/client-$k.key: $(stat -c '%a %u:%g' "$CLUSTER/certs/client-$k.key"), expected 600 $RUN_AS"
+done
+step "services run as $RUN_AS; certificates of run $("$PY" -c 'import sys; from peer.identity import run_id_of; print(run_id_of(sys.argv[1]))' "$CLUSTER/certs")"
 
 step "wheelhouse"
 PYTHON="$PY" bash scripts/build_wheelhouse.sh "$CACHE/wheelhouse" 2>&1 | grep -v "is ignored" >&2
@@ -158,7 +174,10 @@ finals = {k: json.loads((results / "peers" / f"{k}.json").read_text()) for k in 
 bad = [k for k, f in finals.items() if not f.get("completed")]
 assert not bad, f"clients not completed: {bad}"
 assert finals[byz]["attack"] == attack, f"client {byz} ran {finals[byz]['attack']!r}, not {attack!r}"
+not_tls = {k: f.get("tls") for k, f in finals.items() if f.get("tls") != "mutual"}
+assert not not_tls, f"clients not on mutual TLS: {not_tls}"
 summary = json.loads((results / "summary.json").read_text())
+assert summary["tls"] == "mutual", summary["tls"]
 assert summary["failed_peers"] == [], summary["failed_peers"]
 assert summary["honest_completed"] == clients - 1, summary["honest_completed"]
 missed = sum(1 for k in range(clients) if k != byz for r in read_rounds(results, k) if r["missing"])
@@ -172,8 +191,63 @@ for k in range(clients):
 print(f"{attack}: honest mean accuracy {summary['honest_mean_accuracy']:.2f}%, "
       f"Byzantine weight share {summary['byzantine_weight_share']:.4f}, round loop {summary['wall_seconds']:.1f} s; "
       + (f"not compared with the in-process run: {missed} missed deadlines" if missed
-         else "per-round weights and accuracies equal to the in-process run"), file=sys.stderr)
+         else "per-round weights and accuracies equal to the in-process run")
+      + f"; tls {summary['tls']} on all {clients} clients", file=sys.stderr)
 EOF
+}
+
+check_containers() {  # check_containers ATTACK: how each client container was set up, from the engine
+    (cd "$CLUSTER" && docker-compose ps -q) | xargs "$DOCKER" inspect >"$WORK/inspect-$1.json"
+    "$PY" - "$WORK/inspect-$1.json" "$CLUSTER" "$RUN_AS" "$CLIENTS" <<'EOF'
+import json, sys
+from pathlib import Path
+containers, cluster, run_as, clients = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]).resolve(), sys.argv[3], int(sys.argv[4])
+seen = set()
+for c in containers:
+    service = c["Config"]["Labels"]["com.docker.compose.service"]
+    if not service.startswith("client-"):
+        continue
+    k = int(service.split("-")[1])
+    seen.add(k)
+    assert c["Config"]["User"] == run_as, f"{service} ran as {c['Config']['User']!r}, not {run_as}"
+    writable = [(m["Source"], m["Destination"]) for m in c["Mounts"] if m["RW"]]
+    assert writable == [(str(cluster / "results" / "clients" / str(k)), "/results/peers")], f"{service} writable mounts: {writable}"
+    secrets = sorted(m["Destination"] for m in c["Mounts"] if m["Destination"].startswith("/run/secrets/"))
+    assert secrets == sorted(f"/run/secrets/{f}" for f in ("ca.pem", f"client-{k}.pem", f"client-{k}.key")), f"{service} secrets: {secrets}"
+assert seen == set(range(clients)), f"client containers: {sorted(seen)}"
+print(f"{len(seen)} client containers: user {run_as}, one writable mount each (its own results/clients/K), "
+      "secrets ca.pem + its own certificate and key", file=sys.stderr)
+EOF
+}
+
+probe_byzantine() {  # from inside the Byzantine service's container, after a run
+    local other=0
+    [ "$BYZ_ID" != 0 ] || other=1
+    local before
+    before="$(sha256sum <"$CLUSTER/results/peers/$other.json")"
+    (cd "$CLUSTER" && timeout 120 docker-compose run --rm --no-deps --entrypoint sh "$BYZ" -c '
+        echo "uid=$(id -u) gid=$(id -g)"
+        echo "secrets: $(ls -A /run/secrets | sort | tr "\n" " ")"
+        echo "results: $(ls -A /results/peers | sort | tr "\n" " ")"
+        for path in /results/clients /results/summary.json /results/x /run/secrets/x /scenario/x /run/secrets/client-'"$other"'.key; do
+            if (: >"$path") 2>/dev/null || mkdir "$path" 2>/dev/null; then echo "WROTE $path"; fi
+        done
+        for k in $(seq 0 '"$((CLIENTS - 1))"'); do
+            [ "$k" = '"$BYZ_ID"' ] || { [ ! -e "/run/secrets/client-$k.key" ] && [ ! -e "/results/clients/$k" ]; } || echo "SEES client $k"
+        done
+        echo forged >/results/peers/'"$other"'.json && echo "wrote /results/peers/'"$other"'.json"
+    ') >"$WORK/probe.log" 2>&1 || fail "probe of $BYZ: $(cat "$WORK/probe.log")"
+    sed 's/^/[docker-e2e]   /' "$WORK/probe.log" >&2
+    grep -q "^uid=0 " "$WORK/probe.log" && fail "$BYZ runs as root"
+    grep -q "^uid=${RUN_AS%%:*} gid=${RUN_AS##*:}$" "$WORK/probe.log" || fail "$BYZ does not run as $RUN_AS"
+    grep -q "^secrets: ca.pem $BYZ.key $BYZ.pem $" "$WORK/probe.log" || fail "$BYZ has other secrets than its own"
+    grep -q "^results: $BYZ_ID.json $BYZ_ID.jsonl $" "$WORK/probe.log" || fail "$BYZ sees other results than its own"
+    grep -q "^WROTE \|^SEES " "$WORK/probe.log" && fail "$BYZ could write or see what it should not"
+    # Its forged record landed in its own folder; client $other's record is unchanged.
+    [ "$(cat "$CLUSTER/results/clients/$BYZ_ID/$other.json")" = forged ] || fail "the forged file is not in $BYZ's own folder"
+    [ "$(sha256sum <"$CLUSTER/results/peers/$other.json")" = "$before" ] || fail "client $other's record changed"
+    rm "$CLUSTER/results/clients/$BYZ_ID/$other.json"
+    step "$BYZ: not root, only its own secrets and results; its write as client $other stayed in its own folder"
 }
 
 run_cluster() {  # run_cluster ATTACK
@@ -188,9 +262,13 @@ run_cluster() {  # run_cluster ATTACK
     if grep -v ' 0$' <<<"$codes" >&2; then
         fail "a client exited non-zero ($1); see $WORK/up-$1.log"
     fi
+    check_containers "$1" || fail "containers ($1); see $WORK/inspect-$1.json"
     (cd "$CLUSTER" && timeout 300 docker-compose run --rm summarize) >"$WORK/summarize-$1.log" 2>&1 \
         || fail "summarize ($1): $(tail -20 "$WORK/summarize-$1.log")"
     check_run "$1" || fail "results ($1); see $WORK/up-$1.log"
+    if [ "$1" = gaussian ]; then
+        probe_byzantine
+    fi
     (cd "$CLUSTER" && timeout 120 docker-compose down --timeout 5) >>"$WORK/up-$1.log" 2>&1 || fail "docker-compose down ($1)"
 }
 
@@ -205,9 +283,12 @@ changed="$(diff "$WORK/compose-gaussian.yml" "$CLUSTER/docker-compose.yml" | gre
 grep -q 'DFEDRW_ATTACK: "sign_flip"' "$CLUSTER/docker-compose.yml" || fail "no sign_flip line"
 run_cluster sign_flip
 mv "$CLUSTER/results" "$WORK/results-sign_flip"
-mkdir "$CLUSTER/results"
 
 step "swap the attack: edit the one line of the Byzantine service to alie"
+# A fresh results/ (per-client folders and links) from the same command; certs/ is kept.
+certs_before="$(cat "$CLUSTER"/certs/*.pem | sha256sum)"
+generate sign_flip
+[ "$(cat "$CLUSTER"/certs/*.pem | sha256sum)" = "$certs_before" ] || fail "writing the folder again replaced certs/"
 sed -i 's/DFEDRW_ATTACK: "sign_flip"/DFEDRW_ATTACK: "alie"/' "$CLUSTER/docker-compose.yml"
 run_cluster alie
 

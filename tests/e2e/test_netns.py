@@ -24,6 +24,7 @@ import pytest
 
 from launch.collect import collect_summary
 from peer.config import Scenario, dump_scenario, load_scenario
+from peer.identity import make_certificates
 from peer.node import scenario_topology
 from peer.results import read_rounds
 from tests.e2e.netns import Lab, unusable_reason
@@ -91,16 +92,20 @@ def _wait_exit(procs: Mapping[int, subprocess.Popen], timeout: float, out: Path)
 
 
 def _start_clients(lab: Lab, scenario: Scenario, out: Path) -> dict[int, subprocess.Popen]:
-    """One ``python -m peer`` per host, client k on host k, with the static address book."""
+    """One ``python -m peer`` per host, client k on host k, with the static address book and
+    the run's certificates (made here, as `dfedrw certs` makes them; every host reads the one
+    folder, and client k loads only its own key from it)."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
     dump_scenario(scenario, out / "scenario.toml")
     n = scenario_topology(scenario).num_clients
+    make_certificates(n, out / "certs")
     book = [f"--peer={k}={lab.address(k)}:{PORT}" for k in range(n)]
     procs = {}
     for k in range(n):
         argv = [
             sys.executable, "-m", "peer", "--scenario", str(out / "scenario.toml"), "--id", str(k),
-            "--out", str(out), "--listen-port", str(PORT), "--set", f"network.host={lab.address(k)!r}", *book,
+            "--out", str(out), "--listen-port", str(PORT), "--set", f"network.host={lab.address(k)!r}",
+            "--certs", str(out / "certs"), *book,
         ]
         procs[k] = lab.run(k, argv, _env(), out / "logs" / f"{k}.log", cwd=REPO)
     return procs
@@ -112,6 +117,13 @@ def _run_to_end(lab: Lab, scenario: Scenario, out: Path, limit: float = RUN_LIMI
     codes = _wait_exit(procs, limit, out)
     seconds = time.monotonic() - start
     return collect_summary(out, scenario, exit_codes=codes, wall_seconds=seconds), seconds
+
+
+def _assert_mutual_tls(out: Path, summary: dict, clients) -> None:
+    """The run was authenticated: the summary and every given client's final record say so."""
+    assert summary["tls"] == "mutual"
+    for k in clients:
+        assert json.loads((out / "peers" / f"{k}.json").read_text())["tls"] == "mutual", f"client {k}"
 
 
 def _missed_deadlines(out: Path, honest) -> int:
@@ -188,6 +200,7 @@ def test_one_client_per_host_runs_to_completion(baseline, record_property):
     assert len({p["pid"] for p in summary["peers"].values()}) == 6
     assert summary["honest_mean_accuracy"] > 60
     assert summary["byzantine_weight_share"] < 0.01
+    _assert_mutual_tls(out, summary, range(6))
     # Models really crossed the network: each honest client aggregated the model of every one
     # of its neighbours in (nearly) every round.
     topology = scenario_topology(baseline["scenario"])
@@ -245,6 +258,7 @@ def test_host_cut_off_mid_run_others_finish_and_summary_names_it(tmp_path, recor
     others = {int(k): p for k, p in summary["peers"].items() if int(k) != victim}
     assert all(p["completed"] and p["rounds_done"] == ROUNDS for p in others.values()), _tails(tmp_path)
     assert summary["honest_completed"] == len(topology.honest()) - 1
+    _assert_mutual_tls(tmp_path, summary, others)
     for n in topology.neighbours(victim):
         if n in topology.byzantine:
             continue
@@ -285,6 +299,7 @@ def test_20_percent_packet_loss_completes_with_baseline_accuracy(baseline, tmp_p
     assert all(p["completed"] and p["rounds_done"] == ROUNDS for p in summary["peers"].values())
     assert abs(summary["honest_mean_accuracy"] - base["honest_mean_accuracy"]) <= 2.0
     assert summary["byzantine_weight_share"] < 0.01
+    _assert_mutual_tls(tmp_path, summary, range(6))
     print(
         f"\n20% loss: {seconds:.1f} s (baseline {baseline['seconds']:.1f} s), {dropped} packets dropped, "
         f"honest mean accuracy {summary['honest_mean_accuracy']:.2f}% vs {base['honest_mean_accuracy']:.2f}%, "
@@ -316,7 +331,8 @@ def test_torchrun_two_nodes_in_two_namespaces(tmp_path, record_property):
     """``torchrun`` with 2 nodes x 2 processes, node 0 on host 0 (the master address is host 0's
     namespace address) and node 1 on host 1: four clients (3 honest + 1 Byzantine), rank r =
     client r, addresses exchanged through the torch.distributed store. Rank 0 writes
-    summary.json and all four clients complete; clients on different hosts exchanged models."""
+    summary.json and all four clients complete; clients on different hosts exchanged models,
+    over mutual TLS with the certificates rank 0 made in the shared results folder."""
     reason = _torchrun_support_missing()
     if reason is not None:
         pytest.skip(reason)
@@ -349,6 +365,8 @@ def test_torchrun_two_nodes_in_two_namespaces(tmp_path, record_property):
     assert summary["failed_peers"] == []
     assert sorted(summary["peers"]) == ["0", "1", "2", "3"]
     assert all(p["completed"] and p["rounds_done"] == scenario.rounds for p in summary["peers"].values())
+    assert (out / "certs" / "ca.pem").exists()
+    _assert_mutual_tls(out, summary, range(4))
     # Ranks 0, 1 run on host 0 and ranks 2, 3 on host 1: some honest client used a model that
     # came from the other host.
     node_of = {0: 0, 1: 0, 2: 1, 3: 1}

@@ -1,7 +1,7 @@
 """Scenarios under ``torchrun --standalone`` (one rank = one client), on loopback.
 
-The CPU runs use gloo for torchrun's own process group; the clients talk over gRPC or over
-the torch transport. Their results folders must look like those of ``dfedrw run``, and the two
+The CPU runs use gloo for torchrun's own process group; the clients talk over gRPC (mutual
+TLS, with the certificates rank 0 makes in the results folder) or over the torch transport. Their results folders must look like those of ``dfedrw run``, and the two
 transports must compute the same thing: the same bytes go through the same validation, every
 client is single-threaded and seeded, and no deadline is missed at a 10 s round timeout.
 """
@@ -137,6 +137,23 @@ def test_torchrun_results_have_the_format_of_dfedrw_run(runs, reference, transpo
         ref_records = [json.loads(line) for line in (ref_out / "peers" / f"{k}.jsonl").read_text().splitlines()]
         assert len(records) == 20 and set(records[0]) == set(ref_records[0])
     assert (out / "scenario.toml").read_text() == (ref_out / "scenario.toml").read_text().replace('"inproc"', f'"{transport}"')
+
+
+def test_grpc_under_torchrun_runs_with_mutual_tls(runs):
+    out = runs("grpc")
+
+    summary = read_summary(out)
+
+    # No certificate folder was given: rank 0 made one in the results folder for every rank.
+    assert summary["tls"] == "mutual"
+    assert sorted(p.name for p in (out / "certs").iterdir()) == sorted(
+        ["ca.pem"] + [f"client-{k}.{ext}" for k in range(5) for ext in ("pem", "key")]
+    )
+    assert all((out / "certs" / f"client-{k}.key").stat().st_mode & 0o777 == 0o600 for k in range(5))
+    for k in range(5):
+        assert json.loads((out / "peers" / f"{k}.json").read_text())["tls"] == "mutual", f"client {k}"
+    # The torch transport has no TLS of its own; the summary says so rather than "off".
+    assert read_summary(runs("torch"))["tls"] == "n/a (torch transport)"
 
 
 def test_grpc_and_torch_transports_give_the_same_accuracies(runs, reference):

@@ -1,7 +1,9 @@
-"""``dfedrw compose``: the generated cluster matches the scenario's graph, and the files are
-valid for docker-compose (checked by ``docker-compose config``, which needs no engine)."""
+"""``dfedrw compose``: the generated cluster matches the scenario's graph, each client gets only
+its own certificates and results folder and runs as a non-root user, and the files are valid
+for docker-compose (checked by ``docker-compose config``, which needs no engine)."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -12,13 +14,16 @@ import pytest
 from launch.cli import main
 from launch.compose import (
     ATTACK_ENV,
+    CONTAINER_UID,
     ComposeOptions,
     container_scenario,
+    default_user,
     plan_services,
     render_dockerfile,
     write_compose,
 )
 from peer.config import load_scenario
+from peer.identity import load_identity, make_certificates, run_id_of
 from peer.node import scenario_topology
 from peer.results import write_json_atomic
 
@@ -96,6 +101,20 @@ def test_docker_compose_reads_the_file_as_generated(tmp_path):
     assert [k for k, s in services.items() if "build" in s] == ["client-0"]
     assert services["summarize"]["profiles"] == ["summarize"]
     assert config["networks"]["default"]["internal"] is True
+    # Certificates as secrets: each client gets the CA's certificate and its own pair, nothing else.
+    assert set(config["secrets"]) == {"ca"} | {f"client-{k}-{x}" for k in range(12) for x in ("cert", "key")}
+    assert config["secrets"]["client-3-key"]["file"] == str(tmp_path / "certs" / "client-3.key")
+    for k in range(12):
+        svc = services[f"client-{k}"]
+        got = sorted((s["source"], s["target"]) for s in svc["secrets"])
+        assert got == [("ca", "ca.pem"), (f"client-{k}-cert", f"client-{k}.pem"), (f"client-{k}-key", f"client-{k}.key")]
+        assert "--certs /run/secrets" in " ".join(svc["command"])
+        assert svc["user"] == default_user() and not svc["user"].startswith("0:")
+        # Its own results folder is the one thing it can write.
+        writable = [v for v in svc["volumes"] if not (v.endswith(":ro") if isinstance(v, str) else v.get("read_only"))]
+        assert writable == [f"{tmp_path}/results/clients/{k}:/results/peers:rw"], writable
+    assert "secrets" not in services["summarize"]
+    assert f"{tmp_path}/results:/results:rw" in services["summarize"]["volumes"]
 
 
 def test_byzantine_service_reads_its_attack_from_its_own_environment(tmp_path):
@@ -241,3 +260,121 @@ def test_plan_matches_the_graph_each_client_draws():
     assert [(s.id, s.neighbours, s.byzantine) for s in services] == [
         (k, topology.neighbours(k), k in topology.byzantine) for k in range(6)
     ]
+
+
+def secrets_of(text: str, service: str) -> list[str]:
+    """The secret targets one service of a generated file names."""
+    block = text.split(f"  {service}:", 1)[1].split("\n\n", 1)[0]
+    return re.findall(r'target: "([^"]+)"', block)
+
+
+def test_each_client_gets_only_its_own_certificate_and_key(tmp_path):
+    # Prepare
+    scenario = load_scenario(None, ["topology.honest=3", "topology.byzantine=1"])
+
+    # Execute
+    folder = write_compose(scenario, tmp_path)
+
+    # Assert: certs/ is a complete certificate folder for the scenario, keys 0600.
+    assert folder.made_certificates and folder.run_id == run_id_of(tmp_path / "certs")
+    for k in range(4):
+        assert load_identity(tmp_path / "certs", k).client == k
+        assert (tmp_path / "certs" / f"client-{k}.key").stat().st_mode & 0o777 == 0o600
+    text = (tmp_path / "docker-compose.yml").read_text()
+    for k in range(4):
+        assert secrets_of(text, f"client-{k}") == ["ca.pem", f"client-{k}.pem", f"client-{k}.key"]
+    assert text.count("./certs/client-") == 8 and text.count('file: "./certs/ca.pem"') == 1
+    assert text.count('"--certs", "/run/secrets"') == 3 and text.count("--certs /run/secrets --peer") == 1
+    # The build context holds no certificate.
+    assert (tmp_path / ".dockerignore").read_text().splitlines()[1] == "*"
+    assert "gets, as docker-compose secrets in `/run/secrets`, only" in (tmp_path / "README.md").read_text()
+
+
+def test_certificates_are_kept_when_the_folder_is_written_again_and_never_overwritten(tmp_path):
+    # Prepare
+    scenario = load_scenario(None, ["topology.honest=3", "topology.byzantine=1"])
+    first = write_compose(scenario, tmp_path / "a")
+    ca = (tmp_path / "a" / "certs" / "ca.pem").read_bytes()
+    other = tmp_path / "b"
+    make_certificates(2, other / "certs")  # too few clients for the scenario
+
+    # Execute
+    again = write_compose(load_scenario(None, ["topology.honest=3", "topology.byzantine=1", "attack.name=alie"]), tmp_path / "a")
+
+    # Assert
+    assert not again.made_certificates and again.run_id == first.run_id
+    assert (tmp_path / "a" / "certs" / "ca.pem").read_bytes() == ca
+    with pytest.raises(ValueError, match="never overwritten"):
+        write_compose(scenario, other)
+    assert sorted(p.name for p in (other / "certs").iterdir()) == ["ca.pem", "client-0.key", "client-0.pem", "client-1.key", "client-1.pem"]
+    assert main(["compose", "--set", "topology.honest=3", "--set", "topology.byzantine=1", "--out", str(other)]) == 2
+
+
+def test_with_tls_off_no_certificates_are_made_or_mounted(tmp_path):
+    write_compose(load_scenario(None, ["network.tls='off'"]), tmp_path)
+
+    text = (tmp_path / "docker-compose.yml").read_text()
+
+    assert not (tmp_path / "certs").exists()
+    assert "secrets" not in text and "--certs" not in text
+    assert 'Certificates: none, `network.tls = "off"`' in (tmp_path / "README.md").read_text()
+
+
+def test_each_client_writes_only_its_own_results_folder_and_summarize_reads_them_all(tmp_path):
+    # Prepare
+    scenario = load_scenario(None, ["topology.honest=3", "topology.byzantine=1"])
+    folder = write_compose(scenario, tmp_path)
+    text = (tmp_path / "docker-compose.yml").read_text()
+    results = tmp_path / "results"
+
+    # Execute: what the containers write, each into its own folder (seen as /results/peers).
+    for k in range(3):
+        own = results / "clients" / str(k)
+        (own / f"{k}.jsonl").write_text(json.dumps({"round": 0, "train_loss": 1.0, "weights": {str(k): 1.0}}) + "\n")
+        write_json_atomic(own / f"{k}.json", {"completed": True, "accuracy": 60.0, "global_accuracy": 50.0, "pid": 7, "tls": "mutual"})
+    rc = main(["summarize", str(results), "--scenario", str(tmp_path / "scenario.toml")])
+
+    # Assert
+    for svc in folder.services:
+        mounts = re.findall(r'- "([^"]+)"', text.split(f"  {svc.name}:", 1)[1].split("\n\n", 1)[0])
+        assert [m for m in mounts if not m.endswith(":ro")] == [f"./results/clients/{svc.id}:/results/peers"]
+    assert sorted(os.readlink(p) for p in (results / "peers").iterdir()) == sorted(
+        f"../clients/{k}/{k}.{ext}" for k in range(4) for ext in ("json", "jsonl")
+    )
+    assert rc == 1  # client 3 wrote nothing: it failed
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["failed_peers"] == [3] and summary["peers"]["0"]["completed"]
+    assert summary["tls"] == "mutual"
+    assert '"./results:/results"' in text.split("  summarize:", 1)[1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user, the containers run as that user and nothing is chowned")
+def test_as_root_keys_and_results_folders_belong_to_the_containers_user(tmp_path):
+    write_compose(load_scenario(None, ["topology.honest=2", "topology.byzantine=0", "attack.name='none'"]), tmp_path)
+
+    text = (tmp_path / "docker-compose.yml").read_text()
+
+    assert text.count(f'user: "{CONTAINER_UID}:{CONTAINER_UID}"') == 3  # two clients and summarize
+    for k in range(2):
+        key = (tmp_path / "certs" / f"client-{k}.key").stat()
+        assert (key.st_uid, key.st_gid, key.st_mode & 0o777) == (CONTAINER_UID, CONTAINER_UID, 0o600)
+        assert (tmp_path / "results" / "clients" / str(k)).stat().st_uid == CONTAINER_UID
+    assert (tmp_path / "certs" / "ca.pem").stat().st_uid == 0  # public: no need to give it away
+    assert (tmp_path / "results").stat().st_uid == CONTAINER_UID  # summarize writes summary.json
+
+
+def test_user_option_and_the_image_user():
+    assert ComposeOptions(user="2000:3000").run_as == (2000, 3000)
+    for bad in ("0:0", "root", "1000", "-1:5", "1000:x"):
+        with pytest.raises(ValueError, match="user"):
+            ComposeOptions(user=bad)
+    for options in (ComposeOptions(), ComposeOptions(offline=True)):
+        assert f"USER {CONTAINER_UID}:{CONTAINER_UID}" in render_dockerfile(options)
+
+
+def test_compose_cli_takes_a_user(tmp_path):
+    assert main(["compose", "--set", "topology.honest=2", "--set", "topology.byzantine=0", "--set", "attack.name='none'",
+                 "--user", "2000:2000", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "docker-compose.yml").read_text().count('user: "2000:2000"') == 3
+    if os.geteuid() == 0:
+        assert (tmp_path / "certs" / "client-1.key").stat().st_uid == 2000
