@@ -1,6 +1,7 @@
 """Wire encoding, validation and the inbox: no sockets needed."""
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent import futures
@@ -131,6 +132,37 @@ def test_inbox_wait_wakes_on_arrival_and_on_gone():
     # a message from a peer marked gone brings it back
     inbox.offer(msg(2, 1))
     assert 2 not in inbox.gone()
+
+
+def test_a_stale_message_is_no_sign_of_life():
+    # Messages for rounds already passed, sent in the name of a neighbour presumed gone, must
+    # not make this client wait for it again: anyone who can send in its name could replay them.
+    inbox = Inbox(0, [1, 2], 3, 2)
+    inbox.advance(5)
+    inbox.set_gone(2)
+    for r in range(5):
+        assert inbox.offer(msg(2, r)) == (False, "stale_round")
+    assert 2 in inbox.gone() and inbox.stale == 5
+    t0 = time.monotonic()
+    inbox.offer(msg(1, 5))
+    assert set(inbox.wait(5, [1, 2], timeout=10.0)) == {1}  # not waiting for 2
+    assert time.monotonic() - t0 < 5.0
+    # A message for the current round or the window ahead does bring it back.
+    assert inbox.offer(msg(2, 6)) == (True, "")
+    assert 2 not in inbox.gone()
+
+
+def test_rejections_and_stale_messages_are_counted_each_but_logged_rarely(caplog):
+    inbox = Inbox(0, [1], 3, 2)
+    inbox.advance(5)
+    with caplog.at_level(logging.INFO, logger="peer.transport.inbox"):
+        for _ in range(1000):
+            inbox.offer(msg(2, 5))  # not a neighbour
+            inbox.offer(msg(1, 99))  # far future
+            inbox.offer(msg(1, 1))  # stale
+    assert dict(inbox.rejected) == {"not_neighbour": 1000, "future_round": 1000} and inbox.stale == 1000
+    assert len(caplog.records) == 3  # one line per reason within the 10 s
+    assert all(r.exc_info is None for r in caplog.records)
 
 
 def test_inbox_wakes_the_round_loop_only_when_its_round_is_complete():
