@@ -64,6 +64,10 @@ def _choice(key: str, value: Any, choices: Sequence[str]) -> None:
         raise ScenarioError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
 
 
+# Just under float32's largest finite value (3.4e38).
+MAX_ABS_VALUE_LIMIT = 3e38
+
+
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
     ok = value >= 0 if allow_zero else value > 0
     if not ok or (isinstance(value, float) and not math.isfinite(value)):
@@ -235,9 +239,15 @@ class NetworkConfig:
     # message's sender is the client its certificate names. "off": plaintext, any process can
     # claim any id; for debugging only.
     tls: str = "mutual"
+    # Largest parameter magnitude a received model may hold; a message with a larger value is
+    # rejected as implausible (finite but huge values would otherwise wreck any averaging rule).
+    max_abs_value: float = 1e6
 
     def __post_init__(self) -> None:
         _choice("network.transport", self.transport, TRANSPORTS)
+        _positive("network.max_abs_value", self.max_abs_value)
+        if self.max_abs_value > MAX_ABS_VALUE_LIMIT:
+            raise ScenarioError(f"network.max_abs_value={self.max_abs_value!r} must be <= {MAX_ABS_VALUE_LIMIT:g}")
         _choice("network.tls", self.tls, ("mutual", "off"))
         _positive("network.round_timeout", self.round_timeout)
         _positive("network.round_window", self.round_window)

@@ -34,6 +34,10 @@ def test_overrides_are_typed_by_toml_and_dotted():
         ("peers.1.aggregation.crs=nope", ["aggregation.crs", "softmax"]),
         ("peers.1.aggregation.tempo=1", ["peers.1.aggregation.tempo", "temperature"]),
         ("network.round_timeout=0", ["network.round_timeout"]),
+        ("network.max_abs_value=0", ["network.max_abs_value", "> 0"]),
+        ("network.max_abs_value=3.4e38", ["network.max_abs_value", "<= 3e+38"]),
+        ("network.max_abs_value=3e38", []),
+        ("network.max_abs_value=1e3", []),
     ],
 )
 def test_bad_keys_and_values_name_the_key_and_choices(override, words):
