@@ -276,7 +276,7 @@ class Peer:
                 return refused
             msg = decode(header, payload, self.specs, wire, self.plausible)
         except WireError as exc:
-            return self.inbox.reject(exc.reason, str(exc))
+            return self.inbox.reject(exc.reason, exc.detail)
         except Exception as exc:  # noqa: BLE001 - a message no check foresaw is still only rejected
             return self.inbox.reject("malformed", type(exc).__name__)
         return self.inbox.offer(msg)

@@ -32,6 +32,7 @@ class WireError(ValueError):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class ModelMessage:
     vector: torch.Tensor  # flat float32
     num_samples: int = 0
     nbytes: int = 0  # size on the wire, for accounting
-    train_loss: float = float("nan")  # declared by the sender; NaN when not finite or absent
+    train_loss: float = float("nan")  # declared by the sender; NaN when absent or out of range
 
 
 def encode(
@@ -174,7 +175,7 @@ def decode(
             raise WireError("dtype_mismatch", f"{quote(got.name)}: dtype {quote(got.dtype)}, expected {want.dtype!r}")
         if got.name != want.name or tuple(got.shape) != want.shape:
             raise WireError(
-                "shape_mismatch", f"{quote(got.name)}{quote(tuple(got.shape))}, expected {want.name}{want.shape}"
+                "shape_mismatch", f"{quote(got.name)}{quote(tuple(got.shape[:8]))}, expected {want.name}{want.shape}"
             )
     expected = sum(s.nbytes for s in specs)
     if header.total_bytes != expected or len(payload) != expected:

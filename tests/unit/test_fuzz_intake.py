@@ -460,3 +460,15 @@ def _matches_model(chunks, peer):
     return first is not None and [(t.name, t.dtype, tuple(t.shape)) for t in first.tensors] == [
         (s.name, s.dtype, s.shape) for s in peer.specs
     ]
+
+
+def test_a_message_no_check_foresaw_is_rejected_not_raised(client, caplog):
+    def broken():
+        yield copy(client.valid[1, ROUND])[0]
+        raise RuntimeError("the stream broke\nERROR forged")
+
+    with caplog.at_level(logging.WARNING, logger="peer"):
+        assert client.deliver(iter([object()]), 1) == (False, "malformed", ROUND)
+        assert client.deliver(broken(), 1) == (False, "malformed", ROUND)
+    assert client.inbox.rejected["malformed"] == 2
+    assert all(r.exc_info is None and "forged" not in r.getMessage() for r in caplog.records)
