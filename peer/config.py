@@ -89,6 +89,8 @@ MAX_ROUNDS = 10_000_000
 # arithmetic finite.
 MAX_MAGNITUDE = 1e6
 MAX_SECONDS = 86_400.0
+# Just under float32's largest finite value (3.4e38).
+MAX_ABS_VALUE_LIMIT = 3e38
 
 
 @dataclass(frozen=True)
@@ -264,9 +266,13 @@ class NetworkConfig:
     # message's sender is the client its certificate names. "off": plaintext, any process can
     # claim any id; for debugging only.
     tls: str = "mutual"
+    # Largest parameter magnitude a received model may hold; a message with a larger value is
+    # rejected as implausible (finite but huge values would otherwise wreck any averaging rule).
+    max_abs_value: float = 1e6
 
     def __post_init__(self) -> None:
         _choice("network.transport", self.transport, TRANSPORTS)
+        _in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
         _choice("network.tls", self.tls, ("mutual", "off"))
         _in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
         _in_range("network.round_window", self.round_window, 1, 1000)

@@ -114,6 +114,10 @@ _IDX_DTYPES: dict[int, np.dtype] = {
 
 _IDX_NUM_CLASSES = 10
 _DIGITS_TEST_FRACTION = 0.2
+# Training-set size of each dataset (digits: 1797 images less the 20% test split; the MNIST
+# files: 60,000 training images). Every client knows these without loading any data: they bound
+# the training-set size a message may declare.
+TRAIN_SIZES = {"digits": 1437, "fashion-mnist": 60_000, "mnist": 60_000}
 # Bounded so that an impossible request (e.g. more clients than samples allow) fails fast.
 DIRICHLET_MAX_TRIES = 1000
 

@@ -29,7 +29,7 @@ from peer.aggregation import RoundInputs, build_rule
 from peer.attacks import make_attack
 from peer.config import AggregationConfig, AttackConfig, Scenario
 from peer.identity import ClientIdentity, IdentityError, load_identity
-from peer.data import Dataset, aux_indices, load_dataset, local_test_indices, partition
+from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import build_model, get_vector, set_vector
 from peer.results import RoundLog, write_json_atomic
 from peer.telemetry import LauncherLink, NullLink
@@ -37,7 +37,7 @@ from peer.training import LocalTrainer, VectorEvaluator, evaluate
 from peer.transport.base import Transport
 from peer.transport.grpc_transport import GrpcTransport
 from peer.transport.inbox import Inbox
-from peer.transport.serde import WireError, decode, encode, join_chunks, model_specs
+from peer.transport.serde import Plausible, WireError, decode, encode, join_chunks, model_specs
 from topologies import Topology, build_topology
 
 log = logging.getLogger(__name__)
@@ -231,6 +231,9 @@ class Peer:
         net = scenario.network
         self.transport = transport
         self.inbox = Inbox(client_id, self.neighbours, self.topology.num_clients, net.round_window)
+        # What a received message may hold and declare: no sender has more samples than the
+        # whole training set of the scenario's dataset (known to every client, data or not).
+        self.plausible = Plausible(max_abs_value=net.max_abs_value, max_num_samples=TRAIN_SIZES[scenario.data.name])
         features, classes = DATASET_SHAPES[scenario.data.name]
         t = scenario.train
         init_seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
@@ -257,6 +260,8 @@ class Peer:
         return (*self._accept(chunks, sender), self.inbox.round)
 
     def _accept(self, chunks, sender: int | None) -> tuple[bool, str]:
+        # Every message ends in one counter (accepted, stale or a rejection reason) and at most a
+        # rate-limited log line: a peer can send bad messages as fast as it likes.
         try:
             if sender is not None:
                 # A stranger is turned away before its bytes are even joined.
@@ -271,9 +276,11 @@ class Peer:
             refused = self.inbox.screen(header.sender)
             if refused is not None:
                 return refused
-            msg = decode(header, payload, self.specs, wire)
+            msg = decode(header, payload, self.specs, wire, self.plausible)
         except WireError as exc:
-            return self.inbox.reject(exc.reason, str(exc))
+            return self.inbox.reject(exc.reason, exc.detail)
+        except Exception as exc:  # noqa: BLE001 - a message no check foresaw is still only rejected
+            return self.inbox.reject("malformed", type(exc).__name__)
         return self.inbox.offer(msg)
 
     def _on_reachability(self, peer: int, reachable: bool) -> None:

@@ -2,8 +2,13 @@
 
 Messages are keyed by round. A message for the current round or up to ``window`` rounds ahead
 is buffered; an older one is stale and dropped; anything else (unknown sender, not a neighbour,
-far-future round, second copy) is rejected. Every rejection is counted by reason and logged,
-and the client carries on.
+far-future round, second copy) is rejected. Every rejection is counted by reason; the log gets
+at most one line per reason per ``log_interval`` seconds (anyone can make a client reject
+messages as fast as it can send them), and the client carries on.
+
+Only an accepted message (for the current round or the window ahead) marks a neighbour
+presumed gone as alive again. A stale one does not: anyone who can send in a dead client's
+name could otherwise keep its neighbours waiting for it every round.
 """
 
 from __future__ import annotations
@@ -14,13 +19,16 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
+from peer.transport.ratelog import RateLimitedLog
 from peer.transport.serde import ModelMessage
 
 log = logging.getLogger(__name__)
 
 
 class Inbox:
-    def __init__(self, own_id: int, neighbours: Iterable[int], num_clients: int, window: int) -> None:
+    def __init__(
+        self, own_id: int, neighbours: Iterable[int], num_clients: int, window: int, *, log_interval: float = 10.0
+    ) -> None:
         self.own_id = own_id
         self.neighbours = frozenset(neighbours)
         self.num_clients = num_clients
@@ -37,15 +45,19 @@ class Inbox:
         self.rejected: Counter[str] = Counter()
         self.stale = 0
         self.bytes_received = 0
+        self.accepted = 0
+        self.quiet_log = RateLimitedLog(log, log_interval)
 
     @property
     def round(self) -> int:
         return self._round
 
     def reject(self, reason: str, detail: str = "") -> tuple[bool, str]:
+        """Count a rejected message. ``reason`` is a fixed tag; ``detail`` must hold no text
+        from the message that is not escaped (:func:`peer.transport.ratelog.quote`)."""
         with self._cond:
             self.rejected[reason] += 1
-        log.warning("client %d rejected a message: %s %s", self.own_id, reason, detail)
+        self.quiet_log.log(logging.WARNING, reason, "client %d rejected a message: %s %s", self.own_id, reason, detail)
         return False, reason
 
     def screen(self, sender: int) -> tuple[bool, str] | None:
@@ -67,10 +79,9 @@ class Inbox:
         with self._cond:
             current = self._round
             if msg.round < current:
+                # Not a sign of life: whoever can send in a neighbour's name could replay old
+                # rounds to keep this client waiting for a dead neighbour every round.
                 stale = True
-                # A late message still shows the sender is alive (it is behind, not gone): wait
-                # for it again, so two clients that drifted apart fall back into step.
-                self._gone.discard(msg.sender)
             elif msg.round > current + self.window:
                 stale = None
             else:
@@ -80,13 +91,16 @@ class Inbox:
                 if not duplicate:
                     slot[msg.sender] = msg
                     self.bytes_received += msg.nbytes
+                    self.accepted += 1
                     self._gone.discard(msg.sender)
                     self._wake_if_complete()
         if stale:
             # Late, not malicious: the deadline for that round passed. Dropped and counted apart.
             with self._cond:
                 self.stale += 1
-            log.info("client %d dropped a stale round-%d message from %d", self.own_id, msg.round, msg.sender)
+            self.quiet_log.log(
+                logging.INFO, "stale_round", "client %d dropped a stale round-%d message from %d", self.own_id, msg.round, msg.sender
+            )
             return False, "stale_round"
         if stale is None:
             return self.reject(

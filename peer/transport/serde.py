@@ -3,6 +3,10 @@
 A model is a flat float32 vector on the client side; on the wire it is the concatenation of
 its parameter tensors, each described by a :class:`TensorSpec`, so a receiver can check every
 name, dtype and shape against its own model before it touches the bytes.
+
+What a message declares is checked too, not only its form: :class:`Plausible` bounds the
+values a model may hold and the training-set size a sender may claim (DFedAvg weights by it),
+and a declared loss outside its range is read as absent. Pure: no transport here.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 import torch
 
 from peer.transport.pb import peer_pb2 as pb
+from peer.transport.ratelog import quote
 
 WIRE_DTYPES = {"float32": np.dtype("<f4")}
 
@@ -27,6 +32,7 @@ class WireError(ValueError):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -55,13 +61,32 @@ def model_specs(model: torch.nn.Module) -> tuple[TensorSpec, ...]:
 
 
 @dataclass(frozen=True)
+class Plausible:
+    """What a receiver believes of a message beyond its form.
+
+    ``max_abs_value``: no parameter of a model of this scenario is larger in magnitude
+    (``network.max_abs_value``); a message holding one is rejected as ``implausible``.
+    ``max_num_samples``: the most training samples a sender can have (the whole training set
+    of the scenario's dataset); a declared size outside ``[1, max_num_samples]`` is rejected
+    as ``implausible_samples``. ``max_train_loss``: a declared training loss outside
+    ``[0, max_train_loss]`` (or not finite) is read as absent (NaN), not rejected: the loss is
+    optional (senders that have none send NaN) and only q-FDFL uses it, which leaves out a
+    candidate without one.
+    """
+
+    max_abs_value: float = 1e6
+    max_num_samples: int = 10_000_000
+    max_train_loss: float = 1e6
+
+
+@dataclass(frozen=True)
 class ModelMessage:
     sender: int
     round: int
     vector: torch.Tensor  # flat float32
     num_samples: int = 0
     nbytes: int = 0  # size on the wire, for accounting
-    train_loss: float = float("nan")  # declared by the sender; NaN when not finite or absent
+    train_loss: float = float("nan")  # declared by the sender; NaN when absent or out of range
 
 
 def encode(
@@ -70,7 +95,7 @@ def encode(
     vector: torch.Tensor,
     specs: Sequence[TensorSpec],
     *,
-    num_samples: int = 0,
+    num_samples: int = 1,
     train_loss: float = float("nan"),
     chunk_bytes: int = 1 << 20,
 ) -> list[pb.ModelChunk]:
@@ -111,6 +136,8 @@ def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.Mod
             if not chunk.HasField("header"):
                 raise WireError("no_header", "the first chunk carries no header")
             header = chunk.header
+            if not header.HasField("sender"):
+                raise WireError("no_sender", "the header names no sender")
             if header.total_bytes > max_bytes:
                 raise WireError("too_large", f"{header.total_bytes} bytes > limit {max_bytes}")
         elif chunk.HasField("header"):
@@ -126,35 +153,53 @@ def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.Mod
     return header, b"".join(parts), wire
 
 
-def decode(header: pb.ModelHeader, payload: bytes, specs: Sequence[TensorSpec], wire_bytes: int = 0) -> ModelMessage:
+def decode(
+    header: pb.ModelHeader,
+    payload: bytes,
+    specs: Sequence[TensorSpec],
+    wire_bytes: int = 0,
+    plausible: Plausible = Plausible(),
+) -> ModelMessage:
     """Check a message against the receiver's model layout and turn it into a vector.
 
-    Raises :class:`WireError` on any mismatch: tensor count, name, dtype, shape, byte size,
-    checksum, or a non-finite value.
+    Raises :class:`WireError` on any mismatch: no sender, tensor count, name, dtype, shape,
+    byte size, checksum, a non-finite value, a value or a declared sample count outside
+    ``plausible``. Text from the message goes into an error only through :func:`quote`.
     """
+    if not header.HasField("sender"):
+        raise WireError("no_sender", "the header names no sender")
     if len(header.tensors) != len(specs):
         raise WireError("shape_mismatch", f"{len(header.tensors)} tensors, expected {len(specs)}")
     for got, want in zip(header.tensors, specs, strict=True):
         if got.dtype != want.dtype:
-            raise WireError("dtype_mismatch", f"{got.name}: dtype {got.dtype!r}, expected {want.dtype!r}")
+            raise WireError("dtype_mismatch", f"{quote(got.name)}: dtype {quote(got.dtype)}, expected {want.dtype!r}")
         if got.name != want.name or tuple(got.shape) != want.shape:
             raise WireError(
-                "shape_mismatch", f"{got.name}{tuple(got.shape)}, expected {want.name}{want.shape}"
+                "shape_mismatch", f"{quote(got.name)}{quote(tuple(got.shape[:8]))}, expected {want.name}{want.shape}"
             )
     expected = sum(s.nbytes for s in specs)
     if header.total_bytes != expected or len(payload) != expected:
         raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected}")
+    if not 1 <= header.num_samples <= plausible.max_num_samples:
+        raise WireError(
+            "implausible_samples", f"declares {header.num_samples} samples, outside [1, {plausible.max_num_samples}]"
+        )
     if zlib.crc32(payload) != header.crc32:
         raise WireError("bad_checksum", "payload CRC-32 does not match the header")
     array = np.frombuffer(payload, dtype=WIRE_DTYPES["float32"])
-    if not np.isfinite(array).all():
+    # min/max propagate NaN, so one pass each finds both a non-finite and an out-of-range value.
+    low, high = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
+    if not (math.isfinite(low) and math.isfinite(high)):
         raise WireError("non_finite", "the model contains NaN or Inf")
+    if max(-low, high) > plausible.max_abs_value:
+        raise WireError("implausible", f"a value of magnitude {max(-low, high):.3g} > {plausible.max_abs_value:g}")
     vector = torch.from_numpy(array.astype(np.float32, copy=True))
+    loss = header.train_loss
     return ModelMessage(
         sender=header.sender,
         round=header.round,
         vector=vector,
         num_samples=header.num_samples,
         nbytes=wire_bytes,
-        train_loss=header.train_loss if np.isfinite(header.train_loss) else float("nan"),
+        train_loss=loss if 0.0 <= loss <= plausible.max_train_loss else float("nan"),
     )

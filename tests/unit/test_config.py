@@ -39,6 +39,10 @@ def test_overrides_are_typed_by_toml_and_dotted():
         ("peers.1.aggregation.crs=nope", ["aggregation.crs", "softmax"]),
         ("peers.1.aggregation.tempo=1", ["peers.1.aggregation.tempo", "temperature"]),
         ("network.round_timeout=0", ["network.round_timeout"]),
+        ("network.max_abs_value=0", ["network.max_abs_value", "(0, 3e+38]"]),
+        ("network.max_abs_value=3.4e38", ["network.max_abs_value", "(0, 3e+38]"]),
+        ("network.max_abs_value=3e38", []),
+        ("network.max_abs_value=1e3", []),
     ],
 )
 def test_bad_keys_and_values_name_the_key_and_choices(override, words):
@@ -141,6 +145,7 @@ RANGES = [
     ("network.max_missed_rounds", [1, 1_000_000], [0, 1_000_001]),
     ("network.chunk_bytes", [1024, 64 << 20], [1023, (64 << 20) + 1, 3 << 30]),
     ("network.max_message_bytes", [1024, 1 << 30], [1023, (1 << 30) + 1]),
+    ("network.max_abs_value", [1e-6, 3e38], [0.0, 3.1e38]),
     ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
 ]
 FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]

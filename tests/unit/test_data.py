@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from peer.data import (
+    TRAIN_SIZES,
     DATASETS,
     IDX_FILES,
     Dataset,
@@ -194,6 +195,7 @@ def test_digits_loads_fixed_stratified_split():
     # Assert
     assert len(train) + len(test) == 1797
     assert len(test) == 360
+    assert len(train) == TRAIN_SIZES["digits"]  # what a message may declare at most
     assert train.x.shape[1] == 64 and train.num_classes == 10
     assert 0.0 <= float(train.x.min()) and float(train.x.max()) <= 1.0
     assert torch.equal(train.x, train_again.x)

@@ -1,6 +1,7 @@
 """Wire encoding, validation and the inbox: no sockets needed."""
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent import futures
@@ -15,7 +16,7 @@ from peer.transport.inproc import InprocHub, InprocTransport
 from peer.transport.grpc_transport import GrpcTransport, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
-from peer.transport.serde import ModelMessage, TensorSpec, WireError, decode, encode, join_chunks
+from peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
 
 SPECS = (TensorSpec("0.weight", "float32", (3, 4)), TensorSpec("0.bias", "float32", (3,)))
 D = 15
@@ -91,6 +92,61 @@ def test_oversized_and_truncated_streams_are_rejected():
     assert err.value.reason == "no_header"
 
 
+def test_a_header_without_a_sender_is_not_client_0():
+    chunks = encode(0, 0, vec(), SPECS)
+    assert chunks[0].header.HasField("sender")  # encode always sets it, 0 included
+    assert roundtrip(chunks).sender == 0
+    chunks[0].header.ClearField("sender")
+    with pytest.raises(WireError) as err:
+        roundtrip(chunks)
+    assert err.value.reason == "no_sender"
+
+
+def test_implausible_values_and_declared_sizes_are_rejected():
+    limits = Plausible(max_abs_value=1e6, max_num_samples=1000)
+
+    def check(chunks):
+        header, payload, wire = join_chunks(iter(chunks), 1 << 20)
+        return decode(header, payload, SPECS, wire, limits)
+
+    for big in (3.4e38, -3.4e38, 1.0000001e6, -2e6):
+        v = vec()
+        v[7] = big
+        with pytest.raises(WireError) as err:
+            check(encode(1, 0, v, SPECS, num_samples=10))
+        assert err.value.reason == "implausible"
+    v = vec()
+    v[0] = 1e6  # the bound itself is allowed
+    assert check(encode(1, 0, v, SPECS, num_samples=10)).vector[0] == 1e6
+    for n in (0, 1001, 2**64 - 1):
+        with pytest.raises(WireError) as err:
+            check(encode(1, 0, vec(), SPECS, num_samples=n))
+        assert err.value.reason == "implausible_samples"
+    assert check(encode(1, 0, vec(), SPECS, num_samples=1000)).num_samples == 1000
+
+
+def test_a_declared_loss_out_of_range_reads_as_absent():
+    limits = Plausible(max_train_loss=1e6)
+    for loss, read in [(0.5, 0.5), (0.0, 0.0), (1e6, 1e6), (1e7, None), (-0.1, None), (float("nan"), None), (float("inf"), None), (float("-inf"), None)]:
+        header, payload, wire = join_chunks(iter(encode(1, 0, vec(), SPECS, train_loss=loss)), 1 << 20)
+        got = decode(header, payload, SPECS, wire, limits).train_loss
+        assert (np.isnan(got) if read is None else got == read), (loss, got)
+
+
+def test_text_from_a_message_is_escaped_and_cut_in_the_error():
+    forged = "0.weight\n2026-01-01 00:00:00 ERROR peer.node: forged" + "x" * 500
+    wrong = (TensorSpec(forged, "float32", (3, 4)), SPECS[1])
+    with pytest.raises(WireError) as err:
+        roundtrip(encode(1, 0, vec(), wrong))
+    assert err.value.reason == "shape_mismatch" and "\n" not in str(err.value) and len(str(err.value)) < 200
+    bad_dtype = (TensorSpec("0.weight", "\x1b[31mfloat32\r", (3, 4)), SPECS[1])
+    chunks = encode(1, 0, vec(), SPECS)
+    chunks[0].header.tensors[0].dtype = bad_dtype[0].dtype
+    with pytest.raises(WireError) as err:
+        roundtrip(chunks)
+    assert err.value.reason == "dtype_mismatch" and "\x1b" not in str(err.value) and "\r" not in str(err.value)
+
+
 def msg(sender, rnd):
     return ModelMessage(sender=sender, round=rnd, vector=vec(sender), nbytes=10)
 
@@ -131,6 +187,37 @@ def test_inbox_wait_wakes_on_arrival_and_on_gone():
     # a message from a peer marked gone brings it back
     inbox.offer(msg(2, 1))
     assert 2 not in inbox.gone()
+
+
+def test_a_stale_message_is_no_sign_of_life():
+    # Messages for rounds already passed, sent in the name of a neighbour presumed gone, must
+    # not make this client wait for it again: anyone who can send in its name could replay them.
+    inbox = Inbox(0, [1, 2], 3, 2)
+    inbox.advance(5)
+    inbox.set_gone(2)
+    for r in range(5):
+        assert inbox.offer(msg(2, r)) == (False, "stale_round")
+    assert 2 in inbox.gone() and inbox.stale == 5
+    t0 = time.monotonic()
+    inbox.offer(msg(1, 5))
+    assert set(inbox.wait(5, [1, 2], timeout=10.0)) == {1}  # not waiting for 2
+    assert time.monotonic() - t0 < 5.0
+    # A message for the current round or the window ahead does bring it back.
+    assert inbox.offer(msg(2, 6)) == (True, "")
+    assert 2 not in inbox.gone()
+
+
+def test_rejections_and_stale_messages_are_counted_each_but_logged_rarely(caplog):
+    inbox = Inbox(0, [1], 3, 2)
+    inbox.advance(5)
+    with caplog.at_level(logging.INFO, logger="peer.transport.inbox"):
+        for _ in range(1000):
+            inbox.offer(msg(2, 5))  # not a neighbour
+            inbox.offer(msg(1, 99))  # far future
+            inbox.offer(msg(1, 1))  # stale
+    assert dict(inbox.rejected) == {"not_neighbour": 1000, "future_round": 1000} and inbox.stale == 1000
+    assert len(caplog.records) == 3  # one line per reason within the 10 s
+    assert all(r.exc_info is None for r in caplog.records)
 
 
 def test_inbox_wakes_the_round_loop_only_when_its_round_is_complete():
