@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.registry import build_from_registry, check_choice, check_int, check_real
+from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int, check_real
 
 __all__ = [
     "ALIE",
@@ -42,6 +42,10 @@ __all__ = [
     "alie_z_max",
     "make_attack",
 ]
+
+
+ATTACK_REGISTRY = Registry("attack", "dfedrw.attacks")
+"""The attacks by name; settings in a scenario's ``[attack.NAME]``."""
 
 
 @runtime_checkable
@@ -75,6 +79,7 @@ def _mean(received: torch.Tensor) -> torch.Tensor:
 _GAUSSIAN_CENTERS = ("received_mean", "zero")
 
 
+@ATTACK_REGISTRY.register("gaussian")
 @dataclass(frozen=True)
 class Gaussian:
     """Gaussian attack: a random model around a centre.
@@ -111,6 +116,7 @@ class Gaussian:
         return message.to(torch.float32)
 
 
+@ATTACK_REGISTRY.register("sign_flip")
 @dataclass(frozen=True)
 class SignFlip:
     """Sign-flipping attack: the benign models' mean scaled by a negative factor.
@@ -165,6 +171,7 @@ def alie_z_max(num_clients: int, num_byzantine: int) -> float:
     return NormalDist().inv_cdf((n - supporters) / n)
 
 
+@ATTACK_REGISTRY.register("alie")
 @dataclass(frozen=True)
 class ALIE:
     """"A Little Is Enough": shift the benign mean by z standard deviations per coordinate.
@@ -210,13 +217,6 @@ class ALIE:
         models = received.to(torch.float64)
         std = models.std(dim=0, correction=0)
         return (models.mean(dim=0) - self.z_used * std).to(torch.float32)
-
-
-ATTACK_REGISTRY: dict[str, type] = {
-    "gaussian": Gaussian,
-    "sign_flip": SignFlip,
-    "alie": ALIE,
-}
 
 
 def make_attack(name: str, **params: object) -> Attack:

@@ -30,7 +30,8 @@ float64 keeps "sums to 1" at the 1e-15 level. The mean used as a threshold is an
 rounded sum (``math.fsum``), so the output does not depend on the order of the candidates.
 
 Adding a strategy: subclass :class:`ReweightingStrategy`, implement ``weigh`` (it only ever
-sees >= 2 finite, not-all-equal scores), and register the class in :data:`CRS_REGISTRY`.
+sees >= 2 finite, not-all-equal scores), and register the class with
+``@CRS_REGISTRY.register("name")``; its dataclass fields are its scenario settings.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.registry import build_from_registry, check_choice, check_real
+from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_real
 
 __all__ = [
     "CRS",
@@ -56,6 +57,10 @@ __all__ = [
     "apply_crs_contract",
     "make_crs",
 ]
+
+
+CRS_REGISTRY = Registry("crs", "dfedrw.crs")
+"""The CRSs by name; settings in a scenario's ``[aggregation.crs_params.NAME]``."""
 
 
 @runtime_checkable
@@ -138,6 +143,7 @@ class ReweightingStrategy:
         return apply_crs_contract(scores, self.weigh, owner=type(self).__name__)
 
 
+@CRS_REGISTRY.register("softmax")
 @dataclass(frozen=True)
 class Softmax(ReweightingStrategy):
     """Temperature-scaled softmax over the scores (client fairness).
@@ -147,15 +153,17 @@ class Softmax(ReweightingStrategy):
     Source: paper, eq. (combination-fairness-acc), TPM = accuracy, T in {0.01, 0.1, 0.5}. A
     smaller T concentrates the weight on the best candidates. The paper does not say whether
     accuracy is a fraction or a percentage; ``scale`` makes both readings available (1 for a
-    fraction in [0, 1], 100 for percent: ``scale=100, T=10`` equals ``scale=1, T=0.1``). A
-    negative ``scale`` prefers low scores, e.g. a softmax over losses.
+    fraction in [0, 1], 100 for percent: ``scale=100, T=10`` equals ``scale=1, T=0.1``). The
+    defaults, ``T = 0.1`` and ``scale = 100`` (accuracy in percent), are what reproduces the
+    paper's fairness table (docs/results). A negative ``scale`` prefers low scores, e.g. a
+    softmax over losses.
 
     Computed as ``exp(factor * (m_i - m_ref))`` with ``m_ref`` the best score (log-sum-exp
     shift), so it never overflows; a vanishing T tends to a uniform split over the arg-max.
     """
 
-    temperature: float
-    scale: float = 1.0
+    temperature: float = 0.1
+    scale: float = 100.0
 
     def __post_init__(self) -> None:
         temperature = check_real("Softmax", "temperature", self.temperature, positive=True)
@@ -179,6 +187,7 @@ class Softmax(ReweightingStrategy):
 _LOSS_CLIP_WEIGHTINGS = ("proportional", "inverse", "uniform")
 
 
+@CRS_REGISTRY.register("loss_clip_mean")
 @dataclass(frozen=True)
 class LossClippedAtMean(ReweightingStrategy):
     """Loss clipping at the mean (Byzantine robustness; TPM = loss).
@@ -225,6 +234,7 @@ class LossClippedAtMean(ReweightingStrategy):
         return torch.where(kept, smallest / safe, zero)
 
 
+@CRS_REGISTRY.register("acc_clip_mean")
 @dataclass(frozen=True)
 class AccuracyClippedAtMean(ReweightingStrategy):
     """Accuracy clipping at the mean (alternative Byzantine-robust pair; TPM = accuracy).
@@ -242,6 +252,7 @@ class AccuracyClippedAtMean(ReweightingStrategy):
         return raw if bool(raw.sum() > 0) else kept.to(torch.float64)
 
 
+@CRS_REGISTRY.register("proportional")
 @dataclass(frozen=True)
 class Proportional(ReweightingStrategy):
     """Weights proportional to the scores (group fairness with TPM = accuracy).
@@ -258,6 +269,7 @@ class Proportional(ReweightingStrategy):
         return scores.clamp(min=0.0)
 
 
+@CRS_REGISTRY.register("clip")
 @dataclass(frozen=True)
 class Clip(ReweightingStrategy):
     """Weights proportional to the scores clipped to ``[0, threshold]`` (fast convergence).
@@ -268,7 +280,7 @@ class Clip(ReweightingStrategy):
     candidates scoring >= t tie, so no single very high score can take all the weight.
     """
 
-    threshold: float
+    threshold: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -277,15 +289,6 @@ class Clip(ReweightingStrategy):
 
     def weigh(self, scores: torch.Tensor) -> torch.Tensor:
         return scores.clamp(min=0.0, max=self.threshold)
-
-
-CRS_REGISTRY: dict[str, type] = {
-    "softmax": Softmax,
-    "loss_clip_mean": LossClippedAtMean,
-    "acc_clip_mean": AccuracyClippedAtMean,
-    "proportional": Proportional,
-    "clip": Clip,
-}
 
 
 def make_crs(name: str, **params: object) -> CRS:
