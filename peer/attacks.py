@@ -38,6 +38,7 @@ __all__ = [
     "ATTACK_REGISTRY",
     "Attack",
     "Gaussian",
+    "IPM",
     "SignFlip",
     "alie_z_max",
     "make_attack",
@@ -218,6 +219,40 @@ class ALIE:
         std = models.std(dim=0, correction=0)
         return (models.mean(dim=0) - self.z_used * std).to(torch.float32)
 
+
+
+@ATTACK_REGISTRY.register("ipm")
+@dataclass(frozen=True)
+class IPM:
+    """Inner product manipulation: send the benign mean reversed and shrunk by epsilon.
+
+    ``message = -epsilon * mean(received)``, default ``epsilon = 0.1``; silent (None) if
+    nothing was received. A small epsilon keeps the message close to the benign models (so
+    distance-based rules such as Krum or the median let it through) while making its inner
+    product with the true mean negative.
+
+    Source: Xie, Koyejo and Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD by Inner
+    Product Manipulation", UAI 2019 (PMLR 115, 2020), where the Byzantine workers send
+    ``-epsilon`` times the mean of the correct gradients; here, as for the sign-flip attack,
+    applied to the models a client received.
+
+    THREAT MODEL: knows only the models its neighbours sent it this round; no collusion;
+    deterministic, every receiver gets the same message; does not know the receiver's own
+    model.
+    """
+
+    epsilon: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_real("IPM", "epsilon", self.epsilon, positive=True))
+
+    def __call__(
+        self, received: torch.Tensor, receiver: int, generator: torch.Generator
+    ) -> torch.Tensor | None:
+        received = _check_call("IPM", received, receiver, generator)
+        if received.shape[0] == 0:
+            return None
+        return (-self.epsilon * _mean(received)).to(torch.float32)
 
 def make_attack(name: str, **params: object) -> Attack:
     """Build the attack registered as ``name`` with keyword ``params`` (checked, see registry)."""
