@@ -49,6 +49,7 @@ from peer.aggregation.tpm import Accuracy
 __all__ = [
     "AccuracyAboveMean",
     "Balance",
+    "CenteredClipping",
     "Flame",
     "GeometricMedian",
     "Krum",
@@ -524,6 +525,52 @@ class Balance:
         else:
             weights[finite.own] = 1.0
         return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
+
+
+# ---------------------------------------------------------------- centered clipping
+
+
+@RULE_REGISTRY.register("centered_clipping")
+@dataclass(frozen=True)
+class CenteredClipping:
+    """Centered clipping: move from the own model by the mean of the clipped differences.
+
+    ``v_0 = w_k`` (the own half-step model, row 0), then ``iterations`` times
+    ``v <- v + 1/C * sum_i clip_tau(w_i - v)`` with ``clip_tau(z) = z * min(1, tau / ||z||)``,
+    over the ``C`` finite candidates (own model included); ``w_k^{t+1} = v``.
+
+    Each step is ``v <- (1 - sum_i s_i / C) v + sum_i (s_i / C) w_i`` with
+    ``s_i = min(1, tau / ||w_i - v||)`` in ``[0, 1]``, so ``v`` stays a convex combination of
+    the candidates and the reported weights are exactly its coefficients. A candidate within
+    ``tau`` of ``v`` pulls with its full difference; a far one (a Byzantine model) moves ``v``
+    by at most ``tau / C``. With a non-finite own model there is no centre, so the client
+    keeps its own model.
+
+    Source: Karimireddy, He and Jaggi, "Learning from History for Byzantine Robust
+    Optimization", ICML 2021 (Algorithm 2, centered clipping, started from the previous
+    aggregate; in DFL the client's own model stands in for it).
+    """
+
+    tau: float = 10.0
+    iterations: int = 3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tau", check_real("CenteredClipping", "tau", self.tau, positive=True))
+        check_int("CenteredClipping", "iterations", self.iterations, minimum=1)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        if finite.own is None:
+            return _keep_own(inputs)
+        count = len(finite.ids)
+        coefficients = torch.zeros(count, dtype=torch.float64)
+        coefficients[finite.own] = 1.0
+        for _ in range(self.iterations):
+            centre = _combine(finite, coefficients)
+            distances = torch.linalg.vector_norm(finite.rows - centre, dim=1).cpu()
+            shares = torch.where(distances > self.tau, self.tau / distances, torch.ones_like(distances))
+            coefficients = (1.0 - float(shares.sum()) / count) * coefficients + shares / count
+        return _aggregate(inputs, _combine(finite, coefficients), _by_id(finite, coefficients))
 
 
 # ---------------------------------------------------------------- q-FDFL
