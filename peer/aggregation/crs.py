@@ -52,6 +52,7 @@ __all__ = [
     "Clip",
     "LossClippedAtMean",
     "Proportional",
+    "Rank",
     "ReweightingStrategy",
     "Softmax",
     "apply_crs_contract",
@@ -290,6 +291,37 @@ class Clip(ReweightingStrategy):
     def weigh(self, scores: torch.Tensor) -> torch.Tensor:
         return scores.clamp(min=0.0, max=self.threshold)
 
+
+
+_RANK_PREFERENCES = ("low", "high")
+
+
+@CRS_REGISTRY.register("rank")
+@dataclass(frozen=True)
+class Rank(ReweightingStrategy):
+    """Rank-based weights: the best score gets C, the next C - 1, ..., the worst 1.
+
+    ``r_i = |{j : m_j better than m_i}| + (|{j != i : m_j = m_i}|) / 2`` (0 for the best,
+    ties share their mean rank), ``v_i = (C - r_i) / sum_j (C - r_j)`` over the C finite
+    scores. ``prefer="low"`` (default, for the loss TPM) ranks low scores best, ``"high"``
+    (for accuracy) high ones. Only the order of the scores matters, not their scale, so one
+    extreme score cannot take all the weight; the worst candidate keeps weight 1 / sum.
+
+    Source: rank weighting as in Borda count aggregation; here a CRS in the sense of the
+    paper's eq. (agg), ``v_i = s(m_i, M_k)``.
+    """
+
+    prefer: str = "low"
+
+    def __post_init__(self) -> None:
+        check_choice("Rank", "prefer", self.prefer, _RANK_PREFERENCES)
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        values = scores if self.prefer == "low" else -scores
+        count = values.shape[0]
+        better = (values[None, :] < values[:, None]).sum(dim=1).to(torch.float64)
+        ties = (values[None, :] == values[:, None]).sum(dim=1).to(torch.float64) - 1
+        return count - (better + ties / 2)
 
 def make_crs(name: str, **params: object) -> CRS:
     """Build the CRS registered as ``name`` with keyword ``params`` (checked, see registry)."""

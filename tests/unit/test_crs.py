@@ -19,6 +19,7 @@ from peer.aggregation.crs import (
     Clip,
     LossClippedAtMean,
     Proportional,
+    Rank,
     Softmax,
     apply_crs_contract,
     make_crs,
@@ -37,6 +38,8 @@ ALL_CRS = [
     AccuracyClippedAtMean(),
     Proportional(),
     Clip(threshold=2.0),
+    Rank(),
+    Rank(prefer="high"),
 ]
 CRS_IDS = [repr(c) for c in ALL_CRS]
 
@@ -461,3 +464,27 @@ def test_loss_clip_never_weights_a_far_outlier(honest, outlier):
     # Assert
     for weight in weights.values():
         assert weight[-1].item() == 0.0
+
+
+def test_rank_hand_computed():
+    # Prepare: losses (0.3, 0.1, 0.2) -> ranks (2, 0, 1), C - rank = (1, 3, 2), sum 6
+    crs = Rank()
+
+    # Execute
+    weights = crs(scores(0.3, 0.1, 0.2))
+
+    # Assert
+    assert_weights(weights, [1 / 6, 3 / 6, 2 / 6])
+    # prefer="high" (accuracies): the same scores rank the other way round -> (3, 1, 2) / 6
+    assert_weights(Rank(prefer="high")(scores(0.3, 0.1, 0.2)), [3 / 6, 1 / 6, 2 / 6])
+    # Ties share their mean rank: (0.1, 0.1, 0.5) -> ranks (0.5, 0.5, 2) -> (2.5, 2.5, 1) / 6
+    assert_weights(crs(scores(0.1, 0.1, 0.5)), [2.5 / 6, 2.5 / 6, 1 / 6])
+    # Only the order matters; a NaN gets 0 and is not ranked: (5, NaN, 1e300) -> (2, 0, 1) / 3
+    assert_weights(crs(scores(5.0, NAN, 1e300)), [2 / 3, 0.0, 1 / 3])
+    assert make_crs("rank", prefer="high") == Rank("high")
+
+
+@pytest.mark.parametrize("prefer", ["lowest", "", 1, None])
+def test_rank_refuses_bad_preference(prefer):
+    with pytest.raises(ValueError, match="Rank: prefer must be one of"):
+        Rank(prefer=prefer)
