@@ -9,6 +9,7 @@
     dfedrw export SWEEP_DIR --out DIR
     dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N] [--user UID:GID]
     dfedrw summarize OUT [--scenario FILE]
+    dfedrw list [rules|tpms|crs|attacks] [--plugin module:Class ...] [--module MODULE ...] [--markdown | --readme FILE]
 
 Every ``peer`` flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID,
 DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT),
@@ -218,6 +219,17 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 1 if summary["failed_peers"] else 0
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    from peer.plugins import list_registered, sync_readme
+
+    if args.readme:
+        fresh = sync_readme(args.readme)
+        print(f"{args.readme}: registry tables {'already up to date' if fresh else 'rewritten'}")
+        return 0
+    print(list_registered(args.kind, plugins=args.plugin, modules=args.module, markdown=args.markdown))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dfedrw", description="Decentralized federated learning with DFedReweighting.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -286,6 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("out", type=Path, metavar="OUT", help="results folder holding peers/<id>.json(l)")
     sm.add_argument("--scenario", type=Path, default=None, metavar="FILE", help="the run's scenario (default: OUT/scenario.toml)")
     sm.set_defaults(func=cmd_summarize)
+
+    ls = sub.add_parser("list", help="list the registered rules, TPMs, CRSs and attacks with their settings")
+    ls.add_argument("kind", nargs="?", choices=("rules", "tpms", "crs", "attacks"), help="one kind (default: all)")
+    ls.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS", help="also describe this import path (repeatable)")
+    ls.add_argument("--module", action="append", default=[], metavar="MODULE", help="import this module first, e.g. one that registers classes (repeatable)")
+    ls.add_argument("--markdown", action="store_true", help="print the README's markdown tables")
+    ls.add_argument("--readme", type=Path, default=None, metavar="FILE", help="rewrite the tables between <!-- registry:KIND --> markers of FILE")
+    ls.set_defaults(func=cmd_list)
     return parser
 
 

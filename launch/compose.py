@@ -40,6 +40,7 @@ from peer.config import Scenario, dump_scenario
 from peer.data import DEFAULT_DIRS
 from peer.identity import CA_FILE, IdentityError, cert_file, key_file, load_identity, make_certificates, run_id_of
 from peer.node import scenario_topology
+from peer.plugins import ATTACK_REGISTRY
 
 IMAGE = "dfedrw:latest"
 ONLINE_BASE_IMAGE = "python:3.11-slim"
@@ -252,7 +253,7 @@ def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mou
     header = [
         f"# {len(services)} DFedReweighting clients, one container each (written by `dfedrw compose`).",
         f"# Byzantine clients: {', '.join(map(str, byzantine)) or 'none'}; each takes its attack from the",
-        f"# {ATTACK_ENV} line of its service (one of none, gaussian, sign_flip, alie).",
+        f"# {ATTACK_ENV} line of its service (one of none, {', '.join(ATTACK_REGISTRY.names())}, or module:Class).",
         "# Build once, run, then summarize (README.md):",
         "#   docker-compose build && docker-compose up",
         f"#   docker-compose run --rm {SUMMARIZE_SERVICE}",

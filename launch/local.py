@@ -34,7 +34,8 @@ from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.data import check_dataset
 from peer.identity import load_identity, make_certificates
-from peer.node import attack_for, client_rule, scenario_topology
+from peer.node import client_rule, scenario_topology
+from peer.plugins import build_attack
 from peer.results import write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
@@ -93,7 +94,7 @@ def preflight(scenario: Scenario) -> None:
     topology = scenario_topology(scenario)
     for k in range(topology.num_clients):
         if k in topology.byzantine:
-            attack_for(scenario.attack, topology.num_clients, len(topology.byzantine))
+            build_attack(scenario, topology.num_clients, len(topology.byzantine))
         else:
             client_rule(scenario, topology, k)
     check_dataset(scenario.data.name, scenario.data.dir or None)

@@ -31,17 +31,22 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.registry import build_from_registry, check_choice, check_int, check_real
+from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int, check_real
 
 __all__ = [
     "ALIE",
     "ATTACK_REGISTRY",
     "Attack",
     "Gaussian",
+    "IPM",
     "SignFlip",
     "alie_z_max",
     "make_attack",
 ]
+
+
+ATTACK_REGISTRY = Registry("attack", "dfedrw.attacks")
+"""The attacks by name; settings in a scenario's ``[attack.NAME]``."""
 
 
 @runtime_checkable
@@ -75,6 +80,7 @@ def _mean(received: torch.Tensor) -> torch.Tensor:
 _GAUSSIAN_CENTERS = ("received_mean", "zero")
 
 
+@ATTACK_REGISTRY.register("gaussian")
 @dataclass(frozen=True)
 class Gaussian:
     """Gaussian attack: a random model around a centre.
@@ -111,6 +117,7 @@ class Gaussian:
         return message.to(torch.float32)
 
 
+@ATTACK_REGISTRY.register("sign_flip")
 @dataclass(frozen=True)
 class SignFlip:
     """Sign-flipping attack: the benign models' mean scaled by a negative factor.
@@ -165,6 +172,7 @@ def alie_z_max(num_clients: int, num_byzantine: int) -> float:
     return NormalDist().inv_cdf((n - supporters) / n)
 
 
+@ATTACK_REGISTRY.register("alie")
 @dataclass(frozen=True)
 class ALIE:
     """"A Little Is Enough": shift the benign mean by z standard deviations per coordinate.
@@ -212,12 +220,39 @@ class ALIE:
         return (models.mean(dim=0) - self.z_used * std).to(torch.float32)
 
 
-ATTACK_REGISTRY: dict[str, type] = {
-    "gaussian": Gaussian,
-    "sign_flip": SignFlip,
-    "alie": ALIE,
-}
 
+@ATTACK_REGISTRY.register("ipm")
+@dataclass(frozen=True)
+class IPM:
+    """Inner product manipulation: send the benign mean reversed and shrunk by epsilon.
+
+    ``message = -epsilon * mean(received)``, default ``epsilon = 0.1``; silent (None) if
+    nothing was received. A small epsilon keeps the message close to the benign models (so
+    distance-based rules such as Krum or the median let it through) while making its inner
+    product with the true mean negative.
+
+    Source: Xie, Koyejo and Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD by Inner
+    Product Manipulation", UAI 2019 (PMLR 115, 2020), where the Byzantine workers send
+    ``-epsilon`` times the mean of the correct gradients; here, as for the sign-flip attack,
+    applied to the models a client received.
+
+    THREAT MODEL: knows only the models its neighbours sent it this round; no collusion;
+    deterministic, every receiver gets the same message; does not know the receiver's own
+    model.
+    """
+
+    epsilon: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_real("IPM", "epsilon", self.epsilon, positive=True))
+
+    def __call__(
+        self, received: torch.Tensor, receiver: int, generator: torch.Generator
+    ) -> torch.Tensor | None:
+        received = _check_call("IPM", received, receiver, generator)
+        if received.shape[0] == 0:
+            return None
+        return (-self.epsilon * _mean(received)).to(torch.float32)
 
 def make_attack(name: str, **params: object) -> Attack:
     """Build the attack registered as ``name`` with keyword ``params`` (checked, see registry)."""

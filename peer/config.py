@@ -6,15 +6,22 @@ A scenario file has the sections below (every key optional; defaults in the data
     [data]        name, dir, partition, aux_fraction, local_test_size, labelskew_assign
     [train]       model, hidden, lr, batch_size, local_steps, init
     [topology]    kind, rho, file, honest, byzantine
-    [attack]      name, std, center, scale, z
-    [aggregation] rule, tpm, crs, temperature, accuracy_scale, loss_clip_weighting,
-                  clip_threshold, tpm_accuracy_weight, tpm_loss_weight, dfedavg_weighting,
-                  assumed_byzantine, multi_krum_m, flame_noise, balance_gamma, balance_kappa,
-                  balance_alpha, q
+    [attack]      name                       [attack.NAME]  the attack's settings
+    [aggregation] rule, tpm, crs, assumed_byzantine
+                  [aggregation.RULE]  [aggregation.tpm_params.TPM]  [aggregation.crs_params.CRS]
     [network]     transport, host, round_timeout, round_window, max_missed_rounds,
                   connect_timeout, chunk_bytes, max_message_bytes
     [eval]        every
-    [peers.K.aggregation]  per-client overrides of any [aggregation] key for client K
+    [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
+
+A rule, TPM, CRS or attack is a class registered by name (peer/aggregation/registry.py) or an
+import path ``module:Class``; its constructor's parameters are its settings, set in its own
+table (``[aggregation.balance] gamma = 2``, ``[attack.alie] z = 1.5``) and checked by the class.
+Loading a scenario builds every rule, TPM, CRS and attack it configures once, so a bad value
+fails here with one line, in every entry point. The flat keys of earlier versions
+(``aggregation.balance_gamma``, ``attack.std``, ...: :data:`LEGACY`) are still read, and a
+scenario's identity (:func:`scenario_changes`) is written with them where they exist, so runs
+of earlier versions keep their folder hashes.
 
 Unknown keys and bad values raise :class:`ScenarioError` naming the key and the valid choices.
 Every number has a checked range (NaN and infinity are refused): the bounds are far beyond any
@@ -35,25 +42,12 @@ from typing import Any
 
 import tomli_w
 
+from peer.aggregation.registry import Registry
+from peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
+
 DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("softmax_regression", "mlp")
 TOPOLOGIES = ("erdos_renyi", "ring", "complete", "edgelist")
-ATTACKS = ("none", "gaussian", "sign_flip", "alie")
-RULES = (
-    "dfedreweighting",
-    "dfedavg",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "multi_krum",
-    "geometric_median",
-    "flame",
-    "balance",
-    "qfdfl",
-    "acc_above_mean",
-)
-TPMS = ("accuracy", "loss", "combined")
-CRSS = ("softmax", "loss_clip_mean", "acc_clip_mean", "proportional", "clip")
 # "torch" (torch.distributed point-to-point) is valid only for clients started by torchrun.
 TRANSPORTS = ("grpc", "inproc", "torch")
 
@@ -176,76 +170,325 @@ class TopologyConfig:
         return self.honest + self.byzantine
 
 
+# A class's settings table, frozen so the configs stay hashable: ((class name, ((setting,
+# value), ...)), ...), both levels sorted. It holds only values that differ from the class's
+# defaults, so equal settings compare equal however they were written.
+Params = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
+
+# The flat keys of earlier versions -> (kind, class name, setting) of the place they now have,
+# in the order the old [aggregation] and [attack] tables listed them. A legacy value spelled
+# as in _LEGACY_UNSET means "the class's default" (None).
+LEGACY: dict[str, tuple[str, str, str]] = {
+    "aggregation.temperature": ("crs", "softmax", "temperature"),
+    "aggregation.accuracy_scale": ("crs", "softmax", "scale"),
+    "aggregation.loss_clip_weighting": ("crs", "loss_clip_mean", "weighting"),
+    "aggregation.clip_threshold": ("crs", "clip", "threshold"),
+    "aggregation.tpm_accuracy_weight": ("tpm", "combined", "accuracy"),
+    "aggregation.tpm_loss_weight": ("tpm", "combined", "loss"),
+    "aggregation.dfedavg_weighting": ("rule", "dfedavg", "weighting"),
+    "aggregation.multi_krum_m": ("rule", "multi_krum", "m"),
+    "aggregation.flame_noise": ("rule", "flame", "noise"),
+    "aggregation.flame_cluster_on": ("rule", "flame", "cluster_on"),
+    "aggregation.balance_gamma": ("rule", "balance", "gamma"),
+    "aggregation.balance_kappa": ("rule", "balance", "kappa"),
+    "aggregation.balance_alpha": ("rule", "balance", "alpha"),
+    "aggregation.q": ("rule", "qfdfl", "q"),
+    "attack.std": ("attack", "gaussian", "std"),
+    "attack.center": ("attack", "gaussian", "center"),
+    "attack.scale": ("attack", "sign_flip", "scale"),
+    "attack.z": ("attack", "alie", "z"),
+}
+_LEGACY_UNSET = {"aggregation.multi_krum_m": 0, "attack.z": "auto"}
+# Where assumed_byzantine stood among the old [aggregation] keys (identity order).
+_LEGACY_AGGREGATION_ORDER = (
+    "temperature", "accuracy_scale", "loss_clip_weighting", "clip_threshold", "tpm_accuracy_weight",
+    "tpm_loss_weight", "dfedavg_weighting", "assumed_byzantine", "multi_krum_m", "flame_noise",
+    "flame_cluster_on", "balance_gamma", "balance_kappa", "balance_alpha", "q",
+)
+
+_KIND_REGISTRY: dict[str, Registry] = {"rule": RULE_REGISTRY, "tpm": TPM_REGISTRY, "crs": CRS_REGISTRY, "attack": ATTACK_REGISTRY}
+
+
+def _table_path(prefix: str, kind: str, name: str) -> str:
+    """The scenario key of a class's settings table, e.g. ``aggregation.crs_params.softmax``."""
+    if kind in ("tpm", "crs"):
+        return f"{prefix}.{kind}_params.{_toml_key(name)}"
+    return f"{prefix}.{_toml_key(name)}"
+
+
+def _toml_key(name: str) -> str:
+    return name if name.replace("_", "").replace("-", "").isalnum() else f'"{name}"'
+
+
+def _freeze(tables: Mapping[str, Mapping[str, Any]]) -> Params:
+    return tuple(sorted((name, tuple(sorted(t.items()))) for name, t in tables.items() if t))
+
+
+def _thaw(params: Params) -> dict[str, dict[str, Any]]:
+    return {name: dict(items) for name, items in params}
+
+
+def _frozen_value(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_frozen_value(v) for v in value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _frozen_value(v)) for k, v in value.items()))
+    return value
+
+
+def _toml_value(value: Any) -> Any:
+    return [_toml_value(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _default(kind: str, name: str, setting: str) -> Any:
+    for s in _KIND_REGISTRY[kind].settings(name):
+        if s.name == setting:
+            return None if s.default is s.REQUIRED else s.default
+    return None
+
+
+def _resolve(kind: str, name: Any, key: str) -> None:
+    if not isinstance(name, str):
+        raise ScenarioError(f"{key}={name!r}: expected a string")
+    try:
+        _KIND_REGISTRY[kind].resolve(name)
+    except ValueError as exc:
+        raise ScenarioError(f"{key}={name!r}: {exc}") from None
+
+
+class _Tables:
+    """Mutable settings tables of one config while it is parsed: kind -> name -> setting -> value,
+    and which scenario key set each value (for messages)."""
+
+    def __init__(self, params: Mapping[str, Params], origins: Params) -> None:
+        self.tables = {kind: _thaw(p) for kind, p in params.items()}
+        self.origins = {tuple(k.split("\0")): dict(v)["key"] for k, v in origins} if origins else {}
+
+    def set(self, kind: str, name: str, setting: str, value: Any, key: str, *, unset: bool = False) -> None:
+        registry = _KIND_REGISTRY[kind]
+        if not isinstance(setting, str):
+            raise ScenarioError(f"{key}: setting names are strings")
+        table = self.tables.setdefault(kind, {}).setdefault(name, {})
+        if unset:
+            table.pop(setting, None)
+            return
+        try:
+            value = registry.coerce(name, setting, value)
+        except ValueError as exc:
+            raise ScenarioError(f"{key}={value!r}: {exc}") from None
+        value = _frozen_value(value)
+        default = _default(kind, name, setting)
+        if value == default and type(value) is type(default):
+            table.pop(setting, None)
+        else:
+            table[setting] = value
+            self.origins[(kind, name, setting)] = key
+
+    def table(self, kind: str, name: str, values: Any, key: str) -> None:
+        _resolve(kind, name, key)
+        if not isinstance(values, Mapping):
+            raise ScenarioError(f"{key} must be a table of {name!r}'s settings, got {values!r}")
+        for setting, value in values.items():
+            self.set(kind, name, setting, value, f"{key}.{setting}")
+
+    def legacy(self, legacy_key: str, value: Any, key: str) -> None:
+        kind, name, setting = LEGACY[legacy_key]
+        unset = legacy_key in _LEGACY_UNSET and value == _LEGACY_UNSET[legacy_key] and not isinstance(value, bool)
+        self.set(kind, name, setting, value, key, unset=unset)
+
+    def frozen(self, kind: str) -> Params:
+        return _freeze(self.tables.get(kind, {}))
+
+    def frozen_origins(self) -> Params:
+        return tuple(sorted(("\0".join(k), (("key", v),)) for k, v in self.origins.items()))
+
+
+def _origin(origins: Params, kind: str, name: str, setting: str) -> str | None:
+    for k, v in origins:
+        if k == "\0".join((kind, name, setting)):
+            return dict(v)["key"]
+    return None
+
+
 @dataclass(frozen=True)
 class AttackConfig:
+    """``name``: ``"none"``, a registered attack or ``module:Class``; ``attack_params``: the
+    settings tables ``[attack.NAME]`` (every one given is checked, the named one is used)."""
+
     name: str = "none"
-    std: float = 30.0            # gaussian
-    center: str = "received_mean"  # gaussian: "received_mean" or "zero"
-    scale: float = -10.0         # sign_flip
-    z: float | str = "auto"      # alie: a number, or "auto" for the ALIE paper's z_max
+    attack_params: Params = ()
+    # Not part of the identity: where the config came from, for messages.
+    prefix: str = field(default="attack", compare=False, repr=False)
+    origins: Params = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        _choice("attack.name", self.name, ATTACKS)
-        _choice("attack.center", self.center, ("received_mean", "zero"))
-        _in_range("attack.std", self.std, 0.0, MAX_MAGNITUDE)
-        _in_range("attack.scale", self.scale, -MAX_MAGNITUDE, MAX_MAGNITUDE)
-        if isinstance(self.z, str):
-            if self.z != "auto":
-                raise ScenarioError(f"attack.z={self.z!r} must be a number or 'auto'")
-        else:
-            _in_range("attack.z", self.z, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+        if self.name != "none":
+            _resolve("attack", self.name, f"{self.prefix}.name")
+
+    def params(self, name: str | None = None) -> dict[str, Any]:
+        """The settings of attack ``name`` (default: the one in use) that differ from its defaults."""
+        return dict(_thaw(self.attack_params).get(self.name if name is None else name, {}))
+
+    def key(self, name: str, setting: str | None = None) -> str:
+        """The scenario key that set ``setting`` of ``name`` (or of its table)."""
+        table = _table_path(self.prefix, "attack", name)
+        if setting is None:
+            return table
+        return _origin(self.origins, "attack", name, setting) or f"{table}.{setting}"
 
 
 @dataclass(frozen=True)
 class AggregationConfig:
+    """``rule``, ``tpm``, ``crs``: registered names or ``module:Class``; ``*_params``: the
+    settings tables ``[aggregation.RULE]``, ``[aggregation.tpm_params.TPM]``,
+    ``[aggregation.crs_params.CRS]`` (every one given is checked, the named ones are used)."""
+
     rule: str = "dfedreweighting"
     tpm: str = "loss"
     crs: str = "loss_clip_mean"
-    temperature: float = 0.1
-    # Multiplies accuracy before the softmax: 1 treats accuracy as a fraction, 100 as percent.
-    # Percent is what reproduces the paper's fairness table at its temperatures (docs/results).
-    accuracy_scale: float = 100.0
-    loss_clip_weighting: str = "proportional"
-    clip_threshold: float = 1.0
-    tpm_accuracy_weight: float = 0.5
-    tpm_loss_weight: float = 0.5
-    dfedavg_weighting: str = "data_size"
-    # What robust rules (trimmed_mean, krum, multi_krum) are told about the number of Byzantine
-    # neighbours: -1 = the client's true count (an oracle the experimenter has), else this number.
+    # What rules that take num_byzantine (trimmed_mean, krum, multi_krum, ...) are told about
+    # the number of Byzantine neighbours: -1 = the client's true count (an oracle the
+    # experimenter has), else this number.
     assumed_byzantine: int = -1
-    multi_krum_m: int = 0  # 0: C - f
-    flame_noise: float = 0.001
-    flame_cluster_on: str = "updates"
-    balance_gamma: float = 2.0
-    balance_kappa: float = 1.0
-    balance_alpha: float = 0.1
-    q: float = 0.1  # q-FDFL
+    rule_params: Params = ()
+    tpm_params: Params = ()
+    crs_params: Params = ()
+    # Not part of the identity: where the config came from, for messages.
+    prefix: str = field(default="aggregation", compare=False, repr=False)
+    origins: Params = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        _choice("aggregation.rule", self.rule, RULES)
-        _in_range("aggregation.assumed_byzantine", self.assumed_byzantine, -1, MAX_CLIENTS)
-        _in_range("aggregation.multi_krum_m", self.multi_krum_m, 0, MAX_CLIENTS)
-        _in_range("aggregation.flame_noise", self.flame_noise, 0.0, MAX_MAGNITUDE)
-        _choice("aggregation.flame_cluster_on", self.flame_cluster_on, ("updates", "models"))
-        _in_range("aggregation.balance_gamma", self.balance_gamma, 0.0, MAX_MAGNITUDE, open_lo=True)
-        _in_range("aggregation.balance_kappa", self.balance_kappa, 0.0, MAX_MAGNITUDE)
-        _in_range("aggregation.balance_alpha", self.balance_alpha, 0.0, 1.0)
-        # loss ** (q + 1) overflows float64 long before q = 1000 matters.
-        _in_range("aggregation.q", self.q, 0.0, 1000.0)
-        _choice("aggregation.tpm", self.tpm, TPMS)
-        _choice("aggregation.crs", self.crs, CRSS)
-        _choice(
-            "aggregation.loss_clip_weighting",
-            self.loss_clip_weighting,
-            ("proportional", "inverse", "uniform"),
-        )
-        _choice("aggregation.dfedavg_weighting", self.dfedavg_weighting, ("data_size", "uniform"))
-        _in_range("aggregation.temperature", self.temperature, 0.0, MAX_MAGNITUDE, open_lo=True)
-        _in_range("aggregation.accuracy_scale", self.accuracy_scale, 0.0, MAX_MAGNITUDE, open_lo=True)
-        _in_range("aggregation.clip_threshold", self.clip_threshold, 0.0, MAX_MAGNITUDE, open_lo=True)
-        # Signed: a negative loss coefficient makes the combined score penalise loss.
-        _in_range("aggregation.tpm_accuracy_weight", self.tpm_accuracy_weight, -MAX_MAGNITUDE, MAX_MAGNITUDE)
-        _in_range("aggregation.tpm_loss_weight", self.tpm_loss_weight, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+        for kind in ("rule", "tpm", "crs"):
+            _resolve(kind, getattr(self, kind), f"{self.prefix}.{kind}")
+        if isinstance(self.assumed_byzantine, bool) or not isinstance(self.assumed_byzantine, int):
+            raise ScenarioError(f"{self.prefix}.assumed_byzantine={self.assumed_byzantine!r}: expected an integer")
+        _in_range(f"{self.prefix}.assumed_byzantine", self.assumed_byzantine, -1, MAX_CLIENTS)
+
+    def tables(self, kind: str) -> dict[str, dict[str, Any]]:
+        return _thaw(getattr(self, f"{kind}_params"))
+
+    def params(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        """The settings of the ``kind`` ("rule", "tpm", "crs") class ``name`` (default: the one
+        in use) that differ from its defaults."""
+        return dict(self.tables(kind).get(getattr(self, kind) if name is None else name, {}))
+
+    def key(self, kind: str, name: str, setting: str | None = None) -> str:
+        """The scenario key that set ``setting`` of ``name`` (or of its table)."""
+        table = _table_path(self.prefix, kind, name)
+        if setting is None:
+            return table
+        return _origin(self.origins, kind, name, setting) or f"{table}.{setting}"
+
+
+_AGGREGATION_KEYS = ("rule", "tpm", "crs", "assumed_byzantine")
+
+
+def _parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationConfig | None = None) -> AggregationConfig:
+    """An [aggregation] table (or a [peers.K.aggregation] override of ``base``)."""
+    if not isinstance(table, Mapping):
+        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
+    base = base or AggregationConfig()
+    tables = _Tables({k: getattr(base, f"{k}_params") for k in ("rule", "tpm", "crs")}, base.origins)
+    scalars: dict[str, Any] = {}
+    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("aggregation.")]
+    for key, value in table.items():
+        where = f"{prefix}.{key}"
+        if key in ("rule", "tpm", "crs"):
+            if not isinstance(value, str):
+                raise ScenarioError(f"{where}={value!r}: expected a string")
+            scalars[key] = value
+        elif key == "assumed_byzantine":
+            scalars[key] = _coerce(where, value, "int")
+        elif key in ("tpm_params", "crs_params"):
+            kind = key.partition("_")[0]
+            if not isinstance(value, Mapping):
+                raise ScenarioError(f"{where} must be a table of {kind} settings tables, e.g. [{where}.NAME]")
+            for name, values in value.items():
+                tables.table(kind, name, values, f"{where}.{_toml_key(name)}")
+        elif key in legacy:
+            tables.legacy(f"aggregation.{key}", value, where)
+        elif isinstance(value, Mapping) and (key in RULE_REGISTRY or ":" in key):
+            tables.table("rule", key, value, f"{prefix}.{_toml_key(key)}")
+        else:
+            raise ScenarioError(
+                f"unknown key '{where}'; valid keys: {', '.join(_AGGREGATION_KEYS)}, tpm_params, crs_params, "
+                f"a rule's settings table ({', '.join(RULE_REGISTRY.names())} or 'module:Class'), "
+                f"or an earlier version's {', '.join(legacy)}"
+            )
+    return dataclasses.replace(
+        base,
+        **scalars,
+        rule_params=tables.frozen("rule"),
+        tpm_params=tables.frozen("tpm"),
+        crs_params=tables.frozen("crs"),
+        prefix=prefix,
+        origins=tables.frozen_origins(),
+    )
+
+
+def _parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
+    if not isinstance(table, Mapping):
+        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
+    tables = _Tables({}, ())
+    name: Any = AttackConfig.name
+    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("attack.")]
+    for key, value in table.items():
+        where = f"{prefix}.{key}"
+        if key == "name":
+            if not isinstance(value, str):
+                raise ScenarioError(f"{where}={value!r}: expected a string")
+            name = value
+        elif key in legacy:
+            tables.legacy(f"attack.{key}", value, where)
+        elif isinstance(value, Mapping) and (key in ATTACK_REGISTRY or ":" in key):
+            tables.table("attack", key, value, f"{prefix}.{_toml_key(key)}")
+        else:
+            raise ScenarioError(
+                f"unknown key '{where}'; valid keys: name, an attack's settings table "
+                f"({', '.join(ATTACK_REGISTRY.names())} or 'module:Class'), or an earlier version's {', '.join(legacy)}"
+            )
+    return AttackConfig(name=name, attack_params=tables.frozen("attack"), prefix=prefix, origins=tables.frozen_origins())
+
+
+def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], supplied: Mapping[str, Any], key: Any) -> Any:
+    """``registry.build`` with a class's ValueError turned into one ScenarioError line naming
+    the key that set the offending value (``key(setting)``; ``key(None)`` is the table)."""
+    try:
+        return registry.build(name, params, supplied)
+    except ValueError as exc:
+        message = " ".join(str(exc).split())
+    for setting, value in params.items():
+        try:
+            registry.build(name, {setting: value}, supplied)
+        except ValueError:
+            raise ScenarioError(f"{key(setting)}={_toml_value(value)!r}: {message}") from None
+    raise ScenarioError(f"{key(None)}: {message}")
+
+
+def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> None:
+    """Build every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
+    with placeholder supplied values, so a bad setting fails with one line naming its key."""
+    supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
+    built: dict[str, Any] = {}
+    for kind in ("tpm", "crs", "rule"):
+        registry = _KIND_REGISTRY[kind]
+        names = dict.fromkeys([getattr(cfg, kind), *cfg.tables(kind)])
+        for name in names:
+            if kind == "rule":
+                supplied.update(tpm=built["tpm"], crs=built["crs"])
+            obj = _build_checked(registry, name, cfg.params(kind, name), supplied, lambda s, k=kind, n=name: cfg.key(k, n, s))
+            if name == getattr(cfg, kind):
+                built[kind] = obj
+
+
+def check_attack(cfg: AttackConfig, *, num_clients: int, num_byzantine: int) -> None:
+    """Build the attack in use (when there are Byzantine clients) and every settings table given."""
+    names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *_thaw(cfg.attack_params)])
+    for name in names:
+        active = name == cfg.name and num_byzantine > 0
+        # A table of an attack not in use is checked with counts every attack accepts.
+        supplied = {"num_clients": num_clients, "num_byzantine": num_byzantine} if active else {"num_clients": max(num_clients, 3), "num_byzantine": 1}
+        _build_checked(ATTACK_REGISTRY, name, cfg.params(name), supplied, lambda s, n=name: cfg.key(n, s))
 
 
 @dataclass(frozen=True)
@@ -311,16 +554,22 @@ class Scenario:
         # TOML integers are int64; numpy and torch seeds take any of the non-negative ones.
         _in_range("seed", self.seed, 0, 2**63 - 1)
         n = self.topology.num_clients
+        configs = {self.aggregation: None}
         for k, over in self.peers.items():
             if not 0 <= k < n:
                 raise ScenarioError(f"peers.{k}: no such client; ids are 0..{n - 1}")
-            # Build once so a bad override fails at load time, not inside client k.
-            self.aggregation_for(k)
+            configs.setdefault(self.aggregation_for(k), None)
         if self.topology.byzantine and self.attack.name == "none":
             raise ScenarioError(
                 f"topology.byzantine={self.topology.byzantine} but attack.name='none'; "
-                f"choose an attack ({', '.join(ATTACKS[1:])}) or set topology.byzantine=0"
+                f"choose an attack ({', '.join(ATTACK_REGISTRY.names())}) or set topology.byzantine=0"
             )
+        # Build every distinct rule and the attack once, with placeholders for what the running
+        # system supplies, so a bad setting fails at load time, not inside client k.
+        for cfg in configs:
+            told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else self.topology.byzantine
+            check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
+        check_attack(self.attack, num_clients=n, num_byzantine=self.topology.byzantine)
 
     @property
     def num_clients(self) -> int:
@@ -328,13 +577,10 @@ class Scenario:
 
     def aggregation_for(self, client: int) -> AggregationConfig:
         """The aggregation settings of one client: [aggregation] with its [peers.K] overrides."""
-        over = dict(self.peers.get(client, {}))
-        prefix = f"peers.{client}.aggregation"
-        _check_keys(prefix, over, AggregationConfig)
-        return dataclasses.replace(
-            self.aggregation,
-            **{k: _coerce(f"{prefix}.{k}", v, _field_type(AggregationConfig, k)) for k, v in over.items()},
-        )
+        over = self.peers.get(client)
+        if not over:
+            return self.aggregation
+        return _parse_aggregation(f"peers.{client}.aggregation", over, self.aggregation)
 
 
 _SECTIONS: dict[str, type] = {
@@ -402,6 +648,12 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         table = raw.get(name, {})
         if not isinstance(table, Mapping):
             raise ScenarioError(f"'{name}' must be a table, got {table!r}")
+        if name == "aggregation":
+            kwargs[name] = _parse_aggregation(name, table)
+            continue
+        if name == "attack":
+            kwargs[name] = _parse_attack(name, table)
+            continue
         _check_keys(name, table, cls)
         kwargs[name] = cls(**{k: _coerce(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()})
     peers: dict[int, dict[str, Any]] = {}
@@ -412,7 +664,10 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
             raise ScenarioError(f"peers.{key}: client ids are integers") from None
         if not isinstance(table, Mapping) or set(table) - {"aggregation"}:
             raise ScenarioError(f"peers.{key}: only an 'aggregation' table may be overridden per client")
-        peers[client] = dict(table.get("aggregation", {}))
+        over = table.get("aggregation", {})
+        if not isinstance(over, Mapping):
+            raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {over!r}")
+        peers[client] = _deep_copy(over)
     kwargs["peers"] = peers
     try:
         return Scenario(**kwargs)
@@ -424,9 +679,75 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     """The resolved scenario as a TOML-ready table (round-trips through scenario_from_dict)."""
     out: dict[str, Any] = {"seed": scenario.seed, "rounds": scenario.rounds}
     for name in _SECTIONS:
-        out[name] = dataclasses.asdict(getattr(scenario, name))
+        if name == "aggregation":
+            out[name] = _aggregation_table(scenario.aggregation)
+        elif name == "attack":
+            out[name] = _attack_table(scenario.attack)
+        else:
+            out[name] = dataclasses.asdict(getattr(scenario, name))
     if scenario.peers:
-        out["peers"] = {str(k): {"aggregation": dict(v)} for k, v in sorted(scenario.peers.items())}
+        out["peers"] = {str(k): {"aggregation": _deep_copy(v)} for k, v in sorted(scenario.peers.items())}
+    return out
+
+
+def _settings_tables(params: Params) -> dict[str, dict[str, Any]]:
+    return {name: {k: _toml_value(v) for k, v in items} for name, items in params}
+
+
+def _aggregation_table(cfg: AggregationConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {k: getattr(cfg, k) for k in _AGGREGATION_KEYS}
+    out.update(_settings_tables(cfg.rule_params))
+    for kind in ("tpm", "crs"):
+        tables = _settings_tables(getattr(cfg, f"{kind}_params"))
+        if tables:
+            out[f"{kind}_params"] = tables
+    return out
+
+
+def _attack_table(cfg: AttackConfig) -> dict[str, Any]:
+    return {"name": cfg.name, **_settings_tables(cfg.attack_params)}
+
+
+def _legacy_view(section: str, head: dict[str, Any], order: Sequence[str], tables: Mapping[str, Params]) -> dict[str, Any]:
+    """A section as earlier versions wrote it: ``head``, then every flat key of :data:`LEGACY`
+    (``order``) with its value or the class's default, then the settings tables that have no
+    flat key (nested, as in the new form)."""
+    thawed = {kind: _thaw(p) for kind, p in tables.items()}
+    out = dict(head)
+    for key in order:
+        if f"{section}.{key}" not in LEGACY:
+            continue
+        kind, name, setting = LEGACY[f"{section}.{key}"]
+        table = thawed.get(kind, {}).get(name, {})
+        value = table.pop(setting, _default(kind, name, setting))
+        out[key] = _LEGACY_UNSET[f"{section}.{key}"] if value is None else _toml_value(value)
+    for kind, by_name in thawed.items():
+        nested = {n: {k: _toml_value(v) for k, v in t.items()} for n, t in by_name.items() if t}
+        if not nested:
+            continue
+        if kind in ("tpm", "crs"):
+            out[f"{kind}_params"] = nested
+        else:
+            out.update(nested)
+    return out
+
+
+def _identity_dict(scenario: Scenario) -> dict[str, Any]:
+    """:func:`scenario_to_dict` with [aggregation] and [attack] in the legacy flat form."""
+    out = scenario_to_dict(scenario)
+    agg = scenario.aggregation
+    view = _legacy_view(
+        "aggregation", {"rule": agg.rule, "tpm": agg.tpm, "crs": agg.crs}, _LEGACY_AGGREGATION_ORDER,
+        {"rule": agg.rule_params, "tpm": agg.tpm_params, "crs": agg.crs_params},
+    )
+    # assumed_byzantine sat between dfedavg_weighting and multi_krum_m.
+    ordered = {k: view[k] for k in ("rule", "tpm", "crs")}
+    for key in _LEGACY_AGGREGATION_ORDER:
+        ordered[key] = agg.assumed_byzantine if key == "assumed_byzantine" else view[key]
+    ordered.update({k: v for k, v in view.items() if k not in ordered})
+    out["aggregation"] = ordered
+    att = scenario.attack
+    out["attack"] = _legacy_view("attack", {"name": att.name}, ("std", "center", "scale", "z"), {"attack": att.attack_params})
     return out
 
 
@@ -434,7 +755,9 @@ def scenario_changes(scenario: Scenario) -> dict[str, Any]:
     """Only the settings that differ from the built-in defaults, as a nested table.
 
     A run's identity: it stays the same when a later version adds a key whose default keeps
-    the old behaviour, so finished runs stay valid across such versions.
+    the old behaviour, so finished runs stay valid across such versions. Settings that had a
+    flat key in earlier versions (:data:`LEGACY`) are written with it, so a scenario that
+    earlier versions could express keeps its identity byte for byte.
     """
 
     def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
@@ -449,7 +772,7 @@ def scenario_changes(scenario: Scenario) -> dict[str, Any]:
                 out[key] = value
         return out
 
-    return diff(scenario_to_dict(scenario), scenario_to_dict(Scenario()))
+    return diff(_identity_dict(scenario), _identity_dict(Scenario()))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

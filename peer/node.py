@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from peer.aggregation import RoundInputs, build_rule
-from peer.attacks import make_attack
-from peer.config import AggregationConfig, AttackConfig, Scenario
+from peer.aggregation import RoundInputs
+from peer.config import AggregationConfig, Scenario
 from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import build_model, get_vector, set_vector
+from peer.plugins import build_attack, build_client_rule
 from peer.results import RoundLog, write_json_atomic
 from peer.telemetry import LauncherLink, NullLink
 from peer.training import LocalTrainer, VectorEvaluator, evaluate
@@ -95,52 +95,11 @@ def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int) -> i
     return sum(1 for k in topology.neighbours(client) if k in topology.byzantine)
 
 
-def rule_for(cfg: AggregationConfig, *, byzantine: int = 0, lr: float = 0.01, seed: int = 0):
-    """Build a client's aggregation rule from its settings. ``byzantine`` is what the rules that
-    need it are told; ``lr`` is the local learning rate (q-FFL's 1/L); ``seed`` seeds Flame's noise."""
-    simple: dict[str, dict[str, Any]] = {
-        "dfedavg": {"weighting": cfg.dfedavg_weighting},
-        "median": {},
-        "trimmed_mean": {"num_byzantine": byzantine},
-        "krum": {"num_byzantine": byzantine},
-        "multi_krum": {"num_byzantine": byzantine, "m": cfg.multi_krum_m or None},
-        "geometric_median": {},
-        "flame": {"noise": cfg.flame_noise, "seed": seed, "cluster_on": cfg.flame_cluster_on},
-        "balance": {"gamma": cfg.balance_gamma, "kappa": cfg.balance_kappa, "alpha": cfg.balance_alpha},
-        "qfdfl": {"q": cfg.q, "lr": lr},
-        "acc_above_mean": {},
-    }
-    if cfg.rule in simple:
-        return build_rule(cfg.rule, rule_params=simple[cfg.rule])
-    crs_params: dict[str, Any] = {}
-    if cfg.crs == "softmax":
-        crs_params = {"temperature": cfg.temperature, "scale": cfg.accuracy_scale}
-    elif cfg.crs == "loss_clip_mean":
-        crs_params = {"weighting": cfg.loss_clip_weighting}
-    elif cfg.crs == "clip":
-        crs_params = {"threshold": cfg.clip_threshold}
-    tpm_params: dict[str, Any] = {}
-    if cfg.tpm == "combined":
-        tpm_params = {"accuracy": cfg.tpm_accuracy_weight, "loss": cfg.tpm_loss_weight}
-    return build_rule(cfg.rule, tpm=cfg.tpm, crs=cfg.crs, tpm_params=tpm_params, crs_params=crs_params)
-
-
 def client_rule(scenario: Scenario, topology: Topology, client: int):
     cfg = scenario.aggregation_for(client)
-    return rule_for(
-        cfg, byzantine=told_byzantine(cfg, topology, client), lr=scenario.train.lr, seed=derive_seed(scenario.seed, "rule", client)
+    return build_client_rule(
+        scenario, client, told_byzantine(cfg, topology, client), scenario.train.lr, derive_seed(scenario.seed, "rule", client)
     )
-
-
-def attack_for(cfg: AttackConfig, num_clients: int, num_byzantine: int):
-    if cfg.name == "gaussian":
-        return make_attack("gaussian", std=cfg.std, center=cfg.center)
-    if cfg.name == "sign_flip":
-        return make_attack("sign_flip", scale=cfg.scale)
-    if cfg.name == "alie":
-        z = None if cfg.z == "auto" else float(cfg.z)
-        return make_attack("alie", z=z, num_clients=num_clients, num_byzantine=num_byzantine)
-    raise ValueError(f"attack.name={cfg.name!r} has no Byzantine behaviour")
 
 
 @dataclass
@@ -306,7 +265,7 @@ class Peer:
             self.rule = client_rule(sc, self.topology, self.id)
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
         else:
-            self.attack = attack_for(sc.attack, self.topology.num_clients, len(self.topology.byzantine))
+            self.attack = build_attack(sc, self.topology.num_clients, len(self.topology.byzantine))
 
     def start(self) -> str:
         if not self._prepared:

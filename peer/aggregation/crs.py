@@ -30,7 +30,8 @@ float64 keeps "sums to 1" at the 1e-15 level. The mean used as a threshold is an
 rounded sum (``math.fsum``), so the output does not depend on the order of the candidates.
 
 Adding a strategy: subclass :class:`ReweightingStrategy`, implement ``weigh`` (it only ever
-sees >= 2 finite, not-all-equal scores), and register the class in :data:`CRS_REGISTRY`.
+sees >= 2 finite, not-all-equal scores), and register the class with
+``@CRS_REGISTRY.register("name")``; its dataclass fields are its scenario settings.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.registry import build_from_registry, check_choice, check_real
+from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_real
 
 __all__ = [
     "CRS",
@@ -51,11 +52,16 @@ __all__ = [
     "Clip",
     "LossClippedAtMean",
     "Proportional",
+    "Rank",
     "ReweightingStrategy",
     "Softmax",
     "apply_crs_contract",
     "make_crs",
 ]
+
+
+CRS_REGISTRY = Registry("crs", "dfedrw.crs")
+"""The CRSs by name; settings in a scenario's ``[aggregation.crs_params.NAME]``."""
 
 
 @runtime_checkable
@@ -138,6 +144,7 @@ class ReweightingStrategy:
         return apply_crs_contract(scores, self.weigh, owner=type(self).__name__)
 
 
+@CRS_REGISTRY.register("softmax")
 @dataclass(frozen=True)
 class Softmax(ReweightingStrategy):
     """Temperature-scaled softmax over the scores (client fairness).
@@ -147,15 +154,17 @@ class Softmax(ReweightingStrategy):
     Source: paper, eq. (combination-fairness-acc), TPM = accuracy, T in {0.01, 0.1, 0.5}. A
     smaller T concentrates the weight on the best candidates. The paper does not say whether
     accuracy is a fraction or a percentage; ``scale`` makes both readings available (1 for a
-    fraction in [0, 1], 100 for percent: ``scale=100, T=10`` equals ``scale=1, T=0.1``). A
-    negative ``scale`` prefers low scores, e.g. a softmax over losses.
+    fraction in [0, 1], 100 for percent: ``scale=100, T=10`` equals ``scale=1, T=0.1``). The
+    defaults, ``T = 0.1`` and ``scale = 100`` (accuracy in percent), are what reproduces the
+    paper's fairness table (docs/results). A negative ``scale`` prefers low scores, e.g. a
+    softmax over losses.
 
     Computed as ``exp(factor * (m_i - m_ref))`` with ``m_ref`` the best score (log-sum-exp
     shift), so it never overflows; a vanishing T tends to a uniform split over the arg-max.
     """
 
-    temperature: float
-    scale: float = 1.0
+    temperature: float = 0.1
+    scale: float = 100.0
 
     def __post_init__(self) -> None:
         temperature = check_real("Softmax", "temperature", self.temperature, positive=True)
@@ -179,6 +188,7 @@ class Softmax(ReweightingStrategy):
 _LOSS_CLIP_WEIGHTINGS = ("proportional", "inverse", "uniform")
 
 
+@CRS_REGISTRY.register("loss_clip_mean")
 @dataclass(frozen=True)
 class LossClippedAtMean(ReweightingStrategy):
     """Loss clipping at the mean (Byzantine robustness; TPM = loss).
@@ -225,6 +235,7 @@ class LossClippedAtMean(ReweightingStrategy):
         return torch.where(kept, smallest / safe, zero)
 
 
+@CRS_REGISTRY.register("acc_clip_mean")
 @dataclass(frozen=True)
 class AccuracyClippedAtMean(ReweightingStrategy):
     """Accuracy clipping at the mean (alternative Byzantine-robust pair; TPM = accuracy).
@@ -242,6 +253,7 @@ class AccuracyClippedAtMean(ReweightingStrategy):
         return raw if bool(raw.sum() > 0) else kept.to(torch.float64)
 
 
+@CRS_REGISTRY.register("proportional")
 @dataclass(frozen=True)
 class Proportional(ReweightingStrategy):
     """Weights proportional to the scores (group fairness with TPM = accuracy).
@@ -258,6 +270,7 @@ class Proportional(ReweightingStrategy):
         return scores.clamp(min=0.0)
 
 
+@CRS_REGISTRY.register("clip")
 @dataclass(frozen=True)
 class Clip(ReweightingStrategy):
     """Weights proportional to the scores clipped to ``[0, threshold]`` (fast convergence).
@@ -268,7 +281,7 @@ class Clip(ReweightingStrategy):
     candidates scoring >= t tie, so no single very high score can take all the weight.
     """
 
-    threshold: float
+    threshold: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -279,14 +292,36 @@ class Clip(ReweightingStrategy):
         return scores.clamp(min=0.0, max=self.threshold)
 
 
-CRS_REGISTRY: dict[str, type] = {
-    "softmax": Softmax,
-    "loss_clip_mean": LossClippedAtMean,
-    "acc_clip_mean": AccuracyClippedAtMean,
-    "proportional": Proportional,
-    "clip": Clip,
-}
 
+_RANK_PREFERENCES = ("low", "high")
+
+
+@CRS_REGISTRY.register("rank")
+@dataclass(frozen=True)
+class Rank(ReweightingStrategy):
+    """Rank-based weights: the best score gets C, the next C - 1, ..., the worst 1.
+
+    ``r_i = |{j : m_j better than m_i}| + (|{j != i : m_j = m_i}|) / 2`` (0 for the best,
+    ties share their mean rank), ``v_i = (C - r_i) / sum_j (C - r_j)`` over the C finite
+    scores. ``prefer="low"`` (default, for the loss TPM) ranks low scores best, ``"high"``
+    (for accuracy) high ones. Only the order of the scores matters, not their scale, so one
+    extreme score cannot take all the weight; the worst candidate keeps weight 1 / sum.
+
+    Source: rank weighting as in Borda count aggregation; here a CRS in the sense of the
+    paper's eq. (agg), ``v_i = s(m_i, M_k)``.
+    """
+
+    prefer: str = "low"
+
+    def __post_init__(self) -> None:
+        check_choice("Rank", "prefer", self.prefer, _RANK_PREFERENCES)
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        values = scores if self.prefer == "low" else -scores
+        count = values.shape[0]
+        better = (values[None, :] < values[:, None]).sum(dim=1).to(torch.float64)
+        ties = (values[None, :] == values[:, None]).sum(dim=1).to(torch.float64) - 1
+        return count - (better + ties / 2)
 
 def make_crs(name: str, **params: object) -> CRS:
     """Build the CRS registered as ``name`` with keyword ``params`` (checked, see registry)."""

@@ -1,13 +1,30 @@
-"""Name -> factory registries and parameter checks shared by TPMs, CRSs, rules and attacks.
+"""Registries of named classes, and the parameter checks shared by TPMs, CRSs, rules and attacks.
 
-Every pluggable piece of the aggregation stack (and the Byzantine attacks) is chosen by a
-name from a plain ``dict[str, type]`` and configured with keyword parameters that usually come
-from a scenario file. A typo in either must fail loudly rather than be silently ignored, so all
-registries build through :func:`build_from_registry`, which
+Every pluggable piece of the aggregation stack (and the Byzantine attacks) is one class,
+registered by name in a :class:`Registry` with the ``register`` decorator beside the class::
 
-* rejects an unknown name with a ``ValueError`` listing the valid names,
-* rejects a parameter the class's ``__init__`` does not accept, naming it and the accepted ones,
-* rejects a missing required parameter, naming it.
+    @CRS_REGISTRY.register("softmax")
+    @dataclass(frozen=True)
+    class Softmax(ReweightingStrategy):
+        temperature: float = 0.1
+        ...
+
+The constructor's keyword parameters, with their defaults, *are* the class's settings: a
+scenario sets them in the class's own table (``[aggregation.balance] gamma = 2``), and the
+class validates them in ``__init__``/``__post_init__`` (raising ``ValueError``), once, for
+every entry point. Parameters whose value the running system knows (:data:`SUPPLIED`, e.g. a
+client's number of Byzantine neighbours or the learning rate) are passed by
+:meth:`Registry.build` only to a constructor that has a parameter of that name, and cannot be
+set by configuration.
+
+Besides the built-in names, a registry resolves
+
+* installed plugins: entry points of the registry's group (``dfedrw.rules``, ``dfedrw.tpms``,
+  ``dfedrw.crs``, ``dfedrw.attacks``), the entry point's name being the plugin's name;
+* an import path ``"package.module:Class"`` naming any class on ``sys.path``.
+
+A typo in a name or a parameter fails loudly with one line rather than being ignored:
+unknown names list the valid ones, unknown parameters list the accepted ones.
 
 The small ``check_*`` helpers give hyper-parameter validation in ``__init__``/``__post_init__``
 one wording everywhere: the message names the owner, the parameter, the bad value and what is
@@ -16,18 +33,260 @@ allowed. They raise ``ValueError`` (never ``assert``, which ``python -O`` strips
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import inspect
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "SUPPLIED",
+    "Registry",
+    "Setting",
     "build_from_registry",
     "check_choice",
     "check_int",
     "check_real",
 ]
+
+
+# Values the running system gives a class when (and only when) its constructor has a parameter
+# of that name; a scenario cannot set them. ``tpm``/``crs``: the built TPM and CRS objects of a
+# rule scored like DFedReweighting; ``num_byzantine``: what a robust rule is told about its
+# Byzantine neighbours (ALIE: the number of Byzantine clients); ``lr``: the local learning
+# rate; ``seed``: a per-client seed; ``num_clients``: all clients; ``total_rounds``: T.
+SUPPLIED = frozenset({"tpm", "crs", "num_byzantine", "lr", "seed", "num_clients", "total_rounds"})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configurable constructor parameter: its name, default (``Setting.REQUIRED`` if none)
+    and annotation as written."""
+
+    name: str
+    default: Any
+    annotation: str
+
+    REQUIRED = inspect.Parameter.empty
+
+
+def _annotation_text(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return ""
+    if isinstance(annotation, str):
+        return annotation
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _defines_call(cls: type) -> bool:
+    return any("__call__" in vars(k) for k in cls.__mro__ if k not in (object, type))
+
+
+class Registry(Mapping[str, type]):
+    """Name -> class for one kind of pluggable piece, with its settings read off the constructor.
+
+    ``kind`` ("rule", "tpm", "crs", "attack") words the messages; ``group`` is the entry-point
+    group of installed plugins; ``modules`` are imported on first use so that every built-in
+    class has registered itself (rules live in two modules). As a ``Mapping`` it holds the
+    built-in and entry-point names; :meth:`resolve` also accepts ``"module:Class"``.
+    """
+
+    def __init__(self, kind: str, group: str, *, modules: Iterable[str] = ()) -> None:
+        self.kind = kind
+        self.group = group
+        self._modules = tuple(modules)
+        self._classes: dict[str, type] = {}
+        self._imported = False
+        self._plugins: dict[str, importlib.metadata.EntryPoint] | None = None
+
+    # -- registration --------------------------------------------------------------------
+    def register(self, name: str) -> Callable[[type], type]:
+        """Class decorator: ``@REGISTRY.register("name")``. A name is registered once."""
+        if not isinstance(name, str) or not name or ":" in name or "." in name:
+            raise ValueError(f"{self.kind} name {name!r}: a non-empty string without ':' or '.'")
+
+        def add(cls: type) -> type:
+            self.check_class(name, cls)
+            if name in self._classes and self._classes[name] is not cls:
+                raise ValueError(f"{self.kind} {name!r} is already registered ({self._classes[name].__qualname__})")
+            self._classes[name] = cls
+            return cls
+
+        return add
+
+    def check_class(self, name: str, cls: Any) -> None:
+        if not inspect.isclass(cls):
+            raise ValueError(f"{self.kind} {name!r}: {cls!r} is not a class")
+        if not _defines_call(cls):
+            raise ValueError(f"{self.kind} {name!r}: class {cls.__qualname__} has no __call__ method")
+
+    def _import_builtins(self) -> None:
+        if not self._imported:
+            self._imported = True
+            for module in self._modules:
+                importlib.import_module(module)
+
+    def _entry_points(self) -> dict[str, importlib.metadata.EntryPoint]:
+        if self._plugins is None:
+            self._plugins = {ep.name: ep for ep in importlib.metadata.entry_points(group=self.group)}
+        return self._plugins
+
+    # -- lookup --------------------------------------------------------------------------
+    def builtin_names(self) -> list[str]:
+        self._import_builtins()
+        return list(self._classes)
+
+    def names(self) -> list[str]:
+        """Built-in names in registration order, then installed plugins' names (sorted)."""
+        builtin = self.builtin_names()
+        return builtin + sorted(n for n in self._entry_points() if n not in self._classes)
+
+    def __getitem__(self, name: str) -> type:
+        if name not in self.names():
+            raise KeyError(name)
+        return self.resolve(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.names()
+
+    def resolve(self, name: str) -> type:
+        """The class registered as ``name``, an installed plugin's, or ``"module:Class"``.
+
+        Raises ``ValueError`` (one line naming the value) for an unknown name, a module that
+        fails to import, a missing attribute, or something that is not a class with ``__call__``.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} must be a name, got {name!r}")
+        self._import_builtins()
+        if name in self._classes:
+            return self._classes[name]
+        plugins = self._entry_points()
+        if name in plugins:
+            try:
+                cls = plugins[name].load()
+            except Exception as exc:  # noqa: BLE001 - any failure of the plugin is reported
+                raise ValueError(f"{self.kind} {name!r}: plugin {plugins[name].value!r} failed to load: {_one_line(exc)}") from None
+            self.check_class(name, cls)
+            return cls
+        if ":" not in name:
+            raise ValueError(
+                f"unknown {self.kind} {name!r}; valid choices: {sorted(self.names())} "
+                f"(or an import path 'module:Class')"
+            )
+        module_name, _, attribute = name.partition(":")
+        if not module_name or not attribute:
+            raise ValueError(f"{self.kind} {name!r}: an import path looks like 'package.module:Class'")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001 - ImportError, or the module's own error
+            raise ValueError(f"{self.kind} {name!r}: cannot import module {module_name!r}: {_one_line(exc)}") from None
+        cls: Any = module
+        for part in attribute.split("."):
+            if not hasattr(cls, part):
+                raise ValueError(f"{self.kind} {name!r}: module {module_name!r} has no attribute {attribute!r}")
+            cls = getattr(cls, part)
+        self.check_class(name, cls)
+        return cls
+
+    # -- settings ------------------------------------------------------------------------
+    def settings(self, name: str) -> list[Setting]:
+        """The parameters a configuration may set (keyword parameters not in :data:`SUPPLIED`)."""
+        return [
+            Setting(p.name, p.default, _annotation_text(p.annotation))
+            for p in _keyword_parameters(self.resolve(name))
+            if p.name not in SUPPLIED
+        ]
+
+    def supplied(self, name: str) -> list[str]:
+        """The :data:`SUPPLIED` values the class takes."""
+        return [p.name for p in _keyword_parameters(self.resolve(name)) if p.name in SUPPLIED]
+
+    def coerce(self, name: str, key: str, value: Any) -> Any:
+        """``value`` for setting ``key`` of ``name``, with TOML's numbers fitted to the annotation:
+        an integer for a ``float`` becomes a float, an integral float for an ``int`` an integer.
+        Raises ``ValueError`` for a key that is not a setting (naming the accepted ones), a
+        supplied key, or a boolean for a non-boolean setting; the class checks the rest."""
+        settings = {s.name: s for s in self.settings(name)}
+        if key in SUPPLIED:
+            raise ValueError(f"{key!r} is set by the running system and cannot be configured")
+        if key not in settings:
+            raise ValueError(
+                f"{self.kind} {name!r} has no setting {key!r}; settings: {', '.join(settings) or '(none)'}"
+            )
+        words = {w.strip() for w in settings[key].annotation.split("|")}
+        if isinstance(value, bool):
+            if "bool" not in words and settings[key].annotation:
+                raise ValueError(f"expected {settings[key].annotation}, got a boolean")
+            return value
+        if "float" in words and isinstance(value, int):
+            return float(value)
+        if "int" in words and "float" not in words and isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+
+    def build(self, name: str, params: Mapping[str, Any] | None = None, supplied: Mapping[str, Any] | None = None) -> Any:
+        """``cls(**params, **supplied)``: ``params`` checked against the class's settings,
+        ``supplied`` passed only where the constructor has a parameter of that name."""
+        cls = self.resolve(name)
+        params = dict(params or {})
+        accepted = {p.name for p in _keyword_parameters(cls)}
+        for key in params:
+            if not isinstance(key, str):
+                raise ValueError(f"{self.kind} {name!r}: parameter names must be strings, got {key!r}")
+            if key in SUPPLIED or key in (supplied or {}):
+                raise ValueError(f"{self.kind} {name!r}: {key!r} is set by the running system and cannot be configured")
+            if key not in accepted:
+                settings = [s.name for s in self.settings(name)]
+                raise ValueError(
+                    f"{self.kind} {name!r} has no setting {key!r}; settings: {', '.join(settings) or '(none)'}"
+                )
+        given = {k: v for k, v in (supplied or {}).items() if k in accepted}
+        missing = [
+            p.name
+            for p in _keyword_parameters(cls)
+            if p.default is inspect.Parameter.empty and p.name not in params and p.name not in given
+        ]
+        if missing:
+            raise ValueError(f"{self.kind} {name!r} requires {', '.join(missing)}")
+        return cls(**given, **params)
+
+    def describe(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """One row per name: ``name``, ``cls`` (qualified), ``settings``, ``supplied``, ``doc``
+        (the first line of the docstring)."""
+        rows = []
+        for name in self.names() if names is None else names:
+            cls = self.resolve(name)
+            doc = (inspect.getdoc(cls) or "").strip().splitlines()
+            rows.append(
+                {
+                    "name": name,
+                    "cls": f"{cls.__module__}.{cls.__qualname__}",
+                    "settings": self.settings(name),
+                    "supplied": self.supplied(name),
+                    "doc": doc[0] if doc else "",
+                }
+            )
+        return rows
+
+
+def _keyword_parameters(cls: Any) -> list[inspect.Parameter]:
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p for p in inspect.signature(cls).parameters.values() if p.kind in kinds]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 
 
 def build_from_registry(
@@ -45,11 +304,14 @@ def build_from_registry(
     parameter of the same name is refused, because letting configuration override them would
     hide which value is really used.
     """
-    if not isinstance(name, str) or name not in registry:
+    if isinstance(registry, Registry):
+        factory = registry.resolve(name)
+    elif not isinstance(name, str) or name not in registry:
         raise ValueError(f"unknown {kind} {name!r}; valid choices: {sorted(registry)}")
+    else:
+        factory = registry[name]
     params = dict(params or {})
     fixed = dict(fixed or {})
-    factory = registry[name]
 
     signature = inspect.signature(factory)
     parameters = signature.parameters.values()

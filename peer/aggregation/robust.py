@@ -49,6 +49,7 @@ from peer.aggregation.tpm import Accuracy
 __all__ = [
     "AccuracyAboveMean",
     "Balance",
+    "CenteredClipping",
     "Flame",
     "GeometricMedian",
     "Krum",
@@ -143,6 +144,7 @@ def _pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- coordinate-wise rules
 
 
+@RULE_REGISTRY.register("median")
 @dataclass(frozen=True)
 class Median:
     """Coordinate-wise median of the finite candidates (own model included).
@@ -171,6 +173,7 @@ class Median:
         return _aggregate(inputs, model, _by_id(finite, hits.cpu()))
 
 
+@RULE_REGISTRY.register("trimmed_mean")
 @dataclass(frozen=True)
 class TrimmedMean:
     """Coordinate-wise trimmed mean: drop the ``b`` largest and ``b`` smallest, average the rest.
@@ -233,6 +236,7 @@ def _lowest_scores(finite: _Finite, num_byzantine: int, keep: int) -> torch.Tens
     return weights
 
 
+@RULE_REGISTRY.register("krum")
 @dataclass(frozen=True)
 class Krum:
     """Krum: keep the one candidate closest to its nearest neighbours.
@@ -260,6 +264,7 @@ class Krum:
         return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
 
 
+@RULE_REGISTRY.register("multi_krum")
 @dataclass(frozen=True)
 class MultiKrum:
     """Multi-Krum: average the ``m`` candidates with the lowest Krum scores.
@@ -292,6 +297,7 @@ class MultiKrum:
         return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
 
 
+@RULE_REGISTRY.register("geometric_median")
 @dataclass(frozen=True)
 class GeometricMedian:
     """Geometric median by smoothed Weiszfeld iterations (RFA).
@@ -386,6 +392,7 @@ def _largest_cluster(updates: torch.Tensor, min_cluster_size: int) -> torch.Tens
     return torch.as_tensor(labels == best, dtype=torch.bool)
 
 
+@RULE_REGISTRY.register("flame")
 @dataclass(frozen=True)
 class Flame:
     """FLAME adapted to decentralized FL: cluster updates, clip to the median norm, add noise.
@@ -465,6 +472,7 @@ class Flame:
 # ---------------------------------------------------------------- BALANCE
 
 
+@RULE_REGISTRY.register("balance")
 @dataclass(frozen=True)
 class Balance:
     """BALANCE: accept neighbours close to the own model, then mix them with it.
@@ -488,7 +496,8 @@ class Balance:
     alpha: float = 0.1
 
     def __post_init__(self) -> None:
-        gamma = check_real("Balance", "gamma", self.gamma, nonnegative=True)
+        # gamma = 0 would accept only exact copies of the own model: never what is meant.
+        gamma = check_real("Balance", "gamma", self.gamma, positive=True)
         kappa = check_real("Balance", "kappa", self.kappa, nonnegative=True)
         object.__setattr__(self, "gamma", gamma)
         object.__setattr__(self, "kappa", kappa)
@@ -518,9 +527,56 @@ class Balance:
         return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
 
 
+# ---------------------------------------------------------------- centered clipping
+
+
+@RULE_REGISTRY.register("centered_clipping")
+@dataclass(frozen=True)
+class CenteredClipping:
+    """Centered clipping: move from the own model by the mean of the clipped differences.
+
+    ``v_0 = w_k`` (the own half-step model, row 0), then ``iterations`` times
+    ``v <- v + 1/C * sum_i clip_tau(w_i - v)`` with ``clip_tau(z) = z * min(1, tau / ||z||)``,
+    over the ``C`` finite candidates (own model included); ``w_k^{t+1} = v``.
+
+    Each step is ``v <- (1 - sum_i s_i / C) v + sum_i (s_i / C) w_i`` with
+    ``s_i = min(1, tau / ||w_i - v||)`` in ``[0, 1]``, so ``v`` stays a convex combination of
+    the candidates and the reported weights are exactly its coefficients. A candidate within
+    ``tau`` of ``v`` pulls with its full difference; a far one (a Byzantine model) moves ``v``
+    by at most ``tau / C``. With a non-finite own model there is no centre, so the client
+    keeps its own model.
+
+    Source: Karimireddy, He and Jaggi, "Learning from History for Byzantine Robust
+    Optimization", ICML 2021 (Algorithm 2, centered clipping, started from the previous
+    aggregate; in DFL the client's own model stands in for it).
+    """
+
+    tau: float = 10.0
+    iterations: int = 3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tau", check_real("CenteredClipping", "tau", self.tau, positive=True))
+        check_int("CenteredClipping", "iterations", self.iterations, minimum=1)
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        finite = _finite_by_id(inputs)
+        if finite.own is None:
+            return _keep_own(inputs)
+        count = len(finite.ids)
+        coefficients = torch.zeros(count, dtype=torch.float64)
+        coefficients[finite.own] = 1.0
+        for _ in range(self.iterations):
+            centre = _combine(finite, coefficients)
+            distances = torch.linalg.vector_norm(finite.rows - centre, dim=1).cpu()
+            shares = torch.where(distances > self.tau, self.tau / distances, torch.ones_like(distances))
+            coefficients = (1.0 - float(shares.sum()) / count) * coefficients + shares / count
+        return _aggregate(inputs, _combine(finite, coefficients), _by_id(finite, coefficients))
+
+
 # ---------------------------------------------------------------- q-FDFL
 
 
+@RULE_REGISTRY.register("qfdfl")
 @dataclass(frozen=True)
 class QFDFL:
     """q-FDFL: the q-FedAvg step of q-FFL, run by each client with its own start model as "global".
@@ -550,7 +606,11 @@ class QFDFL:
     lr: float = 0.01
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "q", check_real("QFDFL", "q", self.q, nonnegative=True))
+        q = check_real("QFDFL", "q", self.q, nonnegative=True)
+        if q > 1000.0:
+            # loss ** (q + 1) overflows float64 long before q = 1000 matters.
+            raise ValueError(f"QFDFL: q must be <= 1000, got {self.q!r}")
+        object.__setattr__(self, "q", q)
         object.__setattr__(self, "lr", check_real("QFDFL", "lr", self.lr, positive=True))
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
@@ -591,6 +651,7 @@ class QFDFL:
 # ---------------------------------------------------------------- accuracy above mean
 
 
+@RULE_REGISTRY.register("acc_above_mean")
 @dataclass(frozen=True)
 class AccuracyAboveMean:
     """Keep the own model and every neighbour at least as accurate as the candidates' mean.
@@ -630,18 +691,3 @@ class AccuracyAboveMean:
         weights = keep.to(torch.float64) / int(keep.sum())
         return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights), scores)
 
-
-# Registered here rather than in rules.py, which this module imports (see the note there).
-RULE_REGISTRY.update(
-    {
-        "median": Median,
-        "trimmed_mean": TrimmedMean,
-        "krum": Krum,
-        "multi_krum": MultiKrum,
-        "geometric_median": GeometricMedian,
-        "flame": Flame,
-        "balance": Balance,
-        "qfdfl": QFDFL,
-        "acc_above_mean": AccuracyAboveMean,
-    }
-)

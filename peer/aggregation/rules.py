@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from peer.aggregation.crs import CRS, make_crs
-from peer.aggregation.registry import build_from_registry, check_choice, check_int
+from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int
 from peer.aggregation.tpm import TPM, make_tpm
 
 __all__ = [
@@ -45,6 +45,12 @@ __all__ = [
     "finite_rows",
     "weighted_sum",
 ]
+
+
+# The baseline rules register themselves in peer/aggregation/robust.py, which builds on the
+# types below; the registry imports it on first use, so it is complete whenever it is read.
+RULE_REGISTRY = Registry("rule", "dfedrw.rules", modules=("peer.aggregation.robust",))
+"""The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,7 @@ def _finish(
     )
 
 
+@RULE_REGISTRY.register("dfedreweighting")
 @dataclass(frozen=True)
 class DFedReweighting:
     """DFedReweighting: score every candidate with a TPM, weight the scores with a CRS.
@@ -245,6 +252,7 @@ class DFedReweighting:
 _DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
 
 
+@RULE_REGISTRY.register("dfedavg")
 @dataclass(frozen=True)
 class DFedAvg:
     """Decentralized FedAvg: average the candidates by declared data size, or uniformly.
@@ -274,16 +282,6 @@ class DFedAvg:
         return _finish(inputs, weights, None)
 
 
-# The baseline rules (median, trimmed_mean, krum, multi_krum, geometric_median, flame, balance,
-# qfdfl, acc_above_mean) are added at the bottom of peer/aggregation/robust.py: they build on
-# the types above, so registering them here would be a circular import. The package __init__
-# imports robust.py, so the registry is complete whenever this module can be reached.
-RULE_REGISTRY: dict[str, type] = {
-    "dfedreweighting": DFedReweighting,
-    "dfedavg": DFedAvg,
-}
-
-
 def _takes_tpm_and_crs(factory: Callable[..., Any]) -> bool:
     # Decided from the signature, not the class, so a registered variant of DFedReweighting
     # gets its TPM and CRS built the same way.
@@ -306,9 +304,7 @@ def build_rule(
     ``tpm_params``/``crs_params`` to a rule that does not use them is an error rather than
     being silently ignored. ``softmax`` needs ``crs_params={"temperature": ...}``.
     """
-    if not isinstance(rule, str) or rule not in RULE_REGISTRY:
-        raise ValueError(f"unknown rule {rule!r}; valid choices: {sorted(RULE_REGISTRY)}")
-    factory = RULE_REGISTRY[rule]
+    factory = RULE_REGISTRY.resolve(rule)
     if _takes_tpm_and_crs(factory):
         fixed = {
             "tpm": make_tpm(tpm, **dict(tpm_params or {})),

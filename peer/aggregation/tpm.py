@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.registry import build_from_registry, check_real
+from peer.aggregation.registry import Registry, build_from_registry, check_real
 
 __all__ = [
     "TPM",
@@ -37,6 +37,10 @@ __all__ = [
 
 Evaluate = Callable[[torch.Tensor], Mapping[str, torch.Tensor]]
 """``evaluate(candidates [C, D]) -> {"accuracy": Tensor[C], "loss": Tensor[C]}``."""
+
+
+TPM_REGISTRY = Registry("tpm", "dfedrw.tpms")
+"""The TPMs by name; settings in a scenario's ``[aggregation.tpm_params.NAME]``."""
 
 
 @runtime_checkable
@@ -80,6 +84,7 @@ def _evaluate(
     return metrics
 
 
+@TPM_REGISTRY.register("accuracy")
 @dataclass(frozen=True)
 class Accuracy:
     """Accuracy of each candidate on the auxiliary set.
@@ -94,6 +99,7 @@ class Accuracy:
         return _evaluate(candidates, evaluate, ("accuracy",), "Accuracy")["accuracy"]
 
 
+@TPM_REGISTRY.register("loss")
 @dataclass(frozen=True)
 class Loss:
     """Mean cross-entropy of each candidate on the auxiliary set.
@@ -108,6 +114,7 @@ class Loss:
         return _evaluate(candidates, evaluate, ("loss",), "Loss")["loss"]
 
 
+@TPM_REGISTRY.register("combined")
 @dataclass(frozen=True)
 class WeightedCombination:
     """Weighted sum of accuracy and loss (multi-objective within each client).
@@ -143,13 +150,6 @@ class WeightedCombination:
         if self.loss != 0.0:
             score = score + self.loss * metrics["loss"]
         return score
-
-
-TPM_REGISTRY: dict[str, type] = {
-    "accuracy": Accuracy,
-    "loss": Loss,
-    "combined": WeightedCombination,
-}
 
 
 def make_tpm(name: str, **params: object) -> TPM:

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.attacks import ALIE, ATTACK_REGISTRY, Gaussian, SignFlip, alie_z_max, make_attack
+from peer.attacks import ALIE, ATTACK_REGISTRY, IPM, Gaussian, SignFlip, alie_z_max, make_attack
 
 NAN = float("nan")
 ALL_ATTACKS = [Gaussian(), Gaussian(std=1.0, center="zero"), SignFlip(), ALIE(), ALIE(z=1.5)]
@@ -227,9 +227,9 @@ def test_make_attack_registry_and_errors():
     built = {name: make_attack(name) for name in ATTACK_REGISTRY}
 
     # Assert
-    assert built == {"gaussian": Gaussian(), "sign_flip": SignFlip(), "alie": ALIE()}
+    assert {k: built[k] for k in ("gaussian", "sign_flip", "alie")} == {"gaussian": Gaussian(), "sign_flip": SignFlip(), "alie": ALIE()}
     assert make_attack("alie", z=1.0).z_used == 1.0
-    with pytest.raises(ValueError, match=r"unknown attack 'lie'.*'alie', 'gaussian', 'sign_flip'"):
+    with pytest.raises(ValueError, match=r"unknown attack 'lie'.*'alie', 'gaussian'.*'sign_flip'"):
         make_attack("lie")
     with pytest.raises(ValueError, match=r"'sigma'.*\['std', 'center'\]"):
         make_attack("gaussian", sigma=1.0)
@@ -267,3 +267,23 @@ def test_sign_flip_is_anti_aligned_with_received_mean(seed, count, dim):
 
     # Assert
     torch.testing.assert_close(message, -10.0 * received.mean(dim=0), atol=1e-5, rtol=1e-5)
+
+
+def test_ipm_hand_computed():
+    # Prepare: mean of (1, 2) and (3, 4) is (2, 3); epsilon 0.5 -> -(1, 1.5)
+    received = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+
+    # Execute
+    message = IPM(epsilon=0.5)(received, 0, torch.Generator().manual_seed(0))
+
+    # Assert
+    assert message.dtype == torch.float32 and message.tolist() == [-1.0, -1.5]
+    assert IPM()(received, 0, torch.Generator()).tolist() == pytest.approx([-0.2, -0.3])
+    assert IPM()(torch.zeros(0, 2), 0, torch.Generator()) is None
+    assert make_attack("ipm", epsilon=2) == IPM(2.0)
+
+
+@pytest.mark.parametrize("epsilon", [0, -0.1, float("nan"), float("inf"), True, "0.1"])
+def test_ipm_refuses_bad_epsilon(epsilon):
+    with pytest.raises(ValueError, match="IPM: epsilon"):
+        IPM(epsilon=epsilon)

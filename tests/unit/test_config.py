@@ -19,7 +19,7 @@ def test_default_scenario_loads_with_paper_settings():
 def test_overrides_are_typed_by_toml_and_dotted():
     s = load_scenario(None, ["rounds=7", "train.lr=0.5", "data.partition=dirichlet:0.1", "attack.z=1.5", "data.name='mnist'"])
     assert s.rounds == 7 and s.train.lr == 0.5 and s.data.partition == "dirichlet:0.1"
-    assert s.attack.z == 1.5 and s.data.name == "mnist"
+    assert s.attack.params("alie") == {"z": 1.5} and s.data.name == "mnist"
     assert parse_override("a.b = 3") == (["a", "b"], 3)
 
 
@@ -63,7 +63,7 @@ def test_byzantine_clients_need_an_attack():
 
 def test_per_client_overrides_apply_to_that_client_only():
     s = load_scenario(None, ["peers.0.aggregation.crs=softmax", "peers.0.aggregation.tpm=accuracy", "peers.0.aggregation.temperature=0.5"])
-    assert (s.aggregation_for(0).crs, s.aggregation_for(0).tpm, s.aggregation_for(0).temperature) == ("softmax", "accuracy", 0.5)
+    assert (s.aggregation_for(0).crs, s.aggregation_for(0).tpm, s.aggregation_for(0).params("crs")) == ("softmax", "accuracy", {"temperature": 0.5})
     assert s.aggregation_for(1) == s.aggregation
 
 
@@ -111,7 +111,8 @@ def test_measured_runaway_values_are_refused_in_one_line(override, key):
     assert message.startswith(f"{key}=") and "\n" not in message
 
 
-# key, a value just inside each end, a value just outside each end.
+# key, a value just inside each end, a value just outside each end. The settings of rules,
+# TPMs, CRSs and attacks are checked by their classes (CLASS_SETTINGS below).
 RANGES = [
     ("seed", [0, 2**63 - 1], [-1]),
     ("rounds", [1, 10_000_000], [0, 10_000_001]),
@@ -124,21 +125,7 @@ RANGES = [
     ("topology.rho", [1e-9, 1.0], [0.0, 1.5]),
     ("topology.honest", [1, 4094], [0, 4097]),
     ("topology.byzantine", [0, 4], [-1, 4096]),
-    ("attack.std", [0.0, 1e6], [-1.0, 2e6]),
-    ("attack.scale", [-1e6, 1e6], [-2e6, 2e6]),
-    ("attack.z", [-1e6, 0.0, 1e6], [2e6]),
-    ("aggregation.temperature", [1e-9, 1e6], [0.0, 2e6]),
-    ("aggregation.accuracy_scale", [1e-9, 1e6], [0.0, 2e6]),
-    ("aggregation.clip_threshold", [1e-9, 1e6], [0.0, 2e6]),
-    ("aggregation.tpm_accuracy_weight", [-1e6, 1e6], [-2e6, 2e6]),
-    ("aggregation.tpm_loss_weight", [-1e6, 1e6], [-2e6, 2e6]),
     ("aggregation.assumed_byzantine", [-1, 4096], [-2, 4097]),
-    ("aggregation.multi_krum_m", [0, 4096], [-1, 4097]),
-    ("aggregation.flame_noise", [0.0, 1e6], [-1e-9, 2e6]),
-    ("aggregation.balance_gamma", [1e-9, 1e6], [0.0, 2e6]),
-    ("aggregation.balance_kappa", [0.0, 1e6], [-1e-9, 2e6]),
-    ("aggregation.balance_alpha", [0.0, 1.0], [-0.1, 1.1]),
-    ("aggregation.q", [0.0, 1000.0], [-0.1, 1001.0]),
     ("network.round_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.connect_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.round_window", [1, 1000], [0, 1001]),
@@ -210,8 +197,63 @@ def test_clients_are_bounded_in_total():
 
 
 def test_per_client_overrides_are_range_checked():
-    with pytest.raises(ScenarioError, match=r"^aggregation.temperature=inf"):
+    with pytest.raises(ScenarioError, match=r"^peers.1.aggregation.temperature=inf: Softmax: temperature must be finite"):
         load_scenario(None, ["peers.1.aggregation.temperature=inf"])
+    with pytest.raises(ScenarioError, match=r"^peers.1.aggregation.crs_params.softmax.temperature=0.0: Softmax"):
+        load_scenario(None, ["peers.1.aggregation.crs_params.softmax.temperature=0"])
+
+
+# A class setting (old flat key or its own table), values that load, values its class refuses
+# (the message starts with the key as written and names the class's rule).
+CLASS_SETTINGS = [
+    ("aggregation.temperature", [1e-9, 1e6], [0.0, -1.0], "temperature must be > 0"),
+    ("aggregation.crs_params.softmax.temperature", [1e-9, 3], [0.0], "temperature must be > 0"),
+    ("aggregation.accuracy_scale", [1.0, -1.0], [0.0], "scale must be nonzero"),
+    ("aggregation.clip_threshold", [1e-9, 1e6], [0.0], "threshold must be > 0"),
+    ("aggregation.crs_params.clip.threshold", [2.0], [-1.0], "threshold must be > 0"),
+    ("aggregation.loss_clip_weighting", ["'inverse'"], ["'mean'"], "weighting must be one of"),
+    ("aggregation.tpm_accuracy_weight", [-1e6, 1e6], [], ""),
+    ("aggregation.tpm_params.combined.loss", [-1.0], [], ""),
+    ("aggregation.dfedavg_weighting", ["'uniform'"], ["'size'"], "weighting must be one of"),
+    ("aggregation.multi_krum_m", [0, 1, 4096], [-1], "m must be >= 1"),
+    ("aggregation.multi_krum.m", [1, 4096], [0], "m must be >= 1"),
+    ("aggregation.flame_noise", [0.0, 1e6], [-1e-9], "noise must be >= 0"),
+    ("aggregation.flame_cluster_on", ["'models'"], ["'weights'"], "cluster_on must be one of"),
+    ("aggregation.flame.min_cluster_size", [2], [1], "min_cluster_size must be >= 2"),
+    ("aggregation.balance_gamma", [1e-9, 1e6], [0.0, -1.0], "gamma must be > 0"),
+    ("aggregation.balance.gamma", [2], [-1], "gamma must be > 0"),
+    ("aggregation.balance_kappa", [0.0, 1e6], [-1e-9], "kappa must be >= 0"),
+    ("aggregation.balance_alpha", [0.0, 1.0], [-0.1, 1.1], "alpha must be"),
+    ("aggregation.q", [0.0, 1000.0], [-0.1, 1001.0], "q must be"),
+    ("aggregation.geometric_median.max_iter", [1], [0], "max_iter must be >= 1"),
+    ("attack.std", [1e-9, 1e6], [0.0, -1.0], "std must be > 0"),
+    ("attack.gaussian.std", [3], [0], "std must be > 0"),
+    ("attack.center", ["'zero'"], ["'median'"], "center must be one of"),
+    ("attack.scale", [-1e6, 1e6], [], ""),
+    ("attack.z", [-1e6, 0.0, 1e6, "'auto'"], ["'big'"], "z must be a real number"),
+    ("attack.alie.z", [1.5], ["true"], "expected float | None, got a boolean"),
+]
+
+
+@pytest.mark.parametrize("key, value", [(k, v) for k, inside, _, _ in CLASS_SETTINGS for v in inside])
+def test_class_settings_inside_their_range_load(key, value):
+    load_scenario(None, [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("key, value, words", [(k, v, w) for k, _, outside, w in CLASS_SETTINGS for v in outside])
+def test_class_settings_are_checked_once_by_their_class(key, value, words):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(None, [f"{key}={value}"])
+    message = str(err.value)
+    assert message.startswith(f"{key}=") and words in message and "\n" not in message
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("key", ["aggregation.temperature", "aggregation.tpm_loss_weight", "aggregation.flame_noise",
+                                 "aggregation.balance.gamma", "attack.std", "attack.scale", "attack.z"])
+def test_nan_and_infinity_are_refused_for_class_settings(key, bad):
+    with pytest.raises(ScenarioError, match=rf"^{re.escape(key)}={bad}: .*finite"):
+        load_scenario(None, [f"{key}={bad}"])
 
 
 # Every numeric key's range; a tiny positive low end in RANGES stands for an open bound at 0.

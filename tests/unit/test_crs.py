@@ -19,6 +19,7 @@ from peer.aggregation.crs import (
     Clip,
     LossClippedAtMean,
     Proportional,
+    Rank,
     Softmax,
     apply_crs_contract,
     make_crs,
@@ -28,7 +29,7 @@ NAN = float("nan")
 INF = float("inf")
 
 ALL_CRS = [
-    Softmax(temperature=0.1),
+    Softmax(temperature=0.1, scale=1.0),
     Softmax(temperature=10.0, scale=100.0),
     Softmax(temperature=0.5, scale=-1.0),
     LossClippedAtMean(),
@@ -37,6 +38,8 @@ ALL_CRS = [
     AccuracyClippedAtMean(),
     Proportional(),
     Clip(threshold=2.0),
+    Rank(),
+    Rank(prefer="high"),
 ]
 CRS_IDS = [repr(c) for c in ALL_CRS]
 
@@ -57,7 +60,7 @@ def assert_weights(actual: torch.Tensor, expected: list[float], tol: float = 1e-
 
 def test_softmax_two_accuracies():
     # Prepare: exp(0.8/0.1) : exp(0.9/0.1) = 1 : e
-    crs = Softmax(temperature=0.1)
+    crs = Softmax(temperature=0.1, scale=1.0)
     e = math.e
 
     # Execute
@@ -81,7 +84,7 @@ def test_softmax_percent_scale_matches_fraction():
 
 def test_softmax_is_stable_for_huge_scores():
     # Prepare: exp(1000) overflows, but the gap ln 3 gives weights 1/4 and 3/4
-    crs = Softmax(temperature=1.0)
+    crs = Softmax(temperature=1.0, scale=1.0)
 
     # Execute
     weights = crs(scores(1000.0, 1000.0 + math.log(3.0)))
@@ -103,7 +106,7 @@ def test_softmax_negative_scale_prefers_low_scores():
 
 def test_softmax_tiny_temperature_is_argmax():
     # Prepare: factor = 1 / 1e-310 = inf -> every score below the max gets exp(-inf) = 0
-    crs = Softmax(temperature=1e-310)
+    crs = Softmax(temperature=1e-310, scale=1.0)
 
     # Execute
     weights = crs(scores(0.5, 0.9, 0.9))
@@ -330,7 +333,7 @@ def test_scores_must_be_one_dimensional():
 
     # Execute / Assert
     with pytest.raises(ValueError, match=r"1-D.*\(2, 2\)"):
-        Softmax(temperature=1.0)(values)
+        Softmax(temperature=1.0, scale=1.0)(values)
 
 
 def test_contract_helper_rejects_negative_raw_weights():
@@ -391,9 +394,10 @@ def test_make_crs_unknown_param_names_it_and_accepted():
         make_crs("softmax", temp=0.1)
 
 
-def test_make_crs_missing_param_is_named():
-    with pytest.raises(ValueError, match=r"requires.*'threshold'"):
-        make_crs("clip")
+def test_make_crs_defaults_are_the_scenario_defaults():
+    # The constructor's defaults are what a scenario gets when it sets nothing.
+    assert make_crs("clip") == Clip(threshold=1.0)
+    assert make_crs("softmax") == Softmax(temperature=0.1, scale=100.0)
 
 
 # ---------------------------------------------------------------- property tests
@@ -460,3 +464,27 @@ def test_loss_clip_never_weights_a_far_outlier(honest, outlier):
     # Assert
     for weight in weights.values():
         assert weight[-1].item() == 0.0
+
+
+def test_rank_hand_computed():
+    # Prepare: losses (0.3, 0.1, 0.2) -> ranks (2, 0, 1), C - rank = (1, 3, 2), sum 6
+    crs = Rank()
+
+    # Execute
+    weights = crs(scores(0.3, 0.1, 0.2))
+
+    # Assert
+    assert_weights(weights, [1 / 6, 3 / 6, 2 / 6])
+    # prefer="high" (accuracies): the same scores rank the other way round -> (3, 1, 2) / 6
+    assert_weights(Rank(prefer="high")(scores(0.3, 0.1, 0.2)), [3 / 6, 1 / 6, 2 / 6])
+    # Ties share their mean rank: (0.1, 0.1, 0.5) -> ranks (0.5, 0.5, 2) -> (2.5, 2.5, 1) / 6
+    assert_weights(crs(scores(0.1, 0.1, 0.5)), [2.5 / 6, 2.5 / 6, 1 / 6])
+    # Only the order matters; a NaN gets 0 and is not ranked: (5, NaN, 1e300) -> (2, 0, 1) / 3
+    assert_weights(crs(scores(5.0, NAN, 1e300)), [2 / 3, 0.0, 1 / 3])
+    assert make_crs("rank", prefer="high") == Rank("high")
+
+
+@pytest.mark.parametrize("prefer", ["lowest", "", 1, None])
+def test_rank_refuses_bad_preference(prefer):
+    with pytest.raises(ValueError, match="Rank: prefer must be one of"):
+        Rank(prefer=prefer)

@@ -497,7 +497,8 @@ def test_build_rule_errors_for_baselines(kwargs, message):
         (lambda: Flame(cluster_on="weights"), r"Flame: cluster_on must be one of \['updates', 'models'\], got 'weights'"),
         (lambda: Flame(seed=True), r"seed must be an integer, got True"),
         (lambda: Balance(alpha=1.5), r"alpha must be in \[0, 1\], got 1.5"),
-        (lambda: Balance(gamma=-2.0), r"gamma must be >= 0, got -2.0"),
+        (lambda: Balance(gamma=-2.0), r"gamma must be > 0, got -2.0"),
+        (lambda: Balance(gamma=0), r"gamma must be > 0, got 0"),
         (lambda: QFDFL(q=-0.1), r"QFDFL: q must be >= 0, got -0.1"),
         (lambda: QFDFL(lr=0), r"QFDFL: lr must be > 0, got 0"),
     ],
@@ -653,3 +654,44 @@ def test_geometric_median_stays_near_the_honest_rows(data):
     margin = honest.shape[0] - num_byzantine
     bound = (2 * spread + rule.tol * objective) / margin
     assert float(torch.linalg.vector_norm(model - centre)) <= bound + 1e-5
+
+
+# ---------------------------------------------------------------- centered clipping
+
+
+def test_centered_clipping_hand_computed():
+    from peer.aggregation.robust import CenteredClipping
+
+    # Prepare: own (0, 0), neighbours (3, 4) at distance 5 and (0, 1) at distance 1; tau = 2,
+    # one iteration from v = own: shares s = (1, 2/5, 1), C = 3,
+    # v = (1/3) * (0 + 0.4 * (3, 4) + (0, 1)) = (0.4, 2.6/3);
+    # coefficients: own 1 - 2.4/3 + 1/3 = 8/15, (3, 4): 0.4/3 = 2/15, (0, 1): 1/3.
+    inputs = inputs_for([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])
+
+    # Execute
+    result = CenteredClipping(tau=2.0, iterations=1)(inputs)
+
+    # Assert
+    assert result.model.tolist() == pytest.approx([0.4, 2.6 / 3], abs=1e-6)
+    assert result.weights == pytest.approx({7: 8 / 15, 100: 2 / 15, 101: 1 / 3}, abs=1e-12)
+    # A tau beyond every distance is the plain mean after one step.
+    mean = CenteredClipping(tau=100.0, iterations=1)(inputs)
+    assert mean.weights == pytest.approx({7: 1 / 3, 100: 1 / 3, 101: 1 / 3}, abs=1e-12)
+    # A far Byzantine model moves the centre by at most tau / C per iteration.
+    far = CenteredClipping(tau=1.0, iterations=2)(inputs_for([[0.0, 0.0], [1e6, 0.0], [0.0, 0.0]]))
+    assert float(torch.linalg.vector_norm(far.model)) <= 2 * 1.0 / 3 + 1e-6
+    # A NaN row gets no weight; a non-finite own model is kept.
+    nan = CenteredClipping()(inputs_for([[0.0, 0.0], [NAN, 1.0], [0.0, 3.0]]))
+    assert nan.weights[100] == 0.0 and sum(nan.weights.values()) == pytest.approx(1.0)
+    assert CenteredClipping()(inputs_for([[NAN, 0.0], [1.0, 1.0]])).weights == {7: 1.0, 100: 0.0}
+    assert build_rule("centered_clipping", rule_params={"tau": 2, "iterations": 1}) == CenteredClipping(2.0, 1)
+
+
+@pytest.mark.parametrize("params, message", [({"tau": 0}, "tau must be > 0"), ({"tau": NAN}, "tau must be finite"),
+                                              ({"iterations": 0}, "iterations must be >= 1"),
+                                              ({"iterations": 1.5}, "iterations must be an integer")])
+def test_centered_clipping_refuses_bad_settings(params, message):
+    from peer.aggregation.robust import CenteredClipping
+
+    with pytest.raises(ValueError, match=f"CenteredClipping: {message}"):
+        CenteredClipping(**params)
