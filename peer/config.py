@@ -235,6 +235,13 @@ class NetworkConfig:
     # message's sender is the client its certificate names. "off": plaintext, any process can
     # claim any id; for debugging only.
     tls: str = "mutual"
+    # Seconds an incoming call may carry no chunk before the receiver ends it (freeing its slot).
+    # An honest neighbour's call carries a message every round; a sender whose call was idle
+    # for half this long opens a new one for its next message.
+    idle_call_timeout: float = 60.0
+    # Open Push/PushOne calls a receiver allows each sender at once (besides its one Exchange
+    # call); a call beyond is refused at once.
+    calls_per_sender: int = 2
 
     def __post_init__(self) -> None:
         _choice("network.transport", self.transport, TRANSPORTS)
@@ -245,6 +252,11 @@ class NetworkConfig:
         _positive("network.connect_timeout", self.connect_timeout)
         _positive("network.chunk_bytes", self.chunk_bytes)
         _positive("network.max_message_bytes", self.max_message_bytes)
+        _positive("network.idle_call_timeout", self.idle_call_timeout)
+        if self.idle_call_timeout > 86400:
+            raise ScenarioError(f"network.idle_call_timeout={self.idle_call_timeout!r} must be at most 86400 s")
+        if not 1 <= self.calls_per_sender <= 64:
+            raise ScenarioError(f"network.calls_per_sender={self.calls_per_sender!r} must be in 1..64")
 
 
 @dataclass(frozen=True)
