@@ -34,6 +34,10 @@ def test_overrides_are_typed_by_toml_and_dotted():
         ("peers.1.aggregation.crs=nope", ["aggregation.crs", "softmax"]),
         ("peers.1.aggregation.tempo=1", ["peers.1.aggregation.tempo", "temperature"]),
         ("network.round_timeout=0", ["network.round_timeout"]),
+        ("network.idle_call_timeout=0", ["network.idle_call_timeout"]),
+        ("network.idle_call_timeout=100000", ["network.idle_call_timeout", "86400"]),
+        ("network.idle_call_timeout=0.5", []),
+        ("network.calls_per_sender=0", ["network.calls_per_sender", "1..64"]),
     ],
 )
 def test_bad_keys_and_values_name_the_key_and_choices(override, words):
