@@ -196,7 +196,7 @@ class CallLimits:
 class _Caller:
     """A sender's open calls and message bucket, on the receiver's side."""
 
-    __slots__ = ("key", "scale", "tokens", "round", "stamp", "blocked_until", "exchanges", "pushes", "tasks")
+    __slots__ = ("key", "scale", "tokens", "round", "stamp", "blocked_until", "exchanges", "pushes", "tasks", "held")
 
     def __init__(self, key: Any, scale: int, tokens: float, round_: int) -> None:
         self.key = key  # the client id, or ("ip", address) without TLS
@@ -208,9 +208,10 @@ class _Caller:
         self.exchanges: set[asyncio.Task] = set()
         self.pushes = 0
         self.tasks: set[asyncio.Task] = set()
+        self.held = False  # a call of this (shut out) sender is being held before its refusal
 
     def idle(self) -> bool:
-        return not self.tasks and self.pushes == 0 and self.blocked_until <= time.monotonic()
+        return not self.tasks and self.pushes == 0 and not self.held and self.blocked_until <= time.monotonic()
 
 
 class _Refused(Exception):
@@ -387,6 +388,22 @@ class PeerServicer(pb_grpc.PeerServicer):
         else:
             caller.pushes -= 1
 
+    async def _turn_away(self, caller: _Caller, context, reason: str) -> None:
+        """Refuse a call at its start. A shut-out sender's first such call is held until its
+        block ends (at most ``idle_call_timeout``) before it is refused, so a sender that opens
+        one call after another waits instead of costing a refusal each time; its calls beside
+        that one are refused at once. It holds no other call then: its slots bound it still."""
+        if reason == "blocked" and context is not None and not caller.held:
+            task = asyncio.current_task()
+            caller.held = True
+            self._open_calls.add(task)
+            try:
+                await asyncio.sleep(max(0.0, min(caller.blocked_until - time.monotonic(), self.limits.idle_call_timeout)))
+            finally:
+                caller.held = False
+                self._open_calls.discard(task)
+        await self._refuse(context, reason)
+
     async def _refuse(self, context, reason: str) -> None:
         self.refused[reason] += 1
         if context is None:  # called directly (tests): no call to end
@@ -438,7 +455,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         try:
             task = self._open(caller, "push", sender is not None)
         except _Refused as refused:
-            return await self._refuse(context, refused.reason)
+            return await self._turn_away(caller, context, refused.reason)
         try:
             splitter = MessageSplitter(self._max_bytes, self._max_chunks)
             return await self._one(caller, _messages(self._chunks(request_iterator, context), splitter), sender, context)
@@ -453,7 +470,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         try:
             task = self._open(caller, "push", sender is not None)
         except _Refused as refused:
-            return await self._refuse(context, refused.reason)
+            return await self._turn_away(caller, context, refused.reason)
         try:
             reply = self._handle(caller, [request], sender)
             if reply is None:
@@ -470,7 +487,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         try:
             task = self._open(caller, "exchange", sender is not None)
         except _Refused as refused:
-            await self._refuse(context, refused.reason)
+            await self._turn_away(caller, context, refused.reason)
             return
         try:
             splitter = MessageSplitter(self._max_bytes, self._max_chunks)

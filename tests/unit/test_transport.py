@@ -504,7 +504,7 @@ def _flood(servicer, messages):
 
 
 def test_a_sender_past_its_bucket_is_answered_rate_limited_then_shut_out():
-    limits = CallLimits(burst=4, per_round=2, per_second=0.0, block_seconds=60.0)
+    limits = CallLimits(burst=4, per_round=2, per_second=0.0, block_seconds=60.0, idle_call_timeout=0.3)
     delivered = []
 
     def deliver(chunks, sender=None):
@@ -518,9 +518,12 @@ def test_a_sender_past_its_bucket_is_answered_rate_limited_then_shut_out():
     assert reasons == ["stale_round"] * 4 + ["rate_limited"] * 8 and len(delivered) == 4
     assert refusal == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert servicer.refused == {"rate_limited": 8, "disconnected": 1, "blocked": 1}
-    # While it is shut out even a new call is refused before a chunk is read.
+    # While it is shut out even a new call is refused before a chunk is read, after being held
+    # (here for the idle timeout, 0.3 s): one call after another costs it time, not us work.
+    t0 = time.monotonic()
     replies, refusal = _flood(servicer, [encode(1, 0, vec(), SPECS)])
     assert replies == [] and refusal == grpc.StatusCode.RESOURCE_EXHAUSTED and len(delivered) == 4
+    assert 0.25 < time.monotonic() - t0 < 5
     assert servicer.refused["blocked"] == 2
 
 
