@@ -379,3 +379,92 @@ def test_an_honest_network_is_never_rate_limited(small_scenario, tmp_path, tls):
     assert all(f["completed"] for f in finals.values())
     assert [f["refused_calls_by_reason"] for f in finals.values()] == [{}] * 4
     assert all(f["rejected_messages"] == 0 for f in finals.values())
+
+
+def flood_main(certs: str, client: int, address: str, count: int, seconds: float, layout: list) -> None:
+    """A flooding member in its own process (as an attacker would be): stale and future
+    messages with the model's layout, as fast as it can; prints what it saw as JSON."""
+    import json
+
+    from peer.node import Peer  # noqa: F401 - the same imports as a client
+
+    specs = tuple(TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in layout)
+    features = sum(s.numel for s in specs)
+    me = load_identity(certs, client)
+
+    async def main():
+        channel = grpc.aio.secure_channel(address, channel_credentials(me), options=identity_options(me, 0))
+        stale, future = encode(client, 0, torch.zeros(features), specs)[0], encode(client, 10**6, torch.zeros(features), specs)[0]
+        out = await flood(channel, lambda i: future if i % 2 else stale, count, seconds)
+        await channel.close()
+        return out
+
+    written, replies, statuses = asyncio.run(main())
+    print(json.dumps({"written": written, "replies": dict(replies), "calls": dict(statuses)}))
+
+
+@pytest.mark.slow
+def test_a_flooding_process_barely_slows_its_victims_rounds(small_scenario, tmp_path):
+    """Five clients, all neighbours; client 4 never starts and a process holding its
+    certificate floods client 0 with stale and future messages in the model's layout (20,000
+    at most, 20 s at most) while clients 0-3 train. Client 0's rounds per second with and
+    without the flood are compared, and the CPU time its process (clients 0-3) spent: this
+    machine is shared, so wall time also measures the neighbours' load and the flooder's own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from peer.node import Peer
+
+    certs = tmp_path / "certs"
+    make_certificates(5, certs)
+    scenario = small_scenario("topology.kind=complete", "topology.honest=5", "topology.byzantine=0", "attack.name=none", "rounds=300")
+
+    def run_once(out, flood_it):
+        peers = {k: Peer(scenario, k, out, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k))) for k in range(4)}
+        addresses = {k: p.start() for k, p in peers.items()}
+        finals, threads = {}, []
+        for k in peers:
+            def client(k=k):
+                peers[k].connect(addresses)
+                finals[k] = peers[k].run()
+            threads.append(threading.Thread(target=client, daemon=True))
+        attacker = None
+        if flood_it:
+            layout = [(s.name, s.dtype, list(s.shape)) for s in peers[0].specs]
+            code = (
+                "from tests.integration.test_call_limits import flood_main; "
+                f"flood_main({str(certs)!r}, 4, {addresses[0]!r}, 20000, 20.0, {layout!r})"
+            )
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+            attacker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd=os.getcwd())
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                t.join(timeout=120)
+            seen = json.loads(attacker.communicate(timeout=60)[0].strip().splitlines()[-1]) if attacker else None
+        finally:
+            if attacker is not None and attacker.poll() is None:
+                attacker.kill()
+            for p in peers.values():
+                p.close()
+        assert all(not t.is_alive() for t in threads)
+        return finals, seen
+
+    base, _ = run_once(tmp_path / "base", False)
+    flooded, seen = run_once(tmp_path / "flood", True)
+    rate = lambda f: 300 / f["loop_seconds"]  # noqa: E731
+    cpu = lambda f: f["loop_cpu_seconds"]  # noqa: E731
+    print(
+        f"\nclient 0: {rate(base[0]):.1f} rounds/s alone, {rate(flooded[0]):.1f} under the flood; "
+        f"process CPU {cpu(base[0]):.2f} s alone, {cpu(flooded[0]):.2f} s under the flood; "
+        f"flooder: {seen}; client 0 refused {flooded[0]['refused_calls_by_reason']}; rejected {flooded[0]['rejected_by_reason']}"
+    )
+    # Only the flooder is refused; it is shut out after at most a few dozen messages.
+    assert all(f["refused_calls_by_reason"] == {} for k, f in flooded.items() if k != 0)
+    refused = flooded[0]["refused_calls_by_reason"]
+    assert refused.get("disconnected", 0) >= 1 and seen["replies"].get("rate_limited", 0) > 0
+    assert sum(flooded[0]["rejected_by_reason"].values()) + flooded[0]["stale_messages"] < 200
+    assert cpu(flooded[0]) < 1.75 * cpu(base[0])
