@@ -512,6 +512,13 @@ class NetworkConfig:
     # Largest parameter magnitude a received model may hold; a message with a larger value is
     # rejected as implausible (finite but huge values would otherwise wreck any averaging rule).
     max_abs_value: float = 1e6
+    # Seconds an incoming call may carry no chunk before the receiver ends it (freeing its slot).
+    # An honest neighbour's call carries a message every round; a sender whose call was idle
+    # for half this long opens a new one for its next message.
+    idle_call_timeout: float = 60.0
+    # Open Push/PushOne calls a receiver allows each sender at once (besides its one Exchange
+    # call); a call beyond is refused at once.
+    calls_per_sender: int = 2
 
     def __post_init__(self) -> None:
         _choice("network.transport", self.transport, TRANSPORTS)
@@ -524,6 +531,8 @@ class NetworkConfig:
         # gRPC message limits are int32: a chunk plus its framing must stay well below 2 GiB.
         _in_range("network.chunk_bytes", self.chunk_bytes, 1 << 10, 64 << 20)
         _in_range("network.max_message_bytes", self.max_message_bytes, 1 << 10, 1 << 30)
+        _in_range("network.idle_call_timeout", self.idle_call_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        _in_range("network.calls_per_sender", self.calls_per_sender, 1, 64)
 
 
 @dataclass(frozen=True)

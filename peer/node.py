@@ -35,7 +35,7 @@ from peer.results import RoundLog, write_json_atomic
 from peer.telemetry import LauncherLink, NullLink
 from peer.training import LocalTrainer, VectorEvaluator, evaluate
 from peer.transport.base import Transport
-from peer.transport.grpc_transport import GrpcTransport
+from peer.transport.grpc_transport import CallLimits, GrpcTransport
 from peer.transport.inbox import Inbox
 from peer.transport.serde import Plausible, WireError, decode, encode, join_chunks, model_specs
 from topologies import Topology, build_topology
@@ -52,8 +52,10 @@ DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784,
 def grpc_transport_for(
     scenario: Scenario, host: str, port: int, *, advertise: str | None = None, identity: ClientIdentity | None = None
 ) -> GrpcTransport:
-    """The gRPC transport with the scenario's limits: room for a call from every possible
-    neighbour (each neighbour's ``Exchange`` call stays open for the whole run). With
+    """The gRPC transport with the scenario's limits. Each sender gets its own call slots (its
+    ``Exchange`` call, which stays open for the whole run, and ``network.calls_per_sender``
+    pushes) and a message bucket of ``round_window + 2`` messages a round (one is honest);
+    the server's bound on concurrent calls leaves room for every client's slots. With
     ``network.tls = "mutual"`` it needs the client's ``identity``."""
     net = scenario.network
     if net.tls == "mutual" and identity is None:
@@ -64,9 +66,21 @@ def grpc_transport_for(
             "in a neighbour's name; use it for debugging only"
         )
         identity = None
+    per_round = net.round_window + 2
+    limits = CallLimits(
+        calls_per_sender=net.calls_per_sender,
+        idle_call_timeout=net.idle_call_timeout,
+        burst=4 * per_round,
+        per_round=float(per_round),
+        per_second=per_round / net.round_timeout,
+        block_seconds=min(5 * net.round_timeout, 300.0),
+        # Without TLS a sender is an IP address: every client of the run may share one host.
+        shared_host=1 if identity is not None else scenario.num_clients,
+    )
     return GrpcTransport(
         host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-        max_message_bytes=net.max_message_bytes, max_calls=scenario.num_clients + 4, advertise=advertise, identity=identity,
+        max_message_bytes=net.max_message_bytes, max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
+        advertise=advertise, identity=identity, limits=limits,
     )
 
 
@@ -312,6 +326,7 @@ class Peer:
             rejected_by_reason=dict(self.inbox.rejected),
             stale_messages=self.inbox.stale,
             unsent_messages={"dropped": self.transport.dropped, "stale": self.transport.skipped_stale},
+            refused_calls_by_reason=dict(getattr(self.transport, "refused", {})),
             tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
         )
         write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)

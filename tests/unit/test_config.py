@@ -43,6 +43,10 @@ def test_overrides_are_typed_by_toml_and_dotted():
         ("network.max_abs_value=3.4e38", ["network.max_abs_value", "(0, 3e+38]"]),
         ("network.max_abs_value=3e38", []),
         ("network.max_abs_value=1e3", []),
+        ("network.idle_call_timeout=0", ["network.idle_call_timeout"]),
+        ("network.idle_call_timeout=100000", ["network.idle_call_timeout", "86400"]),
+        ("network.idle_call_timeout=0.5", []),
+        ("network.calls_per_sender=0", ["network.calls_per_sender", "[1, 64]"]),
     ],
 )
 def test_bad_keys_and_values_name_the_key_and_choices(override, words):
@@ -133,6 +137,8 @@ RANGES = [
     ("network.chunk_bytes", [1024, 64 << 20], [1023, (64 << 20) + 1, 3 << 30]),
     ("network.max_message_bytes", [1024, 1 << 30], [1023, (1 << 30) + 1]),
     ("network.max_abs_value", [1e-6, 3e38], [0.0, 3.1e38]),
+    ("network.idle_call_timeout", [1e-12, 86400.0], [0.0, 86401.0]),
+    ("network.calls_per_sender", [1, 64], [0, 65]),
     ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
 ]
 FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]

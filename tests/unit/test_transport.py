@@ -13,7 +13,7 @@ import torch
 
 from peer.node import Peer
 from peer.transport.inproc import InprocHub, InprocTransport
-from peer.transport.grpc_transport import GrpcTransport, PeerServicer, handle_push, split_messages
+from peer.transport.grpc_transport import CallLimits, GrpcTransport, MessageSplitter, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
@@ -307,15 +307,41 @@ def test_exchange_answers_each_message_and_stops_reading_a_stranger():
     assert [(r.accepted, r.reason) for r in replies] == [(False, "not_neighbour")] and read == [0]
 
 
-def exchange(servicer, chunks):
+class Aborted(Exception):
+    pass
+
+
+class FakeContext:
+    """What the servicer uses of a gRPC call's context: the replies it writes, how it ends."""
+
+    def __init__(self):
+        self.replies, self.status = [], None
+
+    async def write(self, reply):
+        self.replies.append(reply)
+
+    async def abort(self, code, details):
+        self.status = code
+        raise Aborted(details)
+
+    def peer(self):
+        return "ipv4:127.0.0.1:50000"
+
+
+def exchange(servicer, chunks, context=None):
     """The replies of the servicer's Exchange handler to a call carrying ``chunks``."""
+    context = context or FakeContext()
 
     async def call():
         async def incoming():
             for chunk in chunks:
                 yield chunk
 
-        return [reply async for reply in servicer.Exchange(incoming(), None)]
+        try:
+            await servicer.Exchange(incoming(), context)
+        except Aborted:
+            pass
+        return context.replies
 
     return asyncio.run(call())
 
@@ -504,29 +530,103 @@ def test_a_client_answers_with_its_round(small_scenario, tmp_path):
         peer.close()
 
 
-def test_push_reads_no_more_than_one_message_worth_headers_counted():
-    read = []
-    sent = encode(1, 0, vec(), SPECS, chunk_bytes=16) * 10
-
+def _push(servicer, sent, read):
     async def call():
         async def incoming():
             for i, chunk in enumerate(sent):
                 read.append(i)
                 yield chunk
 
-        servicer = PeerServicer(lambda chunks, sender=None: (False, "size_mismatch", 0), max_bytes=200)
         return await servicer.Push(incoming(), None)
 
-    reply = asyncio.run(call())
-    assert (reply.accepted, reply.reason) == (False, "size_mismatch")
-    # Every byte buffered counts, the header's too: reading stops at the chunk that passes 200.
-    total, stop = 0, None
-    for i, chunk in enumerate(sent):
-        total += chunk.ByteSize()
-        if total > 200:
-            stop = i
-            break
-    assert len(read) == stop + 1 < len(sent)
+    return asyncio.run(call())
+
+
+def test_push_reads_one_message_and_no_more():
+    read = []
+    sent = encode(1, 0, vec(), SPECS, chunk_bytes=16) * 10
+    got = []
+    servicer = PeerServicer(lambda chunks, sender=None: (got.append(list(chunks)), (True, "", 0))[1], max_bytes=200)
+    reply = _push(servicer, sent, read)
+    assert reply.accepted and got == [sent[:4]] and read == [0, 1, 2, 3]
+    # Header-only chunks: each is a whole (empty) message, so one is read.
+    read.clear()
+    header = encode(1, 0, vec(), SPECS)[0]
+    bare = type(header)()
+    bare.header.CopyFrom(header.header)
+    bare.header.total_bytes = 0
+    _push(servicer, [bare] * 1000, read)
+    assert read == [0]
+    # A header that declares more than the limit: out at once.
+    read.clear()
+    huge = type(header)()
+    huge.header.CopyFrom(header.header)
+    huge.header.total_bytes = 10**9
+    _push(servicer, [huge] + sent, read)
+    assert read == [0]
+
+
+def test_a_message_of_empty_chunks_holds_at_most_max_chunks():
+    """A header that declares a size within the limit followed by chunks that carry nothing
+    would otherwise be buffered without end (each parsed chunk costs memory, not bytes)."""
+    header = encode(1, 0, vec(), SPECS)[0]
+    header.ClearField("data")
+    empty = type(header)()
+    empty.data = b""
+    splitter = MessageSplitter(max_bytes=1000, max_chunks=8)
+    out = []
+    for chunk in [header] + [empty] * 100 + encode(1, 1, vec(1), SPECS, chunk_bytes=16):
+        out.extend(splitter.feed(chunk))
+    assert [len(m) for m in out] == [8, 4]  # the first cut at 8 chunks, its rest skipped
+    assert len(splitter.current) == 0
+    with pytest.raises(WireError, match="size_mismatch"):
+        join_chunks(iter(out[0]), 1000)
+
+
+def _flood(servicer, messages):
+    """Replies of one Exchange call carrying ``messages``, and how it ended (None: as usual)."""
+    context = FakeContext()
+    replies = exchange(servicer, [c for m in messages for c in m], context)
+    return replies, context.status
+
+
+def test_a_sender_past_its_bucket_is_answered_rate_limited_then_shut_out():
+    limits = CallLimits(burst=4, per_round=2, per_second=0.0, block_seconds=60.0, idle_call_timeout=0.3)
+    delivered = []
+
+    def deliver(chunks, sender=None):
+        delivered.append(1)
+        return False, "stale_round", 0
+
+    servicer = PeerServicer(deliver, 1 << 20, limits=limits)
+    replies, refusal = _flood(servicer, [encode(1, 0, vec(), SPECS)] * 100)
+    reasons = [r.reason for r in replies]
+    # 4 delivered (the burst), 8 answered unread (2 x burst past empty), then it is shut out.
+    assert reasons == ["stale_round"] * 4 + ["rate_limited"] * 8 and len(delivered) == 4
+    assert refusal == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert servicer.refused == {"rate_limited": 8, "disconnected": 1, "blocked": 1}
+    # While it is shut out even a new call is refused before a chunk is read, after being held
+    # (here for the idle timeout, 0.3 s): one call after another costs it time, not us work.
+    t0 = time.monotonic()
+    replies, refusal = _flood(servicer, [encode(1, 0, vec(), SPECS)])
+    assert replies == [] and refusal == grpc.StatusCode.RESOURCE_EXHAUSTED and len(delivered) == 4
+    assert 0.25 < time.monotonic() - t0 < 5
+    assert servicer.refused["blocked"] == 2
+
+
+def test_the_bucket_refills_each_round_of_the_receiver():
+    """An honest neighbour sends one message a round: it is never limited however many rounds."""
+    limits = CallLimits(burst=4, per_round=2, per_second=0.0)
+    state = {"round": 0}
+
+    def deliver(chunks, sender=None):
+        state["round"] += 1  # the receiver moves on a round per message
+        return True, "", state["round"]
+
+    servicer = PeerServicer(deliver, 1 << 20, limits=limits)
+    replies, refusal = _flood(servicer, [encode(1, r, vec(), SPECS) for r in range(500)])
+    assert refusal is None and all(r.accepted for r in replies) and len(replies) == 500
+    assert servicer.refused == {}
 
 
 def test_grpc_transport_refuses_a_port_in_use():
