@@ -291,7 +291,7 @@ def test_any_number_loads_only_inside_its_range(key, value):
         return
     section, _, name = key.rpartition(".")
     loaded = getattr(getattr(s, section) if section else s, name)
-    assert loaded == value and lo <= loaded <= hi
+    assert loaded == (float(value) if isinstance(loaded, float) else value) and lo <= loaded <= hi
 
 
 def test_missing_edge_list_is_one_line_from_the_cli(tmp_path, capsys):
