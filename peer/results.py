@@ -6,7 +6,8 @@ finishes. The launcher builds ``summary.json`` from these files only, never from
 
 A results folder holds one run: the launchers refuse a folder an earlier run wrote into
 (:func:`check_fresh_out_dir`), and a client started again by hand into its own folder moves the
-earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file.
+earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file, unless it resumes
+from its checkpoint (``peers/<id>.ckpt.npz``): then it continues its own log.
 """
 
 from __future__ import annotations
@@ -24,9 +25,27 @@ log = logging.getLogger(__name__)
 
 
 class RoundLog:
-    def __init__(self, out_dir: Path, client_id: int) -> None:
+    """One client's round log. ``keep_through``: the client resumes from a checkpoint of that
+    round, so the log is continued: records up to that round are kept (rewritten atomically),
+    the ones after it, logged before the crash, are dropped (``dropped``, and the highest round
+    logged before the crash is ``last_logged``) and the resumed rounds are appended. One record
+    per round stays the rule."""
+
+    def __init__(self, out_dir: Path, client_id: int, *, keep_through: int | None = None) -> None:
         path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.dropped = 0
+        self.last_logged = -1
+        if keep_through is not None:
+            records = read_rounds(out_dir, client_id)
+            kept = [r for r in records if isinstance(r.get("round"), int) and r["round"] <= keep_through]
+            self.dropped = len(records) - len(kept)
+            self.last_logged = max((r["round"] for r in records if isinstance(r.get("round"), int)), default=-1)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            os.replace(tmp, path)
+            self._file = path.open("a", encoding="utf-8")
+            return
         if path.exists() and path.stat().st_size > 0:
             n = 1
             while path.with_name(f"{path.name}.{n}").exists():

@@ -355,6 +355,7 @@ class _Sender:
             while self.queue and self.queue[0][0].header.round < reply.round:
                 self.queue.popleft()  # queued in round order: the oldest go first
                 self.skipped_stale += 1
+        self.transport.peer_rounds[self.peer] = reply.round
         self.transport._on_reachability(self.peer, True)
         if not reply.accepted:
             log.debug("peer %d refused a message of ours: %s", self.peer, reply.reason)
@@ -390,6 +391,9 @@ class GrpcTransport:
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
         self._closed_stale = 0  # skipped_stale of the senders already closed
+        # Each neighbour's round as its latest reply said: a client that resumed from a
+        # checkpoint learns from it which round its neighbours are in.
+        self.peer_rounds: dict[int, int] = {}
 
     @property
     def skipped_stale(self) -> int:
@@ -401,6 +405,11 @@ class GrpcTransport:
             ("grpc.max_send_message_length", self._limit),
             ("grpc.max_receive_message_length", self._limit),
         ]
+
+    def _channel_options(self) -> list[tuple[str, int]]:
+        # gRPC backs off up to 2 minutes between reconnection attempts to a neighbour that is
+        # down; one that restarts must be reachable again within a round or two.
+        return [*self._options(), ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 
     def start(self, deliver: Deliver) -> str:
         """Listen; ``deliver`` gets each incoming message, on the gRPC event loop."""
@@ -437,9 +446,9 @@ class GrpcTransport:
         async def connect() -> None:
             for peer, address in addresses.items():
                 if self.identity is None:
-                    channel = grpc.aio.insecure_channel(address, options=self._options())
+                    channel = grpc.aio.insecure_channel(address, options=self._channel_options())
                 else:
-                    options = [*self._options(), *identity_options(self.identity, peer)]
+                    options = [*self._channel_options(), *identity_options(self.identity, peer)]
                     channel = grpc.aio.secure_channel(address, channel_credentials(self.identity), options=options)
                 self._channels[peer] = channel
                 self._senders[peer] = _Sender(peer, channel, self)

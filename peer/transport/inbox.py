@@ -67,10 +67,9 @@ class Inbox:
         with self._cond:
             current = self._round
             if msg.round < current:
+                # Not a sign the sender is back: only a message it can be waited for again
+                # (in the window) is. A restarted client's first message is often stale.
                 stale = True
-                # A late message still shows the sender is alive (it is behind, not gone): wait
-                # for it again, so two clients that drifted apart fall back into step.
-                self._gone.discard(msg.sender)
             elif msg.round > current + self.window:
                 stale = None
             else:
