@@ -269,6 +269,7 @@ class Peer:
         # Neighbours that came back after being presumed gone -> the first round they sent:
         # they are not waited for before it.
         self._back_at: dict[int, int] = {}
+        self._back_since: dict[int, float] = {}  # when each came back (monotonic seconds)
         self._last_sent: tuple[int, list] | None = None  # (round, chunks) this client sent last
         self._rejoining = 0  # rounds left in which to skip ahead to neighbours found further on
         self._stale_round: int | None = None  # the round whose aggregate replaces a stale model
@@ -314,12 +315,20 @@ class Peer:
         rounds in between), and if this client already sent that round's model (while the
         neighbour was presumed gone, so to it only as an occasional probe), send it again."""
         self._back_at[peer] = round_
+        self._back_since[peer] = time.monotonic()
         log.warning("client %d: neighbour %d is back (round %d); waiting for it again", self.id, peer, round_)
+        reconnect = getattr(self.transport, "reconnect", None)
+        if reconnect is not None:
+            reconnect(peer)  # our channel to it may still be waiting out its reconnection backoff
         last = self._last_sent
         if last is not None and last[0] == round_:
             self.transport.send(peer, last[1])
 
     def _on_reachability(self, peer: int, reachable: bool) -> None:
+        if not reachable and time.monotonic() - self._back_since.get(peer, -1e9) < self.scenario.network.round_timeout:
+            # It just sent us a model: alive. What failed is a send on our channel to its
+            # earlier process; missed deadlines will tell if it is gone again.
+            return
         if not reachable and peer not in self.inbox.gone():
             log.warning("client %d: neighbour %d unreachable, no longer waiting for it", self.id, peer)
             self.inbox.set_gone(peer)
@@ -474,7 +483,9 @@ class Peer:
         when that fits, so that they send it their model of that round after taking it back)."""
         c = self.resumed.round
         start = c + 1
+        asked = time.monotonic()
         found = self._neighbour_rounds(c, vector, num_samples)
+        asked = time.monotonic() - asked
         target = start
         if found:
             hi, lo = max(found.values()), min(found.values())
@@ -492,8 +503,8 @@ class Peer:
         }
         self.resumed_from.append(entry)
         log.warning(
-            "client %d: restart %d; checkpoint of round %d, neighbours in rounds %s; continuing at round %d (%d rounds skipped%s)",
-            self.id, self.restarts, c, found or "unknown", target, skipped,
+            "client %d: restart %d; checkpoint of round %d, neighbours in rounds %s (asked in %.2f s); continuing at round %d (%d rounds skipped%s)",
+            self.id, self.restarts, c, found or "unknown", asked, target, skipped,
             f", model {skipped} rounds stale: taking its neighbours' median in round {target}" if stale else "",
         )
         return target
@@ -511,7 +522,7 @@ class Peer:
         target = min(ahead, self.scenario.rounds - 1)
         entry = self.resumed_from[-1]
         entry["skipped"] += target - r
-        if self.role == "honest" and self._stale_round is None and target - entry["resumed_at"] > _STALE_AFTER:
+        if self._stale_round is not None or (self.role == "honest" and target - r > _STALE_AFTER):
             self._stale_round = target
         log.warning("client %d: neighbours are in round %d; skipping from round %d", self.id, ahead, r)
         return target

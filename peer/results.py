@@ -137,6 +137,7 @@ def summarize(
     peers: dict[str, Any] = {}
     failed: list[int] = []
     isolated: list[int] = []
+    restarted: list[int] = []
     accs: list[float] = []
     gaccs: list[float] = []
     shares: list[float] = []
@@ -156,10 +157,18 @@ def summarize(
             "global_accuracy": None,
             "rejected_messages": None,
             "stale_messages": None,
+            # Times it was started again and resumed from its checkpoint, and the rounds that
+            # cost it (skipped to catch up with its neighbours, or done twice).
+            "restarts": 0,
+            "rounds_lost": 0,
         }
         if final is not None:
             for key in ("accuracy", "global_accuracy", "rejected_messages", "rejected_by_reason", "stale_messages"):
                 entry[key] = final.get(key)
+            entry["restarts"] = int(final.get("restarts") or 0)
+            entry["rounds_lost"] = int(final.get("rounds_lost") or 0)
+        if entry["restarts"]:
+            restarted.append(k)
         if roles[k] == "honest" and _isolated(records):
             # Completed, but alone: it heard from no neighbour at the end (e.g. its host was cut
             # off). Its accuracy is that of a model trained on its own data only.
@@ -187,6 +196,7 @@ def summarize(
         "byzantine_weight_share": (float(np.mean(shares)) if shares else 0.0) if byzantine else None,
         "failed_peers": failed,
         "isolated_peers": isolated,
+        "restarted_peers": restarted,
         "honest_completed": len(accs),
         "peers": peers,
     }

@@ -394,6 +394,7 @@ class GrpcTransport:
         # Each neighbour's round as its latest reply said: a client that resumed from a
         # checkpoint learns from it which round its neighbours are in.
         self.peer_rounds: dict[int, int] = {}
+        self._addresses: dict[int, str] = {}
 
     @property
     def skipped_stale(self) -> int:
@@ -440,20 +441,50 @@ class GrpcTransport:
         self.port = bound
         return f"{_bracket(self.advertise or self.host)}:{bound}"
 
+    def _channel(self, peer: int, address: str) -> grpc.aio.Channel:
+        if self.identity is None:
+            return grpc.aio.insecure_channel(address, options=self._channel_options())
+        options = [*self._channel_options(), *identity_options(self.identity, peer)]
+        return grpc.aio.secure_channel(address, channel_credentials(self.identity), options=options)
+
     def connect(self, addresses: Mapping[int, str], on_reachability: Reachability) -> None:
         self._on_reachability = on_reachability
+        self._addresses = dict(addresses)
 
         async def connect() -> None:
             for peer, address in addresses.items():
-                if self.identity is None:
-                    channel = grpc.aio.insecure_channel(address, options=self._channel_options())
-                else:
-                    options = [*self._channel_options(), *identity_options(self.identity, peer)]
-                    channel = grpc.aio.secure_channel(address, channel_credentials(self.identity), options=options)
+                channel = self._channel(peer, address)
                 self._channels[peer] = channel
                 self._senders[peer] = _Sender(peer, channel, self)
 
         on_loop(connect())
+
+    def reconnect(self, peer: int) -> None:
+        """A neighbour that was down is back (it sent us a message): when our channel to it is
+        still failing (gRPC waits out its reconnection backoff first), open a new one now, so
+        that our next messages reach it. Callable from any thread; the queued messages move
+        over to the new channel."""
+
+        async def swap() -> None:
+            channel, sender = self._channels.get(peer), self._senders.get(peer)
+            if channel is None or sender is None or peer not in self._addresses:
+                return
+            if channel.get_state() not in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.IDLE):
+                return
+            with sender.lock:
+                queued = list(sender.queue)
+            new = self._channel(peer, self._addresses[peer])
+            self._channels[peer] = new
+            self._senders[peer] = _Sender(peer, new, self)
+            for chunks in queued:
+                self._senders[peer].put(chunks)
+            self._closed_stale += sender.skipped_stale
+            sender.stop()
+            await asyncio.gather(sender.task, return_exceptions=True)
+            await channel.close()
+
+        loop = io_loop()
+        loop.call_soon_threadsafe(lambda: loop.create_task(swap()))
 
     def wait_ready(self, timeout: float) -> list[int]:
         async def ready(channel: grpc.aio.Channel) -> bool:
