@@ -461,7 +461,7 @@ class Peer:
         """Ask the neighbours which round they are in. No RPC of its own: this client sends them
         its checkpointed model labelled with its checkpoint round, and each reply carries the
         receiver's round (gRPC transport only: others do not report it; then {})."""
-        rounds = getattr(self.transport, "peer_rounds", None)
+        rounds = getattr(self.transport, "peer_replies", None)
         if rounds is None:
             return {}
         rounds.clear()
@@ -474,23 +474,24 @@ class Peer:
             if all(k in rounds or k in self.inbox.gone() for k in asked):
                 break
             time.sleep(0.005)
-        return {k: int(rounds[k]) for k in asked if k in rounds}
+        found = {k: int(rounds[k][0]) for k in asked if k in rounds}
+        rounds.clear()  # from now on, the replies to this client's round messages
+        return found
 
     def _rejoin(self, vector: torch.Tensor, num_samples: int) -> int:
         """The round a resumed client continues at: the one after its checkpoint, or, when its
-        neighbours went further meanwhile, theirs (within every neighbour's round window, so
-        each buffers this client's next message and takes it back; just ahead of the furthest
-        when that fits, so that they send it their model of that round after taking it back)."""
+        neighbours went further meanwhile, one past the furthest: that neighbour buffers this
+        client's message of that round (it is in its window) and takes it back before it starts
+        the round, so it sends it its model of that round as to everyone; a neighbour further
+        behind takes it back once it is within its window (see :meth:`_wait_rejoining`)."""
         c = self.resumed.round
         start = c + 1
         asked = time.monotonic()
         found = self._neighbour_rounds(c, vector, num_samples)
         asked = time.monotonic() - asked
         target = start
-        if found:
-            hi, lo = max(found.values()), min(found.values())
-            if hi > start:
-                target = max(hi, min(hi + 1, lo + self.scenario.network.round_window))
+        if found and max(found.values()) > start:
+            target = max(found.values()) + 1
         target = min(target, self.scenario.rounds - 1) if start < self.scenario.rounds else start
         target = max(target, start)
         skipped = target - start
@@ -510,14 +511,14 @@ class Peer:
         return target
 
     def _catch_up(self, r: int) -> int:
-        """While rejoining: when a neighbour's reply says it is two or more rounds further than
-        this client (so it no longer waits for it), skip to its round."""
+        """While rejoining: when a neighbour's reply says it is past this client's round
+        already (it went on without it), skip to its round."""
         if self._rejoining <= 0:
             return r
         self._rejoining -= 1
-        rounds = getattr(self.transport, "peer_rounds", None) or {}
-        ahead = max(rounds.values(), default=-1)
-        if ahead < r + 2:
+        replies = getattr(self.transport, "peer_replies", None) or {}
+        ahead = max((v[0] for v in list(replies.values())), default=-1)
+        if ahead <= r:
             return r
         target = min(ahead, self.scenario.rounds - 1)
         entry = self.resumed_from[-1]
@@ -526,6 +527,32 @@ class Peer:
             self._stale_round = target
         log.warning("client %d: neighbours are in round %d; skipping from round %d", self.id, ahead, r)
         return target
+
+    def _wait_rejoining(self, r: int, expected: frozenset[int]) -> dict[int, Any]:
+        """The round's wait while rejoining: this client's model of the round goes again to a
+        neighbour whose last reply refused it as too far ahead (it is further behind than the
+        round window), until that neighbour is close enough to take it back; the wait ends
+        early when a neighbour it still waits for has passed this round (it went on without
+        this client, which skips ahead next round)."""
+        timeout = self.scenario.network.round_timeout
+        replies = getattr(self.transport, "peer_replies", None)
+        if replies is None or self._rejoining <= 0 or self._last_sent is None or self._last_sent[0] != r:
+            return self.inbox.wait(r, expected, timeout)
+        chunks = self._last_sent[1]
+        deadline = time.monotonic() + timeout
+        for _ in range(int(timeout / 0.05) + 2):
+            left = deadline - time.monotonic()
+            got = self.inbox.wait(r, expected, min(0.05, max(left, 0.0)))
+            waiting = expected - got.keys() - self.inbox.gone()
+            if not waiting or left <= 0:
+                return got
+            verdicts = {k: replies.get(k) for k in waiting}
+            if any(v is not None and not v[1] and v[2] == "stale_round" and v[0] > r for v in verdicts.values()):
+                return got
+            for k, v in verdicts.items():
+                if v is not None and not v[1] and v[2] == "future_round":
+                    self.transport.send(k, chunks)
+        return self.inbox.wait(r, expected, 0.0)
 
     def _expected(self, r: int, among: frozenset[int]) -> frozenset[int]:
         """Who is waited for in round ``r``: not the neighbours presumed gone, nor those that
@@ -562,7 +589,7 @@ class Peer:
             own = get_vector(self.model)
             self._send_all(r, own, num_samples, self.neighbours, loss)
             expected = self._expected(r, neighbours)
-            got = self.inbox.wait(r, expected, sc.network.round_timeout)
+            got = self._wait_rejoining(r, expected)
             liveness.update(self.inbox, expected, got)
             ids = (self.id, *sorted(got))
             adopted = False

@@ -355,7 +355,7 @@ class _Sender:
             while self.queue and self.queue[0][0].header.round < reply.round:
                 self.queue.popleft()  # queued in round order: the oldest go first
                 self.skipped_stale += 1
-        self.transport.peer_rounds[self.peer] = reply.round
+        self.transport.peer_replies[self.peer] = (reply.round, reply.accepted, reply.reason)
         self.transport._on_reachability(self.peer, True)
         if not reply.accepted:
             log.debug("peer %d refused a message of ours: %s", self.peer, reply.reason)
@@ -391,9 +391,9 @@ class GrpcTransport:
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
         self._closed_stale = 0  # skipped_stale of the senders already closed
-        # Each neighbour's round as its latest reply said: a client that resumed from a
-        # checkpoint learns from it which round its neighbours are in.
-        self.peer_rounds: dict[int, int] = {}
+        # Each neighbour's latest reply: (its round, accepted, reason). A client that resumed
+        # from a checkpoint learns from it which round its neighbours are in.
+        self.peer_replies: dict[int, tuple[int, bool, str]] = {}
         self._addresses: dict[int, str] = {}
 
     @property
