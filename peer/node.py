@@ -269,7 +269,8 @@ class Peer:
         # Neighbours that came back after being presumed gone -> the first round they sent:
         # they are not waited for before it.
         self._back_at: dict[int, int] = {}
-        self._back_since: dict[int, float] = {}  # when each came back (monotonic seconds)
+        self._back_since: dict[int, float] = {}
+        self._rearmed: set[int] = set()  # taken back on a late message since last heard in step  # when each came back (monotonic seconds)
         self._last_sent: tuple[int, list] | None = None  # (round, chunks) this client sent last
         self._rejoining = 0  # rounds left in which to skip ahead to neighbours found further on
         self._stale_round: int | None = None  # the round whose aggregate replaces a stale model
@@ -306,7 +307,20 @@ class Peer:
         was_gone = msg.sender in self.inbox.gone()
         accepted, reason = self.inbox.offer(msg)
         if accepted and was_gone:
+            self._rearmed.discard(msg.sender)
             self._on_back(msg.sender, msg.round)
+        elif (
+            was_gone and reason == "stale_round" and msg.sender not in self._rearmed
+            and msg.round >= self.inbox.round - self.scenario.network.round_window
+        ):
+            # A neighbour presumed gone that is only a few rounds behind (e.g. it restarted and
+            # is catching up, and this client passed the round it came back at just before
+            # its message arrived): waited for again from the next round, which it reaches
+            # quickly. Once per absence, so a client that is merely slow costs at most
+            # max_missed_rounds deadlines more.
+            self._rearmed.add(msg.sender)
+            self.inbox.set_gone(msg.sender, False)
+            self._on_back(msg.sender, self.inbox.round + 1)
         return accepted, reason
 
     def _on_back(self, peer: int, round_: int) -> None:
@@ -511,14 +525,18 @@ class Peer:
         return target
 
     def _catch_up(self, r: int) -> int:
-        """While rejoining: when a neighbour's reply says it is past this client's round
-        already (it went on without it), skip to its round."""
+        """While rejoining: when a neighbour's reply says it is further on than the round window
+        (it went on without this client and will not take it back from a late message), skip
+        to its round. A neighbour fewer rounds ahead takes it back on its late message and
+        waits for its next round: this client gets there quickly, not waiting for rounds that
+        neighbour has passed (see :meth:`_wait_rejoining`); a neighbour that took it back
+        meanwhile would miss the rounds it skipped."""
         if self._rejoining <= 0:
             return r
         self._rejoining -= 1
         replies = getattr(self.transport, "peer_replies", None) or {}
         ahead = max((v[0] for v in list(replies.values())), default=-1)
-        if ahead <= r:
+        if ahead <= r + self.scenario.network.round_window:
             return r
         target = min(ahead, self.scenario.rounds - 1)
         entry = self.resumed_from[-1]
@@ -528,31 +546,33 @@ class Peer:
         log.warning("client %d: neighbours are in round %d; skipping from round %d", self.id, ahead, r)
         return target
 
-    def _wait_rejoining(self, r: int, expected: frozenset[int]) -> dict[int, Any]:
-        """The round's wait while rejoining: this client's model of the round goes again to a
-        neighbour whose last reply refused it as too far ahead (it is further behind than the
-        round window), until that neighbour is close enough to take it back; the wait ends
-        early when a neighbour it still waits for has passed this round (it went on without
-        this client, which skips ahead next round)."""
+    def _wait_rejoining(self, r: int, expected: frozenset[int]) -> tuple[dict[int, Any], frozenset[int]]:
+        """The round's wait while rejoining; returns (what arrived, neighbours that had passed
+        this round). This client's model of the round goes again to a neighbour whose last
+        reply refused it as too far ahead (it is further behind than the round window), until
+        that neighbour is close enough to take it back. A neighbour whose reply says it passed
+        this round sent nothing for it: not waited for, and not counted as missing."""
         timeout = self.scenario.network.round_timeout
         replies = getattr(self.transport, "peer_replies", None)
         if replies is None or self._rejoining <= 0 or self._last_sent is None or self._last_sent[0] != r:
-            return self.inbox.wait(r, expected, timeout)
+            return self.inbox.wait(r, expected, timeout), frozenset()
         chunks = self._last_sent[1]
         deadline = time.monotonic() + timeout
+        passed: set[int] = set()
         for _ in range(int(timeout / 0.05) + 2):
             left = deadline - time.monotonic()
-            got = self.inbox.wait(r, expected, min(0.05, max(left, 0.0)))
-            waiting = expected - got.keys() - self.inbox.gone()
+            got = self.inbox.wait(r, expected - passed, min(0.05, max(left, 0.0)))
+            waiting = expected - got.keys() - self.inbox.gone() - passed
             if not waiting or left <= 0:
-                return got
-            verdicts = {k: replies.get(k) for k in waiting}
-            if any(v is not None and not v[1] and v[2] == "stale_round" and v[0] > r for v in verdicts.values()):
-                return got
-            for k, v in verdicts.items():
-                if v is not None and not v[1] and v[2] == "future_round":
+                break
+            for k in waiting:
+                v = replies.get(k)
+                if v is not None and not v[1] and v[2] == "stale_round" and v[0] > r:
+                    passed.add(k)
+                elif v is not None and not v[1] and v[2] == "future_round":
                     self.transport.send(k, chunks)
-        return self.inbox.wait(r, expected, 0.0)
+        got = self.inbox.wait(r, expected - passed, 0.0)
+        return got, frozenset(passed - got.keys())
 
     def _expected(self, r: int, among: frozenset[int]) -> frozenset[int]:
         """Who is waited for in round ``r``: not the neighbours presumed gone, nor those that
@@ -589,7 +609,8 @@ class Peer:
             own = get_vector(self.model)
             self._send_all(r, own, num_samples, self.neighbours, loss)
             expected = self._expected(r, neighbours)
-            got = self._wait_rejoining(r, expected)
+            got, passed = self._wait_rejoining(r, expected)
+            expected -= passed
             liveness.update(self.inbox, expected, got)
             ids = (self.id, *sorted(got))
             adopted = False
