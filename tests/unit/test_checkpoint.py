@@ -18,7 +18,7 @@ from peer.checkpoint import (
 from peer.config import ScenarioError, load_scenario, scenario_changes
 from peer.data import Dataset
 from peer.models import build_model, get_vector
-from peer.node import Peer, coordinate_median
+from peer.node import Peer, coordinate_median, scenario_topology
 from peer.results import RoundLog, read_rounds, summarize, write_json_atomic
 from peer.training import LocalTrainer
 from peer.transport.inproc import InprocHub, InprocTransport
@@ -209,3 +209,23 @@ def test_coordinate_median():
     assert torch.equal(coordinate_median(v), torch.tensor([2.0, 2.0]))
     v = torch.tensor([[1.0, 5.0], [3.0, -1.0], [100.0, 0.0]])
     assert torch.equal(coordinate_median(v), torch.tensor([3.0, 0.0]))
+
+
+def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_scenario, tmp_path):
+    scenario = small_scenario("topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5")
+    bad = max(scenario_topology(scenario).byzantine)
+    peer = Peer(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    try:
+        assert peer.role == "byzantine"
+        state = torch.Generator().manual_seed(9).get_state().numpy()
+        peer._save_checkpoint(9, generators={"attack": state})
+        peer.results.close()
+    finally:
+        peer.close()
+    again = Peer(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    try:
+        assert again.resumed.round == 9 and again.resumed.vector is None
+        assert np.array_equal(again.resumed.generators["attack"], state)
+        again.results.close()
+    finally:
+        again.close()
