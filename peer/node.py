@@ -504,8 +504,8 @@ class Peer:
         found = self._neighbour_rounds(c, vector, num_samples)
         asked = time.monotonic() - asked
         target = start
-        if found and max(found.values()) > start:
-            target = max(found.values()) + 1
+        if found and _upper_median(found.values()) > start:
+            target = _upper_median(found.values()) + 1
         target = min(target, self.scenario.rounds - 1) if start < self.scenario.rounds else start
         target = max(target, start)
         skipped = target - start
@@ -535,7 +535,7 @@ class Peer:
             return r
         self._rejoining -= 1
         replies = getattr(self.transport, "peer_replies", None) or {}
-        ahead = max((v[0] for v in list(replies.values())), default=-1)
+        ahead = _upper_median([v[0] for v in list(replies.values())]) if replies else -1
         if ahead <= r + self.scenario.network.round_window:
             return r
         target = min(ahead, self.scenario.rounds - 1)
@@ -577,7 +577,7 @@ class Peer:
     def _expected(self, r: int, among: frozenset[int]) -> frozenset[int]:
         """Who is waited for in round ``r``: not the neighbours presumed gone, nor those that
         came back at a later round."""
-        for k in [k for k, b in self._back_at.items() if b <= r]:
+        for k in [k for k, b in list(self._back_at.items()) if b <= r]:
             self._back_at.pop(k, None)
         later = {k for k, b in list(self._back_at.items()) if b > r}
         return among - self.inbox.gone() - later
@@ -724,6 +724,13 @@ class Peer:
                 self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
             r += 1
         return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start)}
+
+
+def _upper_median(values) -> int:
+    """The upper median of the rounds neighbours report: the furthest of two, and with more
+    neighbours one that a minority (e.g. Byzantine ones reporting a far round) cannot set."""
+    ordered = sorted(values)
+    return int(ordered[len(ordered) // 2])
 
 
 def coordinate_median(vectors: torch.Tensor) -> torch.Tensor:
