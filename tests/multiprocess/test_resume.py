@@ -119,6 +119,7 @@ def _longest_run(rounds: list[int]) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_LIMIT + 300)  # two runs of 1,500 rounds, on a shared host
 def test_killed_client_resumes_and_rejoins_its_ring(tmp_path, record_property):
     scenario = load_scenario(None, SCENARIO)
     certs = tmp_path / "certs"
