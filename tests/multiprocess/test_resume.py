@@ -219,9 +219,11 @@ def test_killed_client_resumes_and_rejoins_its_ring(tmp_path, record_property):
         assert _longest_run(missed) <= scenario.network.max_missed_rounds, figures
         assert sum(r > neighbour_rounds_at_restart[j] for r in missed) <= scenario.network.max_missed_rounds, figures
 
-    # The same accuracy as without the crash, within a point.
+    # The crash costs it no accuracy: at most a point below the run without it. (Above is not
+    # a fault: two runs of the same scenario differ by about a point, 3-4 of its ~330 local
+    # test samples, since which neighbour models meet in a round depends on timing.)
     figures.update(accuracy_with_crash=final["accuracy"], accuracy_without_crash=baseline[VICTIM])
-    assert abs(final["accuracy"] - baseline[VICTIM]) <= 1.0, figures
+    assert final["accuracy"] >= baseline[VICTIM] - 1.0, figures
 
     summary = collect_summary(out, scenario, exit_codes=codes)
     assert summary["restarted_peers"] == [VICTIM] and summary["failed_peers"] == []
