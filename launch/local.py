@@ -318,3 +318,6 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         f"global {f('honest_mean_global_accuracy', '%')}; Byzantine weight share {f('byzantine_weight_share')}; "
         f"failed {summary['failed_peers'] or 'none'}; {summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
     )
+    for k in summary.get("restarted_peers") or []:
+        p = summary["peers"][str(k)]
+        console.print(f"client {k} was restarted {p['restarts']} time(s) and resumed from its checkpoint; {p['rounds_lost']} rounds lost")

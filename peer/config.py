@@ -12,6 +12,7 @@ A scenario file has the sections below (every key optional; defaults in the data
     [network]     transport, host, round_timeout, round_window, max_missed_rounds,
                   connect_timeout, chunk_bytes, max_message_bytes
     [eval]        every
+    [checkpoint]  every
     [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
 
 A rule, TPM, CRS or attack is a class registered by name (peer/aggregation/registry.py) or an
@@ -545,6 +546,18 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    # Each client saves its state (model, round, optimizer and RNG state, counters) into its
+    # results folder every N rounds, and a client started again with the same id resumes from
+    # it; 0 = off (a client started again starts over).
+    every: int = 50
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.every, int) or isinstance(self.every, bool) or not 0 <= self.every <= 10_000_000:
+            raise ScenarioError(f"checkpoint.every={self.every!r} must be an integer in 0..10000000 (0 = no checkpoints)")
+
+
+@dataclass(frozen=True)
 class Scenario:
     seed: int = 43
     rounds: int = 200
@@ -555,6 +568,7 @@ class Scenario:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # Client id -> aggregation overrides (keys of [aggregation]).
     peers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -600,6 +614,7 @@ _SECTIONS: dict[str, type] = {
     "aggregation": AggregationConfig,
     "network": NetworkConfig,
     "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
 }
 _TOP_SCALARS = ("seed", "rounds")
 

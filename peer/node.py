@@ -27,6 +27,7 @@ import torch
 
 from peer.aggregation import RoundInputs
 from peer.config import AggregationConfig, Scenario
+from peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint, scenario_fingerprint
 from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import build_model, get_vector, set_vector
@@ -44,6 +45,14 @@ log = logging.getLogger(__name__)
 
 # A neighbour presumed gone is still sent a model every this many rounds.
 _PROBE_EVERY = 5
+
+# A client that resumed from a checkpoint and had to skip more rounds than this to catch up
+# with its neighbours holds a stale model: it takes their models' coordinate-wise median in its
+# place (see Peer._run_honest).
+_STALE_AFTER = 10
+# How many rounds after resuming a client keeps checking whether its neighbours are ahead of
+# it (their replies say their round) and skips ahead to them.
+_REJOIN_ROUNDS = 20
 
 # (features, classes) per dataset, so a Byzantine client knows the model layout without data.
 DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
@@ -217,7 +226,30 @@ class Peer:
                     p.zero_().to(self.device)
         self.specs = model_specs(self.model)
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
-        self.results = RoundLog(self.out_dir, client_id)
+        self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
+        self.fingerprint = scenario_fingerprint(scenario)
+        # A checkpoint of this client in its results folder: it was killed, and resumes.
+        self.resumed: Checkpoint | None = None
+        if scenario.checkpoint.every and self.checkpoint_file.exists():
+            size = None if self.role == "byzantine" else sum(s.numel for s in self.specs)
+            self.resumed = load_checkpoint(self.checkpoint_file, client=client_id, scenario=self.fingerprint, vector_size=size)
+            if self.resumed.vector is not None:
+                set_vector(self.model, torch.from_numpy(self.resumed.vector.copy()))
+            log.warning("client %d: resuming from its checkpoint of round %d (%s)", client_id, self.resumed.round, self.checkpoint_file)
+        self.results = RoundLog(self.out_dir, client_id, keep_through=self.resumed.round if self.resumed else None)
+        before = self.resumed.counters if self.resumed else {}
+        self.restarts = int(before.get("restarts", 0)) + (1 if self.resumed else 0)
+        # One entry per resume: checkpoint round, round resumed at, rounds skipped and redone.
+        self.resumed_from: list[dict[str, Any]] = list(before.get("resumed_from", []))
+        self._counters_before = {"rejected_by_reason": dict(before.get("rejected_by_reason", {})), "stale_messages": int(before.get("stale_messages", 0))}
+        # Neighbours that came back after being presumed gone -> the first round they sent:
+        # they are not waited for before it.
+        self._back_at: dict[int, int] = {}
+        self._back_since: dict[int, float] = {}
+        self._rearmed: set[int] = set()  # taken back on a late message since last heard in step  # when each came back (monotonic seconds)
+        self._last_sent: tuple[int, list] | None = None  # (round, chunks) this client sent last
+        self._rejoining = 0  # rounds left in which to skip ahead to neighbours found further on
+        self._stale_round: int | None = None  # the round whose aggregate replaces a stale model
         self.stop_requested = threading.Event()
         self._prepared = False
         # Where this client listens, once started (kept in its final record).
@@ -254,9 +286,45 @@ class Peer:
             return self.inbox.reject(exc.reason, exc.detail)
         except Exception as exc:  # noqa: BLE001 - a message no check foresaw is still only rejected
             return self.inbox.reject("malformed", type(exc).__name__)
-        return self.inbox.offer(msg)
+        was_gone = msg.sender in self.inbox.gone()
+        accepted, reason = self.inbox.offer(msg)
+        if accepted and was_gone:
+            self._rearmed.discard(msg.sender)
+            self._on_back(msg.sender, msg.round)
+        elif (
+            was_gone and reason == "stale_round" and msg.sender not in self._rearmed
+            and msg.round >= self.inbox.round - self.scenario.network.round_window
+        ):
+            # A neighbour presumed gone that is only a few rounds behind (e.g. it restarted and
+            # is catching up, and this client passed the round it came back at just before
+            # its message arrived): waited for again from the next round, which it reaches
+            # quickly. Once per absence, so a client that is merely slow costs at most
+            # max_missed_rounds deadlines more.
+            self._rearmed.add(msg.sender)
+            self.inbox.set_gone(msg.sender, False)
+            self._on_back(msg.sender, self.inbox.round + 1)
+        return accepted, reason
+
+    def _on_back(self, peer: int, round_: int) -> None:
+        """A neighbour presumed gone sent a model it can be waited for with (e.g. it restarted
+        and caught up): wait for it again from that round on, not before (it skipped the
+        rounds in between), and if this client already sent that round's model (while the
+        neighbour was presumed gone, so to it only as an occasional probe), send it again."""
+        self._back_at[peer] = round_
+        self._back_since[peer] = time.monotonic()
+        log.warning("client %d: neighbour %d is back (round %d); waiting for it again", self.id, peer, round_)
+        reconnect = getattr(self.transport, "reconnect", None)
+        if reconnect is not None:
+            reconnect(peer)  # our channel to it may still be waiting out its reconnection backoff
+        last = self._last_sent
+        if last is not None and last[0] == round_:
+            self.transport.send(peer, last[1])
 
     def _on_reachability(self, peer: int, reachable: bool) -> None:
+        if not reachable and time.monotonic() - self._back_since.get(peer, -1e9) < self.scenario.network.round_timeout:
+            # It just sent us a model: alive. What failed is a send on our channel to its
+            # earlier process; missed deadlines will tell if it is gone again.
+            return
         if not reachable and peer not in self.inbox.gone():
             log.warning("client %d: neighbour %d unreachable, no longer waiting for it", self.id, peer)
             self.inbox.set_gone(peer)
@@ -276,6 +344,11 @@ class Peer:
                 self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
                 seed=derive_seed(sc.seed, "batches", self.id),
             )
+            if self.resumed is not None:
+                try:
+                    self.trainer.load_state(self.resumed.generators, self.resumed.arrays, int(self.resumed.counters.get("trainer_pos", 0)))
+                except (KeyError, ValueError, RuntimeError) as exc:
+                    raise CheckpointError(f"checkpoint {self.checkpoint_file}: trainer state unusable ({exc})") from None
             self.rule = client_rule(sc, self.topology, self.id)
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
         else:
@@ -314,6 +387,9 @@ class Peer:
         if self.role == "honest":
             cfg = self.scenario.aggregation_for(self.id)
             final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, self.id)}
+        rejected = dict(self.inbox.rejected)
+        for reason, n in self._counters_before["rejected_by_reason"].items():
+            rejected[reason] = rejected.get(reason, 0) + int(n)
         final.update(
             id=self.id,
             role=self.role,
@@ -322,14 +398,20 @@ class Peer:
             device=str(self.device),
             completed=True,
             wall_seconds=round(time.monotonic() - start, 3),
-            rejected_messages=self.inbox.total_rejected(),
-            rejected_by_reason=dict(self.inbox.rejected),
-            stale_messages=self.inbox.stale,
+            rejected_messages=sum(rejected.values()),
+            rejected_by_reason=rejected,
+            stale_messages=self.inbox.stale + self._counters_before["stale_messages"],
             unsent_messages={"dropped": self.transport.dropped, "stale": self.transport.skipped_stale},
             refused_calls_by_reason=dict(getattr(self.transport, "refused", {})),
             tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
+            restarts=self.restarts,
+            rounds_lost=sum(e["skipped"] + e["redone"] for e in self.resumed_from),
+            resumed_from=self.resumed_from,
         )
         write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)
+        # Done: a client started again with this id now starts a new run (its round log is
+        # moved aside), it does not resume this one.
+        self.checkpoint_file.unlink(missing_ok=True)
         self.link.send({"type": "done", "id": self.id, "accuracy": final.get("accuracy"), "global_accuracy": final.get("global_accuracy")})
         return final
 
@@ -344,6 +426,7 @@ class Peer:
 
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
         chunks = encode(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
+        self._last_sent = (round_, chunks)
         gone = self.inbox.gone()
         for k in to:
             # A neighbour presumed gone only gets a probe now and then: a send to a silently
@@ -352,6 +435,142 @@ class Peer:
             if k in gone and round_ % _PROBE_EVERY:
                 continue
             self.transport.send(k, chunks)
+
+    # -- checkpoints and resuming --------------------------------------------------------
+    def _checkpoint_due(self, r: int) -> bool:
+        every = self.scenario.checkpoint.every
+        return bool(every) and (r + 1) % every == 0 and r < self.scenario.rounds - 1
+
+    def _save_checkpoint(self, r: int, *, generators: dict, arrays: dict | None = None, vector=None, **counters: Any) -> None:
+        rejected = dict(self._counters_before["rejected_by_reason"])
+        for reason, n in self.inbox.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + n
+        save_checkpoint(
+            self.checkpoint_file,
+            Checkpoint(
+                client=self.id, round=r, scenario=self.fingerprint, vector=vector, generators=generators, arrays=arrays or {},
+                counters={
+                    **counters, "restarts": self.restarts, "resumed_from": self.resumed_from,
+                    "rejected_by_reason": rejected, "stale_messages": self.inbox.stale + self._counters_before["stale_messages"],
+                },
+            ),
+        )
+
+    def _neighbour_rounds(self, hello_round: int, vector: torch.Tensor, num_samples: int) -> dict[int, int]:
+        """Ask the neighbours which round they are in. No RPC of its own: this client sends them
+        its checkpointed model labelled with its checkpoint round, and each reply carries the
+        receiver's round (gRPC transport only: others do not report it; then {})."""
+        rounds = getattr(self.transport, "peer_replies", None)
+        if rounds is None:
+            return {}
+        rounds.clear()
+        chunks = encode(self.id, hello_round, vector, self.specs, num_samples=num_samples, train_loss=float("nan"), chunk_bytes=self.scenario.network.chunk_bytes)
+        asked = [k for k in self.neighbours if k not in self.topology.byzantine or self.role == "honest"]
+        for k in asked:
+            self.transport.send(k, chunks)
+        deadline = time.monotonic() + self.scenario.network.round_timeout
+        while time.monotonic() < deadline:
+            if all(k in rounds or k in self.inbox.gone() for k in asked):
+                break
+            time.sleep(0.005)
+        found = {k: int(rounds[k][0]) for k in asked if k in rounds}
+        rounds.clear()  # from now on, the replies to this client's round messages
+        return found
+
+    def _rejoin(self, vector: torch.Tensor, num_samples: int) -> int:
+        """The round a resumed client continues at: the one after its checkpoint, or, when its
+        neighbours went further meanwhile, one past the furthest: that neighbour buffers this
+        client's message of that round (it is in its window) and takes it back before it starts
+        the round, so it sends it its model of that round as to everyone; a neighbour further
+        behind takes it back once it is within its window (see :meth:`_wait_rejoining`)."""
+        c = self.resumed.round
+        start = c + 1
+        asked = time.monotonic()
+        found = self._neighbour_rounds(c, vector, num_samples)
+        asked = time.monotonic() - asked
+        target = start
+        if found and _upper_median(found.values()) > start:
+            target = _upper_median(found.values()) + 1
+        target = min(target, self.scenario.rounds - 1) if start < self.scenario.rounds else start
+        target = max(target, start)
+        skipped = target - start
+        stale = skipped > _STALE_AFTER and self.role == "honest"
+        self._stale_round = target if stale else None
+        self._rejoining = _REJOIN_ROUNDS
+        entry = {
+            "checkpoint_round": c, "last_logged": self.results.last_logged, "resumed_at": target, "neighbour_rounds": {str(k): v for k, v in sorted(found.items())},
+            "skipped": skipped, "redone": 0, "took_neighbours_model": False,
+        }
+        self.resumed_from.append(entry)
+        log.warning(
+            "client %d: restart %d; checkpoint of round %d, neighbours in rounds %s (asked in %.2f s); continuing at round %d (%d rounds skipped%s)",
+            self.id, self.restarts, c, found or "unknown", asked, target, skipped,
+            f", model {skipped} rounds stale: taking its neighbours' median in round {target}" if stale else "",
+        )
+        return target
+
+    def _catch_up(self, r: int) -> int:
+        """While rejoining: when a neighbour's reply says it is further on than the round window
+        (it went on without this client and will not take it back from a late message), skip
+        to its round. A neighbour fewer rounds ahead takes it back on its late message and
+        waits for its next round: this client gets there quickly, not waiting for rounds that
+        neighbour has passed (see :meth:`_wait_rejoining`); a neighbour that took it back
+        meanwhile would miss the rounds it skipped."""
+        if self._rejoining <= 0:
+            return r
+        self._rejoining -= 1
+        replies = getattr(self.transport, "peer_replies", None) or {}
+        ahead = _upper_median([v[0] for v in list(replies.values())]) if replies else -1
+        if ahead <= r + self.scenario.network.round_window:
+            return r
+        target = min(ahead, self.scenario.rounds - 1)
+        entry = self.resumed_from[-1]
+        entry["skipped"] += target - r
+        if self._stale_round is not None or (self.role == "honest" and target - r > _STALE_AFTER):
+            self._stale_round = target
+        log.warning("client %d: neighbours are in round %d; skipping from round %d", self.id, ahead, r)
+        return target
+
+    def _wait_rejoining(self, r: int, expected: frozenset[int]) -> tuple[dict[int, Any], frozenset[int]]:
+        """The round's wait while rejoining; returns (what arrived, neighbours that had passed
+        this round). This client's model of the round goes again to a neighbour whose last
+        reply refused it as too far ahead (it is further behind than the round window), until
+        that neighbour is close enough to take it back. A neighbour whose reply says it passed
+        this round sent nothing for it: not waited for, and not counted as missing."""
+        timeout = self.scenario.network.round_timeout
+        replies = getattr(self.transport, "peer_replies", None)
+        if replies is None or self._rejoining <= 0 or self._last_sent is None or self._last_sent[0] != r:
+            return self.inbox.wait(r, expected, timeout), frozenset()
+        chunks = self._last_sent[1]
+        deadline = time.monotonic() + timeout
+        passed: set[int] = set()
+        for _ in range(int(timeout / 0.05) + 2):
+            left = deadline - time.monotonic()
+            got = self.inbox.wait(r, expected - passed, min(0.05, max(left, 0.0)))
+            waiting = expected - got.keys() - self.inbox.gone() - passed
+            if not waiting or left <= 0:
+                break
+            for k in waiting:
+                v = replies.get(k)
+                if v is not None and not v[1] and v[2] == "stale_round" and v[0] > r:
+                    passed.add(k)
+                elif v is not None and not v[1] and v[2] == "future_round":
+                    self.transport.send(k, chunks)
+        got = self.inbox.wait(r, expected - passed, 0.0)
+        return got, frozenset(passed - got.keys())
+
+    def _expected(self, r: int, among: frozenset[int]) -> frozenset[int]:
+        """Who is waited for in round ``r``: not the neighbours presumed gone, nor those that
+        came back at a later round."""
+        for k in [k for k, b in list(self._back_at.items()) if b <= r]:
+            self._back_at.pop(k, None)
+        later = {k for k, b in list(self._back_at.items()) if b > r}
+        return among - self.inbox.gone() - later
+
+    def _note_round(self, r: int) -> None:
+        """Count a round done again after a resume (it was logged before the crash)."""
+        if self.resumed_from and self.resumed is not None and r <= self.resumed_from[-1]["last_logged"]:
+            self.resumed_from[-1]["redone"] += 1
 
     def _run_honest(self) -> dict[str, Any]:
         sc = self.scenario
@@ -362,18 +581,36 @@ class Peer:
         last: dict[str, float] = {}
         loop_start, cpu_start = time.monotonic(), time.process_time()
         log_every = max(1, sc.rounds // 20)
-        for r in range(sc.rounds):
+        r = self._rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
+        first_after_resume = self.resumed is not None
+        while r < sc.rounds:
             self._check_stop()
+            r = self._catch_up(r)
             self.inbox.advance(r)
+            self._note_round(r)
             sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
             reference = get_vector(self.model)
             loss = trainer.step()
             own = get_vector(self.model)
             self._send_all(r, own, num_samples, self.neighbours, loss)
-            expected = neighbours - self.inbox.gone()
-            got = self.inbox.wait(r, expected, sc.network.round_timeout)
+            expected = self._expected(r, neighbours)
+            got, passed = self._wait_rejoining(r, expected)
+            expected -= passed
             liveness.update(self.inbox, expected, got)
             ids = (self.id, *sorted(got))
+            adopted = False
+            if r == self._stale_round and got:
+                # Resumed far behind its neighbours: its own model is many rounds stale, and
+                # one vote among its neighbours' would pull every aggregate back. It takes the
+                # coordinate-wise median of the neighbours' models of this round as its own
+                # (the median, not the mean, so that one Byzantine neighbour among three
+                # cannot set it), then aggregates with its rule as every round.
+                own = reference = coordinate_median(torch.stack([got[k].vector for k in ids[1:]]))
+                adopted, self._stale_round = True, None
+                self.resumed_from[-1]["took_neighbours_model"] = True
+                log.warning("client %d: round %d: took its neighbours' median model in place of its stale one", self.id, r)
+            elif r == self._stale_round:
+                self._stale_round = r + 1  # no neighbour model this round: try again in the next
             vectors = torch.stack([own, *(got[k].vector for k in ids[1:])])
             sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
             losses = (loss, *(got[k].train_loss for k in ids[1:]))
@@ -392,6 +629,11 @@ class Peer:
                 "bytes_received": self.inbox.bytes_received - recv0,
                 "missing": sorted(expected - got.keys()),
             }
+            if first_after_resume:
+                record["resumed_from"] = self.resumed.round
+                first_after_resume = False
+            if adopted:
+                record["took_neighbours_model"] = True
             if agg.scores is not None:
                 record["scores"] = {str(k): _finite_or_none(v) for k, v in agg.scores.items()}
             every = sc.eval.every
@@ -407,6 +649,10 @@ class Peer:
                 # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
                 acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
                 log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
+            if self._checkpoint_due(r):
+                generators, arrays, pos = trainer.state()
+                self._save_checkpoint(r, generators=generators, arrays=arrays, vector=get_vector(self.model).numpy(), trainer_pos=pos)
+            r += 1
         return {**last, **_loop_times(loop_start, cpu_start), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 
     def _run_byzantine(self) -> dict[str, Any]:
@@ -416,11 +662,18 @@ class Peer:
         targets = tuple(k for k in self.neighbours if k not in self.topology.byzantine)
         liveness = Liveness(sc.network.max_missed_rounds)
         loop_start, cpu_start = time.monotonic(), time.process_time()
-        for r in range(sc.rounds):
+        r = 0
+        if self.resumed is not None:
+            if "attack" in self.resumed.generators:
+                gen.set_state(torch.from_numpy(self.resumed.generators["attack"].copy()))
+            r = self._rejoin(torch.zeros(sum(s.numel for s in self.specs)), 0)
+        while r < sc.rounds:
             self._check_stop()
+            r = self._catch_up(r)
             self.inbox.advance(r)
+            self._note_round(r)
             sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
-            expected = frozenset(targets) - self.inbox.gone()
+            expected = self._expected(r, frozenset(targets))
             got = self.inbox.wait(r, expected, sc.network.round_timeout)
             liveness.update(self.inbox, expected, got)
             honest_msgs = [got[k] for k in sorted(got) if k not in self.topology.byzantine]
@@ -452,7 +705,24 @@ class Peer:
                 "silent_to": silent,
             })
             self.link.send({"type": "round", "id": self.id, "round": r})
+            if self._checkpoint_due(r):
+                self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
+            r += 1
         return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start)}
+
+
+def _upper_median(values) -> int:
+    """The upper median of the rounds neighbours report: the furthest of two, and with more
+    neighbours one that a minority (e.g. Byzantine ones reporting a far round) cannot set."""
+    ordered = sorted(values)
+    return int(ordered[len(ordered) // 2])
+
+
+def coordinate_median(vectors: torch.Tensor) -> torch.Tensor:
+    """The coordinate-wise median of the rows (the mean of the two middle values when even)."""
+    ordered = vectors.sort(dim=0).values
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def _finite_or_none(x: float) -> float | None:

@@ -6,7 +6,8 @@ finishes. The launcher builds ``summary.json`` from these files only, never from
 
 A results folder holds one run: the launchers refuse a folder an earlier run wrote into
 (:func:`check_fresh_out_dir`), and a client started again by hand into its own folder moves the
-earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file.
+earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file, unless it resumes
+from its checkpoint (``peers/<id>.ckpt.npz``): then it continues its own log.
 """
 
 from __future__ import annotations
@@ -24,9 +25,27 @@ log = logging.getLogger(__name__)
 
 
 class RoundLog:
-    def __init__(self, out_dir: Path, client_id: int) -> None:
+    """One client's round log. ``keep_through``: the client resumes from a checkpoint of that
+    round, so the log is continued: records up to that round are kept (rewritten atomically),
+    the ones after it, logged before the crash, are dropped (``dropped``, and the highest round
+    logged before the crash is ``last_logged``) and the resumed rounds are appended. One record
+    per round stays the rule."""
+
+    def __init__(self, out_dir: Path, client_id: int, *, keep_through: int | None = None) -> None:
         path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.dropped = 0
+        self.last_logged = -1
+        if keep_through is not None:
+            records = read_rounds(out_dir, client_id)
+            kept = [r for r in records if isinstance(r.get("round"), int) and r["round"] <= keep_through]
+            self.dropped = len(records) - len(kept)
+            self.last_logged = max((r["round"] for r in records if isinstance(r.get("round"), int)), default=-1)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            os.replace(tmp, path)
+            self._file = path.open("a", encoding="utf-8")
+            return
         if path.exists() and path.stat().st_size > 0:
             n = 1
             while path.with_name(f"{path.name}.{n}").exists():
@@ -118,6 +137,7 @@ def summarize(
     peers: dict[str, Any] = {}
     failed: list[int] = []
     isolated: list[int] = []
+    restarted: list[int] = []
     accs: list[float] = []
     gaccs: list[float] = []
     shares: list[float] = []
@@ -137,10 +157,18 @@ def summarize(
             "global_accuracy": None,
             "rejected_messages": None,
             "stale_messages": None,
+            # Times it was started again and resumed from its checkpoint, and the rounds that
+            # cost it (skipped to catch up with its neighbours, or done twice).
+            "restarts": 0,
+            "rounds_lost": 0,
         }
         if final is not None:
             for key in ("accuracy", "global_accuracy", "rejected_messages", "rejected_by_reason", "stale_messages"):
                 entry[key] = final.get(key)
+            entry["restarts"] = int(final.get("restarts") or 0)
+            entry["rounds_lost"] = int(final.get("rounds_lost") or 0)
+        if entry["restarts"]:
+            restarted.append(k)
         if roles[k] == "honest" and _isolated(records):
             # Completed, but alone: it heard from no neighbour at the end (e.g. its host was cut
             # off). Its accuracy is that of a model trained on its own data only.
@@ -168,6 +196,7 @@ def summarize(
         "byzantine_weight_share": (float(np.mean(shares)) if shares else 0.0) if byzantine else None,
         "failed_peers": failed,
         "isolated_peers": isolated,
+        "restarted_peers": restarted,
         "honest_completed": len(accs),
         "peers": peers,
     }

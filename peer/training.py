@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
@@ -34,6 +35,20 @@ class LocalTrainer:
         idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
         return idx
+
+    def state(self) -> tuple[dict[str, "np.ndarray"], dict[str, "np.ndarray"], int]:
+        """(generator states, arrays, position) for a checkpoint: resuming from them draws
+        the same minibatches as the run that was not interrupted."""
+        return {"batches": self._gen.get_state().numpy()}, {"order": self._order.numpy()}, self._pos
+
+    def load_state(self, generators: dict, arrays: dict, pos: int) -> None:
+        order = torch.from_numpy(np.asarray(arrays["order"], dtype=np.int64).copy())
+        if order.ndim != 1 or (len(order) and (int(order.min()) < 0 or int(order.max()) >= len(self.data.y))):
+            raise ValueError("trainer permutation does not fit this shard")
+        if not 0 <= pos <= len(order):
+            raise ValueError(f"trainer position {pos} out of range")
+        self._gen.set_state(torch.from_numpy(np.asarray(generators["batches"], dtype=np.uint8).copy()))
+        self._order, self._pos = order, pos
 
     def step(self) -> float:
         """Run the local steps; returns the mean minibatch loss (before each step)."""

@@ -684,6 +684,7 @@ class _Sender:
             while self.queue and self.queue[0][0].header.round < reply.round:
                 self.queue.popleft()  # queued in round order: the oldest go first
                 self.skipped_stale += 1
+        self.transport.peer_replies[self.peer] = (reply.round, reply.accepted, reply.reason)
         self.transport._on_reachability(self.peer, True)
         if not reply.accepted:
             log.debug("peer %d refused a message of ours: %s", self.peer, reply.reason)
@@ -726,6 +727,10 @@ class GrpcTransport:
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
         self._closed_stale = 0  # skipped_stale of the senders already closed
+        # Each neighbour's latest reply: (its round, accepted, reason). A client that resumed
+        # from a checkpoint learns from it which round its neighbours are in.
+        self.peer_replies: dict[int, tuple[int, bool, str]] = {}
+        self._addresses: dict[int, str] = {}
 
     @property
     def skipped_stale(self) -> int:
@@ -747,6 +752,11 @@ class GrpcTransport:
             ("grpc.max_send_message_length", self._limit),
             ("grpc.max_receive_message_length", self._limit),
         ]
+
+    def _channel_options(self) -> list[tuple[str, int]]:
+        # gRPC backs off up to 2 minutes between reconnection attempts to a neighbour that is
+        # down; one that restarts must be reachable again within a round or two.
+        return [*self._options(), ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 
     def start(self, deliver: Deliver) -> str:
         """Listen; ``deliver`` gets each incoming message, on the gRPC event loop."""
@@ -782,20 +792,50 @@ class GrpcTransport:
         self.port = bound
         return f"{_bracket(self.advertise or self.host)}:{bound}"
 
+    def _channel(self, peer: int, address: str) -> grpc.aio.Channel:
+        if self.identity is None:
+            return grpc.aio.insecure_channel(address, options=self._channel_options())
+        options = [*self._channel_options(), *identity_options(self.identity, peer)]
+        return grpc.aio.secure_channel(address, channel_credentials(self.identity), options=options)
+
     def connect(self, addresses: Mapping[int, str], on_reachability: Reachability) -> None:
         self._on_reachability = on_reachability
+        self._addresses = dict(addresses)
 
         async def connect() -> None:
             for peer, address in addresses.items():
-                if self.identity is None:
-                    channel = grpc.aio.insecure_channel(address, options=self._options())
-                else:
-                    options = [*self._options(), *identity_options(self.identity, peer)]
-                    channel = grpc.aio.secure_channel(address, channel_credentials(self.identity), options=options)
+                channel = self._channel(peer, address)
                 self._channels[peer] = channel
                 self._senders[peer] = _Sender(peer, channel, self)
 
         on_loop(connect())
+
+    def reconnect(self, peer: int) -> None:
+        """A neighbour that was down is back (it sent us a message): when our channel to it is
+        still failing (gRPC waits out its reconnection backoff first), open a new one now, so
+        that our next messages reach it. Callable from any thread; the queued messages move
+        over to the new channel."""
+
+        async def swap() -> None:
+            channel, sender = self._channels.get(peer), self._senders.get(peer)
+            if channel is None or sender is None or peer not in self._addresses:
+                return
+            if channel.get_state() not in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.IDLE):
+                return
+            with sender.lock:
+                queued = list(sender.queue)
+            new = self._channel(peer, self._addresses[peer])
+            self._channels[peer] = new
+            self._senders[peer] = _Sender(peer, new, self)
+            for chunks in queued:
+                self._senders[peer].put(chunks)
+            self._closed_stale += sender.skipped_stale
+            sender.stop()
+            await asyncio.gather(sender.task, return_exceptions=True)
+            await channel.close()
+
+        loop = io_loop()
+        loop.call_soon_threadsafe(lambda: loop.create_task(swap()))
 
     def wait_ready(self, timeout: float) -> list[int]:
         async def ready(channel: grpc.aio.Channel) -> bool:

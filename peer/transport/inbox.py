@@ -79,8 +79,9 @@ class Inbox:
         with self._cond:
             current = self._round
             if msg.round < current:
-                # Not a sign of life: whoever can send in a neighbour's name could replay old
-                # rounds to keep this client waiting for a dead neighbour every round.
+                # Not a sign of life by itself: only a message it can be waited for again (in
+                # the window) is; the client re-arms a neighbour for a late one at most once per
+                # absence (see the client's _accept).
                 stale = True
             elif msg.round > current + self.window:
                 stale = None

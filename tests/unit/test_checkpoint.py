@@ -1,0 +1,231 @@
+"""Checkpoints: the file format (arrays and JSON, no pickle, atomic), its checks, and a client
+that finds one of its own in its results folder."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from peer.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+    scenario_fingerprint,
+)
+from peer.config import ScenarioError, load_scenario, scenario_changes
+from peer.data import Dataset
+from peer.models import build_model, get_vector
+from peer.node import Peer, coordinate_median, scenario_topology
+from peer.results import RoundLog, read_rounds, summarize, write_json_atomic
+from peer.training import LocalTrainer
+from peer.transport.inproc import InprocHub, InprocTransport
+
+
+def _ckpt(client=3, round_=39, scenario="abc", size=10):
+    return Checkpoint(
+        client=client, round=round_, scenario=scenario, vector=np.arange(size, dtype=np.float32),
+        generators={"batches": torch.Generator().manual_seed(5).get_state().numpy()},
+        arrays={"order": np.arange(7, dtype=np.int64)}, counters={"trainer_pos": 4, "restarts": 1, "resumed_from": [{"checkpoint_round": 19}]},
+    )
+
+
+def test_round_trip(tmp_path):
+    path = checkpoint_path(tmp_path, 3)
+    save_checkpoint(path, _ckpt())
+    got = load_checkpoint(path, client=3, scenario="abc", vector_size=10)
+    assert got.round == 39 and got.client == 3
+    assert got.vector.dtype == np.float32 and np.array_equal(got.vector, np.arange(10, dtype=np.float32))
+    assert np.array_equal(got.generators["batches"], torch.Generator().manual_seed(5).get_state().numpy())
+    assert np.array_equal(got.arrays["order"], np.arange(7))
+    assert got.counters == {"trainer_pos": 4, "restarts": 1, "resumed_from": [{"checkpoint_round": 19}]}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["3.ckpt.npz"]  # no temporary left behind
+
+
+def test_a_torn_temporary_file_is_ignored(tmp_path):
+    path = checkpoint_path(tmp_path, 3)
+    save_checkpoint(path, _ckpt(round_=19))
+    # A crash in the middle of writing the next one leaves a torn temporary file.
+    path.with_name(path.name + ".tmp").write_bytes(b"PK\x03\x04 torn")
+    assert load_checkpoint(path, client=3, scenario="abc", vector_size=10).round == 19
+    save_checkpoint(path, _ckpt(round_=39))  # and the next save goes through
+    assert load_checkpoint(path, client=3, scenario="abc", vector_size=10).round == 39
+
+
+def test_wrong_scenario_client_or_model_refused(tmp_path):
+    path = checkpoint_path(tmp_path, 3)
+    save_checkpoint(path, _ckpt())
+    with pytest.raises(CheckpointError, match="another scenario"):
+        load_checkpoint(path, client=3, scenario="xyz", vector_size=10)
+    with pytest.raises(CheckpointError, match="belongs to client 3"):
+        load_checkpoint(path, client=4, scenario="abc", vector_size=10)
+    with pytest.raises(CheckpointError, match="does not match this model"):
+        load_checkpoint(path, client=3, scenario="abc", vector_size=11)
+
+
+def test_a_pickled_object_array_is_refused(tmp_path):
+    path = checkpoint_path(tmp_path, 3)
+    path.parent.mkdir(parents=True)
+    meta = {"format": 1, "client": 3, "round": 39, "scenario": "abc", "counters": {}}
+    vector = np.empty(1, dtype=object)
+    vector[0] = {"not": "an array"}
+    np.savez(path, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), vector=vector)
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(path, client=3, scenario="abc", vector_size=10)
+    path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(path, client=3, scenario="abc", vector_size=10)
+
+
+def test_fingerprint_ignores_network_eval_and_checkpoint_settings():
+    base = load_scenario(None)
+    assert scenario_fingerprint(base) == scenario_fingerprint(
+        load_scenario(None, ["network.round_timeout=3", "eval.every=7", "checkpoint.every=9", "network.host='::1'"])
+    )
+    assert scenario_fingerprint(base) != scenario_fingerprint(load_scenario(None, ["train.lr=0.5"]))
+    assert scenario_fingerprint(base) != scenario_fingerprint(load_scenario(None, ["seed=1"]))
+
+
+def test_checkpoint_setting_validated_and_default_leaves_identity_alone():
+    assert load_scenario(None).checkpoint.every == 50
+    assert load_scenario(None, ["checkpoint.every=0"]).checkpoint.every == 0
+    for bad in ("checkpoint.every=-1", "checkpoint.every=10000001", "checkpoint.every=1.5"):
+        with pytest.raises(ScenarioError, match="checkpoint.every"):
+            load_scenario(None, [bad])
+    assert "checkpoint" not in scenario_changes(load_scenario(None))
+    assert scenario_changes(load_scenario(None, ["checkpoint.every=20"]))["checkpoint"] == {"every": 20}
+
+
+def test_trainer_state_resumes_the_same_minibatches():
+    torch.manual_seed(0)
+    data = Dataset(x=torch.randn(50, 4), y=torch.randint(0, 3, (50,)), num_classes=3)
+
+    def trainer(model):
+        return LocalTrainer(model, data, lr=0.1, batch_size=8, local_steps=2, seed=11)
+
+    a = trainer(build_model("softmax_regression", 4, 3, seed=1))
+    for _ in range(5):
+        a.step()
+    gens, arrays, pos = a.state()
+    saved = get_vector(a.model).clone()
+    after = [a.step() for _ in range(6)]
+    b_model = build_model("softmax_regression", 4, 3, seed=1)
+    from peer.models import set_vector
+
+    set_vector(b_model, saved)
+    b = trainer(b_model)
+    b.load_state(gens, arrays, pos)
+    assert [b.step() for _ in range(6)] == after
+    assert torch.equal(get_vector(a.model), get_vector(b.model))
+    with pytest.raises(ValueError):
+        b.load_state(gens, {"order": np.array([0, 99])}, 0)
+
+
+def test_round_log_continued_through_the_checkpoint_round(tmp_path):
+    log = RoundLog(tmp_path, 1)
+    for r in range(10):
+        log.write({"round": r})
+    log.close()
+    with (tmp_path / "peers" / "1.jsonl").open("a") as f:
+        f.write('{"round": 10, "torn')  # killed mid-line
+    log = RoundLog(tmp_path, 1, keep_through=5)
+    assert (log.dropped, log.last_logged) == (4, 9)
+    log.write({"round": 8})
+    log.close()
+    assert [r["round"] for r in read_rounds(tmp_path, 1)] == [0, 1, 2, 3, 4, 5, 8]
+    assert not list((tmp_path / "peers").glob("1.jsonl.*"))  # nothing moved aside
+
+
+def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(small_scenario, tmp_path):
+    scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "checkpoint.every=5")
+    peer = Peer(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+    try:
+        assert peer.resumed is None and peer.restarts == 0
+        peer.prepare()
+        for r in range(7):
+            peer.results.write({"round": r, "weights": {}, "missing": []})
+        with torch.no_grad():
+            for p in peer.model.parameters():
+                p.fill_(0.25)
+        gens, arrays, pos = peer.trainer.state()
+        peer._save_checkpoint(4, generators=gens, arrays=arrays, vector=get_vector(peer.model).numpy(), trainer_pos=pos)
+        peer.results.close()
+    finally:
+        peer.close()
+    # Started again: its model, round and minibatch order come back, and its log continues.
+    again = Peer(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+    try:
+        assert again.resumed.round == 4 and again.restarts == 1
+        assert torch.all(get_vector(again.model) == 0.25)
+        assert [r["round"] for r in read_rounds(tmp_path, 1)] == [0, 1, 2, 3, 4]
+        assert again.results.last_logged == 6
+        again.prepare()
+        assert again.trainer.state()[2] == pos
+        again.results.close()
+    finally:
+        again.close()
+    other = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "checkpoint.every=5", "train.lr=0.3")
+    with pytest.raises(CheckpointError, match="another scenario"):
+        Peer(other, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+    # checkpoint.every = 0: no checkpoints, and a client started again starts over.
+    off = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "checkpoint.every=0")
+    fresh = Peer(off, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+    try:
+        assert fresh.resumed is None and read_rounds(tmp_path, 1) == []
+        fresh.results.close()
+    finally:
+        fresh.close()
+
+
+def test_inproc_run_leaves_no_checkpoint(small_scenario, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from launch.inproc import run_inproc
+
+    scenario = small_scenario("topology.kind=ring", "topology.honest=3", "topology.byzantine=0", "rounds=12", "checkpoint.every=5")
+    summary = run_inproc(scenario, tmp_path, console=Console(file=io.StringIO()))
+    assert summary["failed_peers"] == [] and summary["restarted_peers"] == []
+    assert not list((tmp_path / "peers").glob("*.ckpt.npz*"))
+
+
+def test_summary_counts_restarts_and_rounds_lost(tmp_path):
+    for k, final in ((0, {"restarts": 0}), (1, {"restarts": 2, "rounds_lost": 37})):
+        log = RoundLog(tmp_path, k)
+        log.write({"round": 0, "weights": {str(k): 1.0}})
+        log.close()
+        write_json_atomic(tmp_path / "peers" / f"{k}.json", {"completed": True, "accuracy": 90.0, "global_accuracy": 90.0, **final})
+    s = summarize(tmp_path, roles={0: "honest", 1: "honest"}, pids={}, exit_codes={}, rounds=1, wall_seconds=1.0)
+    assert s["restarted_peers"] == [1]
+    assert (s["peers"]["1"]["restarts"], s["peers"]["1"]["rounds_lost"]) == (2, 37)
+    assert (s["peers"]["0"]["restarts"], s["peers"]["0"]["rounds_lost"]) == (0, 0)
+
+
+def test_coordinate_median():
+    v = torch.tensor([[1.0, 5.0], [3.0, -1.0]])
+    assert torch.equal(coordinate_median(v), torch.tensor([2.0, 2.0]))
+    v = torch.tensor([[1.0, 5.0], [3.0, -1.0], [100.0, 0.0]])
+    assert torch.equal(coordinate_median(v), torch.tensor([3.0, 0.0]))
+
+
+def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_scenario, tmp_path):
+    scenario = small_scenario("topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5")
+    bad = max(scenario_topology(scenario).byzantine)
+    peer = Peer(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    try:
+        assert peer.role == "byzantine"
+        state = torch.Generator().manual_seed(9).get_state().numpy()
+        peer._save_checkpoint(9, generators={"attack": state})
+        peer.results.close()
+    finally:
+        peer.close()
+    again = Peer(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    try:
+        assert again.resumed.round == 9 and again.resumed.vector is None
+        assert np.array_equal(again.resumed.generators["attack"], state)
+        again.results.close()
+    finally:
+        again.close()
