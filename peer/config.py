@@ -553,8 +553,7 @@ class CheckpointConfig:
     every: int = 50
 
     def __post_init__(self) -> None:
-        if not isinstance(self.every, int) or isinstance(self.every, bool) or not 0 <= self.every <= 10_000_000:
-            raise ScenarioError(f"checkpoint.every={self.every!r} must be an integer in 0..10000000 (0 = no checkpoints)")
+        _in_range("checkpoint.every", self.every, 0, MAX_ROUNDS)
 
 
 @dataclass(frozen=True)

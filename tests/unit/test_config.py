@@ -140,6 +140,7 @@ RANGES = [
     ("network.idle_call_timeout", [1e-12, 86400.0], [0.0, 86401.0]),
     ("network.calls_per_sender", [1, 64], [0, 65]),
     ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
+    ("checkpoint.every", [0, 10_000_000], [-1, 10_000_001]),
 ]
 FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]
 
