@@ -42,7 +42,7 @@ class QueueLink:
 
 
 def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[str, Any]:
-    from launch.local import preflight
+    from launch.preflight import preflight
 
     start = time.monotonic()
     preflight(scenario)

@@ -1,4 +1,6 @@
-"""One client per torchrun rank: ``torchrun --nproc-per-node N -m peer --scenario FILE``.
+"""One client per torchrun rank: ``torchrun --nproc-per-node N -m launch.torchrun --scenario FILE``.
+
+The flags are those of ``dfedrw peer`` without ``--id``.
 
 torchrun tells each worker who it is (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
 client id = RANK. Addresses are exchanged through the key-value store torchrun already runs
@@ -15,6 +17,7 @@ import ipaddress
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -336,3 +339,14 @@ def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: fl
         # The keys `dfedrw run` adds, so both summaries have one format.
         extra={"launcher": "torchrun", "collected_at": collected_now(), "launcher_pid": os.getppid(), "interrupted": interrupted, "transport": scenario.network.transport},
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``torchrun ... -m launch.torchrun --scenario FILE [--out DIR] [--certs DIR] [--set K=V ...]``."""
+    from launch.cli import main as cli_main
+
+    return cli_main(["peer", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

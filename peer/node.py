@@ -483,7 +483,7 @@ def run_peer(
     net = scenario.network
     if net.transport == "torch":
         raise ValueError(
-            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"
+            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m launch.torchrun --scenario FILE"
         )
     transport = grpc_transport_for(
         scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)

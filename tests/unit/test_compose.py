@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import main
+from experiments.cli import main
 from launch.compose import (
     ATTACK_ENV,
     CONTAINER_UID,
