@@ -20,7 +20,8 @@ from rich.console import Console
 from launch.collect import collect_summary
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
-from peer.node import Peer, scenario_topology
+from peer.node import Peer
+from peer.plan import role_of, scenario_topology
 from peer.transport.inproc import InprocHub, InprocTransport
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     dump_scenario(scenario, out_dir / "scenario.toml")
     topology = scenario_topology(scenario)
-    roles = {k: ("byzantine" if k in topology.byzantine else "honest") for k in range(topology.num_clients)}
+    roles = {k: role_of(topology, k) for k in range(topology.num_clients)}
     # Clients put one event per round here; the loop below drains it every 0.2 s instead of
     # being woken for each (a wake-up per client-round costs the clients thread switches).
     events: queue.SimpleQueue = queue.SimpleQueue()

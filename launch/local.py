@@ -34,7 +34,7 @@ from launch.preflight import preflight
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
 from peer.identity import load_identity, make_certificates
-from peer.node import scenario_topology
+from peer.plan import role_of, scenario_topology
 from peer.results import write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
@@ -108,7 +108,7 @@ class LocalRun:
         # One thread per process: 12 clients on 2 cores thrash with torch's default pool.
         env.setdefault("OMP_NUM_THREADS", "1")
         for k in range(topology.num_clients):
-            role = "byzantine" if k in topology.byzantine else "honest"
+            role = role_of(topology, k)
             self.gate.tokens[k] = new_token()
             log_path = self.out_dir / "logs" / f"{k}.log"
             cmd = [

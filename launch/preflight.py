@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from peer.config import Scenario
 from peer.data import check_dataset
-from peer.node import client_rule, scenario_topology
+from peer.node import client_rule
+from peer.plan import scenario_topology
 from peer.plugins import build_attack
 
 

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from launch.collect import collect_summary, collected_now
 from peer.config import Scenario, dump_scenario
 from peer.identity import make_certificates
-from peer.node import Peer, client_identity, grpc_transport_for, scenario_topology
+from peer.node import Peer, client_identity, grpc_transport_for
+from peer.plan import scenario_topology
 from peer.results import check_fresh_out_dir
 from peer.transport.torchdist import TorchDistTransport
 

@@ -26,11 +26,12 @@ import numpy as np
 import torch
 
 from peer.aggregation import RoundInputs
-from peer.config import AggregationConfig, Scenario
+from peer.config import Scenario
 from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import build_model, get_vector, set_vector
 from peer.plugins import build_attack, build_client_rule
+from peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine  # noqa: F401 - re-exported
 from peer.results import RoundLog, write_json_atomic
 from peer.telemetry import LauncherLink, NullLink
 from peer.training import LocalTrainer, VectorEvaluator, evaluate
@@ -38,15 +39,13 @@ from peer.transport.base import Transport
 from peer.transport.grpc_transport import CallLimits, GrpcTransport
 from peer.transport.inbox import Inbox
 from peer.transport.serde import Plausible, WireError, decode, encode, join_chunks, model_specs
-from topologies import Topology, build_topology
+from topologies import Topology
 
 log = logging.getLogger(__name__)
 
 # A neighbour presumed gone is still sent a model every this many rounds.
 _PROBE_EVERY = 5
 
-# (features, classes) per dataset, so a Byzantine client knows the model layout without data.
-DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
 
 
 def grpc_transport_for(
@@ -89,24 +88,6 @@ def client_identity(scenario: Scenario, certs: Path | None, client: int) -> Clie
     if scenario.network.tls == "off" or certs is None:
         return None
     return load_identity(Path(certs), client)
-
-
-def derive_seed(seed: int, *keys: int | str) -> int:
-    """An independent, reproducible seed for one purpose of one client."""
-    words = [k if isinstance(k, int) else int.from_bytes(k.encode()[:8].ljust(8, b"\0"), "little") for k in keys]
-    return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint32)[0])
-
-
-def scenario_topology(scenario: Scenario) -> Topology:
-    t = scenario.topology
-    return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None)
-
-
-def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int) -> int:
-    """How many Byzantine neighbours a robust rule at ``client`` is told it has."""
-    if cfg.assumed_byzantine >= 0:
-        return cfg.assumed_byzantine
-    return sum(1 for k in topology.neighbours(client) if k in topology.byzantine)
 
 
 def client_rule(scenario: Scenario, topology: Topology, client: int):

@@ -25,7 +25,7 @@ import pytest
 from launch.collect import collect_summary
 from peer.config import Scenario, dump_scenario, load_scenario
 from peer.identity import make_certificates
-from peer.node import scenario_topology
+from peer.plan import scenario_topology
 from peer.results import read_rounds
 from tests.e2e.netns import Lab, unusable_reason
 
