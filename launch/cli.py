@@ -65,14 +65,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
     """``dfedrw peer``: one client; under torchrun (no --id, RANK and WORLD_SIZE set) this rank's client."""
     if not under_torchrun(args):
         return peer_cli.cmd_peer(args)
-    # Under torchrun: client id = RANK, addresses through torchrun's store.
-    from launch.torchrun import run_torchrun
+    from launch.torchrun import cmd_peer as cmd_rank
 
-    if args.scenario is None:
-        raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
-    final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs)
-    logging.getLogger("peer").info("client %s done: %s", final["id"], final)
-    return 0
+    return cmd_rank(args)
 
 
 def cmd_certs(args: argparse.Namespace) -> int:

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from launch.collect import collect_summary, collected_now
-from peer.config import Scenario, dump_scenario
+from peer import cli as peer_cli
+from peer.config import Scenario, dump_scenario, load_scenario
 from peer.identity import make_certificates
 from peer.node import Peer, client_identity, grpc_transport_for
 from peer.plan import scenario_topology
@@ -342,11 +343,23 @@ def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: fl
     )
 
 
+def cmd_peer(args) -> int:
+    """``dfedrw peer`` (and ``-m launch.torchrun``): under torchrun (no --id, RANK and WORLD_SIZE
+    set) this rank's client, addresses through torchrun's store; otherwise the client alone."""
+    if not peer_cli.under_torchrun(args):
+        return peer_cli.cmd_peer(args)
+    if args.scenario is None:
+        raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
+    final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs)
+    logging.getLogger("peer").info("client %s done: %s", final["id"], final)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``torchrun ... -m launch.torchrun --scenario FILE [--out DIR] [--certs DIR] [--set K=V ...]``."""
-    from launch.cli import main as cli_main
-
-    return cli_main(["peer", *(sys.argv[1:] if argv is None else argv)])
+    parser, sub = peer_cli.new_parser()
+    peer_cli.add_peer_command(sub, cmd_peer)
+    return peer_cli.dispatch(parser, ["peer", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
