@@ -32,8 +32,8 @@ from launch.collect import collect_summary, collected_now
 from peer import cli as peer_cli
 from peer.config import Scenario, dump_scenario, load_scenario
 from peer.identity import make_certificates
-from peer.node import Peer, client_identity, grpc_transport_for
-from peer.plan import scenario_topology
+from peer.node import client_identity, grpc_transport_for, run_client
+from peer.plan import role_of, scenario_topology
 from peer.results import check_fresh_out_dir
 from peer.transport.torchdist import TorchDistTransport
 
@@ -176,6 +176,17 @@ def exchange_addresses(store, rank: int, address: str, peers: Iterable[int], tim
     return book
 
 
+class StoreRendezvous:
+    """Addresses through torchrun's store (:func:`exchange_addresses`)."""
+
+    def __init__(self, store, role: str, world_size: int, device: torch.device) -> None:
+        self.store, self.role, self.world_size, self.device = store, role, world_size, device
+
+    def exchange(self, client_id: int, address: str, neighbours: Iterable[int], timeout: float) -> dict[int, str]:
+        log.info("client %d (%s) of %d: device %s, address %s", client_id, self.role, self.world_size, self.device, address)
+        return exchange_addresses(self.store, client_id, address, neighbours, timeout)
+
+
 def mark_done(store, rank: int, ok: bool) -> None:
     """Tell rank 0 this client has finished (``ok``) or failed."""
     store.set(DONE_KEY.format(rank), "ok" if ok else "failed")
@@ -307,16 +318,10 @@ def _run_rank(
         dump_scenario(scenario, out_dir / "scenario.toml")
     ok = interrupted = False
     try:
-        peer = Peer(scenario, env.rank, out_dir, transport=_transport(scenario, env, device, environ, certs), device=device)
-        try:
-            address = peer.start()
-            log.info("client %d (%s) of %d: device %s, address %s", env.rank, peer.role, env.world_size, device, address)
-            addresses = exchange_addresses(store, env.rank, address, peer.neighbours, net.connect_timeout)
-            peer.connect(addresses)
-            final = peer.run()
-            ok = True
-        finally:
-            peer.close()
+        rendezvous = StoreRendezvous(store, role_of(scenario_topology(scenario), env.rank), env.world_size, device)
+        transport = _transport(scenario, env, device, environ, certs)
+        final = run_client(scenario, env.rank, out_dir, transport=transport, rendezvous=rendezvous, device=device)
+        ok = True
     except KeyboardInterrupt:
         interrupted = True
         raise

@@ -31,7 +31,8 @@ from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import build_model, get_vector, set_vector
 from peer.plugins import build_attack, build_client_rule
-from peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine  # noqa: F401 - re-exported
+from peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
+from peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from peer.results import RoundLog, write_json_atomic
 from peer.telemetry import LauncherLink, NullLink
 from peer.training import LocalTrainer, VectorEvaluator, evaluate
@@ -453,7 +454,8 @@ def run_peer(
     certs: Path | None = None,
     link_token: str | None = None,
 ) -> dict[str, Any]:
-    """Run one client to completion: start, find the neighbours, run every round, write results.
+    """Run one client process to completion (through :func:`run_client`): start, find the
+    neighbours, run every round, write results.
 
     Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
     registers with ``link_token``, the secret the launcher gave it) or are given.
@@ -470,12 +472,35 @@ def run_peer(
         scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
     )
     link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
-    peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)
+    meeting = (
+        LauncherRendezvous(link, role_of(scenario_topology(scenario), client_id)) if rendezvous else StaticRendezvous(addresses)
+    )
+    return run_client(scenario, client_id, out_dir, transport=transport, rendezvous=meeting, link=link)
+
+
+def run_client(
+    scenario: Scenario,
+    client_id: int,
+    out_dir: Path,
+    *,
+    transport: Transport,
+    rendezvous: Rendezvous,
+    link: LauncherLink | NullLink | None = None,
+    device: torch.device | str = "cpu",
+) -> dict[str, Any]:
+    """A client's start-up sequence, the same under every launcher: build the client, then
+    :func:`start_and_run`. Returns its final record."""
+    client = Peer(scenario, client_id, out_dir, transport=transport, link=link, device=device)
+    return start_and_run(client, rendezvous)
+
+
+def start_and_run(client: Peer, rendezvous: Rendezvous) -> dict[str, Any]:
+    """Start a built client's server, exchange addresses through ``rendezvous``, connect to the
+    neighbours, run every round; the client is closed whatever happens."""
     try:
-        address = peer.start()
-        if rendezvous:
-            addresses = link.register(client_id, address, os.getpid(), peer.role, net.connect_timeout)
-        peer.connect(addresses)
-        return peer.run()
+        address = client.start()
+        addresses = rendezvous.exchange(client.id, address, client.neighbours, client.scenario.network.connect_timeout)
+        client.connect(addresses)
+        return client.run()
     finally:
-        peer.close()
+        client.close()
