@@ -1,57 +1,37 @@
-"""``dfedrw``: the command line. Thin: flags become a scenario and a call into the library.
+"""The launchers' command line. Thin: flags become a scenario and a call into the library.
 
     dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR]
     dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
     dfedrw certs [SCENARIO] [--set key=value ...] --out DIR [--days N]
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
-    dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
-    dfedrw report DIR... [--out OUTDIR] [--no-plots]
-    dfedrw export SWEEP_DIR --out DIR
     dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N] [--user UID:GID]
     dfedrw summarize OUT [--scenario FILE]
     dfedrw list [rules|tpms|crs|attacks] [--plugin module:Class ...] [--module MODULE ...] [--markdown | --readme FILE]
 
-Every ``peer`` flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID,
-DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT),
-DFEDRW_CERTS. The secret a client shows the launcher comes only from the environment
-(DFEDRW_LINK_TOKEN, set by ``dfedrw run``), never a flag: a command line is readable by every user.
+The ``peer`` command and its environment variables are the client's own (:mod:`peer.cli`).
+The ``dfedrw`` program is this command line plus the experiments' commands (sweep, report,
+export: :mod:`experiments.cli`); ``python -m launch.cli`` runs the launchers' commands alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
-from peer.config import ScenarioError, load_scenario
-from peer.data import DatasetUnavailable
-
-
-def _env(name: str, default=None):
-    return os.environ.get(name, default)
-
-
-def _parse_peers(items: list[str]) -> dict[int, str]:
-    book: dict[int, str] = {}
-    for item in items:
-        for part in filter(None, item.split(",")):
-            key, sep, addr = part.partition("=")
-            if not sep or not key.strip().isdigit() or not addr:
-                raise SystemExit(f"dfedrw: bad --peer {part!r}; expected ID=HOST:PORT")
-            book[int(key)] = addr.strip()
-    return book
+from peer import cli as peer_cli
+from peer.cli import add_peer_command, dispatch, new_parser, under_torchrun
+from peer.config import load_scenario
 
 
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _stop_on_signals() -> None:
+def stop_on_signals() -> None:
     """SIGINT and SIGTERM raise KeyboardInterrupt, which stops every child and records the stop.
 
     Set explicitly because the inherited disposition cannot be trusted: a background job of a
@@ -69,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from launch.local import print_summary
     from launch.runner import run_scenario
 
-    _stop_on_signals()
+    stop_on_signals()
     scenario = load_scenario(args.scenario, args.set)
     console = Console(stderr=True)
     out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs)
@@ -81,52 +61,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if len(honest_failed) == len([p for p in summary["peers"].values() if p["role"] == "honest"]) else 0
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit if the launcher that started this client is gone, so no client is left orphaned."""
-
-    def loop() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(3)
-            time.sleep(1.0)
-
-    threading.Thread(target=loop, daemon=True, name="parent-watch").start()
-
-
 def cmd_peer(args: argparse.Namespace) -> int:
-    from peer.node import run_peer
+    """``dfedrw peer``: one client; under torchrun (no --id, RANK and WORLD_SIZE set) this rank's client."""
+    if not under_torchrun(args):
+        return peer_cli.cmd_peer(args)
+    from launch.torchrun import cmd_peer as cmd_rank
 
-    if args.id is None and _env("RANK") is not None and _env("WORLD_SIZE") is not None:
-        # Under torchrun: client id = RANK, addresses through torchrun's store.
-        from launch.torchrun import run_torchrun
-
-        if args.scenario is None:
-            raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
-        final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs)
-        logging.getLogger("peer").info("client %s done: %s", final["id"], final)
-        return 0
-    if args.scenario is None or args.id is None:
-        raise SystemExit("dfedrw peer: --scenario and --id are required (or DFEDRW_SCENARIO / DFEDRW_ID)")
-    parent = _env("DFEDRW_PARENT_PID")
-    if parent:
-        _watch_parent(int(parent))
-    scenario = load_scenario(args.scenario, args.set)
-    peers = _parse_peers(args.peer or ([_env("DFEDRW_PEERS")] if _env("DFEDRW_PEERS") else []))
-    rendezvous = args.rendezvous
-    if not rendezvous and not peers:
-        raise SystemExit("dfedrw peer: give --rendezvous ENDPOINT (from a launcher) or the --peer ID=HOST:PORT list")
-    final = run_peer(
-        scenario,
-        int(args.id),
-        Path(args.out),
-        rendezvous=rendezvous or None,
-        addresses=None if rendezvous else peers,
-        listen_port=int(args.listen_port),
-        certs=args.certs,
-        link_token=_env("DFEDRW_LINK_TOKEN"),
-    )
-    logging.getLogger("peer").info("client %s done: %s", args.id, final)
-    return 0
+    return cmd_rank(args)
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
@@ -146,44 +87,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
     download_idx(args.dataset, args.dir)
     print(f"{args.dataset}: IDX files in {args.dir}")
-    return 0
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from launch.sweep import run_sweep
-
-    out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
-    _stop_on_signals()
-    try:
-        result = run_sweep(args.grid, out, jobs=args.jobs, dry_run=args.dry_run, console=Console(stderr=True))
-    except KeyboardInterrupt:
-        # Before any run started (while checking the grid): nothing to stop or record.
-        print("dfedrw sweep: interrupted", file=sys.stderr)
-        return 130
-    if not args.dry_run:
-        print(f"results: {result.out_dir}")
-    return result.exit_code
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from launch.report import write_report
-
-    out = args.out if args.out is not None else args.dirs[0] / "report"
-    written = write_report(args.dirs, out, plots=not args.no_plots)
-    print((out / "table.md").read_text(encoding="utf-8"), end="")
-    print(f"\nwrote {len(written)} files to {out}")
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from launch.record import export_sweep
-
-    exported, left_out = export_sweep(args.sweep, args.out)
-    print(f"exported {exported} finished runs of {args.sweep} to {args.out}")
-    if left_out:
-        print(f"left out {len(left_out)} runs that have not finished: {', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''}", file=sys.stderr)
     return 0
 
 
@@ -230,10 +133,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dfedrw", description="Decentralized federated learning with DFedReweighting.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = None) -> argparse.ArgumentParser:
+    """The launchers' command line; ``more`` adds further commands (the experiments' ones)."""
+    parser, sub = new_parser()
 
     run = sub.add_parser("run", help="run a scenario as local client processes")
     run.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
@@ -249,39 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--days", type=int, default=30, help="validity of the certificates in days (default: 30)")
     ce.set_defaults(func=cmd_certs)
 
-    p = sub.add_parser("peer", help="run one client process (under torchrun: client id = RANK)")
-    p.add_argument("--scenario", default=_env("DFEDRW_SCENARIO"))
-    p.add_argument("--id", type=int, default=_env("DFEDRW_ID"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--rendezvous", default=_env("DFEDRW_RENDEZVOUS"), help="launcher zmq endpoint")
-    p.add_argument("--peer", action="append", default=None, metavar="ID=HOST:PORT", help="static address of a client (repeatable)")
-    p.add_argument("--listen-port", type=int, default=int(_env("DFEDRW_LISTEN_PORT", "0")))
-    p.add_argument("--out", default=_env("DFEDRW_OUT", "runs/peer"))
-    p.add_argument("--certs", type=Path, default=_env("DFEDRW_CERTS"), help="the run's certificate folder (needed with network.tls = 'mutual')")
-    p.set_defaults(func=cmd_peer)
+    add_peer_command(sub, cmd_peer)
 
     f = sub.add_parser("fetch", help="download MNIST / Fashion-MNIST IDX files (needs internet)")
     f.add_argument("dataset", choices=["mnist", "fashion-mnist"])
     f.add_argument("--dir", required=True)
     f.set_defaults(func=cmd_fetch)
 
-    sw = sub.add_parser("sweep", help="run every scenario of a grid file, in parallel and resumably")
-    sw.add_argument("grid", type=Path, help="grid TOML (base, set, [axes], [[variants.NAME]], [[exclude]], [report])")
-    sw.add_argument("--out", type=Path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
-    sw.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the number of CPUs)")
-    sw.add_argument("--dry-run", action="store_true", help="print the points and their run folders, run nothing")
-    sw.set_defaults(func=cmd_sweep)
-
-    rp = sub.add_parser("report", help="tables, paper comparison and plots from sweep folders")
-    rp.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="sweep folders (merged; same [report] required)")
-    rp.add_argument("--out", type=Path, default=None, help="output folder (default: DIR/report of the first DIR)")
-    rp.add_argument("--no-plots", action="store_true", help="write the tables only")
-    rp.set_defaults(func=cmd_report)
-
-    ex = sub.add_parser("export", help="copy a sweep's results in compact form (summary, scenario, curves, mean weights per run)")
-    ex.add_argument("sweep", type=Path, metavar="SWEEP_DIR", help="folder written by `dfedrw sweep`")
-    ex.add_argument("--out", type=Path, required=True, metavar="DIR", help="destination (replaced); `dfedrw report DIR` reads it like the sweep")
-    ex.set_defaults(func=cmd_export)
+    if more is not None:
+        more(sub)
 
     cp = sub.add_parser("compose", help="write a docker-compose cluster for a scenario (one container per client)")
     cp.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
@@ -310,20 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        return args.func(args)
-    except ScenarioError as exc:
-        print(f"dfedrw: {exc}", file=sys.stderr)
-        return 2
-    except (FileExistsError, DatasetUnavailable, ValueError) as exc:
-        # Bad input: one clear line, no traceback.
-        print(f"dfedrw: {exc}", file=sys.stderr)
-        return 2
+    return dispatch(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.config import Scenario, load_scenario
-from peer.node import scenario_topology
+from peer.plan import scenario_topology
 from peer.results import read_final, summarize, write_json_atomic
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from peer.config import Scenario, dump_scenario
 from peer.data import DEFAULT_DIRS
 from peer.identity import CA_FILE, IdentityError, cert_file, key_file, load_identity, make_certificates, run_id_of
-from peer.node import scenario_topology
+from peer.plan import scenario_topology
 from peer.plugins import ATTACK_REGISTRY
 
 IMAGE = "dfedrw:latest"

@@ -20,7 +20,9 @@ from rich.console import Console
 from launch.collect import collect_summary
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
-from peer.node import Peer, scenario_topology
+from peer.node import Peer, start_and_run
+from peer.plan import role_of, scenario_topology
+from peer.rendezvous import SharedRendezvous
 from peer.transport.inproc import InprocHub, InprocTransport
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class QueueLink:
 
 
 def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[str, Any]:
-    from launch.local import preflight
+    from launch.preflight import preflight
 
     start = time.monotonic()
     preflight(scenario)
@@ -50,7 +52,7 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     dump_scenario(scenario, out_dir / "scenario.toml")
     topology = scenario_topology(scenario)
-    roles = {k: ("byzantine" if k in topology.byzantine else "honest") for k in range(topology.num_clients)}
+    roles = {k: role_of(topology, k) for k in range(topology.num_clients)}
     # Clients put one event per round here; the loop below drains it every 0.2 s instead of
     # being woken for each (a wake-up per client-round costs the clients thread switches).
     events: queue.SimpleQueue = queue.SimpleQueue()
@@ -59,20 +61,19 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
         k: Peer(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}"), link=QueueLink(events))
         for k in roles
     }
-    addresses = {k: p.start() for k, p in peers.items()}
+    # Every client publishes its address once its server is up and waits for the others'.
+    rendezvous = SharedRendezvous(roles)
     exit_codes: dict[int, int | None] = {k: None for k in roles}
 
     def client(k: int) -> None:
         try:
-            peers[k].connect(addresses)
-            peers[k].run()
+            start_and_run(peers[k], rendezvous)
             exit_codes[k] = 0
         except BaseException:  # noqa: BLE001 - any failure of one client is reported, the rest go on
+            rendezvous.leave(k)
             exit_codes[k] = 1
             (out_dir / "logs" / f"{k}.log").write_text(traceback.format_exc())
             events.put({"type": "failed", "id": k})
-        finally:
-            peers[k].close()
 
     # All clients share this process's log: keep their per-round progress lines out of it (the
     # progress board shows progress); warnings still come through.

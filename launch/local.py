@@ -30,12 +30,11 @@ from rich.table import Table
 
 from launch.collect import collect_summary
 from launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
+from launch.preflight import preflight
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
-from peer.data import check_dataset
 from peer.identity import load_identity, make_certificates
-from peer.node import client_rule, scenario_topology
-from peer.plugins import build_attack
+from peer.plan import role_of, scenario_topology
 from peer.results import write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
@@ -59,26 +58,6 @@ class Child:
     reported: bool = False
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this PID exists (one we may not signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def default_out_dir(root: Path = Path("runs")) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for i in range(1000):
-        path = root / (stamp if i == 0 else f"{stamp}-{i}")
-        if not path.exists():
-            return path
-    raise RuntimeError(f"no free run folder under {root}")
-
-
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -86,18 +65,6 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
-
-
-def preflight(scenario: Scenario) -> None:
-    """Build every client's rule or attack and check the data first, so a bad setting fails
-    once, clearly, before any client starts."""
-    topology = scenario_topology(scenario)
-    for k in range(topology.num_clients):
-        if k in topology.byzantine:
-            build_attack(scenario, topology.num_clients, len(topology.byzantine))
-        else:
-            client_rule(scenario, topology, k)
-    check_dataset(scenario.data.name, scenario.data.dir or None)
 
 
 def check_certificates(scenario: Scenario, certs: Path | None) -> None:
@@ -141,7 +108,7 @@ class LocalRun:
         # One thread per process: 12 clients on 2 cores thrash with torch's default pool.
         env.setdefault("OMP_NUM_THREADS", "1")
         for k in range(topology.num_clients):
-            role = "byzantine" if k in topology.byzantine else "honest"
+            role = role_of(topology, k)
             self.gate.tokens[k] = new_token()
             log_path = self.out_dir / "logs" / f"{k}.log"
             cmd = [

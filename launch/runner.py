@@ -3,14 +3,24 @@ and the sweep use."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from launch.local import LocalRun, default_out_dir
+from launch.local import LocalRun
 from peer.config import Scenario
 from peer.results import check_fresh_out_dir
+
+
+def default_out_dir(root: Path = Path("runs")) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        path = root / (stamp if i == 0 else f"{stamp}-{i}")
+        if not path.exists():
+            return path
+    raise RuntimeError(f"no free run folder under {root}")
 
 
 def run_scenario(
@@ -22,7 +32,7 @@ def run_scenario(
     check_fresh_out_dir(out, range(scenario.num_clients))
     if scenario.network.transport == "torch":
         raise ValueError(
-            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"
+            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m launch.torchrun --scenario FILE"
         )
     console = console or Console(stderr=True)
     if scenario.network.transport == "inproc":

@@ -1,4 +1,6 @@
-"""One client per torchrun rank: ``torchrun --nproc-per-node N -m peer --scenario FILE``.
+"""One client per torchrun rank: ``torchrun --nproc-per-node N -m launch.torchrun --scenario FILE``.
+
+The flags are those of ``dfedrw peer`` without ``--id``.
 
 torchrun tells each worker who it is (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
 client id = RANK. Addresses are exchanged through the key-value store torchrun already runs
@@ -15,6 +17,7 @@ import ipaddress
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,9 +29,11 @@ import torch
 import torch.distributed as dist
 
 from launch.collect import collect_summary, collected_now
-from peer.config import Scenario, dump_scenario
+from peer import cli as peer_cli
+from peer.config import Scenario, dump_scenario, load_scenario
 from peer.identity import make_certificates
-from peer.node import Peer, client_identity, grpc_transport_for, scenario_topology
+from peer.node import client_identity, grpc_transport_for, run_client
+from peer.plan import role_of, scenario_topology
 from peer.results import check_fresh_out_dir
 from peer.transport.torchdist import TorchDistTransport
 
@@ -171,6 +176,17 @@ def exchange_addresses(store, rank: int, address: str, peers: Iterable[int], tim
     return book
 
 
+class StoreRendezvous:
+    """Addresses through torchrun's store (:func:`exchange_addresses`)."""
+
+    def __init__(self, store, role: str, world_size: int, device: torch.device) -> None:
+        self.store, self.role, self.world_size, self.device = store, role, world_size, device
+
+    def exchange(self, client_id: int, address: str, neighbours: Iterable[int], timeout: float) -> dict[int, str]:
+        log.info("client %d (%s) of %d: device %s, address %s", client_id, self.role, self.world_size, self.device, address)
+        return exchange_addresses(self.store, client_id, address, neighbours, timeout)
+
+
 def mark_done(store, rank: int, ok: bool) -> None:
     """Tell rank 0 this client has finished (``ok``) or failed."""
     store.set(DONE_KEY.format(rank), "ok" if ok else "failed")
@@ -302,16 +318,10 @@ def _run_rank(
         dump_scenario(scenario, out_dir / "scenario.toml")
     ok = interrupted = False
     try:
-        peer = Peer(scenario, env.rank, out_dir, transport=_transport(scenario, env, device, environ, certs), device=device)
-        try:
-            address = peer.start()
-            log.info("client %d (%s) of %d: device %s, address %s", env.rank, peer.role, env.world_size, device, address)
-            addresses = exchange_addresses(store, env.rank, address, peer.neighbours, net.connect_timeout)
-            peer.connect(addresses)
-            final = peer.run()
-            ok = True
-        finally:
-            peer.close()
+        rendezvous = StoreRendezvous(store, role_of(scenario_topology(scenario), env.rank), env.world_size, device)
+        transport = _transport(scenario, env, device, environ, certs)
+        final = run_client(scenario, env.rank, out_dir, transport=transport, rendezvous=rendezvous, device=device)
+        ok = True
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -336,3 +346,26 @@ def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: fl
         # The keys `dfedrw run` adds, so both summaries have one format.
         extra={"launcher": "torchrun", "collected_at": collected_now(), "launcher_pid": os.getppid(), "interrupted": interrupted, "transport": scenario.network.transport},
     )
+
+
+def cmd_peer(args) -> int:
+    """``dfedrw peer`` (and ``-m launch.torchrun``): under torchrun (no --id, RANK and WORLD_SIZE
+    set) this rank's client, addresses through torchrun's store; otherwise the client alone."""
+    if not peer_cli.under_torchrun(args):
+        return peer_cli.cmd_peer(args)
+    if args.scenario is None:
+        raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
+    final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs)
+    logging.getLogger("peer").info("client %s done: %s", final["id"], final)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``torchrun ... -m launch.torchrun --scenario FILE [--out DIR] [--certs DIR] [--set K=V ...]``."""
+    parser, sub = peer_cli.new_parser()
+    peer_cli.add_peer_command(sub, cmd_peer)
+    return peer_cli.dispatch(parser, ["peer", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

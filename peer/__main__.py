@@ -2,7 +2,7 @@
 
 import sys
 
-from launch.cli import main
+from peer.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["peer", *sys.argv[1:]]))

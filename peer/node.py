@@ -26,12 +26,14 @@ import numpy as np
 import torch
 
 from peer.aggregation import RoundInputs
-from peer.config import AggregationConfig, Scenario
 from peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint, scenario_fingerprint
+from peer.config import Scenario
 from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import build_model, get_vector, set_vector
 from peer.plugins import build_attack, build_client_rule
+from peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
+from peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from peer.results import RoundLog, write_json_atomic
 from peer.telemetry import LauncherLink, NullLink
 from peer.training import LocalTrainer, VectorEvaluator, evaluate
@@ -39,7 +41,7 @@ from peer.transport.base import Transport
 from peer.transport.grpc_transport import CallLimits, GrpcTransport
 from peer.transport.inbox import Inbox
 from peer.transport.serde import Plausible, WireError, decode, encode, join_chunks, model_specs
-from topologies import Topology, build_topology
+from topologies import Topology
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,6 @@ _STALE_AFTER = 10
 # it (their replies say their round) and skips ahead to them.
 _REJOIN_ROUNDS = 20
 
-# (features, classes) per dataset, so a Byzantine client knows the model layout without data.
-DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
 
 
 def grpc_transport_for(
@@ -98,24 +98,6 @@ def client_identity(scenario: Scenario, certs: Path | None, client: int) -> Clie
     if scenario.network.tls == "off" or certs is None:
         return None
     return load_identity(Path(certs), client)
-
-
-def derive_seed(seed: int, *keys: int | str) -> int:
-    """An independent, reproducible seed for one purpose of one client."""
-    words = [k if isinstance(k, int) else int.from_bytes(k.encode()[:8].ljust(8, b"\0"), "little") for k in keys]
-    return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint32)[0])
-
-
-def scenario_topology(scenario: Scenario) -> Topology:
-    t = scenario.topology
-    return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None)
-
-
-def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int) -> int:
-    """How many Byzantine neighbours a robust rule at ``client`` is told it has."""
-    if cfg.assumed_byzantine >= 0:
-        return cfg.assumed_byzantine
-    return sum(1 for k in topology.neighbours(client) if k in topology.byzantine)
 
 
 def client_rule(scenario: Scenario, topology: Topology, client: int):
@@ -742,7 +724,8 @@ def run_peer(
     certs: Path | None = None,
     link_token: str | None = None,
 ) -> dict[str, Any]:
-    """Run one client to completion: start, find the neighbours, run every round, write results.
+    """Run one client process to completion (through :func:`run_client`): start, find the
+    neighbours, run every round, write results.
 
     Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
     registers with ``link_token``, the secret the launcher gave it) or are given.
@@ -753,18 +736,41 @@ def run_peer(
     net = scenario.network
     if net.transport == "torch":
         raise ValueError(
-            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m peer --scenario FILE"
+            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m launch.torchrun --scenario FILE"
         )
     transport = grpc_transport_for(
         scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
     )
     link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
-    peer = Peer(scenario, client_id, out_dir, transport=transport, link=link)
+    meeting = (
+        LauncherRendezvous(link, role_of(scenario_topology(scenario), client_id)) if rendezvous else StaticRendezvous(addresses)
+    )
+    return run_client(scenario, client_id, out_dir, transport=transport, rendezvous=meeting, link=link)
+
+
+def run_client(
+    scenario: Scenario,
+    client_id: int,
+    out_dir: Path,
+    *,
+    transport: Transport,
+    rendezvous: Rendezvous,
+    link: LauncherLink | NullLink | None = None,
+    device: torch.device | str = "cpu",
+) -> dict[str, Any]:
+    """A client's start-up sequence, the same under every launcher: build the client, then
+    :func:`start_and_run`. Returns its final record."""
+    client = Peer(scenario, client_id, out_dir, transport=transport, link=link, device=device)
+    return start_and_run(client, rendezvous)
+
+
+def start_and_run(client: Peer, rendezvous: Rendezvous) -> dict[str, Any]:
+    """Start a built client's server, exchange addresses through ``rendezvous``, connect to the
+    neighbours, run every round; the client is closed whatever happens."""
     try:
-        address = peer.start()
-        if rendezvous:
-            addresses = link.register(client_id, address, os.getpid(), peer.role, net.connect_timeout)
-        peer.connect(addresses)
-        return peer.run()
+        address = client.start()
+        addresses = rendezvous.exchange(client.id, address, client.neighbours, client.scenario.network.connect_timeout)
+        client.connect(addresses)
+        return client.run()
     finally:
-        peer.close()
+        client.close()

@@ -134,7 +134,7 @@ class TorchDistTransport:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "network.transport = 'torch' needs an initialised torch.distributed process group: "
-                "start the clients with torchrun (torchrun --nproc-per-node N -m peer --scenario FILE)"
+                "start the clients with torchrun (torchrun --nproc-per-node N -m launch.torchrun --scenario FILE)"
             )
         self.rank = rank
         self.device = torch.device(device)

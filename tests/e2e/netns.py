@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from launch.local import pid_alive
+from launch.procs import pid_alive
 
 # Host interface name inside each host namespace; the same in every host so that a program
 # (e.g. gloo's GLOO_SOCKET_IFNAME) can be told which interface faces the lab network.

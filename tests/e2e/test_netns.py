@@ -25,7 +25,7 @@ import pytest
 from launch.collect import collect_summary
 from peer.config import Scenario, dump_scenario, load_scenario
 from peer.identity import make_certificates
-from peer.node import scenario_topology
+from peer.plan import scenario_topology
 from peer.results import read_rounds
 from tests.e2e.netns import Lab, unusable_reason
 
@@ -313,7 +313,7 @@ _TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def _torchrun_support_missing() -> str | None:
-    """Why ``python -m peer`` cannot run under torchrun yet, or None.
+    """Why the clients cannot run under torchrun yet (``-m launch.torchrun``), or None.
 
     Looks for the environment torchrun sets (RANK / WORLD_SIZE) in the client's entry points;
     the test then runs it, so a torchrun mode that exists but fails is a failure, not a skip.
@@ -351,7 +351,7 @@ def test_torchrun_two_nodes_in_two_namespaces(tmp_path, record_property):
             r: lab.run(
                 r,
                 [str(_TORCHRUN), "--nnodes", "2", "--node-rank", str(r), "--master-addr", lab.address(0),
-                 "--master-port", "29500", "--nproc-per-node", "2", "-m", "peer",
+                 "--master-port", "29500", "--nproc-per-node", "2", "-m", "launch.torchrun",
                  "--scenario", str(out / "scenario.toml"), "--out", str(out)],
                 env, out / "logs" / f"node{r}.log", cwd=REPO,
             )

@@ -69,7 +69,7 @@ def torchrun(scenario_file, out, nproc, env=None):
         "GLOO_SOCKET_IFNAME": "lo",
         **(env or {}),
     }
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "peer", "--scenario", str(scenario_file), "--out", str(out)]
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "launch.torchrun", "--scenario", str(scenario_file), "--out", str(out)]
     start = time.monotonic()
     # Own session: the job's workers can be killed with it, by its process group id.
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

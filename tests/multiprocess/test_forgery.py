@@ -23,7 +23,7 @@ from rich.console import Console
 
 from launch.local import LocalRun
 from peer.identity import load_identity, make_certificates
-from peer.node import scenario_topology
+from peer.plan import scenario_topology
 from peer.results import read_rounds
 from peer.transport.grpc_transport import channel_credentials, identity_options
 from peer.transport.pb import peer_pb2_grpc as pb_grpc

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch import cli
+from experiments import cli
 
 
 @pytest.fixture
@@ -48,8 +48,8 @@ def test_run_installs_handlers_before_starting_clients(sigint_ignored, monkeypat
 
 
 def test_sweep_installs_handlers_before_starting_runs(sigint_ignored, monkeypatch, tmp_path):
-    import launch.sweep
+    import experiments.sweep
 
-    seen = _handlers_when_called(monkeypatch, launch.sweep, "run_sweep", SimpleNamespace(exit_code=0))
+    seen = _handlers_when_called(monkeypatch, experiments.sweep, "run_sweep", SimpleNamespace(exit_code=0))
     assert cli.main(["sweep", str(tmp_path / "grid.toml"), "--dry-run"]) == 0
     _assert_both_interrupt(seen)

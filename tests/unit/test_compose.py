@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import main
+from experiments.cli import main
 from launch.compose import (
     ATTACK_ENV,
     CONTAINER_UID,
@@ -24,7 +24,7 @@ from launch.compose import (
 )
 from peer.config import load_scenario
 from peer.identity import load_identity, make_certificates, run_id_of
-from peer.node import scenario_topology
+from peer.plan import scenario_topology
 from peer.results import write_json_atomic
 
 COMPOSE = shutil.which("docker-compose")

@@ -296,7 +296,7 @@ def test_any_number_loads_only_inside_its_range(key, value):
 
 
 def test_missing_edge_list_is_one_line_from_the_cli(tmp_path, capsys):
-    from launch.cli import main
+    from experiments.cli import main
 
     code = main(["run", "--set", "topology.kind=edgelist", "--set", f"topology.file={str(tmp_path / 'nope')!r}", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err

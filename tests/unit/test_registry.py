@@ -226,7 +226,7 @@ COMMITTED_RUNS = sorted((ROOT / "docs" / "results" / "data").glob("*/runs/*/scen
 
 
 def test_every_committed_run_keeps_its_folder_hash():
-    from launch.sweep import scenario_key
+    from experiments.sweep import scenario_key
 
     assert len(COMMITTED_RUNS) > 100
     wrong = []
@@ -251,7 +251,7 @@ def test_readme_registry_tables_are_what_the_registries_render():
 
 
 def test_dfedrw_list_prints_names_settings_and_summaries(capsys):
-    from launch.cli import main
+    from experiments.cli import main
 
     assert main(["list", "rules"]) == 0
     out = capsys.readouterr().out

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from launch.cli import main
-from launch.plots import accuracy_curve, make_plots, mean_weights
-from launch.report import (
+from experiments.cli import main
+from experiments.plots import accuracy_curve, make_plots, mean_weights
+from experiments.report import (
     MAX_NOT_STARTED_LISTED,
     Missing,
     ReportError,

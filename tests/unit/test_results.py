@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from launch.cli import main
+from experiments.cli import main
 from peer.config import dump_scenario
 from peer.results import RoundLog, check_fresh_out_dir, read_rounds, summarize, write_json_atomic
 

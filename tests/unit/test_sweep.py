@@ -15,9 +15,9 @@ import numpy as np
 import tomli_w
 import pytest
 
-from launch import sweep
-from launch.cli import main
-from launch.sweep import (
+from experiments import sweep
+from experiments.cli import main
+from experiments.sweep import (
     SweepError,
     expand,
     load_grid,

@@ -10,7 +10,7 @@
 
 Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot), so no global state or
 GUI backend is involved. Curves and weights come from each run's compact record
-(:mod:`launch.record`), built from the per-round files when a run has none.
+(:mod:`experiments.record`), built from the per-round files when a run has none.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from launch.record import curve, peer_ids, run_record, weights
-from launch.report import Cell, RunResult, Table
+from experiments.record import curve, peer_ids, run_record, weights
+from experiments.table import Cell, RunResult, Table
 
 # PNG metadata would otherwise carry the matplotlib version.
 _SAVE = {"dpi": 110, "metadata": {"Software": None}}

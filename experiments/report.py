@@ -33,20 +33,13 @@ import csv
 import io
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from launch.record import NOT_STARTED, read_summary, read_sweep
+from experiments.record import NOT_STARTED, read_summary, read_sweep
+from experiments.table import METRICS, Cell, Missing, RunResult, Table
 
 KINDS = ("fairness", "byzantine")
-# Summary accuracy key -> the summary key holding the variance of the same accuracy.
-METRICS = {
-    "honest_mean_accuracy": "accuracy_variance",
-    "honest_mean_global_accuracy": "global_accuracy_variance",
-}
 DEFAULT_METRIC = {"fairness": "honest_mean_accuracy", "byzantine": "honest_mean_global_accuracy"}
 SPEC_KEYS = (
     "kind", "metric", "rows", "columns", "row_labels", "column_labels", "axis_labels", "unranked", "paper", "tolerance",
@@ -162,87 +155,6 @@ def normalize_report_spec(
 
 # ---------------------------------------------------------------------------------------------
 # Reading results
-
-
-@dataclass
-class RunResult:
-    name: str
-    folder: Path
-    seed: str | None
-    summary: dict[str, Any] | None
-    record: dict[str, Any] | None = None  # launch.record, read when a plot first needs it
-
-
-@dataclass
-class Cell:
-    row: tuple[str, ...]
-    column: str
-    runs: list[RunResult] = field(default_factory=list)
-
-    @property
-    def n(self) -> int:
-        return len(self.runs)
-
-    def values(self, key: str) -> np.ndarray:
-        return np.asarray([float(r.summary[key]) for r in self.runs], dtype=float)
-
-    def mean(self, key: str) -> float | None:
-        return float(np.mean(self.values(key))) if self.runs else None
-
-    def std(self, key: str) -> float | None:
-        # Population std over seeds (ddof=0), as the footnote says.
-        return float(np.std(self.values(key), ddof=0)) if self.runs else None
-
-
-@dataclass
-class Missing:
-    run: str
-    state: str
-    points: list[str]
-
-
-@dataclass
-class Table:
-    spec: dict[str, Any]
-    axes: dict[str, list[str]]
-    rows: list[tuple[str, ...]]
-    columns: list[str]
-    cells: dict[tuple[tuple[str, ...], str], Cell]
-    seeds: list[str]
-    missing: list[Missing]
-
-    @property
-    def kind(self) -> str:
-        return self.spec["kind"]
-
-    @property
-    def metric(self) -> str:
-        return self.spec["metric"]
-
-    @property
-    def variance_key(self) -> str:
-        return METRICS[self.metric]
-
-    def row_label(self, row: tuple[str, ...]) -> list[str]:
-        if not row:
-            return ["all"]
-        return [self.spec["row_labels"].get(v, v) for v in row]
-
-    def row_key(self, row: tuple[str, ...]) -> str:
-        return "|".join(self.row_label(row))
-
-    def column_label(self, column: str) -> str:
-        return self.spec["column_labels"].get(column, column)
-
-    def cell_key(self, row: tuple[str, ...], column: str) -> str:
-        """The cell's key in ``[report.paper]``: "ROW|COLUMN", in labels."""
-        return f"{self.row_key(row)}|{self.column_label(column)}"
-
-    def row_headers(self) -> list[str]:
-        return [self.spec["axis_labels"].get(a, a) for a in self.spec["rows"]] or [""]
-
-    def n_max(self) -> int:
-        return max((c.n for c in self.cells.values()), default=0)
 
 
 def load_results(dirs: Sequence[str | Path]) -> Table:
@@ -604,7 +516,7 @@ def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, 
         # Left from an earlier report with paper values, it would no longer match the table.
         stale.unlink()
     if plots:
-        from launch.plots import make_plots
+        from experiments.plots import make_plots
 
         written += make_plots(table, out / "plots")
     return written

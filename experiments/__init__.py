@@ -1,0 +1,1 @@
+"""Experiments: grids and sweeps of scenarios, their records, reports and plots."""

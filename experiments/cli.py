@@ -1,0 +1,83 @@
+"""``dfedrw``: the whole command line, the launchers' commands (:mod:`launch.cli`) plus the
+experiments' ones.
+
+    dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
+    dfedrw report DIR... [--out OUTDIR] [--no-plots]
+    dfedrw export SWEEP_DIR --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from launch.cli import stop_on_signals, build_parser
+from peer.cli import dispatch
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from experiments.sweep import run_sweep
+
+    out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
+    stop_on_signals()
+    try:
+        result = run_sweep(args.grid, out, jobs=args.jobs, dry_run=args.dry_run, console=Console(stderr=True))
+    except KeyboardInterrupt:
+        # Before any run started (while checking the grid): nothing to stop or record.
+        print("dfedrw sweep: interrupted", file=sys.stderr)
+        return 130
+    if not args.dry_run:
+        print(f"results: {result.out_dir}")
+    return result.exit_code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from experiments.report import write_report
+
+    out = args.out if args.out is not None else args.dirs[0] / "report"
+    written = write_report(args.dirs, out, plots=not args.no_plots)
+    print((out / "table.md").read_text(encoding="utf-8"), end="")
+    print(f"\nwrote {len(written)} files to {out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from experiments.record import export_sweep
+
+    exported, left_out = export_sweep(args.sweep, args.out)
+    print(f"exported {exported} finished runs of {args.sweep} to {args.out}")
+    if left_out:
+        print(f"left out {len(left_out)} runs that have not finished: {', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''}", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub) -> None:
+    """Add sweep, report and export to the subcommands ``sub``."""
+    sw = sub.add_parser("sweep", help="run every scenario of a grid file, in parallel and resumably")
+    sw.add_argument("grid", type=Path, help="grid TOML (base, set, [axes], [[variants.NAME]], [[exclude]], [report])")
+    sw.add_argument("--out", type=Path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
+    sw.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the number of CPUs)")
+    sw.add_argument("--dry-run", action="store_true", help="print the points and their run folders, run nothing")
+    sw.set_defaults(func=cmd_sweep)
+
+    rp = sub.add_parser("report", help="tables, paper comparison and plots from sweep folders")
+    rp.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="sweep folders (merged; same [report] required)")
+    rp.add_argument("--out", type=Path, default=None, help="output folder (default: DIR/report of the first DIR)")
+    rp.add_argument("--no-plots", action="store_true", help="write the tables only")
+    rp.set_defaults(func=cmd_report)
+
+    ex = sub.add_parser("export", help="copy a sweep's results in compact form (summary, scenario, curves, mean weights per run)")
+    ex.add_argument("sweep", type=Path, metavar="SWEEP_DIR", help="folder written by `dfedrw sweep`")
+    ex.add_argument("--out", type=Path, required=True, metavar="DIR", help="destination (replaced); `dfedrw report DIR` reads it like the sweep")
+    ex.set_defaults(func=cmd_export)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(build_parser(more=add_commands), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

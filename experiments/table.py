@@ -1,0 +1,100 @@
+"""The results a report is made of: runs, the cells they fall into and the table of cells.
+
+Shared by :mod:`experiments.report` (which reads and renders them) and :mod:`experiments.plots`
+(which draws them), so neither imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Summary accuracy key -> the summary key holding the variance of the same accuracy.
+METRICS = {
+    "honest_mean_accuracy": "accuracy_variance",
+    "honest_mean_global_accuracy": "global_accuracy_variance",
+}
+
+
+@dataclass
+class RunResult:
+    name: str
+    folder: Path
+    seed: str | None
+    summary: dict[str, Any] | None
+    record: dict[str, Any] | None = None  # experiments.record, read when a plot first needs it
+
+
+@dataclass
+class Cell:
+    row: tuple[str, ...]
+    column: str
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    def values(self, key: str) -> np.ndarray:
+        return np.asarray([float(r.summary[key]) for r in self.runs], dtype=float)
+
+    def mean(self, key: str) -> float | None:
+        return float(np.mean(self.values(key))) if self.runs else None
+
+    def std(self, key: str) -> float | None:
+        # Population std over seeds (ddof=0), as the footnote says.
+        return float(np.std(self.values(key), ddof=0)) if self.runs else None
+
+
+@dataclass
+class Missing:
+    run: str
+    state: str
+    points: list[str]
+
+
+@dataclass
+class Table:
+    spec: dict[str, Any]
+    axes: dict[str, list[str]]
+    rows: list[tuple[str, ...]]
+    columns: list[str]
+    cells: dict[tuple[tuple[str, ...], str], Cell]
+    seeds: list[str]
+    missing: list[Missing]
+
+    @property
+    def kind(self) -> str:
+        return self.spec["kind"]
+
+    @property
+    def metric(self) -> str:
+        return self.spec["metric"]
+
+    @property
+    def variance_key(self) -> str:
+        return METRICS[self.metric]
+
+    def row_label(self, row: tuple[str, ...]) -> list[str]:
+        if not row:
+            return ["all"]
+        return [self.spec["row_labels"].get(v, v) for v in row]
+
+    def row_key(self, row: tuple[str, ...]) -> str:
+        return "|".join(self.row_label(row))
+
+    def column_label(self, column: str) -> str:
+        return self.spec["column_labels"].get(column, column)
+
+    def cell_key(self, row: tuple[str, ...], column: str) -> str:
+        """The cell's key in ``[report.paper]``: "ROW|COLUMN", in labels."""
+        return f"{self.row_key(row)}|{self.column_label(column)}"
+
+    def row_headers(self) -> list[str]:
+        return [self.spec["axis_labels"].get(a, a) for a in self.spec["rows"]] or [""]
+
+    def n_max(self) -> int:
+        return max((c.n for c in self.cells.values()), default=0)

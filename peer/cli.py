@@ -1,0 +1,137 @@
+"""``python -m peer`` / ``dfedrw peer``: run one client process.
+
+    python -m peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
+
+Every flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID, DFEDRW_RENDEZVOUS,
+DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT), DFEDRW_CERTS. The
+secret a client shows the launcher comes only from the environment (DFEDRW_LINK_TOKEN, set by
+``dfedrw run``), never a flag: a command line is readable by every user.
+
+The launchers' command line (:mod:`launch.cli`) adds this command to its own, so both read the
+same flags. Under torchrun (client id = RANK) the clients start with ``-m launch.torchrun``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from peer.config import ScenarioError, load_scenario
+from peer.data import DatasetUnavailable
+
+
+def _env(name: str, default=None):
+    return os.environ.get(name, default)
+
+
+def _parse_peers(items: list[str]) -> dict[int, str]:
+    book: dict[int, str] = {}
+    for item in items:
+        for part in filter(None, item.split(",")):
+            key, sep, addr = part.partition("=")
+            if not sep or not key.strip().isdigit() or not addr:
+                raise SystemExit(f"dfedrw: bad --peer {part!r}; expected ID=HOST:PORT")
+            book[int(key)] = addr.strip()
+    return book
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit if the launcher that started this client is gone, so no client is left orphaned."""
+
+    def loop() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(1.0)
+
+    threading.Thread(target=loop, daemon=True, name="parent-watch").start()
+
+
+def under_torchrun(args: argparse.Namespace) -> bool:
+    """No --id, and torchrun's RANK and WORLD_SIZE set: the client id is the rank."""
+    return args.id is None and _env("RANK") is not None and _env("WORLD_SIZE") is not None
+
+
+def cmd_peer(args: argparse.Namespace) -> int:
+    from peer.node import run_peer
+
+    if under_torchrun(args):
+        raise SystemExit(
+            "dfedrw peer: under torchrun start the clients with -m launch.torchrun "
+            "(torchrun --nproc-per-node N -m launch.torchrun --scenario FILE), or give --id"
+        )
+    if args.scenario is None or args.id is None:
+        raise SystemExit("dfedrw peer: --scenario and --id are required (or DFEDRW_SCENARIO / DFEDRW_ID)")
+    parent = _env("DFEDRW_PARENT_PID")
+    if parent:
+        _watch_parent(int(parent))
+    scenario = load_scenario(args.scenario, args.set)
+    peers = _parse_peers(args.peer or ([_env("DFEDRW_PEERS")] if _env("DFEDRW_PEERS") else []))
+    rendezvous = args.rendezvous
+    if not rendezvous and not peers:
+        raise SystemExit("dfedrw peer: give --rendezvous ENDPOINT (from a launcher) or the --peer ID=HOST:PORT list")
+    final = run_peer(
+        scenario,
+        int(args.id),
+        Path(args.out),
+        rendezvous=rendezvous or None,
+        addresses=None if rendezvous else peers,
+        listen_port=int(args.listen_port),
+        certs=args.certs,
+        link_token=_env("DFEDRW_LINK_TOKEN"),
+    )
+    logging.getLogger("peer").info("client %s done: %s", args.id, final)
+    return 0
+
+
+def add_peer_command(sub, func: Callable[[argparse.Namespace], int] = cmd_peer) -> argparse.ArgumentParser:
+    """Add the ``peer`` command to the subcommands ``sub``; ``func`` runs it."""
+    p = sub.add_parser("peer", help="run one client process (under torchrun: client id = RANK)")
+    p.add_argument("--scenario", default=_env("DFEDRW_SCENARIO"))
+    p.add_argument("--id", type=int, default=_env("DFEDRW_ID"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--rendezvous", default=_env("DFEDRW_RENDEZVOUS"), help="launcher zmq endpoint")
+    p.add_argument("--peer", action="append", default=None, metavar="ID=HOST:PORT", help="static address of a client (repeatable)")
+    p.add_argument("--listen-port", type=int, default=int(_env("DFEDRW_LISTEN_PORT", "0")))
+    p.add_argument("--out", default=_env("DFEDRW_OUT", "runs/peer"))
+    p.add_argument("--certs", type=Path, default=_env("DFEDRW_CERTS"), help="the run's certificate folder (needed with network.tls = 'mutual')")
+    p.set_defaults(func=func)
+    return p
+
+
+def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The ``dfedrw`` parser with its global flags and no command yet, and its subcommands."""
+    parser = argparse.ArgumentParser(prog="dfedrw", description="Decentralized federated learning with DFedReweighting.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
+def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Parse ``argv``, set up logging and run the command; bad input is one line and exit code 2."""
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except ScenarioError as exc:
+        print(f"dfedrw: {exc}", file=sys.stderr)
+        return 2
+    except (FileExistsError, DatasetUnavailable, ValueError) as exc:
+        # Bad input: one clear line, no traceback.
+        print(f"dfedrw: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The client's command line alone: ``argv`` is ``["peer", FLAGS...]``."""
+    parser, sub = new_parser()
+    add_peer_command(sub)
+    return dispatch(parser, argv)

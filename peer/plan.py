@@ -1,0 +1,45 @@
+"""What a scenario says about its clients, without building any of them: the graph, who is
+Byzantine, each client's role and seeds, the model layout per dataset.
+
+Light on purpose: it imports neither torch nor gRPC, so the launchers that only plan a run
+(docker-compose files, the summary) stay light. :mod:`peer.node` builds clients from it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from topologies import Topology, build_topology
+
+if TYPE_CHECKING:
+    from peer.config import AggregationConfig, Scenario
+
+# (features, classes) per dataset, so a Byzantine client knows the model layout without data.
+DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
+
+ROLES = ("honest", "byzantine")
+
+
+def role_of(topology: Topology, client: int) -> str:
+    """"byzantine" or "honest"."""
+    return "byzantine" if client in topology.byzantine else "honest"
+
+
+def derive_seed(seed: int, *keys: int | str) -> int:
+    """An independent, reproducible seed for one purpose of one client."""
+    words = [k if isinstance(k, int) else int.from_bytes(k.encode()[:8].ljust(8, b"\0"), "little") for k in keys]
+    return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint32)[0])
+
+
+def scenario_topology(scenario: Scenario) -> Topology:
+    t = scenario.topology
+    return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None)
+
+
+def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int) -> int:
+    """How many Byzantine neighbours a robust rule at ``client`` is told it has."""
+    if cfg.assumed_byzantine >= 0:
+        return cfg.assumed_byzantine
+    return sum(1 for k in topology.neighbours(client) if k in topology.byzantine)
