@@ -30,7 +30,7 @@ from peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_c
 from peer.config import Scenario
 from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
-from peer.models import build_model, get_vector, set_vector
+from peer.models import MODELS, build_model, get_vector, set_vector
 from peer.plugins import build_attack, build_client_rule
 from peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
 from peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
@@ -40,7 +40,7 @@ from peer.training import LocalTrainer, VectorEvaluator, evaluate
 from peer.transport.base import Transport
 from peer.transport.grpc_transport import CallLimits, GrpcTransport
 from peer.transport.inbox import Inbox
-from peer.transport.serde import Plausible, WireError, decode, encode, join_chunks, model_specs
+from peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks, model_specs
 from topologies import Topology
 
 log = logging.getLogger(__name__)
@@ -86,11 +86,23 @@ def grpc_transport_for(
         # Without TLS a sender is an IP address: every client of the run may share one host.
         shared_host=1 if identity is not None else scenario.num_clients,
     )
+    # A receiver buffers at most one message's worth per open call: the model's size, which is
+    # all an honest message holds, not the scenario's far larger ceiling.
+    model_bytes = sum(s.nbytes for s in scenario_model_specs(scenario))
     return GrpcTransport(
         host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-        max_message_bytes=net.max_message_bytes, max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
+        max_message_bytes=min(net.max_message_bytes, model_bytes), max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
         advertise=advertise, identity=identity, limits=limits,
     )
+
+
+def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
+    """The wire layout of the scenario's model, from a model on the meta device (no memory,
+    no initialisation)."""
+    features, classes = DATASET_SHAPES[scenario.data.name]
+    with torch.device("meta"):
+        model = MODELS[scenario.train.model](features, classes, scenario.train.hidden)
+    return model_specs(model)
 
 
 def client_identity(scenario: Scenario, certs: Path | None, client: int) -> ClientIdentity | None:
@@ -664,7 +676,8 @@ class Peer:
             )
             # Claim the data size and loss the honest neighbours claim, so data-size or
             # loss-based weighting cannot single the attacker out by its metadata.
-            claimed_size = round(float(np.mean([m.num_samples for m in honest_msgs]))) if honest_msgs else 0
+            # With nothing heard, the smallest plausible size: 0 would be refused as implausible.
+            claimed_size = round(float(np.mean([m.num_samples for m in honest_msgs]))) if honest_msgs else 1
             losses = [m.train_loss for m in honest_msgs if np.isfinite(m.train_loss)]
             claimed_loss = float(np.mean(losses)) if losses else float("nan")
             silent = 0

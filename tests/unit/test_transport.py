@@ -637,3 +637,17 @@ def test_grpc_transport_refuses_a_port_in_use():
             GrpcTransport("127.0.0.1", first.port).start(lambda m, sender=None: (True, "", 0))
     finally:
         first.close()
+
+
+@pytest.mark.parametrize("model", ["softmax_regression", "mlp"])
+def test_a_receiver_buffers_no_more_than_the_models_size_per_call(small_scenario, tmp_path, model):
+    from peer.node import grpc_transport_for, scenario_model_specs
+
+    scenario = small_scenario(f"train.model={model}", "train.hidden=8", "network.tls=off")
+    transport = grpc_transport_for(scenario, "127.0.0.1", 0)
+    peer = Peer(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
+    try:
+        assert scenario_model_specs(scenario) == peer.specs
+        assert transport.max_message_bytes == sum(s.nbytes for s in peer.specs) < scenario.network.max_message_bytes
+    finally:
+        peer.close()
