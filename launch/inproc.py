@@ -1,6 +1,6 @@
 """``network.transport = "inproc"``: every client of a scenario as a thread of this process.
 
-Same client code (``peer.node.Peer``) and the same on-disk results as the process launcher;
+Same client code (``peer.node.Client``) and the same on-disk results as the process launcher;
 messages go through the in-process transport. Meant for fast tests and large sweeps.
 """
 
@@ -20,7 +20,7 @@ from rich.console import Console
 from launch.collect import collect_summary
 from launch.progress import ProgressBoard
 from peer.config import Scenario, dump_scenario
-from peer.node import Peer, start_and_run
+from peer.node import Client, start_and_run
 from peer.plan import role_of, scenario_topology
 from peer.rendezvous import SharedRendezvous
 from peer.transport.inproc import InprocHub, InprocTransport
@@ -58,7 +58,7 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
     events: queue.SimpleQueue = queue.SimpleQueue()
     hub = InprocHub()
     peers = {
-        k: Peer(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}"), link=QueueLink(events))
+        k: Client(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}"), link=QueueLink(events))
         for k in roles
     }
     # Every client publishes its address once its server is up and waits for the others'.

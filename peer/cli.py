@@ -59,7 +59,7 @@ def under_torchrun(args: argparse.Namespace) -> bool:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from peer.node import run_peer
+    from peer.node import run_grpc_client
 
     if under_torchrun(args):
         raise SystemExit(
@@ -76,7 +76,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     rendezvous = args.rendezvous
     if not rendezvous and not peers:
         raise SystemExit("dfedrw peer: give --rendezvous ENDPOINT (from a launcher) or the --peer ID=HOST:PORT list")
-    final = run_peer(
+    final = run_grpc_client(
         scenario,
         int(args.id),
         Path(args.out),

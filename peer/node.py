@@ -50,7 +50,7 @@ _PROBE_EVERY = 5
 
 # A client that resumed from a checkpoint and had to skip more rounds than this to catch up
 # with its neighbours holds a stale model: it takes their models' coordinate-wise median in its
-# place (see Peer._run_honest).
+# place (see Client._run_honest).
 _STALE_AFTER = 10
 # How many rounds after resuming a client keeps checking whether its neighbours are ahead of
 # it (their replies say their round) and skips ahead to them.
@@ -179,7 +179,7 @@ def _loop_times(wall_start: float, cpu_start: float) -> dict[str, float]:
     return {"loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
 
 
-class Peer:
+class Client:
     """A client process's state and round loop (honest or Byzantine)."""
 
     def __init__(
@@ -725,7 +725,7 @@ def _finite_or_none(x: float) -> float | None:
     return round(x, 6) if np.isfinite(x) else None
 
 
-def run_peer(
+def run_grpc_client(
     scenario: Scenario,
     client_id: int,
     out_dir: Path,
@@ -773,11 +773,11 @@ def run_client(
 ) -> dict[str, Any]:
     """A client's start-up sequence, the same under every launcher: build the client, then
     :func:`start_and_run`. Returns its final record."""
-    client = Peer(scenario, client_id, out_dir, transport=transport, link=link, device=device)
+    client = Client(scenario, client_id, out_dir, transport=transport, link=link, device=device)
     return start_and_run(client, rendezvous)
 
 
-def start_and_run(client: Peer, rendezvous: Rendezvous) -> dict[str, Any]:
+def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:
     """Start a built client's server, exchange addresses through ``rendezvous``, connect to the
     neighbours, run every round; the client is closed whatever happens."""
     try:

@@ -1,7 +1,7 @@
 """What the client needs from a transport; gRPC is one implementation.
 
 A transport delivers each received message to a ``Deliver`` callback (which validates and
-buffers it, see :meth:`peer.node.Peer.deliver`) on the thread it receives on (gRPC: its event
+buffers it, see :meth:`peer.node.Client.deliver`) on the thread it receives on (gRPC: its event
 loop; in-process: the sender's round loop), so the callback must return promptly; and it sends
 model messages to neighbours without blocking the round loop. It tells the client when a
 neighbour cannot be reached at all, so the client stops waiting for it instead of paying the

@@ -7,7 +7,7 @@ import grpc
 import torch
 
 from peer.identity import load_identity, make_certificates
-from peer.node import Peer, grpc_transport_for
+from peer.node import Client, grpc_transport_for
 from peer.transport.grpc_transport import channel_credentials, identity_options
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import TensorSpec, encode
@@ -17,7 +17,7 @@ def run_network(scenario, out_dir, meddle):
     certs = out_dir / "certs"
     make_certificates(scenario.num_clients, certs)
     peers = {
-        k: Peer(scenario, k, out_dir, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k)))
+        k: Client(scenario, k, out_dir, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k)))
         for k in range(scenario.num_clients)
     }
     addresses = {k: p.start() for k, p in peers.items()}

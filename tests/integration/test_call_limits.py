@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from peer.identity import load_identity, make_certificates
-from peer.node import Peer, grpc_transport_for
+from peer.node import Client, grpc_transport_for
 from peer.transport.grpc_transport import CallLimits, GrpcTransport, channel_credentials, identity_options, on_loop
 from peer.transport.pb import peer_pb2 as pb
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
@@ -386,7 +386,7 @@ def flood_main(certs: str, client: int, address: str, count: int, seconds: float
     messages with the model's layout, as fast as it can; prints what it saw as JSON."""
     import json
 
-    from peer.node import Peer  # noqa: F401 - the same imports as a client
+    from peer.node import Client  # noqa: F401 - the same imports as a client
 
     specs = tuple(TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in layout)
     features = sum(s.numel for s in specs)
@@ -415,14 +415,14 @@ def test_a_flooding_process_barely_slows_its_victims_rounds(small_scenario, tmp_
     import subprocess
     import sys
 
-    from peer.node import Peer
+    from peer.node import Client
 
     certs = tmp_path / "certs"
     make_certificates(5, certs)
     scenario = small_scenario("topology.kind=complete", "topology.honest=5", "topology.byzantine=0", "attack.name=none", "rounds=300")
 
     def run_once(out, flood_it):
-        peers = {k: Peer(scenario, k, out, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k))) for k in range(4)}
+        peers = {k: Client(scenario, k, out, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k))) for k in range(4)}
         addresses = {k: p.start() for k, p in peers.items()}
         finals, threads = {}, []
         for k in peers:

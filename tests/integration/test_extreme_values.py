@@ -16,7 +16,7 @@ import threading
 import pytest
 import torch
 
-from peer.node import Peer
+from peer.node import Client
 from peer.transport.inproc import InprocHub, InprocTransport
 from peer.transport.serde import encode
 
@@ -25,7 +25,7 @@ U64 = 2**64 - 1
 
 def run(scenario, out_dir, inject=None):
     hub = InprocHub()
-    peers = {k: Peer(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}")) for k in range(scenario.num_clients)}
+    peers = {k: Client(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}")) for k in range(scenario.num_clients)}
     addresses = {k: p.start() for k, p in peers.items()}
     verdicts = inject(peers[0]) if inject else []
     finals, errors = {}, []

@@ -18,7 +18,7 @@ from peer.checkpoint import (
 from peer.config import ScenarioError, load_scenario, scenario_changes
 from peer.data import Dataset
 from peer.models import build_model, get_vector
-from peer.node import Peer, coordinate_median, scenario_topology
+from peer.node import Client, coordinate_median, scenario_topology
 from peer.results import RoundLog, read_rounds, summarize, write_json_atomic
 from peer.training import LocalTrainer
 from peer.transport.inproc import InprocHub, InprocTransport
@@ -140,7 +140,7 @@ def test_round_log_continued_through_the_checkpoint_round(tmp_path):
 
 def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(small_scenario, tmp_path):
     scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "checkpoint.every=5")
-    peer = Peer(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+    peer = Client(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
     try:
         assert peer.resumed is None and peer.restarts == 0
         peer.prepare()
@@ -155,7 +155,7 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
     finally:
         peer.close()
     # Started again: its model, round and minibatch order come back, and its log continues.
-    again = Peer(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+    again = Client(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
     try:
         assert again.resumed.round == 4 and again.restarts == 1
         assert torch.all(get_vector(again.model) == 0.25)
@@ -168,10 +168,10 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
         again.close()
     other = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "checkpoint.every=5", "train.lr=0.3")
     with pytest.raises(CheckpointError, match="another scenario"):
-        Peer(other, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+        Client(other, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
     # checkpoint.every = 0: no checkpoints, and a client started again starts over.
     off = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "checkpoint.every=0")
-    fresh = Peer(off, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
+    fresh = Client(off, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
     try:
         assert fresh.resumed is None and read_rounds(tmp_path, 1) == []
         fresh.results.close()
@@ -214,7 +214,7 @@ def test_coordinate_median():
 def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_scenario, tmp_path):
     scenario = small_scenario("topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5")
     bad = max(scenario_topology(scenario).byzantine)
-    peer = Peer(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    peer = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
     try:
         assert peer.role == "byzantine"
         state = torch.Generator().manual_seed(9).get_state().numpy()
@@ -222,7 +222,7 @@ def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_sce
         peer.results.close()
     finally:
         peer.close()
-    again = Peer(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    again = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
     try:
         assert again.resumed.round == 9 and again.resumed.vector is None
         assert np.array_equal(again.resumed.generators["attack"], state)

@@ -1,4 +1,4 @@
-"""Fuzzing the receive path of a real honest client: ``Peer.deliver`` (join, decode, inbox).
+"""Fuzzing the receive path of a real honest client: ``Client.deliver`` (join, decode, inbox).
 
 Every generated message is bad by construction: either a random header whose tensor specs
 differ from the client's model, or a valid encoding with at least one defect applied last.
@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.node import Peer
+from peer.node import Client
 from peer.transport.inproc import InprocHub, InprocTransport
 from peer.transport.pb import peer_pb2 as pb
 from peer.transport.serde import encode
@@ -44,7 +44,7 @@ ROUNDS = [0, 1, ROUND - 1, ROUND, ROUND + 1, ROUND + 2, ROUND + 3, 2**32, 2**63,
 class Counters:
     """Every message ends in exactly one of: accepted, stale, one rejection reason."""
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Client) -> None:
         self.inbox = peer.inbox
 
     def total(self) -> int:
@@ -55,7 +55,7 @@ class Counters:
 def client(small_scenario, tmp_path):
     """Client 0 of a 4-ring (neighbours 1 and 3) at round ROUND, every window slot filled."""
     scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0")
-    peer = Peer(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
+    peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
     peer.inbox.advance(ROUND)
     d = sum(s.numel for s in peer.specs)
     gen = torch.Generator().manual_seed(0)
@@ -94,7 +94,7 @@ def rechunk(header, payload, rng):
 # ------------------------------------------------------------------ generators
 
 
-def random_message(rng: random.Random, peer: Peer):
+def random_message(rng: random.Random, peer: Client):
     """A random header with random tensor specs that never equal the model's, random data."""
     header = pb.ModelHeader()
     if rng.random() < 0.9:
@@ -157,7 +157,7 @@ def payload_of(chunks):
     return b"".join(c.data for c in chunks)
 
 
-def defect(rng: random.Random, chunks, peer: Peer, sender, kind: int):
+def defect(rng: random.Random, chunks, peer: Client, sender, kind: int):
     """Apply defect ``kind``, which no check may let through; returns (chunks, authenticated sender).
 
     A message gets distinct kinds, and a kind that cannot apply falls back to one that sets a
@@ -231,7 +231,7 @@ def defect(rng: random.Random, chunks, peer: Peer, sender, kind: int):
     return chunks, sender
 
 
-def mutated_message(rng: random.Random, peer: Peer):
+def mutated_message(rng: random.Random, peer: Client):
     """A valid encoding for a window slot (already filled), randomly flipped, then given a defect."""
     k = rng.choice(peer.neighbours)
     chunks = copy(peer.valid[k, rng.randrange(ROUND, ROUND + 3)])
@@ -243,11 +243,11 @@ def mutated_message(rng: random.Random, peer: Peer):
     return chunks, sender
 
 
-def generate(rng: random.Random, peer: Peer):
+def generate(rng: random.Random, peer: Client):
     return random_message(rng, peer) if rng.random() < 0.4 else mutated_message(rng, peer)
 
 
-def corpus(peer: Peer):
+def corpus(peer: Client):
     """The cases found by hand, each with the reason it must be rejected for."""
     v = peer.valid
     cases = []
@@ -300,7 +300,7 @@ def corpus(peer: Peer):
 # ------------------------------------------------------------------ the tests
 
 
-def deliver_all(peer: Peer, messages):
+def deliver_all(peer: Client, messages):
     """Deliver every message; returns (verdicts, exceptions that escaped, seconds)."""
     verdicts, escaped = [], []
     t0 = time.perf_counter()
@@ -332,7 +332,7 @@ def test_declared_losses_out_of_range_read_as_absent(client):
         client.inbox._buffer.pop(ROUND + 3)
 
 
-def run_fuzz(peer: Peer, count: int, seed: int, log_file=None):
+def run_fuzz(peer: Client, count: int, seed: int, log_file=None):
     rng = random.Random(seed)
     counters = Counters(peer)
     before, accepted0 = counters.total(), peer.inbox.accepted

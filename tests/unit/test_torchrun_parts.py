@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from launch import torchrun as tr
 from launch.runner import run_scenario
-from peer.node import run_peer
+from peer.node import run_grpc_client
 from peer.transport import torchdist
 from peer.transport.serde import decode, encode, join_chunks, TensorSpec
 
@@ -120,7 +120,7 @@ def test_torch_transport_outside_torchrun_is_a_clear_error(small_scenario, tmp_p
     with pytest.raises(ValueError, match="only under torchrun"):
         run_scenario(scenario, tmp_path / "run")
     with pytest.raises(ValueError, match="only under torchrun"):
-        run_peer(scenario, 0, tmp_path / "peer", addresses={})
+        run_grpc_client(scenario, 0, tmp_path / "peer", addresses={})
     with pytest.raises(RuntimeError, match="torchrun"):
         torchdist.TorchDistTransport(0, [(0, 1)])
 

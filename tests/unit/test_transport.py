@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.node import Peer
+from peer.node import Client
 from peer.transport.inproc import InprocHub, InprocTransport
 from peer.transport.grpc_transport import CallLimits, GrpcTransport, MessageSplitter, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
@@ -519,7 +519,7 @@ def test_grpc_sender_drops_queued_messages_the_receiver_is_past():
 
 def test_a_client_answers_with_its_round(small_scenario, tmp_path):
     scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0")
-    peer = Peer(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
+    peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
     try:
         good = torch.zeros(sum(s.numel for s in peer.specs))
         peer.inbox.advance(7)
@@ -645,7 +645,7 @@ def test_a_receiver_buffers_no_more_than_the_models_size_per_call(small_scenario
 
     scenario = small_scenario(f"train.model={model}", "train.hidden=8", "network.tls=off")
     transport = grpc_transport_for(scenario, "127.0.0.1", 0)
-    peer = Peer(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
+    peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
     try:
         assert scenario_model_specs(scenario) == peer.specs
         assert transport.max_message_bytes == sum(s.nbytes for s in peer.specs) < scenario.network.max_message_bytes
