@@ -362,7 +362,10 @@ def test_a_flooding_member_is_rate_limited_then_shut_out_and_a_neighbour_is_not(
         f"flooder's messages delivered {receiver.others[2]}; neighbour {len(receiver.honest)}/{neighbour.sent}"
     )
     assert replies["rate_limited"] > 0 and refused["disconnected"] >= 1
-    assert statuses["RESOURCE_EXHAUSTED"] >= 1
+    # The flooder's call was ended by the receiver, not finished by the flooder. The status it
+    # reads depends on where its writes were when the call ended: RESOURCE_EXHAUSTED from the
+    # abort, or CANCELLED / INTERNAL when a write raced it (seen on a loaded machine).
+    assert statuses and "OK" not in statuses
     assert receiver.others[2] < written / 10
     assert neighbour.got_through()
 
