@@ -19,6 +19,9 @@ Writes into a folder:
   image and a local wheelhouse, no network) and ``.dockerignore``;
 - ``scenario.toml``: the resolved scenario as the containers see it (listening on 0.0.0.0,
   data and edge-list paths inside the container);
+- ``plugins/``: the modules of the outside classes the scenario names by import path
+  (``module:Class``), copied from where this host imports them and mounted read-only on
+  ``/plugins``, which is the services' ``PYTHONPATH``;
 - ``README.md`` (how to build, run, watch and swap the attack), ``wheelhouse/``.
 
 The graph is drawn here from the scenario's seed, exactly as each client draws it, so the
@@ -28,6 +31,7 @@ address lists in the file agree with what every container computes for itself.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -56,12 +60,17 @@ RESULTS_PATH = "/results"
 # Where a client writes (RESULTS_PATH/peers): the one writable mount of its container.
 CLIENT_RESULTS_PATH = RESULTS_PATH + "/peers"
 DATA_PATH = "/data"
+# The outside classes' modules (a scenario's module:Class names), on the services' PYTHONPATH.
+PLUGINS_PATH = "/plugins"
 # docker-compose mounts a service's secrets here; the client reads its certificates from it.
 SECRETS_PATH = "/run/secrets"
 
 # In the compose folder.
 CERTS_DIR = "certs"
 RESULTS_DIR = "results"
+PLUGINS_DIR = "plugins"
+# Packages of dfedrw itself, in the image already.
+_OWN_PACKAGES = ("peer", "launch", "experiments")
 
 # The clients' user in the image (no name, no home: nothing needs one). When `dfedrw compose`
 # runs as root, the keys and results folders are given to this user; otherwise the containers
@@ -206,8 +215,44 @@ def container_scenario(scenario: Scenario) -> tuple[Scenario, list[Mount], dict[
         copies["edges.txt"] = Path(topology.file)
         mounts.append(Mount("./edges.txt", EDGES_PATH))
         topology = dataclasses.replace(topology, file=EDGES_PATH)
+    plugins = plugin_sources(scenario)
+    if plugins:
+        copies.update(plugins)
+        mounts.append(Mount(f"./{PLUGINS_DIR}", PLUGINS_PATH))
     resolved = dataclasses.replace(scenario, network=network, data=data, topology=topology)
     return resolved, mounts, copies
+
+
+def plugin_sources(scenario: Scenario) -> dict[str, Path]:
+    """The outside modules the scenario names by import path (``module:Class``: the attack, and
+    every client's rule, TPM and CRS), as files to copy: ``plugins/NAME`` -> the module's file,
+    or a package's folder, as this host imports it. One line if a module cannot be found."""
+    named: dict[str, str] = {}
+    if ":" in scenario.attack.name:
+        named.setdefault(scenario.attack.name, "attack.name")
+    for k in range(scenario.num_clients):
+        cfg = scenario.aggregation_for(k)
+        for kind in ("rule", "tpm", "crs"):
+            value = getattr(cfg, kind)
+            if isinstance(value, str) and ":" in value:
+                named.setdefault(value, f"{cfg.prefix}.{kind}")
+    sources: dict[str, Path] = {}
+    for path, key in named.items():
+        top = path.partition(":")[0].split(".")[0]
+        if top in _OWN_PACKAGES:
+            continue
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+            raise ValueError(f"compose: {key}={path!r}: cannot find module {top!r} on this host's import path to copy into {PLUGINS_DIR}/")
+        origin = Path(spec.origin)
+        if spec.submodule_search_locations:
+            sources[f"{PLUGINS_DIR}/{top}"] = origin.parent
+        else:
+            sources[f"{PLUGINS_DIR}/{origin.name}"] = origin
+    return sources
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -248,6 +293,7 @@ def _volumes(mounts: list[Mount]) -> list[str]:
 def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mount], services: list[ClientService]) -> str:
     byzantine = [s.id for s in services if s.byzantine]
     certs = uses_certificates(scenario)
+    plugins = any(m.container == PLUGINS_PATH for m in mounts)
     uid, gid = options.run_as
     user = f"    user: {_q(f'{uid}:{gid}')}"
     header = [
@@ -281,8 +327,12 @@ def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mou
         # An init process as PID 1 passes SIGTERM on: `docker-compose stop` ends a client at once.
         body.append("    init: true")
         body.append(user)
+        if svc.byzantine or plugins:
+            body.append("    environment:")
+        if plugins:
+            body.append(f"      PYTHONPATH: {_q(PLUGINS_PATH)}")
         if svc.byzantine:
-            body += ["    environment:", f"      {ATTACK_ENV}: {_q(scenario.attack.name)}"]
+            body.append(f"      {ATTACK_ENV}: {_q(scenario.attack.name)}")
         body.append(command_key + _flow_list(_service_command(svc, options.port, certs), len(command_key)))
         # Its own results folder is the only thing a client can write.
         body += _volumes([*mounts, Mount(f"./{client_results_dir(svc.id)}", CLIENT_RESULTS_PATH, read_only=False)])
@@ -300,6 +350,7 @@ def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mou
         '    pull_policy: "never"',
         f"    profiles: [{_q(SUMMARIZE_SERVICE)}]",
         user,
+        *(["    environment:", f"      PYTHONPATH: {_q(PLUGINS_PATH)}"] if plugins else []),
         command_key + _flow_list(summarize_cmd, len(command_key)),
         # Every client's results (read through the links in results/peers), and summary.json.
         *_volumes([*mounts, Mount(f"./{RESULTS_DIR}", RESULTS_PATH, read_only=False)]),
@@ -477,6 +528,13 @@ attack.name=sign_flip --out {folder}`, which also records the attack in `scenari
 (and rewrites an edited line).
 The attack's other settings (`attack.std`, `attack.scale`, `attack.z`) come from
 `scenario.toml`. No rebuild is needed for either.
+
+## Outside classes
+
+An attack, rule, TPM or CRS named by import path (`module:Class`) is not in the image: its
+module is copied into `{PLUGINS_DIR}/` when the folder is written, mounted read-only on
+`{PLUGINS_PATH}` in every service, and `{PLUGINS_PATH}` is the services' `PYTHONPATH`. To swap in
+another outside attack, put its module into `{PLUGINS_DIR}/` too (or regenerate the folder).
 """
 
 
@@ -579,8 +637,13 @@ def write_compose(scenario: Scenario, out_dir: Path, options: ComposeOptions | N
     write("README.md", render_readme(resolved, options, services, str(out_dir)))
     dump_scenario(resolved, out_dir / "scenario.toml")
     written.append(out_dir / "scenario.toml")
+    shutil.rmtree(out_dir / PLUGINS_DIR, ignore_errors=True)  # the modules of this scenario only
     for name, source in copies.items():
-        shutil.copyfile(source, out_dir / name)
+        (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, out_dir / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copyfile(source, out_dir / name)
         written.append(out_dir / name)
     # Made here so the folders belong to the user, not to the engine that would create them.
     (out_dir / "wheelhouse").mkdir(exist_ok=True)

@@ -31,7 +31,7 @@ from peer.config import Scenario
 from peer.identity import ClientIdentity, IdentityError, load_identity
 from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from peer.models import MODELS, build_model, get_vector, set_vector
-from peer.plugins import build_attack, build_client_rule
+from peer.plugins import _takes_tpm_and_crs, build_attack, build_client_rule
 from peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
 from peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from peer.results import RoundLog, write_json_atomic
@@ -381,6 +381,8 @@ class Client:
         if self.role == "honest":
             cfg = self.scenario.aggregation_for(self.id)
             final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, self.id)}
+            if _takes_tpm_and_crs(cfg.rule):  # which TPM and CRS scored the candidates
+                final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
         rejected = dict(self.inbox.rejected)
         for reason, n in self._counters_before["rejected_by_reason"].items():
             rejected[reason] = rejected.get(reason, 0) + int(n)
