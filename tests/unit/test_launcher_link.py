@@ -18,6 +18,7 @@ from launch.local import Child, LocalRun
 from launch.progress import ProgressBoard
 from peer.config import load_scenario
 from peer.telemetry import LauncherLink
+from tests.helpers import quiet_console
 
 ID = b"\x00\x80\x00\x00\x01"
 TOKENS = {k: link.new_token() for k in range(4)}
@@ -161,7 +162,7 @@ def test_telemetry_is_taken_only_from_the_connection_that_registered():
 
 
 def test_progress_board_ignores_ill_typed_events():
-    board = ProgressBoard(Console(file=open(os.devnull, "w")), {0: "honest", 1: "honest"}, rounds=10)
+    board = ProgressBoard(quiet_console(), {0: "honest", 1: "honest"}, rounds=10)
     for msg in [
         {"type": "round", "id": [0], "round": 1},
         {"type": "round", "id": True, "round": 1},
@@ -191,7 +192,7 @@ class _AliveProc:
 @pytest.fixture
 def launcher(tmp_path):
     scenario = load_scenario(None, ["topology.honest=4", "topology.byzantine=0", "attack.name=none"])
-    run = LocalRun(scenario, tmp_path, console=Console(file=open(os.devnull, "w")))
+    run = LocalRun(scenario, tmp_path, console=quiet_console())
     for k, token in TOKENS.items():
         run.gate.tokens[k] = token
         run.children[k] = Child(k, "honest", _AliveProc(), tmp_path / f"{k}.log")

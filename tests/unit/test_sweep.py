@@ -29,6 +29,7 @@ from experiments.sweep import (
     toml_value,
 )
 from peer.config import dump_scenario, load_scenario, scenario_changes
+from tests.helpers import quiet_console
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "grids" / "tiny.toml"
@@ -86,12 +87,6 @@ def fake_run(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_CALLS", str(calls))
     monkeypatch.setattr(sweep, "child_command", lambda request, folder: [sys.executable, str(script), str(request), str(folder)])
     return lambda: calls.read_text().split()
-
-
-def quiet_console():
-    from rich.console import Console
-
-    return Console(file=open(os.devnull, "w"))
 
 
 # --------------------------------------------------------------------------- grid expansion
