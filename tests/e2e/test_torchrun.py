@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from rich.console import Console
 
 from launch.runner import run_scenario
 from peer.config import load_scenario
+from tests.helpers import quiet_console
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,7 @@ def reference(tmp_path_factory):
     """The same scenario through the ``dfedrw run`` entry point (in-process transport)."""
     base = tmp_path_factory.mktemp("inproc")
     scenario = load_scenario(write_scenario(base / "scenario.toml", transport="inproc"))
-    _, summary = run_scenario(scenario, base / "out", console=Console(file=open(os.devnull, "w")))
+    _, summary = run_scenario(scenario, base / "out", console=quiet_console())
     return base / "out", summary
 
 

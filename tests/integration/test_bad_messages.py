@@ -1,48 +1,27 @@
 """Acceptance E: malformed and unwanted messages over real gRPC (loopback) are rejected and
 counted, and the receiver keeps training. Four clients run as threads in this process."""
 
-import threading
-
 import grpc
 import torch
 
 from peer.identity import load_identity, make_certificates
-from peer.node import Client, grpc_transport_for
 from peer.transport.grpc_transport import channel_credentials, identity_options
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import TensorSpec, encode
+from tests.helpers import ClientThreads, loopback_grpc
 
 
 def run_network(scenario, out_dir, meddle):
     certs = out_dir / "certs"
     make_certificates(scenario.num_clients, certs)
-    peers = {
-        k: Client(scenario, k, out_dir, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k)))
-        for k in range(scenario.num_clients)
-    }
-    addresses = {k: p.start() for k, p in peers.items()}
-    finals, errors = {}, []
-
-    def client(k):
-        try:
-            peers[k].connect(addresses)
-            finals[k] = peers[k].run()
-        except Exception as exc:  # surfaced below
-            errors.append((k, exc))
-
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in peers]
-    for t in threads:
-        t.start()
+    net = ClientThreads(scenario, out_dir, loopback_grpc(scenario, certs))
+    net.start()
     try:
-        meddle(peers, addresses)
+        meddle(net.peers, net.addresses)
     finally:
-        for t in threads:
-            t.join(timeout=120)
-        for p in peers.values():
-            p.close()
-    assert not errors, errors
-    assert all(not t.is_alive() for t in threads), "a client hung"
-    return peers, finals
+        net.join(timeout=120)
+    net.check()
+    return net.peers, net.finals
 
 
 def test_bad_messages_are_rejected_counted_and_training_goes_on(small_scenario, tmp_path):

@@ -20,11 +20,12 @@ import pytest
 import torch
 
 from peer.identity import load_identity, make_certificates
-from peer.node import Client, grpc_transport_for
+from peer.node import grpc_transport_for
 from peer.transport.grpc_transport import CallLimits, GrpcTransport, channel_credentials, identity_options, on_loop
 from peer.transport.pb import peer_pb2 as pb
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import TensorSpec, encode
+from tests.helpers import ClientThreads, loopback_grpc
 
 SPECS = (TensorSpec("w", "float32", (4,)),)
 
@@ -418,43 +419,33 @@ def test_a_flooding_process_barely_slows_its_victims_rounds(small_scenario, tmp_
     import subprocess
     import sys
 
-    from peer.node import Client
-
     certs = tmp_path / "certs"
     make_certificates(5, certs)
     scenario = small_scenario("topology.kind=complete", "topology.honest=5", "topology.byzantine=0", "attack.name=none", "rounds=300")
 
     def run_once(out, flood_it):
-        peers = {k: Client(scenario, k, out, transport=grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k))) for k in range(4)}
-        addresses = {k: p.start() for k, p in peers.items()}
-        finals, threads = {}, []
-        for k in peers:
-            def client(k=k):
-                peers[k].connect(addresses)
-                finals[k] = peers[k].run()
-            threads.append(threading.Thread(target=client, daemon=True))
+        net = ClientThreads(scenario, out, loopback_grpc(scenario, certs), ids=range(4))
         attacker = None
         if flood_it:
-            layout = [(s.name, s.dtype, list(s.shape)) for s in peers[0].specs]
+            layout = [(s.name, s.dtype, list(s.shape)) for s in net.peers[0].specs]
             code = (
                 "from tests.integration.test_call_limits import flood_main; "
-                f"flood_main({str(certs)!r}, 4, {addresses[0]!r}, 20000, 20.0, {layout!r})"
+                f"flood_main({str(certs)!r}, 4, {net.addresses[0]!r}, 20000, 20.0, {layout!r})"
             )
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
             attacker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd=os.getcwd())
-        for t in threads:
-            t.start()
+        net.start()
         try:
-            for t in threads:
+            for t in net.threads:
                 t.join(timeout=120)
             seen = json.loads(attacker.communicate(timeout=60)[0].strip().splitlines()[-1]) if attacker else None
         finally:
             if attacker is not None and attacker.poll() is None:
                 attacker.kill()
-            for p in peers.values():
+            for p in net.peers.values():
                 p.close()
-        assert all(not t.is_alive() for t in threads)
-        return finals, seen
+        assert all(not t.is_alive() for t in net.threads)
+        return net.finals, seen
 
     base, _ = run_once(tmp_path / "base", False)
     flooded, seen = run_once(tmp_path / "flood", True)

@@ -11,42 +11,24 @@ A control (slow) with the bound raised (``network.max_abs_value = 3e38``) and va
 under it shows that the same injection, believed, does move the network.
 """
 
-import threading
-
 import pytest
 import torch
 
-from peer.node import Client
 from peer.transport.inproc import InprocHub, InprocTransport
 from peer.transport.serde import encode
+from tests.helpers import ClientThreads
 
 U64 = 2**64 - 1
 
 
 def run(scenario, out_dir, inject=None):
     hub = InprocHub()
-    peers = {k: Client(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}")) for k in range(scenario.num_clients)}
-    addresses = {k: p.start() for k, p in peers.items()}
-    verdicts = inject(peers[0]) if inject else []
-    finals, errors = {}, []
-
-    def client(k):
-        try:
-            peers[k].connect(addresses)
-            finals[k] = peers[k].run()
-        except Exception as exc:  # surfaced below
-            errors.append((k, exc))
-
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in peers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    for p in peers.values():
-        p.close()
-    assert not errors, errors
-    assert all(not t.is_alive() for t in threads), "a client hung"
-    return finals, verdicts
+    net = ClientThreads(scenario, out_dir, lambda k: InprocTransport(hub, f"inproc:{k}"))
+    verdicts = inject(net.peers[0]) if inject else []
+    net.start()
+    net.join(timeout=300)
+    net.check()
+    return net.finals, verdicts
 
 
 def injector(value):

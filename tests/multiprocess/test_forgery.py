@@ -12,14 +12,12 @@ place, and the run is compared with the same scenario without them:
 """
 
 import json
-import os
 import threading
 import time
 
 import grpc
 import pytest
 import torch
-from rich.console import Console
 
 from launch.local import LocalRun
 from peer.identity import load_identity, make_certificates
@@ -29,6 +27,7 @@ from peer.transport.grpc_transport import channel_credentials, identity_options
 from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import encode, model_specs
 from peer.models import build_model
+from tests.helpers import quiet_console, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -40,15 +39,6 @@ SCENARIO = [
 # Bounds on the forgers' loops: they stop at the end of the run, or at these.
 MAX_ATTEMPTS = 20_000
 MAX_SECONDS = 240.0
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Forger(threading.Thread):
@@ -91,7 +81,7 @@ def run_network(tmp_path, forge: bool):
     byzantine = min(topology.byzantine)
     certs = tmp_path / "certs"
     make_certificates(scenario.num_clients, certs)
-    run = LocalRun(scenario, tmp_path / "run", console=Console(file=open(os.devnull, "w")), certs=certs)
+    run = LocalRun(scenario, tmp_path / "run", console=quiet_console(), certs=certs)
     summary: dict = {}
     thread = threading.Thread(target=lambda: summary.update(run.run()), daemon=True)
     forgers = []
@@ -99,7 +89,7 @@ def run_network(tmp_path, forge: bool):
     thread.start()
     try:
         if forge:
-            wait_for(lambda: target in run.children and run.children[target].address, 120, "the target's address")
+            wait_for(lambda: target in run.children and run.children[target].address, 120, "the target's address", step=0.1)
             address = run.children[target].address
             model = build_model("softmax_regression", 64, 10, seed=0)
             specs = model_specs(model)
@@ -109,7 +99,7 @@ def run_network(tmp_path, forge: bool):
             outsider = load_identity(tmp_path / "other-run", claim)
             member = load_identity(certs, byzantine)
             forgers = [Forger(ident, address, target, claim, vector, specs, stop) for ident in (outsider, member)]
-            wait_for(lambda: len(read_rounds(tmp_path / "run", target)) >= 1, 120, "the first round")
+            wait_for(lambda: len(read_rounds(tmp_path / "run", target)) >= 1, 120, "the first round", step=0.1)
             for f in forgers:
                 f.start()
         thread.join(timeout=600)

@@ -3,23 +3,22 @@ frames and fake registrations are dropped and counted in summary.json, and every
 the other clients' real addresses."""
 
 import json
-import os
 import threading
 import time
 
 import pytest
 import zmq
-from rich.console import Console
 
 from launch import link
 from launch.local import LocalRun
 from peer.results import read_final
+from tests.helpers import quiet_console
 
 SETTINGS = ("rounds=30", "eval.every=10", "topology.honest=4", "topology.byzantine=0", "attack.name=none")
 
 
 def _start(small_scenario, tmp_path):
-    run = LocalRun(small_scenario(*SETTINGS), tmp_path, console=Console(file=open(os.devnull, "w")))
+    run = LocalRun(small_scenario(*SETTINGS), tmp_path, console=quiet_console())
     result, errors = {}, []
 
     def target():

@@ -4,29 +4,19 @@ import json
 import os
 import signal
 import threading
-import time
 
 import pytest
-from rich.console import Console
 
 from launch.local import LocalRun
 from peer.results import read_rounds
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.helpers import quiet_console, wait_for
 
 
 def test_sigkill_one_honest_client_others_finish(small_scenario, tmp_path):
     scenario = small_scenario(
         "topology.honest=6", "topology.byzantine=0", "attack.name=none", "rounds=400", "network.round_timeout=3"
     )
-    run = LocalRun(scenario, tmp_path, console=Console(file=open(os.devnull, "w")))
+    run = LocalRun(scenario, tmp_path, console=quiet_console())
     result = {}
     thread = threading.Thread(target=lambda: result.update(run.run()), daemon=True)
     thread.start()
@@ -51,7 +41,7 @@ def test_sigkill_one_honest_client_others_finish(small_scenario, tmp_path):
 def test_default_scenario_runs_as_distinct_processes(tmp_path):
     from peer.config import load_scenario
 
-    run = LocalRun(load_scenario(None), tmp_path, console=Console(file=open(os.devnull, "w")))
+    run = LocalRun(load_scenario(None), tmp_path, console=quiet_console())
     summary = run.run()
     pids = [p["pid"] for p in summary["peers"].values()]
     assert len(pids) == 12 and len(set(pids)) == 12 and os.getpid() not in pids

@@ -8,20 +8,19 @@ a per-client seeded generator, so nothing depends on timing as long as no deadli
 bit-identical; the comparison allows 1e-9 only because weights are logged rounded.
 """
 
-import os
 
 import pytest
 
-from rich.console import Console
 
 from launch.runner import run_scenario
 from peer.results import read_rounds
+from tests.helpers import quiet_console
 
 
 @pytest.mark.slow
 def test_inproc_and_grpc_processes_agree(small_scenario, tmp_path):
     overrides = ("topology.honest=5", "topology.byzantine=1", "attack.name=gaussian", "rounds=30", "eval.every=10", "network.round_timeout=30")
-    quiet = Console(file=open(os.devnull, "w"))
+    quiet = quiet_console()
     _, a = run_scenario(small_scenario(*overrides, "network.transport=inproc"), tmp_path / "inproc", console=quiet)
     _, b = run_scenario(small_scenario(*overrides, "network.transport=grpc"), tmp_path / "grpc", console=quiet)
     assert a["failed_peers"] == b["failed_peers"] == []

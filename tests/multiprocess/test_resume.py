@@ -19,6 +19,7 @@ from launch.collect import collect_summary
 from peer.config import dump_scenario, load_scenario
 from peer.identity import make_certificates
 from peer.results import read_final, read_rounds
+from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 N = 5
@@ -91,12 +92,7 @@ class Clients:
         return "\n".join(parts)
 
     def wait_for(self, predicate, timeout: float, what: str, step: float = 0.2) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(step)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.tails()}")
+        wait_for(predicate, timeout, what, step=step, detail=self.tails)
 
     def wait_exit(self, timeout: float) -> dict[int, int]:
         self.wait_for(lambda: all(p.poll() is not None for p in self.procs.values()), timeout, "every client to finish")

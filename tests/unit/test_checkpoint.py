@@ -179,19 +179,6 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
         fresh.close()
 
 
-def test_inproc_run_leaves_no_checkpoint(small_scenario, tmp_path):
-    import io
-
-    from rich.console import Console
-
-    from launch.inproc import run_inproc
-
-    scenario = small_scenario("topology.kind=ring", "topology.honest=3", "topology.byzantine=0", "rounds=12", "checkpoint.every=5")
-    summary = run_inproc(scenario, tmp_path, console=Console(file=io.StringIO()))
-    assert summary["failed_peers"] == [] and summary["restarted_peers"] == []
-    assert not list((tmp_path / "peers").glob("*.ckpt.npz*"))
-
-
 def test_summary_counts_restarts_and_rounds_lost(tmp_path):
     for k, final in ((0, {"restarts": 0}), (1, {"restarts": 2, "rounds_lost": 37})):
         log = RoundLog(tmp_path, k)

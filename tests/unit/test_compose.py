@@ -1,12 +1,11 @@
 """``dfedrw compose``: the generated cluster matches the scenario's graph, each client gets only
 its own certificates and results folder and runs as a non-root user, and the files are valid
-for docker-compose (checked by ``docker-compose config``, which needs no engine)."""
+for docker-compose (``docker-compose config`` reads them in
+tests/integration/test_compose_config.py)."""
 
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from launch.compose import (
     CONTAINER_UID,
     ComposeOptions,
     container_scenario,
-    default_user,
     plan_services,
     render_dockerfile,
     write_compose,
@@ -26,26 +24,6 @@ from peer.config import load_scenario
 from peer.identity import load_identity, make_certificates, run_id_of
 from peer.plan import scenario_topology
 from peer.results import write_json_atomic
-
-COMPOSE = shutil.which("docker-compose")
-needs_compose = pytest.mark.skipif(
-    COMPOSE is None, reason="docker-compose is not on PATH (apt-get install -y --no-install-recommends docker-compose)"
-)
-
-
-def compose_config(folder: Path) -> dict:
-    """The file as docker-compose reads it, as a dict (docker-compose v2 prints JSON; v1 only
-    YAML, read with the YAML library its own interpreter carries)."""
-    run = subprocess.run([COMPOSE, "config", "--format", "json"], cwd=folder, capture_output=True, text=True, timeout=60)
-    if run.returncode == 0 and run.stdout.lstrip().startswith("{"):
-        return json.loads(run.stdout)
-    # v1 answers an unknown option with its usage text (and exit status 0).
-    yaml_text = subprocess.run([COMPOSE, "config"], cwd=folder, capture_output=True, text=True, timeout=60, check=True).stdout
-    shebang = Path(COMPOSE).read_text(errors="replace").splitlines()[0]
-    interpreter = shebang[2:].split()
-    to_json = "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
-    out = subprocess.run([*interpreter, "-c", to_json], input=yaml_text, capture_output=True, text=True, timeout=60, check=True)
-    return json.loads(out.stdout)
 
 
 def peers_of(command: list[str]) -> dict[int, str]:
@@ -72,49 +50,6 @@ def test_default_scenario_gives_a_service_per_client_talking_to_its_neighbours(t
         assert f"  client-{k}:" in text
     for svc in folder.services:
         assert svc.neighbours == topology.neighbours(svc.id)
-
-
-@needs_compose
-def test_docker_compose_reads_the_file_as_generated(tmp_path):
-    # Prepare
-    scenario = load_scenario(None)
-    topology = scenario_topology(scenario)
-    write_compose(scenario, tmp_path, ComposeOptions(port=50100))
-
-    # Execute
-    config = compose_config(tmp_path)
-
-    # Assert
-    services = config["services"]
-    assert set(services) == {f"client-{k}" for k in range(12)} | {"summarize"}
-    for k in range(12):
-        svc = services[f"client-{k}"]
-        assert peers_of(svc["command"]) == {j: f"client-{j}:50100" for j in topology.neighbours(k)}
-        assert "--listen-port 50100" in " ".join(svc["command"])
-        assert svc["image"] == "dfedrw:latest"
-        if k in topology.byzantine:
-            assert svc["environment"] == {ATTACK_ENV: "gaussian"}
-            assert svc["command"][:2] == ["sh", "-c"]
-        else:
-            assert "environment" not in svc
-            assert svc["command"][:3] == ["python", "-m", "peer"]
-    assert [k for k, s in services.items() if "build" in s] == ["client-0"]
-    assert services["summarize"]["profiles"] == ["summarize"]
-    assert config["networks"]["default"]["internal"] is True
-    # Certificates as secrets: each client gets the CA's certificate and its own pair, nothing else.
-    assert set(config["secrets"]) == {"ca"} | {f"client-{k}-{x}" for k in range(12) for x in ("cert", "key")}
-    assert config["secrets"]["client-3-key"]["file"] == str(tmp_path / "certs" / "client-3.key")
-    for k in range(12):
-        svc = services[f"client-{k}"]
-        got = sorted((s["source"], s["target"]) for s in svc["secrets"])
-        assert got == [("ca", "ca.pem"), (f"client-{k}-cert", f"client-{k}.pem"), (f"client-{k}-key", f"client-{k}.key")]
-        assert "--certs /run/secrets" in " ".join(svc["command"])
-        assert svc["user"] == default_user() and not svc["user"].startswith("0:")
-        # Its own results folder is the one thing it can write.
-        writable = [v for v in svc["volumes"] if not (v.endswith(":ro") if isinstance(v, str) else v.get("read_only"))]
-        assert writable == [f"{tmp_path}/results/clients/{k}:/results/peers:rw"], writable
-    assert "secrets" not in services["summarize"]
-    assert f"{tmp_path}/results:/results:rw" in services["summarize"]["volumes"]
 
 
 def test_byzantine_service_reads_its_attack_from_its_own_environment(tmp_path):

@@ -4,7 +4,6 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import numpy as np
@@ -13,9 +12,8 @@ import torch
 
 from peer.node import Client
 from peer.transport.inproc import InprocHub, InprocTransport
-from peer.transport.grpc_transport import CallLimits, GrpcTransport, MessageSplitter, PeerServicer, handle_push, split_messages
+from peer.transport.grpc_transport import CallLimits, MessageSplitter, PeerServicer, handle_push, split_messages
 from peer.transport.inbox import Inbox
-from peer.transport.pb import peer_pb2_grpc as pb_grpc
 from peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
 
 SPECS = (TensorSpec("0.weight", "float32", (3, 4)), TensorSpec("0.bias", "float32", (3,)))
@@ -346,177 +344,6 @@ def exchange(servicer, chunks, context=None):
     return asyncio.run(call())
 
 
-# --------------------------------------------------------------------------- over loopback
-
-
-def _pair(deliver, chunk_bytes=16):
-    receiver = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
-    address = receiver.start(deliver)
-    sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=chunk_bytes)
-    sender.start(lambda m, sender=None: (True, "", 0))
-    return sender, receiver, address
-
-
-class _ThreadedReceiver(pb_grpc.PeerServicer):
-    """A receiver on gRPC's threaded server. Its ``deliver`` may block (a slow receiver) without
-    stalling the sender: a GrpcTransport's deliver runs on the event loop its sender shares."""
-
-    def __init__(self, deliver):
-        self.deliver = deliver
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_PeerServicer_to_server(self, self.server)
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
-
-    def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
-        for message in split_messages(request_iterator, 1 << 20):
-            yield handle_push(message, self.deliver)
-
-    def close(self):
-        self.server.stop(grace=0).wait()
-
-
-def _slow_pair(deliver):
-    receiver = _ThreadedReceiver(deliver)
-    sender = GrpcTransport("127.0.0.1", 0, chunk_bytes=16)
-    sender.start(lambda m, sender=None: (True, "", 0))
-    return sender, receiver, receiver.address
-
-
-def test_grpc_stream_delivers_every_message_in_order_over_loopback():
-    got, lock = [], threading.Lock()
-
-    def deliver(chunks, sender=None):
-        with lock:
-            got.append(roundtrip(list(chunks)))
-        return True, "", 0
-
-    sender, receiver, address = _pair(deliver)
-    try:
-        sender.connect({1: address}, lambda peer, ok: None)
-        assert sender.wait_ready(10.0) == []
-        for r in range(12):
-            sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
-            if r % 3 == 0:
-                sender.flush(10.0)
-        sender.flush(10.0)
-        assert [m.round for m in got] == list(range(12))
-        assert all(torch.equal(m.vector, vec(m.round)) for m in got)
-        assert sender.bytes_sent == sum(sum(c.ByteSize() for c in encode(0, r, vec(r), SPECS, chunk_bytes=16)) for r in range(12))
-    finally:
-        sender.close()
-        receiver.close()
-
-
-def test_grpc_sender_reports_a_neighbour_that_went_away():
-    sender, receiver, address = _pair(lambda chunks, sender=None: (len(list(chunks)) > 0, "", 0))
-    events = []
-    try:
-        sender.connect({1: address}, lambda peer, ok: events.append((peer, ok)))
-        sender.send(1, encode(0, 0, vec(), SPECS))
-        sender.flush(10.0)
-        assert (1, True) in events
-        receiver.close()
-        deadline = time.monotonic() + 15
-        while (1, False) not in events and time.monotonic() < deadline:
-            sender.send(1, encode(0, 1, vec(), SPECS))
-            time.sleep(0.2)
-        assert (1, False) in events
-    finally:
-        sender.close()
-
-
-class _SlowFirstReply:
-    """A receiver that holds its reply to the round-0 message until released, answering it
-    with ``first_reply_round`` as its round (and every later message with that message's)."""
-
-    def __init__(self, first_reply_round=0):
-        self.first_reply_round = first_reply_round
-        self.release, self.first_in = threading.Event(), threading.Event()
-        self.got, self.lock = [], threading.Lock()
-
-    def __call__(self, chunks, sender=None):
-        m = roundtrip(list(chunks))
-        with self.lock:
-            self.got.append(m.round)
-        if m.round == 0:
-            self.first_in.set()
-            self.release.wait(10.0)
-            return True, "", self.first_reply_round
-        return True, "", m.round
-
-    def queue_behind_the_first(self, sender, address, later_rounds):
-        sender.connect({1: address}, lambda peer, ok: None)
-        assert sender.wait_ready(10.0) == []
-        sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
-        assert self.first_in.wait(10.0)
-        for r in later_rounds:
-            sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
-
-
-def test_grpc_sender_keeps_one_message_in_flight_and_the_newest_queued():
-    """The next message goes out only after the reply to the previous one; meanwhile the queue
-    keeps the newest MAX_QUEUED messages, so a slow receiver gets fresh models, not a backlog."""
-    receiver_logic = _SlowFirstReply()
-    sender, receiver, address = _slow_pair(receiver_logic)
-    try:
-        receiver_logic.queue_behind_the_first(sender, address, range(1, 8))
-        time.sleep(0.3)
-        with receiver_logic.lock:
-            assert receiver_logic.got == [0]  # nothing else left while round 0 awaits its reply
-        receiver_logic.release.set()
-        sender.flush(10.0)
-        assert receiver_logic.got == [0, 4, 5, 6, 7] and sender.dropped == 3 and sender.skipped_stale == 0
-    finally:
-        receiver_logic.release.set()
-        sender.close()
-        receiver.close()
-
-
-def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
-    release = threading.Event()
-    got = []
-
-    def deliver(chunks, sender=None):
-        m = roundtrip(list(chunks))
-        got.append(m.round)
-        if m.round == 0:
-            release.wait(10.0)  # never answered in time
-        return True, "", 0
-
-    sender, receiver, address = _slow_pair(deliver)
-    sender.send_timeout = 0.5
-    try:
-        sender.connect({1: address}, lambda peer, ok: None)
-        assert sender.wait_ready(10.0) == []
-        sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
-        sender.send(1, encode(0, 1, vec(1), SPECS, chunk_bytes=16))
-        deadline = time.monotonic() + 10
-        while 1 not in got and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert got == [0, 1]  # round 1 went out on a new call once round 0's was cancelled
-    finally:
-        release.set()
-        sender.close()
-        receiver.close()
-
-
-def test_grpc_sender_drops_queued_messages_the_receiver_is_past():
-    """Each reply carries the receiver's round: what is queued for earlier rounds would only
-    arrive stale, so it is never sent."""
-    receiver_logic = _SlowFirstReply(first_reply_round=3)  # meanwhile it moved on to round 3
-    sender, receiver, address = _slow_pair(receiver_logic)
-    try:
-        receiver_logic.queue_behind_the_first(sender, address, range(1, 5))
-        receiver_logic.release.set()
-        sender.flush(10.0)
-        assert receiver_logic.got == [0, 3, 4] and sender.skipped_stale == 2 and sender.dropped == 0
-    finally:
-        receiver_logic.release.set()
-        sender.close()
-        receiver.close()
-
-
 def test_a_client_answers_with_its_round(small_scenario, tmp_path):
     scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0")
     peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
@@ -627,16 +454,6 @@ def test_the_bucket_refills_each_round_of_the_receiver():
     replies, refusal = _flood(servicer, [encode(1, r, vec(), SPECS) for r in range(500)])
     assert refusal is None and all(r.accepted for r in replies) and len(replies) == 500
     assert servicer.refused == {}
-
-
-def test_grpc_transport_refuses_a_port_in_use():
-    first = GrpcTransport("127.0.0.1", 0)
-    first.start(lambda m, sender=None: (True, "", 0))
-    try:
-        with pytest.raises(OSError, match=f"could not listen on 127.0.0.1:{first.port}"):
-            GrpcTransport("127.0.0.1", first.port).start(lambda m, sender=None: (True, "", 0))
-    finally:
-        first.close()
 
 
 @pytest.mark.parametrize("model", ["softmax_regression", "mlp"])

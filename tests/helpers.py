@@ -1,0 +1,75 @@
+"""Helpers shared by the tests: waiting for a condition, a console that prints nowhere, and a
+network of clients run as threads of the test process."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+from rich.console import Console
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.2, detail: Callable[[], str] | None = None) -> None:
+    """Polls ``predicate`` every ``step`` seconds until it is true; fails naming ``what`` (and
+    ``detail()``, if given) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f"\n{detail()}" if detail else ""))
+
+
+def quiet_console() -> Console:
+    """A rich Console that prints nowhere."""
+    return Console(file=open(os.devnull, "w"))
+
+
+def loopback_grpc(scenario, certs):
+    """Client ``k``'s gRPC transport on 127.0.0.1 (any free port) with its certificate from
+    ``certs`` (made by ``make_certificates``)."""
+    from peer.identity import load_identity
+    from peer.node import grpc_transport_for
+
+    return lambda k: grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k))
+
+
+class ClientThreads:
+    """One Client per id (all of the scenario's by default), each on ``transport_for(k)``,
+    started and listening; ``start()`` runs each in a thread of this process (connect, then
+    run), ``join()`` waits for them and closes every client, ``check()`` fails on a client's
+    exception or a client still running."""
+
+    def __init__(self, scenario, out_dir, transport_for, ids=None):
+        from peer.node import Client
+
+        ids = range(scenario.num_clients) if ids is None else ids
+        self.peers = {k: Client(scenario, k, out_dir, transport=transport_for(k)) for k in ids}
+        self.addresses = {k: p.start() for k, p in self.peers.items()}
+        self.finals: dict[int, dict] = {}
+        self.errors: list[tuple[int, Exception]] = []
+        self.threads: list[threading.Thread] = []
+
+    def _client(self, k):
+        try:
+            self.peers[k].connect(self.addresses)
+            self.finals[k] = self.peers[k].run()
+        except Exception as exc:  # surfaced by check()
+            self.errors.append((k, exc))
+
+    def start(self) -> None:
+        self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in self.peers]
+        for t in self.threads:
+            t.start()
+
+    def join(self, timeout: float) -> None:
+        for t in self.threads:
+            t.join(timeout=timeout)
+        for p in self.peers.values():
+            p.close()
+
+    def check(self) -> None:
+        assert not self.errors, self.errors
+        assert all(not t.is_alive() for t in self.threads), "a client hung"
