@@ -22,8 +22,8 @@ from pathlib import Path
 from rich.console import Console
 from transport_bench import PAPER_IID, cpu_seconds, loop_times  # the same scenario and accounting
 
-from launch.runner import run_scenario
-from peer.config import load_scenario
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.config import load_scenario
 
 
 def main() -> None:

@@ -12,14 +12,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from launch.cli import stop_on_signals, build_parser
-from peer.cli import dispatch
+from dfedrw.launch.cli import stop_on_signals, build_parser
+from dfedrw.peer.cli import dispatch
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from experiments.sweep import run_sweep
+    from dfedrw.experiments.sweep import run_sweep
 
     out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
     stop_on_signals()
@@ -35,7 +35,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from experiments.report import write_report
+    from dfedrw.experiments.report import write_report
 
     out = args.out if args.out is not None else args.dirs[0] / "report"
     written = write_report(args.dirs, out, plots=not args.no_plots)
@@ -45,7 +45,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from experiments.record import export_sweep
+    from dfedrw.experiments.record import export_sweep
 
     exported, left_out = export_sweep(args.sweep, args.out)
     print(f"exported {exported} finished runs of {args.sweep} to {args.out}")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.record import curve, peer_ids, run_record, weights
-from experiments.table import Cell, RunResult, Table
+from dfedrw.experiments.record import curve, peer_ids, run_record, weights
+from dfedrw.experiments.table import Cell, RunResult, Table
 
 # PNG metadata would otherwise carry the matplotlib version.
 _SAVE = {"dpi": 110, "metadata": {"Software": None}}

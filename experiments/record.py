@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from peer.results import write_json_atomic
+from dfedrw.peer.results import write_json_atomic
 
 RECORD_FILE = "record.json"
 RECORD_VERSION = 1

@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.record import NOT_STARTED, read_summary, read_sweep
-from experiments.table import METRICS, Cell, Missing, RunResult, Table
+from dfedrw.experiments.record import NOT_STARTED, read_summary, read_sweep
+from dfedrw.experiments.table import METRICS, Cell, Missing, RunResult, Table
 
 KINDS = ("fairness", "byzantine")
 DEFAULT_METRIC = {"fairness": "honest_mean_accuracy", "byzantine": "honest_mean_global_accuracy"}
@@ -516,7 +516,7 @@ def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, 
         # Left from an earlier report with paper values, it would no longer match the table.
         stale.unlink()
     if plots:
-        from experiments.plots import make_plots
+        from dfedrw.experiments.plots import make_plots
 
         written += make_plots(table, out / "plots")
     return written

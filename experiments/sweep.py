@@ -69,9 +69,9 @@ import tomli_w
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from peer.config import Scenario, ScenarioError, load_scenario, parse_override, scenario_changes, scenario_from_dict, scenario_to_dict
-from peer.results import write_json_atomic
-from experiments.record import write_record
+from dfedrw.peer.config import Scenario, ScenarioError, load_scenario, parse_override, scenario_changes, scenario_from_dict, scenario_to_dict
+from dfedrw.peer.results import write_json_atomic
+from dfedrw.experiments.record import write_record
 
 GRID_KEYS = ("base", "set", "axes", "variants", "exclude", "report")
 VARIANT_KEYS = ("label", "set")
@@ -309,7 +309,7 @@ class Plan:
 def _check_runnable(scenario: Scenario) -> None:
     # The launcher's own pre-flight (rules, attacks, data on disk), so a missing dataset or a
     # bad rule parameter fails the sweep before it starts rather than in every run.
-    from launch.preflight import preflight
+    from dfedrw.launch.preflight import preflight
 
     preflight(scenario)
 
@@ -321,7 +321,7 @@ def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False)
     anything runs. An existing folder whose name ends in the same hash is reused whatever its
     slug, so reordering the grid does not orphan finished runs.
     """
-    from experiments.report import normalize_report_spec
+    from dfedrw.experiments.report import normalize_report_spec
 
     out_dir = Path(out_dir).resolve()
     report = normalize_report_spec(grid.report, grid.axis_labels(), required=grid.report is not None)
@@ -378,7 +378,7 @@ def still_running(folder: Path) -> int | None:
     """The PID of a ``dfedrw run`` still working in ``folder`` (left by a sweep that was killed
     without stopping its children), else None. A recycled PID is told apart by its command
     line (which names the run folder) where /proc shows it."""
-    from launch.procs import pid_alive
+    from dfedrw.launch.procs import pid_alive
 
     try:
         pid = int((folder / PID_FILE).read_text().strip())
@@ -408,7 +408,7 @@ def _run_seconds(folder: Path) -> float | None:
 
 def child_command(request: Path, folder: Path) -> list[str]:
     """The command that runs one scenario: a subprocess isolates crashes and uses its own core."""
-    return [sys.executable, "-m", "launch.cli", "run", str(request), "--out", str(folder)]
+    return [sys.executable, "-m", "dfedrw.launch.cli", "run", str(request), "--out", str(folder)]
 
 
 def _child_env() -> dict[str, str]:
@@ -729,7 +729,7 @@ def run_sweep(
 def _sweep_lock(out_dir: Path):
     """Hold ``out_dir/sweep.lock`` (our PID) while running: a second sweep on the same folder
     would delete the runs this one has in progress, taking them for interrupted ones."""
-    from launch.procs import pid_alive
+    from dfedrw.launch.procs import pid_alive
 
     path = out_dir / LOCK_FILE
     while True:

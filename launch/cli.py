@@ -10,7 +10,7 @@
 
 The ``peer`` command and its environment variables are the client's own (:mod:`peer.cli`).
 The ``dfedrw`` program is this command line plus the experiments' commands (sweep, report,
-export: :mod:`experiments.cli`); ``python -m launch.cli`` runs the launchers' commands alone.
+export: :mod:`experiments.cli`); ``python -m dfedrw.launch.cli`` runs the launchers' commands alone.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from peer import cli as peer_cli
-from peer.cli import add_peer_command, dispatch, new_parser, under_torchrun
-from peer.config import load_scenario
+from dfedrw.peer import cli as peer_cli
+from dfedrw.peer.cli import add_peer_command, dispatch, new_parser, under_torchrun
+from dfedrw.peer.config import load_scenario
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -46,8 +46,8 @@ def stop_on_signals() -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from launch.local import print_summary
-    from launch.runner import run_scenario
+    from dfedrw.launch.local import print_summary
+    from dfedrw.launch.runner import run_scenario
 
     stop_on_signals()
     scenario = load_scenario(args.scenario, args.set)
@@ -65,13 +65,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
     """``dfedrw peer``: one client; under torchrun (no --id, RANK and WORLD_SIZE set) this rank's client."""
     if not under_torchrun(args):
         return peer_cli.cmd_peer(args)
-    from launch.torchrun import cmd_peer as cmd_rank
+    from dfedrw.launch.torchrun import cmd_peer as cmd_rank
 
     return cmd_rank(args)
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from peer.identity import make_certificates
+    from dfedrw.peer.identity import make_certificates
 
     scenario = load_scenario(args.scenario, args.set)
     run_id = make_certificates(scenario.num_clients, args.out, days=args.days)
@@ -83,7 +83,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from peer.data import download_idx
+    from dfedrw.peer.data import download_idx
 
     download_idx(args.dataset, args.dir)
     print(f"{args.dataset}: IDX files in {args.dir}")
@@ -91,7 +91,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
-    from launch.compose import ComposeOptions, write_compose
+    from dfedrw.launch.compose import ComposeOptions, write_compose
 
     options = ComposeOptions(image=args.image, base_image=args.base_image, port=args.port, offline=args.offline, user=args.user)
     folder = write_compose(load_scenario(args.scenario, args.set), args.out, options)
@@ -109,8 +109,8 @@ def cmd_compose(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from launch.collect import collect_summary, collected_now
-    from launch.local import print_summary
+    from dfedrw.launch.collect import collect_summary, collected_now
+    from dfedrw.launch.local import print_summary
 
     if not (args.out / "peers").is_dir():
         print(f"dfedrw summarize: {args.out / 'peers'} does not exist; OUT is the folder the clients wrote to", file=sys.stderr)
@@ -123,7 +123,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from peer.plugins import list_registered, sync_readme
+    from dfedrw.peer.plugins import list_registered, sync_readme
 
     if args.readme:
         fresh = sync_readme(args.readme)

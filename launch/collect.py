@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peer.config import Scenario, load_scenario
-from peer.plan import scenario_topology
-from peer.results import read_final, summarize, write_json_atomic
+from dfedrw.peer.config import Scenario, load_scenario
+from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.results import read_final, summarize, write_json_atomic
 
 
 def collected_now() -> str:

@@ -3,7 +3,7 @@
 Writes into a folder:
 
 - ``docker-compose.yml``: one service ``client-K`` per client, Byzantine clients included, each
-  started as ``python -m peer --scenario /scenario/scenario.toml --id K --out /results
+  started as ``python -m dfedrw.peer --scenario /scenario/scenario.toml --id K --out /results
   --listen-port PORT --certs /run/secrets --peer J=client-J:PORT ...`` with its graph
   neighbours only, as a non-root user; a Byzantine service takes its attack from the one line
   ``DFEDRW_ATTACK: NAME`` of its environment; a one-shot ``summarize`` service (profile
@@ -40,11 +40,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from peer.config import Scenario, dump_scenario
-from peer.data import DEFAULT_DIRS
-from peer.identity import CA_FILE, IdentityError, cert_file, key_file, load_identity, make_certificates, run_id_of
-from peer.plan import scenario_topology
-from peer.plugins import ATTACK_REGISTRY
+from dfedrw.peer.config import Scenario, dump_scenario
+from dfedrw.peer.data import DEFAULT_DIRS
+from dfedrw.peer.identity import CA_FILE, IdentityError, cert_file, key_file, load_identity, make_certificates, run_id_of
+from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.plugins import ATTACK_REGISTRY
 
 IMAGE = "dfedrw:latest"
 ONLINE_BASE_IMAGE = "python:3.11-slim"
@@ -168,7 +168,7 @@ def plan_services(scenario: Scenario) -> list[ClientService]:
 def peer_command(service: ClientService, port: int, *, certs: bool = True) -> list[str]:
     """The client's command line, without the attack (see :func:`_service_command`)."""
     command = [
-        "python", "-m", "peer", "--scenario", SCENARIO_PATH, "--id", str(service.id),
+        "python", "-m", "dfedrw.peer", "--scenario", SCENARIO_PATH, "--id", str(service.id),
         "--out", RESULTS_PATH, "--listen-port", str(port),
     ]
     if certs:

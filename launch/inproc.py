@@ -17,13 +17,13 @@ from typing import Any
 
 from rich.console import Console
 
-from launch.collect import collect_summary
-from launch.progress import ProgressBoard
-from peer.config import Scenario, dump_scenario
-from peer.node import Client, start_and_run
-from peer.plan import role_of, scenario_topology
-from peer.rendezvous import SharedRendezvous
-from peer.transport.inproc import InprocHub, InprocTransport
+from dfedrw.launch.collect import collect_summary
+from dfedrw.launch.progress import ProgressBoard
+from dfedrw.peer.config import Scenario, dump_scenario
+from dfedrw.peer.node import Client, start_and_run
+from dfedrw.peer.plan import role_of, scenario_topology
+from dfedrw.peer.rendezvous import SharedRendezvous
+from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class QueueLink:
 
 
 def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[str, Any]:
-    from launch.preflight import preflight
+    from dfedrw.launch.preflight import preflight
 
     start = time.monotonic()
     preflight(scenario)
@@ -77,7 +77,7 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
 
     # All clients share this process's log: keep their per-round progress lines out of it (the
     # progress board shows progress); warnings still come through.
-    peer_log = logging.getLogger("peer.node")
+    peer_log = logging.getLogger("dfedrw.peer.node")
     peer_level = peer_log.level
     peer_log.setLevel(max(logging.WARNING, peer_level))
     threads = {k: threading.Thread(target=client, args=(k,), name=f"client-{k}", daemon=True) for k in roles}

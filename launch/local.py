@@ -28,14 +28,14 @@ import zmq
 from rich.console import Console
 from rich.table import Table
 
-from launch.collect import collect_summary
-from launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
-from launch.preflight import preflight
-from launch.progress import ProgressBoard
-from peer.config import Scenario, dump_scenario
-from peer.identity import load_identity, make_certificates
-from peer.plan import role_of, scenario_topology
-from peer.results import write_json_atomic
+from dfedrw.launch.collect import collect_summary
+from dfedrw.launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
+from dfedrw.launch.preflight import preflight
+from dfedrw.launch.progress import ProgressBoard
+from dfedrw.peer.config import Scenario, dump_scenario
+from dfedrw.peer.identity import load_identity, make_certificates
+from dfedrw.peer.plan import role_of, scenario_topology
+from dfedrw.peer.results import write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
 _TERM_GRACE = 5.0
@@ -112,7 +112,7 @@ class LocalRun:
             self.gate.tokens[k] = new_token()
             log_path = self.out_dir / "logs" / f"{k}.log"
             cmd = [
-                self.python, "-m", "peer",
+                self.python, "-m", "dfedrw.peer",
                 "--scenario", str(scenario_path),
                 "--id", str(k),
                 "--rendezvous", self.endpoint,

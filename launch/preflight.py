@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from peer.config import Scenario
-from peer.data import check_dataset
-from peer.node import client_rule
-from peer.plan import scenario_topology
-from peer.plugins import build_attack
+from dfedrw.peer.config import Scenario
+from dfedrw.peer.data import check_dataset
+from dfedrw.peer.node import client_rule
+from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.plugins import build_attack
 
 
 def preflight(scenario: Scenario) -> None:

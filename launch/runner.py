@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.console import Console
 
-from launch.local import LocalRun
-from peer.config import Scenario
-from peer.results import check_fresh_out_dir
+from dfedrw.launch.local import LocalRun
+from dfedrw.peer.config import Scenario
+from dfedrw.peer.results import check_fresh_out_dir
 
 
 def default_out_dir(root: Path = Path("runs")) -> Path:
@@ -32,11 +32,11 @@ def run_scenario(
     check_fresh_out_dir(out, range(scenario.num_clients))
     if scenario.network.transport == "torch":
         raise ValueError(
-            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m launch.torchrun --scenario FILE"
+            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
         )
     console = console or Console(stderr=True)
     if scenario.network.transport == "inproc":
-        from launch.inproc import run_inproc
+        from dfedrw.launch.inproc import run_inproc
 
         return out, run_inproc(scenario, out, console=console)
     return out, LocalRun(scenario, out, console=console, certs=certs).run()

@@ -1,4 +1,4 @@
-"""One client per torchrun rank: ``torchrun --nproc-per-node N -m launch.torchrun --scenario FILE``.
+"""One client per torchrun rank: ``torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE``.
 
 The flags are those of ``dfedrw peer`` without ``--id``.
 
@@ -28,14 +28,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launch.collect import collect_summary, collected_now
-from peer import cli as peer_cli
-from peer.config import Scenario, dump_scenario, load_scenario
-from peer.identity import make_certificates
-from peer.node import client_identity, grpc_transport_for, run_client
-from peer.plan import role_of, scenario_topology
-from peer.results import check_fresh_out_dir
-from peer.transport.torchdist import TorchDistTransport
+from dfedrw.launch.collect import collect_summary, collected_now
+from dfedrw.peer import cli as peer_cli
+from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
+from dfedrw.peer.identity import make_certificates
+from dfedrw.peer.node import client_identity, grpc_transport_for, run_client
+from dfedrw.peer.plan import role_of, scenario_topology
+from dfedrw.peer.results import check_fresh_out_dir
+from dfedrw.peer.transport.torchdist import TorchDistTransport
 
 log = logging.getLogger(__name__)
 
@@ -349,19 +349,19 @@ def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: fl
 
 
 def cmd_peer(args) -> int:
-    """``dfedrw peer`` (and ``-m launch.torchrun``): under torchrun (no --id, RANK and WORLD_SIZE
+    """``dfedrw peer`` (and ``-m dfedrw.launch.torchrun``): under torchrun (no --id, RANK and WORLD_SIZE
     set) this rank's client, addresses through torchrun's store; otherwise the client alone."""
     if not peer_cli.under_torchrun(args):
         return peer_cli.cmd_peer(args)
     if args.scenario is None:
         raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
     final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs)
-    logging.getLogger("peer").info("client %s done: %s", final["id"], final)
+    logging.getLogger("dfedrw.peer").info("client %s done: %s", final["id"], final)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``torchrun ... -m launch.torchrun --scenario FILE [--out DIR] [--certs DIR] [--set K=V ...]``."""
+    """``torchrun ... -m dfedrw.launch.torchrun --scenario FILE [--out DIR] [--certs DIR] [--set K=V ...]``."""
     parser, sub = peer_cli.new_parser()
     peer_cli.add_peer_command(sub, cmd_peer)
     return peer_cli.dispatch(parser, ["peer", *(sys.argv[1:] if argv is None else argv)])

@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int, check_real
+from dfedrw.peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int, check_real
 
 __all__ = [
     "ALIE",

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from peer.config import Scenario, scenario_to_dict
+from dfedrw.peer.config import Scenario, scenario_to_dict
 
 FORMAT = 1
 

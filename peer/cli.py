@@ -1,6 +1,6 @@
-"""``python -m peer`` / ``dfedrw peer``: run one client process.
+"""``python -m dfedrw.peer`` / ``dfedrw peer``: run one client process.
 
-    python -m peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
+    python -m dfedrw.peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
 
 Every flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID, DFEDRW_RENDEZVOUS,
 DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT), DFEDRW_CERTS. The
@@ -8,7 +8,7 @@ secret a client shows the launcher comes only from the environment (DFEDRW_LINK_
 ``dfedrw run``), never a flag: a command line is readable by every user.
 
 The launchers' command line (:mod:`launch.cli`) adds this command to its own, so both read the
-same flags. Under torchrun (client id = RANK) the clients start with ``-m launch.torchrun``.
+same flags. Under torchrun (client id = RANK) the clients start with ``-m dfedrw.launch.torchrun``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from peer.config import ScenarioError, load_scenario
-from peer.data import DatasetUnavailable
+from dfedrw.peer.config import ScenarioError, load_scenario
+from dfedrw.peer.data import DatasetUnavailable
 
 
 def _env(name: str, default=None):
@@ -59,12 +59,12 @@ def under_torchrun(args: argparse.Namespace) -> bool:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from peer.node import run_grpc_client
+    from dfedrw.peer.node import run_grpc_client
 
     if under_torchrun(args):
         raise SystemExit(
-            "dfedrw peer: under torchrun start the clients with -m launch.torchrun "
-            "(torchrun --nproc-per-node N -m launch.torchrun --scenario FILE), or give --id"
+            "dfedrw peer: under torchrun start the clients with -m dfedrw.launch.torchrun "
+            "(torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE), or give --id"
         )
     if args.scenario is None or args.id is None:
         raise SystemExit("dfedrw peer: --scenario and --id are required (or DFEDRW_SCENARIO / DFEDRW_ID)")
@@ -86,7 +86,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         certs=args.certs,
         link_token=_env("DFEDRW_LINK_TOKEN"),
     )
-    logging.getLogger("peer").info("client %s done: %s", args.id, final)
+    logging.getLogger("dfedrw.peer").info("client %s done: %s", args.id, final)
     return 0
 
 

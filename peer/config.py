@@ -43,8 +43,8 @@ from typing import Any
 
 import tomli_w
 
-from peer.aggregation.registry import Registry
-from peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
+from dfedrw.peer.aggregation.registry import Registry
+from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
 
 DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("softmax_regression", "mlp")

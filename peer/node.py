@@ -25,23 +25,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from peer.aggregation import RoundInputs
-from peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint, scenario_fingerprint
-from peer.config import Scenario
-from peer.identity import ClientIdentity, IdentityError, load_identity
-from peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
-from peer.models import MODELS, build_model, get_vector, set_vector
-from peer.plugins import _takes_tpm_and_crs, build_attack, build_client_rule
-from peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
-from peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
-from peer.results import RoundLog, write_json_atomic
-from peer.telemetry import LauncherLink, NullLink
-from peer.training import LocalTrainer, VectorEvaluator, evaluate
-from peer.transport.base import Transport
-from peer.transport.grpc_transport import CallLimits, GrpcTransport
-from peer.transport.inbox import Inbox
-from peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks, model_specs
-from topologies import Topology
+from dfedrw.peer.aggregation import RoundInputs
+from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint, scenario_fingerprint
+from dfedrw.peer.config import Scenario
+from dfedrw.peer.identity import ClientIdentity, IdentityError, load_identity
+from dfedrw.peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
+from dfedrw.peer.models import MODELS, build_model, get_vector, set_vector
+from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack, build_client_rule
+from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
+from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
+from dfedrw.peer.results import RoundLog, write_json_atomic
+from dfedrw.peer.telemetry import LauncherLink, NullLink
+from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
+from dfedrw.peer.transport.base import Transport
+from dfedrw.peer.transport.grpc_transport import CallLimits, GrpcTransport
+from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks, model_specs
+from dfedrw.topologies import Topology
 
 log = logging.getLogger(__name__)
 
@@ -751,7 +751,7 @@ def run_grpc_client(
     net = scenario.network
     if net.transport == "torch":
         raise ValueError(
-            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m launch.torchrun --scenario FILE"
+            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
         )
     transport = grpc_transport_for(
         scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)

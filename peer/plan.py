@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from topologies import Topology, build_topology
+from dfedrw.topologies import Topology, build_topology
 
 if TYPE_CHECKING:
-    from peer.config import AggregationConfig, Scenario
+    from dfedrw.peer.config import AggregationConfig, Scenario
 
 # (features, classes) per dataset, so a Byzantine client knows the model layout without data.
 DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}

@@ -16,14 +16,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.aggregation.crs import CRS_REGISTRY
-from peer.aggregation.registry import Registry, Setting
-from peer.aggregation.rules import RULE_REGISTRY
-from peer.aggregation.tpm import TPM_REGISTRY
-from peer.attacks import ATTACK_REGISTRY
+from dfedrw.peer.aggregation.crs import CRS_REGISTRY
+from dfedrw.peer.aggregation.registry import Registry, Setting
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY
+from dfedrw.peer.aggregation.tpm import TPM_REGISTRY
+from dfedrw.peer.attacks import ATTACK_REGISTRY
 
 if TYPE_CHECKING:
-    from peer.config import AggregationConfig, AttackConfig, Scenario
+    from dfedrw.peer.config import AggregationConfig, AttackConfig, Scenario
 
 __all__ = [
     "REGISTRIES",

@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
-from peer.data import Dataset
+from dfedrw.peer.data import Dataset
 
 
 class LocalTrainer:

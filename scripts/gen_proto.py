@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def generate(out: Path) -> list[Path]:
+    import shutil
+    import tempfile
+
     from grpc_tools import protoc
 
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["dfedrw"]["protoc"]
@@ -23,19 +26,24 @@ def generate(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for source in settings["sources"]:
-        args = [
-            "grpc_tools.protoc",
-            f"-I{proto_root}",
-            f"--python_out={out}",
-            f"--pyi_out={out}",
-            f"--grpc_python_out={out}",
-            str(ROOT / source),
-        ]
-        if protoc.main(args) != 0:
-            raise SystemExit(f"protoc failed on {source}")
-        stem = Path(source).relative_to(settings["proto_root"]).with_suffix("")
-        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
-            written.append(out / f"{stem}{suffix}")
+        with tempfile.TemporaryDirectory() as tmp:
+            args = [
+                "grpc_tools.protoc",
+                f"-I{proto_root}",
+                f"--python_out={tmp}",
+                f"--pyi_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                str(ROOT / source),
+            ]
+            if protoc.main(args) != 0:
+                raise SystemExit(f"protoc failed on {source}")
+            # dfedrw/peer/... is the import path; the package dfedrw.peer is the folder peer/.
+            stem = Path(source).relative_to(settings["proto_root"]).with_suffix("")
+            for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
+                target = out / Path(*stem.parts[1:]).with_name(stem.name + suffix)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(tmp) / f"{stem}{suffix}", target)
+                written.append(target)
     return written
 
 

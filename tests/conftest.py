@@ -1,6 +1,6 @@
 import pytest
 
-from peer.config import load_scenario
+from dfedrw.peer.config import load_scenario
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
 """Seeded graph builders, Byzantine placement and edge-list io (all in ``topologies.graphs``)."""
 
-from topologies.graphs import *  # noqa: F403 - the package's public names are that module's
-from topologies.graphs import __all__  # noqa: F401
+from dfedrw.topologies.graphs import *  # noqa: F403 - the package's public names are that module's
+from dfedrw.topologies.graphs import __all__  # noqa: F401

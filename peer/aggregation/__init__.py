@@ -4,7 +4,7 @@ Pure tensor code: nothing here imports a transport (gRPC, ZeroMQ) or ``peer.tran
 rules can be tested and reused without a network.
 """
 
-from peer.aggregation.crs import (
+from dfedrw.peer.aggregation.crs import (
     CRS,
     CRS_REGISTRY,
     AccuracyClippedAtMean,
@@ -16,8 +16,8 @@ from peer.aggregation.crs import (
     apply_crs_contract,
     make_crs,
 )
-from peer.aggregation.registry import build_from_registry
-from peer.aggregation.robust import (
+from dfedrw.peer.aggregation.registry import build_from_registry
+from dfedrw.peer.aggregation.robust import (
     QFDFL,
     AccuracyAboveMean,
     Balance,
@@ -28,7 +28,7 @@ from peer.aggregation.robust import (
     MultiKrum,
     TrimmedMean,
 )
-from peer.aggregation.rules import (
+from dfedrw.peer.aggregation.rules import (
     RULE_REGISTRY,
     Aggregate,
     DFedAvg,
@@ -39,7 +39,7 @@ from peer.aggregation.rules import (
     finite_rows,
     weighted_sum,
 )
-from peer.aggregation.tpm import (
+from dfedrw.peer.aggregation.tpm import (
     TPM,
     TPM_REGISTRY,
     Accuracy,

@@ -43,7 +43,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_real
+from dfedrw.peer.aggregation.registry import Registry, build_from_registry, check_choice, check_real
 
 __all__ = [
     "CRS",

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.aggregation.registry import check_choice, check_int, check_real
-from peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs, finite_rows
-from peer.aggregation.tpm import Accuracy
+from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs, finite_rows
+from dfedrw.peer.aggregation.tpm import Accuracy
 
 __all__ = [
     "AccuracyAboveMean",

@@ -30,9 +30,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from peer.aggregation.crs import CRS, make_crs
-from peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int
-from peer.aggregation.tpm import TPM, make_tpm
+from dfedrw.peer.aggregation.crs import CRS, make_crs
+from dfedrw.peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int
+from dfedrw.peer.aggregation.tpm import TPM, make_tpm
 
 __all__ = [
     "RULE_REGISTRY",
@@ -49,7 +49,7 @@ __all__ = [
 
 # The baseline rules register themselves in peer/aggregation/robust.py, which builds on the
 # types below; the registry imports it on first use, so it is complete whenever it is read.
-RULE_REGISTRY = Registry("rule", "dfedrw.rules", modules=("peer.aggregation.robust",))
+RULE_REGISTRY = Registry("rule", "dfedrw.rules", modules=(f"{__package__}.robust",))
 """The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.pb import peer_pb2 as pb
 
 # (chunks of one message, the sender's authenticated id or None) -> (accepted, reason, own round).
 # The id is the one the transport verified (gRPC: the peer certificate; torch.distributed and

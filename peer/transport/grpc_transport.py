@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from peer.identity import ClientIdentity, client_of_uri, server_name
-from peer.transport.base import Deliver, Reachability
-from peer.transport.pb import peer_pb2 as pb
-from peer.transport.pb import peer_pb2_grpc as pb_grpc
+from dfedrw.peer.identity import ClientIdentity, client_of_uri, server_name
+from dfedrw.peer.transport.base import Deliver, Reachability
+from dfedrw.peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

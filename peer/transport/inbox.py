@@ -19,8 +19,8 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from peer.transport.ratelog import RateLimitedLog
-from peer.transport.serde import ModelMessage
+from dfedrw.peer.transport.ratelog import RateLimitedLog
+from dfedrw.peer.transport.serde import ModelMessage
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from peer.transport.base import Deliver, Reachability
-from peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.base import Deliver, Reachability
+from dfedrw.peer.transport.pb import peer_pb2 as pb
 
 
 class InprocHub:

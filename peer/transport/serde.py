@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from peer.transport.pb import peer_pb2 as pb
-from peer.transport.ratelog import quote
+from dfedrw.peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.ratelog import quote
 
 WIRE_DTYPES = {"float32": np.dtype("<f4")}
 

@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 from google.protobuf.message import DecodeError
 
-from peer.transport.base import Deliver, Reachability
-from peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.base import Deliver, Reachability
+from dfedrw.peer.transport.pb import peer_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class TorchDistTransport:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "network.transport = 'torch' needs an initialised torch.distributed process group: "
-                "start the clients with torchrun (torchrun --nproc-per-node N -m launch.torchrun --scenario FILE)"
+                "start the clients with torchrun (torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE)"
             )
         self.rank = rank
         self.device = torch.device(device)

@@ -135,7 +135,7 @@ step "docker import $BASE_IMAGE"
 SETTINGS=(--set topology.honest=5 --set topology.byzantine=1 --set "rounds=$ROUNDS" --set eval.every=10
     --set network.round_timeout=30)
 generate() {  # generate ATTACK
-    "$PY" -m launch.cli compose --offline --image "$IMAGE" "${SETTINGS[@]}" --set "attack.name=$1" --out "$CLUSTER" >&2
+    "$PY" -m dfedrw.launch.cli compose --offline --image "$IMAGE" "${SETTINGS[@]}" --set "attack.name=$1" --out "$CLUSTER" >&2
 }
 step "dfedrw compose ($CLIENTS clients, $ROUNDS rounds)"
 generate gaussian
@@ -151,7 +151,7 @@ for k in $(seq 0 $((CLIENTS - 1))); do
     [ "$(stat -c '%a %u:%g' "$CLUSTER/certs/client-$k.key")" = "600 $RUN_AS" ] \
         || fail "certs/client-$k.key: $(stat -c '%a %u:%g' "$CLUSTER/certs/client-$k.key"), expected 600 $RUN_AS"
 done
-step "services run as $RUN_AS; certificates of run $("$PY" -c 'import sys; from peer.identity import run_id_of; print(run_id_of(sys.argv[1]))' "$CLUSTER/certs")"
+step "services run as $RUN_AS; certificates of run $("$PY" -c 'import sys; from dfedrw.peer.identity import run_id_of; print(run_id_of(sys.argv[1]))' "$CLUSTER/certs")"
 
 step "wheelhouse"
 PYTHON="$PY" bash scripts/build_wheelhouse.sh "$CACHE/wheelhouse" 2>&1 | grep -v "is ignored" >&2
@@ -163,12 +163,12 @@ step "docker-compose build"
 check_run() {  # check_run ATTACK: every client finished, ran the attack asked for, and matches the same
     # scenario run in one process on the host (same code, seeds and messages; compared only
     # when no client missed a deadline, since a missed one changes what was aggregated).
-    "$PY" -m launch.cli run "$CLUSTER/scenario.toml" --set network.transport=inproc --set network.host=127.0.0.1 \
+    "$PY" -m dfedrw.launch.cli run "$CLUSTER/scenario.toml" --set network.transport=inproc --set network.host=127.0.0.1 \
         --set "attack.name=$1" --out "$WORK/inproc-$1" >"$WORK/inproc-$1.log" 2>&1 || fail "in-process run ($1): $(tail -5 "$WORK/inproc-$1.log")"
     "$PY" - "$CLUSTER/results" "$WORK/inproc-$1" "$CLIENTS" "$BYZ_ID" "$1" <<'EOF'
 import json, sys
 from pathlib import Path
-from peer.results import read_rounds
+from dfedrw.peer.results import read_rounds
 results, inproc, clients, byz, attack = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 finals = {k: json.loads((results / "peers" / f"{k}.json").read_text()) for k in range(clients)}
 bad = [k for k, f in finals.items() if not f.get("completed")]

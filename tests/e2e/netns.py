@@ -1,7 +1,7 @@
 """Several hosts on one machine: Linux network namespaces joined by a bridge.
 
     with Lab(hosts=3) as lab:
-        proc = lab.run(0, [python, "-m", "peer", ...], env=env, log=path)
+        proc = lab.run(0, [python, "-m", "dfedrw.peer", ...], env=env, log=path)
         lab.cut(1)            # host 1 drops off the network (its link goes down)
         lab.packet_loss(20)   # every host drops 20% of the packets it receives
 
@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from launch.procs import pid_alive
+from dfedrw.launch.procs import pid_alive
 
 # Host interface name inside each host namespace; the same in every host so that a program
 # (e.g. gloo's GLOO_SOCKET_IFNAME) can be told which interface faces the lab network.

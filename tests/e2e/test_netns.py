@@ -22,11 +22,11 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from launch.collect import collect_summary
-from peer.config import Scenario, dump_scenario, load_scenario
-from peer.identity import make_certificates
-from peer.plan import scenario_topology
-from peer.results import read_rounds
+from dfedrw.launch.collect import collect_summary
+from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
+from dfedrw.peer.identity import make_certificates
+from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.results import read_rounds
 from tests.e2e.netns import Lab, unusable_reason
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ def _wait_exit(procs: Mapping[int, subprocess.Popen], timeout: float, out: Path)
 
 
 def _start_clients(lab: Lab, scenario: Scenario, out: Path) -> dict[int, subprocess.Popen]:
-    """One ``python -m peer`` per host, client k on host k, with the static address book and
+    """One ``python -m dfedrw.peer`` per host, client k on host k, with the static address book and
     the run's certificates (made here, as `dfedrw certs` makes them; every host reads the one
     folder, and client k loads only its own key from it)."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def _start_clients(lab: Lab, scenario: Scenario, out: Path) -> dict[int, subproc
     procs = {}
     for k in range(n):
         argv = [
-            sys.executable, "-m", "peer", "--scenario", str(out / "scenario.toml"), "--id", str(k),
+            sys.executable, "-m", "dfedrw.peer", "--scenario", str(out / "scenario.toml"), "--id", str(k),
             "--out", str(out), "--listen-port", str(PORT), "--set", f"network.host={lab.address(k)!r}",
             "--certs", str(out / "certs"), *book,
         ]
@@ -313,7 +313,7 @@ _TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def _torchrun_support_missing() -> str | None:
-    """Why the clients cannot run under torchrun yet (``-m launch.torchrun``), or None.
+    """Why the clients cannot run under torchrun yet (``-m dfedrw.launch.torchrun``), or None.
 
     Looks for the environment torchrun sets (RANK / WORLD_SIZE) in the client's entry points;
     the test then runs it, so a torchrun mode that exists but fails is a failure, not a skip.
@@ -324,7 +324,7 @@ def _torchrun_support_missing() -> str | None:
     for path in sources:
         if re.search(r"""["'](RANK|WORLD_SIZE|LOCAL_RANK)["']""", path.read_text(errors="replace")):
             return None
-    return "python -m peer does not read torchrun's RANK / WORLD_SIZE yet (no torchrun mode in launch/ or peer/)"
+    return "python -m dfedrw.peer does not read torchrun's RANK / WORLD_SIZE yet (no torchrun mode in launch/ or peer/)"
 
 
 def test_torchrun_two_nodes_in_two_namespaces(tmp_path, record_property):
@@ -351,7 +351,7 @@ def test_torchrun_two_nodes_in_two_namespaces(tmp_path, record_property):
             r: lab.run(
                 r,
                 [str(_TORCHRUN), "--nnodes", "2", "--node-rank", str(r), "--master-addr", lab.address(0),
-                 "--master-port", "29500", "--nproc-per-node", "2", "-m", "launch.torchrun",
+                 "--master-port", "29500", "--nproc-per-node", "2", "-m", "dfedrw.launch.torchrun",
                  "--scenario", str(out / "scenario.toml"), "--out", str(out)],
                 env, out / "logs" / f"node{r}.log", cwd=REPO,
             )

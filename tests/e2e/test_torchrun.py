@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.runner import run_scenario
-from peer.config import load_scenario
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.config import load_scenario
 from tests.helpers import quiet_console
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def torchrun(scenario_file, out, nproc, env=None):
         "GLOO_SOCKET_IFNAME": "lo",
         **(env or {}),
     }
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "launch.torchrun", "--scenario", str(scenario_file), "--out", str(out)]
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(out)]
     start = time.monotonic()
     # Own session: the job's workers can be killed with it, by its process group id.
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

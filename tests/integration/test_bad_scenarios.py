@@ -1,6 +1,6 @@
 """Ten bad scenarios, each refused before any client starts by every entry point, in one line.
 
-The entry points are ``dfedrw run``, ``dfedrw peer`` (also as ``python -m peer``, a process of its
+The entry points are ``dfedrw run``, ``dfedrw peer`` (also as ``python -m dfedrw.peer``, a process of its
 own), ``dfedrw compose`` and ``dfedrw sweep --dry-run``. Each must exit with code 2 and print
 exactly one line on stderr, ``dfedrw: ...`` naming the scenario key, and must leave nothing
 behind: no client started, no results or compose folder written.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import main as dfedrw
-from peer import cli as peer_cli
+from dfedrw.experiments.cli import main as dfedrw_main
+from dfedrw.peer import cli as peer_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,22 +85,22 @@ def _one_line(err: str, key: str) -> str:
 
 @pytest.mark.parametrize(("overrides", "key"), [c[1:] for c in CASES], ids=IDS)
 def test_run_refuses(overrides, key, tmp_path, capsys, monkeypatch):
-    import launch.runner
-
+    import dfedrw.launch.runner
+    from dfedrw import launch
     def no_clients(*args, **kwargs):
         raise AssertionError("dfedrw run got as far as starting clients")
 
     monkeypatch.setattr(launch.runner, "run_scenario", no_clients)
     out = tmp_path / "out"
-    assert dfedrw(["run", *_sets(overrides), "--out", str(out)]) == 2
+    assert dfedrw_main(["run", *_sets(overrides), "--out", str(out)]) == 2
     _one_line(capsys.readouterr().err, key)
     assert not out.exists()  # no pids.json, logs/ or peers/
 
 
 @pytest.mark.parametrize(("overrides", "key"), [c[1:] for c in CASES], ids=IDS)
 def test_peer_refuses(overrides, key, tmp_path, capsys, monkeypatch):
-    import peer.node
-
+    import dfedrw.peer.node
+    from dfedrw import peer
     def no_client(*args, **kwargs):
         raise AssertionError("dfedrw peer got as far as starting its client")
 
@@ -115,7 +115,7 @@ def test_peer_refuses(overrides, key, tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize(("overrides", "key"), [c[1:] for c in CASES], ids=IDS)
 def test_compose_refuses(overrides, key, tmp_path, capsys):
     out = tmp_path / "cluster"
-    assert dfedrw(["compose", *_sets(overrides), "--out", str(out)]) == 2
+    assert dfedrw_main(["compose", *_sets(overrides), "--out", str(out)]) == 2
     _one_line(capsys.readouterr().err, key)
     assert not (out / "docker-compose.yml").exists()
     assert not out.exists()
@@ -127,14 +127,14 @@ def test_sweep_dry_run_refuses(overrides, key, tmp_path, capsys):
     quoted = ", ".join(f'"{o}"' for o in [*BASE, "network.transport=inproc", *overrides])
     grid.write_text(f"set = [{quoted}]\n\n[axes]\nseed = [43, 44]\n")
     out = tmp_path / "sweep"
-    assert dfedrw(["sweep", str(grid), "--out", str(out), "--dry-run"]) == 2
+    assert dfedrw_main(["sweep", str(grid), "--out", str(out), "--dry-run"]) == 2
     _one_line(capsys.readouterr().err, key)
     assert not (out / "runs").exists()
 
 
 def _default_scenario(tmp_path: Path) -> Path:
     """A scenario file for `peer`, which needs one: the built-in default, written out."""
-    from peer.config import dump_scenario, load_scenario
+    from dfedrw.peer.config import dump_scenario, load_scenario
 
     path = tmp_path / "default.toml"
     dump_scenario(load_scenario(None), path)
@@ -143,12 +143,12 @@ def _default_scenario(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("case", ["attack-std-zero", "plugin-class-without-call"])
 def test_peer_process_refuses(case, tmp_path, plugin_dir):
-    """``python -m peer``, a process of its own: one line, exit 2, before it listens."""
+    """``python -m dfedrw.peer``, a process of its own: one line, exit 2, before it listens."""
     overrides, key = next(c[1:] for c in CASES if c[0] == case)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(plugin_dir)]))
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "peer", "--scenario", str(_default_scenario(tmp_path)), "--id", "0",
+        [sys.executable, "-m", "dfedrw.peer", "--scenario", str(_default_scenario(tmp_path)), "--id", "0",
          "--peer", "1=127.0.0.1:1", "--out", str(out), *_sets(overrides)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )

@@ -19,12 +19,12 @@ import grpc
 import pytest
 import torch
 
-from peer.identity import load_identity, make_certificates
-from peer.node import grpc_transport_for
-from peer.transport.grpc_transport import CallLimits, GrpcTransport, channel_credentials, identity_options, on_loop
-from peer.transport.pb import peer_pb2 as pb
-from peer.transport.pb import peer_pb2_grpc as pb_grpc
-from peer.transport.serde import TensorSpec, encode
+from dfedrw.peer.identity import load_identity, make_certificates
+from dfedrw.peer.node import grpc_transport_for
+from dfedrw.peer.transport.grpc_transport import CallLimits, GrpcTransport, channel_credentials, identity_options, on_loop
+from dfedrw.peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
+from dfedrw.peer.transport.serde import TensorSpec, encode
 from tests.helpers import ClientThreads, loopback_grpc
 
 SPECS = (TensorSpec("w", "float32", (4,)),)
@@ -390,7 +390,7 @@ def flood_main(certs: str, client: int, address: str, count: int, seconds: float
     messages with the model's layout, as fast as it can; prints what it saw as JSON."""
     import json
 
-    from peer.node import Client  # noqa: F401 - the same imports as a client
+    from dfedrw.peer.node import Client  # noqa: F401 - the same imports as a client
 
     specs = tuple(TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in layout)
     features = sum(s.numel for s in specs)

@@ -6,7 +6,7 @@ def test_inproc_run_leaves_no_checkpoint(small_scenario, tmp_path):
 
     from rich.console import Console
 
-    from launch.inproc import run_inproc
+    from dfedrw.launch.inproc import run_inproc
 
     scenario = small_scenario("topology.kind=ring", "topology.honest=3", "topology.byzantine=0", "rounds=12", "checkpoint.every=5")
     summary = run_inproc(scenario, tmp_path, console=Console(file=io.StringIO()))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.compose import ATTACK_ENV, ComposeOptions, default_user, write_compose
-from peer.config import load_scenario
-from peer.plan import scenario_topology
+from dfedrw.launch.compose import ATTACK_ENV, ComposeOptions, default_user, write_compose
+from dfedrw.peer.config import load_scenario
+from dfedrw.peer.plan import scenario_topology
 from tests.unit.test_compose import peers_of
 
 
@@ -58,7 +58,7 @@ def test_docker_compose_reads_the_file_as_generated(tmp_path):
             assert svc["command"][:2] == ["sh", "-c"]
         else:
             assert "environment" not in svc
-            assert svc["command"][:3] == ["python", "-m", "peer"]
+            assert svc["command"][:3] == ["python", "-m", "dfedrw.peer"]
     assert [k for k, s in services.items() if "build" in s] == ["client-0"]
     assert services["summarize"]["profiles"] == ["summarize"]
     assert config["networks"]["default"]["internal"] is True

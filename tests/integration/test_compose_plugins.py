@@ -9,9 +9,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from experiments.cli import main
-from launch.compose import PLUGINS_DIR, PLUGINS_PATH, write_compose
-from peer.config import load_scenario
+from dfedrw.experiments.cli import main
+from dfedrw.launch.compose import PLUGINS_DIR, PLUGINS_PATH, write_compose
+from dfedrw.peer.config import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "examples" / "plugins"

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.runner import run_scenario
-from peer.config import load_scenario
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.config import load_scenario
 from tests.helpers import quiet_console
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))

@@ -14,8 +14,8 @@ under it shows that the same injection, believed, does move the network.
 import pytest
 import torch
 
-from peer.transport.inproc import InprocHub, InprocTransport
-from peer.transport.serde import encode
+from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
+from dfedrw.peer.transport.serde import encode
 from tests.helpers import ClientThreads
 
 U64 = 2**64 - 1

@@ -8,9 +8,9 @@ import grpc
 import pytest
 import torch
 
-from peer.transport.grpc_transport import GrpcTransport, handle_push, split_messages
-from peer.transport.pb import peer_pb2_grpc as pb_grpc
-from peer.transport.serde import encode
+from dfedrw.peer.transport.grpc_transport import GrpcTransport, handle_push, split_messages
+from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
+from dfedrw.peer.transport.serde import encode
 from tests.unit.test_transport import SPECS, roundtrip, vec
 
 

@@ -9,12 +9,12 @@ import pytest
 import zmq
 from rich.console import Console
 
-from launch import link
-from launch.link import MAX_FRAME_BYTES
-from launch.local import Child, LocalRun
-from launch.progress import ProgressBoard
-from peer.config import load_scenario
-from peer.telemetry import LauncherLink
+from dfedrw.launch import link
+from dfedrw.launch.link import MAX_FRAME_BYTES
+from dfedrw.launch.local import Child, LocalRun
+from dfedrw.launch.progress import ProgressBoard
+from dfedrw.peer.config import load_scenario
+from dfedrw.peer.telemetry import LauncherLink
 from tests.helpers import quiet_console
 from tests.unit.test_launcher_link import MALFORMED, TOKENS, register
 

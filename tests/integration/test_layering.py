@@ -15,7 +15,7 @@ def test_the_scenario_plan_imports_neither_torch_nor_grpc():
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
 
-PACKAGES = ("peer", "launch", "experiments", "topologies")
+PACKAGES = ("dfedrw.peer", "dfedrw.launch", "dfedrw.experiments", "dfedrw.topologies")
 
 
 def _cycles(graph) -> list[list[str]]:

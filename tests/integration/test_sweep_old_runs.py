@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import experiments.sweep as sweep
-from experiments.cli import main as dfedrw
+import dfedrw.experiments.sweep as sweep
+from dfedrw.experiments.cli import main as dfedrw
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT = ROOT / "docs" / "results" / "data" / "study_loss_clip_weighting"

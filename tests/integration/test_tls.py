@@ -6,10 +6,10 @@ import grpc
 import pytest
 import torch
 
-from peer.identity import load_identity, make_certificates
-from peer.transport.grpc_transport import GrpcTransport, channel_credentials, identity_options
-from peer.transport.pb import peer_pb2_grpc as pb_grpc
-from peer.transport.serde import TensorSpec, encode
+from dfedrw.peer.identity import load_identity, make_certificates
+from dfedrw.peer.transport.grpc_transport import GrpcTransport, channel_credentials, identity_options
+from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
+from dfedrw.peer.transport.serde import TensorSpec, encode
 
 SPECS = (TensorSpec("w", "float32", (4,)),)
 

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from launch import torchrun as tr
-from launch.runner import run_scenario
-from peer.node import run_grpc_client
-from peer.transport import torchdist
+from dfedrw.launch import torchrun as tr
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.node import run_grpc_client
+from dfedrw.peer.transport import torchdist
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_torch_transport_outside_torchrun_is_a_clear_error(small_scenario, tmp_p
 
 
 def test_gloo_interface_is_found_for_an_address_and_left_alone_on_one_node():
-    from launch.torchrun import RankEnv, gloo_interface, interface_of
+    from dfedrw.launch.torchrun import RankEnv, gloo_interface, interface_of
 
     assert interface_of("127.0.0.1") == "lo"
     assert interface_of("192.0.2.123") is None  # TEST-NET-1: held by no interface here

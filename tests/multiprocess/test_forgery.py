@@ -19,14 +19,14 @@ import grpc
 import pytest
 import torch
 
-from launch.local import LocalRun
-from peer.identity import load_identity, make_certificates
-from peer.plan import scenario_topology
-from peer.results import read_rounds
-from peer.transport.grpc_transport import channel_credentials, identity_options
-from peer.transport.pb import peer_pb2_grpc as pb_grpc
-from peer.transport.serde import encode, model_specs
-from peer.models import build_model
+from dfedrw.launch.local import LocalRun
+from dfedrw.peer.identity import load_identity, make_certificates
+from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.results import read_rounds
+from dfedrw.peer.transport.grpc_transport import channel_credentials, identity_options
+from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
+from dfedrw.peer.transport.serde import encode, model_specs
+from dfedrw.peer.models import build_model
 from tests.helpers import quiet_console, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -73,7 +73,7 @@ class Forger(threading.Thread):
 
 
 def run_network(tmp_path, forge: bool):
-    from peer.config import load_scenario
+    from dfedrw.peer.config import load_scenario
 
     scenario = load_scenario(None, SCENARIO)
     topology = scenario_topology(scenario)

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from launch.local import LocalRun
-from peer.results import read_rounds
+from dfedrw.launch.local import LocalRun
+from dfedrw.peer.results import read_rounds
 from tests.helpers import quiet_console, wait_for
 
 
@@ -39,7 +39,7 @@ def test_sigkill_one_honest_client_others_finish(small_scenario, tmp_path):
 
 @pytest.mark.slow
 def test_default_scenario_runs_as_distinct_processes(tmp_path):
-    from peer.config import load_scenario
+    from dfedrw.peer.config import load_scenario
 
     run = LocalRun(load_scenario(None), tmp_path, console=quiet_console())
     summary = run.run()
@@ -64,7 +64,7 @@ def _launch(tmp_path, *overrides, preexec_fn=None):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "launch.cli", "run", "--out", str(tmp_path), "--set", "rounds=100000",
+    cmd = [sys.executable, "-m", "dfedrw.launch.cli", "run", "--out", str(tmp_path), "--set", "rounds=100000",
            "--set", "topology.honest=4", "--set", "topology.byzantine=0", "--set", "attack.name=none", *overrides]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
 

@@ -12,8 +12,8 @@ bit-identical; the comparison allows 1e-9 only because weights are logged rounde
 import pytest
 
 
-from launch.runner import run_scenario
-from peer.results import read_rounds
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.results import read_rounds
 from tests.helpers import quiet_console
 
 

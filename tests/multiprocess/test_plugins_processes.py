@@ -90,7 +90,7 @@ def _check_results(out: Path, output: str) -> None:
 
 def test_dfedrw_run_processes_use_the_outside_classes(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "launch.cli", "run", str(SCENARIO), "--set", f"rounds={ROUNDS}", "--out", str(out)]
+    cmd = [sys.executable, "-m", "dfedrw.launch.cli", "run", str(SCENARIO), "--set", f"rounds={ROUNDS}", "--out", str(out)]
     rc, output, seconds = _run(cmd)
     assert rc == 0, output[-3000:]
     print(f"dfedrw run: 10 client processes, {ROUNDS} rounds in {seconds:.1f} s")
@@ -102,7 +102,7 @@ def test_torchrun_ranks_use_the_outside_classes(tmp_path):
     if not TORCHRUN.exists():
         pytest.skip(f"torchrun not found next to {sys.executable}")
     out = tmp_path / "torchrun"
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "10", "-m", "launch.torchrun", "--scenario", str(SCENARIO), "--set", f"rounds={ROUNDS}", "--out", str(out)]
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "10", "-m", "dfedrw.launch.torchrun", "--scenario", str(SCENARIO), "--set", f"rounds={ROUNDS}", "--out", str(out)]
     rc, output, seconds = _run(cmd)
     assert rc == 0, output[-3000:]
     print(f"torchrun: 10 ranks, {ROUNDS} rounds in {seconds:.1f} s")

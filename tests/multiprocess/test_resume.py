@@ -1,5 +1,5 @@
 """A client killed mid-run and started again with the same command comes back: real client
-processes on loopback with static addresses and mutual TLS, as ``python -m peer`` runs them."""
+processes on loopback with static addresses and mutual TLS, as ``python -m dfedrw.peer`` runs them."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.collect import collect_summary
-from peer.config import dump_scenario, load_scenario
-from peer.identity import make_certificates
-from peer.results import read_final, read_rounds
+from dfedrw.launch.collect import collect_summary
+from dfedrw.peer.config import dump_scenario, load_scenario
+from dfedrw.peer.identity import make_certificates
+from dfedrw.peer.results import read_final, read_rounds
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ class Clients:
     def start(self, k: int, log_name: str | None = None) -> None:
         book = [f"--peer={j}=127.0.0.1:{p}" for j, p in enumerate(self.ports)]
         argv = [
-            sys.executable, "-m", "peer", "--scenario", str(self.scenario_file), "--id", str(k), "--out", str(self.out),
+            sys.executable, "-m", "dfedrw.peer", "--scenario", str(self.scenario_file), "--id", str(k), "--out", str(self.out),
             "--listen-port", str(self.ports[k]), "--certs", str(self.certs), *book,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from experiments import sweep
-from experiments.cli import main
-from experiments.sweep import SweepError, load_grid, plan_sweep, run_state, run_sweep
-from peer.config import dump_scenario
+from dfedrw.experiments import sweep
+from dfedrw.experiments.cli import main
+from dfedrw.experiments.sweep import SweepError, load_grid, plan_sweep, run_state, run_sweep
+from dfedrw.peer.config import dump_scenario
 from tests.helpers import quiet_console
 from tests.unit.test_sweep import FAST, GRID, TINY, fake_run, write_grid  # noqa: F401 - fake_run is a fixture
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.attacks import ALIE, ATTACK_REGISTRY, IPM, Gaussian, SignFlip, alie_z_max, make_attack
+from dfedrw.peer.attacks import ALIE, ATTACK_REGISTRY, IPM, Gaussian, SignFlip, alie_z_max, make_attack
 
 NAN = float("nan")
 ALL_ATTACKS = [Gaussian(), Gaussian(std=1.0, center="zero"), SignFlip(), ALIE(), ALIE(z=1.5)]

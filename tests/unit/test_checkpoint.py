@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.checkpoint import (
+from dfedrw.peer.checkpoint import (
     Checkpoint,
     CheckpointError,
     checkpoint_path,
@@ -15,13 +15,13 @@ from peer.checkpoint import (
     save_checkpoint,
     scenario_fingerprint,
 )
-from peer.config import ScenarioError, load_scenario, scenario_changes
-from peer.data import Dataset
-from peer.models import build_model, get_vector
-from peer.node import Client, coordinate_median, scenario_topology
-from peer.results import RoundLog, read_rounds, summarize, write_json_atomic
-from peer.training import LocalTrainer
-from peer.transport.inproc import InprocHub, InprocTransport
+from dfedrw.peer.config import ScenarioError, load_scenario, scenario_changes
+from dfedrw.peer.data import Dataset
+from dfedrw.peer.models import build_model, get_vector
+from dfedrw.peer.node import Client, coordinate_median, scenario_topology
+from dfedrw.peer.results import RoundLog, read_rounds, summarize, write_json_atomic
+from dfedrw.peer.training import LocalTrainer
+from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 
 
 def _ckpt(client=3, round_=39, scenario="abc", size=10):
@@ -112,7 +112,7 @@ def test_trainer_state_resumes_the_same_minibatches():
     saved = get_vector(a.model).clone()
     after = [a.step() for _ in range(6)]
     b_model = build_model("softmax_regression", 4, 3, seed=1)
-    from peer.models import set_vector
+    from dfedrw.peer.models import set_vector
 
     set_vector(b_model, saved)
     b = trainer(b_model)

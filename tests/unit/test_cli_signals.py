@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments import cli
+from dfedrw.experiments import cli
 
 
 @pytest.fixture
@@ -37,9 +37,10 @@ def _assert_both_interrupt(seen):
 
 
 def test_run_installs_handlers_before_starting_clients(sigint_ignored, monkeypatch, tmp_path):
-    import launch.local
-    import launch.runner
-
+    import dfedrw.launch.local
+    from dfedrw import launch
+    import dfedrw.launch.runner
+    from dfedrw import launch
     summary = {"interrupted": True}
     seen = _handlers_when_called(monkeypatch, launch.runner, "run_scenario", (tmp_path, summary))
     monkeypatch.setattr(launch.local, "print_summary", lambda *a: None)
@@ -48,8 +49,8 @@ def test_run_installs_handlers_before_starting_clients(sigint_ignored, monkeypat
 
 
 def test_sweep_installs_handlers_before_starting_runs(sigint_ignored, monkeypatch, tmp_path):
-    import experiments.sweep
-
+    import dfedrw.experiments.sweep
+    from dfedrw import experiments
     seen = _handlers_when_called(monkeypatch, experiments.sweep, "run_sweep", SimpleNamespace(exit_code=0))
     assert cli.main(["sweep", str(tmp_path / "grid.toml"), "--dry-run"]) == 0
     _assert_both_interrupt(seen)

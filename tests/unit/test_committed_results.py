@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.report import write_report
+from dfedrw.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"

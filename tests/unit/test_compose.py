@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import main
-from launch.compose import (
+from dfedrw.experiments.cli import main
+from dfedrw.launch.compose import (
     ATTACK_ENV,
     CONTAINER_UID,
     ComposeOptions,
@@ -20,10 +20,10 @@ from launch.compose import (
     render_dockerfile,
     write_compose,
 )
-from peer.config import load_scenario
-from peer.identity import load_identity, make_certificates, run_id_of
-from peer.plan import scenario_topology
-from peer.results import write_json_atomic
+from dfedrw.peer.config import load_scenario
+from dfedrw.peer.identity import load_identity, make_certificates, run_id_of
+from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.results import write_json_atomic
 
 
 def peers_of(command: list[str]) -> dict[int, str]:

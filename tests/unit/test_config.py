@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.config import ScenarioError, dump_scenario, load_scenario, parse_override, scenario_from_dict
+from dfedrw.peer.config import ScenarioError, dump_scenario, load_scenario, parse_override, scenario_from_dict
 
 
 def test_default_scenario_loads_with_paper_settings():
@@ -88,7 +88,7 @@ def test_missing_file_and_bad_toml(tmp_path):
 
 
 def test_scenario_changes_lists_only_non_defaults():
-    from peer.config import Scenario, scenario_changes
+    from dfedrw.peer.config import Scenario, scenario_changes
 
     assert scenario_changes(Scenario()) == {}
     s = load_scenario(None, ["rounds=5"])
@@ -148,7 +148,7 @@ FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]
 def test_every_numeric_setting_has_a_tested_range():
     from dataclasses import fields
 
-    from peer.config import _SECTIONS, Scenario
+    from dfedrw.peer.config import _SECTIONS, Scenario
 
     numeric = {f.name for f in fields(Scenario) if f.type in ("int", "float")}
     for section, cls in _SECTIONS.items():
@@ -296,7 +296,7 @@ def test_any_number_loads_only_inside_its_range(key, value):
 
 
 def test_missing_edge_list_is_one_line_from_the_cli(tmp_path, capsys):
-    from experiments.cli import main
+    from dfedrw.experiments.cli import main
 
     code = main(["run", "--set", "topology.kind=edgelist", "--set", f"topology.file={str(tmp_path / 'nope')!r}", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err

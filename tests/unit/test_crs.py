@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.aggregation.crs import (
+from dfedrw.peer.aggregation.crs import (
     CRS_REGISTRY,
     AccuracyClippedAtMean,
     Clip,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.data import (
+from dfedrw.peer.data import (
     TRAIN_SIZES,
     DATASETS,
     IDX_FILES,
@@ -434,8 +434,8 @@ def _digests_of(files: dict[str, bytes]) -> dict[str, tuple]:
 
 
 def test_download_keeps_files_that_match_their_digests(monkeypatch, tmp_path):
-    import peer.data
-
+    import dfedrw.peer.data
+    from dfedrw import peer
     files = {f"{stem}.gz": _idx_gz(3 + i) for i, stem in enumerate(peer.data.IDX_FILES.values())}
     monkeypatch.setitem(peer.data.IDX_DIGESTS, "mnist", _digests_of(files))
     asked = _serve(monkeypatch, files)
@@ -445,8 +445,8 @@ def test_download_keeps_files_that_match_their_digests(monkeypatch, tmp_path):
 
 
 def test_download_with_a_wrong_checksum_deletes_the_file_and_says_so(monkeypatch, tmp_path):
-    import peer.data
-
+    import dfedrw.peer.data
+    from dfedrw import peer
     stems = list(peer.data.IDX_FILES.values())
     files = {f"{stem}.gz": _idx_gz(5) for stem in stems}
     digests = _digests_of(files)
@@ -459,8 +459,8 @@ def test_download_with_a_wrong_checksum_deletes_the_file_and_says_so(monkeypatch
 
 
 def test_mnist_digests_are_the_published_md5_of_the_gz(monkeypatch, tmp_path):
-    import peer.data
-
+    import dfedrw.peer.data
+    from dfedrw import peer
     stem = "train-labels-idx1-ubyte"
     assert peer.data.IDX_DIGESTS["mnist"][stem] == (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),)
     _serve(monkeypatch, {f"{s}.gz": b"not gzip" for s in peer.data.IDX_FILES.values()})
@@ -471,8 +471,8 @@ def test_mnist_digests_are_the_published_md5_of_the_gz(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(not DEBIAN_FMNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
 def test_debian_fashion_mnist_matches_the_recorded_digests(monkeypatch, tmp_path):
-    import peer.data
-
+    import dfedrw.peer.data
+    from dfedrw import peer
     for stem in peer.data.IDX_FILES.values():
         assert peer.data.idx_digest_error("fashion-mnist", stem, DEBIAN_FMNIST / f"{stem}.gz") is None
     # A download serving those bytes is accepted as is.

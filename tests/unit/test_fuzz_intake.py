@@ -23,10 +23,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.node import Client
-from peer.transport.inproc import InprocHub, InprocTransport
-from peer.transport.pb import peer_pb2 as pb
-from peer.transport.serde import encode
+from dfedrw.peer.node import Client
+from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
+from dfedrw.peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.serde import encode
 
 ROUND = 100  # the client's current round; the window is ROUND .. ROUND + 2
 U64 = 2**64 - 1
@@ -337,7 +337,7 @@ def run_fuzz(peer: Client, count: int, seed: int, log_file=None):
     counters = Counters(peer)
     before, accepted0 = counters.total(), peer.inbox.accepted
     handler = None
-    peer_log = logging.getLogger("peer")
+    peer_log = logging.getLogger("dfedrw.peer")
     level = peer_log.level
     if log_file is not None:
         handler = logging.FileHandler(log_file)
@@ -467,7 +467,7 @@ def test_a_message_no_check_foresaw_is_rejected_not_raised(client, caplog):
         yield copy(client.valid[1, ROUND])[0]
         raise RuntimeError("the stream broke\nERROR forged")
 
-    with caplog.at_level(logging.WARNING, logger="peer"):
+    with caplog.at_level(logging.WARNING, logger="dfedrw.peer"):
         assert client.deliver(iter([object()]), 1) == (False, "malformed", ROUND)
         assert client.deliver(broken(), 1) == (False, "malformed", ROUND)
     assert client.inbox.rejected["malformed"] == 2

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from launch import link
-from launch.link import MAX_FRAME_BYTES, LinkGate, parse_frame
-from launch.progress import ProgressBoard
+from dfedrw.launch import link
+from dfedrw.launch.link import MAX_FRAME_BYTES, LinkGate, parse_frame
+from dfedrw.launch.progress import ProgressBoard
 from tests.helpers import quiet_console
 
 ID = b"\x00\x80\x00\x00\x01"

@@ -2,7 +2,7 @@
 
 import logging
 
-from peer.transport.ratelog import RateLimitedLog, quote
+from dfedrw.peer.transport.ratelog import RateLimitedLog, quote
 
 
 class Clock:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import main
-from experiments.record import RecordError, build_record, export_sweep, read_record, run_record, write_record
-from experiments.report import write_report
+from dfedrw.experiments.cli import main
+from dfedrw.experiments.record import RecordError, build_record, export_sweep, read_record, run_record, write_record
+from dfedrw.experiments.report import write_report
 from tests.unit.test_report import BYZ_SPEC, byz_peers, byz_rounds, make_byzantine, write_run
 
 
@@ -105,7 +105,7 @@ def test_export_replaces_the_destination_and_refuses_bad_folders(tmp_path, capsy
 
 
 def test_weights_matrix_nan_roundtrip(tmp_path):
-    from experiments.record import weights
+    from dfedrw.experiments.record import weights
 
     folder = write_run(tmp_path, "r", {}, byz_peers(80.0, byzantine=True), byz_rounds(80.0))
     receivers, senders, matrix = weights(write_record(folder))

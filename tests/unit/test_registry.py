@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from peer.aggregation import Balance, DFedReweighting, Loss, LossClippedAtMean, MultiKrum, Softmax
-from peer.aggregation.registry import Registry
-from peer.attacks import ALIE, Gaussian
-from peer.config import LEGACY, Scenario, ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
-from peer.plugins import REGISTRIES, build_attack, build_client_rule, render_readme
+from dfedrw.peer.aggregation import Balance, DFedReweighting, Loss, LossClippedAtMean, MultiKrum, Softmax
+from dfedrw.peer.aggregation.registry import Registry
+from dfedrw.peer.attacks import ALIE, Gaussian
+from dfedrw.peer.config import LEGACY, Scenario, ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
+from dfedrw.peer.plugins import REGISTRIES, build_attack, build_client_rule, render_readme
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,14 +58,14 @@ def test_registry_register_resolve_build_describe():
 
 
 def test_import_path_errors_are_one_line_naming_the_value():
-    from peer.aggregation import RULE_REGISTRY
+    from dfedrw.peer.aggregation import RULE_REGISTRY
 
-    assert RULE_REGISTRY.resolve("peer.aggregation.robust:Median").__name__ == "Median"
+    assert RULE_REGISTRY.resolve("dfedrw.peer.aggregation.robust:Median").__name__ == "Median"
     for value, words in [
         ("no_such_module_xyz:Rule", "cannot import module 'no_such_module_xyz'"),
-        ("peer.aggregation.robust:Nope", "has no attribute 'Nope'"),
-        ("peer.aggregation.robust:math", "is not a class"),
-        ("peer.aggregation.rules:RoundInputs", "has no __call__"),
+        ("dfedrw.peer.aggregation.robust:Nope", "has no attribute 'Nope'"),
+        ("dfedrw.peer.aggregation.robust:math", "is not a class"),
+        ("dfedrw.peer.aggregation.rules:RoundInputs", "has no __call__"),
     ]:
         with pytest.raises(ScenarioError) as err:
             load_scenario(None, [f"aggregation.rule='{value}'"])
@@ -87,9 +87,9 @@ def test_a_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
 def test_entry_point_plugins_are_listed_and_resolved(monkeypatch):
     from importlib.metadata import EntryPoint
 
-    from peer.aggregation import CRS_REGISTRY
+    from dfedrw.peer.aggregation import CRS_REGISTRY
 
-    ep = EntryPoint(name="lab_softmax", value="peer.aggregation.crs:Softmax", group="dfedrw.crs")
+    ep = EntryPoint(name="lab_softmax", value="dfedrw.peer.aggregation.crs:Softmax", group="dfedrw.crs")
     monkeypatch.setattr(CRS_REGISTRY, "_plugins", {"lab_softmax": ep})
     assert CRS_REGISTRY.names()[-1] == "lab_softmax" and CRS_REGISTRY.resolve("lab_softmax") is Softmax
     s = load_scenario(None, ["aggregation.crs=lab_softmax", "aggregation.crs_params.lab_softmax.temperature=2"])
@@ -226,7 +226,7 @@ COMMITTED_RUNS = sorted((ROOT / "docs" / "results" / "data").glob("*/runs/*/scen
 
 
 def test_every_committed_run_keeps_its_folder_hash():
-    from experiments.sweep import scenario_key
+    from dfedrw.experiments.sweep import scenario_key
 
     assert len(COMMITTED_RUNS) > 100
     wrong = []
@@ -251,13 +251,13 @@ def test_readme_registry_tables_are_what_the_registries_render():
 
 
 def test_dfedrw_list_prints_names_settings_and_summaries(capsys):
-    from experiments.cli import main
+    from dfedrw.experiments.cli import main
 
     assert main(["list", "rules"]) == 0
     out = capsys.readouterr().out
     assert "balance" in out and "gamma: float = 2.0" in out and "BALANCE: accept neighbours" in out
-    assert main(["list", "crs", "--plugin", "peer.aggregation.crs:Softmax"]) == 0
-    assert "peer.aggregation.crs:Softmax" in capsys.readouterr().out
+    assert main(["list", "crs", "--plugin", "dfedrw.peer.aggregation.crs:Softmax"]) == 0
+    assert "dfedrw.peer.aggregation.crs:Softmax" in capsys.readouterr().out
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert all(f"{kind} (settings" in out for kind in REGISTRIES)

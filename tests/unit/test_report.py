@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from experiments.cli import main
-from experiments.plots import accuracy_curve, make_plots, mean_weights
-from experiments.report import (
+from dfedrw.experiments.cli import main
+from dfedrw.experiments.plots import accuracy_curve, make_plots, mean_weights
+from dfedrw.experiments.report import (
     MAX_NOT_STARTED_LISTED,
     Missing,
     ReportError,

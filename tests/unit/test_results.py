@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from experiments.cli import main
-from peer.config import dump_scenario
-from peer.results import RoundLog, check_fresh_out_dir, read_rounds, summarize, write_json_atomic
+from dfedrw.experiments.cli import main
+from dfedrw.peer.config import dump_scenario
+from dfedrw.peer.results import RoundLog, check_fresh_out_dir, read_rounds, summarize, write_json_atomic
 
 
 def write_peer(out, k, role, acc, gacc, weights_per_round, completed=True):

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.aggregation import (
+from dfedrw.peer.aggregation import (
     QFDFL,
     RULE_REGISTRY,
     AccuracyAboveMean,
@@ -660,7 +660,7 @@ def test_geometric_median_stays_near_the_honest_rows(data):
 
 
 def test_centered_clipping_hand_computed():
-    from peer.aggregation.robust import CenteredClipping
+    from dfedrw.peer.aggregation.robust import CenteredClipping
 
     # Prepare: own (0, 0), neighbours (3, 4) at distance 5 and (0, 1) at distance 1; tau = 2,
     # one iteration from v = own: shares s = (1, 2/5, 1), C = 3,
@@ -691,7 +691,7 @@ def test_centered_clipping_hand_computed():
                                               ({"iterations": 0}, "iterations must be >= 1"),
                                               ({"iterations": 1.5}, "iterations must be an integer")])
 def test_centered_clipping_refuses_bad_settings(params, message):
-    from peer.aggregation.robust import CenteredClipping
+    from dfedrw.peer.aggregation.robust import CenteredClipping
 
     with pytest.raises(ValueError, match=f"CenteredClipping: {message}"):
         CenteredClipping(**params)

@@ -12,9 +12,9 @@ from pathlib import Path
 import tomli_w
 import pytest
 
-from experiments import sweep
-from experiments.cli import main
-from experiments.sweep import (
+from dfedrw.experiments import sweep
+from dfedrw.experiments.cli import main
+from dfedrw.experiments.sweep import (
     SweepError,
     expand,
     load_grid,
@@ -24,7 +24,7 @@ from experiments.sweep import (
     scenario_text,
     toml_value,
 )
-from peer.config import dump_scenario, load_scenario, scenario_changes
+from dfedrw.peer.config import dump_scenario, load_scenario, scenario_changes
 from tests.helpers import quiet_console
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
-from topologies import (
+from dfedrw.topologies import (
     TOPOLOGY_KINDS,
     Topology,
     build_topology,

@@ -5,9 +5,9 @@ tests/integration/test_torchrun_rendezvous.py)."""
 import pytest
 import torch
 
-from launch import torchrun as tr
-from peer.transport import torchdist
-from peer.transport.serde import decode, encode, join_chunks, TensorSpec
+from dfedrw.launch import torchrun as tr
+from dfedrw.peer.transport import torchdist
+from dfedrw.peer.transport.serde import decode, encode, join_chunks, TensorSpec
 
 SPECS = (TensorSpec("0.weight", "float32", (3, 4)), TensorSpec("0.bias", "float32", (3,)))
 

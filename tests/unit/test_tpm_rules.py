@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.aggregation import (
+from dfedrw.peer.aggregation import (
     RULE_REGISTRY,
     TPM_REGISTRY,
     Accuracy,

@@ -1,8 +1,8 @@
 import torch
 
-from peer.data import Dataset
-from peer.models import build_model, get_vector, set_vector
-from peer.training import LocalTrainer, VectorEvaluator, evaluate
+from dfedrw.peer.data import Dataset
+from dfedrw.peer.models import build_model, get_vector, set_vector
+from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
 
 
 def data(n=50, d=6, k=3, seed=0):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from peer.node import Client
-from peer.transport.inproc import InprocHub, InprocTransport
-from peer.transport.grpc_transport import CallLimits, MessageSplitter, PeerServicer, handle_push, split_messages
-from peer.transport.inbox import Inbox
-from peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
+from dfedrw.peer.node import Client
+from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
+from dfedrw.peer.transport.grpc_transport import CallLimits, MessageSplitter, PeerServicer, handle_push, split_messages
+from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
 
 SPECS = (TensorSpec("0.weight", "float32", (3, 4)), TensorSpec("0.bias", "float32", (3,)))
 D = 15
@@ -208,7 +208,7 @@ def test_a_stale_message_is_no_sign_of_life():
 def test_rejections_and_stale_messages_are_counted_each_but_logged_rarely(caplog):
     inbox = Inbox(0, [1], 3, 2)
     inbox.advance(5)
-    with caplog.at_level(logging.INFO, logger="peer.transport.inbox"):
+    with caplog.at_level(logging.INFO, logger="dfedrw.peer.transport.inbox"):
         for _ in range(1000):
             inbox.offer(msg(2, 5))  # not a neighbour
             inbox.offer(msg(1, 99))  # far future
@@ -458,7 +458,7 @@ def test_the_bucket_refills_each_round_of_the_receiver():
 
 @pytest.mark.parametrize("model", ["softmax_regression", "mlp"])
 def test_a_receiver_buffers_no_more_than_the_models_size_per_call(small_scenario, tmp_path, model):
-    from peer.node import grpc_transport_for, scenario_model_specs
+    from dfedrw.peer.node import grpc_transport_for, scenario_model_specs
 
     scenario = small_scenario(f"train.model={model}", "train.hidden=8", "network.tls=off")
     transport = grpc_transport_for(scenario, "127.0.0.1", 0)

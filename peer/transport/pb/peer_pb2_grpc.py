@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from peer.transport.pb import peer_pb2 as peer_dot_transport_dot_pb_dot_peer__pb2
+from dfedrw.peer.transport.pb import peer_pb2 as dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in peer/transport/pb/peer_pb2_grpc.py depends on'
+        + ' but the generated code in dfedrw/peer/transport/pb/peer_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class PeerStub:
         """
         self.PushOne = channel.unary_unary(
                 '/peer.transport.pb.Peer/PushOne',
-                request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-                response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+                request_serializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+                response_deserializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
                 _registered_method=True)
         self.Push = channel.stream_unary(
                 '/peer.transport.pb.Peer/Push',
-                request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-                response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+                request_serializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+                response_deserializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
                 _registered_method=True)
         self.Exchange = channel.stream_stream(
                 '/peer.transport.pb.Peer/Exchange',
-                request_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-                response_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+                request_serializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+                response_deserializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
                 _registered_method=True)
 
 
@@ -82,18 +82,18 @@ def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'PushOne': grpc.unary_unary_rpc_method_handler(
                     servicer.PushOne,
-                    request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
-                    response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
+                    request_deserializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
+                    response_serializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
             ),
             'Push': grpc.stream_unary_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
-                    response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
+                    request_deserializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
+                    response_serializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
             ),
             'Exchange': grpc.stream_stream_rpc_method_handler(
                     servicer.Exchange,
-                    request_deserializer=peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
-                    response_serializer=peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
+                    request_deserializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.FromString,
+                    response_serializer=dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -121,8 +121,8 @@ class Peer:
             request,
             target,
             '/peer.transport.pb.Peer/PushOne',
-            peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-            peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+            dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+            dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -148,8 +148,8 @@ class Peer:
             request_iterator,
             target,
             '/peer.transport.pb.Peer/Push',
-            peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-            peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+            dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+            dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -175,8 +175,8 @@ class Peer:
             request_iterator,
             target,
             '/peer.transport.pb.Peer/Exchange',
-            peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
-            peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
+            dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.ModelChunk.SerializeToString,
+            dfedrw_dot_peer_dot_transport_dot_pb_dot_peer__pb2.PushReply.FromString,
             options,
             channel_credentials,
             insecure,
