@@ -11,10 +11,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def test_aggregation_and_attacks_import_no_transport():
     # Prepare: a fresh interpreter, so modules other tests imported do not count
     code = (
-        "import peer.aggregation, peer.attacks, sys; "
+        "import dfedrw.peer.aggregation, dfedrw.peer.attacks, sys; "
         "assert not any(m.split('.')[0] in ('grpc', 'zmq') for m in sys.modules), "
         "sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'zmq')); "
-        "assert 'peer.transport' not in sys.modules"
+        "assert 'dfedrw.peer.transport' not in sys.modules and 'peer' not in sys.modules"
     )
 
     # Execute

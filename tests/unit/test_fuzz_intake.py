@@ -406,7 +406,7 @@ def test_fuzz_100000_generated_bad_messages_and_the_log_stays_under_1_mb(client,
     assert size < 1_000_000
     assert "Traceback" not in text
     # Every line is one the client wrote: nothing from a message started a line of its own.
-    assert all(" peer." in line for line in text.splitlines())
+    assert all(" dfedrw.peer." in line for line in text.splitlines())
 
 
 # Hypothesis: arbitrary protobuf chunk lists built field by field.
