@@ -157,16 +157,23 @@ class Liveness:
 
     limit: int
     missed: dict[int, int] = field(default_factory=dict)
+    given_up: set[int] = field(default_factory=set)  # marked gone here, not since waited for
 
     def update(self, inbox: Inbox, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
         for k in expected:
+            if k in self.given_up:
+                # Waited for again (it came back): it gets the same number of deadlines as at
+                # first, and is given up again when it misses them all.
+                self.given_up.discard(k)
+                self.missed[k] = 0
             if k in arrived:
                 self.missed[k] = 0
             else:
                 self.missed[k] = self.missed.get(k, 0) + 1
-                if self.missed[k] == self.limit:
+                if self.missed[k] >= self.limit:
                     log.warning("client %d: neighbour %d missed %d deadlines, no longer waiting for it", inbox.own_id, k, self.limit)
                     inbox.set_gone(k)
+                    self.given_up.add(k)
 
 
 class Stopped(RuntimeError):
@@ -239,8 +246,11 @@ class Client:
         # Neighbours that came back after being presumed gone -> the first round they sent:
         # they are not waited for before it.
         self._back_at: dict[int, int] = {}
-        self._back_since: dict[int, float] = {}
-        self._rearmed: set[int] = set()  # taken back on a late message since last heard in step  # when each came back (monotonic seconds)
+        self._back_since: dict[int, float] = {}  # when each came back (monotonic seconds)
+        self._rearmed: set[int] = set()  # taken back on a late message since last heard in step
+        # Neighbours our server shut out for sending past their rate bound, not heard from
+        # since: alive, so still sent every model (see _send_all), but not waited for.
+        self._shut_out: set[int] = set()
         self._last_sent: tuple[int, list] | None = None  # (round, chunks) this client sent last
         self._rejoining = 0  # rounds left in which to skip ahead to neighbours found further on
         self._stale_round: int | None = None  # the round whose aggregate replaces a stale model
@@ -306,6 +316,7 @@ class Client:
         neighbour was presumed gone, so to it only as an occasional probe), send it again."""
         self._back_at[peer] = round_
         self._back_since[peer] = time.monotonic()
+        self._shut_out.discard(peer)
         log.warning("client %d: neighbour %d is back (round %d); waiting for it again", self.id, peer, round_)
         reconnect = getattr(self.transport, "reconnect", None)
         if reconnect is not None:
@@ -314,12 +325,23 @@ class Client:
         if last is not None and last[0] == round_:
             self.transport.send(peer, last[1])
 
-    def _on_reachability(self, peer: int, reachable: bool) -> None:
-        if not reachable and time.monotonic() - self._back_since.get(peer, -1e9) < self.scenario.network.round_timeout:
+    def _on_reachability(self, peer: int, state: str) -> None:
+        if state == "shut_out":
+            # Our server refuses its calls for a while: nothing it sends can arrive until then.
+            # Its next accepted message brings it back (see _accept).
+            self._shut_out.add(peer)
+            if peer not in self.inbox.gone():
+                log.warning("client %d: neighbour %d is shut out for sending past its rate bound, no longer waiting for it", self.id, peer)
+                self.inbox.set_gone(peer)
+            return
+        if state != "unreachable":
+            return
+        if time.monotonic() - self._back_since.get(peer, -1e9) < self.scenario.network.round_timeout:
             # It just sent us a model: alive. What failed is a send on our channel to its
             # earlier process; missed deadlines will tell if it is gone again.
             return
-        if not reachable and peer not in self.inbox.gone():
+        self._shut_out.discard(peer)  # only probed from now on
+        if peer not in self.inbox.gone():
             log.warning("client %d: neighbour %d unreachable, no longer waiting for it", self.id, peer)
             self.inbox.set_gone(peer)
 
@@ -428,7 +450,10 @@ class Client:
             # A neighbour presumed gone only gets a probe now and then: a send to a silently
             # dead host hangs until its timeout, but two clients that lost each other must keep
             # probing or neither would ever hear from the other again.
-            if k in gone and round_ % _PROBE_EVERY:
+            # A neighbour we shut out is alive (it just sent too much): it still gets every
+            # model, else it would wait out its deadlines for ours and hold up its own
+            # neighbours in turn.
+            if k in gone and k not in self._shut_out and round_ % _PROBE_EVERY:
                 continue
             self.transport.send(k, chunks)
 

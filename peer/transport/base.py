@@ -19,8 +19,10 @@ from dfedrw.peer.transport.pb import peer_pb2 as pb
 # The id is the one the transport verified (gRPC: the peer certificate; torch.distributed and
 # in-process: the sending rank or thread); None when the transport authenticates nobody.
 Deliver = Callable[[Iterable[pb.ModelChunk], int | None], tuple[bool, str, int]]
-# (peer id, reachable) -> None
-Reachability = Callable[[int, bool], None]
+# (peer id, state) -> None. States: "reachable" (it answered), "unreachable" (a send or
+# receive failed for good), "shut_out" (this client's server refuses the peer's calls for a
+# while: it sent past its rate bound, so nothing it sends can arrive until then).
+Reachability = Callable[[int, str], None]
 
 
 class Transport(Protocol):

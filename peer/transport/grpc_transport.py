@@ -24,7 +24,7 @@ import math
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -253,8 +253,12 @@ class PeerServicer(pb_grpc.PeerServicer):
         run_id: str | None = None,
         limits: CallLimits | None = None,
         max_chunks: int | None = None,
+        on_shut_out: Callable[[int], None] | None = None,
     ) -> None:
         self._deliver = deliver
+        # Told the id of an authenticated sender when it is shut out (its messages cannot
+        # arrive until the time is up, so the client need not wait for them).
+        self._on_shut_out = on_shut_out or (lambda sender: None)
         self._max_bytes = max_bytes
         self._max_chunks = max_chunks
         self._run_id = run_id
@@ -331,6 +335,8 @@ class PeerServicer(pb_grpc.PeerServicer):
                 self._end(task, "blocked")
         who = f"client {caller.key}" if isinstance(caller.key, int) else f"host {caller.key[1]}"
         log.warning("%s kept sending past its rate bound: its calls are ended and it is refused for %.0f s", who, self.limits.block_seconds)
+        if isinstance(caller.key, int):
+            self._on_shut_out(caller.key)
 
     def _end(self, task: asyncio.Task, reason: str) -> None:
         """End another open call: its handler answers with ``reason``'s status."""
@@ -642,7 +648,7 @@ class _Sender:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             code = await call.code()
             if code == grpc.StatusCode.UNAVAILABLE:
-                self.transport._on_reachability(self.peer, False)
+                self.transport._on_reachability(self.peer, "unreachable")
             else:
                 log.debug("call to %d ended: %s", self.peer, code)
         finally:
@@ -685,7 +691,7 @@ class _Sender:
                 self.queue.popleft()  # queued in round order: the oldest go first
                 self.skipped_stale += 1
         self.transport.peer_replies[self.peer] = (reply.round, reply.accepted, reply.reason)
-        self.transport._on_reachability(self.peer, True)
+        self.transport._on_reachability(self.peer, "reachable")
         if not reply.accepted:
             log.debug("peer %d refused a message of ours: %s", self.peer, reply.reason)
 
@@ -723,7 +729,7 @@ class GrpcTransport:
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._senders: dict[int, _Sender] = {}
         self._sized: tuple[list[pb.ModelChunk] | None, int] = (None, 0)
-        self._on_reachability: Reachability = lambda peer, ok: None
+        self._on_reachability: Reachability = lambda peer, state: None
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
         self._closed_stale = 0  # skipped_stale of the senders already closed
@@ -772,6 +778,7 @@ class GrpcTransport:
             self._servicer = PeerServicer(
                 deliver, self.max_message_bytes, self.identity.run_id if self.identity else None,
                 limits=self.limits, max_chunks=self._max_chunks,
+                on_shut_out=lambda sender: self._on_reachability(sender, "shut_out"),
             )
             pb_grpc.add_PeerServicer_to_server(self._servicer, server)
             try:

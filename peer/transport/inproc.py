@@ -41,7 +41,7 @@ class InprocTransport:
         self.hub = hub
         self.address = address
         self._peers: dict[int, str] = {}
-        self._on_reachability: Reachability = lambda peer, ok: None
+        self._on_reachability: Reachability = lambda peer, state: None
         self.bytes_sent = 0
         # Delivery is synchronous: nothing ever waits in a queue.
         self.dropped = 0
@@ -64,7 +64,7 @@ class InprocTransport:
             return
         deliver = self.hub.receiver(address)
         if deliver is None:  # that client has finished or failed
-            self._on_reachability(to, False)
+            self._on_reachability(to, "unreachable")
             return
         self.bytes_sent += sum(c.ByteSize() for c in chunks)
         deliver(iter(chunks), None)  # threads of one process: nobody to authenticate

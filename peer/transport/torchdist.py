@@ -150,7 +150,7 @@ class TorchDistTransport:
         self.skipped_stale = 0  # no replies on this transport: it never learns a receiver's round
         self.malformed = 0  # received messages that were no ModelChunk
         self._deliver: Deliver | None = None
-        self._on_reachability: Reachability = lambda peer, ok: None
+        self._on_reachability: Reachability = lambda peer, state: None
         self._lock = threading.Condition()
         self._queues: dict[int, deque] = {}
         self._unsent = 0
@@ -267,7 +267,7 @@ class TorchDistTransport:
                     self._unsent -= len(queue) + (data is not None)
                     queue.clear()
                     self._lock.notify_all()
-                self._on_reachability(peer, False)
+                self._on_reachability(peer, "unreachable")
                 return
             with self._lock:
                 self._unsent -= 1
@@ -299,4 +299,4 @@ class TorchDistTransport:
             log.warning("client %d: stream from %d out of step, no longer receiving from it: %s", self.rank, peer, exc)
         except RuntimeError as exc:
             log.warning("client %d: receiving from %d failed, no longer receiving from it: %s", self.rank, peer, exc)
-        self._on_reachability(peer, False)
+        self._on_reachability(peer, "unreachable")

@@ -79,7 +79,7 @@ class Neighbour:
         self.receiver, self.period = receiver, period
         self.transport = grpc_transport_for(scenario, "127.0.0.1", 0, identity=identity)
         self.transport.start(lambda chunks, sender: (True, "", 0))
-        self.transport.connect({0: receiver.address}, lambda peer, ok: None)
+        self.transport.connect({0: receiver.address}, lambda peer, state: None)
         assert self.transport.wait_ready(10.0) == []
         self.sent = 0
         self.stop = threading.Event()
@@ -296,7 +296,7 @@ def test_an_idle_call_is_ended_and_the_sender_reopens_for_its_next_message(run, 
     sender.start(lambda chunks, s: (True, "", 0))
     try:
         codes, took = on_loop(idle_calls(), timeout=30)
-        sender.connect({0: receiver.address}, lambda peer, ok: None)
+        sender.connect({0: receiver.address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         sender.send(0, encode(1, 0, vec(0), SPECS))
         sender.flush(10.0)
@@ -321,7 +321,7 @@ def test_a_sender_lets_its_own_idle_call_go_before_the_receiver_ends_it(run, sma
     sender = grpc_transport_for(quick, "127.0.0.1", 0, identity=identity(1))
     sender.start(lambda chunks, s: (True, "", 0))
     try:
-        sender.connect({0: receiver.address}, lambda peer, ok: None)
+        sender.connect({0: receiver.address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         for r in range(3):
             sender.send(0, encode(1, r, vec(r), SPECS))

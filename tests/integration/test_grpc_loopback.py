@@ -58,7 +58,7 @@ def test_grpc_stream_delivers_every_message_in_order_over_loopback():
 
     sender, receiver, address = _pair(deliver)
     try:
-        sender.connect({1: address}, lambda peer, ok: None)
+        sender.connect({1: address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         for r in range(12):
             sender.send(1, encode(0, r, vec(r), SPECS, chunk_bytes=16))
@@ -77,16 +77,16 @@ def test_grpc_sender_reports_a_neighbour_that_went_away():
     sender, receiver, address = _pair(lambda chunks, sender=None: (len(list(chunks)) > 0, "", 0))
     events = []
     try:
-        sender.connect({1: address}, lambda peer, ok: events.append((peer, ok)))
+        sender.connect({1: address}, lambda peer, state: events.append((peer, state)))
         sender.send(1, encode(0, 0, vec(), SPECS))
         sender.flush(10.0)
-        assert (1, True) in events
+        assert (1, "reachable") in events
         receiver.close()
         deadline = time.monotonic() + 15
-        while (1, False) not in events and time.monotonic() < deadline:
+        while (1, "unreachable") not in events and time.monotonic() < deadline:
             sender.send(1, encode(0, 1, vec(), SPECS))
             time.sleep(0.2)
-        assert (1, False) in events
+        assert (1, "unreachable") in events
     finally:
         sender.close()
 
@@ -111,7 +111,7 @@ class _SlowFirstReply:
         return True, "", m.round
 
     def queue_behind_the_first(self, sender, address, later_rounds):
-        sender.connect({1: address}, lambda peer, ok: None)
+        sender.connect({1: address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
         assert self.first_in.wait(10.0)
@@ -152,7 +152,7 @@ def test_grpc_sender_gives_up_on_an_overdue_reply_and_opens_a_new_call():
     sender, receiver, address = _slow_pair(deliver)
     sender.send_timeout = 0.5
     try:
-        sender.connect({1: address}, lambda peer, ok: None)
+        sender.connect({1: address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         sender.send(1, encode(0, 0, vec(), SPECS, chunk_bytes=16))
         sender.send(1, encode(0, 1, vec(1), SPECS, chunk_bytes=16))

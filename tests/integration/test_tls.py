@@ -54,7 +54,7 @@ def test_the_receiver_learns_the_sender_from_its_certificate(run):
     sender = GrpcTransport("127.0.0.1", 0, identity=load_identity(tmp / "run", 2))
     sender.start(lambda chunks, s: (True, "", 0))
     try:
-        sender.connect({0: receiver.address}, lambda peer, ok: None)
+        sender.connect({0: receiver.address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         for r in range(3):
             sender.send(0, encode(2, r, vec(r), SPECS))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.node import Client
+from dfedrw.peer.node import Client, Liveness
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.grpc_transport import CallLimits, MessageSplitter, PeerServicer, handle_push, split_messages
 from dfedrw.peer.transport.inbox import Inbox
@@ -205,6 +205,22 @@ def test_a_stale_message_is_no_sign_of_life():
     assert 2 not in inbox.gone()
 
 
+def test_a_neighbour_that_came_back_and_goes_silent_again_is_given_up_again():
+    """Each absence costs at most max_missed_rounds deadlines, not only the first: a neighbour
+    that came back and fell silent again used to be waited for until the deadline every round."""
+    inbox, liveness = Inbox(0, [1, 2], 3, 2), Liveness(2)
+    given_up = []
+    for r in range(12):
+        expected = frozenset({1, 2}) - inbox.gone()
+        liveness.update(inbox, expected, {1: object()})  # 2 never delivers
+        given_up.append(2 in inbox.gone())
+        if r == 5:
+            inbox.set_gone(2, False)  # it came back (a message of the window arrived)
+    # Gone after its second miss; back after round 5, gone again after its next two misses.
+    assert given_up == [False, True, True, True, True, True, False, True, True, True, True, True]
+    assert liveness.missed[1] == 0
+
+
 def test_rejections_and_stale_messages_are_counted_each_but_logged_rarely(caplog):
     inbox = Inbox(0, [1], 3, 2)
     inbox.advance(5)
@@ -326,6 +342,17 @@ class FakeContext:
         return "ipv4:127.0.0.1:50000"
 
 
+class CertifiedContext(FakeContext):
+    """A call whose TLS handshake verified a certificate naming client ``sender`` of run ``run``."""
+
+    def __init__(self, run, sender):
+        super().__init__()
+        self.uri = f"dfedrw://{run}/client/{sender}".encode()
+
+    def auth_context(self):
+        return {"peer_uri": [self.uri]}
+
+
 def exchange(servicer, chunks, context=None):
     """The replies of the servicer's Exchange handler to a call carrying ``chunks``."""
     context = context or FakeContext()
@@ -353,6 +380,33 @@ def test_a_client_answers_with_its_round(small_scenario, tmp_path):
         assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
         assert peer.deliver(iter(encode(1, 5, good, peer.specs))) == (False, "stale_round", 7)
         assert peer.deliver(iter(encode(2, 7, good, peer.specs))) == (False, "not_neighbour", 7)
+    finally:
+        peer.close()
+
+
+def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(small_scenario, tmp_path):
+    scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0")
+    peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
+    try:
+        good = torch.zeros(sum(s.numel for s in peer.specs))
+        peer.inbox.advance(7)
+        peer._on_reachability(1, "reachable")
+        assert peer.inbox.gone() == frozenset()
+        # Its messages cannot arrive while our server refuses its calls: right away, no
+        # deadline is spent on it, even if it sent a model a moment ago.
+        assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
+        peer._on_reachability(1, "shut_out")
+        assert peer.inbox.gone() == {1}
+        # It is alive: it still gets every model, unlike a neighbour that cannot be reached.
+        sent = []
+        peer.transport.send = lambda to, chunks: sent.append(to)
+        peer.inbox.set_gone(3)
+        for r in range(1, 5):
+            peer._send_all(r, good, 10, (1, 3), 0.0)
+        assert sent == [1, 1, 1, 1]
+        # Once let in again, its next message of the window brings it back.
+        assert peer.deliver(iter(encode(1, 8, good, peer.specs))) == (True, "", 7)
+        assert peer.inbox.gone() == {3} and peer._back_at == {1: 8} and peer._shut_out == set()
     finally:
         peer.close()
 
@@ -439,6 +493,21 @@ def test_a_sender_past_its_bucket_is_answered_rate_limited_then_shut_out():
     assert replies == [] and refusal == grpc.StatusCode.RESOURCE_EXHAUSTED and len(delivered) == 4
     assert 0.25 < time.monotonic() - t0 < 5
     assert servicer.refused["blocked"] == 2
+
+
+def test_the_client_is_told_which_authenticated_sender_was_shut_out():
+    """So that it stops waiting for a neighbour whose messages cannot arrive for a while. A
+    sender known only by its address (no TLS) is no client id: nobody is named."""
+    limits = CallLimits(burst=2, per_round=0, per_second=0.0, block_seconds=60.0)
+    flood = [encode(1, 0, vec(), SPECS)] * 20
+    shut_out = []
+    servicer = PeerServicer(lambda chunks, sender=None: (False, "stale_round", 0), 1 << 20, "run1", limits=limits, on_shut_out=shut_out.append)
+    replies = exchange(servicer, [c for m in flood for c in m], CertifiedContext("run1", 3))
+    assert [r.reason for r in replies] == ["stale_round"] * 2 + ["rate_limited"] * 4
+    assert shut_out == [3] and servicer.refused["disconnected"] == 1
+    anonymous = PeerServicer(lambda chunks, sender=None: (False, "stale_round", 0), 1 << 20, limits=limits, on_shut_out=shut_out.append)
+    exchange(anonymous, [c for m in flood for c in m])
+    assert anonymous.refused["disconnected"] == 1 and shut_out == [3]
 
 
 def test_the_bucket_refills_each_round_of_the_receiver():
