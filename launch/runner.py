@@ -30,11 +30,15 @@ def run_scenario(
     ``certs``: a certificate folder for the clients (default: new ones in ``out_dir/certs``)."""
     out = Path(out_dir) if out_dir else default_out_dir()
     check_fresh_out_dir(out, range(scenario.num_clients))
-    if scenario.network.transport == "torch":
+    if scenario.network.transport == "torch" and scenario.engine.name == "clients":
         raise ValueError(
             "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
         )
     console = console or Console(stderr=True)
+    if scenario.engine.name == "batched":
+        from dfedrw.launch.batched import run_batched
+
+        return out, run_batched(scenario, out, console=console)
     if scenario.network.transport == "inproc":
         from dfedrw.launch.inproc import run_inproc
 

@@ -13,6 +13,7 @@ A scenario file has the sections below (every key optional; defaults in the data
                   connect_timeout, chunk_bytes, max_message_bytes
     [eval]        every
     [checkpoint]  every
+    [engine]      name (clients, batched), device
     [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
 
 A rule, TPM, CRS or attack is a class registered by name (peer/aggregation/registry.py) or an
@@ -556,6 +557,30 @@ class CheckpointConfig:
         _in_range("checkpoint.every", self.every, 0, MAX_ROUNDS)
 
 
+ENGINES = ("clients", "batched")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a run is computed; not part of what the experiment is (a run's identity leaves it out).
+
+    ``clients``: every client is its own :class:`~dfedrw.peer.node.Client`, a process, a thread
+    or a torchrun rank as ``network.transport`` says: the deployment and the parity reference.
+    ``batched``: one process holds every honest client's model in one tensor and runs each
+    round for all of them at once (no network, no deadlines), calling the same rule and attack
+    classes; for experiments (sweeps use it unless a sweep names an engine).
+    ``device``: where the batched engine computes ("cpu", "cuda" or "cuda:N").
+    """
+
+    name: str = "clients"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        _choice("engine.name", self.name, ENGINES)
+        if not (self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ScenarioError(f"engine.device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+
+
 @dataclass(frozen=True)
 class Scenario:
     seed: int = 43
@@ -568,6 +593,7 @@ class Scenario:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     # Client id -> aggregation overrides (keys of [aggregation]).
     peers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -614,6 +640,7 @@ _SECTIONS: dict[str, type] = {
     "network": NetworkConfig,
     "eval": EvalConfig,
     "checkpoint": CheckpointConfig,
+    "engine": EngineConfig,
 }
 _TOP_SCALARS = ("seed", "rounds")
 
@@ -756,8 +783,10 @@ def _legacy_view(section: str, head: dict[str, Any], order: Sequence[str], table
 
 
 def _identity_dict(scenario: Scenario) -> dict[str, Any]:
-    """:func:`scenario_to_dict` with [aggregation] and [attack] in the legacy flat form."""
+    """:func:`scenario_to_dict` with [aggregation] and [attack] in the legacy flat form, and
+    without [engine] (how a run is computed is not what it is)."""
     out = scenario_to_dict(scenario)
+    del out["engine"]
     agg = scenario.aggregation
     view = _legacy_view(
         "aggregation", {"rule": agg.rule, "tpm": agg.tpm, "crs": agg.crs}, _LEGACY_AGGREGATION_ORDER,

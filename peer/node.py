@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,17 +138,25 @@ class ClientData:
 def client_data(scenario: Scenario, topology: Topology, client_id: int) -> ClientData:
     """Client k's shard, auxiliary subset and test sets. Every client computes the same seeded
     partition over the honest clients and keeps its own part."""
+    return clients_data(scenario, topology, [client_id])[client_id]
+
+
+def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int]) -> dict[int, ClientData]:
+    """:func:`client_data` of several honest clients, the dataset read and partitioned once."""
     d = scenario.data
     train, test = load_dataset(d.name, d.dir or None)
     honest = sorted(topology.honest())
     shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
-    shard = train.subset(shards[honest.index(client_id)])
-    aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
     size = min(d.local_test_size, len(test.y))
-    local = test.subset(
-        local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
-    )
-    return ClientData(train=shard, aux=aux, local_test=local, global_test=test)
+    out = {}
+    for client_id in ids:
+        shard = train.subset(shards[honest.index(client_id)])
+        aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
+        local = test.subset(
+            local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
+        )
+        out[client_id] = ClientData(train=shard, aux=aux, local_test=local, global_test=test)
+    return out
 
 
 @dataclass
@@ -656,7 +664,7 @@ class Client:
             if adopted:
                 record["took_neighbours_model"] = True
             if agg.scores is not None:
-                record["scores"] = {str(k): _finite_or_none(v) for k, v in agg.scores.items()}
+                record["scores"] = {str(k): finite_or_none(v) for k, v in agg.scores.items()}
             every = sc.eval.every
             if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
                 last = {
@@ -747,7 +755,7 @@ def coordinate_median(vectors: torch.Tensor) -> torch.Tensor:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def _finite_or_none(x: float) -> float | None:
+def finite_or_none(x: float) -> float | None:
     x = float(x)
     return round(x, 6) if np.isfinite(x) else None
 

@@ -11,26 +11,21 @@ from torch.nn import functional as F
 from dfedrw.peer.data import Dataset
 
 
-class LocalTrainer:
-    """Plain SGD on a client's shard: ``step()`` takes ``local_steps`` minibatch steps.
+class BatchOrder:
+    """Which samples of a shard each minibatch takes: a seeded permutation of the shard is
+    walked (a new one each epoch), so every sample is used once per epoch. Both engines draw
+    a client's minibatches with it, so equal seeds give equal batches."""
 
-    Minibatches are drawn by walking a seeded permutation of the shard (a new one each epoch),
-    so every sample is used once per epoch.
-    """
-
-    def __init__(self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int) -> None:
-        self.model = model
-        self.data = data
-        self.lr = lr
-        self.batch_size = min(batch_size, len(data.y))
-        self.local_steps = local_steps
+    def __init__(self, size: int, batch_size: int, seed: int) -> None:
+        self.size = size
+        self.batch_size = min(batch_size, size)
         self._gen = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
 
-    def _batch(self) -> torch.Tensor:
+    def next(self) -> torch.Tensor:
         if self._pos + self.batch_size > len(self._order):
-            self._order = torch.randperm(len(self.data.y), generator=self._gen)
+            self._order = torch.randperm(self.size, generator=self._gen)
             self._pos = 0
         idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
@@ -43,18 +38,37 @@ class LocalTrainer:
 
     def load_state(self, generators: dict, arrays: dict, pos: int) -> None:
         order = torch.from_numpy(np.asarray(arrays["order"], dtype=np.int64).copy())
-        if order.ndim != 1 or (len(order) and (int(order.min()) < 0 or int(order.max()) >= len(self.data.y))):
+        if order.ndim != 1 or (len(order) and (int(order.min()) < 0 or int(order.max()) >= self.size)):
             raise ValueError("trainer permutation does not fit this shard")
         if not 0 <= pos <= len(order):
             raise ValueError(f"trainer position {pos} out of range")
         self._gen.set_state(torch.from_numpy(np.asarray(generators["batches"], dtype=np.uint8).copy()))
         self._order, self._pos = order, pos
 
+
+class LocalTrainer:
+    """Plain SGD on a client's shard: ``step()`` takes ``local_steps`` minibatch steps, the
+    minibatches drawn by a :class:`BatchOrder`."""
+
+    def __init__(self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int) -> None:
+        self.model = model
+        self.data = data
+        self.lr = lr
+        self.local_steps = local_steps
+        self.batches = BatchOrder(len(data.y), batch_size, seed)
+        self.batch_size = self.batches.batch_size
+
+    def state(self) -> tuple[dict[str, "np.ndarray"], dict[str, "np.ndarray"], int]:
+        return self.batches.state()
+
+    def load_state(self, generators: dict, arrays: dict, pos: int) -> None:
+        self.batches.load_state(generators, arrays, pos)
+
     def step(self) -> float:
         """Run the local steps; returns the mean minibatch loss (before each step)."""
         total = 0.0
         for _ in range(self.local_steps):
-            idx = self._batch()
+            idx = self.batches.next()
             self.model.zero_grad(set_to_none=True)
             loss = F.cross_entropy(self.model(self.data.x[idx]), self.data.y[idx])
             loss.backward()

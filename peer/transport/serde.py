@@ -78,6 +78,24 @@ class Plausible:
     max_num_samples: int = 10_000_000
     max_train_loss: float = 1e6
 
+    def samples_error(self, num_samples: int) -> WireError | None:
+        if not 1 <= num_samples <= self.max_num_samples:
+            return WireError("implausible_samples", f"declares {num_samples} samples, outside [1, {self.max_num_samples}]")
+        return None
+
+    def values_error(self, low: float, high: float) -> WireError | None:
+        """The error for a model whose smallest and largest values are ``low`` and ``high``
+        (NaN when it holds one), or None when they are plausible."""
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return WireError("non_finite", "the model contains NaN or Inf")
+        if max(-low, high) > self.max_abs_value:
+            return WireError("implausible", f"a value of magnitude {max(-low, high):.3g} > {self.max_abs_value:g}")
+        return None
+
+    def train_loss(self, loss: float) -> float:
+        """A declared training loss as believed: NaN when out of range (absent)."""
+        return loss if 0.0 <= loss <= self.max_train_loss else float("nan")
+
 
 @dataclass(frozen=True)
 class ModelMessage:
@@ -180,26 +198,23 @@ def decode(
     expected = sum(s.nbytes for s in specs)
     if header.total_bytes != expected or len(payload) != expected:
         raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected}")
-    if not 1 <= header.num_samples <= plausible.max_num_samples:
-        raise WireError(
-            "implausible_samples", f"declares {header.num_samples} samples, outside [1, {plausible.max_num_samples}]"
-        )
+    error = plausible.samples_error(header.num_samples)
+    if error is not None:
+        raise error
     if zlib.crc32(payload) != header.crc32:
         raise WireError("bad_checksum", "payload CRC-32 does not match the header")
     array = np.frombuffer(payload, dtype=WIRE_DTYPES["float32"])
     # min/max propagate NaN, so one pass each finds both a non-finite and an out-of-range value.
     low, high = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise WireError("non_finite", "the model contains NaN or Inf")
-    if max(-low, high) > plausible.max_abs_value:
-        raise WireError("implausible", f"a value of magnitude {max(-low, high):.3g} > {plausible.max_abs_value:g}")
+    error = plausible.values_error(low, high)
+    if error is not None:
+        raise error
     vector = torch.from_numpy(array.astype(np.float32, copy=True))
-    loss = header.train_loss
     return ModelMessage(
         sender=header.sender,
         round=header.round,
         vector=vector,
         num_samples=header.num_samples,
         nbytes=wire_bytes,
-        train_loss=loss if 0.0 <= loss <= plausible.max_train_loss else float("nan"),
+        train_loss=plausible.train_loss(header.train_loss),
     )
