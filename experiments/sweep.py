@@ -46,6 +46,7 @@ deleted under it: the sweep refuses to start until it has ended.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import itertools
@@ -314,6 +315,18 @@ def _check_runnable(scenario: Scenario) -> None:
     preflight(scenario)
 
 
+def _names_engine(grid: Grid, points: Sequence[Point]) -> bool:
+    """Whether the grid's base file, ``set``, axes or variants choose ``engine.name``."""
+    if grid.base is not None:
+        try:
+            base = tomllib.loads(Path(grid.base).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            base = {}  # load_scenario reports it, with the point
+        if isinstance(base.get("engine"), Mapping) and "name" in base["engine"]:
+            return True
+    return any(o.split("=", 1)[0].strip() == "engine.name" for p in points for o in p.overrides)
+
+
 def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False) -> Plan:
     """Resolve and validate every point, group identical scenarios, and name their folders.
 
@@ -332,9 +345,11 @@ def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False)
     existing = {p.name.rsplit("-", 1)[-1]: p for p in sorted(runs_dir.iterdir())} if runs_dir.is_dir() else {}
     runs: dict[str, PlannedRun] = {}
     point_runs = []
+    # Sweeps compute with the batched engine unless the grid names an engine.
+    engine = [] if _names_engine(grid, points) else ["engine.name=batched"]
     for i, point in enumerate(points):
         try:
-            scenario = load_scenario(grid.base, point.overrides)
+            scenario = load_scenario(grid.base, [*engine, *point.overrides])
         except ScenarioError as exc:
             raise SweepError(f"point {point.describe()}: {exc}") from None
         key = scenario_key(scenario)
@@ -371,7 +386,9 @@ def run_state(folder: Path, scenario: Scenario) -> str:
         recorded = scenario_from_dict(tomllib.loads((folder / "scenario.toml").read_text(encoding="utf-8")))
     except (OSError, tomllib.TOMLDecodeError, ScenarioError):
         return "different"
-    return "done" if recorded == scenario else "different"
+    # The engine that computed it is not part of what it is (a run of the clients engine is a
+    # finished run of the same scenario for a sweep that uses the batched one).
+    return "done" if dataclasses.replace(recorded, engine=scenario.engine) == scenario else "different"
 
 
 def still_running(folder: Path) -> int | None:
@@ -520,7 +537,7 @@ class SweepBoard:
         self.running += 1
         self._started[run.key] = time.monotonic()
         if not self.interactive:
-            self.line(f"start {run.name}")
+            self.line(f"start {run.name} ({run.scenario.engine.name} engine)")
 
     def finished(self, run: PlannedRun, ok: bool, seconds: float) -> None:
         self.running -= 1

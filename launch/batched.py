@@ -30,14 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.data import TRAIN_SIZES
 from dfedrw.peer.models import build_model
-from dfedrw.peer.aggregation import RoundInputs
+from dfedrw.peer.aggregation import RoundBatch
 from dfedrw.peer.node import client_rule, clients_data, finite_or_none
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack
@@ -59,8 +59,21 @@ def engine_device(name: str) -> torch.device:
     return device
 
 
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - a rule whose equality cannot be decided is its own group
+        return False
+
+
 class _Model:
-    """The scenario's model as a function of a flat parameter vector (``torch.func``)."""
+    """The scenario's model as a function of flat parameter vectors, for many clients at once.
+
+    A ``Sequential`` of ``Linear`` layers and parameter-free layers (the project's models) is
+    run as batched matrix products over the clients, and a test set every client shares goes
+    through each layer as one product for all clients (reading the data once, not once per
+    client). Any other module goes through ``torch.func.vmap`` of ``functional_call``.
+    """
 
     def __init__(self, template: torch.nn.Module, device: torch.device) -> None:
         self.module = template.to(device)
@@ -68,11 +81,53 @@ class _Model:
         self.names = [n for n, _ in named]
         self.shapes = [p.shape for _, p in named]
         self.sizes = [p.numel() for _, p in named]
+        self.plan = _layer_plan(self.module)
 
     def logits(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """One client's logits (its flat parameters ``vector``, inputs ``x [N, F]``)."""
         parts = torch.split(vector, self.sizes)
         params = {n: p.view(s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
         return functional_call(self.module, params, (x,))
+
+    def batch_logits(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Every client's logits ``[C, N, K]``: ``x`` is ``[C, N, F]`` (each client its own
+        inputs) or ``[N, F]`` (inputs all clients share)."""
+        if self.plan is None:
+            return vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))(vectors, x)
+        count, h = len(vectors), x
+        for step in self.plan:
+            if isinstance(step, torch.nn.Module):
+                h = step(h)
+                continue
+            offset, out, inp, bias = step
+            weight = vectors[:, offset : offset + out * inp].view(count, out, inp)
+            b = vectors[:, offset + out * inp : offset + out * inp + out] if bias else None
+            if h.dim() == 2:  # shared inputs: one product for all clients' weights
+                flat = weight.reshape(count * out, inp)
+                y = h @ flat.t() if b is None else torch.addmm(b.reshape(count * out), h, flat.t())
+                h = y.view(len(h), count, out).transpose(0, 1)
+            else:
+                h = torch.bmm(h, weight.transpose(1, 2)) if b is None else torch.baddbmm(b[:, None, :], h, weight.transpose(1, 2))
+        return h
+
+
+def _layer_plan(module: torch.nn.Module) -> list | None:
+    """``module`` as steps (offset, out, in, has bias) for each Linear layer and the layer
+    itself for each parameter-free one; None for any other module."""
+    if not isinstance(module, torch.nn.Sequential):
+        return None
+    plan: list = []
+    offset = 0
+    for layer in module:
+        if isinstance(layer, torch.nn.Linear) and type(layer) is torch.nn.Linear:
+            bias = layer.bias is not None
+            plan.append((offset, layer.out_features, layer.in_features, bias))
+            offset += layer.out_features * layer.in_features + (layer.out_features if bias else 0)
+        elif not any(True for _ in layer.parameters()) and not any(True for _ in layer.buffers()):
+            plan.append(layer)
+        else:
+            return None
+    return plan
 
 
 class BatchedRun:
@@ -105,6 +160,16 @@ class BatchedRun:
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
         self.batches = [BatchOrder(n, t.batch_size, derive_seed(sc.seed, "batches", k)) for k, n in zip(self.honest, sizes, strict=True)]
         self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
+        # Clients whose rules are equal (same class, same settings) form one group: a rule with
+        # a batched method is called once a round for its whole group.
+        self.rule_groups: list[tuple[Any, list[int]]] = []
+        for c, k in enumerate(self.honest):
+            for rule, members in self.rule_groups:
+                if _same(rule, self.rules[k]):
+                    members.append(c)
+                    break
+            else:
+                self.rule_groups.append((self.rules[k], [c]))
         self.aux = {k: VectorEvaluator(template, self.data[k].aux) for k in self.honest}
         self.attack = build_attack(sc, topo.num_clients, len(self.byzantine)) if self.byzantine else None
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
@@ -112,8 +177,6 @@ class BatchedRun:
         self.neighbours = {k: tuple(topo.neighbours(k)) for k in range(topo.num_clients)}
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
         self.silent = dict.fromkeys(self.byzantine, 0)
-        self._step = vmap(grad_and_value(self._loss))
-        self._step_masked = vmap(grad_and_value(self._loss_masked))
 
     def _initial(self, k: int, features: int, classes: int) -> torch.Tensor:
         t = self.scenario.train
@@ -123,15 +186,11 @@ class BatchedRun:
         return torch.zeros_like(vector) if t.init == "zeros" else vector
 
     # -- one round ---------------------------------------------------------------------------
-    def _loss(self, vector: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.model.logits(vector, x), y)
-
-    def _loss_masked(self, vector: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        per = F.cross_entropy(self.model.logits(vector, x), y, reduction="none")
-        return (per * weight).sum()
-
     def local_steps(self) -> list[float]:
-        """Every client's local SGD steps at once; returns each one's mean minibatch loss."""
+        """Every client's local SGD steps at once; returns each one's mean minibatch loss.
+
+        The clients' losses are independent, so the gradient of their sum with respect to the
+        ``[C, P]`` parameters is each client's own gradient in its own row."""
         t = self.scenario.train
         total = [0.0] * len(self.honest)
         for _ in range(t.local_steps):
@@ -139,7 +198,7 @@ class BatchedRun:
             width = max(len(p) for p in picks)
             if all(len(p) == width for p in picks):
                 index = torch.stack(picks).to(self.device) + self.offsets[:, None]
-                grads, losses = self._step(self.models, self.train_x[index], self.train_y[index])
+                weight = None
             else:  # a shard smaller than the batch size: its batch is padded, the padding weighs 0
                 index = torch.zeros(len(picks), width, dtype=torch.long)
                 weight = torch.zeros(len(picks), width)
@@ -147,8 +206,15 @@ class BatchedRun:
                     index[i, : len(p)] = p
                     weight[i, : len(p)] = 1.0 / len(p)
                 index = index.to(self.device) + self.offsets[:, None]
-                grads, losses = self._step_masked(self.models, self.train_x[index], self.train_y[index], weight.to(self.device))
-            self.models.add_(grads, alpha=-t.lr)
+                weight = weight.to(self.device)
+            x, y = self.train_x[index], self.train_y[index]
+            models = self.models.detach().requires_grad_()
+            logits = self.model.batch_logits(models, x)
+            count, batch, classes = logits.shape
+            per = F.cross_entropy(logits.reshape(count * batch, classes), y.reshape(-1), reduction="none").view(count, batch)
+            losses = per.mean(1) if weight is None else (per * weight).sum(1)
+            (grads,) = torch.autograd.grad(losses.sum(), models)
+            self.models = models.detach().add_(grads, alpha=-t.lr)
             total = [a + b for a, b in zip(total, losses.tolist(), strict=True)]
         return [x / t.local_steps for x in total]
 
@@ -203,60 +269,93 @@ class BatchedRun:
 
     def aggregate(self, r: int, reference: torch.Tensor, losses: dict[int, float], byz, refused: dict[int, str]) -> list[dict[str, Any]]:
         """Every honest client's rule on what it received; the models move to the results.
-        Returns the clients' round records, in ``self.honest`` order."""
+        Returns the clients' round records, in ``self.honest`` order.
+
+        The round's candidates are pooled: the honest models (rows 0..C-1, in ``self.honest``
+        order), then each accepted Byzantine message. Clients that share a rule with a
+        ``batched`` method get it called once for all of them; other rules are called per client."""
         sc = self.scenario
-        new = torch.empty_like(self.models)
-        records = []
+        pool = [self.models]
+        pooled = len(self.honest)
+        byz_row = {}
+        for key, (vector, _, _) in byz.items():
+            byz_row[key] = pooled
+            pool.append(vector[None])
+            pooled += 1
+        rows, ids, sizes, declared, missing = [], [], [], [], []
         for k in self.honest:
-            i = self.row[k]
             neighbours = sorted(self.neighbours[k])
             for j in neighbours:
                 if j in refused:
                     self._reject(k, refused[j])
             senders = [j for j in neighbours if (j in self.row and j not in refused) or (j, k) in byz]
-            rows, sizes, declared = [self.models[i]], [self.num_samples[k]], [losses[k]]
+            row, size, loss = [self.row[k]], [self.num_samples[k]], [losses[k]]
             for j in senders:
                 if j in self.row:
-                    rows.append(self.models[self.row[j]])
-                    sizes.append(self.num_samples[j])
-                    declared.append(self.plausible.train_loss(losses[j]))
+                    row.append(self.row[j])
+                    size.append(self.num_samples[j])
+                    loss.append(self.plausible.train_loss(losses[j]))
                 else:
-                    vector, size, loss = byz[(j, k)]
-                    rows.append(vector)
-                    sizes.append(size)
-                    declared.append(loss)
-            agg = self.rules[k](
-                RoundInputs(
-                    own_id=k, round=r, ids=(k, *senders), vectors=torch.stack(rows), num_samples=tuple(sizes),
-                    evaluate=self.aux[k], total_rounds=sc.rounds, declared_losses=tuple(declared), reference=reference[i],
-                )
-            )
-            new[i] = agg.model.to(self.device)
+                    row.append(byz_row[(j, k)])
+                    size.append(byz[(j, k)][1])
+                    loss.append(byz[(j, k)][2])
+            rows.append(tuple(row))
+            ids.append((k, *senders))
+            sizes.append(tuple(size))
+            declared.append(tuple(loss))
+            missing.append(sorted(set(neighbours) - set(senders)))
+        batch = RoundBatch(
+            round=r, vectors=torch.cat(pool) if len(pool) > 1 else self.models, rows=tuple(rows), ids=tuple(ids),
+            num_samples=tuple(sizes), declared_losses=tuple(declared), evaluate=tuple(self.aux[k] for k in self.honest),
+            references=reference, total_rounds=sc.rounds,
+        )
+        results = [None] * len(self.honest)
+        for rule, members in self.rule_groups:
+            if hasattr(rule, "batched"):
+                sub = RoundBatch(
+                    round=r, vectors=batch.vectors, rows=tuple(rows[c] for c in members), ids=tuple(ids[c] for c in members),
+                    num_samples=tuple(sizes[c] for c in members), declared_losses=tuple(declared[c] for c in members),
+                    evaluate=tuple(batch.evaluate[c] for c in members), references=reference[members], total_rounds=sc.rounds,
+                ) if len(members) < len(self.honest) else batch
+                for c, agg in zip(members, rule.batched(sub), strict=True):
+                    results[c] = agg
+            else:
+                for c in members:
+                    results[c] = rule(batch.one(c))
+        self.models = torch.stack([agg.model for agg in results]).to(self.device)
+        records = []
+        for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
             record: dict[str, Any] = {
                 "round": r,
                 "train_loss": losses[k],
                 "weights": {str(s): round(float(w), 6) for s, w in agg.weights.items()},
                 "bytes_sent": 0,
                 "bytes_received": 0,
-                "missing": sorted(set(neighbours) - set(senders)),
+                "missing": missing[c],
             }
             if agg.scores is not None:
                 record["scores"] = {str(s): finite_or_none(v) for s, v in agg.scores.items()}
             records.append(record)
-        self.models = new
         return records
 
     @torch.no_grad()
     def accuracies(self) -> dict[int, dict[str, float]]:
-        """Each honest client's local and global test accuracy (percent), as a client measures it."""
-        out = {}
+        """Each honest client's local and global test accuracy (percent), as a client measures
+        it. The global test set is the same for all: it goes through the model once for a
+        block of clients (blocks bounded so the logits stay under ~64 M values)."""
+        out: dict[int, dict[str, float]] = {k: {} for k in self.honest}
         for k in self.honest:
-            w = self.models[self.row[k]]
-            result = {}
-            for key, data in (("accuracy", self.data[k].local_test), ("global_accuracy", self.data[k].global_test)):
-                logits = self.model.logits(w, data.x)
-                result[key] = 100.0 * float((logits.argmax(1) == data.y).float().mean())
-            out[k] = result
+            data = self.data[k].local_test
+            logits = self.model.logits(self.models[self.row[k]], data.x)
+            out[k]["accuracy"] = 100.0 * float((logits.argmax(1) == data.y).float().mean())
+        test = self.data[self.honest[0]].global_test
+        widest = max(self.scenario.train.hidden, test.num_classes)  # values per sample in the largest layer output
+        block = max(1, (64 << 20) // max(1, len(test.y) * widest))
+        for lo in range(0, len(self.honest), block):
+            logits = self.model.batch_logits(self.models[lo : lo + block], test.x)
+            correct = (logits.argmax(-1) == test.y).float().mean(1).tolist()
+            for k, acc in zip(self.honest[lo : lo + block], correct, strict=True):
+                out[k]["global_accuracy"] = 100.0 * acc
         return out
 
     # -- the run -----------------------------------------------------------------------------
@@ -267,6 +366,8 @@ class BatchedRun:
         (out / "logs").mkdir(parents=True, exist_ok=True)
         dump_scenario(sc, out / "scenario.toml")
         logs = {k: RoundLog(out, k) for k in range(self.topology.num_clients)}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(sc.engine.threads)
         loop_start, cpu_start = time.monotonic(), time.process_time()
         last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
         try:
@@ -292,6 +393,7 @@ class BatchedRun:
                 if on_round is not None:
                     on_round(r)
         finally:
+            torch.set_num_threads(threads)
             for f in logs.values():
                 f.close()
         loop = {"loop_seconds": round(time.monotonic() - loop_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
@@ -301,7 +403,7 @@ class BatchedRun:
         return collect_summary(
             out, sc, pids=dict.fromkeys(range(self.topology.num_clients), os.getpid()), exit_codes=dict.fromkeys(range(self.topology.num_clients), 0),
             wall_seconds=time.monotonic() - start,
-            extra={"interrupted": False, "launcher_pid": os.getpid(), "transport": "none", "engine": "batched", "device": str(self.device)},
+            extra={"interrupted": False, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device)},
         )
 
     def _final(self, k: int, last: dict[str, float], loop: dict[str, float], wall: float) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The launchers' command line. Thin: flags become a scenario and a call into the library.
 
-    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR]
+    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR] [--engine clients|batched]
     dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
     dfedrw certs [SCENARIO] [--set key=value ...] --out DIR [--days N]
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.cli import add_peer_command, dispatch, new_parser, under_torchrun
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config import ENGINES, load_scenario
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dfedrw.launch.runner import run_scenario
 
     stop_on_signals()
-    scenario = load_scenario(args.scenario, args.set)
+    scenario = load_scenario(args.scenario, [*args.set, *([f"engine.name={args.engine}"] if args.engine else [])])
     console = Console(stderr=True)
     out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs)
     print_summary(summary, Console())
@@ -137,11 +137,15 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     """The launchers' command line; ``more`` adds further commands (the experiments' ones)."""
     parser, sub = new_parser()
 
-    run = sub.add_parser("run", help="run a scenario as local client processes")
+    run = sub.add_parser("run", help="run a scenario (as local client processes unless --engine batched)")
     run.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
     run.add_argument("--out", type=Path, default=None, help="results folder (default: a new folder under runs/)")
     run.add_argument("--certs", type=Path, default=None, help="certificate folder from `dfedrw certs` (default: new certificates in OUT/certs)")
+    run.add_argument(
+        "--engine", choices=ENGINES, default=None,
+        help="clients: every client its own process or thread (network.transport); batched: all clients as one tensor in this process, for experiments (same as --set engine.name=...)",
+    )
     run.set_defaults(func=cmd_run)
 
     ce = sub.add_parser("certs", help="make a run's CA and one certificate per client (for compose, several hosts, torchrun)")

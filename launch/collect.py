@@ -45,6 +45,7 @@ def collect_summary(
     )
     # Whether senders were authenticated: a reader of the summary must not have to guess.
     summary["tls"] = scenario.network.tls if scenario.network.transport == "grpc" else f"n/a ({scenario.network.transport} transport)"
+    summary["engine"] = scenario.engine.name
     summary.update(extra or {})
     write_json_atomic(out_dir / "summary.json", summary)
     return summary

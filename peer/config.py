@@ -13,7 +13,7 @@ A scenario file has the sections below (every key optional; defaults in the data
                   connect_timeout, chunk_bytes, max_message_bytes
     [eval]        every
     [checkpoint]  every
-    [engine]      name (clients, batched), device
+    [engine]      name (clients, batched), device, threads
     [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
 
 A rule, TPM, CRS or attack is a class registered by name (peer/aggregation/registry.py) or an
@@ -78,8 +78,9 @@ def _in_range(key: str, value: float, lo: float, hi: float, *, open_lo: bool = F
 
 
 # Limits shared by several keys. Clients are OS processes with a gRPC server each, so a few
-# thousand is already far past what one machine or a compose cluster can hold.
-MAX_CLIENTS = 4096
+# thousand is already far past what one machine or a compose cluster can hold; the batched
+# engine, whose memory grows with clients x parameters only, goes to tens of thousands.
+MAX_CLIENTS = 65_536
 MAX_ROUNDS = 10_000_000
 # A magnitude no learning rate, noise scale or coefficient comes near; it only keeps
 # arithmetic finite.
@@ -569,14 +570,18 @@ class EngineConfig:
     ``batched``: one process holds every honest client's model in one tensor and runs each
     round for all of them at once (no network, no deadlines), calling the same rule and attack
     classes; for experiments (sweeps use it unless a sweep names an engine).
-    ``device``: where the batched engine computes ("cpu", "cuda" or "cuda:N").
+    ``device``: where the batched engine computes ("cpu", "cuda" or "cuda:N"). ``threads``:
+    the CPU threads it lets torch use (its products are small: on a busy machine more threads
+    wait on each other more than they help).
     """
 
     name: str = "clients"
     device: str = "cpu"
+    threads: int = 1
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
+        _in_range("engine.threads", self.threads, 1, 1024)
         if not (self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ScenarioError(f"engine.device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
 

@@ -39,6 +39,7 @@ __all__ = [
     "Aggregate",
     "DFedAvg",
     "DFedReweighting",
+    "RoundBatch",
     "RoundInputs",
     "Rule",
     "build_rule",
@@ -145,9 +146,67 @@ class Aggregate:
 
 @runtime_checkable
 class Rule(Protocol):
-    """Anything mapping :class:`RoundInputs` to an :class:`Aggregate`."""
+    """Anything mapping :class:`RoundInputs` to an :class:`Aggregate`.
+
+    A rule may also offer ``batched(batch: RoundBatch) -> list[Aggregate]``: the same round
+    of many clients at once (the batched engine calls it for the clients that share the rule,
+    and calls the rule once per client when it has none). It must give each client what
+    ``rule(batch.one(c))`` gives, up to float rounding."""
 
     def __call__(self, inputs: RoundInputs) -> Aggregate: ...
+
+
+@dataclass(frozen=True)
+class RoundBatch:
+    """Round ``round`` of several clients at once, their candidates pooled.
+
+    ``vectors [R, D]`` holds every candidate model of the round once (each client's own model,
+    each message a client received); client ``c``'s candidates are the rows ``rows[c]``
+    (its own first), sent by ``ids[c]`` (its own id first), who declared ``num_samples[c]``
+    and ``declared_losses[c]``. ``evaluate[c]``, ``references[c]``: as in
+    :class:`RoundInputs`. :meth:`one` is client ``c``'s :class:`RoundInputs`.
+    """
+
+    round: int
+    vectors: torch.Tensor
+    rows: tuple[tuple[int, ...], ...]
+    ids: tuple[tuple[int, ...], ...]
+    num_samples: tuple[tuple[int, ...], ...]
+    declared_losses: tuple[tuple[float, ...], ...] | None = None
+    evaluate: tuple[Callable[[torch.Tensor], dict[str, torch.Tensor]] | None, ...] | None = None
+    references: torch.Tensor | None = None
+    total_rounds: int = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def one(self, c: int) -> RoundInputs:
+        return RoundInputs(
+            own_id=self.ids[c][0], round=self.round, ids=self.ids[c], vectors=self.vectors[list(self.rows[c])],
+            num_samples=self.num_samples[c], evaluate=None if self.evaluate is None else self.evaluate[c],
+            total_rounds=self.total_rounds, declared_losses=None if self.declared_losses is None else self.declared_losses[c],
+            reference=None if self.references is None else self.references[c],
+        )
+
+    def combine(self, weights: list[torch.Tensor]) -> torch.Tensor:
+        """Every client's ``sum_i v_i w_i`` at once: ``weights[c]`` (float64 [len(rows[c])])
+        weighs client ``c``'s candidate rows. As :func:`weighted_sum`: in float64, rows with
+        weight 0 left out (so a NaN row of one client cannot reach another's sum); float32 [C, D]."""
+        rows, cols, values = [], [], []
+        for c, w in enumerate(weights):
+            for row, v in zip(self.rows[c], w.tolist(), strict=True):
+                if v > 0:
+                    rows.append(c)
+                    cols.append(row)
+                    values.append(v)
+        used = sorted(set(cols))
+        position = {row: i for i, row in enumerate(used)}
+        matrix = torch.sparse_coo_tensor(
+            torch.tensor([rows, [position[r] for r in cols]], dtype=torch.long), torch.tensor(values, dtype=torch.float64),
+            (len(self.rows), len(used)),
+        ).to_sparse_csr()
+        pooled = self.vectors[used].to(device="cpu", dtype=torch.float64)
+        return (matrix @ pooled).to(torch.float32)
 
 
 def finite_rows(vectors: torch.Tensor) -> torch.Tensor:
@@ -271,15 +330,30 @@ class DFedAvg:
         check_choice("DFedAvg", "weighting", self.weighting, _DFEDAVG_WEIGHTINGS)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = finite_rows(inputs.vectors)
+        weights = self._weights(finite_rows(inputs.vectors), inputs.num_samples)
+        return _finish(inputs, weights, None)
+
+    def _weights(self, finite: torch.Tensor, num_samples: Sequence[int]) -> torch.Tensor:
         uniform = finite.to(torch.float64)
         if self.weighting == "uniform":
-            return _finish(inputs, uniform, None)
-        sizes = torch.tensor(inputs.num_samples, dtype=torch.float64)
+            return uniform
+        sizes = torch.tensor(num_samples, dtype=torch.float64)
         weights = torch.where(finite, sizes, torch.zeros_like(sizes))
-        if not bool(weights.sum() > 0):
-            weights = uniform
-        return _finish(inputs, weights, None)
+        return weights if bool(weights.sum() > 0) else uniform
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        finite = finite_rows(batch.vectors)
+        weights = []
+        for c, rows in enumerate(batch.rows):
+            w = self._weights(finite[list(rows)], batch.num_samples[c])
+            if not bool(w.sum() > 0):
+                w = _own_only(len(rows))
+            weights.append(w / w.sum())
+        models = batch.combine(weights)
+        return [
+            Aggregate(model=models[c], weights=dict(zip(batch.ids[c], w.tolist(), strict=True)))
+            for c, w in enumerate(weights)
+        ]
 
 
 def _takes_tpm_and_crs(factory: Callable[..., Any]) -> bool:

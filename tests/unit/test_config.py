@@ -127,9 +127,9 @@ RANGES = [
     ("train.batch_size", [1, 1_000_000], [0, 1_000_001]),
     ("train.local_steps", [1, 10_000], [0, 10_001]),
     ("topology.rho", [1e-9, 1.0], [0.0, 1.5]),
-    ("topology.honest", [1, 4094], [0, 4097]),
-    ("topology.byzantine", [0, 4], [-1, 4096]),
-    ("aggregation.assumed_byzantine", [-1, 4096], [-2, 4097]),
+    ("topology.honest", [1, 65_534], [0, 65_537]),
+    ("topology.byzantine", [0, 4], [-1, 65_536]),
+    ("aggregation.assumed_byzantine", [-1, 65_536], [-2, 65_537]),
     ("network.round_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.connect_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.round_window", [1, 1000], [0, 1001]),
@@ -141,6 +141,7 @@ RANGES = [
     ("network.calls_per_sender", [1, 64], [0, 65]),
     ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
     ("checkpoint.every", [0, 10_000_000], [-1, 10_000_001]),
+    ("engine.threads", [1, 1024], [0, 1025]),
 ]
 FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]
 
@@ -198,9 +199,9 @@ def test_partition_parameters_are_bounded(partition):
 
 
 def test_clients_are_bounded_in_total():
-    assert load_scenario(None, ["topology.honest=4094", "topology.byzantine=2"]).num_clients == 4096
-    with pytest.raises(ScenarioError, match=r"topology.honest \+ topology.byzantine = 4097 clients; at most 4_096"):
-        load_scenario(None, ["topology.honest=4095", "topology.byzantine=2"])
+    assert load_scenario(None, ["topology.honest=65534", "topology.byzantine=2"]).num_clients == 65_536
+    with pytest.raises(ScenarioError, match=r"topology.honest \+ topology.byzantine = 65537 clients; at most 65_536"):
+        load_scenario(None, ["topology.honest=65535", "topology.byzantine=2"])
 
 
 def test_per_client_overrides_are_range_checked():
@@ -266,7 +267,7 @@ def test_nan_and_infinity_are_refused_for_class_settings(key, bad):
 # Every numeric key's range; a tiny positive low end in RANGES stands for an open bound at 0.
 # The two client counts are also bounded by their sum.
 BOUNDS = {key: (0.0 if 0 < min(inside) < 0.01 else min(inside), max(inside)) for key, inside, _ in RANGES}
-BOUNDS["topology.byzantine"] = (0, 4086)
+BOUNDS["topology.byzantine"] = (0, 65_526)
 SUM_BOUNDED = {"topology.byzantine", "topology.honest"}
 
 

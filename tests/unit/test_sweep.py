@@ -266,7 +266,8 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
 
     clock = [0.0]
     monkeypatch.setattr(sweep, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    run = lambda k: SimpleNamespace(key=k, name=k)  # noqa: E731
+    engine = SimpleNamespace(engine=SimpleNamespace(name="batched"))
+    run = lambda k: SimpleNamespace(key=k, name=k, scenario=engine)  # noqa: E731
     quiet = Console(file=io.StringIO())
 
     assert sweep.SweepBoard(quiet, 12, 2, jobs=2).eta() == "?"  # nothing to go by yet
