@@ -203,10 +203,10 @@ class RoundBatch:
         position = {row: i for i, row in enumerate(used)}
         matrix = torch.sparse_coo_tensor(
             torch.tensor([rows, [position[r] for r in cols]], dtype=torch.long), torch.tensor(values, dtype=torch.float64),
-            (len(self.rows), len(used)),
-        ).to_sparse_csr()
+            (len(self.rows), len(used)), check_invariants=True,
+        ).coalesce()
         pooled = self.vectors[used].to(device="cpu", dtype=torch.float64)
-        return (matrix @ pooled).to(torch.float32)
+        return torch.sparse.mm(matrix, pooled).to(torch.float32)
 
 
 def finite_rows(vectors: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""The batched engine's parts: a rule's batched path against its per-client one, the models as
+batched products, padded minibatches, the results folder. No network here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dfedrw.launch.batched import BatchedRun, _layer_plan, _Model, engine_device
+from dfedrw.peer.aggregation import DFedAvg, RoundBatch
+from dfedrw.peer.models import build_model
+from dfedrw.peer.results import read_rounds
+from tests.helpers import quiet_console
+
+
+def _batch(vectors, rows, sizes):
+    ids = tuple(tuple(range(len(r))) for r in rows)
+    return RoundBatch(round=0, vectors=vectors, rows=rows, ids=ids, num_samples=sizes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    clients=st.integers(1, 6),
+    pool=st.integers(1, 9),
+    weighting=st.sampled_from(["data_size", "uniform"]),
+)
+def test_dfedavg_batched_gives_each_client_what_its_own_call_gives(data, clients, pool, weighting):
+    """Any pool (a NaN row among them, sizes of 0 included), any candidate rows per client."""
+    vectors = torch.randn(pool, 5, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 10**6))))
+    if data.draw(st.booleans()):
+        vectors[data.draw(st.integers(0, pool - 1))] = float("nan")
+    rows = tuple(tuple(data.draw(st.lists(st.integers(0, pool - 1), min_size=1, max_size=pool, unique=True))) for _ in range(clients))
+    sizes = tuple(tuple(data.draw(st.integers(0, 50)) for _ in r) for r in rows)
+    batch = _batch(vectors, rows, sizes)
+    rule = DFedAvg(weighting)
+    for c, agg in enumerate(rule.batched(batch)):
+        one = rule(batch.one(c))
+        assert agg.weights.keys() == one.weights.keys()
+        assert all(abs(agg.weights[k] - one.weights[k]) <= 1e-15 for k in one.weights)
+        torch.testing.assert_close(agg.model, one.model, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_a_nan_row_of_one_client_never_reaches_another():
+    vectors = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [3.0, 4.0]])
+    # client 0: its own row is NaN and its neighbour's is fine; client 1 gets only finite rows.
+    batch = _batch(vectors, ((1, 0), (2, 0)), ((10, 10), (10, 30)))
+    first, second = DFedAvg().batched(batch)
+    assert first.weights == {0: 0.0, 1: 1.0} and torch.equal(first.model, vectors[0])
+    assert torch.allclose(second.model, torch.tensor([1.5, 2.5])) and second.weights == {0: 0.25, 1: 0.75}
+
+
+@pytest.mark.parametrize("name", ["softmax_regression", "mlp"])
+def test_batched_products_are_each_clients_own_model(name):
+    template = build_model(name, 8, 3, hidden=5, seed=0)
+    model = _Model(template, torch.device("cpu"))
+    assert model.plan is not None
+    vectors = torch.randn(4, sum(model.sizes))
+    shared = torch.randn(7, 8)
+    own = torch.randn(4, 7, 8)
+    for c in range(4):
+        torch.testing.assert_close(model.batch_logits(vectors, shared)[c], model.logits(vectors[c], shared))
+        torch.testing.assert_close(model.batch_logits(vectors, own)[c], model.logits(vectors[c], own[c]))
+
+
+def test_other_modules_go_through_vmap():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 2))
+
+        def forward(self, x):
+            return torch.tanh(x @ self.w)
+
+    assert _layer_plan(Odd()) is None
+    assert _layer_plan(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))) is None
+    model = _Model(Odd(), torch.device("cpu"))
+    vectors = torch.randn(2, 6)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(model.batch_logits(vectors, x)[1], model.logits(vectors[1], x))
+
+
+def test_cuda_is_refused_in_one_line_where_there_is_none():
+    if torch.cuda.is_available():
+        assert engine_device("cuda").type == "cuda"
+    else:
+        with pytest.raises(ValueError, match=r"^engine.device='cuda': this machine has no CUDA device"):
+            engine_device("cuda")
+
+
+def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing(small_scenario, tmp_path):
+    """Batch size 300 on digits with 6 clients under Dirichlet(0.1): shards of different sizes,
+    some below 300. Each client's loss and step are those of its own (smaller) batch."""
+    scenario = small_scenario("topology.honest=6", "topology.byzantine=0", "attack.name=none", "train.batch_size=300", "data.partition='dirichlet:0.1'")
+    run = BatchedRun(scenario, tmp_path, console=quiet_console())
+    sizes = [b.batch_size for b in run.batches]
+    assert len(set(sizes)) > 1 and min(sizes) < 300
+    before = run.models.clone()
+    losses = run.local_steps()
+    for c, k in enumerate(run.honest):
+        # The same step, for this client alone, from the same minibatch.
+        order = run.batches[c]
+        idx = order._order[order._pos - order.batch_size : order._pos]  # its first minibatch
+        w = before[c].clone().requires_grad_()
+        x, y = run.data[k].train.x[idx], run.data[k].train.y[idx]
+        loss = torch.nn.functional.cross_entropy(run.model.logits(w, x), y)
+        loss.backward()
+        assert abs(losses[c] - float(loss.detach())) < 1e-5
+        torch.testing.assert_close(run.models[c], (before[c] - scenario.train.lr * w.grad), rtol=1e-5, atol=1e-6)
+
+
+def test_results_folder_has_every_runs_layout(small_scenario, tmp_path):
+    scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=10", "engine.name=batched")
+    summary = BatchedRun(scenario, tmp_path, console=quiet_console()).run()
+    assert summary["engine"] == "batched" and summary["failed_peers"] == [] and summary["honest_completed"] == 4
+    assert (tmp_path / "scenario.toml").exists() and json.loads((tmp_path / "summary.json").read_text()) == summary
+    byzantine = next(int(k) for k, p in summary["peers"].items() if p["role"] == "byzantine")
+    for k in range(5):
+        records = read_rounds(tmp_path, k)
+        assert [r["round"] for r in records] == list(range(20))
+        final = json.loads((tmp_path / "peers" / f"{k}.json").read_text())
+        assert final["completed"] and final["engine"] == "batched"
+        if k == byzantine:
+            assert final["attack"] == "gaussian" and all(r["weights"] == {} for r in records)
+        else:
+            assert {"accuracy", "global_accuracy", "aggregation", "num_samples"} <= final.keys()
+            assert "accuracy" in records[9] and "accuracy" not in records[8] and "accuracy" in records[19]
+            assert all(abs(sum(r["weights"].values()) - 1) < 1e-5 for r in records)
