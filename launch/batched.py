@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
-from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 from dfedrw.launch.collect import collect_summary
@@ -42,7 +41,7 @@ from dfedrw.peer.node import client_rule, clients_data, finite_or_none
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack
 from dfedrw.peer.results import RoundLog, write_json_atomic
-from dfedrw.peer.training import BatchOrder, VectorEvaluator
+from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator
 from dfedrw.peer.transport.serde import Plausible
 
 log = logging.getLogger(__name__)
@@ -66,70 +65,6 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-class _Model:
-    """The scenario's model as a function of flat parameter vectors, for many clients at once.
-
-    A ``Sequential`` of ``Linear`` layers and parameter-free layers (the project's models) is
-    run as batched matrix products over the clients, and a test set every client shares goes
-    through each layer as one product for all clients (reading the data once, not once per
-    client). Any other module goes through ``torch.func.vmap`` of ``functional_call``.
-    """
-
-    def __init__(self, template: torch.nn.Module, device: torch.device) -> None:
-        self.module = template.to(device)
-        named = list(self.module.named_parameters())
-        self.names = [n for n, _ in named]
-        self.shapes = [p.shape for _, p in named]
-        self.sizes = [p.numel() for _, p in named]
-        self.plan = _layer_plan(self.module)
-
-    def logits(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """One client's logits (its flat parameters ``vector``, inputs ``x [N, F]``)."""
-        parts = torch.split(vector, self.sizes)
-        params = {n: p.view(s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
-        return functional_call(self.module, params, (x,))
-
-    def batch_logits(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Every client's logits ``[C, N, K]``: ``x`` is ``[C, N, F]`` (each client its own
-        inputs) or ``[N, F]`` (inputs all clients share)."""
-        if self.plan is None:
-            return vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))(vectors, x)
-        count, h = len(vectors), x
-        for step in self.plan:
-            if isinstance(step, torch.nn.Module):
-                h = step(h)
-                continue
-            offset, out, inp, bias = step
-            weight = vectors[:, offset : offset + out * inp].view(count, out, inp)
-            b = vectors[:, offset + out * inp : offset + out * inp + out] if bias else None
-            if h.dim() == 2:  # shared inputs: one product for all clients' weights
-                flat = weight.reshape(count * out, inp)
-                y = h @ flat.t() if b is None else torch.addmm(b.reshape(count * out), h, flat.t())
-                h = y.view(len(h), count, out).transpose(0, 1)
-            else:
-                h = torch.bmm(h, weight.transpose(1, 2)) if b is None else torch.baddbmm(b[:, None, :], h, weight.transpose(1, 2))
-        return h
-
-
-def _layer_plan(module: torch.nn.Module) -> list | None:
-    """``module`` as steps (offset, out, in, has bias) for each Linear layer and the layer
-    itself for each parameter-free one; None for any other module."""
-    if not isinstance(module, torch.nn.Sequential):
-        return None
-    plan: list = []
-    offset = 0
-    for layer in module:
-        if isinstance(layer, torch.nn.Linear) and type(layer) is torch.nn.Linear:
-            bias = layer.bias is not None
-            plan.append((offset, layer.out_features, layer.in_features, bias))
-            offset += layer.out_features * layer.in_features + (layer.out_features if bias else 0)
-        elif not any(True for _ in layer.parameters()) and not any(True for _ in layer.buffers()):
-            plan.append(layer)
-        else:
-            return None
-    return plan
-
-
 class BatchedRun:
     """One scenario, all clients at once. ``run()`` writes the results folder and returns the summary."""
 
@@ -148,7 +83,7 @@ class BatchedRun:
         features, classes = DATASET_SHAPES[sc.data.name]
         t = sc.train
         template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
-        self.model = _Model(template, self.device)
+        self.model = FlatModel(template, self.device)
         self.models = torch.stack([self._initial(k, features, classes) for k in self.honest]).to(self.device)
         # Every shard in one tensor (a partition: one copy of the training set), each
         # client's rows from its offset on; minibatches are gathered from it.

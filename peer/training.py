@@ -92,24 +92,16 @@ def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
 class VectorEvaluator:
     """Scores flat model vectors on a fixed dataset: the ``evaluate`` a TPM calls.
 
-    All finite candidates are run in one batched call (``torch.func.vmap`` over the stacked
-    parameters of a stateless copy of the model), which halves the cost of a round's scoring
-    against one forward pass per candidate. The client's own model is never touched.
+    All finite candidates go through the model at once (:meth:`FlatModel.batch_logits`: for
+    the project's models, one matrix product per layer for every candidate, the data read
+    once). The client's own model is never touched.
     """
 
     def __init__(self, template: nn.Module, data: Dataset) -> None:
         import copy
 
-        self.model = copy.deepcopy(template)
+        self.model = FlatModel(copy.deepcopy(template), data.x.device)
         self.data = data
-        self._names = [n for n, _ in self.model.named_parameters()]
-        self._shapes = [p.shape for _, p in self.model.named_parameters()]
-        self._sizes = [p.numel() for _, p in self.model.named_parameters()]
-
-    def _logits(self, vector: torch.Tensor) -> torch.Tensor:
-        parts = torch.split(vector, self._sizes)
-        params = {n: p.view(s) for n, p, s in zip(self._names, parts, self._shapes, strict=True)}
-        return functional_call(self.model, params, (self.data.x,))
 
     @torch.no_grad()
     def __call__(self, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -119,9 +111,75 @@ class VectorEvaluator:
         ok = torch.isfinite(vectors).all(dim=1)
         if ok.any():
             good = vectors[ok].to(self.data.x.device, torch.float32)
-            logits = vmap(self._logits)(good)  # [c_ok, n, classes]
+            logits = self.model.batch_logits(good, self.data.x)  # [c_ok, n, classes]
             y = self.data.y
             acc[ok] = (logits.argmax(-1) == y).float().mean(1).double().cpu()
             per = F.cross_entropy(logits.transpose(1, 2), y.expand(len(good), -1), reduction="none")
             loss[ok] = per.mean(1).double().cpu()
         return {"accuracy": acc, "loss": loss}
+
+
+class FlatModel:
+    """A model as a function of flat parameter vectors (:func:`~dfedrw.peer.models.get_vector`
+    order), for many models at once: the candidates a client scores, or every client's model in
+    the batched engine.
+
+    A ``Sequential`` of ``Linear`` layers and parameter-free layers (the project's models) runs
+    as batched matrix products over the models, and inputs every model shares go through each
+    layer as one product for all of them (reading the data once, not once per model). Any
+    other module goes through ``torch.func.vmap`` of ``functional_call``.
+    """
+
+    def __init__(self, template: torch.nn.Module, device: torch.device) -> None:
+        self.module = template.to(device)
+        named = list(self.module.named_parameters())
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.plan = _layer_plan(self.module)
+
+    def logits(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """One model's logits (its flat parameters ``vector``, inputs ``x [N, F]``)."""
+        parts = torch.split(vector, self.sizes)
+        params = {n: p.view(s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
+        return functional_call(self.module, params, (x,))
+
+    def batch_logits(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Every model's logits ``[C, N, K]``: ``x`` is ``[C, N, F]`` (each model its own
+        inputs) or ``[N, F]`` (inputs all models share)."""
+        if self.plan is None:
+            return vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))(vectors, x)
+        count, h = len(vectors), x
+        for step in self.plan:
+            if isinstance(step, torch.nn.Module):
+                h = step(h)
+                continue
+            offset, out, inp, bias = step
+            weight = vectors[:, offset : offset + out * inp].view(count, out, inp)
+            b = vectors[:, offset + out * inp : offset + out * inp + out] if bias else None
+            if h.dim() == 2:  # shared inputs: one product for all models' weights
+                flat = weight.reshape(count * out, inp)
+                y = h @ flat.t() if b is None else torch.addmm(b.reshape(count * out), h, flat.t())
+                h = y.view(len(h), count, out).transpose(0, 1)
+            else:
+                h = torch.bmm(h, weight.transpose(1, 2)) if b is None else torch.baddbmm(b[:, None, :], h, weight.transpose(1, 2))
+        return h
+
+
+def _layer_plan(module: torch.nn.Module) -> list | None:
+    """``module`` as steps (offset, out, in, has bias) for each Linear layer and the layer
+    itself for each parameter-free one; None for any other module."""
+    if not isinstance(module, torch.nn.Sequential):
+        return None
+    plan: list = []
+    offset = 0
+    for layer in module:
+        if isinstance(layer, torch.nn.Linear) and type(layer) is torch.nn.Linear:
+            bias = layer.bias is not None
+            plan.append((offset, layer.out_features, layer.in_features, bias))
+            offset += layer.out_features * layer.in_features + (layer.out_features if bias else 0)
+        elif not any(True for _ in layer.parameters()) and not any(True for _ in layer.buffers()):
+            plan.append(layer)
+        else:
+            return None
+    return plan

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.launch.batched import BatchedRun, _layer_plan, _Model, engine_device
+from dfedrw.launch.batched import BatchedRun, engine_device
+from dfedrw.peer.training import FlatModel, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, RoundBatch
 from dfedrw.peer.models import build_model
 from dfedrw.peer.results import read_rounds
@@ -57,7 +58,7 @@ def test_a_nan_row_of_one_client_never_reaches_another():
 @pytest.mark.parametrize("name", ["softmax_regression", "mlp"])
 def test_batched_products_are_each_clients_own_model(name):
     template = build_model(name, 8, 3, hidden=5, seed=0)
-    model = _Model(template, torch.device("cpu"))
+    model = FlatModel(template, torch.device("cpu"))
     assert model.plan is not None
     vectors = torch.randn(4, sum(model.sizes))
     shared = torch.randn(7, 8)
@@ -78,7 +79,7 @@ def test_other_modules_go_through_vmap():
 
     assert _layer_plan(Odd()) is None
     assert _layer_plan(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))) is None
-    model = _Model(Odd(), torch.device("cpu"))
+    model = FlatModel(Odd(), torch.device("cpu"))
     vectors = torch.randn(2, 6)
     x = torch.randn(4, 3)
     torch.testing.assert_close(model.batch_logits(vectors, x)[1], model.logits(vectors[1], x))
