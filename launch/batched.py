@@ -239,8 +239,11 @@ class BatchedRun:
             sizes.append(tuple(size))
             declared.append(tuple(loss))
             missing.append(sorted(set(neighbours) - set(senders)))
+        # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
+        # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
+        vectors = torch.cat(pool) if len(pool) > 1 else self.models
         batch = RoundBatch(
-            round=r, vectors=torch.cat(pool) if len(pool) > 1 else self.models, rows=tuple(rows), ids=tuple(ids),
+            round=r, vectors=vectors.cpu(), rows=tuple(rows), ids=tuple(ids),
             num_samples=tuple(sizes), declared_losses=tuple(declared), evaluate=tuple(self.aux[k] for k in self.honest),
             references=reference, total_rounds=sc.rounds,
         )

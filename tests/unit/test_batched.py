@@ -131,3 +131,23 @@ def test_results_folder_has_every_runs_layout(small_scenario, tmp_path):
             assert {"accuracy", "global_accuracy", "aggregation", "num_samples"} <= final.keys()
             assert "accuracy" in records[9] and "accuracy" not in records[8] and "accuracy" in records[19]
             assert all(abs(sum(r["weights"].values()) - 1) < 1e-5 for r in records)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_the_batched_engine_on_cuda_gives_the_cpu_results(small_scenario, tmp_path):
+    """CUDA kernels are not bit-identical to CPU ones: the same weights to 1e-4 over 20
+    rounds and accuracies within 2 points (a close call can go the other way)."""
+    base = ("topology.honest=5", "topology.byzantine=1", "attack.name=gaussian", "engine.name=batched")
+    runs = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        runs[device] = BatchedRun(small_scenario(*base, f"engine.device={device}"), out, console=quiet_console()).run()
+        runs[device]["out"] = out
+    assert runs["cuda"]["device"].startswith("cuda")
+    for k, peer in runs["cpu"]["peers"].items():
+        if peer["role"] != "honest":
+            continue
+        assert abs(peer["accuracy"] - runs["cuda"]["peers"][k]["accuracy"]) <= 2.0
+        for a, b in zip(read_rounds(runs["cpu"]["out"], int(k)), read_rounds(runs["cuda"]["out"], int(k)), strict=True):
+            assert a["weights"].keys() == b["weights"].keys()
+            assert all(abs(a["weights"][s] - b["weights"][s]) <= 1e-4 for s in a["weights"]), (k, a["round"])
