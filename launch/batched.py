@@ -37,7 +37,7 @@ from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.data import TRAIN_SIZES
 from dfedrw.peer.models import build_model
 from dfedrw.peer.aggregation import RoundBatch
-from dfedrw.peer.node import client_rule, clients_data, finite_or_none
+from dfedrw.peer.node import client_rule, clients_data, finite_or_none, move
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack
 from dfedrw.peer.results import RoundLog, write_json_atomic
@@ -77,9 +77,11 @@ class BatchedRun:
         self.honest = sorted(topo.honest())
         self.byzantine = sorted(topo.byzantine)
         self.row = {k: i for i, k in enumerate(self.honest)}
+        # On the CPU: each client's shard and aux set (copies, a partition of the training
+        # set), the test set once. What the rounds use is moved to the device below, the test
+        # set once for all clients (each client's local test set is rows of it).
         self.data = clients_data(sc, topo, self.honest)
-        if self.device.type != "cpu":
-            self.data = {k: d.to(self.device) for k, d in self.data.items()}
+        self.test = move(self.data[self.honest[0]].global_test, self.device)
         features, classes = DATASET_SHAPES[sc.data.name]
         t = sc.train
         template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
@@ -105,7 +107,7 @@ class BatchedRun:
                     break
             else:
                 self.rule_groups.append((self.rules[k], [c]))
-        self.aux = {k: VectorEvaluator(template, self.data[k].aux) for k in self.honest}
+        self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
         self.attack = build_attack(sc, topo.num_clients, len(self.byzantine)) if self.byzantine else None
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
         self.plausible = Plausible(max_abs_value=sc.network.max_abs_value, max_num_samples=TRAIN_SIZES[sc.data.name])
@@ -282,11 +284,11 @@ class BatchedRun:
         it. The global test set is the same for all: it goes through the model once for a
         block of clients (blocks bounded so the logits stay under ~64 M values)."""
         out: dict[int, dict[str, float]] = {k: {} for k in self.honest}
+        test = self.test
         for k in self.honest:
-            data = self.data[k].local_test
-            logits = self.model.logits(self.models[self.row[k]], data.x)
-            out[k]["accuracy"] = 100.0 * float((logits.argmax(1) == data.y).float().mean())
-        test = self.data[self.honest[0]].global_test
+            rows = self.data[k].local_test_index.to(self.device)
+            logits = self.model.logits(self.models[self.row[k]], test.x[rows])
+            out[k]["accuracy"] = 100.0 * float((logits.argmax(1) == test.y[rows]).float().mean())
         widest = max(self.scenario.train.hidden, test.num_classes)  # values per sample in the largest layer output
         block = max(1, (64 << 20) // max(1, len(test.y) * widest))
         for lo in range(0, len(self.honest), block):
@@ -350,7 +352,7 @@ class BatchedRun:
             cfg = sc.aggregation_for(k)
             final: dict[str, Any] = {
                 **last, **loop, "num_samples": self.num_samples[k], "aux_samples": len(self.data[k].aux.y),
-                "local_test_samples": len(self.data[k].local_test.y),
+                "local_test_samples": len(self.data[k].local_test_index),
                 "aggregation": {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, k)},
             }
             if _takes_tpm_and_crs(cfg.rule):

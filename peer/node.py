@@ -13,6 +13,7 @@ models, crafts one message per receiver with its attack, and sends them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -121,18 +122,27 @@ def client_rule(scenario: Scenario, topology: Topology, client: int):
 
 @dataclass
 class ClientData:
+    """A client's training shard and auxiliary subset (its own copies) and the test sets: the
+    global one shared by every client, its local one as rows of it (made on first use, so that
+    thousands of clients in one process do not each hold a copy)."""
+
     train: Dataset
     aux: Dataset
-    local_test: Dataset
     global_test: Dataset
+    local_test_index: torch.Tensor  # rows of global_test
+
+    @functools.cached_property
+    def local_test(self) -> Dataset:
+        return self.global_test.subset(self.local_test_index)
 
     def to(self, device: torch.device) -> ClientData:
         """The same sets with their tensors on ``device``."""
+        return ClientData(move(self.train, device), move(self.aux, device), move(self.global_test, device), self.local_test_index)
 
-        def move(d: Dataset) -> Dataset:
-            return Dataset(x=d.x.to(device), y=d.y.to(device), num_classes=d.num_classes)
 
-        return ClientData(move(self.train), move(self.aux), move(self.local_test), move(self.global_test))
+def move(d: Dataset, device: torch.device | str) -> Dataset:
+    """``d`` with its tensors on ``device``."""
+    return Dataset(x=d.x.to(device), y=d.y.to(device), num_classes=d.num_classes)
 
 
 def client_data(scenario: Scenario, topology: Topology, client_id: int) -> ClientData:
@@ -152,10 +162,8 @@ def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int]) -> 
     for client_id in ids:
         shard = train.subset(shards[honest.index(client_id)])
         aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
-        local = test.subset(
-            local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
-        )
-        out[client_id] = ClientData(train=shard, aux=aux, local_test=local, global_test=test)
+        local = local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
+        out[client_id] = ClientData(train=shard, aux=aux, global_test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)))
     return out
 
 
