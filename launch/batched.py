@@ -20,7 +20,6 @@ Its results folder has the layout and keys of every run (``scenario.toml``, ``pe
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -34,17 +33,13 @@ from torch.nn import functional as F
 
 from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import Scenario, dump_scenario
-from dfedrw.peer.data import TRAIN_SIZES
-from dfedrw.peer.models import build_model
 from dfedrw.peer.aggregation import RoundBatch
-from dfedrw.peer.node import client_rule, clients_data, finite_or_none, move
+from dfedrw.peer.models import build_model, get_vector
+from dfedrw.peer.node import byzantine_claims, client_rule, clients_data, finite_or_none, initial_model, move, scenario_plausible
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator
-from dfedrw.peer.transport.serde import Plausible
-
-log = logging.getLogger(__name__)
 
 
 def engine_device(name: str) -> torch.device:
@@ -68,10 +63,9 @@ def _same(a: Any, b: Any) -> bool:
 class BatchedRun:
     """One scenario, all clients at once. ``run()`` writes the results folder and returns the summary."""
 
-    def __init__(self, scenario: Scenario, out_dir: Path, *, console: Console | None = None) -> None:
+    def __init__(self, scenario: Scenario, out_dir: Path) -> None:
         self.scenario = sc = scenario
         self.out_dir = Path(out_dir)
-        self.console = console or Console(stderr=True)
         self.device = engine_device(sc.engine.device)
         self.topology = topo = scenario_topology(sc)
         self.honest = sorted(topo.honest())
@@ -86,7 +80,7 @@ class BatchedRun:
         t = sc.train
         template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
         self.model = FlatModel(template, self.device)
-        self.models = torch.stack([self._initial(k, features, classes) for k in self.honest]).to(self.device)
+        self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
         # Every shard in one tensor (a partition: one copy of the training set), each
         # client's rows from its offset on; minibatches are gathered from it.
         shards = [self.data[k].train for k in self.honest]
@@ -110,17 +104,10 @@ class BatchedRun:
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
         self.attack = build_attack(sc, topo.num_clients, len(self.byzantine)) if self.byzantine else None
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
-        self.plausible = Plausible(max_abs_value=sc.network.max_abs_value, max_num_samples=TRAIN_SIZES[sc.data.name])
+        self.plausible = scenario_plausible(sc)
         self.neighbours = {k: tuple(topo.neighbours(k)) for k in range(topo.num_clients)}
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
         self.silent = dict.fromkeys(self.byzantine, 0)
-
-    def _initial(self, k: int, features: int, classes: int) -> torch.Tensor:
-        t = self.scenario.train
-        seed = derive_seed(self.scenario.seed, "init") if t.init == "shared" else derive_seed(self.scenario.seed, "init", k)
-        model = build_model(t.model, features, classes, hidden=t.hidden, seed=seed)
-        vector = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
-        return torch.zeros_like(vector) if t.init == "zeros" else vector
 
     # -- one round ---------------------------------------------------------------------------
     def local_steps(self) -> list[float]:
@@ -183,10 +170,7 @@ class BatchedRun:
             senders = sorted(k for k in self.neighbours[b] if k in self.row and k not in refused)
             heard[b] = senders
             received = self.models[[self.row[k] for k in senders]].cpu() if senders else torch.empty(0, self.models.shape[1])
-            # What a Byzantine process claims: its honest neighbours' mean size and loss.
-            claimed_size = round(float(np.mean([self.num_samples[k] for k in senders]))) if senders else 1
-            finite = [losses[k] for k in senders if np.isfinite(losses[k])]
-            claimed_loss = float(np.mean(finite)) if finite else float("nan")
+            claimed_size, claimed_loss = byzantine_claims([self.num_samples[k] for k in senders], [losses[k] for k in senders])
             for k in self.neighbours[b]:
                 if k not in self.row:
                     continue
@@ -252,11 +236,7 @@ class BatchedRun:
         results = [None] * len(self.honest)
         for rule, members in self.rule_groups:
             if hasattr(rule, "batched"):
-                sub = RoundBatch(
-                    round=r, vectors=batch.vectors, rows=tuple(rows[c] for c in members), ids=tuple(ids[c] for c in members),
-                    num_samples=tuple(sizes[c] for c in members), declared_losses=tuple(declared[c] for c in members),
-                    evaluate=tuple(batch.evaluate[c] for c in members), references=reference[members], total_rounds=sc.rounds,
-                ) if len(members) < len(self.honest) else batch
+                sub = batch.select(members) if len(members) < len(self.honest) else batch
                 for c, agg in zip(members, rule.batched(sub), strict=True):
                     results[c] = agg
             else:
@@ -312,7 +292,7 @@ class BatchedRun:
         last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
         try:
             for r in range(sc.rounds):
-                reference = self.models.cpu().clone() if self.device.type != "cpu" else self.models.clone()
+                reference = self.models.to("cpu", copy=True)  # the local steps update the models in place
                 losses = dict(zip(self.honest, self.local_steps(), strict=True))
                 refused = self.refused_rows()
                 silent_before = dict(self.silent)
@@ -376,7 +356,7 @@ def run_batched(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[
     from dfedrw.launch.preflight import preflight
 
     preflight(scenario)
-    run = BatchedRun(scenario, out_dir, console=console)
+    run = BatchedRun(scenario, out_dir)
     label = f"batched engine, {len(run.honest)} + {len(run.byzantine)} clients on {run.device}"
     if not console.is_terminal:
         every = max(1, scenario.rounds // 10)

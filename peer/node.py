@@ -120,6 +120,34 @@ def client_rule(scenario: Scenario, topology: Topology, client: int):
     )
 
 
+def scenario_plausible(scenario: Scenario) -> Plausible:
+    """What a received message may hold and declare: no sender has more samples than the whole
+    training set of the scenario's dataset (known to every client, data or not)."""
+    return Plausible(max_abs_value=scenario.network.max_abs_value, max_num_samples=TRAIN_SIZES[scenario.data.name])
+
+
+def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
+    """Client k's model before round 0 (``train.init``: shared seeded, its own seeded, zeros)."""
+    t = scenario.train
+    features, classes = DATASET_SHAPES[scenario.data.name]
+    seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
+    model = build_model(t.model, features, classes, hidden=t.hidden, seed=seed)
+    if t.init == "zeros":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    return model
+
+
+def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
+    """The data size and training loss a Byzantine client declares: those its honest neighbours
+    declared, on average, so that weighting by size or loss cannot single it out by its
+    metadata. With nothing heard, the smallest plausible size (0 would be refused)."""
+    size = round(float(np.mean(sizes))) if sizes else 1
+    finite = [x for x in losses if np.isfinite(x)]
+    return size, float(np.mean(finite)) if finite else float("nan")
+
+
 @dataclass
 class ClientData:
     """A client's training shard and auxiliary subset (its own copies) and the test sets: the
@@ -230,17 +258,8 @@ class Client:
         net = scenario.network
         self.transport = transport
         self.inbox = Inbox(client_id, self.neighbours, self.topology.num_clients, net.round_window)
-        # What a received message may hold and declare: no sender has more samples than the
-        # whole training set of the scenario's dataset (known to every client, data or not).
-        self.plausible = Plausible(max_abs_value=net.max_abs_value, max_num_samples=TRAIN_SIZES[scenario.data.name])
-        features, classes = DATASET_SHAPES[scenario.data.name]
-        t = scenario.train
-        init_seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
-        self.model = build_model(t.model, features, classes, hidden=t.hidden, seed=init_seed)
-        if t.init == "zeros":
-            with torch.no_grad():
-                for p in self.model.parameters():
-                    p.zero_().to(self.device)
+        self.plausible = scenario_plausible(scenario)
+        self.model = initial_model(scenario, client_id)
         self.specs = model_specs(self.model)
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
         self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
@@ -717,12 +736,7 @@ class Client:
             received = (
                 torch.stack([m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
             )
-            # Claim the data size and loss the honest neighbours claim, so data-size or
-            # loss-based weighting cannot single the attacker out by its metadata.
-            # With nothing heard, the smallest plausible size: 0 would be refused as implausible.
-            claimed_size = round(float(np.mean([m.num_samples for m in honest_msgs]))) if honest_msgs else 1
-            losses = [m.train_loss for m in honest_msgs if np.isfinite(m.train_loss)]
-            claimed_loss = float(np.mean(losses)) if losses else float("nan")
+            claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
             silent = 0
             for k in targets:
                 crafted = attack(received, k, gen)

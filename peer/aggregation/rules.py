@@ -188,6 +188,18 @@ class RoundBatch:
             reference=None if self.references is None else self.references[c],
         )
 
+    def select(self, clients: Sequence[int]) -> RoundBatch:
+        """The same round for the clients at positions ``clients`` only (the pool is shared)."""
+
+        def pick(values):
+            return None if values is None else tuple(values[c] for c in clients)
+
+        return RoundBatch(
+            round=self.round, vectors=self.vectors, rows=pick(self.rows), ids=pick(self.ids), num_samples=pick(self.num_samples),
+            declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
+            references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
+        )
+
     def combine(self, weights: list[torch.Tensor]) -> torch.Tensor:
         """Every client's ``sum_i v_i w_i`` at once: ``weights[c]`` (float64 [len(rows[c])])
         weighs client ``c``'s candidate rows. As :func:`weighted_sum`: in float64, rows with
@@ -231,12 +243,17 @@ def _own_only(count: int) -> torch.Tensor:
     return weights
 
 
+def _normalised(weights: torch.Tensor) -> torch.Tensor:
+    """Weights summing to 1; all on the own model (row 0) when none is positive."""
+    if not bool(weights.sum() > 0):
+        weights = _own_only(len(weights))
+    return weights / weights.sum()
+
+
 def _finish(
     inputs: RoundInputs, weights: torch.Tensor, scores: torch.Tensor | None
 ) -> Aggregate:
-    if not bool(weights.sum() > 0):
-        weights = _own_only(len(inputs.ids))
-    weights = weights / weights.sum()
+    weights = _normalised(weights)
     return Aggregate(
         model=weighted_sum(inputs.vectors, weights),
         weights={sender: float(w) for sender, w in zip(inputs.ids, weights.tolist())},
@@ -343,12 +360,7 @@ class DFedAvg:
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
         finite = finite_rows(batch.vectors)
-        weights = []
-        for c, rows in enumerate(batch.rows):
-            w = self._weights(finite[list(rows)], batch.num_samples[c])
-            if not bool(w.sum() > 0):
-                w = _own_only(len(rows))
-            weights.append(w / w.sum())
+        weights = [_normalised(self._weights(finite[list(rows)], batch.num_samples[c])) for c, rows in enumerate(batch.rows)]
         models = batch.combine(weights)
         return [
             Aggregate(model=models[c], weights=dict(zip(batch.ids[c], w.tolist(), strict=True)))

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +324,10 @@ def _shift_stream(monkeypatch, stream: str) -> None:
     """The batched engine draws ``stream`` (its first ``derive_seed`` label) from another seed."""
     from dfedrw.launch import batched
 
+    if stream == "init":  # drawn by the clients' own function, which the engine calls
+        initial = batched.initial_model
+        monkeypatch.setattr(batched, "initial_model", lambda sc, k: initial(replace(sc, seed=sc.seed + 1), k))
+        return
     derive = batched.derive_seed
 
     def shifted(seed, *labels):

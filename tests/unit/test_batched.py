@@ -15,7 +15,6 @@ from dfedrw.peer.training import FlatModel, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, RoundBatch
 from dfedrw.peer.models import build_model
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console
 
 
 def _batch(vectors, rows, sizes):
@@ -97,7 +96,7 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
     """Batch size 300 on digits with 6 clients under Dirichlet(0.1): shards of different sizes,
     some below 300. Each client's loss and step are those of its own (smaller) batch."""
     scenario = small_scenario("topology.honest=6", "topology.byzantine=0", "attack.name=none", "train.batch_size=300", "data.partition='dirichlet:0.1'")
-    run = BatchedRun(scenario, tmp_path, console=quiet_console())
+    run = BatchedRun(scenario, tmp_path)
     sizes = [b.batch_size for b in run.batches]
     assert len(set(sizes)) > 1 and min(sizes) < 300
     before = run.models.clone()
@@ -116,7 +115,7 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
 
 def test_results_folder_has_every_runs_layout(small_scenario, tmp_path):
     scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=10", "engine.name=batched")
-    summary = BatchedRun(scenario, tmp_path, console=quiet_console()).run()
+    summary = BatchedRun(scenario, tmp_path).run()
     assert summary["engine"] == "batched" and summary["failed_peers"] == [] and summary["honest_completed"] == 4
     assert (tmp_path / "scenario.toml").exists() and json.loads((tmp_path / "summary.json").read_text()) == summary
     byzantine = next(int(k) for k, p in summary["peers"].items() if p["role"] == "byzantine")
@@ -141,7 +140,7 @@ def test_the_batched_engine_on_cuda_gives_the_cpu_results(small_scenario, tmp_pa
     runs = {}
     for device in ("cpu", "cuda"):
         out = tmp_path / device
-        runs[device] = BatchedRun(small_scenario(*base, f"engine.device={device}"), out, console=quiet_console()).run()
+        runs[device] = BatchedRun(small_scenario(*base, f"engine.device={device}"), out).run()
         runs[device]["out"] = out
     assert runs["cuda"]["device"].startswith("cuda")
     for k, peer in runs["cpu"]["peers"].items():

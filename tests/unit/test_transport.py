@@ -371,44 +371,44 @@ def exchange(servicer, chunks, context=None):
     return asyncio.run(call())
 
 
-def test_a_client_answers_with_its_round(small_scenario, tmp_path):
+@pytest.fixture
+def ring_client(small_scenario, tmp_path):
+    """Client 0 of a 4-client ring (neighbours 1 and 3), in round 7, and a model it accepts."""
     scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0")
     peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
     try:
-        good = torch.zeros(sum(s.numel for s in peer.specs))
         peer.inbox.advance(7)
-        assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
-        assert peer.deliver(iter(encode(1, 5, good, peer.specs))) == (False, "stale_round", 7)
-        assert peer.deliver(iter(encode(2, 7, good, peer.specs))) == (False, "not_neighbour", 7)
+        yield peer, torch.zeros(sum(s.numel for s in peer.specs))
     finally:
         peer.close()
 
 
-def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(small_scenario, tmp_path):
-    scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0")
-    peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
-    try:
-        good = torch.zeros(sum(s.numel for s in peer.specs))
-        peer.inbox.advance(7)
-        peer._on_reachability(1, "reachable")
-        assert peer.inbox.gone() == frozenset()
-        # Its messages cannot arrive while our server refuses its calls: right away, no
-        # deadline is spent on it, even if it sent a model a moment ago.
-        assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
-        peer._on_reachability(1, "shut_out")
-        assert peer.inbox.gone() == {1}
-        # It is alive: it still gets every model, unlike a neighbour that cannot be reached.
-        sent = []
-        peer.transport.send = lambda to, chunks: sent.append(to)
-        peer.inbox.set_gone(3)
-        for r in range(1, 5):
-            peer._send_all(r, good, 10, (1, 3), 0.0)
-        assert sent == [1, 1, 1, 1]
-        # Once let in again, its next message of the window brings it back.
-        assert peer.deliver(iter(encode(1, 8, good, peer.specs))) == (True, "", 7)
-        assert peer.inbox.gone() == {3} and peer._back_at == {1: 8} and peer._shut_out == set()
-    finally:
-        peer.close()
+def test_a_client_answers_with_its_round(ring_client):
+    peer, good = ring_client
+    assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
+    assert peer.deliver(iter(encode(1, 5, good, peer.specs))) == (False, "stale_round", 7)
+    assert peer.deliver(iter(encode(2, 7, good, peer.specs))) == (False, "not_neighbour", 7)
+
+
+def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(ring_client):
+    peer, good = ring_client
+    peer._on_reachability(1, "reachable")
+    assert peer.inbox.gone() == frozenset()
+    # Its messages cannot arrive while our server refuses its calls: right away, no
+    # deadline is spent on it, even if it sent a model a moment ago.
+    assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
+    peer._on_reachability(1, "shut_out")
+    assert peer.inbox.gone() == {1}
+    # It is alive: it still gets every model, unlike a neighbour that cannot be reached.
+    sent = []
+    peer.transport.send = lambda to, chunks: sent.append(to)
+    peer.inbox.set_gone(3)
+    for r in range(1, 5):
+        peer._send_all(r, good, 10, (1, 3), 0.0)
+    assert sent == [1, 1, 1, 1]
+    # Once let in again, its next message of the window brings it back.
+    assert peer.deliver(iter(encode(1, 8, good, peer.specs))) == (True, "", 7)
+    assert peer.inbox.gone() == {3} and peer._back_at == {1: 8} and peer._shut_out == set()
 
 
 def _push(servicer, sent, read):
