@@ -14,6 +14,7 @@ under it shows that the same injection, believed, does move the network.
 import pytest
 import torch
 
+from dfedrw.peer.results import read_rounds
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.serde import encode
 from tests.helpers import ClientThreads
@@ -45,6 +46,11 @@ def injector(value):
     return inject
 
 
+def train_losses(out_dir, k):
+    """Client k's training loss in every round: the same to the last bit when its model is."""
+    return [r["train_loss"] for r in read_rounds(out_dir, k)]
+
+
 def accuracies(finals):
     return {k: (f["accuracy"], f["global_accuracy"]) for k, f in sorted(finals.items())}
 
@@ -70,7 +76,9 @@ def test_extreme_values_and_sizes_do_not_move_honest_accuracy(small_scenario, tm
 @pytest.mark.slow
 def test_the_same_injection_believed_moves_the_network(small_scenario, tmp_path):
     """The control: with the bound raised above the injected values they are accepted, client 0's
-    model overflows, its neighbours reject what it sends as non-finite, and every accuracy moves."""
+    model overflows, its neighbours reject what it sends as non-finite, and every client's
+    training moves. (Its final accuracy need not: the network recovers within the 30 rounds, and
+    a few hundred test samples can miss what is left of the difference.)"""
     clean, _ = run(small_scenario(*SETTINGS, "network.round_timeout=30"), tmp_path / "clean")
     loose = small_scenario(*SETTINGS, "network.round_timeout=2", "network.max_abs_value=3e38")
     believed, verdicts = run(loose, tmp_path / "believed", injector(2.9e38))
@@ -78,4 +86,4 @@ def test_the_same_injection_believed_moves_the_network(small_scenario, tmp_path)
           f"accuracy (local %, global %) when believed    {accuracies(believed)}")
     assert verdicts[:5] == [(True, "")] * 5
     assert sum(believed[k]["rejected_by_reason"].get("non_finite", 0) for k in believed) > 0
-    assert all(accuracies(believed)[k] != accuracies(clean)[k] for k in clean)
+    assert all(train_losses(tmp_path / "believed", k) != train_losses(tmp_path / "clean", k) for k in clean)

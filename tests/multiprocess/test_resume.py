@@ -170,6 +170,9 @@ def test_killed_client_resumes_and_rejoins_its_ring(tmp_path, record_property):
         clients.wait_for(in_step, 30, f"client {VICTIM} to aggregate its neighbours' models again", step=0.02)
         back_in_step_s = time.monotonic() - t_resumed
         figures["launch_to_in_step_s"] = round(time.monotonic() - t_launched, 2)  # process start, imports and data included
+        # The clients run on (about 80 rounds a second) while their logs are read one after
+        # another: the victim's round is read before and after its neighbours', which bracket it.
+        victim_round_before = _last_round(out, VICTIM)
         neighbour_rounds_in_step = {j: _last_round(out, j) for j in NEIGHBOURS}
         victim_round_in_step = _last_round(out, VICTIM)
         codes = clients.wait_exit(RUN_LIMIT)
@@ -184,7 +187,7 @@ def test_killed_client_resumes_and_rejoins_its_ring(tmp_path, record_property):
     figures.update(
         killed_after_round=killed_at, checkpoint_round=resume["checkpoint_round"], neighbour_rounds_at_restart=neighbour_rounds_at_restart,
         resumed_at=resume["resumed_at"], rounds_lost=final["rounds_lost"], back_in_step_s=round(back_in_step_s, 2),
-        victim_round_in_step=victim_round_in_step, neighbour_rounds_in_step=neighbour_rounds_in_step,
+        victim_rounds_in_step=(victim_round_before, victim_round_in_step), neighbour_rounds_in_step=neighbour_rounds_in_step,
     )
 
     # It resumed from its checkpoint, and the log holds one record per round, no round twice.
@@ -198,8 +201,9 @@ def test_killed_client_resumes_and_rejoins_its_ring(tmp_path, record_property):
 
     # Back in step with its neighbours within two round deadlines, and in their round window.
     assert back_in_step_s <= 2 * TIMEOUT, figures
+    slack = scenario.network.round_window + 1
     for j in NEIGHBOURS:
-        assert abs(neighbour_rounds_in_step[j] - victim_round_in_step) <= scenario.network.round_window + 1, figures
+        assert victim_round_before - slack <= neighbour_rounds_in_step[j] <= victim_round_in_step + slack, figures
 
     # It gets its neighbours' models again: their weights in (almost) every round after.
     with_both = sum(all(str(j) in r["weights"] for j in NEIGHBOURS) for r in after)
