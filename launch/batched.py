@@ -39,7 +39,7 @@ from dfedrw.peer.node import byzantine_claims, client_rule, clients_data, finite
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack
 from dfedrw.peer.results import RoundLog, write_json_atomic
-from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator
+from dfedrw.peer.training import BatchOrder, FlatModel, ManyEvaluator
 
 
 def engine_device(name: str) -> torch.device:
@@ -101,7 +101,9 @@ class BatchedRun:
                     break
             else:
                 self.rule_groups.append((self.rules[k], [c]))
-        self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
+        # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
+        self.scorer = ManyEvaluator(template, {k: move(self.data[k].aux, self.device) for k in self.honest}, self.device)
+        self.aux = self.scorer.each
         self.attack = build_attack(sc, topo.num_clients, len(self.byzantine)) if self.byzantine else None
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
         self.plausible = scenario_plausible(sc)
@@ -231,6 +233,7 @@ class BatchedRun:
         batch = RoundBatch(
             round=r, vectors=vectors.cpu(), rows=tuple(rows), ids=tuple(ids),
             num_samples=tuple(sizes), declared_losses=tuple(declared), evaluate=tuple(self.aux[k] for k in self.honest),
+            evaluate_many=self.scorer,
             references=reference, total_rounds=sc.rounds,
         )
         results = [None] * len(self.honest)
@@ -285,7 +288,7 @@ class BatchedRun:
         out = self.out_dir
         (out / "logs").mkdir(parents=True, exist_ok=True)
         dump_scenario(sc, out / "scenario.toml")
-        logs = {k: RoundLog(out, k) for k in range(self.topology.num_clients)}
+        logs = {k: RoundLog(out, k, flush_seconds=1.0) for k in range(self.topology.num_clients)}
         threads = torch.get_num_threads()
         torch.set_num_threads(sc.engine.threads)
         loop_start, cpu_start = time.monotonic(), time.process_time()

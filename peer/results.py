@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
@@ -31,7 +32,12 @@ class RoundLog:
     logged before the crash is ``last_logged``) and the resumed rounds are appended. One record
     per round stays the rule."""
 
-    def __init__(self, out_dir: Path, client_id: int, *, keep_through: int | None = None) -> None:
+    def __init__(self, out_dir: Path, client_id: int, *, keep_through: int | None = None, flush_seconds: float = 0.0) -> None:
+        # A record reaches the file at once (a client process may be killed any moment), or,
+        # with ``flush_seconds``, at most that long after it was written (the batched engine,
+        # which writes every client's record each round and cannot resume anyway).
+        self.flush_seconds = flush_seconds
+        self._flushed = time.monotonic()
         path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.dropped = 0
@@ -57,7 +63,9 @@ class RoundLog:
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        if self.flush_seconds <= 0 or time.monotonic() - self._flushed >= self.flush_seconds:
+            self._file.flush()
+            self._flushed = time.monotonic()
 
     def close(self) -> None:
         self._file.close()

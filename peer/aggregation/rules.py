@@ -144,6 +144,10 @@ class Aggregate:
     scores: dict[int, float] | None = None
 
 
+EvaluateMany = Callable[[torch.Tensor, Sequence[int], Sequence[Sequence[int]]], list[Mapping[str, torch.Tensor]]]
+"""``evaluate_many(vectors [R, D], owners, rows) -> [metrics of owner i's candidates]``."""
+
+
 @runtime_checkable
 class Rule(Protocol):
     """Anything mapping :class:`RoundInputs` to an :class:`Aggregate`.
@@ -165,6 +169,12 @@ class RoundBatch:
     (its own first), sent by ``ids[c]`` (its own id first), who declared ``num_samples[c]``
     and ``declared_losses[c]``. ``evaluate[c]``, ``references[c]``: as in
     :class:`RoundInputs`. :meth:`one` is client ``c``'s :class:`RoundInputs`.
+
+    ``evaluate_many(vectors, owners, rows)``, when given, scores many clients' candidates at
+    once: for each ``owners[i]`` (a client id) the pooled rows ``rows[i]`` on that client's
+    auxiliary data, returning what ``evaluate`` of that client returns for
+    ``vectors[list(rows[i])]``, one mapping per owner. A rule's batched path may use it in
+    place of one ``evaluate`` call per client.
     """
 
     round: int
@@ -176,6 +186,7 @@ class RoundBatch:
     evaluate: tuple[Callable[[torch.Tensor], dict[str, torch.Tensor]] | None, ...] | None = None
     references: torch.Tensor | None = None
     total_rounds: int = 0
+    evaluate_many: EvaluateMany | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -198,27 +209,37 @@ class RoundBatch:
             round=self.round, vectors=self.vectors, rows=pick(self.rows), ids=pick(self.ids), num_samples=pick(self.num_samples),
             declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
             references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
+            evaluate_many=self.evaluate_many,
         )
 
-    def combine(self, weights: list[torch.Tensor]) -> torch.Tensor:
-        """Every client's ``sum_i v_i w_i`` at once: ``weights[c]`` (float64 [len(rows[c])])
-        weighs client ``c``'s candidate rows. As :func:`weighted_sum`: in float64, rows with
-        weight 0 left out (so a NaN row of one client cannot reach another's sum); float32 [C, D]."""
+    def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
+        """Every client's ``sum_i v_i w_i`` at once: ``weights[c]`` (float64 [len(rows[c])], or
+        Python floats) weighs client ``c``'s candidate rows. As :func:`weighted_sum`: in float64,
+        rows with weight 0 left out (so a NaN row of one client cannot reach another's sum);
+        float32 [C, D]. One product for all clients: dense while the weight matrix is small,
+        sparse beyond (thousands of clients, each with a few candidates)."""
         rows, cols, values = [], [], []
         for c, w in enumerate(weights):
-            for row, v in zip(self.rows[c], w.tolist(), strict=True):
+            for row, v in zip(self.rows[c], w.tolist() if isinstance(w, torch.Tensor) else w, strict=True):
                 if v > 0:
                     rows.append(c)
                     cols.append(row)
                     values.append(v)
         used = sorted(set(cols))
         position = {row: i for i, row in enumerate(used)}
-        matrix = torch.sparse_coo_tensor(
-            torch.tensor([rows, [position[r] for r in cols]], dtype=torch.long), torch.tensor(values, dtype=torch.float64),
-            (len(self.rows), len(used)), check_invariants=True,
-        ).coalesce()
+        index = torch.tensor([rows, [position[r] for r in cols]], dtype=torch.long)
+        shape = (len(self.rows), len(used))
         pooled = self.vectors[used].to(device="cpu", dtype=torch.float64)
+        # Dense only without a NaN/Inf row: there a 0 weight would still give 0 * NaN = NaN.
+        if shape[0] * shape[1] <= _DENSE_COMBINE and bool(torch.isfinite(pooled).all()):
+            matrix = torch.zeros(shape, dtype=torch.float64)
+            matrix[index[0], index[1]] = torch.tensor(values, dtype=torch.float64)
+            return (matrix @ pooled).to(torch.float32)
+        matrix = torch.sparse_coo_tensor(index, torch.tensor(values, dtype=torch.float64), shape, check_invariants=True).coalesce()
         return torch.sparse.mm(matrix, pooled).to(torch.float32)
+
+
+_DENSE_COMBINE = 1 << 16  # entries of the [clients, rows] weight matrix below which it is dense
 
 
 def finite_rows(vectors: torch.Tensor) -> torch.Tensor:
@@ -287,19 +308,57 @@ class DFedReweighting:
                 )
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        if inputs.evaluate is None:
+        self._needs_evaluate(inputs.evaluate is None)
+        finite = finite_rows(inputs.vectors)
+        usable = inputs.vectors if bool(finite.all()) else inputs.vectors[finite.to(inputs.vectors.device)]
+        scores = self._scores(finite, usable, inputs.evaluate)
+        return _finish(inputs, self._weights(scores, finite), scores)
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's round at once: each one's TPM and CRS as :meth:`__call__` runs them,
+        the candidates scored in one ``batch.evaluate_many`` call when the batch offers it
+        (each TPM then gets those metrics from its ``evaluate``), the models summed at once."""
+        self._needs_evaluate(batch.evaluate is None or any(e is None for e in batch.evaluate))
+        finite = finite_rows(batch.vectors)
+        ok = finite.tolist()
+        usable_rows = [tuple(i for i in rows if ok[i]) for rows in batch.rows]
+        metrics: list[Mapping[str, torch.Tensor] | None] = [None] * len(batch)
+        if batch.evaluate_many is not None:
+            wanted = [c for c, rows in enumerate(usable_rows) if rows]
+            answers = batch.evaluate_many(batch.vectors, [batch.ids[c][0] for c in wanted], [usable_rows[c] for c in wanted])
+            for c, answer in zip(wanted, answers, strict=True):
+                metrics[c] = answer
+        weights, scores = [], []
+        for c, rows in enumerate(batch.rows):
+            usable = batch.vectors[list(usable_rows[c])]
+            evaluate = batch.evaluate[c] if metrics[c] is None else _Answered(usable, metrics[c], batch.evaluate[c])
+            mask = finite[list(rows)]
+            s = self._scores(mask, usable, evaluate)
+            scores.append(s)
+            weights.append(_normalised(self._weights(s, mask)))
+        models = batch.combine(weights)
+        return [
+            Aggregate(
+                model=models[c], weights=dict(zip(batch.ids[c], w.tolist(), strict=True)),
+                scores=dict(zip(batch.ids[c], s.tolist(), strict=True)),
+            )
+            for c, (w, s) in enumerate(zip(weights, scores, strict=True))
+        ]
+
+    @staticmethod
+    def _needs_evaluate(missing: bool) -> None:
+        if missing:
             raise ValueError(
                 "DFedReweighting: inputs.evaluate is None; this rule scores candidates on the "
                 "client's auxiliary data and needs an evaluate callable"
             )
-        count = len(inputs.ids)
-        finite = finite_rows(inputs.vectors)
-        scores = torch.full((count,), float("nan"), dtype=torch.float64)
+
+    def _scores(self, finite: torch.Tensor, usable: torch.Tensor, evaluate: Callable) -> torch.Tensor:
+        """The TPM's score of every candidate; NaN for the non-finite ones (never evaluated).
+        ``usable``: the finite candidates, in order."""
+        scores = torch.full((len(finite),), float("nan"), dtype=torch.float64)
         if bool(finite.any()):
-            usable = inputs.vectors
-            if not bool(finite.all()):
-                usable = usable[finite.to(usable.device)]
-            computed = torch.as_tensor(self.tpm(usable, inputs.evaluate))
+            computed = torch.as_tensor(self.tpm(usable, evaluate))
             computed = computed.detach().to(device="cpu", dtype=torch.float64)
             if computed.shape != (usable.shape[0],):
                 raise ValueError(
@@ -307,7 +366,11 @@ class DFedReweighting:
                     f"expected ({usable.shape[0]},)"
                 )
             scores[finite] = computed
+        return scores
 
+    def _weights(self, scores: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+        """The CRS's weights, checked; 0 for every non-finite candidate."""
+        count = len(scores)
         weights = torch.as_tensor(self.crs(scores)).detach().to(device="cpu", dtype=torch.float64)
         if weights.shape != (count,):
             raise ValueError(
@@ -321,8 +384,18 @@ class DFedReweighting:
             )
         # The CRS contract already zeroes NaN scores; enforcing it here keeps a custom CRS
         # from ever weighting a non-finite model.
-        weights = torch.where(finite, weights, torch.zeros_like(weights))
-        return _finish(inputs, weights, scores)
+        return torch.where(finite, weights, torch.zeros_like(weights))
+
+
+class _Answered:
+    """A client's ``evaluate`` whose answer for ``candidates`` (that very tensor) is known
+    already; any other tensor goes to the client's own ``evaluate``."""
+
+    def __init__(self, candidates: torch.Tensor, metrics: Mapping[str, torch.Tensor], evaluate: Callable) -> None:
+        self.candidates, self.metrics, self.evaluate = candidates, metrics, evaluate
+
+    def __call__(self, vectors: torch.Tensor) -> Mapping[str, torch.Tensor]:
+        return dict(self.metrics) if vectors is self.candidates else self.evaluate(vectors)
 
 
 _DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
@@ -359,13 +432,22 @@ class DFedAvg:
         return weights if bool(weights.sum() > 0) else uniform
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        finite = finite_rows(batch.vectors)
-        weights = [_normalised(self._weights(finite[list(rows)], batch.num_samples[c])) for c, rows in enumerate(batch.rows)]
+        # The weights of :meth:`_weights` and ``_normalised``, in Python floats: the sums are of
+        # whole numbers (exact either way) and the divisions the same IEEE ones, so each client
+        # gets the very weights its own call gives, without a dozen tensor operations each.
+        ok = finite_rows(batch.vectors).tolist()
+        weights = []
+        for c, rows in enumerate(batch.rows):
+            w = [1.0 if ok[i] else 0.0 for i in rows]
+            if self.weighting == "data_size":
+                sized = [float(n) if ok[i] else 0.0 for i, n in zip(rows, batch.num_samples[c], strict=True)]
+                w = sized if sum(sized) > 0 else w
+            if not sum(w) > 0:
+                w = [1.0] + [0.0] * (len(rows) - 1)
+            total = sum(w)
+            weights.append([x / total for x in w])
         models = batch.combine(weights)
-        return [
-            Aggregate(model=models[c], weights=dict(zip(batch.ids[c], w.tolist(), strict=True)))
-            for c, w in enumerate(weights)
-        ]
+        return [Aggregate(model=models[c], weights=dict(zip(batch.ids[c], w, strict=True))) for c, w in enumerate(weights)]
 
 
 def _takes_tpm_and_crs(factory: Callable[..., Any]) -> bool:

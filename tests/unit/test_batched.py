@@ -11,8 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfedrw.launch.batched import BatchedRun, engine_device
-from dfedrw.peer.training import FlatModel, _layer_plan
-from dfedrw.peer.aggregation import DFedAvg, RoundBatch
+from dfedrw.peer.training import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
+from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, RoundBatch
+from dfedrw.peer.aggregation.crs import make_crs
+from dfedrw.peer.aggregation.tpm import make_tpm
+from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import build_model
 from dfedrw.peer.results import read_rounds
 
@@ -52,6 +55,68 @@ def test_a_nan_row_of_one_client_never_reaches_another():
     first, second = DFedAvg().batched(batch)
     assert first.weights == {0: 0.0, 1: 1.0} and torch.equal(first.model, vectors[0])
     assert torch.allclose(second.model, torch.tensor([1.5, 2.5])) and second.weights == {0: 0.25, 1: 0.75}
+
+
+def _aux_sets(gen, sizes, features=6, classes=3):
+    return {k: Dataset(torch.randn(n, features, generator=gen), torch.randint(0, classes, (n,), generator=gen), classes) for k, n in sizes.items()}
+
+
+@pytest.mark.parametrize("name", ["softmax_regression", "mlp"])
+@pytest.mark.parametrize("max_values", [1, 32 << 20], ids=["a-block-per-owner", "one-block"])
+def test_many_evaluator_scores_as_each_owners_evaluator(name, max_values):
+    """Owners with auxiliary sets of different sizes, candidate lists of different lengths, a
+    NaN candidate, owners out of order and not all of them: each gets what its own evaluator gives."""
+    gen = torch.Generator().manual_seed(3)
+    template = build_model(name, 6, 3, hidden=5, seed=0)
+    aux = _aux_sets(gen, {3: 30, 5: 17, 9: 40, 11: 8})
+    many = ManyEvaluator(template, aux, torch.device("cpu"), max_values=max_values)
+    vectors = torch.randn(10, sum(p.numel() for p in template.parameters()), generator=gen)
+    vectors[4, 1] = float("nan")
+    owners, rows = [9, 3, 11], [(0, 1, 2, 4), (3,), (5, 6, 7, 8, 9, 4)]
+    for k, r, got in zip(owners, rows, many(vectors, owners, rows), strict=True):
+        want = VectorEvaluator(template, aux[k])(vectors[list(r)])
+        for key in ("accuracy", "loss"):
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-7, equal_nan=True)
+        assert torch.isnan(got["loss"][list(r).index(4)]) if 4 in r else True
+
+
+class _Reevaluates:
+    """A TPM that scores a perturbed copy of the candidates: its own tensor, not the one given."""
+
+    def __call__(self, candidates, evaluate):
+        return evaluate(candidates + 0.01)["loss"]
+
+
+@pytest.mark.parametrize(
+    "tpm, crs", [("loss", "loss_clip_mean"), ("accuracy", "softmax"), ("combined", "softmax"), (_Reevaluates(), "loss_clip_mean")],
+    ids=["loss-clip", "accuracy-softmax", "combined", "tpm-with-its-own-candidates"],
+)
+@pytest.mark.parametrize("many", [True, False], ids=["evaluate-many", "per-client-evaluate"])
+def test_dfedreweighting_batched_gives_each_client_what_its_own_call_gives(tpm, crs, many):
+    gen = torch.Generator().manual_seed(5)
+    template = build_model("softmax_regression", 6, 3, seed=0)
+    owners = (0, 1, 2, 3)
+    aux = _aux_sets(gen, {k: 12 + 5 * k for k in owners})
+    scorer = ManyEvaluator(template, aux, torch.device("cpu"))
+    vectors = torch.randn(7, sum(p.numel() for p in template.parameters()), generator=gen)
+    vectors[5] = float("inf")  # a diverged candidate: score NaN, weight 0
+    rows = ((0, 1, 2, 5), (1, 0, 6), (2, 0, 3, 4, 5), (3, 2))
+    ids = ((0, 1, 2, 7), (1, 0, 8), (2, 0, 3, 9, 7), (3, 2))
+    batch = RoundBatch(
+        round=3, vectors=vectors, rows=rows, ids=ids, num_samples=tuple((10,) * len(r) for r in rows),
+        evaluate=tuple(scorer.each[k] for k in owners), evaluate_many=scorer if many else None,
+    )
+    params = {"temperature": 1.0} if crs == "softmax" else {}
+    rule = DFedReweighting(tpm=make_tpm(tpm) if isinstance(tpm, str) else tpm, crs=make_crs(crs, **params))
+    for c, agg in enumerate(rule.batched(batch)):
+        one = rule(batch.one(c))
+        assert agg.weights.keys() == one.weights.keys() == agg.scores.keys()
+        for key in one.weights:
+            assert abs(agg.weights[key] - one.weights[key]) <= 1e-6, (c, key)
+            assert agg.scores[key] == pytest.approx(one.scores[key], rel=1e-5, nan_ok=True)
+        if 5 in rows[c]:  # the diverged candidate, sent by 7
+            assert agg.weights[7] == 0.0 and agg.scores[7] != agg.scores[7]
+        torch.testing.assert_close(agg.model, one.model, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["softmax_regression", "mlp"])

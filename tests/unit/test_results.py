@@ -113,3 +113,23 @@ def test_dfedrw_run_refuses_a_reused_folder_before_starting_anything(small_scena
     assert "earlier run that did not finish" in capsys.readouterr().err
     assert not (out / "summary.json").exists()
     assert sorted(p.name for p in (out / "peers").iterdir()) == ["1.jsonl"]
+
+
+def test_a_round_log_flushes_each_record_or_at_most_every_flush_seconds(tmp_path, monkeypatch):
+    import dfedrw.peer.results as results
+
+    clock = [100.0]
+    monkeypatch.setattr(results.time, "monotonic", lambda: clock[0])
+    eager, lazy = RoundLog(tmp_path / "a", 0), RoundLog(tmp_path / "b", 0, flush_seconds=1.0)
+    for r in range(3):
+        eager.write({"round": r})
+        lazy.write({"round": r})
+        clock[0] += 0.4
+    assert [x["round"] for x in read_rounds(tmp_path / "a", 0)] == [0, 1, 2]
+    assert read_rounds(tmp_path / "b", 0) == []  # 0.8 s after it opened: nothing flushed yet
+    lazy.write({"round": 3})  # 1.2 s: this one flushes what it holds
+    assert [x["round"] for x in read_rounds(tmp_path / "b", 0)] == [0, 1, 2, 3]
+    lazy.write({"round": 4})
+    lazy.close()
+    eager.close()
+    assert [x["round"] for x in read_rounds(tmp_path / "b", 0)] == [0, 1, 2, 3, 4]
