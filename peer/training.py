@@ -191,23 +191,22 @@ class ManyEvaluator:
     @torch.no_grad()
     def __call__(self, vectors: torch.Tensor, owners, rows) -> list[dict[str, torch.Tensor]]:
         out: list[dict[str, torch.Tensor]] = []
+        values = [len(r) * len(self.aux[k].y) * self.aux[k].num_classes for k, r in zip(owners, rows, strict=True)]  # logits each
         lo = 0
         while lo < len(owners):  # blocks of owners whose logits fit in max_values
             hi, size = lo, 0
-            while hi < len(owners) and (hi == lo or size + self._values(owners[hi], rows[hi]) <= self.max_values):
-                size += self._values(owners[hi], rows[hi])
+            while hi < len(owners) and (hi == lo or size + values[hi] <= self.max_values):
+                size += values[hi]
                 hi += 1
             out.extend(self._block(vectors, owners[lo:hi], rows[lo:hi]))
             lo = hi
         return out
 
-    def _values(self, owner: int, rows) -> int:
-        return len(rows) * len(self.aux[owner].y) * self.aux[owner].num_classes
-
     def _block(self, vectors, owners, rows) -> list[dict[str, torch.Tensor]]:
         picked = vectors[[i for r in rows for i in r]].to(self.device, torch.float32)
         finite = torch.isfinite(picked).all(1)
-        picked = torch.where(finite[:, None], picked, 0.0)  # scored as zeros, reported as NaN
+        if not bool(finite.all()):
+            picked = torch.where(finite[:, None], picked, 0.0)  # scored as zeros, reported as NaN
         columns, labels, spans = [], [], []
         start = 0
         for k, r in zip(owners, rows, strict=True):

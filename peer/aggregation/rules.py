@@ -420,29 +420,25 @@ class DFedAvg:
         check_choice("DFedAvg", "weighting", self.weighting, _DFEDAVG_WEIGHTINGS)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        weights = self._weights(finite_rows(inputs.vectors), inputs.num_samples)
-        return _finish(inputs, weights, None)
+        weights = self._weights(finite_rows(inputs.vectors).tolist(), inputs.num_samples)
+        return _finish(inputs, torch.tensor(weights, dtype=torch.float64), None)
 
-    def _weights(self, finite: torch.Tensor, num_samples: Sequence[int]) -> torch.Tensor:
-        uniform = finite.to(torch.float64)
+    def _weights(self, finite: Sequence[bool], num_samples: Sequence[int]) -> list[float]:
+        """Unnormalised weights, 0 on non-finite rows (uniform when no size is positive).
+        Python floats: sums of whole numbers are exact either way, so normalising them here
+        or in float64 tensors gives the very same weights."""
+        uniform = [1.0 if ok else 0.0 for ok in finite]
         if self.weighting == "uniform":
             return uniform
-        sizes = torch.tensor(num_samples, dtype=torch.float64)
-        weights = torch.where(finite, sizes, torch.zeros_like(sizes))
-        return weights if bool(weights.sum() > 0) else uniform
+        sized = [float(n) if ok else 0.0 for ok, n in zip(finite, num_samples, strict=True)]
+        return sized if sum(sized) > 0 else uniform
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        # The weights of :meth:`_weights` and ``_normalised``, in Python floats: the sums are of
-        # whole numbers (exact either way) and the divisions the same IEEE ones, so each client
-        # gets the very weights its own call gives, without a dozen tensor operations each.
         ok = finite_rows(batch.vectors).tolist()
         weights = []
         for c, rows in enumerate(batch.rows):
-            w = [1.0 if ok[i] else 0.0 for i in rows]
-            if self.weighting == "data_size":
-                sized = [float(n) if ok[i] else 0.0 for i, n in zip(rows, batch.num_samples[c], strict=True)]
-                w = sized if sum(sized) > 0 else w
-            if not sum(w) > 0:
+            w = self._weights([ok[i] for i in rows], batch.num_samples[c])
+            if not sum(w) > 0:  # as _normalised: all on the own model
                 w = [1.0] + [0.0] * (len(rows) - 1)
             total = sum(w)
             weights.append([x / total for x in w])
