@@ -110,13 +110,23 @@ class VectorEvaluator:
         loss = torch.full((c,), float("nan"), dtype=torch.float64)
         ok = torch.isfinite(vectors).all(dim=1)
         if ok.any():
-            good = vectors[ok].to(self.data.x.device, torch.float32)
-            logits = self.model.batch_logits(good, self.data.x)  # [c_ok, n, classes]
-            y = self.data.y
-            acc[ok] = (logits.argmax(-1) == y).float().mean(1).double().cpu()
-            per = F.cross_entropy(logits.transpose(1, 2), y.expand(len(good), -1), reduction="none")
-            loss[ok] = per.mean(1).double().cpu()
+            scored = score_models(self.model, vectors[ok].to(self.data.x.device, torch.float32), self.data)
+            acc[ok], loss[ok] = scored.double().cpu()
         return {"accuracy": acc, "loss": loss}
+
+
+@torch.no_grad()
+def score_models(model: "FlatModel", vectors: torch.Tensor, data: Dataset) -> torch.Tensor:
+    """Accuracy and mean cross-entropy of every model ``vectors [C, P]`` (finite, float32, on
+    the data's device) on ``data``: float32 ``[2, C]``, on that device. Every evaluator scores
+    with this, so a client's scores do not depend on which engine computed them."""
+    logits = model.class_first_logits(vectors, data.x)  # [C, classes, n]
+    y = data.y
+    # max(dim).indices is argmax (the first of equal maxima) and, with the classes along
+    # dim 1 and the samples last, many times faster than argmax over that dim.
+    correct = (logits.max(1).indices == y).float().mean(1)
+    loss = F.cross_entropy(logits, y.expand(len(vectors), -1), reduction="none").mean(1)
+    return torch.stack([correct, loss])
 
 
 class FlatModel:
@@ -166,78 +176,79 @@ class FlatModel:
         return h
 
 
+    def class_first_logits(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Every model's logits on inputs they all share (``x [N, F]``), classes first:
+        ``[C, K, N]``. With the samples last, the products write the layout that the
+        cross-entropy and the class maximum read fastest (and, measured on softmax regression,
+        the product itself is faster than ``x @ W^T``). Models without a layer plan get
+        :meth:`batch_logits` transposed (a view)."""
+        if self.plan is None:
+            return self.batch_logits(vectors, x).transpose(1, 2)
+        count, h = len(vectors), x.t()  # [F, N]
+        for step in self.plan:
+            if not isinstance(step, tuple):
+                h = step(h)
+                continue
+            offset, out, inp, bias = step
+            weight = vectors[:, offset : offset + out * inp].view(count, out, inp)
+            b = vectors[:, offset + out * inp : offset + out * inp + out] if bias else None
+            if h.dim() == 2:  # shared inputs: one product for all models' weights
+                flat = weight.reshape(count * out, inp)
+                h = (flat @ h if b is None else torch.addmm(b.reshape(count * out, 1), flat, h)).view(count, out, -1)
+            else:
+                h = torch.bmm(weight, h) if b is None else torch.baddbmm(b[:, :, None], weight, h)
+        return h
+
+
 class ManyEvaluator:
     """Many clients' ``evaluate`` at once (:data:`~dfedrw.peer.aggregation.rules.EvaluateMany`):
-    each owner's candidate rows scored on that owner's auxiliary set, as its
-    :class:`VectorEvaluator` scores them.
+    each owner's candidate rows scored on that owner's auxiliary set, exactly as its
+    :class:`VectorEvaluator` scores them (the same :func:`score_models` call on the same rows).
 
-    Each owner's candidates go through the model on its own samples (for the project's models
-    one product per layer for all of them, :meth:`FlatModel.batch_logits`): the multiply-adds
-    are exactly those of one evaluator per owner. What follows (finiteness, predictions,
-    cross-entropy, the mean over each owner's samples) runs once for a block of owners, their
-    logits side by side, instead of a dozen small operations per owner. Blocks are bounded so
-    their logits stay under ``max_values`` values.
+    What it saves over one evaluator call per owner: the pooled rows are checked for
+    finiteness once (a row is the candidate of several owners), and the scores of all owners
+    come back from the device in one transfer.
     """
 
-    def __init__(self, template: nn.Module, aux: dict[int, Dataset], device: torch.device, *, max_values: int = 16 << 20) -> None:
+    def __init__(self, template: nn.Module, aux: dict[int, Dataset], device: torch.device) -> None:
         import copy
 
         self.each = {k: VectorEvaluator(template, d) for k, d in aux.items()}
         self.model = FlatModel(copy.deepcopy(template), device)
         self.aux = aux
         self.device = device
-        self.max_values = max_values
 
     @torch.no_grad()
     def __call__(self, vectors: torch.Tensor, owners, rows) -> list[dict[str, torch.Tensor]]:
-        out: list[dict[str, torch.Tensor]] = []
-        values = [len(r) * len(self.aux[k].y) * self.aux[k].num_classes for k, r in zip(owners, rows, strict=True)]  # logits each
-        lo = 0
-        while lo < len(owners):  # blocks of owners whose logits fit in max_values
-            hi, size = lo, 0
-            while hi < len(owners) and (hi == lo or size + values[hi] <= self.max_values):
-                size += values[hi]
-                hi += 1
-            out.extend(self._block(vectors, owners[lo:hi], rows[lo:hi]))
-            lo = hi
+        finite = torch.isfinite(vectors).all(1).tolist()
+        kept = [[i for i in r if finite[i]] for r in rows]
+        scored = [
+            score_models(self.model, vectors[keep].to(self.device, torch.float32), self.aux[k])
+            for k, keep in zip(owners, kept, strict=True)
+            if keep
+        ]
+        values = torch.cat(scored, dim=1).double().cpu() if scored else torch.empty(2, 0, dtype=torch.float64)
+        out, start = [], 0
+        for r, keep in zip(rows, kept, strict=True):
+            acc = torch.full((len(r),), float("nan"), dtype=torch.float64)
+            loss = acc.clone()
+            where = [j for j, i in enumerate(r) if finite[i]]
+            acc[where], loss[where] = values[:, start : start + len(keep)]
+            start += len(keep)
+            out.append({"accuracy": acc, "loss": loss})
         return out
 
-    def _block(self, vectors, owners, rows) -> list[dict[str, torch.Tensor]]:
-        picked = vectors[[i for r in rows for i in r]].to(self.device, torch.float32)
-        finite = torch.isfinite(picked).all(1)
-        if not bool(finite.all()):
-            picked = torch.where(finite[:, None], picked, 0.0)  # scored as zeros, reported as NaN
-        columns, labels, spans = [], [], []
-        start = 0
-        for k, r in zip(owners, rows, strict=True):
-            data = self.aux[k]
-            block = self.model.batch_logits(picked[start : start + len(r)], data.x)  # [m, n, K]
-            columns.append(block.reshape(-1, block.shape[-1]))  # [m * n, K]
-            labels.append(data.y.repeat(len(r)))
-            spans.extend([len(data.y)] * len(r))
-            start += len(r)
-        logits, labels = torch.cat(columns), torch.cat(labels)
-        # One segment per candidate (its owner's n samples), in order: the mean over each.
-        segment = torch.repeat_interleave(torch.arange(len(spans), device=self.device), torch.tensor(spans, device=self.device))
-        counts = torch.tensor(spans, dtype=torch.float64, device=self.device)
-        correct = (logits.argmax(1) == labels).double()
-        # The softmax with the classes along dim 1 and the samples last runs over the samples
-        # in vector lanes: measured 15x faster than over rows of ~10 classes.
-        per = F.cross_entropy(logits.t().contiguous()[None], labels[None], reduction="none")[0].double()
-        acc = torch.zeros(len(spans), dtype=torch.float64, device=self.device).index_add_(0, segment, correct) / counts
-        loss = torch.zeros(len(spans), dtype=torch.float64, device=self.device).index_add_(0, segment, per) / counts
-        nan = torch.tensor(float("nan"), dtype=torch.float64, device=self.device)
-        acc, loss = torch.where(finite, acc, nan).cpu(), torch.where(finite, loss, nan).cpu()
-        out, start = [], 0
-        for r in rows:
-            out.append({"accuracy": acc[start : start + len(r)], "loss": loss[start : start + len(r)]})
-            start += len(r)
-        return out
+
+# Parameter-free layers that act on each value alone, so they work in any layout (exact types:
+# a subclass may read its dims).
+_ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity)
 
 
 def _layer_plan(module: torch.nn.Module) -> list | None:
     """``module`` as steps (offset, out, in, has bias) for each Linear layer and the layer
-    itself for each parameter-free one; None for any other module."""
+    itself for each elementwise one; None for any other module. (A layer such as
+    ``Softmax(dim=1)`` or ``Flatten`` reads its dims, which the batched layouts move, so a
+    model with one goes through ``vmap``.)"""
     if not isinstance(module, torch.nn.Sequential):
         return None
     plan: list = []
@@ -247,7 +258,7 @@ def _layer_plan(module: torch.nn.Module) -> list | None:
             bias = layer.bias is not None
             plan.append((offset, layer.out_features, layer.in_features, bias))
             offset += layer.out_features * layer.in_features + (layer.out_features if bias else 0)
-        elif not any(True for _ in layer.parameters()) and not any(True for _ in layer.buffers()):
+        elif type(layer) in _ELEMENTWISE:
             plan.append(layer)
         else:
             return None

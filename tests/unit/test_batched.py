@@ -62,21 +62,21 @@ def _aux_sets(gen, sizes, features=6, classes=3):
 
 
 @pytest.mark.parametrize("name", ["softmax_regression", "mlp"])
-@pytest.mark.parametrize("max_values", [1, 32 << 20], ids=["a-block-per-owner", "one-block"])
-def test_many_evaluator_scores_as_each_owners_evaluator(name, max_values):
+def test_many_evaluator_scores_as_each_owners_evaluator(name):
     """Owners with auxiliary sets of different sizes, candidate lists of different lengths, a
-    NaN candidate, owners out of order and not all of them: each gets what its own evaluator gives."""
+    NaN candidate (alone for one owner), owners out of order and not all of them: each gets
+    exactly what its own evaluator gives."""
     gen = torch.Generator().manual_seed(3)
     template = build_model(name, 6, 3, hidden=5, seed=0)
     aux = _aux_sets(gen, {3: 30, 5: 17, 9: 40, 11: 8})
-    many = ManyEvaluator(template, aux, torch.device("cpu"), max_values=max_values)
+    many = ManyEvaluator(template, aux, torch.device("cpu"))
     vectors = torch.randn(10, sum(p.numel() for p in template.parameters()), generator=gen)
     vectors[4, 1] = float("nan")
-    owners, rows = [9, 3, 11], [(0, 1, 2, 4), (3,), (5, 6, 7, 8, 9, 4)]
+    owners, rows = [9, 3, 11, 5], [(0, 1, 2, 4), (3,), (5, 6, 7, 8, 9, 4), (4,)]
     for k, r, got in zip(owners, rows, many(vectors, owners, rows), strict=True):
         want = VectorEvaluator(template, aux[k])(vectors[list(r)])
         for key in ("accuracy", "loss"):
-            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-7, equal_nan=True)
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, equal_nan=True)
         assert torch.isnan(got["loss"][list(r).index(4)]) if 4 in r else True
 
 
@@ -132,6 +132,26 @@ def test_batched_products_are_each_clients_own_model(name):
         torch.testing.assert_close(model.batch_logits(vectors, own)[c], model.logits(vectors[c], own[c]))
 
 
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        build_model("softmax_regression", 8, 3, seed=0),
+        build_model("mlp", 8, 3, hidden=5, seed=0),
+        torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False), torch.nn.Tanh(), torch.nn.Linear(4, 3, bias=False)),
+        torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softmax(dim=1), torch.nn.Linear(4, 3)),  # not elementwise
+    ],
+    ids=["softmax-regression", "mlp", "no-bias", "a-layer-that-is-not-elementwise"],
+)
+def test_class_first_logits_are_each_models_logits_transposed(template):
+    model = FlatModel(template, torch.device("cpu"))
+    vectors = torch.randn(4, sum(model.sizes))
+    x = torch.randn(7, 8)
+    got = model.class_first_logits(vectors, x)
+    assert got.shape == (4, 3, 7)
+    for c in range(4):
+        torch.testing.assert_close(got[c], model.logits(vectors[c], x).t())
+
 def test_other_modules_go_through_vmap():
     class Odd(torch.nn.Module):
         def __init__(self):
@@ -143,6 +163,8 @@ def test_other_modules_go_through_vmap():
 
     assert _layer_plan(Odd()) is None
     assert _layer_plan(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))) is None
+    # Parameter-free but not elementwise: the batched layouts would move the dim it reads.
+    assert _layer_plan(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Softmax(dim=1))) is None
     model = FlatModel(Odd(), torch.device("cpu"))
     vectors = torch.randn(2, 6)
     x = torch.randn(4, 3)
