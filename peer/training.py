@@ -160,21 +160,27 @@ class FlatModel:
         if self.plan is None:
             return vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))(vectors, x)
         count, h = len(vectors), x
-        for step in self.plan:
-            if isinstance(step, torch.nn.Module):
+        for step, weight, b in self._steps(vectors):
+            if weight is None:
                 h = step(h)
-                continue
-            offset, out, inp, bias = step
-            weight = vectors[:, offset : offset + out * inp].view(count, out, inp)
-            b = vectors[:, offset + out * inp : offset + out * inp + out] if bias else None
-            if h.dim() == 2:  # shared inputs: one product for all models' weights
-                flat = weight.reshape(count * out, inp)
-                y = h @ flat.t() if b is None else torch.addmm(b.reshape(count * out), h, flat.t())
-                h = y.view(len(h), count, out).transpose(0, 1)
+            elif h.dim() == 2:  # shared inputs: one product for all models' weights
+                flat = weight.reshape(-1, weight.shape[2])
+                y = h @ flat.t() if b is None else torch.addmm(b.reshape(-1), h, flat.t())
+                h = y.view(len(h), count, weight.shape[1]).transpose(0, 1)
             else:
                 h = torch.bmm(h, weight.transpose(1, 2)) if b is None else torch.baddbmm(b[:, None, :], h, weight.transpose(1, 2))
         return h
 
+    def _steps(self, vectors: torch.Tensor):
+        """The plan's steps with each Linear layer's weights ``[C, out, in]`` and biases
+        ``[C, out]`` (or None) as views of ``vectors``; (layer, None, None) for the others."""
+        for step in self.plan:
+            if not isinstance(step, tuple):
+                yield step, None, None
+                continue
+            offset, out, inp, bias = step
+            weight = vectors[:, offset : offset + out * inp].view(len(vectors), out, inp)
+            yield step, weight, vectors[:, offset + out * inp : offset + out * inp + out] if bias else None
 
     def class_first_logits(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Every model's logits on inputs they all share (``x [N, F]``), classes first:
@@ -185,16 +191,12 @@ class FlatModel:
         if self.plan is None:
             return self.batch_logits(vectors, x).transpose(1, 2)
         count, h = len(vectors), x.t()  # [F, N]
-        for step in self.plan:
-            if not isinstance(step, tuple):
+        for step, weight, b in self._steps(vectors):
+            if weight is None:
                 h = step(h)
-                continue
-            offset, out, inp, bias = step
-            weight = vectors[:, offset : offset + out * inp].view(count, out, inp)
-            b = vectors[:, offset + out * inp : offset + out * inp + out] if bias else None
-            if h.dim() == 2:  # shared inputs: one product for all models' weights
-                flat = weight.reshape(count * out, inp)
-                h = (flat @ h if b is None else torch.addmm(b.reshape(count * out, 1), flat, h)).view(count, out, -1)
+            elif h.dim() == 2:  # shared inputs: one product for all models' weights
+                flat = weight.reshape(-1, weight.shape[2])
+                h = (flat @ h if b is None else torch.addmm(b.reshape(-1, 1), flat, h)).view(count, weight.shape[1], h.shape[1])
             else:
                 h = torch.bmm(weight, h) if b is None else torch.baddbmm(b[:, :, None], weight, h)
         return h
