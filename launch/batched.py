@@ -102,7 +102,7 @@ class BatchedRun:
             else:
                 self.rule_groups.append((self.rules[k], [c]))
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
-        self.scorer = ManyEvaluator(template, {k: move(self.data[k].aux, self.device) for k in self.honest}, self.device)
+        self.scorer = ManyEvaluator(template, {k: move(self.data[k].aux, self.device) for k in self.honest})
         self.aux = self.scorer.each
         self.attack = build_attack(sc, topo.num_clients, len(self.byzantine)) if self.byzantine else None
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}

@@ -92,7 +92,7 @@ def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
 class VectorEvaluator:
     """Scores flat model vectors on a fixed dataset: the ``evaluate`` a TPM calls.
 
-    All finite candidates go through the model at once (:meth:`FlatModel.batch_logits`: for
+    All finite candidates go through the model at once (:func:`score_models`: for
     the project's models, one matrix product per layer for every candidate, the data read
     once). The client's own model is never touched.
     """
@@ -105,14 +105,23 @@ class VectorEvaluator:
 
     @torch.no_grad()
     def __call__(self, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
-        c = len(vectors)
-        acc = torch.full((c,), float("nan"), dtype=torch.float64)
-        loss = torch.full((c,), float("nan"), dtype=torch.float64)
-        ok = torch.isfinite(vectors).all(dim=1)
-        if ok.any():
-            scored = score_models(self.model, vectors[ok].to(self.data.x.device, torch.float32), self.data)
-            acc[ok], loss[ok] = scored.double().cpu()
-        return {"accuracy": acc, "loss": loss}
+        finite = torch.isfinite(vectors).all(dim=1).tolist()
+        where = [i for i, ok in enumerate(finite) if ok]
+        return _metrics(len(vectors), where, self.score(vectors[where]).double().cpu() if where else None)
+
+    def score(self, vectors: torch.Tensor) -> torch.Tensor:
+        """:func:`score_models` of finite ``vectors`` on this evaluator's data (on its device)."""
+        return score_models(self.model, vectors.to(self.data.x.device, torch.float32), self.data)
+
+
+def _metrics(count: int, where: list[int], scored: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """``{"accuracy", "loss"}`` of ``count`` candidates: ``scored`` (float64 CPU ``[2, len(where)]``)
+    at the positions ``where``, NaN at the others (the non-finite candidates)."""
+    acc = torch.full((count,), float("nan"), dtype=torch.float64)
+    loss = acc.clone()
+    if where:
+        acc[where], loss[where] = scored
+    return {"accuracy": acc, "loss": loss}
 
 
 @torch.no_grad()
@@ -212,32 +221,19 @@ class ManyEvaluator:
     come back from the device in one transfer.
     """
 
-    def __init__(self, template: nn.Module, aux: dict[int, Dataset], device: torch.device) -> None:
-        import copy
-
+    def __init__(self, template: nn.Module, aux: dict[int, Dataset]) -> None:
         self.each = {k: VectorEvaluator(template, d) for k, d in aux.items()}
-        self.model = FlatModel(copy.deepcopy(template), device)
-        self.aux = aux
-        self.device = device
 
     @torch.no_grad()
     def __call__(self, vectors: torch.Tensor, owners, rows) -> list[dict[str, torch.Tensor]]:
         finite = torch.isfinite(vectors).all(1).tolist()
-        kept = [[i for i in r if finite[i]] for r in rows]
-        scored = [
-            score_models(self.model, vectors[keep].to(self.device, torch.float32), self.aux[k])
-            for k, keep in zip(owners, kept, strict=True)
-            if keep
-        ]
-        values = torch.cat(scored, dim=1).double().cpu() if scored else torch.empty(2, 0, dtype=torch.float64)
+        where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
+        scored = [self.each[k].score(vectors[[r[j] for j in w]]) for k, r, w in zip(owners, rows, where, strict=True) if w]
+        values = torch.cat(scored, dim=1).double().cpu() if scored else None
         out, start = [], 0
-        for r, keep in zip(rows, kept, strict=True):
-            acc = torch.full((len(r),), float("nan"), dtype=torch.float64)
-            loss = acc.clone()
-            where = [j for j, i in enumerate(r) if finite[i]]
-            acc[where], loss[where] = values[:, start : start + len(keep)]
-            start += len(keep)
-            out.append({"accuracy": acc, "loss": loss})
+        for r, w in zip(rows, where, strict=True):
+            out.append(_metrics(len(r), w, values[:, start : start + len(w)] if w else None))
+            start += len(w)
         return out
 
 

@@ -69,7 +69,7 @@ def test_many_evaluator_scores_as_each_owners_evaluator(name):
     gen = torch.Generator().manual_seed(3)
     template = build_model(name, 6, 3, hidden=5, seed=0)
     aux = _aux_sets(gen, {3: 30, 5: 17, 9: 40, 11: 8})
-    many = ManyEvaluator(template, aux, torch.device("cpu"))
+    many = ManyEvaluator(template, aux)
     vectors = torch.randn(10, sum(p.numel() for p in template.parameters()), generator=gen)
     vectors[4, 1] = float("nan")
     owners, rows = [9, 3, 11, 5], [(0, 1, 2, 4), (3,), (5, 6, 7, 8, 9, 4), (4,)]
@@ -97,7 +97,7 @@ def test_dfedreweighting_batched_gives_each_client_what_its_own_call_gives(tpm, 
     template = build_model("softmax_regression", 6, 3, seed=0)
     owners = (0, 1, 2, 3)
     aux = _aux_sets(gen, {k: 12 + 5 * k for k in owners})
-    scorer = ManyEvaluator(template, aux, torch.device("cpu"))
+    scorer = ManyEvaluator(template, aux)
     vectors = torch.randn(7, sum(p.numel() for p in template.parameters()), generator=gen)
     vectors[5] = float("inf")  # a diverged candidate: score NaN, weight 0
     rows = ((0, 1, 2, 5), (1, 0, 6), (2, 0, 3, 4, 5), (3, 2))
@@ -132,7 +132,6 @@ def test_batched_products_are_each_clients_own_model(name):
         torch.testing.assert_close(model.batch_logits(vectors, own)[c], model.logits(vectors[c], own[c]))
 
 
-
 @pytest.mark.parametrize(
     "template",
     [
@@ -151,6 +150,7 @@ def test_class_first_logits_are_each_models_logits_transposed(template):
     assert got.shape == (4, 3, 7)
     for c in range(4):
         torch.testing.assert_close(got[c], model.logits(vectors[c], x).t())
+
 
 def test_other_modules_go_through_vmap():
     class Odd(torch.nn.Module):
