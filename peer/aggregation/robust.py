@@ -40,6 +40,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
@@ -127,18 +128,71 @@ def _middle(values: torch.Tensor) -> torch.Tensor:
     than 2**24 elements (a few neighbours of a CNN already exceed that).
     """
     count = values.shape[0]
-    ordered = values.sort(dim=0).values
+    ordered = _sorted(values)
     return (ordered[(count - 1) // 2] + ordered[count // 2]) / 2
+
+
+def _sorted(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` sorted along dim 0, values only (the same values whatever the algorithm).
+
+    On the CPU numpy's sort along axis 0 is about 4x faster than ``torch.sort(dim=0)`` for a
+    few rows of many coordinates (0.56 ms against 2.1 ms for 11 x 7850 float64 on one core),
+    the shape every coordinate-wise rule sorts each round.
+    """
+    if rows.device.type == "cpu":
+        return torch.from_numpy(np.sort(rows.numpy(), axis=0))
+    return rows.sort(dim=0).values
+
+
+def _kept_by_rank(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """Which entries of ``rows`` a stable sort along dim 0 ranks in ``[low, high)``; bool, shape
+    of ``rows``. ``ordered`` is ``rows`` sorted along dim 0 and ``0 <= low < high <= rows``.
+
+    Every entry between the smallest and the largest kept value is kept, bounds included,
+    unless a value at a bound is also ranked outside ``[low, high)``: only those (tied)
+    coordinates need each entry's rank.
+    """
+    first, last = ordered[low], ordered[high - 1]
+    kept = (rows >= first) & (rows <= last)
+    tied = torch.zeros_like(first, dtype=torch.bool)
+    if low > 0:
+        tied |= ordered[low - 1] == first
+    if high < rows.shape[0]:
+        tied |= ordered[high] == last
+    if bool(tied.any()):
+        columns = tied.nonzero().squeeze(1)
+        kept[:, columns] = _ranked_in(rows[:, columns], ordered[:, columns], low, high)
+    return kept
+
+
+def _ranked_in(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """:func:`_kept_by_rank` from each entry's stable rank ``#{j: x_j < x_i} + #{j < i: x_j ==
+    x_i}``. Only entries equal to a bound need it: the count below that bound plus their place
+    among the equal entries (dim 0 is id order, so equal values are kept lower id first)."""
+    first, last = ordered[low], ordered[high - 1]
+    kept = (rows > first) & (rows < last)
+    for bound in (first, last):
+        equal = rows == bound
+        rank = (rows < bound).sum(dim=0) + equal.cumsum(dim=0) - 1
+        kept |= equal & (rank >= low) & (rank < high)
+    return kept
 
 
 def _pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
     """``d[i, j] = ||w_i - w_j||^2`` (float64 [F, F] on the CPU).
 
     One row at a time keeps memory at [F, D] instead of [F, F, D]; computing each entry from
-    the difference (not ``|a|^2 + |b|^2 - 2ab``) keeps it exact for identical models and
-    bitwise symmetric.
+    the difference (not ``|a|^2 + |b|^2 - 2ab``) keeps it exact for identical models. Each
+    pair is computed once, row ``i`` against the rows after it, and mirrored (``(a - b)^2`` and
+    ``(b - a)^2`` are the same numbers): exactly symmetric, in half the arithmetic.
     """
-    return torch.stack([((rows - row) ** 2).sum(dim=1) for row in rows]).cpu()
+    count = rows.shape[0]
+    distances = torch.zeros(count, count, dtype=rows.dtype)
+    for i in range(count - 1):
+        after = ((rows[i + 1 :] - rows[i]) ** 2).sum(dim=1).cpu()
+        distances[i, i + 1 :] = after
+        distances[i + 1 :, i] = after
+    return distances
 
 
 # ---------------------------------------------------------------- coordinate-wise rules
@@ -166,7 +220,7 @@ class Median:
         count = len(finite.ids)
         if count == 0:
             return _keep_own(inputs)
-        ordered = finite.rows.sort(dim=0).values
+        ordered = _sorted(finite.rows)
         low, high = ordered[(count - 1) // 2], ordered[count // 2]
         model = (low + high) / 2
         hits = ((finite.rows == low) | (finite.rows == high)).sum(dim=1).to(torch.float64)
@@ -200,13 +254,13 @@ class TrimmedMean:
         if count == 0:
             return _keep_own(inputs)
         trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
-        # Stable, on id-ordered rows: ties resolve the same way whatever the arrival order.
-        ordered = finite.rows.sort(dim=0, stable=True)
-        kept = ordered.values[trim : count - trim]
+        ordered = _sorted(finite.rows)
+        kept = ordered[trim : count - trim]
         model = kept.sum(dim=0) / kept.shape[0]
-        shares = torch.bincount(ordered.indices[trim : count - trim].flatten().cpu(),
-                                minlength=count)
-        return _aggregate(inputs, model, _by_id(finite, shares.to(torch.float64)))
+        # Shares as a stable sort of the id-ordered rows ranks them: ties resolve the same way
+        # whatever the arrival order.
+        shares = _kept_by_rank(finite.rows, ordered, trim, count - trim).sum(dim=1)
+        return _aggregate(inputs, model, _by_id(finite, shares.to(torch.float64).cpu()))
 
 
 # ---------------------------------------------------------------- distance-based rules

@@ -29,6 +29,7 @@ from dfedrw.peer.aggregation import (
     TrimmedMean,
     build_rule,
 )
+from dfedrw.peer.aggregation.robust import _pairwise_squared_distances
 
 NAN = float("nan")
 
@@ -139,6 +140,40 @@ def test_trimmed_mean_ranks_equal_values_by_id():
     assert_weights(result, {7: 0.5, 9: 0.0, 3: 0.0, 5: 0.5})
 
 
+def stable_sort_trimmed_mean(rows: torch.Tensor, num_byzantine: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, from a stable torch sort of id-ordered float64 rows: (model, shares)."""
+    count = rows.shape[0]
+    trim = num_byzantine if 2 * num_byzantine < count else (count - 1) // 2
+    ordered = rows.sort(dim=0, stable=True)
+    kept = ordered.values[trim : count - trim]
+    shares = torch.bincount(ordered.indices[trim : count - trim].flatten(), minlength=count)
+    return kept.sum(dim=0) / kept.shape[0], shares.double() / shares.sum()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.lists(st.sampled_from([-2.0, -0.0, 0.0, 1.0, 1.0, 3.5]), min_size=6, max_size=6),
+                    min_size=1, max_size=9),
+    num_byzantine=st.integers(0, 5),
+)
+def test_coordinate_rules_give_exactly_what_a_stable_sort_gives(values, num_byzantine):
+    # Prepare: few distinct values, so most coordinates hold ties at the trimming bounds;
+    # ids are given in increasing order, so row order is the id order the rules sort by
+    rows = torch.tensor(values, dtype=torch.float64)
+    inputs = RoundInputs(0, 0, tuple(range(len(values))), rows.float(), (0,) * len(values))
+    expected_model, expected_shares = stable_sort_trimmed_mean(rows, num_byzantine)
+    ordered = rows.sort(dim=0).values
+    middle = (ordered[(len(values) - 1) // 2] + ordered[len(values) // 2]) / 2
+
+    # Execute
+    trimmed, median = TrimmedMean(num_byzantine)(inputs), Median()(inputs)
+
+    # Assert: the same model to the last bit and the same shares
+    assert torch.equal(trimmed.model, expected_model.float())
+    assert list(trimmed.weights.values()) == pytest.approx(expected_shares.tolist(), abs=1e-15)
+    assert torch.equal(median.model, middle.float())
+
+
 # ---------------------------------------------------------------- Krum / Multi-Krum
 
 # Own id 50 and neighbours 10..40: sorted by id the own model is last, so a tie between it and
@@ -152,6 +187,27 @@ KRUM_IDS = (50, 10, 20, 30, 40)
 #   p3: p0 2, p1 2, p2 5, p4 162 -> 2 + 2 = 4
 #   p4: 200, 164, 149, 162 -> 149 + 162 = 311
 KRUM_ROWS = [[0, 0], [2, 0], [0, 3], [1, 1], [10, 10]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(count=st.integers(1, 12), dim=st.integers(1, 40), seed=st.integers(0, 2**16), copies=st.booleans())
+def test_pairwise_distances_are_exact_symmetric_and_zero_for_copies(count, dim, seed, copies):
+    # Prepare: random rows, optionally with row 0 repeated at the end (a copied model)
+    rows = torch.randn(count, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    if copies:
+        rows = torch.cat([rows, rows[:1]])
+
+    # Execute
+    distances = _pairwise_squared_distances(rows)
+
+    # Assert: each entry is the squared norm of the difference, the matrix exactly symmetric,
+    # and a copy is at distance exactly 0
+    expected = ((rows[:, None, :] - rows[None, :, :]) ** 2).sum(dim=2)
+    assert torch.allclose(distances, expected, rtol=1e-12, atol=0)
+    assert torch.equal(distances, distances.T)
+    assert bool((distances.diagonal() == 0).all())
+    if copies:
+        assert distances[0, -1] == 0
 
 
 def test_krum_picks_lowest_score():
