@@ -417,6 +417,7 @@ def _largest_cluster(updates: torch.Tensor, min_cluster_size: int) -> torch.Tens
     """Boolean CPU mask of the largest HDBSCAN cluster on cosine distances of the rows of
     ``updates`` (updates or whole models)."""
     # Imported here: scikit-learn is slow to import and only this rule needs it.
+    from sklearn import config_context
     from sklearn.cluster import HDBSCAN
 
     count = updates.shape[0]
@@ -427,13 +428,16 @@ def _largest_cluster(updates: torch.Tensor, min_cluster_size: int) -> torch.Tens
     distances = (1.0 - unit @ unit.T).clamp(min=0.0, max=2.0).cpu()
     distances = (distances + distances.T) / 2
     distances.fill_diagonal_(0.0)
-    labels = HDBSCAN(
-        metric="precomputed",
-        min_cluster_size=min(min_cluster_size, count),
-        min_samples=1,
-        allow_single_cluster=True,
-        copy=True,
-    ).fit(distances.numpy()).labels_
+    # The parameters are fixed here and the distances finite and checked above: scikit-learn's
+    # own checks of both cost about 0.3 ms a call against 0.6 ms for the clustering itself.
+    with config_context(assume_finite=True, skip_parameter_validation=True):
+        labels = HDBSCAN(
+            metric="precomputed",
+            min_cluster_size=min(min_cluster_size, count),
+            min_samples=1,
+            allow_single_cluster=True,
+            copy=True,
+        ).fit(distances.numpy()).labels_
     clusters = sorted({int(label) for label in labels if label >= 0})
     if not clusters:
         # HDBSCAN found no structure at all: nothing stands out as an outlier either.
