@@ -428,8 +428,9 @@ def _largest_cluster(updates: torch.Tensor, min_cluster_size: int) -> torch.Tens
     distances = (1.0 - unit @ unit.T).clamp(min=0.0, max=2.0).cpu()
     distances = (distances + distances.T) / 2
     distances.fill_diagonal_(0.0)
-    # The parameters are fixed here and the distances finite and checked above: scikit-learn's
-    # own checks of both cost about 0.3 ms a call against 0.6 ms for the clustering itself.
+    # The parameters are fixed here and the distances finite by construction (cosines of finite
+    # rows, clamped): scikit-learn's own checks of both cost about 0.3 ms a call, against
+    # 0.6 ms for the clustering itself.
     with config_context(assume_finite=True, skip_parameter_validation=True):
         labels = HDBSCAN(
             metric="precomputed",
