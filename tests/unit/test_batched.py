@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.launch.batched import BatchedRun, engine_device
+from dfedrw.launch.batched import BatchedRun, engine_device, rule_groups
 from dfedrw.peer.training import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
-from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, RoundBatch
+from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, Flame, RoundBatch
 from dfedrw.peer.aggregation.crs import make_crs
 from dfedrw.peer.aggregation.tpm import make_tpm
 from dfedrw.peer.data import Dataset
@@ -169,6 +169,39 @@ def test_other_modules_go_through_vmap():
     vectors = torch.randn(2, 6)
     x = torch.randn(4, 3)
     torch.testing.assert_close(model.batch_logits(vectors, x)[1], model.logits(vectors[1], x))
+
+
+class _EqualBySetting:
+    """A user's rule that defines equality and so is unhashable."""
+
+    def __init__(self, setting):
+        self.setting = setting
+
+    def __eq__(self, other):
+        return isinstance(other, _EqualBySetting) and self.setting == other.setting
+
+
+class _Undecidable:
+    """A rule whose equality raises."""
+
+    def __eq__(self, other):
+        raise RuntimeError("cannot compare")
+
+    __hash__ = None
+
+
+def test_rules_group_by_class_and_settings_hashable_or_not():
+    # Prepare: frozen dataclasses (hashable), a user's unhashable rule, one that cannot be compared
+    odd = _Undecidable()
+    rules = [DFedAvg("uniform"), Flame(seed=1), DFedAvg("uniform"), _EqualBySetting(2), Flame(seed=2),
+             _EqualBySetting(2), DFedAvg("data_size"), odd, _EqualBySetting(3), odd, Flame(seed=1)]
+
+    # Execute
+    groups = rule_groups(rules)
+
+    # Assert: equal rules share a group, in first-seen order; the undecidable one is alone each time
+    assert [members for _, members in groups] == [[0, 2], [1, 10], [3, 5], [4], [6], [7], [8], [9]]
+    assert [rules[members[0]] is rule for rule, members in groups] == [True] * len(groups)
 
 
 def test_cuda_is_refused_in_one_line_where_there_is_none():
