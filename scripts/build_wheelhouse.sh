@@ -39,10 +39,14 @@ if [ "$have" != "$IMAGE_PYTHON" ]; then
 fi
 
 # setuptools builds inside the source tree (build/, *.egg-info): build from a copy so the
-# working tree is left as it was.
+# working tree is left as it was. What the copy holds is read from pyproject.toml, the one
+# place that says what the package is made of (its packages and their folders, its readme),
+# so a folder added to the package cannot be left out here.
 src="$(mktemp -d)"
 trap 'rm -rf "$src"' EXIT
-tar -C "$repo" --exclude=__pycache__ -cf - pyproject.toml README.md peer launch topologies | tar -C "$src" -xf -
+mapfile -t parts < <("$py" "$repo/scripts/package_sources.py" "$repo")
+[ ${#parts[@]} -gt 1 ] || { echo "build_wheelhouse: no package folders found in pyproject.toml" >&2; exit 2; }
+tar -C "$repo" --exclude=__pycache__ -cf - "${parts[@]}" | tar -C "$src" -xf -
 # An older project wheel would make the image's `pip install dfedrw-*.whl` ambiguous.
 rm -f "$dest"/dfedrw-*.whl
 if [ "$project_only" = 1 ]; then
