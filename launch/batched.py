@@ -35,9 +35,13 @@ from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.aggregation import RoundBatch
 from dfedrw.peer.models import build_model, get_vector
-from dfedrw.peer.node import byzantine_claims, client_rule, clients_data, finite_or_none, initial_model, move, scenario_plausible
+from dfedrw.peer.attacks import AttackView, craft_round
+from dfedrw.peer.node import (
+    attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
+    known_mean, move, scenario_plausible,
+)
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
-from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack
+from dfedrw.peer.plugins import _takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.training import BatchOrder, FlatModel, ManyEvaluator
 
@@ -120,8 +124,11 @@ class BatchedRun:
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.scorer = ManyEvaluator(template, {k: move(self.data[k].aux, self.device) for k in self.honest})
         self.aux = self.scorer.each
-        self.attack = build_attack(sc, topo.num_clients, len(self.byzantine)) if self.byzantine else None
+        self.attacks = {b: client_attack(sc, topo, b) for b in self.byzantine}
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
+        # Colluding Byzantine clients pool what they received: here the pool is rows of the models.
+        self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
+        self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(self.byzantine)
         self.plausible = scenario_plausible(sc)
         self.neighbours = {k: tuple(topo.neighbours(k)) for k in range(topo.num_clients)}
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
@@ -175,28 +182,42 @@ class BatchedRun:
         counts = self.rejected.setdefault(receiver, {})
         counts[reason] = counts.get(reason, 0) + 1
 
+    def _rows(self, senders) -> torch.Tensor:
+        """The honest models of ``senders`` as a CPU tensor [len(senders), D]."""
+        return self.models[[self.row[k] for k in senders]].cpu() if senders else torch.empty(0, self.models.shape[1])
+
     def byzantine_messages(
-        self, losses: dict[int, float], refused: dict[int, str]
+        self, r: int, losses: dict[int, float], refused: dict[int, str]
     ) -> tuple[dict[tuple[int, int], tuple[torch.Tensor, int, float]], dict[int, list[int]]]:
         """(Byzantine b, receiver k) -> (model, declared size, declared loss) of every message a
         receiver accepts; and who each Byzantine client heard from."""
         out: dict[tuple[int, int], tuple[torch.Tensor, int, float]] = {}
         heard: dict[int, list[int]] = {}
+        self.notes: dict[int, Any] = {}
         for b in self.byzantine:
             for k in sorted(k for k in self.neighbours[b] if k in refused):
                 self._reject(b, refused[k])
-            senders = sorted(k for k in self.neighbours[b] if k in self.row and k not in refused)
-            heard[b] = senders
-            received = self.models[[self.row[k] for k in senders]].cpu() if senders else torch.empty(0, self.models.shape[1])
+            heard[b] = sorted(k for k in self.neighbours[b] if k in self.row and k not in refused)
+        pool_senders = tuple(sorted({k for b in self.colluders for k in heard[b]}))
+        pool = self._rows(pool_senders) if self.colluders else None
+        for b in self.byzantine:
+            senders = heard[b]
             claimed_size, claimed_loss = byzantine_claims([self.num_samples[k] for k in senders], [losses[k] for k in senders])
-            for k in self.neighbours[b]:
-                if k not in self.row:
-                    continue
-                crafted = self.attack(received, k, self.attack_gen[b])
-                if crafted is None:
+            view = AttackView(
+                round=r, attacker=b, receivers=tuple(k for k in self.neighbours[b] if k in self.row), senders=tuple(senders),
+                received=self._rows(senders), colluders=self.colluders, pool_senders=pool_senders if self.colluders else (),
+                pool=pool, reference=self.reference[b], total_rounds=self.scenario.rounds,
+            )
+            attack = self.attacks[b]
+            crafted = craft_round(attack, view, attack_generator(self.scenario, view, attack, self.attack_gen[b]))
+            self.reference[b] = known_mean(view)
+            self.notes[b] = crafted
+            for k in view.receivers:
+                message = crafted.messages[k]
+                if message is None:
                     self.silent[b] += 1
                     continue
-                vector = crafted.detach().to(torch.float32).reshape(-1)
+                vector = message
                 error = self.plausible.samples_error(claimed_size) or self.plausible.values_error(
                     *((float(vector.min()), float(vector.max())) if vector.numel() else (0.0, 0.0))
                 )
@@ -315,7 +336,7 @@ class BatchedRun:
                 losses = dict(zip(self.honest, self.local_steps(), strict=True))
                 refused = self.refused_rows()
                 silent_before = dict(self.silent)
-                byz, heard = self.byzantine_messages(losses, refused)
+                byz, heard = self.byzantine_messages(r, losses, refused)
                 records = self.aggregate(r, reference, losses, byz, refused)
                 every = sc.eval.every
                 if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
@@ -325,10 +346,7 @@ class BatchedRun:
                 for k, rec in zip(self.honest, records, strict=True):
                     logs[k].write(rec)
                 for b in self.byzantine:
-                    logs[b].write({
-                        "round": r, "train_loss": None, "weights": {}, "bytes_sent": 0, "bytes_received": 0,
-                        "received_from": heard[b], "silent_to": self.silent[b] - silent_before[b],
-                    })
+                    logs[b].write(byzantine_record(r, heard[b], self.silent[b] - silent_before[b], self.notes[b], 0, 0))
                 if on_round is not None:
                     on_round(r)
         finally:

@@ -45,7 +45,8 @@ from typing import Any
 import tomli_w
 
 from dfedrw.peer.aggregation.registry import Registry
-from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
+from dfedrw.peer.attacks.base import AttackerData, threat_model_of
+from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY, build_rule_from
 
 DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("softmax_regression", "mlp")
@@ -250,11 +251,11 @@ def _default(kind: str, name: str, setting: str) -> Any:
     return None
 
 
-def _resolve(kind: str, name: Any, key: str) -> None:
+def _resolve(kind: str, name: Any, key: str) -> type:
     if not isinstance(name, str):
         raise ScenarioError(f"{key}={name!r}: expected a string")
     try:
-        _KIND_REGISTRY[kind].resolve(name)
+        return _KIND_REGISTRY[kind].resolve(name)
     except ValueError as exc:
         raise ScenarioError(f"{key}={name!r}: {exc}") from None
 
@@ -320,13 +321,23 @@ class AttackConfig:
 
     name: str = "none"
     attack_params: Params = ()
+    # The Byzantine clients act as one group: each round they pool the honest models they
+    # received over their own authenticated channel and agree one plan before they send.
+    colluding: bool = False
     # Not part of the identity: where the config came from, for messages.
     prefix: str = field(default="attack", compare=False, repr=False)
     origins: Params = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.colluding, bool):
+            raise ScenarioError(f"{self.prefix}.colluding={self.colluding!r}: expected true or false")
         if self.name != "none":
-            _resolve("attack", self.name, f"{self.prefix}.name")
+            cls = _resolve("attack", self.name, f"{self.prefix}.name")
+            model = threat_model_of(cls)
+            if model is not None and model.colludes and not self.colluding:
+                raise ScenarioError(
+                    f"{self.prefix}.name={self.name!r} is an attack of colluding clients: set {self.prefix}.colluding = true"
+                )
 
     def params(self, name: str | None = None) -> dict[str, Any]:
         """The settings of attack ``name`` (default: the one in use) that differ from its defaults."""
@@ -434,6 +445,7 @@ def _parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
         raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
     tables = _Tables({}, ())
     name: Any = AttackConfig.name
+    colluding = AttackConfig.colluding
     legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("attack.")]
     for key, value in table.items():
         where = f"{prefix}.{key}"
@@ -441,16 +453,20 @@ def _parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
             if not isinstance(value, str):
                 raise ScenarioError(f"{where}={value!r}: expected a string")
             name = value
+        elif key == "colluding":
+            if not isinstance(value, bool):
+                raise ScenarioError(f"{where}={value!r}: expected true or false")
+            colluding = value
         elif key in legacy:
             tables.legacy(f"attack.{key}", value, where)
         elif isinstance(value, Mapping) and (key in ATTACK_REGISTRY or ":" in key):
             tables.table("attack", key, value, f"{prefix}.{_toml_key(key)}")
         else:
             raise ScenarioError(
-                f"unknown key '{where}'; valid keys: name, an attack's settings table "
+                f"unknown key '{where}'; valid keys: name, colluding, an attack's settings table "
                 f"({', '.join(ATTACK_REGISTRY.names())} or 'module:Class'), or an earlier version's {', '.join(legacy)}"
             )
-    return AttackConfig(name=name, attack_params=tables.frozen("attack"), prefix=prefix, origins=tables.frozen_origins())
+    return AttackConfig(name=name, attack_params=tables.frozen("attack"), colluding=colluding, prefix=prefix, origins=tables.frozen_origins())
 
 
 def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], supplied: Mapping[str, Any], key: Any) -> Any:
@@ -484,14 +500,26 @@ def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, 
                 built[kind] = obj
 
 
-def check_attack(cfg: AttackConfig, *, num_clients: int, num_byzantine: int) -> None:
-    """Build the attack in use (when there are Byzantine clients) and every settings table given."""
+def check_attack(
+    cfg: AttackConfig, *, num_clients: int, num_byzantine: int, lr: float = 0.01, total_rounds: int = 0, defence: Any = None
+) -> None:
+    """Build the attack in use (when there are Byzantine clients) and every settings table given.
+    What only a running Byzantine client has is stood in for: its data sample by one that
+    loads nothing (an attack touches its data in its rounds, not when it is built)."""
     names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *_thaw(cfg.attack_params)])
+    knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA}
     for name in names:
         active = name == cfg.name and num_byzantine > 0
         # A table of an attack not in use is checked with counts every attack accepts.
         supplied = {"num_clients": num_clients, "num_byzantine": num_byzantine} if active else {"num_clients": max(num_clients, 3), "num_byzantine": 1}
-        _build_checked(ATTACK_REGISTRY, name, cfg.params(name), supplied, lambda s, n=name: cfg.key(n, s))
+        _build_checked(ATTACK_REGISTRY, name, cfg.params(name), {**supplied, **knowledge}, lambda s, n=name: cfg.key(n, s))
+
+
+def _no_data(*_: Any) -> Any:
+    raise RuntimeError("an attack's data sample is loaded by the running Byzantine client, not when a scenario is checked")
+
+
+_NO_DATA = AttackerData(_no_data, _no_data, num_classes=2, description="none while the scenario is checked")
 
 
 @dataclass(frozen=True)
@@ -622,7 +650,11 @@ class Scenario:
         for cfg in configs:
             told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else self.topology.byzantine
             check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
-        check_attack(self.attack, num_clients=n, num_byzantine=self.topology.byzantine)
+        told = self.aggregation.assumed_byzantine if self.aggregation.assumed_byzantine >= 0 else self.topology.byzantine
+        defence = build_rule_from(self.aggregation, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
+        check_attack(
+            self.attack, num_clients=n, num_byzantine=self.topology.byzantine, lr=self.train.lr, total_rounds=self.rounds, defence=defence
+        )
 
     @property
     def num_clients(self) -> int:
@@ -760,7 +792,8 @@ def _aggregation_table(cfg: AggregationConfig) -> dict[str, Any]:
 
 
 def _attack_table(cfg: AttackConfig) -> dict[str, Any]:
-    return {"name": cfg.name, **_settings_tables(cfg.attack_params)}
+    # colluding only when set: files and identities of runs without it stay as they were.
+    return {"name": cfg.name, **({"colluding": True} if cfg.colluding else {}), **_settings_tables(cfg.attack_params)}
 
 
 def _legacy_view(section: str, head: dict[str, Any], order: Sequence[str], tables: Mapping[str, Params]) -> dict[str, Any]:
@@ -804,7 +837,8 @@ def _identity_dict(scenario: Scenario) -> dict[str, Any]:
     ordered.update({k: v for k, v in view.items() if k not in ordered})
     out["aggregation"] = ordered
     att = scenario.attack
-    out["attack"] = _legacy_view("attack", {"name": att.name}, ("std", "center", "scale", "z"), {"attack": att.attack_params})
+    head = {"name": att.name, **({"colluding": True} if att.colluding else {})}
+    out["attack"] = _legacy_view("attack", head, ("std", "center", "scale", "z"), {"attack": att.attack_params})
     return out
 
 

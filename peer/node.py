@@ -32,7 +32,8 @@ from dfedrw.peer.config import Scenario
 from dfedrw.peer.identity import ClientIdentity, IdentityError, load_identity
 from dfedrw.peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
 from dfedrw.peer.models import MODELS, build_model, get_vector, set_vector
-from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack, build_client_rule
+from dfedrw.peer.attacks import AttackerData, AttackView, craft_round
+from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack, build_client_rule, build_rule_from
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.results import RoundLog, write_json_atomic
@@ -137,6 +138,48 @@ def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
             for p in model.parameters():
                 p.zero_()
     return model
+
+
+def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
+    """Byzantine client ``attacker``'s own data sample, for attacks that declare they hold data:
+    ``n`` rows of the scenario's training set drawn without replacement by the attacker's own
+    seed (``derive_seed(seed, "attacker data", attacker)``), independent of the honest partition
+    (public data from the same distribution: the honest shards are the same whether or not an
+    attack holds data). Nothing is read until an attack asks for its sample."""
+    d, t = scenario.data, scenario.train
+    features, classes = DATASET_SHAPES[d.name]
+
+    def load(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        train, _ = load_dataset(d.name, d.dir or None)
+        if n > len(train.y):
+            raise ValueError(f"an attack asked for {n} samples; the {d.name} training set has {len(train.y)}")
+        rows = np.sort(np.random.default_rng(derive_seed(scenario.seed, "attacker data", attacker)).choice(len(train.y), n, replace=False))
+        index = torch.as_tensor(rows, dtype=torch.long)
+        return train.x[index].clone(), train.y[index].clone()
+
+    def evaluator(x: torch.Tensor, y: torch.Tensor) -> VectorEvaluator:
+        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
+        return VectorEvaluator(template, Dataset(x=x, y=y, num_classes=classes))
+
+    return AttackerData(load, evaluator, num_classes=classes, description=f"{d.name} rows drawn for client {attacker}")
+
+
+def attacker_knowledge(scenario: Scenario, topology: Topology, attacker: int) -> dict[str, Any]:
+    """What the running system gives Byzantine client ``attacker``'s attack beyond the models it
+    receives, for a constructor that declares it: ``defence`` (the rule of the scenario's
+    ``[aggregation]``, told what its receivers are told: ``assumed_byzantine``, else the number
+    of Byzantine clients of the run) and ``attacker_data`` (:func:`attacker_data`)."""
+    cfg = scenario.aggregation
+    told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else len(topology.byzantine)
+    defence = build_rule_from(
+        cfg, num_byzantine=told, lr=scenario.train.lr, seed=derive_seed(scenario.seed, "rule", attacker), total_rounds=scenario.rounds
+    )
+    return {"defence": defence, "attacker_data": attacker_data(scenario, attacker)}
+
+
+def client_attack(scenario: Scenario, topology: Topology, attacker: int) -> Any:
+    """Byzantine client ``attacker``'s attack, with the knowledge its class declares."""
+    return build_attack(scenario, topology.num_clients, len(topology.byzantine), **attacker_knowledge(scenario, topology, attacker))
 
 
 def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
@@ -403,7 +446,7 @@ class Client:
             self.rule = client_rule(sc, self.topology, self.id)
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
         else:
-            self.attack = build_attack(sc, self.topology.num_clients, len(self.topology.byzantine))
+            self.attack = client_attack(sc, self.topology, self.id)
 
     def start(self) -> str:
         if not self._prepared:
@@ -719,6 +762,7 @@ class Client:
         liveness = Liveness(sc.network.max_missed_rounds)
         loop_start, cpu_start = time.monotonic(), time.process_time()
         r = 0
+        reference = None  # the mean of what it knew last round (AttackView.reference)
         if self.resumed is not None:
             if "attack" in self.resumed.generators:
                 gen.set_state(torch.from_numpy(self.resumed.generators["attack"].copy()))
@@ -732,35 +776,60 @@ class Client:
             expected = self._expected(r, frozenset(targets))
             got = self.inbox.wait(r, expected, sc.network.round_timeout)
             liveness.update(self.inbox, expected, got)
-            honest_msgs = [got[k] for k in sorted(got) if k not in self.topology.byzantine]
+            senders = tuple(k for k in sorted(got) if k not in self.topology.byzantine)
+            honest_msgs = [got[k] for k in senders]
             received = (
                 torch.stack([m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
             )
             claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
+            view = AttackView(
+                round=r, attacker=self.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds
+            )
+            crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
+            reference = known_mean(view)
             silent = 0
             for k in targets:
-                crafted = attack(received, k, gen)
-                if crafted is None:
+                message = crafted.messages[k]
+                if message is None:
                     silent += 1
                     continue
                 self.transport.send(
                     k,
-                    encode(self.id, r, crafted, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
+                    encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
                 )
-            self.results.write({
-                "round": r,
-                "train_loss": None,
-                "weights": {},
-                "bytes_sent": self.transport.bytes_sent - sent0,
-                "bytes_received": self.inbox.bytes_received - recv0,
-                "received_from": sorted(got),
-                "silent_to": silent,
-            })
+            self.results.write(byzantine_record(r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0))
             self.link.send({"type": "round", "id": self.id, "round": r})
             if self._checkpoint_due(r):
                 self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
             r += 1
         return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start)}
+
+
+def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: torch.Generator) -> torch.Generator:
+    """The generator an attack draws from in ``view``'s round: its own (seeded by its id, drawn
+    on round after round), or, for a per-round attack of colluding clients, the group's for this
+    round (seeded by the round alone), so that every colluder computes the same plan."""
+    if view.colluders and hasattr(attack, "plan"):
+        return torch.Generator().manual_seed(derive_seed(scenario.seed, "collusion", view.round))
+    return own
+
+
+def known_mean(view: AttackView) -> torch.Tensor | None:
+    """The mean of the honest models ``view`` knew (the next round's ``reference``), float64."""
+    _, known = view.known()
+    return known.to(torch.float64).mean(dim=0) if len(known) else None
+
+
+def byzantine_record(r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int) -> dict[str, Any]:
+    """A Byzantine client's round record (every engine writes the same keys); the attack's note,
+    when it keeps one, under ``"attack"``."""
+    record: dict[str, Any] = {
+        "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
+        "received_from": received_from, "silent_to": silent,
+    }
+    if crafted.note:
+        record["attack"] = dict(crafted.note)
+    return record
 
 
 def _upper_median(values) -> int:

@@ -21,6 +21,7 @@ from dfedrw.peer.aggregation.registry import Registry, Setting
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY
 from dfedrw.peer.aggregation.tpm import TPM_REGISTRY
 from dfedrw.peer.attacks import ATTACK_REGISTRY
+from dfedrw.peer.attacks.base import UNDECLARED
 
 if TYPE_CHECKING:
     from dfedrw.peer.config import AggregationConfig, AttackConfig, Scenario
@@ -69,11 +70,13 @@ def build_rule_from(cfg: AggregationConfig, *, num_byzantine: int, lr: float, se
     return RULE_REGISTRY.build(cfg.rule, cfg.params("rule"), supplied)
 
 
-def build_attack_from(cfg: AttackConfig, *, num_clients: int, num_byzantine: int) -> Any:
-    """The attack ``cfg`` names, with its settings. Raises ``ValueError`` for ``"none"``."""
+def build_attack_from(cfg: AttackConfig, *, num_clients: int, num_byzantine: int, **knowledge: Any) -> Any:
+    """The attack ``cfg`` names, with its settings; ``knowledge`` (``defence``,
+    ``attacker_data``, ``lr``, ``total_rounds``) goes to a constructor that declares it.
+    Raises ``ValueError`` for ``"none"``."""
     if cfg.name == "none":
         raise ValueError("attack.name='none' has no Byzantine behaviour")
-    return ATTACK_REGISTRY.build(cfg.name, cfg.params(), {"num_clients": num_clients, "num_byzantine": num_byzantine})
+    return ATTACK_REGISTRY.build(cfg.name, cfg.params(), {"num_clients": num_clients, "num_byzantine": num_byzantine, **knowledge})
 
 
 def build_client_rule(scenario: Scenario, client: int, num_byzantine: int, lr: float, seed: int) -> Any:
@@ -83,9 +86,13 @@ def build_client_rule(scenario: Scenario, client: int, num_byzantine: int, lr: f
     )
 
 
-def build_attack(scenario: Scenario, num_clients: int, num_byzantine: int) -> Any:
-    """The scenario's attack, as a Byzantine client runs it."""
-    return build_attack_from(scenario.attack, num_clients=num_clients, num_byzantine=num_byzantine)
+def build_attack(scenario: Scenario, num_clients: int, num_byzantine: int, **knowledge: Any) -> Any:
+    """The scenario's attack, as a Byzantine client runs it (``knowledge``: see
+    :func:`build_attack_from`)."""
+    return build_attack_from(
+        scenario.attack, num_clients=num_clients, num_byzantine=num_byzantine,
+        lr=scenario.train.lr, total_rounds=scenario.rounds, **knowledge,
+    )
 
 
 # ---------------------------------------------------------------------------- listing
@@ -120,6 +127,8 @@ def describe_text(kind: str, names: Iterable[str] | None = None, *, builtin_only
             lines.append(f"      {s.name}{kind_text} = {_default_text(s)}")
         if row["supplied"]:
             lines.append(f"      given by the running system: {', '.join(row['supplied'])}")
+        if kind == "attacks":
+            lines.append(f"      threat model: {row['threat'] or UNDECLARED}")
     return "\n".join(lines)
 
 
@@ -130,15 +139,19 @@ def _cell(text: str) -> str:
 def render_markdown(kind: str, names: Iterable[str] | None = None, *, builtin_only: bool = True) -> str:
     """The README's reference table of one kind, rendered from its registry."""
     table = SETTINGS_TABLE[kind]
+    threat = kind == "attacks"
     lines = [
-        f"| name | settings (`[{table.format(name='NAME')}]`), defaults | given by the run | what it is |",
-        "|---|---|---|---|",
+        f"| name | settings (`[{table.format(name='NAME')}]`), defaults | given by the run | what it is |" + (" threat model |" if threat else ""),
+        "|---|---|---|---|" + ("---|" if threat else ""),
     ]
     for row in _rows(kind, names, builtin_only):
         settings = ", ".join(f"`{s.name}` = {_default_text(s)}" for s in row["settings"]) or "—"
         supplied = ", ".join(f"`{n}`" for n in row["supplied"]) or "—"
         doc = row["doc"].replace("``", "`")
-        lines.append(f"| `{row['name']}` | {_cell(settings)} | {supplied} | {_cell(doc)} |")
+        line = f"| `{row['name']}` | {_cell(settings)} | {supplied} | {_cell(doc)} |"
+        if threat:
+            line += f" {_cell(row['threat'] or UNDECLARED)} |"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -58,7 +58,9 @@ __all__ = [
 # rule scored like DFedReweighting; ``num_byzantine``: what a robust rule is told about its
 # Byzantine neighbours (ALIE: the number of Byzantine clients); ``lr``: the local learning
 # rate; ``seed``: a per-client seed; ``num_clients``: all clients; ``total_rounds``: T.
-SUPPLIED = frozenset({"tpm", "crs", "num_byzantine", "lr", "seed", "num_clients", "total_rounds"})
+# ``defence`` (the honest clients' rule) and ``attacker_data`` (a Byzantine client's own data
+# sample): what an attack that declares such knowledge is given (see peer/attacks/base.py).
+SUPPLIED = frozenset({"tpm", "crs", "num_byzantine", "lr", "seed", "num_clients", "total_rounds", "defence", "attacker_data"})
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,8 @@ def _annotation_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
-def _defines_call(cls: type) -> bool:
-    return any("__call__" in vars(k) for k in cls.__mro__ if k not in (object, type))
+def _defines(cls: type, method: str) -> bool:
+    return any(method in vars(k) for k in cls.__mro__ if k not in (object, type))
 
 
 class Registry(Mapping[str, type]):
@@ -94,10 +96,12 @@ class Registry(Mapping[str, type]):
     built-in and entry-point names; :meth:`resolve` also accepts ``"module:Class"``.
     """
 
-    def __init__(self, kind: str, group: str, *, modules: Iterable[str] = ()) -> None:
+    def __init__(self, kind: str, group: str, *, modules: Iterable[str] = (), required: Iterable[str] = ("__call__",)) -> None:
         self.kind = kind
         self.group = group
         self._modules = tuple(modules)
+        # A class of this kind defines at least one of these methods.
+        self._required = tuple(required)
         self._classes: dict[str, type] = {}
         self._imported = False
         self._plugins: dict[str, importlib.metadata.EntryPoint] | None = None
@@ -120,8 +124,8 @@ class Registry(Mapping[str, type]):
     def check_class(self, name: str, cls: Any) -> None:
         if not inspect.isclass(cls):
             raise ValueError(f"{self.kind} {name!r}: {cls!r} is not a class")
-        if not _defines_call(cls):
-            raise ValueError(f"{self.kind} {name!r}: class {cls.__qualname__} has no __call__ method")
+        if not any(_defines(cls, method) for method in self._required):
+            raise ValueError(f"{self.kind} {name!r}: class {cls.__qualname__} has no {' or '.join(self._required)} method")
 
     def _import_builtins(self) -> None:
         if not self._imported:
@@ -261,7 +265,8 @@ class Registry(Mapping[str, type]):
 
     def describe(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """One row per name: ``name``, ``cls`` (qualified), ``settings``, ``supplied``, ``doc``
-        (the first line of the docstring)."""
+        (the first line of the docstring), ``threat`` (an attack's declared threat model, in
+        words; None for other kinds or a class that declares none)."""
         rows = []
         for name in self.names() if names is None else names:
             cls = self.resolve(name)
@@ -273,9 +278,16 @@ class Registry(Mapping[str, type]):
                     "settings": self.settings(name),
                     "supplied": self.supplied(name),
                     "doc": doc[0] if doc else "",
+                    "threat": _threat_text(cls),
                 }
             )
         return rows
+
+
+def _threat_text(cls: Any) -> str | None:
+    model = getattr(cls, "threat_model", None)
+    describe = getattr(model, "describe", None)
+    return describe() if callable(describe) else None
 
 
 def _keyword_parameters(cls: Any) -> list[inspect.Parameter]:

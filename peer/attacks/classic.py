@@ -1,0 +1,240 @@
+"""The classic attacks: each crafts one message per receiver from the models it received.
+
+A Byzantine client holds no data (paper, section "Experiments", following Zhang et al. 2024 and
+Ye et al. 2023). Each round it receives the round-t models its neighbours sent it and crafts
+one message per receiver::
+
+    message = attack(received, receiver, generator)  # received: float32 [n, D], n may be 0
+                                                     # message: float32 [D], or None = silent
+
+Threat model shared by all attacks here (each class's ``threat_model`` says it again):
+
+* Knowledge: only the models its neighbours sent it this round (``received``). It does not
+  know the receiver's own model, the receiver's other neighbours, or any benign model it was
+  not sent. ``n == 0`` means it knows nothing this round.
+* No collusion by default: with ``attack.colluding = true`` the running system passes the
+  colluders' pooled models as ``received`` (see :func:`~dfedrw.peer.attacks.base.craft_round`).
+* Randomness comes only from the explicit ``generator``: one call draws fresh values, so two
+  receivers of a randomised attack get different messages; equal seeds replay exactly.
+* ``receiver`` is part of the interface so an attack *may* tailor messages per receiver (the
+  authors' code does); the attacks here use it for nothing beyond the fresh noise per call.
+
+This module is pure tensor code (no transport); the Byzantine process wires it to the network.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import ClassVar
+
+import torch
+
+from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.attacks.base import ATTACK_REGISTRY, ThreatModel
+
+__all__ = ["ALIE", "IPM", "Gaussian", "SignFlip", "alie_z_max"]
+
+_ALONE = ThreatModel()
+
+
+def _check_call(
+    owner: str, received: torch.Tensor, receiver: int, generator: torch.Generator
+) -> torch.Tensor:
+    if not isinstance(received, torch.Tensor) or received.dim() != 2:
+        shape = tuple(received.shape) if isinstance(received, torch.Tensor) else type(received)
+        raise ValueError(f"{owner}: received must be a 2-D tensor [n, D], got {shape}")
+    if not received.is_floating_point():
+        raise ValueError(f"{owner}: received must be floating point, got {received.dtype}")
+    check_int(owner, "receiver", receiver)
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"{owner}: generator must be a torch.Generator, got {generator!r}")
+    return received
+
+
+def _mean(received: torch.Tensor) -> torch.Tensor:
+    # float64 so averaging many float32 models does not add its own rounding noise.
+    return received.to(torch.float64).mean(dim=0)
+
+
+_GAUSSIAN_CENTERS = ("received_mean", "zero")
+
+
+@ATTACK_REGISTRY.register("gaussian")
+@dataclass(frozen=True)
+class Gaussian:
+    """Gaussian attack: a random model around a centre.
+
+    ``message = c + std * z``, ``z ~ N(0, I_D)`` drawn from ``generator``;
+    ``c = mean(received)`` for ``center="received_mean"`` (the authors' code: mean of the benign
+    models + 30 * N(0, I)), ``c = 0`` for ``center="zero"`` (paper text: updates from
+    N(0, 30^2)). With nothing received the centre is 0 whatever ``center`` says.
+
+    Source: paper, section "Byzantine Attack Robustness" (GA), after Fang et al. 2024 and
+    Ye et al. 2023; default ``std = 30``.
+
+    THREAT MODEL: knows only the models its neighbours sent it this round (for the centre);
+    no collusion; fresh noise for every receiver (one draw per call); does not know the
+    receiver's own model.
+    """
+
+    threat_model: ClassVar[ThreatModel] = ThreatModel(tailored=True)
+    std: float = 30.0
+    center: str = "received_mean"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "std", check_real("Gaussian", "std", self.std, positive=True))
+        check_choice("Gaussian", "center", self.center, _GAUSSIAN_CENTERS)
+
+    def __call__(
+        self, received: torch.Tensor, receiver: int, generator: torch.Generator
+    ) -> torch.Tensor:
+        received = _check_call("Gaussian", received, receiver, generator)
+        count, dim = received.shape
+        noise = torch.randn(dim, generator=generator, dtype=torch.float32, device=received.device)
+        message = self.std * noise.to(torch.float64)
+        if self.center == "received_mean" and count > 0:
+            message = _mean(received) + message
+        return message.to(torch.float32)
+
+
+@ATTACK_REGISTRY.register("sign_flip")
+@dataclass(frozen=True)
+class SignFlip:
+    """Sign-flipping attack: the benign models' mean scaled by a negative factor.
+
+    ``message = scale * mean(received)``, default ``scale = -10``; silent (None) if nothing
+    was received.
+
+    Source: paper, section "Byzantine Attack Robustness" (S-F: local model weights x -10),
+    after Ye et al. 2023. The attacker holds no model of its own, so the received mean stands
+    in for "the benign model".
+
+    THREAT MODEL: knows only the models its neighbours sent it this round; no collusion;
+    deterministic, every receiver gets the same message; does not know the receiver's own
+    model.
+    """
+
+    threat_model: ClassVar[ThreatModel] = _ALONE
+    scale: float = -10.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", check_real("SignFlip", "scale", self.scale))
+
+    def __call__(
+        self, received: torch.Tensor, receiver: int, generator: torch.Generator
+    ) -> torch.Tensor | None:
+        received = _check_call("SignFlip", received, receiver, generator)
+        if received.shape[0] == 0:
+            return None
+        return (self.scale * _mean(received)).to(torch.float32)
+
+
+def alie_z_max(num_clients: int, num_byzantine: int) -> float:
+    """Largest z for which ALIE's message still looks benign (Baruch et al. 2019, sec. 3).
+
+    ``s = floor(n/2 + 1) - f`` benign clients must be "won over" for a majority;
+    ``z_max = Phi^{-1}((n - s) / n)`` with Phi the standard normal CDF.
+
+    Example: n = 12, f = 2 -> s = 5, z_max = Phi^{-1}(7/12) ~= 0.2104.
+    """
+    n = check_int("ALIE", "num_clients", num_clients, minimum=2)
+    f = check_int("ALIE", "num_byzantine", num_byzantine, minimum=1)
+    if f >= n:
+        raise ValueError(
+            f"ALIE: num_byzantine must be < num_clients ({n}), got {num_byzantine!r}"
+        )
+    supporters = math.floor(n / 2 + 1) - f
+    if not 1 <= supporters <= n - 1:
+        raise ValueError(
+            f"ALIE: s = floor(num_clients/2 + 1) - num_byzantine = {supporters} for "
+            f"num_clients={n}, num_byzantine={f}; it must lie in [1, {n - 1}] so that "
+            f"(n - s)/n is a probability in (0, 1); use num_byzantine <= {n // 2}"
+        )
+    return NormalDist().inv_cdf((n - supporters) / n)
+
+
+@ATTACK_REGISTRY.register("alie")
+@dataclass(frozen=True)
+class ALIE:
+    """"A Little Is Enough": shift the benign mean by z standard deviations per coordinate.
+
+    ``message_j = mean_j(received) - z * std_j(received)`` (population std, ``correction=0``;
+    with one received model std = 0 and the message is that model); silent (None) if nothing
+    was received. ``z = None`` uses ``z_max`` from :func:`alie_z_max` with ``num_clients``
+    (all nodes, benign + Byzantine; paper: 12) and ``num_byzantine`` (paper: 2), which are
+    only read in that case. The value in use is ``z_used``.
+
+    Source: Baruch, Baruch, Goldberg, "A Little Is Enough: Circumventing Defenses for
+    Distributed Learning", NeurIPS 2019; paper, section "Byzantine Attack Robustness" (ALIE).
+
+    THREAT MODEL: estimates mean and std from the models its neighbours sent it this round
+    only (the original attack assumes knowledge of all benign updates); no collusion;
+    deterministic, every receiver gets the same message; does not know the receiver's own
+    model.
+    """
+
+    threat_model: ClassVar[ThreatModel] = _ALONE
+    z: float | None = None
+    num_clients: int = 12
+    num_byzantine: int = 2
+    z_used: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_clients", check_int("ALIE", "num_clients", self.num_clients))
+        object.__setattr__(
+            self, "num_byzantine", check_int("ALIE", "num_byzantine", self.num_byzantine)
+        )
+        if self.z is None:
+            z_used = alie_z_max(self.num_clients, self.num_byzantine)
+        else:
+            z_used = check_real("ALIE", "z", self.z)
+            object.__setattr__(self, "z", z_used)
+        object.__setattr__(self, "z_used", z_used)
+
+    def __call__(
+        self, received: torch.Tensor, receiver: int, generator: torch.Generator
+    ) -> torch.Tensor | None:
+        received = _check_call("ALIE", received, receiver, generator)
+        if received.shape[0] == 0:
+            return None
+        models = received.to(torch.float64)
+        std = models.std(dim=0, correction=0)
+        return (models.mean(dim=0) - self.z_used * std).to(torch.float32)
+
+
+
+@ATTACK_REGISTRY.register("ipm")
+@dataclass(frozen=True)
+class IPM:
+    """Inner product manipulation: send the benign mean reversed and shrunk by epsilon.
+
+    ``message = -epsilon * mean(received)``, default ``epsilon = 0.1``; silent (None) if
+    nothing was received. A small epsilon keeps the message close to the benign models (so
+    distance-based rules such as Krum or the median let it through) while making its inner
+    product with the true mean negative.
+
+    Source: Xie, Koyejo and Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD by Inner
+    Product Manipulation", UAI 2019 (PMLR 115, 2020), where the Byzantine workers send
+    ``-epsilon`` times the mean of the correct gradients; here, as for the sign-flip attack,
+    applied to the models a client received.
+
+    THREAT MODEL: knows only the models its neighbours sent it this round; no collusion;
+    deterministic, every receiver gets the same message; does not know the receiver's own
+    model.
+    """
+
+    threat_model: ClassVar[ThreatModel] = _ALONE
+    epsilon: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_real("IPM", "epsilon", self.epsilon, positive=True))
+
+    def __call__(
+        self, received: torch.Tensor, receiver: int, generator: torch.Generator
+    ) -> torch.Tensor | None:
+        received = _check_call("IPM", received, receiver, generator)
+        if received.shape[0] == 0:
+            return None
+        return (-self.epsilon * _mean(received)).to(torch.float32)
