@@ -57,7 +57,9 @@ __all__ = [
 
 ATTACK_REGISTRY = Registry(
     "attack", "dfedrw.attacks",
-    modules=("dfedrw.peer.attacks.classic",),
+    modules=tuple(
+        f"dfedrw.peer.attacks.{m}" for m in ("classic", "optimized", "dissensus", "behaviour", "reweighting", "poisoning")
+    ),
     required=("__call__", "plan"),
 )
 """The attacks by name; settings in a scenario's ``[attack.NAME]``."""

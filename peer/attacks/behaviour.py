@@ -1,0 +1,1 @@
+"""Attacks (filled in below)."""
