@@ -1,0 +1,101 @@
+"""Every built-in attack runs as Byzantine client processes in ``dfedrw run`` (gRPC, mutual TLS),
+with the knowledge its class declares (the defence, a data sample, colluding partners), and
+every one in a generated docker-compose cluster; the attacks that need what only a running
+Byzantine client has (data, partners) also under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dfedrw.launch.compose import ATTACK_ENV, ComposeOptions, write_compose
+from dfedrw.launch.local import LocalRun
+from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
+from dfedrw.peer.config import dump_scenario, load_scenario
+from dfedrw.peer.results import read_rounds
+from tests.helpers import quiet_console
+
+pytestmark = pytest.mark.slow
+
+ATTACKS = ATTACK_REGISTRY.builtin_names()
+ROUNDS = 6
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def settings(attack: str) -> list[str]:
+    model = threat_model_of(ATTACK_REGISTRY.resolve(attack))
+    colluding = ["attack.colluding=true"] if model is not None and model.colludes else []
+    return [
+        "data.name=digits", "topology.honest=3", "topology.byzantine=2", f"rounds={ROUNDS}", "eval.every=0",
+        "train.lr=0.1", "network.round_timeout=30", f"attack.name={attack}", *colluding,
+    ]
+
+
+def check_attacked(out: Path, attack: str, byzantine: list[int], honest: list[int]) -> None:
+    """Every Byzantine client ran ``attack`` for every round, and its messages reached honest
+    clients: each honest client's weights name the senders it aggregated."""
+    for b in byzantine:
+        final = json.loads((out / "peers" / f"{b}.json").read_text())
+        assert final["attack"] == attack and final["completed"]
+        assert [r["round"] for r in read_rounds(out, b)] == list(range(ROUNDS))
+    aggregated = {s for k in honest for r in read_rounds(out, k) for s in r["weights"]}
+    sent = sum(1 for b in byzantine for r in read_rounds(out, b) if r["silent_to"] < 3)
+    assert sent > 0, f"{attack}: the Byzantine clients never sent"
+    assert {str(b) for b in byzantine} & aggregated, f"{attack}: no honest client received a Byzantine message"
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_every_attack_runs_as_byzantine_processes(attack, tmp_path):
+    scenario = load_scenario(None, settings(attack))
+    summary = LocalRun(scenario, tmp_path, console=quiet_console()).run()
+    assert summary["failed_peers"] == [] and summary["tls"] == "mutual"
+    roles = {int(k): p["role"] for k, p in summary["peers"].items()}
+    byzantine = [k for k, r in roles.items() if r == "byzantine"]
+    honest = [k for k, r in roles.items() if r == "honest"]
+    assert len(byzantine) == 2 and len({p["pid"] for p in summary["peers"].values()}) == 5
+    check_attacked(tmp_path, attack, byzantine, honest)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_every_attack_gets_its_own_compose_service_setting(attack, tmp_path):
+    scenario = load_scenario(None, settings(attack))
+    write_compose(scenario, tmp_path, ComposeOptions(port=50100))
+    text = (tmp_path / "docker-compose.yml").read_text()
+    assert text.count(f'{ATTACK_ENV}: "{attack}"') == 2
+    # The scenario the services read keeps what the attack needs (colluding, its settings).
+    again = load_scenario(tmp_path / "scenario.toml")
+    assert again.attack == scenario.attack
+
+
+def _knowing(attack: str) -> bool:
+    model = threat_model_of(ATTACK_REGISTRY.resolve(attack))
+    return model is not None and (bool(model.data) or model.colludes or model.defence)
+
+
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if _knowing(a)])
+def test_attacks_with_knowledge_run_under_torchrun(attack, tmp_path):
+    if not TORCHRUN.exists():
+        pytest.skip(f"torchrun not found next to {sys.executable}")
+    scenario_file = tmp_path / "scenario.toml"
+    dump_scenario(load_scenario(None, settings(attack)), scenario_file)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "5", "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["launcher"] == "torchrun" and summary["failed_peers"] == []
+    roles = {int(k): p["role"] for k, p in summary["peers"].items()}
+    check_attacked(tmp_path / "out", attack, [k for k, r in roles.items() if r == "byzantine"], [k for k, r in roles.items() if r == "honest"])
