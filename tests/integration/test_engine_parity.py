@@ -213,6 +213,8 @@ def engine_differences(batched: Path, threads: Path, *, rule: str, rounds: int) 
         out.append(f"roles differ: batched {roles_a} / threads {roles_b}")
         return out
     weight_atol = SHARE_ATOL if rule in SHARE_RULES else WEIGHT_ATOL
+    for key in sorted((k for k, r in roles_a.items() if r == "byzantine"), key=int):
+        out += _byzantine_differences(batched, threads, int(key), rounds)
     for key in sorted((k for k, r in roles_a.items() if r == "honest"), key=int):
         k = int(key)
         ra, rb = read_rounds(batched, k), read_rounds(threads, k)
@@ -251,6 +253,29 @@ def engine_differences(batched: Path, threads: Path, *, rule: str, rounds: int) 
             a, b = fa.get(metric), fb.get(metric)
             if a is None or b is None or not _close(a, b, ACC_TOL):
                 out.append(f"{where}: final {metric} batched {a!r} / threads {b!r} (tolerance {ACC_TOL} points)")
+    return out
+
+
+# What a Byzantine client's round record must hold alike in both engines, every round: whom it
+# heard, to how many it was silent, whose pool it used, and what its attack noted, but the
+# numbers an attack found by search (rounding may move them; their effect shows in the honest
+# clients' weights and scores).
+_NOTE_NUMBERS = frozenset({"lam", "predicted_weight", "predicted_score", "gamma"})
+
+
+def _byzantine_differences(batched: Path, threads: Path, b: int, rounds: int) -> list[str]:
+    ra, rb = read_rounds(batched, b), read_rounds(threads, b)
+    if len(ra) != rounds or len(rb) != rounds:
+        return [f"Byzantine client {b}: rounds logged: batched {len(ra)}, threads {len(rb)}, expected {rounds}"]
+    out = []
+    for x, y in zip(ra, rb, strict=True):
+        for key in ("received_from", "silent_to", "pooled_from"):
+            if x.get(key) != y.get(key):
+                out.append(f"Byzantine client {b}, round {x['round']}: {key} batched {x.get(key)!r} / threads {y.get(key)!r}")
+        na = {k: v for k, v in (x.get("attack") or {}).items() if k not in _NOTE_NUMBERS and k != "plan"}
+        nb = {k: v for k, v in (y.get("attack") or {}).items() if k not in _NOTE_NUMBERS and k != "plan"}
+        if na != nb:
+            out.append(f"Byzantine client {b}, round {x['round']}: attack note batched {x.get('attack')!r} / threads {y.get('attack')!r}")
     return out
 
 
