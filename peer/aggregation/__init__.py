@@ -16,6 +16,7 @@ from dfedrw.peer.aggregation.crs import (
     apply_crs_contract,
     make_crs,
 )
+from dfedrw.peer.aggregation.gossip import UBAR, ClippedGossip, CSPlusRG
 from dfedrw.peer.aggregation.registry import build_from_registry
 from dfedrw.peer.aggregation.robust import (
     QFDFL,
@@ -58,7 +59,9 @@ __all__ = [
     "Balance",
     "CRS",
     "CRS_REGISTRY",
+    "CSPlusRG",
     "Clip",
+    "ClippedGossip",
     "DFedAvg",
     "DFedReweighting",
     "Evaluate",
@@ -80,6 +83,7 @@ __all__ = [
     "TPM",
     "TPM_REGISTRY",
     "TrimmedMean",
+    "UBAR",
     "WeightedCombination",
     "apply_crs_contract",
     "build_from_registry",

@@ -48,9 +48,10 @@ __all__ = [
 ]
 
 
-# The baseline rules register themselves in peer/aggregation/robust.py, which builds on the
-# types below; the registry imports it on first use, so it is complete whenever it is read.
-RULE_REGISTRY = Registry("rule", "dfedrw.rules", modules=(f"{__package__}.robust",))
+# The baseline rules register themselves in peer/aggregation/robust.py and the decentralized
+# ones in peer/aggregation/gossip.py, which build on the types below; the registry imports them
+# on first use, so it is complete whenever it is read.
+RULE_REGISTRY = Registry("rule", "dfedrw.rules", modules=(f"{__package__}.robust", f"{__package__}.gossip"))
 """The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""
 
 
