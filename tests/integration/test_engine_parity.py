@@ -135,7 +135,7 @@ class Case:
 
 def _case(id: str, rule: tuple[str, ...] | str, attack: str, byzantine: int, *more: str) -> Case:
     rule_overrides = (f"aggregation.rule={rule}",) if isinstance(rule, str) else rule
-    name = rule if isinstance(rule, str) else "dfedreweighting"
+    name = rule if isinstance(rule, str) else next(o.partition("=")[2] for o in rule if o.startswith("aggregation.rule="))
     return Case(id, name, (*rule_overrides, f"attack.name={attack}", f"topology.byzantine={byzantine}", *more))
 
 
@@ -160,6 +160,13 @@ CASES = [
     _case("flame-none-dirichlet", "flame", "none", 0, DIR),
     _case("balance-signflip-dirichlet", "balance", "sign_flip", 2, DIR),
     _case("balance-gaussian-iid", "balance", "gaussian", 1, IID),
+    # The decentralized rules beyond the paper.
+    _case("clippedgossip-gaussian-dirichlet", "clipped_gossip", "gaussian", 2, DIR),
+    _case("clippedgossip-alie-iid", ("aggregation.rule=clipped_gossip", "aggregation.clipped_gossip.radius=spread"), "alie", 1, IID),
+    _case("ubar-signflip-dirichlet", "ubar", "sign_flip", 2, DIR),
+    _case("ubar-ipm-iid", "ubar", "ipm", 1, IID),
+    _case("csplusrg-alie-dirichlet", "cs_plus_rg", "alie", 1, DIR),
+    _case("csplusrg-gaussian-iid", "cs_plus_rg", "gaussian", 1, IID),
 ]
 BY_ID = {c.id: c for c in CASES}
 # The default selection: the paper's rule on its default attack, DFedAvg (the batched engine's
@@ -320,7 +327,7 @@ def test_cases_cover_every_rule_attack_and_partition():
     rules |= {"loss_clip" for c in CASES if "aggregation.crs=loss_clip_mean" in c.overrides}
     attacks = {o.partition("=")[2] for c in CASES for o in c.overrides if o.startswith("attack.name=")}
     partitions = {o.partition("=")[2] for c in CASES for o in c.overrides if o.startswith("data.partition=")}
-    assert rules >= {"dfedavg", "softmax", "loss_clip", "median", "trimmed_mean", "krum", "flame", "balance"}
+    assert rules >= {"dfedavg", "softmax", "loss_clip", "median", "trimmed_mean", "krum", "flame", "balance", "clipped_gossip", "ubar", "cs_plus_rg"}
     assert attacks >= {"none", "gaussian", "sign_flip", "alie"}
     assert partitions >= {"iid", "dirichlet:0.1"}
     assert len({c.id for c in CASES}) == len(CASES)
