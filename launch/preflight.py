@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import check_dataset
-from dfedrw.peer.node import client_rule
+from dfedrw.peer.node import client_attack, client_rule
 from dfedrw.peer.plan import scenario_topology
-from dfedrw.peer.plugins import build_attack
 
 
 def preflight(scenario: Scenario) -> None:
@@ -15,7 +14,7 @@ def preflight(scenario: Scenario) -> None:
     topology = scenario_topology(scenario)
     for k in range(topology.num_clients):
         if k in topology.byzantine:
-            build_attack(scenario, topology.num_clients, len(topology.byzantine))
+            client_attack(scenario, topology, k)
         else:
             client_rule(scenario, topology, k)
     check_dataset(scenario.data.name, scenario.data.dir or None)
