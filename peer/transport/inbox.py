@@ -96,13 +96,7 @@ class Inbox:
                     self._gone.discard(msg.sender)
                     self._wake_if_complete()
         if stale:
-            # Late, not malicious: the deadline for that round passed. Dropped and counted apart.
-            with self._cond:
-                self.stale += 1
-            self.quiet_log.log(
-                logging.INFO, "stale_round", "client %d dropped a stale round-%d message from %d", self.own_id, msg.round, msg.sender
-            )
-            return False, "stale_round"
+            return self.drop_stale(msg.sender, msg.round)
         if stale is None:
             return self.reject(
                 "future_round", f"round {msg.round} > {current}+{self.window} from {msg.sender}"
@@ -110,6 +104,22 @@ class Inbox:
         if duplicate:
             return self.reject("duplicate", f"second round-{msg.round} message from {msg.sender}")
         return True, ""
+
+    def drop_stale(self, sender: int, round_: int) -> tuple[bool, str]:
+        """Count a message for a round already passed: late, not malicious (the deadline for
+        that round passed), so dropped and counted apart from the rejections. Also for the
+        messages buffered beside the inbox (a colluders' pool store), so that every message a
+        client receives ends in one of its counters."""
+        with self._cond:
+            self.stale += 1
+        self.quiet_log.log(logging.INFO, "stale_round", "client %d dropped a stale round-%d message from %d", self.own_id, round_, sender)
+        return False, "stale_round"
+
+    def count_received(self, nbytes: int) -> None:
+        """Count the bytes of a message accepted beside the inbox (a colluders' pool)."""
+        with self._cond:
+            self.bytes_received += nbytes
+            self.accepted += 1
 
     def set_gone(self, peer: int, gone: bool = True) -> None:
         with self._cond:

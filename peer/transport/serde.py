@@ -7,6 +7,11 @@ name, dtype and shape against its own model before it touches the bytes.
 What a message declares is checked too, not only its form: :class:`Plausible` bounds the
 values a model may hold and the training-set size a sender may claim (DFedAvg weights by it),
 and a declared loss outside its range is read as absent. Pure: no transport here.
+
+A *pool message* (:func:`encode_pool`, :func:`decode_pool`) is what colluding Byzantine
+clients send each other: the honest models one of them received in a round, back to back,
+with ``origins`` naming whose each is. It gets every check a model message gets, per model.
+A model message never names origins: :func:`decode` rejects one that does (``pool_message``).
 """
 
 from __future__ import annotations
@@ -184,6 +189,29 @@ def decode(
     byte size, checksum, a non-finite value, a value or a declared sample count outside
     ``plausible``. Text from the message goes into an error only through :func:`quote`.
     """
+    _check_layout(header, specs)
+    if header.origins:
+        # A colluders' pool is never a neighbour's model (see decode_pool).
+        raise WireError("pool_message", f"a pool of {len(header.origins)} models where a model was expected")
+    expected = sum(s.nbytes for s in specs)
+    if header.total_bytes != expected or len(payload) != expected:
+        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected}")
+    error = plausible.samples_error(header.num_samples)
+    if error is not None:
+        raise error
+    vector = _checked_values(header, payload, plausible)
+    return ModelMessage(
+        sender=header.sender,
+        round=header.round,
+        vector=vector,
+        num_samples=header.num_samples,
+        nbytes=wire_bytes,
+        train_loss=plausible.train_loss(header.train_loss),
+    )
+
+
+def _check_layout(header: pb.ModelHeader, specs: Sequence[TensorSpec]) -> None:
+    """A sender, and tensor specs equal to the receiver's model (names, dtypes, shapes)."""
     if not header.HasField("sender"):
         raise WireError("no_sender", "the header names no sender")
     if len(header.tensors) != len(specs):
@@ -195,12 +223,10 @@ def decode(
             raise WireError(
                 "shape_mismatch", f"{quote(got.name)}{quote(tuple(got.shape[:8]))}, expected {want.name}{want.shape}"
             )
-    expected = sum(s.nbytes for s in specs)
-    if header.total_bytes != expected or len(payload) != expected:
-        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected}")
-    error = plausible.samples_error(header.num_samples)
-    if error is not None:
-        raise error
+
+
+def _checked_values(header: pb.ModelHeader, payload: bytes, plausible: Plausible) -> torch.Tensor:
+    """The payload as a flat float32 tensor once its checksum and values passed."""
     if zlib.crc32(payload) != header.crc32:
         raise WireError("bad_checksum", "payload CRC-32 does not match the header")
     array = np.frombuffer(payload, dtype=WIRE_DTYPES["float32"])
@@ -209,12 +235,93 @@ def decode(
     error = plausible.values_error(low, high)
     if error is not None:
         raise error
-    vector = torch.from_numpy(array.astype(np.float32, copy=True))
-    return ModelMessage(
+    return torch.from_numpy(array.astype(np.float32, copy=True))
+
+
+@dataclass(frozen=True)
+class PoolMessage:
+    """A colluder's pool of round ``round``: ``vectors[i]`` is the model ``origins[i]`` sent it."""
+
+    sender: int
+    round: int
+    origins: tuple[int, ...]
+    vectors: torch.Tensor  # float32 [len(origins), D]
+    nbytes: int = 0  # size on the wire, for accounting
+
+
+def encode_pool(
+    sender: int,
+    round_: int,
+    origins: Sequence[int],
+    vectors: torch.Tensor,
+    specs: Sequence[TensorSpec],
+    *,
+    chunk_bytes: int = 1 << 20,
+) -> list[pb.ModelChunk]:
+    """A pool as Push chunks: ``vectors [len(origins), D]`` back to back, ``origins`` in the
+    header, whose tensor specs describe one model. Declares no size and no loss (a pool is not
+    a model of its sender's)."""
+    origins = [int(k) for k in origins]
+    if len(set(origins)) != len(origins):
+        raise ValueError(f"pool origins must be distinct, got {origins}")
+    model_bytes = sum(s.nbytes for s in specs)
+    rows = vectors.detach().to(torch.float32).reshape(len(origins), -1) if origins else vectors.new_empty(0, 0)
+    payload = rows.contiguous().numpy().astype("<f4", copy=False).tobytes()
+    if len(payload) != model_bytes * len(origins):
+        raise ValueError(f"a pool of {len(origins)} models has {len(payload)} bytes, the model layout needs {model_bytes} each")
+    header = pb.ModelHeader(
+        sender=sender,
+        round=round_,
+        tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
+        total_bytes=len(payload),
+        crc32=zlib.crc32(payload),
+        origins=origins,
+    )
+    view = memoryview(payload)
+    chunks = [pb.ModelChunk(header=header, data=bytes(view[:chunk_bytes]))]
+    for start in range(chunk_bytes, len(payload), chunk_bytes):
+        chunks.append(pb.ModelChunk(data=bytes(view[start : start + chunk_bytes])))
+    return chunks
+
+
+def pool_bytes(specs: Sequence[TensorSpec], num_clients: int) -> int:
+    """The largest pool payload: one model of each client."""
+    return num_clients * sum(s.nbytes for s in specs)
+
+
+def decode_pool(
+    header: pb.ModelHeader,
+    payload: bytes,
+    specs: Sequence[TensorSpec],
+    wire_bytes: int = 0,
+    plausible: Plausible = Plausible(),
+    *,
+    num_clients: int,
+) -> PoolMessage:
+    """Check a pool against the receiver's model layout and turn it into rows.
+
+    Raises :class:`WireError` on: no sender, tensor specs unlike the model's; more origins
+    than clients (``too_many_origins``), an origin outside ``0..num_clients-1``
+    (``unknown_origin``), an origin named twice (``duplicate_origin``); a byte size other than
+    one model per origin; a checksum mismatch; a non-finite or implausible value in any model.
+    An empty pool (no origins, no payload) is valid: its sender received nothing."""
+    _check_layout(header, specs)
+    count = len(header.origins)
+    if count > num_clients:
+        raise WireError("too_many_origins", f"{count} origins, at most {num_clients} clients")
+    origins = tuple(int(k) for k in header.origins)
+    if any(k >= num_clients for k in origins):
+        raise WireError("unknown_origin", f"origin {max(origins)} outside 0..{num_clients - 1}")
+    if len(set(origins)) != count:
+        raise WireError("duplicate_origin", "an origin is named twice")
+    expected = count * sum(s.nbytes for s in specs)
+    if header.total_bytes != expected or len(payload) != expected:
+        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected} for {count} models")
+    vectors = _checked_values(header, payload, plausible)
+    return PoolMessage(
         sender=header.sender,
         round=header.round,
-        vector=vector,
-        num_samples=header.num_samples,
+        origins=origins,
+        vectors=vectors.view(count, -1) if count else vectors.view(0, sum(s.numel for s in specs)),
         nbytes=wire_bytes,
-        train_loss=plausible.train_loss(header.train_loss),
     )
