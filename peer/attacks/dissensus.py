@@ -1,1 +1,96 @@
-"""Attacks (filled in below)."""
+"""The dissensus attack on gossip: push each receiver away from its neighbours instead of
+towards one bad point, so that the honest clients stop agreeing.
+
+Pure tensor code (no transport); maths in float64, messages float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from dfedrw.peer.aggregation.registry import check_choice, check_real
+from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
+
+__all__ = ["Dissensus"]
+
+_SCALES = ("neighbour_counts", "none")
+
+
+@ATTACK_REGISTRY.register("dissensus")
+@dataclass(frozen=True)
+class Dissensus:
+    """Dissensus: to each receiver, its own model pushed away from the other honest models.
+
+    For receiver ``k`` with model ``x_k`` (the model ``k`` sent the attacker this round)::
+
+        message_k = x_k + epsilon * r_k * (x_k - mean_{j in O_k} x_j)
+
+    ``O_k``: every other honest model the attacker knows (:meth:`AttackView.known` without
+    ``k``: what it received, or the colluders' pool with ``attack.colluding``), its stand-in for
+    ``k``'s honest neighbours, whom it cannot see. ``r_k`` by ``scale``:
+    ``"neighbour_counts"`` (default): ``|O_k| / |C|``, ``C`` the colluders (just itself when
+    alone), its estimate of (``k``'s honest neighbours) / (``k``'s Byzantine neighbours);
+    ``"none"``: 1.
+
+    Why: He, Karimireddy and Jaggi's attacker sends good worker ``i`` the value
+    ``x_i - epsilon * sum_{k in H_i} W_ik (x_k - x_i) / sum_{b in B_i} W_ib`` (``H_i``/``B_i``:
+    ``i``'s honest/Byzantine neighbours, ``W`` the gossip weights), so that ``i``'s gossip step
+    becomes ``x_i + (1 - epsilon) sum_{k in H_i} W_ik (x_k - x_i)``: ``epsilon = 1`` cancels
+    the pull towards the neighbours, ``epsilon > 1`` reverses it. With uniform weights over
+    ``i``'s candidates that is ``x_i + epsilon * |H_i| / |B_i| * (x_i - mean_{H_i} x_k)``, the
+    formula above when the attacker's estimates are exact. With ``scale="none"`` ``epsilon``
+    carries the ratio ``|H_k| / |B_k|`` itself.
+
+    Fallbacks: silent (None) to a receiver whose model it did not get (it cannot tailor the
+    push); ``x_k`` itself when it knows no other honest model (nothing to push away from).
+
+    Sources: He, Karimireddy and Jaggi, "Byzantine-robust Decentralized Learning via
+    ClippedGossip", 2022 (the dissensus attack; their experiments use
+    ``epsilon = 1.5``); Gaucher, Dieuleveut and Hendrikx, "Unified Breakdown Analysis for
+    Byzantine Robust Gossip", ICML 2025 (the same attack against robust gossip rules).
+
+    THREAT MODEL: knows the models its neighbours sent it this round (the colluders' pool with
+    ``attack.colluding``), so each receiver's own model; not the receiver's neighbourhood nor its
+    gossip weights (estimated as above); does not know the defence. Tailors each receiver's
+    message; deterministic. The paper's attacker knows the whole graph and every model.
+
+    Example::
+
+        attack = Dissensus(epsilon=1.5)
+        crafted = attack.plan(view, torch.Generator().manual_seed(0))
+        crafted.note["pushed"]  # receivers whose own model it had
+    """
+
+    threat_model: ClassVar[ThreatModel] = ThreatModel(tailored=True)
+    epsilon: float = 1.5
+    scale: str = "neighbour_counts"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_real("Dissensus", "epsilon", self.epsilon, positive=True))
+        check_choice("Dissensus", "scale", self.scale, _SCALES)
+
+    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
+        senders, known = view.known()
+        models = known.to(torch.float64)
+        row = {sender: i for i, sender in enumerate(senders)}
+        count = len(senders)
+        total = models.sum(dim=0)
+        byzantine = max(len(view.colluders), 1)
+        messages: dict[int, torch.Tensor | None] = {}
+        for k in view.receivers:
+            if k not in row:
+                messages[k] = None
+                continue
+            own = models[row[k]]
+            if count == 1:
+                messages[k] = own.to(torch.float32)
+                continue
+            others = (total - own) / (count - 1)
+            ratio = (count - 1) / byzantine if self.scale == "neighbour_counts" else 1.0
+            messages[k] = (own + self.epsilon * ratio * (own - others)).to(torch.float32)
+        pushed = sorted(k for k in view.receivers if k in row and count > 1)
+        note = {"epsilon": self.epsilon, "scale": self.scale, "pushed": pushed}
+        return Crafted(messages, note)
