@@ -198,12 +198,12 @@ class MinMax(_Optimised):
 @ATTACK_REGISTRY.register("min_sum")
 @dataclass(frozen=True)
 class MinSum(_Optimised):
-    """Min-Sum: the benign mean moved along ``p`` while its summed squared distance to the
-    benign models stays within the largest such sum of a benign model.
+    """Min-Sum: the benign mean moved along ``p`` while its summed squared distances stay benign.
 
-    ``message = mean(B) + gamma * p`` with ``gamma`` the largest (found by :func:`search_gamma`)
-    such that ``sum_i ||message - b_i||^2 <= max_i sum_j ||b_i - b_j||^2``. ``B``, ``p``,
-    ``relative_to``, the fallbacks and the note as for :class:`MinMax`.
+    ``message = mean(B) + gamma * p`` with ``gamma`` the largest (found by
+    :func:`search_gamma`) such that ``sum_i ||message - b_i||^2 <= max_i sum_j ||b_i - b_j||^2``:
+    its summed squared distance to the benign models is no larger than a benign model's.
+    ``B``, ``p``, ``relative_to``, the fallbacks and the note as for :class:`MinMax`.
 
     Source: Shejwalkar and Houmansadr, "Manipulating the Byzantine: Optimizing Model Poisoning
     Attacks and Defenses for Federated Learning", NDSS 2021 (AGR-agnostic Min-Sum attack;
@@ -247,9 +247,9 @@ def _fang_bounds(benign: torch.Tensor, direction: torch.Tensor, b: float) -> tup
 @ATTACK_REGISTRY.register("fang_trimmed_mean")
 @dataclass(frozen=True)
 class FangTrimmedMean:
-    """Fang et al.'s full-knowledge attack on the trimmed mean: per coordinate, values beyond
-    the benign extreme on the side the benign models are not moving to.
+    """Fang et al.'s full-knowledge attack on the trimmed mean: values beyond the benign extremes.
 
+    Per coordinate, beyond the benign extreme on the side the benign models are not moving to:
     ``s_j = sign(mean_j(B) - reference_j)`` (``sign(mean_j(B))`` in the first round, when there
     is no reference): the way the benign models move coordinate ``j``. For ``s_j = -1`` the
     message's coordinate is drawn uniformly from ``[w_max_j, b * w_max_j]`` when
