@@ -346,7 +346,9 @@ class BatchedRun:
                 for k, rec in zip(self.honest, records, strict=True):
                     logs[k].write(rec)
                 for b in self.byzantine:
-                    logs[b].write(byzantine_record(r, heard[b], self.silent[b] - silent_before[b], self.notes[b], 0, 0))
+                    # Every colluder's pool arrives here: each used all of them.
+                    pooled = list(self.colluders) if self.colluders else None
+                    logs[b].write(byzantine_record(r, heard[b], self.silent[b] - silent_before[b], self.notes[b], 0, 0, pooled_from=pooled))
                 if on_round is not None:
                     on_round(r)
         finally:

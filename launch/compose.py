@@ -5,7 +5,8 @@ Writes into a folder:
 - ``docker-compose.yml``: one service ``client-K`` per client, Byzantine clients included, each
   started as ``python -m dfedrw.peer --scenario /scenario/scenario.toml --id K --out /results
   --listen-port PORT --certs /run/secrets --peer J=client-J:PORT ...`` with its graph
-  neighbours only, as a non-root user; a Byzantine service takes its attack from the one line
+  neighbours only (and, with ``attack.colluding``, a Byzantine client's colluders, with whom it
+  pools what it receives), as a non-root user; a Byzantine service takes its attack from the one line
   ``DFEDRW_ATTACK: NAME`` of its environment; a one-shot ``summarize`` service (profile
   ``summarize``) writes ``results/summary.json``;
 - ``certs/``: the run's CA and one key and certificate per client (``dfedrw certs``), kept when
@@ -43,6 +44,7 @@ from pathlib import Path
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.data import DEFAULT_DIRS
 from dfedrw.peer.identity import CA_FILE, IdentityError, cert_file, key_file, load_identity, make_certificates, run_id_of
+from dfedrw.peer.collusion import colluding_group
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.plugins import ATTACK_REGISTRY
 
@@ -118,11 +120,17 @@ class ComposeOptions:
 
 @dataclass(frozen=True)
 class ClientService:
-    """One client's service: who it is and whom it talks to."""
+    """One client's service: who it is and whom it talks to: its graph neighbours and, for a
+    colluding Byzantine client, the other colluders (neighbours or not)."""
 
     id: int
     byzantine: bool
     neighbours: tuple[int, ...]
+    colluders: tuple[int, ...] = ()
+
+    @property
+    def contacts(self) -> tuple[int, ...]:
+        return (*self.neighbours, *(k for k in self.colluders if k != self.id and k not in self.neighbours))
 
     @property
     def name(self) -> str:
@@ -160,8 +168,10 @@ def client_secrets(client: int) -> list[tuple[str, str, str]]:
 
 def plan_services(scenario: Scenario) -> list[ClientService]:
     topology = scenario_topology(scenario)
+    colluders = colluding_group(topology.byzantine, scenario.attack.colluding)
     return [
-        ClientService(k, k in topology.byzantine, topology.neighbours(k)) for k in range(topology.num_clients)
+        ClientService(k, k in topology.byzantine, topology.neighbours(k), colluders if k in colluders else ())
+        for k in range(topology.num_clients)
     ]
 
 
@@ -173,7 +183,7 @@ def peer_command(service: ClientService, port: int, *, certs: bool = True) -> li
     ]
     if certs:
         command += ["--certs", SECRETS_PATH]
-    for k in service.neighbours:
+    for k in service.contacts:
         command += ["--peer", f"{k}={service_name(k)}:{port}"]
     return command
 

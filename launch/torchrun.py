@@ -5,7 +5,8 @@ The flags are those of ``dfedrw peer`` without ``--id``.
 torchrun tells each worker who it is (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
 client id = RANK. Addresses are exchanged through the key-value store torchrun already runs
 (the default store of ``init_process_group``): each rank sets ``dfedrw/addr/<rank>`` and reads
-its neighbours' keys; no other rendezvous service. After its run each rank sets
+the keys of the clients it talks to (its neighbours and, for a colluding Byzantine client, the
+other colluders); no other rendezvous service. After its run each rank sets
 ``dfedrw/done/<rank>``; rank 0 waits (bounded) for every rank and writes ``summary.json`` in
 the format of ``dfedrw run``. The results folder must be one folder every rank writes to (on
 several nodes: a shared file system).
@@ -32,7 +33,7 @@ from dfedrw.launch.collect import collect_summary, collected_now
 from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
 from dfedrw.peer.identity import make_certificates
-from dfedrw.peer.node import client_identity, grpc_transport_for, run_client
+from dfedrw.peer.node import client_identity, grpc_transport_for, run_client, scenario_colluders
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.results import check_fresh_out_dir
 from dfedrw.peer.transport.torchdist import TorchDistTransport
@@ -241,11 +242,22 @@ def shared_certificates(scenario: Scenario, store, rank: int, out_dir: Path, cer
     return folder
 
 
+def transport_edges(scenario: Scenario) -> list[tuple[int, int]]:
+    """Who exchanges messages on the torch transport: the graph's edges and, with
+    ``attack.colluding``, every pair of colluders (their pools), whether neighbours or not.
+    The same list on every rank: each creates a process group per edge, in one order."""
+    colluders = scenario_colluders(scenario)
+    pairs = {(a, b) for i, a in enumerate(colluders) for b in colluders[i + 1 :]}
+    return sorted({(min(u, v), max(u, v)) for u, v in scenario_topology(scenario).graph.edges} | pairs)
+
+
 def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: Mapping[str, str], certs: Path | None = None):
     net = scenario.network
     if net.transport == "grpc":
         host, advertise = listen_and_advertise(net.host, env, environ.get("DFEDRW_ADVERTISE") or None)
-        return grpc_transport_for(scenario, host, 0, advertise=advertise, identity=client_identity(scenario, certs, env.rank))
+        return grpc_transport_for(
+            scenario, host, 0, advertise=advertise, identity=client_identity(scenario, certs, env.rank), client=env.rank
+        )
     if net.transport == "torch":
         if device.type == "cuda" and env.local_world_size > torch.cuda.device_count():
             # NCCL refuses two ranks on one GPU; the messages go through gloo on the CPU instead.
@@ -255,7 +267,7 @@ def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: 
             device = torch.device("cpu")
         return TorchDistTransport(
             env.rank,
-            scenario_topology(scenario).graph.edges,
+            transport_edges(scenario),
             device=device,
             # A neighbour may be silent (e.g. an attacker with nothing to answer) for the
             # whole run, in the worst case every round at its deadline.

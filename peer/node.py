@@ -8,7 +8,8 @@ Round t at an honest client k (paper, Algorithm 1):
   3. aggregate own + received with the client's rule (DFedReweighting scores every candidate
      on the auxiliary set A_k) -> w_k^{t+1}.
 A Byzantine client holds no data: each round it waits for its honest neighbours' round-t
-models, crafts one message per receiver with its attack, and sends them.
+models, crafts one message per receiver with its attack, and sends them. With
+``attack.colluding`` the Byzantine clients first pool what they received (peer/collusion.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint, scenario_fingerprint
+from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.identity import ClientIdentity, IdentityError, load_identity
 from dfedrw.peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
@@ -42,7 +44,7 @@ from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.grpc_transport import CallLimits, GrpcTransport
 from dfedrw.peer.transport.inbox import Inbox
-from dfedrw.peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks, model_specs
+from dfedrw.peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks, model_specs, pool_bytes
 from dfedrw.topologies import Topology
 
 log = logging.getLogger(__name__)
@@ -61,13 +63,21 @@ _REJOIN_ROUNDS = 20
 
 
 def grpc_transport_for(
-    scenario: Scenario, host: str, port: int, *, advertise: str | None = None, identity: ClientIdentity | None = None
+    scenario: Scenario,
+    host: str,
+    port: int,
+    *,
+    advertise: str | None = None,
+    identity: ClientIdentity | None = None,
+    client: int | None = None,
 ) -> GrpcTransport:
     """The gRPC transport with the scenario's limits. Each sender gets its own call slots (its
     ``Exchange`` call, which stays open for the whole run, and ``network.calls_per_sender``
     pushes) and a message bucket of ``round_window + 2`` messages a round (one is honest);
     the server's bound on concurrent calls leaves room for every client's slots. With
-    ``network.tls = "mutual"`` it needs the client's ``identity``."""
+    ``network.tls = "mutual"`` it needs the client's ``identity``. ``client`` (default: the
+    identity's) is whose transport it is: a colluding Byzantine client receives pools of up to
+    one model per client, every other client one model a message."""
     net = scenario.network
     if net.tls == "mutual" and identity is None:
         raise IdentityError("network.tls = 'mutual' needs this client's certificate: give --certs DIR (made by `dfedrw certs`)")
@@ -91,11 +101,19 @@ def grpc_transport_for(
     # A receiver buffers at most one message's worth per open call: the model's size, which is
     # all an honest message holds, not the scenario's far larger ceiling.
     model_bytes = sum(s.nbytes for s in scenario_model_specs(scenario))
+    client = identity.client if client is None and identity is not None else client
+    if client is not None and client in scenario_colluders(scenario):
+        model_bytes = pool_bytes(scenario_model_specs(scenario), scenario.num_clients)
     return GrpcTransport(
         host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
         max_message_bytes=min(net.max_message_bytes, model_bytes), max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
         advertise=advertise, identity=identity, limits=limits,
     )
+
+
+def scenario_colluders(scenario: Scenario) -> tuple[int, ...]:
+    """The colluding Byzantine clients of the scenario (every one with ``attack.colluding``, else ())."""
+    return colluding_group(scenario_topology(scenario).byzantine, scenario.attack.colluding)
 
 
 def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
@@ -305,6 +323,18 @@ class Client:
         self.model = initial_model(scenario, client_id)
         self.specs = model_specs(self.model)
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
+        # A colluding Byzantine client exchanges pools with the other colluders (graph
+        # neighbours or not), whom it reaches besides its neighbours.
+        colluders = colluding_group(self.topology.byzantine, scenario.attack.colluding) if self.role == "byzantine" else ()
+        self.collusion: Collusion | None = None
+        if colluders:
+            self.collusion = Collusion(
+                client_id, colluders, specs=self.specs, num_clients=self.topology.num_clients, transport=transport,
+                counters=self.inbox, window=net.round_window, max_missed=net.max_missed_rounds, plausible=self.plausible,
+                chunk_bytes=net.chunk_bytes, probe_every=_PROBE_EVERY,
+            )
+            self.max_bytes = min(net.max_message_bytes, max(self.max_bytes, self.collusion.max_bytes))
+        self.contacts = (*self.neighbours, *(k for k in colluders if k != client_id and k not in self.neighbours))
         self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
         self.fingerprint = scenario_fingerprint(scenario)
         # A checkpoint of this client in its results folder: it was killed, and resumes.
@@ -350,7 +380,8 @@ class Client:
         # Every message ends in one counter (accepted, stale or a rejection reason) and at most a
         # rate-limited log line: a peer can send bad messages as fast as it likes.
         try:
-            if sender is not None:
+            pools = self.collusion.peers if self.collusion is not None else ()
+            if sender is not None and sender not in pools:
                 # A stranger is turned away before its bytes are even joined.
                 refused = self.inbox.screen(sender)
                 if refused is not None:
@@ -359,6 +390,9 @@ class Client:
             if sender is not None and header.sender != sender:
                 # The sender is who its certificate says, never who the message says.
                 return self.inbox.reject("impersonation", f"client {sender} claimed to be {header.sender}")
+            if header.sender in pools:
+                # Colluders send each other pools only, never models.
+                return self.collusion.accept(header, payload, wire)
             # Screened before decoding so a stranger costs no tensor work.
             refused = self.inbox.screen(header.sender)
             if refused is not None:
@@ -404,6 +438,10 @@ class Client:
             self.transport.send(peer, last[1])
 
     def _on_reachability(self, peer: int, state: str) -> None:
+        if self.collusion is not None:
+            self.collusion.on_reachability(peer, state)
+            if peer not in self.neighbours:
+                return
         if state == "shut_out":
             # Our server refuses its calls for a while: nothing it sends can arrive until then.
             # Its next accepted message brings it back (see _accept).
@@ -456,16 +494,26 @@ class Client:
         return self.address
 
     def connect(self, addresses: Mapping[int, str]) -> None:
-        for k in self.neighbours:
+        """Connect to the neighbours and, for a colluder, the other colluders (``contacts``)."""
+        for k in self.contacts:
             if k not in addresses:
                 # A neighbour that never came up (e.g. it died at start) is not waited for.
-                log.warning("client %d: no address for neighbour %d; going on without it", self.id, k)
-                self.inbox.set_gone(k)
-        self.transport.connect({k: addresses[k] for k in self.neighbours if k in addresses}, self._on_reachability)
+                log.warning("client %d: no address for %s %d; going on without it", self.id, self._kind(k), k)
+                self._set_gone(k)
+        self.transport.connect({k: addresses[k] for k in self.contacts if k in addresses}, self._on_reachability)
         late = self.transport.wait_ready(self.scenario.network.connect_timeout)
         for k in late:
-            log.warning("client %d: neighbour %d not reachable at start", self.id, k)
-            self.inbox.set_gone(k)
+            log.warning("client %d: %s %d not reachable at start", self.id, self._kind(k), k)
+            self._set_gone(k)
+
+    def _kind(self, peer: int) -> str:
+        return "neighbour" if peer in self.neighbours else "colluder"
+
+    def _set_gone(self, peer: int) -> None:
+        if peer in self.neighbours:
+            self.inbox.set_gone(peer)
+        if self.collusion is not None and peer in self.collusion.peers:
+            self.collusion.set_gone(peer)
 
     def run(self) -> dict[str, Any]:
         torch.set_num_threads(1)
@@ -782,8 +830,10 @@ class Client:
                 torch.stack([m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
             )
             claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
+            pooled = self.collusion.exchange(r, senders, received, sc.network.round_timeout) if self.collusion is not None else None
             view = AttackView(
-                round=r, attacker=self.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds
+                round=r, attacker=self.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
+                **({"colluders": self.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
             )
             crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
             reference = known_mean(view)
@@ -797,7 +847,12 @@ class Client:
                     k,
                     encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
                 )
-            self.results.write(byzantine_record(r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0))
+            self.results.write(
+                byzantine_record(
+                    r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
+                    pooled_from=list(pooled.used) if pooled is not None else None,
+                )
+            )
             self.link.send({"type": "round", "id": self.id, "round": r})
             if self._checkpoint_due(r):
                 self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
@@ -820,13 +875,18 @@ def known_mean(view: AttackView) -> torch.Tensor | None:
     return known.to(torch.float64).mean(dim=0) if len(known) else None
 
 
-def byzantine_record(r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int) -> dict[str, Any]:
+def byzantine_record(
+    r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None
+) -> dict[str, Any]:
     """A Byzantine client's round record (every engine writes the same keys); the attack's note,
-    when it keeps one, under ``"attack"``."""
+    when it keeps one, under ``"attack"``; when colluding, ``"pooled_from"``: the sorted
+    colluders whose pool of the round it used, itself included (None: it acts alone, no key)."""
     record: dict[str, Any] = {
         "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
         "received_from": received_from, "silent_to": silent,
     }
+    if pooled_from is not None:
+        record["pooled_from"] = sorted(pooled_from)
     if crafted.note:
         record["attack"] = dict(crafted.note)
     return record
@@ -878,7 +938,7 @@ def run_grpc_client(
             "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
         )
     transport = grpc_transport_for(
-        scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
+        scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id), client=client_id
     )
     link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
     meeting = (
@@ -905,10 +965,11 @@ def run_client(
 
 def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:
     """Start a built client's server, exchange addresses through ``rendezvous``, connect to the
-    neighbours, run every round; the client is closed whatever happens."""
+    neighbours (and a colluder to the other colluders), run every round; the client is closed
+    whatever happens."""
     try:
         address = client.start()
-        addresses = rendezvous.exchange(client.id, address, client.neighbours, client.scenario.network.connect_timeout)
+        addresses = rendezvous.exchange(client.id, address, client.contacts, client.scenario.network.connect_timeout)
         client.connect(addresses)
         return client.run()
     finally:

@@ -113,7 +113,8 @@ def directed_groups(edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 class TorchDistTransport:
     """A :class:`~peer.transport.base.Transport` over ``torch.distributed`` point-to-point.
 
-    ``edges`` is the whole communication graph (every rank creates the same process groups);
+    ``edges`` is the whole communication graph: the topology's edges and, when Byzantine
+    clients collude, every pair of colluders (every rank creates the same process groups);
     ``timeout`` bounds every send and receive; ``max_messages`` is the most a neighbour sends
     in a run (its rounds); ``linger`` bounds how long ``close`` waits for the neighbours' end
     of stream.
