@@ -1,5 +1,6 @@
 """Colluders' pool messages and the pool store: encoding, every rejection, the union, the store's
-window and bound, and the exchange's liveness over an in-memory hand-over (no sockets)."""
+window and bound, the exchange's liveness over an in-memory hand-over, a client's intake of
+pools (by the authenticated sender) and whom each launcher lets a colluder reach. No sockets."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ import zlib
 import pytest
 import torch
 
+from dfedrw.launch.compose import peer_command, plan_services
+from dfedrw.launch.torchrun import transport_edges
 from dfedrw.peer.collusion import Collusion, PoolStore, colluding_group, pool_union
+from dfedrw.peer.config import load_scenario
+from dfedrw.peer.node import Client, grpc_transport_for
+from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import (
     Plausible, PoolMessage, TensorSpec, WireError, decode, decode_pool, encode, encode_pool, join_chunks, pool_bytes,
@@ -326,3 +333,92 @@ def test_crc_is_over_the_whole_pool():
     chunks = encode_pool(5, 0, (1, 2), rows(1.0, 2.0), SPECS)
     header, payload, _ = parts(chunks)
     assert header.crc32 == zlib.crc32(payload) and len(payload) == 2 * 24
+
+
+# -- a client's intake, and whom it reaches ----------------------------------------------------
+COLLUDING = ("data.name=digits", "topology.honest=5", "topology.byzantine=2", "attack.name=alie", "attack.colluding=true")
+
+
+@pytest.fixture
+def net(tmp_path):
+    """A colluding scenario whose two Byzantine clients are not neighbours; make(k) builds client k."""
+    sc = load_scenario(None, list(COLLUDING))
+    topology = scenario_topology(sc)
+    b, c = sorted(topology.byzantine)
+    assert c not in topology.neighbours(b)
+
+    def make(k, scenario=sc):
+        return Client(scenario, k, tmp_path / str(k), transport=InprocTransport(InprocHub(), f"inproc:{k}"))
+
+    honest = next(k for k in topology.neighbours(b) if k not in topology.byzantine)
+    return sc, topology, b, c, honest, make
+
+
+def model_pool(client: Client, sender: int, origins, round_=0):
+    d = sum(s.numel for s in client.specs)
+    return encode_pool(sender, round_, origins, torch.ones(len(origins), d), client.specs)
+
+
+def test_a_colluder_takes_a_pool_from_the_other_colluder_only(net):
+    sc, topology, b, c, honest, make = net
+    colluder = make(b)
+    try:
+        # Execute / Assert: from the other colluder (authenticated), though not a neighbour.
+        assert colluder.deliver(iter(model_pool(colluder, c, (honest,))), c) == (True, "", 0)
+        assert colluder.collusion.store.wait(0, (c,), 0.0)[c].origins == (honest,)
+        # Unauthenticated (in-process): by the id the message gives.
+        assert colluder.deliver(iter(model_pool(colluder, c, (honest,), round_=1)), None) == (True, "", 0)
+        # From an honest neighbour, a pool is no model.
+        assert colluder.deliver(iter(model_pool(colluder, honest, (honest,))), honest)[:2] == (False, "pool_message")
+        # In the other colluder's name.
+        assert colluder.deliver(iter(model_pool(colluder, c, (honest,))), honest)[:2] == (False, "impersonation")
+        # Naming a colluder as an origin.
+        assert colluder.deliver(iter(model_pool(colluder, c, (b,), round_=2)), c)[:2] == (False, "colluder_origin")
+        # Its honest neighbours' models still go to the inbox.
+        d = sum(s.numel for s in colluder.specs)
+        assert colluder.deliver(iter(encode(honest, 0, torch.ones(d), colluder.specs, num_samples=10)), honest) == (True, "", 0)
+        assert colluder.inbox.rejected == {"pool_message": 1, "impersonation": 1, "colluder_origin": 1}
+    finally:
+        colluder.close()
+
+
+def test_an_honest_client_and_a_lone_byzantine_one_reject_pools(net):
+    sc, topology, b, c, honest, make = net
+    receiver = make(honest)
+    alone = make(b, load_scenario(None, [*COLLUDING[:-1]]))  # the same run without collusion
+    try:
+        assert receiver.collusion is None and receiver.contacts == receiver.neighbours
+        assert receiver.deliver(iter(model_pool(receiver, b, (honest,))), b)[:2] == (False, "pool_message")
+        assert alone.collusion is None and alone.contacts == alone.neighbours
+        assert alone.deliver(iter(model_pool(alone, c, (honest,))), c)[:2] == (False, "not_neighbour")
+    finally:
+        receiver.close()
+        alone.close()
+
+
+def test_a_colluder_reaches_the_other_and_may_receive_a_pool(net):
+    sc, topology, b, c, honest, make = net
+    colluder, other = make(b), make(honest)
+    try:
+        assert colluder.contacts == (*topology.neighbours(b), c)
+        assert colluder.max_bytes >= pool_bytes(colluder.specs, 7) > other.max_bytes
+        plain = load_scenario(None, [*COLLUDING, "network.tls=off"])
+        model = sum(s.nbytes for s in colluder.specs)
+        assert grpc_transport_for(plain, "127.0.0.1", 0, client=b).max_message_bytes == 7 * model
+        assert grpc_transport_for(plain, "127.0.0.1", 0, client=honest).max_message_bytes == model
+    finally:
+        colluder.close()
+        other.close()
+
+
+def test_compose_and_torchrun_give_colluders_each_other(net):
+    sc, topology, b, c, honest, make = net
+    services = {s.id: s for s in plan_services(sc)}
+    assert f"{c}=client-{c}:50051" in peer_command(services[b], 50051)
+    assert f"{b}=client-{b}:50051" in peer_command(services[c], 50051)
+    assert services[honest].contacts == topology.neighbours(honest)
+    edges = transport_edges(sc)
+    assert (b, c) in edges and len(edges) == len(topology.graph.edges) + 1
+    assert transport_edges(load_scenario(None, list(COLLUDING[:-1]))) == sorted(
+        (min(u, v), max(u, v)) for u, v in topology.graph.edges
+    )
