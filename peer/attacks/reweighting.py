@@ -5,7 +5,9 @@ on its auxiliary data and turns the scores into weights with the CRS. An attacke
 the rule (``defence``) and holds a sample of the training set (``attacker_data``) can play the
 receiver: it builds the candidate set it expects ``k`` to see, scores it with the same TPM on
 its own sample, weighs it with the same CRS, and keeps the most harmful message still predicted
-to get weight.
+to get weight. Against a rule without a TPM and a CRS (multi-Krum, BALANCE, ClippedGossip, ...)
+it plays the whole rule instead, with its sample as the receiver's data, and keeps the most
+harmful message the rule is predicted to give weight.
 
 The weakness both attacks aim at: :class:`~dfedrw.peer.aggregation.crs.LossClippedAtMean`
 clips against the *mean* loss of the candidates, and under the paper's weighting
@@ -31,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.aggregation.rules import RoundInputs
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 
 __all__ = ["DIRECTIONS", "DecoyStealth", "TPMAware", "bisect_kept", "harmful_direction"]
@@ -90,16 +93,17 @@ def bisect_kept(kept: Callable[[float], bool], lam_max: float, steps: int) -> fl
     return lo
 
 
-def _defence_parts(owner: str, defence: Any) -> tuple[Callable, Callable]:
+def _defence_parts(owner: str, defence: Any) -> tuple[Callable, Callable] | None:
+    """The defence's TPM and CRS when it scores candidates with them (DFedReweighting), None
+    for any other rule (then the whole rule is played, see :meth:`_Tuned._predict`)."""
     tpm, crs = getattr(defence, "tpm", None), getattr(defence, "crs", None)
-    if not (callable(tpm) and callable(crs)):
-        rule = "none" if defence is None else type(defence).__name__
+    if callable(tpm) and callable(crs):
+        return tpm, crs
+    if not callable(defence):
         raise ValueError(
-            f"{owner}: defence {rule} has no TPM and CRS to predict a receiver's weights; this attack "
-            "targets rules that score candidates with a TPM and weigh them with a CRS "
-            "(e.g. [aggregation] rule = 'dfedreweighting')"
+            f"{owner}: defence must be an aggregation rule (RoundInputs -> Aggregate) or carry a TPM and a CRS, got {defence!r}"
         )
-    return tpm, crs
+    return None
 
 
 def _finite_known(view: AttackView) -> tuple[tuple[int, ...], torch.Tensor]:
@@ -163,8 +167,19 @@ class _Tuned:
         sent = message.to(torch.float32)
         if not bool(torch.isfinite(sent).all()):
             return 0.0, [math.nan] * (len(fixed) + 1)
-        tpm, crs = _defence_parts(type(self).__name__, self.defence)
+        parts = _defence_parts(type(self).__name__, self.defence)
         candidates = torch.cat([fixed, sent[None]])
+        if parts is None:
+            # Any other rule is played whole, as a receiver whose own model is the first
+            # known one, with the attacker's sample standing in for its data; the round is
+            # unknown to the prediction (a rule whose radius decays with t/T sees t = 0).
+            count = len(candidates)
+            agg = self.defence(
+                RoundInputs(own_id=0, round=0, ids=tuple(range(count)), vectors=candidates, num_samples=(1,) * count, evaluate=evaluate)
+            )
+            scores = [math.nan] * count if agg.scores is None else [float(agg.scores[i]) for i in range(count)]
+            return float(agg.weights[count - 1]), scores
+        tpm, crs = parts
         scores = torch.as_tensor(tpm(candidates, evaluate)).detach().to("cpu", torch.float64)
         weights = torch.as_tensor(crs(scores)).detach().to("cpu", torch.float64)
         return float(weights[-1]), scores.tolist()
@@ -241,10 +256,12 @@ class TPMAware(_Tuned):
     Poisoning Attacks to Byzantine-Robust Federated Learning", USENIX Security 2020; the rule
     predicted is Zhang, Yin, Yang and Xu, "DFedReweighting: A Unified Framework for
     Objective-Oriented Reweighting in Decentralized Federated Learning", eq.
-    (combination-loss).
+    (combination-loss). Against a rule without a TPM and a CRS, ``v(lam)`` is the weight the
+    whole rule gives ``m(lam)`` beside ``W`` (the first known model standing for the receiver's
+    own, the sample for its data).
 
     THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders'
-    pool with ``attack.colluding``), the defence's TPM and CRS with their settings, and holds
+    pool with ``attack.colluding``), the defence (its TPM and CRS, or the whole rule) with its settings, and holds
     ``samples`` rows of the training set drawn by its own seed, on which it plays the receiver
     (the receiver's own auxiliary set is unknown to it, hence ``margin``). It does not know
     the receiver's own model unless that receiver sent it one. Deterministic.
@@ -301,7 +318,8 @@ class DecoyStealth(_Tuned):
     Xu, "DFedReweighting: A Unified Framework for Objective-Oriented Reweighting in
     Decentralized Federated Learning", eq. (combination-loss); the kept-scale search follows
     Shejwalkar and Houmansadr, NDSS 2021 (see :class:`TPMAware`); the decoy is the paper's
-    sign-flipping attack (``decoy_scale = 10``: local model weights x -10).
+    sign-flipping attack (local model weights x -10) with a factor of 100 by default: the
+    larger its loss, the higher the mean it lifts (``decoy_scale = 10`` is the paper's).
 
     THREAT MODEL: colluding Byzantine clients that pool every honest model any of them
     received this round, know the defence's TPM and CRS with their settings, and each hold
@@ -318,7 +336,7 @@ class DecoyStealth(_Tuned):
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(models="pooled", data=_DATA, defence=True, colludes=True)
-    decoy_scale: float = 10.0
+    decoy_scale: float = 100.0
     rotate: bool = True
     send_decoy: bool = True
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dfedrw.peer.aggregation import DFedAvg, RoundInputs, build_rule
+from dfedrw.peer.aggregation import RoundInputs, build_rule
 from dfedrw.peer.attacks import AttackerData, AttackView, craft_round, make_attack
 from dfedrw.peer.attacks.reweighting import DecoyStealth, TPMAware, bisect_kept, harmful_direction
 from dfedrw.peer.data import Dataset
@@ -171,15 +171,34 @@ def test_decoy_stealth_bad_settings_raise(settings):
 
 
 @pytest.mark.parametrize("name", ["tpm_aware", "decoy_stealth"])
-def test_a_defence_without_tpm_and_crs_is_refused_by_name(name):
-    with pytest.raises(ValueError, match="DFedAvg has no TPM and CRS"):
-        make_attack(name, defence=DFedAvg(), attacker_data=toy_data())
+def test_a_defence_that_is_no_rule_is_refused(name):
+    with pytest.raises(ValueError, match="defence must be an aggregation rule"):
+        make_attack(name, defence=42, attacker_data=toy_data())
+
+
+def test_against_a_rule_without_tpm_and_crs_the_whole_rule_is_played():
+    # Prepare: the coordinate-wise median of three candidates keeps a candidate in a coordinate
+    # only while it is the middle value there, so a message pushed far keeps no coordinate.
+    median = build_rule("median")
+    attack = make_attack("tpm_aware", defence=median, attacker_data=toy_data(), direction="reverse", lam_max=10.0)
+
+    # Execute
+    crafted = craft_round(attack, toy_view(), seeded())
+
+    # Assert: the message still wins coordinates of the median as the attacker predicts it, and
+    # a model moved by lam_max would not.
+    note = crafted.note
+    assert 0 < note["lam"] < 10.0 and note["predicted_weight"] > 0
+    known = TOY_KNOWN.to(torch.float64)
+    far = (known.mean(0) - 10.0 * known.mean(0)).to(torch.float32)
+    agg = median(RoundInputs(own_id=0, round=0, ids=(0, 1, 2), vectors=torch.cat([TOY_KNOWN, far[None]]), num_samples=(1, 1, 1)))
+    assert agg.weights[2] == 0
 
 
 @pytest.mark.parametrize("name", ["tpm_aware", "decoy_stealth"])
 def test_what_the_running_system_supplies_is_required_when_it_plans(name):
     # Built by hand or listed without them it constructs; it refuses to plan without them.
-    with pytest.raises(ValueError, match="defence none"):
+    with pytest.raises(ValueError, match="defence must be an aggregation rule"):
         craft_round(make_attack(name), toy_view(), seeded())
     with pytest.raises(ValueError, match="no attacker_data"):
         craft_round(make_attack(name, defence=PAPER), toy_view(), seeded())
@@ -270,7 +289,7 @@ def test_decoy_and_stealth_agree_across_colluders():
     assert at8.note["decoy"] == at9.note["decoy"] == 8
     assert at8.note["plan"] == at9.note["plan"] and at8.note["lam"] == at9.note["lam"]
     assert next8.note["role"] == "stealth" and next8.note["decoy"] == 9
-    assert torch.equal(at8.messages[0], (-10.0 * HONEST.double().mean(0)).float())
+    assert torch.equal(at8.messages[0], (-100.0 * HONEST.double().mean(0)).float())
     again = craft_round(attack, colluder_view(9), seeded(42))
     assert torch.equal(again.messages[0], at9.messages[0]) and again.note == at9.note
 
