@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch.nn import functional as F
 
-from dfedrw.peer.attacks import AttackerData, AttackView, craft_round, make_attack
-from dfedrw.peer.attacks.poisoning import LabelFlip, flip_labels
+from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData, AttackView, craft_round, make_attack
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import build_model
 from dfedrw.peer.training import VectorEvaluator
+
+# Through the registry, which imports every attack module in its declared order: importing this
+# module first would register its attack first and reorder `dfedrw list` and the README table.
+LabelFlip = ATTACK_REGISTRY.resolve("label_flip")
+flip_labels = importlib.import_module(LabelFlip.__module__).flip_labels
 
 FEATURES, CLASSES = 2, 3
 TEMPLATE = build_model("softmax_regression", FEATURES, CLASSES, hidden=0, seed=0)  # D = 3*2 + 3 = 9

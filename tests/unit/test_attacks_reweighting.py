@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
 import torch
 
 from dfedrw.peer.aggregation import RoundInputs, build_rule
-from dfedrw.peer.attacks import AttackerData, AttackView, craft_round, make_attack
-from dfedrw.peer.attacks.reweighting import DecoyStealth, TPMAware, bisect_kept, harmful_direction
+from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData, AttackView, craft_round, make_attack
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import build_model, get_vector
 from dfedrw.peer.training import LocalTrainer, VectorEvaluator
+
+# Through the registry, which imports every attack module in its declared order: importing this
+# module first would register its attacks first and reorder `dfedrw list` and the README table.
+TPMAware = ATTACK_REGISTRY.resolve("tpm_aware")
+DecoyStealth = ATTACK_REGISTRY.resolve("decoy_stealth")
+_reweighting = importlib.import_module(TPMAware.__module__)
+bisect_kept, harmful_direction = _reweighting.bisect_kept, _reweighting.harmful_direction
 
 PAPER = build_rule("dfedreweighting", "loss", "loss_clip_mean")
 
