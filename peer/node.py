@@ -161,17 +161,21 @@ def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
 def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
     """Byzantine client ``attacker``'s own data sample, for attacks that declare they hold data:
     ``n`` rows of the scenario's training set drawn without replacement by the attacker's own
-    seed (``derive_seed(seed, "attacker data", attacker)``), independent of the honest partition
+    seed (``derive_seed(seed, "attacker data", attacker)``; colluding clients share one sample,
+    ``derive_seed(seed, "attacker data", "colluders")``), independent of the honest partition
     (public data from the same distribution: the honest shards are the same whether or not an
     attack holds data). Nothing is read until an attack asks for its sample."""
     d, t = scenario.data, scenario.train
     features, classes = DATASET_SHAPES[d.name]
+    # Colluders pool their data as they pool models: one sample for the group, so each of them
+    # computes the group's plan from the same inputs.
+    seed = derive_seed(scenario.seed, "attacker data", "colluders" if scenario.attack.colluding else attacker)
 
     def load(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         train, _ = load_dataset(d.name, d.dir or None)
         if n > len(train.y):
             raise ValueError(f"an attack asked for {n} samples; the {d.name} training set has {len(train.y)}")
-        rows = np.sort(np.random.default_rng(derive_seed(scenario.seed, "attacker data", attacker)).choice(len(train.y), n, replace=False))
+        rows = np.sort(np.random.default_rng(seed).choice(len(train.y), n, replace=False))
         index = torch.as_tensor(rows, dtype=torch.long)
         return train.x[index].clone(), train.y[index].clone()
 

@@ -140,8 +140,12 @@ class Registry(Mapping[str, type]):
 
     # -- lookup --------------------------------------------------------------------------
     def builtin_names(self) -> list[str]:
+        """Built-in names by the declared order of their modules, then registration order: the
+        same list whichever module a program happened to import first."""
         self._import_builtins()
-        return list(self._classes)
+        order = {m: i for i, m in enumerate(self._modules)}
+        names = list(self._classes)
+        return sorted(names, key=lambda n: order.get(self._classes[n].__module__, -1))
 
     def names(self) -> list[str]:
         """Built-in names in registration order, then installed plugins' names (sorted)."""
