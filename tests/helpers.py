@@ -73,3 +73,20 @@ class ClientThreads:
     def check(self) -> None:
         assert not self.errors, self.errors
         assert all(not t.is_alive() for t in self.threads), "a client hung"
+
+
+def run_job(cmd: list, *, cwd, timeout: float, env: dict | None = None) -> tuple[int, str]:
+    """Run ``cmd`` (e.g. a torchrun job) in its own session to completion, bounded by
+    ``timeout`` seconds; the whole session is killed if it outlives it. Returns (exit status,
+    stdout and stderr together)."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    return proc.returncode, output

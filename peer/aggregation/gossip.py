@@ -141,9 +141,27 @@ def _self_centred_clipping(
 CLIPPED_GOSSIP_RADII = ("furthest", "spread", "fixed")
 
 
+class _ClippingAroundOwn:
+    """What ClippedGossip and CS+-RG share: the self-centred clipping step, per client and
+    batched; a subclass says how the radius follows from the neighbours' distances."""
+
+    def _radius(self, distances: list[float]) -> float:
+        raise NotImplementedError
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        return _self_centred_clipping(_finite_by_id(inputs), inputs.ids, inputs.vectors[0], self._radius)
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        finite = finite_rows(batch.vectors).tolist()
+        return [
+            _self_centred_clipping(_pooled_finite(batch, c, finite), batch.ids[c], batch.vectors[rows[0]], self._radius)
+            for c, rows in enumerate(batch.rows)
+        ]
+
+
 @RULE_REGISTRY.register("clipped_gossip")
 @dataclass(frozen=True)
-class ClippedGossip:
+class ClippedGossip(_ClippingAroundOwn):
     """ClippedGossip: step towards each neighbour by its difference clipped around the own model.
 
     ``w_k^{t+1} = w_k + sum_{j in N_k} W_kj CLIP(w_j - w_k, tau_k)``,
@@ -211,16 +229,6 @@ class ClippedGossip:
                 f"ClippedGossip: tau is only used with radius='fixed' (radius={self.radius!r}), got tau={self.tau!r}"
             )
 
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        return _self_centred_clipping(_finite_by_id(inputs), inputs.ids, inputs.vectors[0], self._radius)
-
-    def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        finite = finite_rows(batch.vectors).tolist()
-        return [
-            _self_centred_clipping(_pooled_finite(batch, c, finite), batch.ids[c], batch.vectors[rows[0]], self._radius)
-            for c, rows in enumerate(batch.rows)
-        ]
-
     def _radius(self, distances: list[float]) -> float:
         if self.radius == "fixed":
             return self.tau
@@ -234,7 +242,7 @@ class ClippedGossip:
 
 @RULE_REGISTRY.register("cs_plus_rg")
 @dataclass(frozen=True)
-class CSPlusRG:
+class CSPlusRG(_ClippingAroundOwn):
     """CS+-RG: ClippedGossip's step with a radius that clips the ``2b`` furthest neighbours.
 
     ``w_k^{t+1} = w_k - eta * sum_{j in N_k} CLIP(w_k - w_j, tau_k)``,
@@ -289,16 +297,6 @@ class CSPlusRG:
 
     def __post_init__(self) -> None:
         check_int("CSPlusRG", "num_byzantine", self.num_byzantine, minimum=0)
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        return _self_centred_clipping(_finite_by_id(inputs), inputs.ids, inputs.vectors[0], self._radius)
-
-    def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        finite = finite_rows(batch.vectors).tolist()
-        return [
-            _self_centred_clipping(_pooled_finite(batch, c, finite), batch.ids[c], batch.vectors[rows[0]], self._radius)
-            for c, rows in enumerate(batch.rows)
-        ]
 
     def _radius(self, distances: list[float]) -> float:
         return _radius_clipping_furthest(distances, 2 * self.num_byzantine)

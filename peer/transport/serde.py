@@ -112,6 +112,23 @@ class ModelMessage:
     train_loss: float = float("nan")  # declared by the sender; NaN when absent or out of range
 
 
+def _header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: bytes, **fields) -> pb.ModelHeader:
+    """The header of a message whose payload is ``payload``, laid out as ``specs``."""
+    return pb.ModelHeader(
+        sender=sender, round=round_, tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
+        total_bytes=len(payload), crc32=zlib.crc32(payload), **fields,
+    )
+
+
+def _chunked(header: pb.ModelHeader, payload: bytes, chunk_bytes: int) -> list:
+    """The Push chunks of a message: the header rides on the first."""
+    view = memoryview(payload)
+    chunks = [pb.ModelChunk(header=header, data=bytes(view[:chunk_bytes]))]
+    for start in range(chunk_bytes, len(payload), chunk_bytes):
+        chunks.append(pb.ModelChunk(data=bytes(view[start : start + chunk_bytes])))
+    return chunks
+
+
 def encode(
     sender: int,
     round_: int,
@@ -127,20 +144,8 @@ def encode(
     expected = sum(s.nbytes for s in specs)
     if len(payload) != expected:
         raise ValueError(f"vector has {len(payload)} bytes, the model layout needs {expected}")
-    header = pb.ModelHeader(
-        sender=sender,
-        round=round_,
-        tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
-        total_bytes=len(payload),
-        crc32=zlib.crc32(payload),
-        num_samples=num_samples,
-        train_loss=train_loss,
-    )
-    view = memoryview(payload)
-    chunks = [pb.ModelChunk(header=header, data=bytes(view[:chunk_bytes]))]
-    for start in range(chunk_bytes, len(payload), chunk_bytes):
-        chunks.append(pb.ModelChunk(data=bytes(view[start : start + chunk_bytes])))
-    return chunks
+    header = _header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss)
+    return _chunked(header, payload, chunk_bytes)
 
 
 def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.ModelHeader, bytes, int]:
@@ -269,19 +274,8 @@ def encode_pool(
     payload = rows.contiguous().numpy().astype("<f4", copy=False).tobytes()
     if len(payload) != model_bytes * len(origins):
         raise ValueError(f"a pool of {len(origins)} models has {len(payload)} bytes, the model layout needs {model_bytes} each")
-    header = pb.ModelHeader(
-        sender=sender,
-        round=round_,
-        tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
-        total_bytes=len(payload),
-        crc32=zlib.crc32(payload),
-        origins=origins,
-    )
-    view = memoryview(payload)
-    chunks = [pb.ModelChunk(header=header, data=bytes(view[:chunk_bytes]))]
-    for start in range(chunk_bytes, len(payload), chunk_bytes):
-        chunks.append(pb.ModelChunk(data=bytes(view[start : start + chunk_bytes])))
-    return chunks
+    header = _header(sender, round_, specs, payload, origins=origins)
+    return _chunked(header, payload, chunk_bytes)
 
 
 def pool_bytes(specs: Sequence[TensorSpec], num_clients: int) -> int:

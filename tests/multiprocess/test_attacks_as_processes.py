@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from dfedrw.launch.local import LocalRun
 from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
 from dfedrw.peer.config import dump_scenario, load_scenario
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console
+from tests.helpers import quiet_console, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -87,14 +85,8 @@ def test_attacks_with_knowledge_run_under_torchrun(attack, tmp_path):
     dump_scenario(load_scenario(None, settings(attack)), scenario_file)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "5", "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(tmp_path / "out")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    assert proc.returncode == 0, output[-4000:]
+    rc, output = run_job(cmd, cwd=REPO, env=env, timeout=300)
+    assert rc == 0, output[-4000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["launcher"] == "torchrun" and summary["failed_peers"] == []
     roles = {int(k): p["role"] for k, p in summary["peers"].items()}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +20,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -150,14 +151,8 @@ def test_the_readme_torchrun_line_runs_from_the_installed_wheel(installed, tmp_p
         "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario), "--out", str(tmp_path / "out"),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    assert proc.returncode == 0, output[-4000:]
+    rc, output = run_job(cmd, cwd=tmp_path, env=env, timeout=240)
+    assert rc == 0, output[-4000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["launcher"] == "torchrun" and summary["failed_peers"] == []
     assert all(p["completed"] and p["rounds_done"] == 5 for p in summary["peers"].values())
