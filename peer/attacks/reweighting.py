@@ -322,8 +322,9 @@ class DecoyStealth(_Tuned):
     larger its loss, the higher the mean it lifts (``decoy_scale = 10`` is the paper's).
 
     THREAT MODEL: colluding Byzantine clients that pool every honest model any of them
-    received this round, know the defence's TPM and CRS with their settings, and each hold
-    ``samples`` rows of the training set drawn by its own seed; each receiver's candidate set is
+    received this round, know the defence (its TPM and CRS, or the whole rule) with its settings,
+    and share one sample of ``samples`` rows of the training set (drawn by the colluders' seed,
+    so each computes the same plan); each receiver's candidate set is
     predicted as the pool, the decoy's model and the stealth model (the receiver's own data and
     model are unknown to them, hence ``margin``). Every receiver of a colluder gets the same
     message.
@@ -335,7 +336,9 @@ class DecoyStealth(_Tuned):
         crafted = craft_round(attack, view, torch.Generator().manual_seed(view.round))
     """
 
-    threat_model: ClassVar[ThreatModel] = ThreatModel(models="pooled", data=_DATA, defence=True, colludes=True)
+    threat_model: ClassVar[ThreatModel] = ThreatModel(
+        models="pooled", data="`samples` rows of the training set, one sample the colluders share (setting samples)", defence=True, colludes=True
+    )
     decoy_scale: float = 100.0
     rotate: bool = True
     send_decoy: bool = True
