@@ -132,6 +132,7 @@ class BatchedRun:
         self.plausible = scenario_plausible(sc)
         self.neighbours = {k: tuple(topo.neighbours(k)) for k in range(topo.num_clients)}
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
+        self.stale: dict[int, int] = {}  # receiver -> messages dropped as stale
         self.silent = dict.fromkeys(self.byzantine, 0)
 
     # -- one round ---------------------------------------------------------------------------
@@ -225,7 +226,28 @@ class BatchedRun:
                     self._reject(k, error.reason)
                     continue
                 out[(b, k)] = (vector.to(self.device), claimed_size, self.plausible.train_loss(claimed_loss))
+            for k, labelled in crafted.extra.items():
+                for label, _ in labelled:
+                    self._misrouted(k, label, r)
         return out, heard
+
+    def _misrouted(self, receiver: int, label: int, r: int) -> None:
+        """What a receiver's intake does with a message of round ``r``'s sender labelled
+        ``label``: a receiver is then in round ``r`` or ``r + 1`` (it sent its round-``r``
+        model, and waits for this sender's round ``r + 1`` before going on), so a label below
+        ``r`` is stale whichever, one past ``r + 1 + round_window`` is refused as
+        ``future_round``. Labels in between would be buffered and used, which depends on timing
+        the batched engine has none of: refused with one line."""
+        window = self.scenario.network.round_window
+        if label < r:
+            self.stale[receiver] = self.stale.get(receiver, 0) + 1
+        elif label > r + 1 + window:
+            self._reject(receiver, "future_round")
+        else:
+            raise ValueError(
+                f"an attack sent client {receiver} a round-{label} message in round {r}: within the rounds a receiver "
+                f"buffers ({r}..{r + 1 + window}), whose use the batched engine does not model; use the client engine"
+            )
 
     def aggregate(self, r: int, reference: torch.Tensor, losses: dict[int, float], byz, refused: dict[int, str]) -> list[dict[str, Any]]:
         """Every honest client's rule on what it received; the models move to the results.
@@ -382,7 +404,7 @@ class BatchedRun:
         final.update(
             id=k, role="honest" if k in self.row else "byzantine", pid=os.getpid(), address="batched", device=str(self.device),
             completed=True, wall_seconds=wall, rejected_messages=sum(rejected.values()), rejected_by_reason=dict(rejected),
-            stale_messages=0, unsent_messages={"dropped": 0, "stale": 0}, refused_calls_by_reason={}, tls="n/a (batched engine)",
+            stale_messages=self.stale.get(k, 0), unsent_messages={"dropped": 0, "stale": 0}, refused_calls_by_reason={}, tls="n/a (batched engine)",
             restarts=0, rounds_lost=0, resumed_from=[], engine="batched",
         )
         return final

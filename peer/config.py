@@ -501,13 +501,14 @@ def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, 
 
 
 def check_attack(
-    cfg: AttackConfig, *, num_clients: int, num_byzantine: int, lr: float = 0.01, total_rounds: int = 0, defence: Any = None
+    cfg: AttackConfig, *, num_clients: int, num_byzantine: int, lr: float = 0.01, total_rounds: int = 0, defence: Any = None,
+    round_window: int = 2,
 ) -> None:
     """Build the attack in use (when there are Byzantine clients) and every settings table given.
     What only a running Byzantine client has is stood in for: its data sample by one that
     loads nothing (an attack touches its data in its rounds, not when it is built)."""
     names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *_thaw(cfg.attack_params)])
-    knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA}
+    knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA, "round_window": round_window}
     for name in names:
         active = name == cfg.name and num_byzantine > 0
         # A table of an attack not in use is checked with counts every attack accepts.
@@ -653,7 +654,8 @@ class Scenario:
         told = self.aggregation.assumed_byzantine if self.aggregation.assumed_byzantine >= 0 else self.topology.byzantine
         defence = build_rule_from(self.aggregation, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
         check_attack(
-            self.attack, num_clients=n, num_byzantine=self.topology.byzantine, lr=self.train.lr, total_rounds=self.rounds, defence=defence
+            self.attack, num_clients=n, num_byzantine=self.topology.byzantine, lr=self.train.lr, total_rounds=self.rounds, defence=defence,
+            round_window=self.network.round_window,
         )
 
     @property

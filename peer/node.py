@@ -851,6 +851,10 @@ class Client:
                     k,
                     encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
                 )
+            for k, labelled in crafted.extra.items():
+                for label, extra in labelled:
+                    chunks = encode(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
+                    self.transport.send(k, chunks)
             self.results.write(
                 byzantine_record(
                     r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,

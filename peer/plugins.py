@@ -91,7 +91,7 @@ def build_attack(scenario: Scenario, num_clients: int, num_byzantine: int, **kno
     :func:`build_attack_from`)."""
     return build_attack_from(
         scenario.attack, num_clients=num_clients, num_byzantine=num_byzantine,
-        lr=scenario.train.lr, total_rounds=scenario.rounds, **knowledge,
+        lr=scenario.train.lr, total_rounds=scenario.rounds, round_window=scenario.network.round_window, **knowledge,
     )
 
 

@@ -60,7 +60,8 @@ __all__ = [
 # rate; ``seed``: a per-client seed; ``num_clients``: all clients; ``total_rounds``: T.
 # ``defence`` (the honest clients' rule) and ``attacker_data`` (a Byzantine client's own data
 # sample): what an attack that declares such knowledge is given (see peer/attacks/base.py).
-SUPPLIED = frozenset({"tpm", "crs", "num_byzantine", "lr", "seed", "num_clients", "total_rounds", "defence", "attacker_data"})
+# ``round_window``: how far ahead a receiver buffers messages (network.round_window).
+SUPPLIED = frozenset({"tpm", "crs", "num_byzantine", "lr", "seed", "num_clients", "total_rounds", "defence", "attacker_data", "round_window"})
 
 
 @dataclass(frozen=True)

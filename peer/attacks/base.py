@@ -28,7 +28,8 @@ from the running system through constructor parameters of reserved names (as a r
   ``[aggregation]`` as a receiver builds it (per-client overrides are not seen);
 * ``attacker_data``: the attacker's own data sample (:class:`AttackerData`), drawn from the
   training set by its own seed so that honest shards do not change when an attack needs data;
-* ``num_clients``, ``num_byzantine``, ``lr``, ``total_rounds``: as for rules.
+* ``num_clients``, ``num_byzantine``, ``lr``, ``total_rounds``: as for rules;
+* ``round_window``: how many rounds ahead a receiver buffers (``network.round_window``).
 """
 
 from __future__ import annotations
@@ -164,10 +165,13 @@ class AttackView:
 @dataclass(frozen=True)
 class Crafted:
     """A round's messages, one per receiver (None: silent to it), and a note for the record
-    (JSON-ready: numbers, strings, lists, dicts)."""
+    (JSON-ready: numbers, strings, lists, dicts). ``extra``: messages labelled with other
+    rounds, sent besides, receiver -> ((round label, message), ...): stale or far-future
+    messages a receiver's intake must drop (the flooding attacks)."""
 
     messages: Mapping[int, torch.Tensor | None]
     note: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[int, tuple[tuple[int, torch.Tensor], ...]] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -202,16 +206,22 @@ def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Cr
     else:
         _, known = view.known()
         crafted = Crafted({k: attack(known, k, generator) for k in view.receivers})
-    messages = {}
-    for k in view.receivers:
-        message = crafted.messages.get(k)
-        if message is not None:
-            if not isinstance(message, torch.Tensor) or not message.is_floating_point() or message.numel() != view.dim:
-                shape = tuple(message.shape) if isinstance(message, torch.Tensor) else type(message).__name__
-                raise ValueError(f"attack {type(attack).__qualname__}: message to {k} must be a float tensor of {view.dim} values, got {shape}")
-            message = message.detach().reshape(-1).to(torch.float32)
-        messages[k] = message
-    return Crafted(messages, dict(crafted.note))
+    messages = {k: _checked(attack, k, crafted.messages.get(k), view.dim) for k in view.receivers}
+    extra = {}
+    for k, labelled in crafted.extra.items():
+        if k not in view.receivers:
+            raise ValueError(f"attack {type(attack).__qualname__} addressed extra messages to {k}, not among its receivers {view.receivers}")
+        extra[k] = tuple((check_int(type(attack).__qualname__, "round label", r, minimum=0), _checked(attack, k, m, view.dim)) for r, m in labelled)
+    return Crafted(messages, dict(crafted.note), extra)
+
+
+def _checked(attack: Any, k: int, message: Any, dim: int) -> torch.Tensor | None:
+    if message is None:
+        return None
+    if not isinstance(message, torch.Tensor) or not message.is_floating_point() or message.numel() != dim:
+        shape = tuple(message.shape) if isinstance(message, torch.Tensor) else type(message).__name__
+        raise ValueError(f"attack {type(attack).__qualname__}: message to {k} must be a float tensor of {dim} values, got {shape}")
+    return message.detach().reshape(-1).to(torch.float32)
 
 
 class AttackerData:

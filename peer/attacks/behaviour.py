@@ -15,7 +15,7 @@ from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.attacks.optimized import colluder_generator
 
-__all__ = ["Omission"]
+__all__ = ["Flood", "Omission"]
 
 _OTHERWISE = ("mean", "gaussian")
 
@@ -94,3 +94,75 @@ class Omission:
             message = message + self.std * noise
         message = message.to(torch.float32)
         return Crafted({k: message for k in view.receivers}, {"silent": False})
+
+
+_FLOODS = ("stale", "future", "both")
+
+
+@ATTACK_REGISTRY.register("flood")
+@dataclass(frozen=True)
+class Flood:
+    """Round flooding: besides a benign-looking model, messages labelled with rounds a receiver
+    must not use.
+
+    Each round ``t`` every receiver gets ``mean(B)`` (``B`` = :meth:`AttackView.known`) for round
+    ``t`` and, by ``kind``, ``copies`` more copies of it labelled
+
+    * ``"stale"``: ``t - lag``, a round every receiver has passed (skipped while ``t < lag``);
+    * ``"future"``: ``t + round_window + 2 + lead``, beyond the rounds any receiver buffers
+      (a receiver is in round ``t`` or ``t + 1`` when it gets them, and keeps
+      ``round_window`` rounds ahead of its own);
+    * ``"both"``: ``copies`` of each.
+
+    A receiver's intake drops the stale ones (counted as stale) and refuses the future ones
+    (``future_round``): neither is ever aggregated. The attack makes the intake's bounds
+    reproducible in a scenario: with ``copies`` within a sender's per-round allowance
+    (``round_window + 2`` messages a round, the real one included) every copy reaches the
+    intake; past it the gRPC server refuses the excess as ``rate_limited`` and shuts the sender
+    out for a while, which depends on timing. Silent when it knows no model. The note records
+    how many copies of each kind it sent.
+
+    Source: the replay and flooding behaviour a deadline-based round protocol must bound
+    (DESIGN: "messages for future rounds are buffered, stale ones dropped"); the intake that
+    bounds it is :class:`~dfedrw.peer.transport.inbox.Inbox` with the gRPC server's call limits.
+
+    THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders' pool
+    with ``attack.colluding``) and the receivers' round window from the scenario; holds no
+    data; does not know the defence; every receiver gets the same messages.
+
+    Example::
+
+        attack = Flood(kind="both", copies=1, round_window=2)
+        crafted = craft_round(attack, view, torch.Generator().manual_seed(0))
+        crafted.extra[receiver]              # ((t - 1, m), (t + 4, m))
+    """
+
+    threat_model: ClassVar[ThreatModel] = ThreatModel()
+    kind: str = "both"
+    copies: int = 1
+    lag: int = 1
+    lead: int = 0
+    round_window: int = 2
+
+    def __post_init__(self) -> None:
+        check_choice("Flood", "kind", self.kind, _FLOODS)
+        check_int("Flood", "copies", self.copies, minimum=1)
+        check_int("Flood", "lag", self.lag, minimum=1)
+        check_int("Flood", "lead", self.lead, minimum=0)
+        check_int("Flood", "round_window", self.round_window, minimum=1)
+
+    def labels(self, t: int) -> list[int]:
+        """The round labels of round ``t``'s extra copies, stale ones first."""
+        stale = [t - self.lag] * self.copies if self.kind in ("stale", "both") and t >= self.lag else []
+        future = [t + self.round_window + 2 + self.lead] * self.copies if self.kind in ("future", "both") else []
+        return stale + future
+
+    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
+        _, known = view.known()
+        if known.shape[0] == 0:
+            return Crafted(dict.fromkeys(view.receivers), {"stale": 0, "future": 0, "why": "knows no model"})
+        message = known.to(torch.float64).mean(dim=0).to(torch.float32)
+        labels = self.labels(view.round)
+        extra = {k: tuple((r, message) for r in labels) for k in view.receivers}
+        stale = sum(1 for r in labels if r < view.round)
+        return Crafted(dict.fromkeys(view.receivers, message), {"stale": stale, "future": len(labels) - stale}, extra)

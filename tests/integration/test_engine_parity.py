@@ -190,6 +190,7 @@ CASES = [
     _case("lossclip-decoystealth-iid", LOSS_CLIP, "decoy_stealth", 2, IID, "attack.colluding=true", "attack.decoy_stealth.decoy_scale=10"),
     _case("dfedavg-labelflip-iid", "dfedavg", "label_flip", 2, IID),
     _case("balance-alie-colluding-dirichlet", "balance", "alie", 2, DIR, "attack.colluding=true"),
+    _case("median-flood-iid", "median", "flood", 1, IID),
 ]
 BY_ID = {c.id: c for c in CASES}
 # The default selection: the paper's rule on its default attack, DFedAvg (the batched engine's
