@@ -428,6 +428,36 @@ def child_command(request: Path, folder: Path) -> list[str]:
     return [sys.executable, "-m", "dfedrw.launch.cli", "run", str(request), "--out", str(folder)]
 
 
+def batch_command(runs: Sequence[PlannedRun]) -> list[str]:
+    """The command that runs several scenarios of the batched engine as one batch of runs."""
+    pairs = [x for run in runs for x in ("--run", str(run.folder / REQUEST_FILE), str(run.folder))]
+    return [sys.executable, "-m", "dfedrw.launch.batched", *pairs]
+
+
+DEFAULT_BATCH = 16  # runs per batch (`dfedrw sweep --batch`)
+
+
+def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list[PlannedRun]]:
+    """The runs as the sweep hands them out: runs of the batched engine that share a
+    :func:`~dfedrw.launch.batched.batch_key` (model, training, rounds, device) go in batches of
+    at most ``batch``, split evenly and into at least ``jobs`` batches where there are enough
+    runs, so that every job has work; every other run alone. Grid order is kept within a batch."""
+    from dfedrw.launch.batched import batch_key
+
+    groups: dict[Any, list[PlannedRun]] = {}
+    out: list[list[PlannedRun]] = []
+    for run in runs:
+        if batch > 1 and run.scenario.engine.name == "batched":
+            groups.setdefault(batch_key(run.scenario), []).append(run)
+        else:
+            out.append([run])
+    for members in groups.values():
+        count = max(-(-len(members) // batch), min(jobs, len(members)))
+        size = -(-len(members) // count)
+        out[:0] = [members[i : i + size] for i in range(0, len(members), size)]
+    return out
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     # Several runs share the cores; torch's default of one thread per core would oversubscribe.
@@ -539,9 +569,15 @@ class SweepBoard:
         if not self.interactive:
             self.line(f"start {run.name} ({run.scenario.engine.name} engine)")
 
-    def finished(self, run: PlannedRun, ok: bool, seconds: float) -> None:
+    def finished(self, run: PlannedRun, ok: bool, seconds: float, *, retried: bool = False) -> None:
+        """``seconds``: the run's share of its process's time (a batch's time over its runs).
+        ``retried``: its batch failed before it finished; it is queued to run alone."""
         self.running -= 1
         self._started.pop(run.key, None)
+        if retried:
+            if not self.interactive:
+                self.line(f"retry {run.name} alone (its batch failed)")
+            return
         if ok:
             self._seconds.append(seconds)
             self.done += 1
@@ -572,7 +608,7 @@ def _seconds(s: float) -> str:
 
 @dataclass
 class _Job:
-    run: PlannedRun
+    runs: list[PlannedRun]
     proc: subprocess.Popen
     log: Any
     start: float
@@ -602,50 +638,79 @@ def _stop(jobs: Sequence[_Job]) -> None:
             j.log.close()
 
 
-def _execute(runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, on_failure, on_tick) -> None:
-    """Run ``runs`` with at most ``jobs`` at a time, calling ``on_done(run)`` or
+def _execute(
+    runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, on_failure, on_tick, *, batch: int = 1, console: Console | None = None,
+) -> None:
+    """Run ``runs`` with at most ``jobs`` processes at a time (each one run, or a batch of runs
+    of the batched engine: :func:`plan_batches`), calling ``on_done(run)`` or
     ``on_failure(run, reason, log_tail)`` as each ends, and ``on_tick()`` on every pass of the
-    polling loop.
+    polling loop. A batch that fails has its unfinished runs run again one by one, so that one
+    broken run does not fail the others.
 
     On KeyboardInterrupt every running child is stopped and the interrupt re-raised; finished
     runs are left as they are.
     """
-    queue = deque(runs)
+    queue = deque(plan_batches(runs, jobs, batch))
     running: list[_Job] = []
     env = _child_env()
     try:
         while queue or running:
             while queue and len(running) < jobs:
-                run = queue.popleft()
-                run.folder.mkdir(parents=True, exist_ok=True)
-                request = run.folder / REQUEST_FILE
-                request.write_text(run.toml, encoding="utf-8")
-                log = (run.folder / LOG_FILE).open("wb")
+                group = queue.popleft()
+                for run in group:
+                    run.folder.mkdir(parents=True, exist_ok=True)
+                    (run.folder / REQUEST_FILE).write_text(run.toml, encoding="utf-8")
+                head = group[0]
+                for run in group[1:]:
+                    (run.folder / LOG_FILE).write_text(f"run in a batch of {len(group)} runs; its log: ../{head.name}/{LOG_FILE}\n", encoding="utf-8")
+                log = (head.folder / LOG_FILE).open("wb")
+                command = child_command(head.folder / REQUEST_FILE, head.folder) if len(group) == 1 else batch_command(group)
                 proc = subprocess.Popen(
-                    child_command(request, run.folder), stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env=env,
+                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                     # Its own session: a Ctrl-C at the terminal reaches only the sweep, which
                     # then stops each child in order.
                     start_new_session=True,
                 )
-                (run.folder / PID_FILE).write_text(str(proc.pid))
-                running.append(_Job(run, proc, log, time.monotonic()))
-                board.started(run)
+                for run in group:
+                    (run.folder / PID_FILE).write_text(str(proc.pid))
+                running.append(_Job(group, proc, log, time.monotonic()))
+                for run in group:
+                    board.started(run)
             for job in list(running):
                 rc = job.proc.poll()
                 if rc is None:
                     continue
                 running.remove(job)
                 job.log.close()
-                (job.run.folder / PID_FILE).unlink(missing_ok=True)
-                state = run_state(job.run.folder, job.run.scenario)
-                ok = rc == 0 and state == "done"
-                board.finished(job.run, ok, time.monotonic() - job.start)
-                if ok:
-                    on_done(job.run)
-                else:
-                    reason = f"exit code {rc}" if rc != 0 else f"exit code 0 but the run folder is {state}"
-                    on_failure(job.run, reason, log_tail(job.run.folder / LOG_FILE))
+                seconds = (time.monotonic() - job.start) / len(job.runs)
+                head_log = job.runs[0].folder / LOG_FILE
+                retry = []
+                for run in job.runs:
+                    (run.folder / PID_FILE).unlink(missing_ok=True)
+                    state = run_state(run.folder, run.scenario)
+                    # A run finished with its summary written counts, even in a batch that failed.
+                    ok = state == "done" and (rc == 0 or len(job.runs) > 1)
+                    if not ok and len(job.runs) > 1:
+                        board.finished(run, False, seconds, retried=True)
+                        retry.append(run)
+                    elif ok:
+                        board.finished(run, True, seconds)
+                        on_done(run)
+                    else:
+                        board.finished(run, False, seconds)
+                        reason = f"exit code {rc}" if rc != 0 else f"exit code 0 but the run folder is {state}"
+                        on_failure(run, reason, log_tail(head_log))
+                if retry:
+                    if console is not None:
+                        console.print(
+                            f"a batch of {len(job.runs)} runs failed (exit code {rc}; log {head_log}); running its {len(retry)} "
+                            f"unfinished runs one by one:\n{log_tail(head_log, 5)}",
+                            markup=False, highlight=False, soft_wrap=True,
+                        )
+                    for run in retry:
+                        if run.folder.exists():
+                            shutil.rmtree(run.folder)
+                    queue.extend([run] for run in retry)
             board.refresh()
             on_tick()
             if running:
@@ -717,20 +782,24 @@ def run_sweep(
     out_dir: str | Path,
     *,
     jobs: int | None = None,
+    batch: int = DEFAULT_BATCH,
     dry_run: bool = False,
     console: Console | None = None,
     check_runnable: bool = True,
 ) -> SweepResult:
     """Run every distinct scenario of a grid under ``out_dir`` (see the module docstring).
 
-    Finished runs are skipped, interrupted ones redone; up to ``jobs`` run at a time, each as
-    its own ``dfedrw run`` subprocess. Returns counts, failures and wall time; the caller maps
-    :attr:`SweepResult.exit_code` to the process exit status.
+    Finished runs are skipped, interrupted ones redone; up to ``jobs`` processes at a time,
+    each a ``dfedrw run`` subprocess or, for runs of the batched engine, a batch of up to
+    ``batch`` runs of one shape (:func:`plan_batches`). Returns counts, failures and wall time;
+    the caller maps :attr:`SweepResult.exit_code` to the process exit status.
     """
     console = console or Console(stderr=True)
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if jobs < 1:
         raise SweepError(f"--jobs {jobs}: must be at least 1")
+    if batch < 1:
+        raise SweepError(f"--batch {batch}: must be at least 1")
     grid = load_grid(grid_path)
     plan = plan_sweep(grid, out_dir, check_runnable=check_runnable and not dry_run)
     result = SweepResult(plan.out_dir, total=len(plan.runs))
@@ -739,7 +808,7 @@ def run_sweep(
         return result
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(plan.out_dir):
-        return _run_plan(plan, jobs, console, result)
+        return _run_plan(plan, jobs, console, result, batch=batch)
 
 
 @contextlib.contextmanager
@@ -770,7 +839,7 @@ def _sweep_lock(out_dir: Path):
         path.unlink(missing_ok=True)
 
 
-def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> SweepResult:
+def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, batch: int = 1) -> SweepResult:
     orphans = {run.name: pid for run in plan.runs.values() if (pid := still_running(run.folder)) is not None}
     if orphans:
         listed = ", ".join(f"{name} (pid {pid})" for name, pid in orphans.items())
@@ -802,7 +871,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
             to_run.append(run)
 
     sittings = _previous_sittings(plan.out_dir)
-    sitting: dict[str, Any] = {"start": _now(), "jobs": jobs, "runs_total": len(plan.runs)}
+    sitting: dict[str, Any] = {"start": _now(), "jobs": jobs, "batch": batch, "runs_total": len(plan.runs)}
     sittings.append(sitting)
     start = time.monotonic()
     last_save = start
@@ -853,7 +922,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult) -> S
     restore = _sigterm_as_interrupt()
     try:
         with SweepBoard(console, len(plan.runs), result.skipped, jobs=jobs, prior_seconds=prior_seconds) as board:
-            _execute(to_run, jobs, board, on_done, on_failure, on_tick)
+            _execute(to_run, jobs, board, on_done, on_failure, on_tick, batch=batch, console=console)
     except KeyboardInterrupt:
         result.interrupted = True
     finally:

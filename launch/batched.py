@@ -20,6 +20,7 @@ Its results folder has the layout and keys of every run (``scenario.toml``, ``pe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from torch.nn import functional as F
 
 from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import Scenario, dump_scenario
-from dfedrw.peer.aggregation import RoundBatch
+from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.models import build_model, get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.node import (
@@ -43,7 +44,7 @@ from dfedrw.peer.node import (
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import _takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
-from dfedrw.peer.training import BatchOrder, FlatModel, ManyEvaluator
+from dfedrw.peer.training import BatchOrder, FlatModel, ManyEvaluator, VectorEvaluator
 
 
 def engine_device(name: str) -> torch.device:
@@ -89,6 +90,32 @@ def rule_groups(rules: list[Any]) -> list[tuple[Any, list[int]]]:
     return groups
 
 
+@dataclasses.dataclass
+class _Candidates:
+    """One run's round as its honest clients aggregate it (see :meth:`BatchedRun.candidates`)."""
+
+    vectors: torch.Tensor  # [rows, D] on the CPU: the honest models, then the accepted Byzantine messages
+    rows: list[tuple[int, ...]]
+    ids: list[tuple[int, ...]]
+    sizes: list[tuple[int, ...]]
+    declared: list[tuple[float, ...]]
+    missing: list[list[int]]
+    evaluate: list[Any]
+    reference: torch.Tensor
+
+
+def batch_key(scenario: Scenario) -> tuple:
+    """What runs must share to be rows of one batch (:func:`run_together`): the data set and
+    model (one parameter shape), the local training (one SGD step for all rows), the rounds and
+    evaluation rounds (one loop), the device and threads. Seeds, partitions, graphs, rules and
+    attacks may differ."""
+    t = scenario.train
+    return (
+        scenario.engine.name, scenario.engine.device, scenario.engine.threads, scenario.data.name, t.model, t.hidden, t.lr,
+        t.batch_size, t.local_steps, scenario.rounds, scenario.eval.every,
+    )
+
+
 class BatchedRun:
     """One scenario, all clients at once. ``run()`` writes the results folder and returns the summary."""
 
@@ -116,14 +143,15 @@ class BatchedRun:
         self.train_x = torch.cat([s.x for s in shards]).to(self.device)
         self.train_y = torch.cat([s.y for s in shards]).to(self.device)
         sizes = [len(s.y) for s in shards]
+        # The shards are rows of train_x now: not kept twice (a batch of runs holds many).
+        del shards
+        self.data = {k: dataclasses.replace(d, train=d.train.subset([])) for k, d in self.data.items()}
         self.num_samples = dict(zip(self.honest, sizes, strict=True))
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
         self.batches = [BatchOrder(n, t.batch_size, derive_seed(sc.seed, "batches", k)) for k, n in zip(self.honest, sizes, strict=True)]
         self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
-        self.rule_groups = rule_groups([self.rules[k] for k in self.honest])
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
-        self.scorer = ManyEvaluator(template, {k: move(self.data[k].aux, self.device) for k in self.honest})
-        self.aux = self.scorer.each
+        self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
         self.attacks = {b: client_attack(sc, topo, b) for b in self.byzantine}
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
         # Colluding Byzantine clients pool what they received: here the pool is rows of the models.
@@ -136,37 +164,24 @@ class BatchedRun:
         self.silent = dict.fromkeys(self.byzantine, 0)
 
     # -- one round ---------------------------------------------------------------------------
-    def local_steps(self) -> list[float]:
-        """Every client's local SGD steps at once; returns each one's mean minibatch loss.
+    def picks(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One local step's minibatch of every client: rows of ``train_x`` ``[C, B]`` and, when
+        a shard is smaller than the batch size (its batch padded), the weight of each row
+        (the padding weighs 0) else None."""
+        picks = [b.next() for b in self.batches]
+        width = max(len(p) for p in picks)
+        if all(len(p) == width for p in picks):
+            return torch.stack(picks).to(self.device) + self.offsets[:, None], None
+        index = torch.zeros(len(picks), width, dtype=torch.long)
+        weight = torch.zeros(len(picks), width)
+        for i, p in enumerate(picks):
+            index[i, : len(p)] = p
+            weight[i, : len(p)] = 1.0 / len(p)
+        return index.to(self.device) + self.offsets[:, None], weight.to(self.device)
 
-        The clients' losses are independent, so the gradient of their sum with respect to the
-        ``[C, P]`` parameters is each client's own gradient in its own row."""
-        t = self.scenario.train
-        total = [0.0] * len(self.honest)
-        for _ in range(t.local_steps):
-            picks = [b.next() for b in self.batches]
-            width = max(len(p) for p in picks)
-            if all(len(p) == width for p in picks):
-                index = torch.stack(picks).to(self.device) + self.offsets[:, None]
-                weight = None
-            else:  # a shard smaller than the batch size: its batch is padded, the padding weighs 0
-                index = torch.zeros(len(picks), width, dtype=torch.long)
-                weight = torch.zeros(len(picks), width)
-                for i, p in enumerate(picks):
-                    index[i, : len(p)] = p
-                    weight[i, : len(p)] = 1.0 / len(p)
-                index = index.to(self.device) + self.offsets[:, None]
-                weight = weight.to(self.device)
-            x, y = self.train_x[index], self.train_y[index]
-            models = self.models.detach().requires_grad_()
-            logits = self.model.batch_logits(models, x)
-            count, batch, classes = logits.shape
-            per = F.cross_entropy(logits.reshape(count * batch, classes), y.reshape(-1), reduction="none").view(count, batch)
-            losses = per.mean(1) if weight is None else (per * weight).sum(1)
-            (grads,) = torch.autograd.grad(losses.sum(), models)
-            self.models = models.detach().add_(grads, alpha=-t.lr)
-            total = [a + b for a, b in zip(total, losses.tolist(), strict=True)]
-        return [x / t.local_steps for x in total]
+    def local_steps(self) -> list[float]:
+        """Every client's local SGD steps at once; returns each one's mean minibatch loss."""
+        return train_together([self])[0]
 
     def refused_rows(self) -> dict[int, str]:
         """Honest clients whose model this round any receiver's intake would refuse (a
@@ -249,14 +264,10 @@ class BatchedRun:
                 f"buffers ({r}..{r + 1 + window}), whose use the batched engine does not model; use the client engine"
             )
 
-    def aggregate(self, r: int, reference: torch.Tensor, losses: dict[int, float], byz, refused: dict[int, str]) -> list[dict[str, Any]]:
-        """Every honest client's rule on what it received; the models move to the results.
-        Returns the clients' round records, in ``self.honest`` order.
-
-        The round's candidates are pooled: the honest models (rows 0..C-1, in ``self.honest``
-        order), then each accepted Byzantine message. Clients that share a rule with a
-        ``batched`` method get it called once for all of them; other rules are called per client."""
-        sc = self.scenario
+    def candidates(self, r: int, reference: torch.Tensor, losses: dict[int, float], byz, refused: dict[int, str]) -> _Candidates:
+        """What every honest client aggregates this round: the pooled candidates (the honest
+        models, rows 0..C-1 in ``self.honest`` order, then each accepted Byzantine message) and,
+        per client, its rows (its own first), senders, declared sizes and losses."""
         pool = [self.models]
         pooled = len(self.honest)
         byz_row = {}
@@ -289,21 +300,14 @@ class BatchedRun:
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
         vectors = torch.cat(pool) if len(pool) > 1 else self.models
-        batch = RoundBatch(
-            round=r, vectors=vectors.cpu(), rows=tuple(rows), ids=tuple(ids),
-            num_samples=tuple(sizes), declared_losses=tuple(declared), evaluate=tuple(self.aux[k] for k in self.honest),
-            evaluate_many=self.scorer,
-            references=reference, total_rounds=sc.rounds,
+        return _Candidates(
+            vectors=vectors.cpu(), rows=rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
+            evaluate=[self.aux[k] for k in self.honest], reference=reference,
         )
-        results = [None] * len(self.honest)
-        for rule, members in self.rule_groups:
-            if hasattr(rule, "batched"):
-                sub = batch.select(members) if len(members) < len(self.honest) else batch
-                for c, agg in zip(members, rule.batched(sub), strict=True):
-                    results[c] = agg
-            else:
-                for c in members:
-                    results[c] = rule(batch.one(c))
+
+    def records(self, r: int, losses: dict[int, float], candidates: _Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
+        """The rules' results become the models; returns the clients' round records, in
+        ``self.honest`` order."""
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
@@ -313,7 +317,7 @@ class BatchedRun:
                 "weights": {str(s): round(float(w), 6) for s, w in agg.weights.items()},
                 "bytes_sent": 0,
                 "bytes_received": 0,
-                "missing": missing[c],
+                "missing": candidates.missing[c],
             }
             if agg.scores is not None:
                 record["scores"] = {str(s): finite_or_none(v) for s, v in agg.scores.items()}
@@ -341,51 +345,58 @@ class BatchedRun:
         return out
 
     # -- the run -----------------------------------------------------------------------------
-    def run(self, on_round: Callable[[int], None] | None = None) -> dict[str, Any]:
-        sc = self.scenario
-        start = time.monotonic()
+    def begin(self) -> None:
+        """Open the results folder: the scenario, one round log per client."""
         out = self.out_dir
         (out / "logs").mkdir(parents=True, exist_ok=True)
-        dump_scenario(sc, out / "scenario.toml")
-        logs = {k: RoundLog(out, k, flush_seconds=1.0) for k in range(self.topology.num_clients)}
-        threads = torch.get_num_threads()
-        torch.set_num_threads(sc.engine.threads)
-        loop_start, cpu_start = time.monotonic(), time.process_time()
-        last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
-        try:
-            for r in range(sc.rounds):
-                reference = self.models.to("cpu", copy=True)  # the local steps update the models in place
-                losses = dict(zip(self.honest, self.local_steps(), strict=True))
-                refused = self.refused_rows()
-                silent_before = dict(self.silent)
-                byz, heard = self.byzantine_messages(r, losses, refused)
-                records = self.aggregate(r, reference, losses, byz, refused)
-                every = sc.eval.every
-                if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
-                    last = self.accuracies()
-                    for k, rec in zip(self.honest, records, strict=True):
-                        rec.update(last[k])
-                for k, rec in zip(self.honest, records, strict=True):
-                    logs[k].write(rec)
-                for b in self.byzantine:
-                    # Every colluder's pool arrives here: each used all of them.
-                    pooled = list(self.colluders) if self.colluders else None
-                    logs[b].write(byzantine_record(r, heard[b], self.silent[b] - silent_before[b], self.notes[b], 0, 0, pooled_from=pooled))
-                if on_round is not None:
-                    on_round(r)
-        finally:
-            torch.set_num_threads(threads)
-            for f in logs.values():
-                f.close()
-        loop = {"loop_seconds": round(time.monotonic() - loop_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
-        wall = round(time.monotonic() - start, 3)
+        dump_scenario(self.scenario, out / "scenario.toml")
+        self.logs = {k: RoundLog(out, k, flush_seconds=1.0) for k in range(self.topology.num_clients)}
+        self.last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
+
+    def before_aggregation(self, r: int, losses: list[float]) -> tuple[dict[int, float], _Candidates]:
+        """After the local steps: the Byzantine clients' messages, then what each honest client
+        aggregates."""
+        reference = self._reference
+        losses_by_id = dict(zip(self.honest, losses, strict=True))
+        refused = self.refused_rows()
+        self._silent_before = dict(self.silent)
+        byz, self._heard = self.byzantine_messages(r, losses_by_id, refused)
+        return losses_by_id, self.candidates(r, reference, losses_by_id, byz, refused)
+
+    def end_round(self, r: int, losses: dict[int, float], candidates: _Candidates, results: list[Aggregate]) -> None:
+        """The new models, the evaluation when it is due, the round's records."""
+        sc = self.scenario
+        records = self.records(r, losses, candidates, results)
+        every = sc.eval.every
+        if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
+            self.last = self.accuracies()
+            for k, rec in zip(self.honest, records, strict=True):
+                rec.update(self.last[k])
+        for k, rec in zip(self.honest, records, strict=True):
+            self.logs[k].write(rec)
+        for b in self.byzantine:
+            # Every colluder's pool arrives here: each used all of them.
+            pooled = list(self.colluders) if self.colluders else None
+            self.logs[b].write(byzantine_record(r, self._heard[b], self.silent[b] - self._silent_before[b], self.notes[b], 0, 0, pooled_from=pooled))
+
+    def close(self) -> None:
+        for f in getattr(self, "logs", {}).values():
+            f.close()
+
+    def finish(self, loop: dict[str, float], wall: float) -> dict[str, Any]:
+        """Each client's final file and the run's summary."""
         for k in range(self.topology.num_clients):
-            write_json_atomic(out / "peers" / f"{k}.json", self._final(k, last.get(k, {}), loop, wall))
+            write_json_atomic(self.out_dir / "peers" / f"{k}.json", self._final(k, self.last.get(k, {}), loop, wall))
+        n = self.topology.num_clients
         return collect_summary(
-            out, sc, pids=dict.fromkeys(range(self.topology.num_clients), os.getpid()), exit_codes=dict.fromkeys(range(self.topology.num_clients), 0),
-            wall_seconds=time.monotonic() - start,
+            self.out_dir, self.scenario, pids=dict.fromkeys(range(n), os.getpid()), exit_codes=dict.fromkeys(range(n), 0),
+            wall_seconds=wall,
             extra={"interrupted": False, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device)},
         )
+
+    def run(self, on_round: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Run the scenario; writes the results folder and returns the summary."""
+        return run_together([self], on_round)[0]
 
     def _final(self, k: int, last: dict[str, float], loop: dict[str, float], wall: float) -> dict[str, Any]:
         sc = self.scenario
@@ -410,6 +421,106 @@ class BatchedRun:
         return final
 
 
+def train_together(runs: list[BatchedRun]) -> list[list[float]]:
+    """The local SGD steps of every client of ``runs`` (runs of one :func:`batch_key`); returns
+    each run's clients' mean minibatch loss.
+
+    The clients' losses are independent, so the gradient of their sum with respect to the
+    stacked ``[clients, params]`` parameters is each client's own gradient in its own row: the
+    runs whose minibatches have one width go through one product, a run with a padded
+    minibatch (a shard smaller than the batch size) through its own."""
+    t = runs[0].scenario.train
+    totals = [[0.0] * len(run.honest) for run in runs]
+    for _ in range(t.local_steps):
+        picks = [run.picks() for run in runs]
+        groups: dict[Any, list[int]] = {}
+        for i, (index, weight) in enumerate(picks):
+            groups.setdefault(index.shape[1] if weight is None else ("padded", i), []).append(i)
+        for members in groups.values():
+            x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
+            y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
+            models = (torch.cat([runs[i].models for i in members]) if len(members) > 1 else runs[members[0]].models).detach().requires_grad_()
+            logits = runs[members[0]].model.batch_logits(models, x)
+            count, batch, classes = logits.shape
+            per = F.cross_entropy(logits.reshape(count * batch, classes), y.reshape(-1), reduction="none").view(count, batch)
+            weight = picks[members[0]][1]
+            losses = per.mean(1) if weight is None else (per * weight).sum(1)
+            (grads,) = torch.autograd.grad(losses.sum(), models)
+            stepped = models.detach().add_(grads, alpha=-t.lr)
+            values = losses.tolist()
+            start = 0
+            for i in members:
+                n = len(runs[i].honest)
+                runs[i].models = stepped[start : start + n] if len(members) > 1 else stepped
+                totals[i] = [a + b for a, b in zip(totals[i], values[start : start + n], strict=True)]
+                start += n
+    return [[x / t.local_steps for x in total] for total in totals]
+
+
+def aggregate_together(r: int, total_rounds: int, parts: list[_Candidates], groups: list[tuple[Any, list[int]]], scorer: ManyEvaluator) -> list[Aggregate]:
+    """Every honest client of several runs aggregated at once: one pool of candidates (each
+    run's rows after the runs before it), each group of clients sharing a rule called once
+    (its ``batched`` method, else per client). Returns the aggregates in the clients' order."""
+    offsets = np.cumsum([0] + [len(p.vectors) for p in parts[:-1]]).tolist()
+    batch = RoundBatch(
+        round=r, vectors=torch.cat([p.vectors for p in parts]) if len(parts) > 1 else parts[0].vectors,
+        rows=tuple(tuple(i + off for i in rows) for p, off in zip(parts, offsets, strict=True) for rows in p.rows),
+        ids=tuple(i for p in parts for i in p.ids), num_samples=tuple(s for p in parts for s in p.sizes),
+        declared_losses=tuple(d for p in parts for d in p.declared), evaluate=tuple(e for p in parts for e in p.evaluate),
+        evaluate_many=scorer, references=torch.cat([p.reference for p in parts]) if len(parts) > 1 else parts[0].reference,
+        total_rounds=total_rounds, runs=tuple(i for i, p in enumerate(parts) for _ in p.rows) if len(parts) > 1 else None,
+    )
+    results: list[Any] = [None] * len(batch)
+    for rule, members in groups:
+        if hasattr(rule, "batched"):
+            sub = batch.select(members) if len(members) < len(batch) else batch
+            for c, agg in zip(members, rule.batched(sub), strict=True):
+                results[c] = agg
+        else:
+            for c in members:
+                results[c] = rule(batch.one(c))
+    return results
+
+
+def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Run several scenarios of one :func:`batch_key` as one batch: their clients are rows of
+    the same products (local steps, scoring, mixing), each run's attacks, intake checks,
+    records and results folder its own, as if it had run alone. Returns the summaries."""
+    keys = {batch_key(run.scenario) for run in runs}
+    if len(keys) != 1:
+        raise ValueError(f"runs of one batch must share the model, training, rounds and device; got {len(keys)} different settings")
+    sc = runs[0].scenario
+    groups = rule_groups([run.rules[k] for run in runs for k in run.honest])
+    scorer = ManyEvaluator()
+    start = time.monotonic()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(sc.engine.threads)
+    try:
+        for run in runs:
+            run.begin()
+        loop_start, cpu_start = time.monotonic(), time.process_time()
+        for r in range(sc.rounds):
+            for run in runs:
+                run._reference = run.models.to("cpu", copy=True)  # the local steps update the models in place
+            losses = train_together(runs)
+            parts = [run.before_aggregation(r, loss) for run, loss in zip(runs, losses, strict=True)]
+            results = aggregate_together(r, sc.rounds, [p for _, p in parts], groups, scorer)
+            start_row = 0
+            for run, (by_id, part) in zip(runs, parts, strict=True):
+                n = len(run.honest)
+                run.end_round(r, by_id, part, results[start_row : start_row + n])
+                start_row += n
+            if on_round is not None:
+                on_round(r)
+    finally:
+        torch.set_num_threads(threads)
+        for run in runs:
+            run.close()
+    loop = {"loop_seconds": round(time.monotonic() - loop_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
+    wall = round(time.monotonic() - start, 3)
+    return [run.finish(loop, wall) for run in runs]
+
+
 def run_batched(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[str, Any]:
     """Run ``scenario`` in the batched engine, with a progress bar; returns the summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -426,3 +537,53 @@ def run_batched(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task("rounds", total=scenario.rounds)
         return run.run(lambda r: bar.update(task, completed=r + 1))
+
+
+def run_many(jobs: list[tuple[Path, Path]], *, console: Console) -> list[dict[str, Any]]:
+    """``python -m dfedrw.launch.batched --run REQUEST OUT ...``: the scenarios ``REQUEST``
+    (TOML files) as one batch (:func:`run_together`), each writing its results folder ``OUT``.
+    What a sweep runs for runs of one :func:`batch_key`."""
+    from dfedrw.launch.preflight import preflight
+    from dfedrw.peer.config import load_scenario
+    from dfedrw.peer.results import check_fresh_out_dir
+
+    scenarios = [load_scenario(request) for request, _ in jobs]
+    for scenario, (request, out) in zip(scenarios, jobs, strict=True):
+        if scenario.engine.name != "batched":
+            raise ValueError(f"{request}: engine.name is {scenario.engine.name!r}; a batch of runs needs the batched engine")
+        check_fresh_out_dir(out, range(scenario.num_clients))
+        preflight(scenario)
+    runs = [BatchedRun(scenario, out) for scenario, (_, out) in zip(scenarios, jobs, strict=True)]
+    rounds = scenarios[0].rounds
+    console.print(f"batched engine: {len(runs)} runs as one batch, {sum(len(r.honest) for r in runs)} honest clients on {runs[0].device}")
+    every = max(1, rounds // 10)
+    return run_together(runs, lambda r: (r + 1) % every == 0 and console.print(f"round {r + 1}/{rounds}"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from dfedrw.launch.cli import stop_on_signals
+
+    parser = argparse.ArgumentParser(prog="python -m dfedrw.launch.batched", description=run_many.__doc__.split("\n\n")[0])
+    parser.add_argument("--run", nargs=2, action="append", required=True, type=Path, metavar=("REQUEST", "OUT"), help="a scenario file and its results folder (repeat)")
+    args = parser.parse_args(argv)
+    stop_on_signals()
+    console = Console(stderr=True)
+    try:
+        summaries = run_many([tuple(pair) for pair in args.run], console=console)
+    except KeyboardInterrupt:
+        console.print("interrupted: the batch's runs are unfinished", markup=False)
+        return 130
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    for (_, out), summary in zip(args.run, summaries, strict=True):
+        console.print(f"{out}: honest mean accuracy {summary.get('honest_mean_accuracy')}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -213,22 +213,20 @@ class FlatModel:
 
 class ManyEvaluator:
     """Many clients' ``evaluate`` at once (:data:`~dfedrw.peer.aggregation.rules.EvaluateMany`):
-    each owner's candidate rows scored on that owner's auxiliary set, exactly as its
-    :class:`VectorEvaluator` scores them (the same :func:`score_models` call on the same rows).
+    each owner's candidate rows scored by that owner's :class:`VectorEvaluator` on its
+    auxiliary set, exactly as the evaluator alone scores them (the same :func:`score_models`
+    call on the same rows). Owners may come from several runs (a batch of runs).
 
     What it saves over one evaluator call per owner: the pooled rows are checked for
     finiteness once (a row is the candidate of several owners), and the scores of all owners
     come back from the device in one transfer.
     """
 
-    def __init__(self, template: nn.Module, aux: dict[int, Dataset]) -> None:
-        self.each = {k: VectorEvaluator(template, d) for k, d in aux.items()}
-
     @torch.no_grad()
-    def __call__(self, vectors: torch.Tensor, owners, rows) -> list[dict[str, torch.Tensor]]:
+    def __call__(self, vectors: torch.Tensor, owners: Sequence[VectorEvaluator], rows) -> list[dict[str, torch.Tensor]]:
         finite = torch.isfinite(vectors).all(1).tolist()
         where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
-        scored = [self.each[k].score(vectors[[r[j] for j in w]]) for k, r, w in zip(owners, rows, where, strict=True) if w]
+        scored = [e.score(vectors[[r[j] for j in w]]) for e, r, w in zip(owners, rows, where, strict=True) if w]
         values = torch.cat(scored, dim=1).double().cpu() if scored else None
         out, start = [], 0
         for r, w in zip(rows, where, strict=True):

@@ -393,7 +393,7 @@ class UBAR:
         wanted = [c for c, (_, shortlist) in enumerate(plans) if len(shortlist) > 1]
         rows = [tuple(batch.rows[c][plans[c][0].positions[i]] for i in plans[c][1]) for c in wanted]
         if batch.evaluate_many is not None and wanted:
-            answers = batch.evaluate_many(batch.vectors, [batch.ids[c][0] for c in wanted], rows)
+            answers = batch.evaluate_many(batch.vectors, [batch.evaluate[c] for c in wanted], rows)
         else:
             answers = [batch.evaluate[c](batch.vectors[list(r)]) for c, r in zip(wanted, rows, strict=True)]
         metrics = dict(zip(wanted, answers, strict=True))

@@ -145,8 +145,9 @@ class Aggregate:
     scores: dict[int, float] | None = None
 
 
-EvaluateMany = Callable[[torch.Tensor, Sequence[int], Sequence[Sequence[int]]], list[Mapping[str, torch.Tensor]]]
-"""``evaluate_many(vectors [R, D], owners, rows) -> [metrics of owner i's candidates]``."""
+EvaluateMany = Callable[[torch.Tensor, Sequence[Callable[[torch.Tensor], Mapping[str, torch.Tensor]]], Sequence[Sequence[int]]], list[Mapping[str, torch.Tensor]]]
+"""``evaluate_many(vectors [R, D], owners, rows) -> [metrics of owner i's candidates]``: each
+owner given by its ``evaluate`` (an entry of :attr:`RoundBatch.evaluate`)."""
 
 
 @runtime_checkable
@@ -172,8 +173,8 @@ class RoundBatch:
     :class:`RoundInputs`. :meth:`one` is client ``c``'s :class:`RoundInputs`.
 
     ``evaluate_many(vectors, owners, rows)``, when given, scores many clients' candidates at
-    once: for each ``owners[i]`` (a client id) the pooled rows ``rows[i]`` on that client's
-    auxiliary data, returning what ``evaluate`` of that client returns for
+    once: for each ``owners[i]`` (a client's ``evaluate``) the pooled rows ``rows[i]`` on that
+    client's auxiliary data, returning what that ``evaluate`` returns for
     ``vectors[list(rows[i])]``, one mapping per owner. A rule's batched path may use it in
     place of one ``evaluate`` call per client.
     """
@@ -188,6 +189,9 @@ class RoundBatch:
     references: torch.Tensor | None = None
     total_rounds: int = 0
     evaluate_many: EvaluateMany | None = None
+    # In a batch of runs (several scenarios' clients at once), the run of each client: each
+    # run's models are summed by a product of their own (see :meth:`combine`).
+    runs: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -210,7 +214,7 @@ class RoundBatch:
             round=self.round, vectors=self.vectors, rows=pick(self.rows), ids=pick(self.ids), num_samples=pick(self.num_samples),
             declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
             references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
-            evaluate_many=self.evaluate_many,
+            evaluate_many=self.evaluate_many, runs=pick(self.runs),
         )
 
     def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
@@ -218,10 +222,24 @@ class RoundBatch:
         Python floats) weighs client ``c``'s candidate rows. As :func:`weighted_sum`: in float64,
         rows with weight 0 left out (so a NaN row of one client cannot reach another's sum);
         float32 [C, D]. One product for all clients: dense while the weight matrix is small,
-        sparse beyond (thousands of clients, each with a few candidates)."""
+        sparse beyond (thousands of clients, each with a few candidates).
+
+        In a batch of runs, each run's clients get a product of their own, the one the run has
+        alone: a product's summation order depends on its shape, and a run's models must not
+        depend on the runs beside it."""
+        if self.runs is None or len(set(self.runs)) <= 1:
+            return self._combine(range(len(self.rows)), weights)
+        out = torch.empty(len(self.rows), self.vectors.shape[1], dtype=torch.float32)
+        for run in dict.fromkeys(self.runs):
+            members = [c for c, of in enumerate(self.runs) if of == run]
+            out[members] = self._combine(members, [weights[c] for c in members])
+        return out
+
+    def _combine(self, clients: Sequence[int], weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
+        """:meth:`combine` of the clients at positions ``clients`` (``weights`` in their order)."""
         rows, cols, values = [], [], []
-        for c, w in enumerate(weights):
-            for row, v in zip(self.rows[c], w.tolist() if isinstance(w, torch.Tensor) else w, strict=True):
+        for c, (client, w) in enumerate(zip(clients, weights, strict=True)):
+            for row, v in zip(self.rows[client], w.tolist() if isinstance(w, torch.Tensor) else w, strict=True):
                 if v > 0:
                     rows.append(c)
                     cols.append(row)
@@ -229,7 +247,7 @@ class RoundBatch:
         used = sorted(set(cols))
         position = {row: i for i, row in enumerate(used)}
         index = torch.tensor([rows, [position[r] for r in cols]], dtype=torch.long)
-        shape = (len(self.rows), len(used))
+        shape = (len(clients), len(used))
         pooled = self.vectors[used].to(device="cpu", dtype=torch.float64)
         # Dense only without a NaN/Inf row: there a 0 weight would still give 0 * NaN = NaN.
         if shape[0] * shape[1] <= _DENSE_COMBINE and bool(torch.isfinite(pooled).all()):
@@ -326,7 +344,7 @@ class DFedReweighting:
         metrics: list[Mapping[str, torch.Tensor] | None] = [None] * len(batch)
         if batch.evaluate_many is not None:
             wanted = [c for c, rows in enumerate(usable_rows) if rows]
-            answers = batch.evaluate_many(batch.vectors, [batch.ids[c][0] for c in wanted], [usable_rows[c] for c in wanted])
+            answers = batch.evaluate_many(batch.vectors, [batch.evaluate[c] for c in wanted], [usable_rows[c] for c in wanted])
             for c, answer in zip(wanted, answers, strict=True):
                 metrics[c] = answer
         weights, scores = [], []

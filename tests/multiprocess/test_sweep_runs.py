@@ -94,7 +94,8 @@ def test_interrupt_stops_running_children_and_keeps_finished_runs(tmp_path, fake
     monkeypatch.setattr(sweep.SweepBoard, "refresh", refresh)
     monkeypatch.setattr(sweep, "_INT_GRACE", 5.0)
 
-    result = run_sweep(grid_path, tmp_path / "out", jobs=2, console=quiet_console(), check_runnable=False)
+    # One run per process (batches of runs: test_batch_of_runs.py)
+    result = run_sweep(grid_path, tmp_path / "out", jobs=2, batch=1, console=quiet_console(), check_runnable=False)
 
     assert result.interrupted and result.exit_code == 130 and len(started) == 2
     for pid in started:

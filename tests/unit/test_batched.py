@@ -69,11 +69,12 @@ def test_many_evaluator_scores_as_each_owners_evaluator(name):
     gen = torch.Generator().manual_seed(3)
     template = build_model(name, 6, 3, hidden=5, seed=0)
     aux = _aux_sets(gen, {3: 30, 5: 17, 9: 40, 11: 8})
-    many = ManyEvaluator(template, aux)
+    evaluators = {k: VectorEvaluator(template, d) for k, d in aux.items()}
+    many = ManyEvaluator()
     vectors = torch.randn(10, sum(p.numel() for p in template.parameters()), generator=gen)
     vectors[4, 1] = float("nan")
     owners, rows = [9, 3, 11, 5], [(0, 1, 2, 4), (3,), (5, 6, 7, 8, 9, 4), (4,)]
-    for k, r, got in zip(owners, rows, many(vectors, owners, rows), strict=True):
+    for k, r, got in zip(owners, rows, many(vectors, [evaluators[k] for k in owners], rows), strict=True):
         want = VectorEvaluator(template, aux[k])(vectors[list(r)])
         for key in ("accuracy", "loss"):
             torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, equal_nan=True)
@@ -97,14 +98,14 @@ def test_dfedreweighting_batched_gives_each_client_what_its_own_call_gives(tpm, 
     template = build_model("softmax_regression", 6, 3, seed=0)
     owners = (0, 1, 2, 3)
     aux = _aux_sets(gen, {k: 12 + 5 * k for k in owners})
-    scorer = ManyEvaluator(template, aux)
+    evaluators = {k: VectorEvaluator(template, d) for k, d in aux.items()}
     vectors = torch.randn(7, sum(p.numel() for p in template.parameters()), generator=gen)
     vectors[5] = float("inf")  # a diverged candidate: score NaN, weight 0
     rows = ((0, 1, 2, 5), (1, 0, 6), (2, 0, 3, 4, 5), (3, 2))
     ids = ((0, 1, 2, 7), (1, 0, 8), (2, 0, 3, 9, 7), (3, 2))
     batch = RoundBatch(
         round=3, vectors=vectors, rows=rows, ids=ids, num_samples=tuple((10,) * len(r) for r in rows),
-        evaluate=tuple(scorer.each[k] for k in owners), evaluate_many=scorer if many else None,
+        evaluate=tuple(evaluators[k] for k in owners), evaluate_many=ManyEvaluator() if many else None,
     )
     params = {"temperature": 1.0} if crs == "softmax" else {}
     rule = DFedReweighting(tpm=make_tpm(tpm) if isinstance(tpm, str) else tpm, crs=make_crs(crs, **params))

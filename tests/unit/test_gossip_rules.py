@@ -396,11 +396,12 @@ def random_batch(data, *, many: bool, calls: list | None = None) -> RoundBatch:
         ids.append(tuple(id_of[r] for r in rows[-1]))
     targets = {id_of[c]: torch.randn(4, generator=generator, dtype=torch.float64) for c in range(clients)}
     evaluates = {k: distance_loss(t) for k, t in targets.items()}
+    owner_of = {id(e): k for k, e in evaluates.items()}
 
     def evaluate_many(vectors, owners, candidate_rows):
         if calls is not None:
-            calls.append(list(owners))
-        return [evaluates[k](vectors[list(r)]) for k, r in zip(owners, candidate_rows, strict=True)]
+            calls.append([owner_of[id(e)] for e in owners])
+        return [e(vectors[list(r)]) for e, r in zip(owners, candidate_rows, strict=True)]
 
     return RoundBatch(
         round=1, vectors=vectors, rows=tuple(rows), ids=tuple(ids), num_samples=tuple((10,) * len(r) for r in rows),
@@ -441,13 +442,16 @@ def test_batched_ubar_scores_every_client_in_one_call_and_only_what_it_needs():
     targets = {10: torch.zeros(2, dtype=torch.float64), 11: torch.ones(2, dtype=torch.float64),
                12: torch.zeros(2, dtype=torch.float64)}
 
+    evaluates = {k: distance_loss(targets[k]) for k in (10, 11, 12)}
+    owner_of = {id(e): k for k, e in evaluates.items()}
+
     def evaluate_many(pool, owners, rows):
-        calls.append((list(owners), [tuple(r) for r in rows]))
-        return [distance_loss(targets[k])(pool[list(r)]) for k, r in zip(owners, rows, strict=True)]
+        calls.append(([owner_of[id(e)] for e in owners], [tuple(r) for r in rows]))
+        return [e(pool[list(r)]) for e, r in zip(owners, rows, strict=True)]
 
     batch = RoundBatch(
         round=0, vectors=vectors, rows=((0, 3, 4), (1,), (2, 0)), ids=((10, 13, 14), (11,), (12, 10)),
-        num_samples=((1, 1, 1), (1,), (1, 1)), evaluate=tuple(distance_loss(targets[k]) for k in (10, 11, 12)),
+        num_samples=((1, 1, 1), (1,), (1, 1)), evaluate=tuple(evaluates[k] for k in (10, 11, 12)),
         evaluate_many=evaluate_many,
     )
 

@@ -54,23 +54,27 @@ set = ["aggregation.rule=dfedreweighting", "aggregation.tpm=accuracy", "aggregat
 """
 
 
-# A stand-in for `dfedrw run`: records the scenario it was given and a finished summary, or
-# misbehaves as FAKE_MODE says. Lets the sweep machinery be tested without training anything.
+# A stand-in for `dfedrw run` (one REQUEST FOLDER pair) and for a batch of runs (several
+# pairs): records the scenario it was given and a finished summary, or misbehaves as FAKE_MODE
+# says. Lets the sweep machinery be tested without training anything.
 FAKE_RUN = """
 import json, os, sys, time, pathlib
-request, folder = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-text = request.read_text()
+args = sys.argv[1:]
+pairs = [(pathlib.Path(args[i]), pathlib.Path(args[i + 1])) for i in range(0, len(args), 2)]
 mode = os.environ.get("FAKE_MODE", "")
 with open(os.environ["FAKE_CALLS"], "a") as fh:
-    fh.write(folder.name + "\\n")
+    fh.write("".join(folder.name + "\\n" for _, folder in pairs))
 if mode == "sleep":
-    (folder / "pid").write_text(str(os.getpid()))
+    for _, folder in pairs:
+        (folder / "pid").write_text(str(os.getpid()))
     time.sleep(60)
-if mode == "fail44" and "seed = 44" in text:
-    print("boom: simulated crash")
-    sys.exit(3)
-(folder / "scenario.toml").write_text(text)
-(folder / "summary.json").write_text(json.dumps({"honest_mean_accuracy": 50.0, "accuracy_variance": 1.0}))
+for request, folder in pairs:
+    text = request.read_text()
+    if mode == "fail44" and "seed = 44" in text:
+        print("boom: simulated crash")
+        sys.exit(3)
+    (folder / "scenario.toml").write_text(text)
+    (folder / "summary.json").write_text(json.dumps({"honest_mean_accuracy": 50.0, "accuracy_variance": 1.0}))
 """
 
 
@@ -82,6 +86,10 @@ def fake_run(tmp_path, monkeypatch):
     calls.write_text("")
     monkeypatch.setenv("FAKE_CALLS", str(calls))
     monkeypatch.setattr(sweep, "child_command", lambda request, folder: [sys.executable, str(script), str(request), str(folder)])
+    monkeypatch.setattr(
+        sweep, "batch_command",
+        lambda runs: [sys.executable, str(script), *(str(x) for r in runs for x in (r.folder / sweep.REQUEST_FILE, r.folder))],
+    )
     return lambda: calls.read_text().split()
 
 

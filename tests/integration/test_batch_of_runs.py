@@ -1,0 +1,108 @@
+"""A batch of runs: several scenarios' clients as rows of one batched engine, each run's results
+as if it had run alone.
+
+The parity cases of ``test_engine_parity.py`` (every rule, every attack, both partitions,
+colluding and silent attackers, other graph sizes) run alone and then all together; every
+per-round record and every client's final file must be byte for byte the same, and the
+summaries equal but for the clock and process ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dfedrw.launch.batched import BatchedRun, batch_key, run_many, run_together
+from dfedrw.peer.config import dump_scenario
+from tests.helpers import quiet_console
+from tests.integration.test_engine_parity import BY_ID, CASES, scenario
+
+# Timing and process fields: the only ones that may differ between a run alone and in a batch.
+CLOCK = {"wall_seconds", "loop_seconds", "loop_cpu_seconds", "pid", "launcher_pid", "pids"}
+
+SOME = [
+    BY_ID[i]
+    for i in (
+        "lossclip-gaussian-iid", "dfedavg-gaussian-dirichlet", "softmax-none-dirichlet", "krum-signflip-dirichlet",
+        "lossclip-decoystealth-iid", "balance-alie-colluding-dirichlet", "dfedavg-omission-dirichlet", "ubar-ipm-iid",
+    )
+]
+
+
+def _without_clock(value):
+    if isinstance(value, dict):
+        return {k: _without_clock(v) for k, v in value.items() if k not in CLOCK}
+    if isinstance(value, list):
+        return [_without_clock(v) for v in value]
+    return value
+
+
+def differences(alone: Path, together: Path) -> list[str]:
+    """What differs between two results folders of one scenario, clock fields aside."""
+    problems = []
+    for path in sorted(alone.rglob("*")):
+        if path.is_dir() or path.suffix not in {".jsonl", ".json", ".toml"}:
+            continue
+        other = together / path.relative_to(alone)
+        if not other.exists():
+            problems.append(f"{other} missing")
+        elif path.suffix == ".json":
+            if _without_clock(json.loads(path.read_text())) != _without_clock(json.loads(other.read_text())):
+                problems.append(f"{path.relative_to(alone)} differs")
+        elif path.read_bytes() != other.read_bytes():
+            problems.append(f"{path.relative_to(alone)} differs")
+    return problems
+
+
+def _run_alone_and_together(cases, rounds: int, tmp_path: Path) -> list[str]:
+    for case in cases:
+        BatchedRun(scenario(case, "batched", rounds), tmp_path / "alone" / case.id).run()
+    run_together([BatchedRun(scenario(case, "batched", rounds), tmp_path / "together" / case.id) for case in cases])
+    return [f"{case.id}: {p}" for case in cases for p in differences(tmp_path / "alone" / case.id, tmp_path / "together" / case.id)]
+
+
+def test_runs_in_a_batch_give_what_each_gives_alone(tmp_path):
+    assert _run_alone_and_together(SOME, 25, tmp_path) == []
+
+
+@pytest.mark.slow
+def test_every_parity_case_in_one_batch_gives_what_each_gives_alone(tmp_path):
+    assert _run_alone_and_together(CASES, 60, tmp_path) == []
+
+
+def test_the_comparison_sees_a_run_that_drifted(tmp_path):
+    # The check above must be able to fail: the same case with another seed differs.
+    case = SOME[0]
+    BatchedRun(scenario(case, "batched", 5), tmp_path / "a").run()
+    BatchedRun(scenario(case, "batched", 5, "seed=99"), tmp_path / "b").run()
+    assert any("jsonl differs" in p for p in differences(tmp_path / "a", tmp_path / "b"))
+
+
+def test_a_batch_refuses_runs_of_another_shape(tmp_path):
+    case = SOME[0]
+    runs = [BatchedRun(scenario(case, "batched", 3), tmp_path / "a"), BatchedRun(scenario(case, "batched", 4), tmp_path / "b")]
+    assert batch_key(runs[0].scenario) != batch_key(runs[1].scenario)
+    with pytest.raises(ValueError, match="must share the model, training, rounds"):
+        run_together(runs)
+
+
+def test_run_many_runs_scenario_files_into_their_folders(tmp_path):
+    # What a sweep starts: scenario files and results folders, one batch.
+    jobs = []
+    for case in SOME[:3]:
+        request = tmp_path / f"{case.id}.toml"
+        dump_scenario(scenario(case, "batched", 4), request)
+        jobs.append((request, tmp_path / "out" / case.id))
+    summaries = run_many(jobs, console=quiet_console())
+    assert [s["rounds"] for s in summaries] == [4, 4, 4]
+    for case, (_, out) in zip(SOME[:3], jobs, strict=True):
+        BatchedRun(scenario(case, "batched", 4), tmp_path / "alone" / case.id).run()
+        assert differences(tmp_path / "alone" / case.id, out) == []
+
+
+def test_run_many_refuses_a_scenario_of_the_clients_engine(tmp_path):
+    request = tmp_path / "clients.toml"
+    dump_scenario(scenario(SOME[0], "threads", 3), request)
+    with pytest.raises(ValueError, match="needs the batched engine"):
+        run_many([(request, tmp_path / "out")], console=quiet_console())
