@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
-from dfedrw.peer.aggregation.robust import _combine, _Finite, _finite_by_id
+from dfedrw.peer.aggregation.robust import _combine, _Finite, _finite_by_id, _pooled_finite
 from dfedrw.peer.aggregation.rules import (
     RULE_REGISTRY,
     Aggregate,
@@ -57,17 +57,6 @@ __all__ = ["CLIPPED_GOSSIP_RADII", "CSPlusRG", "ClippedGossip", "UBAR"]
 
 
 # ---------------------------------------------------------------- shared helpers
-
-
-def _pooled_finite(batch: RoundBatch, c: int, finite: Sequence[bool]) -> _Finite:
-    """Client ``c``'s finite candidates in id order, as :func:`_finite_by_id` gives them for
-    ``batch.one(c)`` (the same values in the same [F, D] shape); ``finite``: per pooled row."""
-    rows, ids = batch.rows[c], batch.ids[c]
-    positions = tuple(sorted((i for i, row in enumerate(rows) if finite[row]), key=lambda i: ids[i]))
-    index = torch.tensor([rows[i] for i in positions], dtype=torch.long, device=batch.vectors.device)
-    chosen = tuple(ids[i] for i in positions)
-    own = chosen.index(ids[0]) if ids[0] in chosen else None
-    return _Finite(ids=chosen, rows=batch.vectors.index_select(0, index).to(torch.float64), own=own, positions=positions)
 
 
 def _result(

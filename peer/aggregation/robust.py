@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs, finite_rows
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, finite_rows
 from dfedrw.peer.aggregation.tpm import Accuracy
 
 __all__ = [
@@ -86,6 +86,17 @@ def _finite_by_id(inputs: RoundInputs) -> _Finite:
     ids = tuple(inputs.ids[i] for i in positions)
     own = ids.index(inputs.own_id) if inputs.own_id in ids else None
     return _Finite(ids=ids, rows=rows, own=own, positions=positions)
+
+
+def _pooled_finite(batch: RoundBatch, c: int, finite: Sequence[bool]) -> _Finite:
+    """Client ``c``'s finite candidates in id order, as :func:`_finite_by_id` gives them for
+    ``batch.one(c)`` (the same values in the same [F, D] shape); ``finite``: per pooled row."""
+    rows, ids = batch.rows[c], batch.ids[c]
+    positions = tuple(sorted((i for i, row in enumerate(rows) if finite[row]), key=lambda i: ids[i]))
+    index = torch.tensor([rows[i] for i in positions], dtype=torch.long, device=batch.vectors.device)
+    chosen = tuple(ids[i] for i in positions)
+    own = chosen.index(ids[0]) if ids[0] in chosen else None
+    return _Finite(ids=chosen, rows=batch.vectors.index_select(0, index).to(torch.float64), own=own, positions=positions)
 
 
 def _aggregate(
@@ -683,14 +694,38 @@ class QFDFL:
                 "QFDFL: inputs.declared_losses is None; q-FFL weights candidates by their "
                 "declared training loss, one value per id (NaN where unknown)"
             )
-        finite = _finite_by_id(inputs)
-        reference = inputs.reference.to(device=inputs.vectors.device, dtype=torch.float64)
-        losses = torch.tensor(
-            [inputs.declared_losses[i] for i in finite.positions], dtype=torch.float64
-        )
+        model, weights = self._step(_finite_by_id(inputs), inputs.reference, inputs.declared_losses, inputs.own_id)
+        if model is None:
+            return _keep_own(inputs)
+        return _aggregate(inputs, model, weights)
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's step as :meth:`__call__` takes it, the pool checked for finite rows
+        once and no per-client inputs built."""
+        if batch.references is None or batch.declared_losses is None:
+            return [self(batch.one(c)) for c in range(len(batch))]
+        finite_pool = finite_rows(batch.vectors).tolist()
+        out = []
+        for c, ids in enumerate(batch.ids):
+            model, weights = self._step(_pooled_finite(batch, c, finite_pool), batch.references[c], batch.declared_losses[c], ids[0])
+            if model is None:
+                model, weights = batch.vectors[batch.rows[c][0]].to(torch.float64), {ids[0]: 1.0}
+            total = math.fsum(weights.values())
+            if not total > 0:
+                weights, total = {ids[0]: 1.0}, 1.0
+            out.append(Aggregate(model=model.to(torch.float32), weights={s: weights.get(s, 0.0) / total for s in ids}))
+        return out
+
+    def _step(
+        self, finite: _Finite, reference: torch.Tensor, declared_losses: Sequence[float], own_id: int
+    ) -> tuple[torch.Tensor | None, dict[int, float]]:
+        """The q-FFL step over the finite candidates: (float64 model, weight per id), or
+        (None, {}) when the client keeps its own model."""
+        reference = reference.to(device=finite.rows.device, dtype=torch.float64)
+        losses = torch.tensor([declared_losses[i] for i in finite.positions], dtype=torch.float64)
         usable = torch.isfinite(losses)
         if not bool(usable.any()) or not bool(torch.isfinite(reference).all()):
-            return _keep_own(inputs)
+            return None, {}
 
         lipschitz = 1.0 / self.lr
         loss = losses.clamp(min=1e-12)
@@ -703,8 +738,8 @@ class QFDFL:
         remainder = max(0.0, 1.0 - math.fsum(coefficients.tolist()))
         model = remainder * reference + _combine(finite, coefficients)
         weights = _by_id(finite, coefficients)
-        weights[inputs.own_id] = weights.get(inputs.own_id, 0.0) + remainder
-        return _aggregate(inputs, model, weights)
+        weights[own_id] = weights.get(own_id, 0.0) + remainder
+        return model, weights
 
 
 # ---------------------------------------------------------------- accuracy above mean

@@ -16,7 +16,7 @@ import pytest
 from dfedrw.launch.batched import BatchedRun, batch_key, run_many, run_together
 from dfedrw.peer.config import dump_scenario
 from tests.helpers import quiet_console
-from tests.integration.test_engine_parity import BY_ID, CASES, scenario
+from tests.integration.test_engine_parity import BY_ID, CASES, DIR, _case, scenario
 
 # Timing and process fields: the only ones that may differ between a run alone and in a batch.
 CLOCK = {"wall_seconds", "loop_seconds", "loop_cpu_seconds", "pid", "launcher_pid", "pids"}
@@ -27,7 +27,7 @@ SOME = [
         "lossclip-gaussian-iid", "dfedavg-gaussian-dirichlet", "softmax-none-dirichlet", "krum-signflip-dirichlet",
         "lossclip-decoystealth-iid", "balance-alie-colluding-dirichlet", "dfedavg-omission-dirichlet", "ubar-ipm-iid",
     )
-]
+] + [_case("qfdfl-gaussian-dirichlet", ("aggregation.rule=qfdfl", "aggregation.q=0.1"), "gaussian", 1, DIR)]
 
 
 def _without_clock(value):

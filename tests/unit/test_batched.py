@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from dfedrw.launch.batched import BatchedRun, engine_device, rule_groups
 from dfedrw.peer.training import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, Flame, RoundBatch
+from dfedrw.peer.aggregation.robust import QFDFL
 from dfedrw.peer.aggregation.crs import make_crs
 from dfedrw.peer.aggregation.tpm import make_tpm
 from dfedrw.peer.data import Dataset
@@ -46,6 +47,28 @@ def test_dfedavg_batched_gives_each_client_what_its_own_call_gives(data, clients
         assert agg.weights.keys() == one.weights.keys()
         assert all(abs(agg.weights[k] - one.weights[k]) <= 1e-15 for k in one.weights)
         torch.testing.assert_close(agg.model, one.model, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), clients=st.integers(1, 6), pool=st.integers(1, 9), q=st.sampled_from([0.0, 0.1, 0.5, 2.0]))
+def test_qfdfl_batched_gives_each_client_exactly_what_its_own_call_gives(data, clients, pool, q):
+    """Any pool (a NaN row, a client's own row NaN), any declared losses (NaN, 0, large)."""
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
+    vectors = torch.randn(pool, 5, generator=gen)
+    if data.draw(st.booleans()):
+        vectors[data.draw(st.integers(0, pool - 1))] = float("nan")
+    rows = tuple(tuple(data.draw(st.lists(st.integers(0, pool - 1), min_size=1, max_size=pool, unique=True))) for _ in range(clients))
+    loss = st.one_of(st.floats(0.0, 50.0), st.just(float("nan")))
+    declared = tuple(tuple(data.draw(loss) for _ in r) for r in rows)
+    batch = RoundBatch(
+        round=0, vectors=vectors, rows=rows, ids=tuple(tuple(range(len(r))) for r in rows), num_samples=tuple((10,) * len(r) for r in rows),
+        declared_losses=declared, references=torch.randn(clients, 5, generator=gen),
+    )
+    rule = QFDFL(q=q, lr=0.05)
+    for c, agg in enumerate(rule.batched(batch)):
+        one = rule(batch.one(c))
+        assert agg.weights == one.weights and agg.scores == one.scores is None
+        torch.testing.assert_close(agg.model, one.model, rtol=0, atol=0, equal_nan=True)
 
 
 def test_a_nan_row_of_one_client_never_reaches_another():
@@ -227,7 +250,7 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
         order = run.batches[c]
         idx = order._order[order._pos - order.batch_size : order._pos]  # its first minibatch
         w = before[c].clone().requires_grad_()
-        x, y = run.data[k].train.x[idx], run.data[k].train.y[idx]
+        x, y = run.train_x[run.offsets[c] + idx], run.train_y[run.offsets[c] + idx]  # its shard's rows
         loss = torch.nn.functional.cross_entropy(run.model.logits(w, x), y)
         loss.backward()
         assert abs(losses[c] - float(loss.detach())) < 1e-5
