@@ -41,6 +41,7 @@ from dfedrw.peer.node import (
     attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
     known_mean, move, scenario_plausible,
 )
+from dfedrw.peer.data import load_dataset
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import _takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
@@ -137,14 +138,14 @@ class BatchedRun:
         template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
         self.model = FlatModel(template, self.device)
         self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
-        # Every shard in one tensor (a partition: one copy of the training set), each
-        # client's rows from its offset on; minibatches are gathered from it.
-        shards = [self.data[k].train for k in self.honest]
-        self.train_x = torch.cat([s.x for s in shards]).to(self.device)
-        self.train_y = torch.cat([s.y for s in shards]).to(self.device)
-        sizes = [len(s.y) for s in shards]
-        # The shards are rows of train_x now: not kept twice (a batch of runs holds many).
-        del shards
+        # The training set once (shared by every run of a batch: the dataset is read once per
+        # process), each client's shard as rows of it: client c's minibatch rows are
+        # shard_rows[offsets[c] + i] for the positions i its BatchOrder draws.
+        train, _ = load_dataset(sc.data.name, sc.data.dir or None)
+        self.train_x, self.train_y = train.x.to(self.device), train.y.to(self.device)
+        self.shard_rows = torch.cat([self.data[k].train_index for k in self.honest]).to(self.device)
+        sizes = [len(self.data[k].train.y) for k in self.honest]
+        # The shard copies are not needed: only their rows of the training set.
         self.data = {k: dataclasses.replace(d, train=d.train.subset([])) for k, d in self.data.items()}
         self.num_samples = dict(zip(self.honest, sizes, strict=True))
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
@@ -165,19 +166,19 @@ class BatchedRun:
 
     # -- one round ---------------------------------------------------------------------------
     def picks(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One local step's minibatch of every client: rows of ``train_x`` ``[C, B]`` and, when
+        """One local step's minibatch of every client: rows of the training set ``[C, B]`` and, when
         a shard is smaller than the batch size (its batch padded), the weight of each row
         (the padding weighs 0) else None."""
         picks = [b.next() for b in self.batches]
         width = max(len(p) for p in picks)
         if all(len(p) == width for p in picks):
-            return torch.stack(picks).to(self.device) + self.offsets[:, None], None
+            return self.shard_rows[torch.stack(picks).to(self.device) + self.offsets[:, None]], None
         index = torch.zeros(len(picks), width, dtype=torch.long)
         weight = torch.zeros(len(picks), width)
         for i, p in enumerate(picks):
             index[i, : len(p)] = p
             weight[i, : len(p)] = 1.0 / len(p)
-        return index.to(self.device) + self.offsets[:, None], weight.to(self.device)
+        return self.shard_rows[index.to(self.device) + self.offsets[:, None]], weight.to(self.device)
 
     def local_steps(self) -> list[float]:
         """Every client's local SGD steps at once; returns each one's mean minibatch loss."""
@@ -437,8 +438,13 @@ def train_together(runs: list[BatchedRun]) -> list[list[float]]:
         for i, (index, weight) in enumerate(picks):
             groups.setdefault(index.shape[1] if weight is None else ("padded", i), []).append(i)
         for members in groups.values():
-            x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
-            y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
+            if all(runs[i].train_x is runs[members[0]].train_x for i in members):  # one training set: one gather
+                index = torch.cat([picks[i][0] for i in members])
+                x = runs[members[0]].train_x.index_select(0, index.view(-1)).view(*index.shape, -1)
+                y = runs[members[0]].train_y.index_select(0, index.view(-1)).view(index.shape)
+            else:
+                x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
+                y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
             models = (torch.cat([runs[i].models for i in members]) if len(members) > 1 else runs[members[0]].models).detach().requires_grad_()
             logits = runs[members[0]].model.batch_logits(models, x)
             count, batch, classes = logits.shape

@@ -223,6 +223,7 @@ class ClientData:
     aux: Dataset
     global_test: Dataset
     local_test_index: torch.Tensor  # rows of global_test
+    train_index: torch.Tensor | None = None  # rows of the training set that make up ``train``
 
     @functools.cached_property
     def local_test(self) -> Dataset:
@@ -256,7 +257,10 @@ def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int]) -> 
         shard = train.subset(shards[honest.index(client_id)])
         aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
         local = local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
-        out[client_id] = ClientData(train=shard, aux=aux, global_test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)))
+        out[client_id] = ClientData(
+            train=shard, aux=aux, global_test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)),
+            train_index=torch.as_tensor(np.asarray(shards[honest.index(client_id)], dtype=np.int64)),
+        )
     return out
 
 

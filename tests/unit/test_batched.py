@@ -250,7 +250,8 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
         order = run.batches[c]
         idx = order._order[order._pos - order.batch_size : order._pos]  # its first minibatch
         w = before[c].clone().requires_grad_()
-        x, y = run.train_x[run.offsets[c] + idx], run.train_y[run.offsets[c] + idx]  # its shard's rows
+        rows = run.shard_rows[run.offsets[c] + idx]  # its shard's rows of the training set
+        x, y = run.train_x[rows], run.train_y[rows]
         loss = torch.nn.functional.cross_entropy(run.model.logits(w, x), y)
         loss.backward()
         assert abs(losses[c] - float(loss.detach())) < 1e-5
