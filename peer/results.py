@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import numpy as np
@@ -30,14 +30,33 @@ class RoundLog:
     round, so the log is continued: records up to that round are kept (rewritten atomically),
     the ones after it, logged before the crash, are dropped (``dropped``, and the highest round
     logged before the crash is ``last_logged``) and the resumed rounds are appended. One record
-    per round stays the rule."""
+    per round stays the rule.
 
-    def __init__(self, out_dir: Path, client_id: int, *, keep_through: int | None = None, flush_seconds: float = 0.0) -> None:
+    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``); an honest client
+    (one not in ``byzantine``, the scenario's Byzantine ids) also writes each record there as
+    scalars, see :mod:`dfedrw.peer.tensorboard`."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        client_id: int,
+        *,
+        keep_through: int | None = None,
+        flush_seconds: float = 0.0,
+        tensorboard: Path | None = None,
+        byzantine: Collection[int] = (),
+    ) -> None:
         # A record reaches the file at once (a client process may be killed any moment), or,
         # with ``flush_seconds``, at most that long after it was written (the batched engine,
         # which writes every client's record each round and cannot resume anyway).
         self.flush_seconds = flush_seconds
         self._flushed = time.monotonic()
+        self._scalars = None
+        if tensorboard is not None and client_id not in byzantine:
+            from dfedrw.peer.tensorboard import ClientScalars
+
+            restart_at = None if keep_through is None else keep_through + 1
+            self._scalars = ClientScalars(tensorboard, client_id, byzantine, restart_at=restart_at)
         path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.dropped = 0
@@ -63,12 +82,18 @@ class RoundLog:
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
+        if self._scalars is not None:
+            self._scalars.write(record)
         if self.flush_seconds <= 0 or time.monotonic() - self._flushed >= self.flush_seconds:
             self._file.flush()
+            if self._scalars is not None:
+                self._scalars.flush()
             self._flushed = time.monotonic()
 
     def close(self) -> None:
         self._file.close()
+        if self._scalars is not None:
+            self._scalars.close()
 
 
 def check_fresh_out_dir(out_dir: Path, client_ids: Iterable[int]) -> None:

@@ -17,5 +17,6 @@ PY=.venv/bin/python
 if ! $PY -c 'import torch' 2>/dev/null; then
     $PY -m pip install -q "torch==2.13.0"
 fi
-$PY -m pip install -q -e ".[dev]"
+# The test tools and the tensorboard extra, whose tests run in CI too.
+$PY -m pip install -q -e ".[dev,tensorboard]"
 echo "setup: ready ($($PY -c 'import torch, grpc; print("torch", torch.__version__, "grpcio", grpc.__version__)'))" >&2
