@@ -1,7 +1,7 @@
 """The launchers' command line. Thin: flags become a scenario and a call into the library.
 
-    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR] [--engine clients|batched]
-    dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
+    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR] [--engine clients|batched] [--tensorboard DIR]
+    dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR] [--tensorboard DIR]
     dfedrw certs [SCENARIO] [--set key=value ...] --out DIR [--days N]
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
     dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N] [--user UID:GID]
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dfedrw.peer import cli as peer_cli
-from dfedrw.peer.cli import add_peer_command, dispatch, new_parser, under_torchrun
+from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, new_parser, under_torchrun
 from dfedrw.peer.config import ENGINES, load_scenario
 
 
@@ -52,7 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop_on_signals()
     scenario = load_scenario(args.scenario, [*args.set, *([f"engine.name={args.engine}"] if args.engine else [])])
     console = Console(stderr=True)
-    out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs)
+    out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs, tensorboard=args.tensorboard)
     print_summary(summary, Console())
     print(f"results: {out}")
     if summary.get("interrupted"):
@@ -146,6 +146,7 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
         "--engine", choices=ENGINES, default=None,
         help="clients: every client its own process or thread (network.transport); batched: all clients as one tensor in this process, for experiments (same as --set engine.name=...)",
     )
+    add_tensorboard_flag(run, what="each honest client's rounds and their honest mean")
     run.set_defaults(func=cmd_run)
 
     ce = sub.add_parser("certs", help="make a run's CA and one certificate per client (for compose, several hosts, torchrun)")

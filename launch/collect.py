@@ -12,7 +12,7 @@ from typing import Any
 
 from dfedrw.peer.config import Scenario, load_scenario
 from dfedrw.peer.plan import scenario_topology
-from dfedrw.peer.results import read_final, summarize, write_json_atomic
+from dfedrw.peer.results import read_final, read_rounds, summarize, write_json_atomic
 
 
 def collected_now() -> str:
@@ -49,3 +49,12 @@ def collect_summary(
     summary.update(extra or {})
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
+
+
+def write_tensorboard_mean(out_dir: Path, scenario: Scenario, log_dir: Path) -> Path:
+    """``--tensorboard``: write the honest mean of the run in ``out_dir``, from its round logs,
+    to ``log_dir/honest-mean/`` (the clients wrote their own folders as they went)."""
+    from dfedrw.peer.tensorboard import write_honest_mean
+
+    topology = scenario_topology(scenario)
+    return write_honest_mean(log_dir, (read_rounds(out_dir, k) for k in topology.honest()), topology.byzantine)

@@ -43,7 +43,7 @@ class QueueLink:
         pass
 
 
-def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[str, Any]:
+def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console, tensorboard: Path | None = None) -> dict[str, Any]:
     from dfedrw.launch.preflight import preflight
 
     start = time.monotonic()
@@ -58,7 +58,7 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[s
     events: queue.SimpleQueue = queue.SimpleQueue()
     hub = InprocHub()
     peers = {
-        k: Client(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}"), link=QueueLink(events))
+        k: Client(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}"), link=QueueLink(events), tensorboard=tensorboard)
         for k in roles
     }
     # Every client publishes its address once its server is up and waits for the others'.

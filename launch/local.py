@@ -76,11 +76,19 @@ def check_certificates(scenario: Scenario, certs: Path | None) -> None:
 
 class LocalRun:
     def __init__(
-        self, scenario: Scenario, out_dir: Path, *, console: Console | None = None, python: str = sys.executable, certs: Path | None = None
+        self,
+        scenario: Scenario,
+        out_dir: Path,
+        *,
+        console: Console | None = None,
+        python: str = sys.executable,
+        certs: Path | None = None,
+        tensorboard: Path | None = None,
     ) -> None:
         self.scenario = scenario
         self.out_dir = Path(out_dir)
         self.certs = Path(certs) if certs is not None else None
+        self.tensorboard = Path(tensorboard) if tensorboard is not None else None
         self.console = console or Console(stderr=True)
         self.python = python
         self.children: dict[int, Child] = {}
@@ -120,6 +128,8 @@ class LocalRun:
             ]
             if certs is not None:
                 cmd += ["--certs", str(certs)]
+            if self.tensorboard is not None:
+                cmd += ["--tensorboard", str(self.tensorboard)]
             with log_path.open("w") as log_file:
                 # A new session: Ctrl-C in the terminal reaches the launcher only, which then
                 # stops every child itself, in order.

@@ -9,9 +9,11 @@ from typing import Any
 
 from rich.console import Console
 
+from dfedrw.launch.collect import write_tensorboard_mean
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.results import check_fresh_out_dir
+from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
 
 
 def default_out_dir(root: Path = Path("runs")) -> Path:
@@ -24,11 +26,23 @@ def default_out_dir(root: Path = Path("runs")) -> Path:
 
 
 def run_scenario(
-    scenario: Scenario, out_dir: Path | None = None, *, console: Console | None = None, certs: Path | None = None
+    scenario: Scenario,
+    out_dir: Path | None = None,
+    *,
+    console: Console | None = None,
+    certs: Path | None = None,
+    tensorboard: Path | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Run ``scenario``, write its results under ``out_dir`` and return (out_dir, summary).
-    ``certs``: a certificate folder for the clients (default: new ones in ``out_dir/certs``)."""
+    ``certs``: a certificate folder for the clients (default: new ones in ``out_dir/certs``).
+    ``tensorboard``: a folder for TensorBoard event files: each honest client writes its own
+    as it goes, and the honest mean is written when the run ends (:mod:`dfedrw.peer.tensorboard`)."""
     out = Path(out_dir) if out_dir else default_out_dir()
+    if tensorboard is not None:
+        require_tensorboard()
+        if scenario.engine.name == "batched":
+            raise ValueError("--tensorboard: the batched engine does not write TensorBoard event files yet; use --engine clients")
+        check_fresh_event_dir(tensorboard, range(scenario.num_clients))
     check_fresh_out_dir(out, range(scenario.num_clients))
     if scenario.network.transport == "torch" and scenario.engine.name == "clients":
         raise ValueError(
@@ -38,9 +52,13 @@ def run_scenario(
     if scenario.engine.name == "batched":
         from dfedrw.launch.batched import run_batched
 
-        return out, run_batched(scenario, out, console=console)
-    if scenario.network.transport == "inproc":
+        summary = run_batched(scenario, out, console=console)
+    elif scenario.network.transport == "inproc":
         from dfedrw.launch.inproc import run_inproc
 
-        return out, run_inproc(scenario, out, console=console)
-    return out, LocalRun(scenario, out, console=console, certs=certs).run()
+        summary = run_inproc(scenario, out, console=console, tensorboard=tensorboard)
+    else:
+        summary = LocalRun(scenario, out, console=console, certs=certs, tensorboard=tensorboard).run()
+    if tensorboard is not None:
+        write_tensorboard_mean(out, scenario, tensorboard)
+    return out, summary

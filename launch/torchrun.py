@@ -8,7 +8,8 @@ client id = RANK. Addresses are exchanged through the key-value store torchrun a
 the keys of the clients it talks to (its neighbours and, for a colluding Byzantine client, the
 other colluders); no other rendezvous service. After its run each rank sets
 ``dfedrw/done/<rank>``; rank 0 waits (bounded) for every rank and writes ``summary.json`` in
-the format of ``dfedrw run``. The results folder must be one folder every rank writes to (on
+the format of ``dfedrw run`` (and, with ``--tensorboard DIR``, the honest mean's event files,
+each rank writing its own client's). The results folder must be one folder every rank writes to (on
 several nodes: a shared file system).
 """
 
@@ -29,13 +30,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dfedrw.launch.collect import collect_summary, collected_now
+from dfedrw.launch.collect import collect_summary, collected_now, write_tensorboard_mean
 from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
 from dfedrw.peer.identity import make_certificates
 from dfedrw.peer.node import client_identity, grpc_transport_for, run_client, scenario_colluders
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.results import check_fresh_out_dir
+from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
 from dfedrw.peer.transport.torchdist import TorchDistTransport
 
 log = logging.getLogger(__name__)
@@ -280,9 +282,15 @@ def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: 
 
 
 def run_torchrun(
-    scenario: Scenario, out_dir: Path, *, environ: Mapping[str, str] | None = None, certs: Path | None = None
+    scenario: Scenario,
+    out_dir: Path,
+    *,
+    environ: Mapping[str, str] | None = None,
+    certs: Path | None = None,
+    tensorboard: Path | None = None,
 ) -> dict[str, Any]:
-    """Run this rank's client to completion; rank 0 also writes ``summary.json``.
+    """Run this rank's client to completion; rank 0 also writes ``summary.json``. ``tensorboard``:
+    a folder for TensorBoard event files (this rank's client, and on rank 0 the honest mean).
 
     Returns the client's final record (``peers/<id>.json``).
     """
@@ -299,6 +307,9 @@ def run_torchrun(
     out_dir = Path(out_dir)
     # Every rank writes into the same folder at once: each checks only its own round log.
     check_fresh_out_dir(out_dir, [env.rank])
+    if tensorboard is not None:
+        require_tensorboard()
+        check_fresh_event_dir(tensorboard, [env.rank], mean=env.rank == 0)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     # Each rank's log in the results folder, as `dfedrw run` keeps them.
     handler = logging.FileHandler(out_dir / "logs" / f"{env.rank}.log")
@@ -312,7 +323,7 @@ def run_torchrun(
             logging.getLogger(__name__).info("gloo binds interface %s (on the route to %s)", iface, env.master_addr)
         dist.init_process_group(backend="gloo", timeout=timedelta(seconds=scenario.network.connect_timeout))
         try:
-            return _run_rank(scenario, out_dir, env, device, environ, start, certs)
+            return _run_rank(scenario, out_dir, env, device, environ, start, certs, tensorboard)
         finally:
             dist.destroy_process_group()
     finally:
@@ -321,7 +332,14 @@ def run_torchrun(
 
 
 def _run_rank(
-    scenario: Scenario, out_dir: Path, env: RankEnv, device: torch.device, environ: Mapping[str, str], start: float, certs: Path | None
+    scenario: Scenario,
+    out_dir: Path,
+    env: RankEnv,
+    device: torch.device,
+    environ: Mapping[str, str],
+    start: float,
+    certs: Path | None,
+    tensorboard: Path | None = None,
 ) -> dict[str, Any]:
     net = scenario.network
     store = dist.distributed_c10d._get_default_store()
@@ -332,7 +350,7 @@ def _run_rank(
     try:
         rendezvous = StoreRendezvous(store, role_of(scenario_topology(scenario), env.rank), env.world_size, device)
         transport = _transport(scenario, env, device, environ, certs)
-        final = run_client(scenario, env.rank, out_dir, transport=transport, rendezvous=rendezvous, device=device)
+        final = run_client(scenario, env.rank, out_dir, transport=transport, rendezvous=rendezvous, device=device, tensorboard=tensorboard)
         ok = True
     except KeyboardInterrupt:
         interrupted = True
@@ -341,11 +359,11 @@ def _run_rank(
         mark_done(store, env.rank, ok)
         # Rank 0 writes the summary even when its own client failed: the others' results stand.
         if env.rank == 0:
-            _summarize(scenario, out_dir, store, env, start, interrupted)
+            _summarize(scenario, out_dir, store, env, start, interrupted, tensorboard)
     return final
 
 
-def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: float, interrupted: bool) -> None:
+def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: float, interrupted: bool, tensorboard: Path | None = None) -> None:
     status = wait_done(store, range(env.world_size), finish_skew(scenario))
     late = sorted(k for k, s in status.items() if s is None)
     if late:
@@ -358,6 +376,8 @@ def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: fl
         # The keys `dfedrw run` adds, so both summaries have one format.
         extra={"launcher": "torchrun", "collected_at": collected_now(), "launcher_pid": os.getppid(), "interrupted": interrupted, "transport": scenario.network.transport},
     )
+    if tensorboard is not None:
+        write_tensorboard_mean(out_dir, scenario, tensorboard)
 
 
 def cmd_peer(args) -> int:
@@ -367,13 +387,13 @@ def cmd_peer(args) -> int:
         return peer_cli.cmd_peer(args)
     if args.scenario is None:
         raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")
-    final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs)
+    final = run_torchrun(load_scenario(args.scenario, args.set), Path(args.out), certs=args.certs, tensorboard=args.tensorboard)
     logging.getLogger("dfedrw.peer").info("client %s done: %s", final["id"], final)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``torchrun ... -m dfedrw.launch.torchrun --scenario FILE [--out DIR] [--certs DIR] [--set K=V ...]``."""
+    """``torchrun ... -m dfedrw.launch.torchrun --scenario FILE [--out DIR] [--certs DIR] [--tensorboard DIR] [--set K=V ...]``."""
     parser, sub = peer_cli.new_parser()
     peer_cli.add_peer_command(sub, cmd_peer)
     return peer_cli.dispatch(parser, ["peer", *(sys.argv[1:] if argv is None else argv)])

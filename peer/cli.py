@@ -1,11 +1,11 @@
 """``python -m dfedrw.peer`` / ``dfedrw peer``: run one client process.
 
-    python -m dfedrw.peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR]
+    python -m dfedrw.peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR] [--tensorboard DIR]
 
 Every flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID, DFEDRW_RENDEZVOUS,
-DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT), DFEDRW_CERTS. The
-secret a client shows the launcher comes only from the environment (DFEDRW_LINK_TOKEN, set by
-``dfedrw run``), never a flag: a command line is readable by every user.
+DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT), DFEDRW_CERTS,
+DFEDRW_TENSORBOARD. The secret a client shows the launcher comes only from the environment
+(DFEDRW_LINK_TOKEN, set by ``dfedrw run``), never a flag: a command line is readable by every user.
 
 The launchers' command line (:mod:`launch.cli`) adds this command to its own, so both read the
 same flags. Under torchrun (client id = RANK) the clients start with ``-m dfedrw.launch.torchrun``.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dfedrw.peer.config import ScenarioError, load_scenario
 from dfedrw.peer.data import DatasetUnavailable
+from dfedrw.peer.tensorboard import INSTALL, TensorBoardUnavailable
 
 
 def _env(name: str, default=None):
@@ -85,6 +86,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         listen_port=int(args.listen_port),
         certs=args.certs,
         link_token=_env("DFEDRW_LINK_TOKEN"),
+        tensorboard=args.tensorboard,
     )
     logging.getLogger("dfedrw.peer").info("client %s done: %s", args.id, final)
     return 0
@@ -101,8 +103,17 @@ def add_peer_command(sub, func: Callable[[argparse.Namespace], int] = cmd_peer) 
     p.add_argument("--listen-port", type=int, default=int(_env("DFEDRW_LISTEN_PORT", "0")))
     p.add_argument("--out", default=_env("DFEDRW_OUT", "runs/peer"))
     p.add_argument("--certs", type=Path, default=_env("DFEDRW_CERTS"), help="the run's certificate folder (needed with network.tls = 'mutual')")
+    add_tensorboard_flag(p, default=_env("DFEDRW_TENSORBOARD"))
     p.set_defaults(func=func)
     return p
+
+
+def add_tensorboard_flag(parser: argparse.ArgumentParser, *, default: str | None = None, what: str = "each honest client's rounds") -> None:
+    """The ``--tensorboard DIR`` flag of ``run``, ``peer`` and ``sweep``."""
+    parser.add_argument(
+        "--tensorboard", type=Path, default=Path(default) if default else None, metavar="DIR",
+        help=f"also write {what} as TensorBoard event files under DIR (needs {INSTALL}); view with `tensorboard --logdir DIR`",
+    )
 
 
 def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
@@ -124,7 +135,7 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     except ScenarioError as exc:
         print(f"dfedrw: {exc}", file=sys.stderr)
         return 2
-    except (FileExistsError, DatasetUnavailable, ValueError) as exc:
+    except (FileExistsError, DatasetUnavailable, TensorBoardUnavailable, ValueError) as exc:
         # Bad input: one clear line, no traceback.
         print(f"dfedrw: {exc}", file=sys.stderr)
         return 2

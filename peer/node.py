@@ -300,7 +300,8 @@ def _loop_times(wall_start: float, cpu_start: float) -> dict[str, float]:
 
 
 class Client:
-    """A client process's state and round loop (honest or Byzantine)."""
+    """A client process's state and round loop (honest or Byzantine). ``tensorboard``: a folder
+    for the round records as TensorBoard scalars too (see :mod:`dfedrw.peer.tensorboard`)."""
 
     def __init__(
         self,
@@ -311,6 +312,7 @@ class Client:
         transport: Transport,
         link: LauncherLink | NullLink | None = None,
         device: torch.device | str = "cpu",
+        tensorboard: Path | None = None,
     ) -> None:
         self.scenario = scenario
         # Where the model, training data and evaluation live; vectors on the wire and in
@@ -353,7 +355,10 @@ class Client:
             if self.resumed.vector is not None:
                 set_vector(self.model, torch.from_numpy(self.resumed.vector.copy()))
             log.warning("client %d: resuming from its checkpoint of round %d (%s)", client_id, self.resumed.round, self.checkpoint_file)
-        self.results = RoundLog(self.out_dir, client_id, keep_through=self.resumed.round if self.resumed else None)
+        self.results = RoundLog(
+            self.out_dir, client_id, keep_through=self.resumed.round if self.resumed else None,
+            tensorboard=tensorboard, byzantine=self.topology.byzantine,
+        )
         before = self.resumed.counters if self.resumed else {}
         self.restarts = int(before.get("restarts", 0)) + (1 if self.resumed else 0)
         # One entry per resume: checkpoint round, round resumed at, rounds skipped and redone.
@@ -934,6 +939,7 @@ def run_grpc_client(
     advertise: str | None = None,
     certs: Path | None = None,
     link_token: str | None = None,
+    tensorboard: Path | None = None,
 ) -> dict[str, Any]:
     """Run one client process to completion (through :func:`run_client`): start, find the
     neighbours, run every round, write results.
@@ -941,6 +947,7 @@ def run_grpc_client(
     Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
     registers with ``link_token``, the secret the launcher gave it) or are given.
     ``certs`` is the run's certificate folder (``dfedrw certs``), needed with TLS.
+    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``).
     """
     if (rendezvous is None) == (addresses is None):
         raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
@@ -956,7 +963,7 @@ def run_grpc_client(
     meeting = (
         LauncherRendezvous(link, role_of(scenario_topology(scenario), client_id)) if rendezvous else StaticRendezvous(addresses)
     )
-    return run_client(scenario, client_id, out_dir, transport=transport, rendezvous=meeting, link=link)
+    return run_client(scenario, client_id, out_dir, transport=transport, rendezvous=meeting, link=link, tensorboard=tensorboard)
 
 
 def run_client(
@@ -968,10 +975,11 @@ def run_client(
     rendezvous: Rendezvous,
     link: LauncherLink | NullLink | None = None,
     device: torch.device | str = "cpu",
+    tensorboard: Path | None = None,
 ) -> dict[str, Any]:
     """A client's start-up sequence, the same under every launcher: build the client, then
     :func:`start_and_run`. Returns its final record."""
-    client = Client(scenario, client_id, out_dir, transport=transport, link=link, device=device)
+    client = Client(scenario, client_id, out_dir, transport=transport, link=link, device=device, tensorboard=tensorboard)
     return start_and_run(client, rendezvous)
 
 

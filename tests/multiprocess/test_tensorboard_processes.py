@@ -1,0 +1,94 @@
+"""``--tensorboard DIR`` with real processes: client processes started by ``dfedrw run`` (gRPC,
+mutual TLS), torchrun ranks, and the runs of a sweep. Each writes its own client's event files
+as it goes; the launcher (torchrun: rank 0) writes the honest mean when the run ends."""
+
+import inspect
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from dfedrw.experiments.cli import main
+from dfedrw.experiments.sweep import RUNS_DIR, run_sweep
+from dfedrw.launch.batched import run_batched
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.config import dump_scenario, load_scenario
+from tests.helpers import check_tensorboard, quiet_console, run_job
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+# 4 honest clients and a Byzantine one whose models DFedAvg takes in: a share above 0.
+SETTINGS = [
+    "rounds=4", "eval.every=2", "topology.honest=4", "topology.byzantine=1", "attack.name=gaussian",
+    "aggregation.rule=dfedavg", "network.round_timeout=10", "network.transport=grpc",
+]
+BATCHED_TAKES_IT = "tensorboard" in inspect.signature(run_batched).parameters
+
+
+@pytest.fixture(autouse=True)
+def _tensorboard():
+    pytest.importorskip("tensorboard")
+
+
+def test_client_processes_write_their_own_event_files(tmp_path):
+    # Prepare
+    scenario = load_scenario(None, SETTINGS)
+
+    # Execute
+    out, summary = run_scenario(scenario, tmp_path / "out", console=quiet_console(), tensorboard=tmp_path / "tb")
+
+    # Assert
+    assert summary["failed_peers"] == [] and summary["transport"] == "grpc"
+    assert len({p["pid"] for p in summary["peers"].values()}) == scenario.num_clients
+    check_tensorboard(out, tmp_path / "tb", scenario)
+
+
+def test_torchrun_ranks_write_their_own_and_rank_0_the_honest_mean(tmp_path):
+    # Prepare
+    if not TORCHRUN.exists():
+        pytest.skip(f"torchrun not found next to {sys.executable}")
+    scenario = load_scenario(None, SETTINGS)
+    dump_scenario(scenario, tmp_path / "scenario.toml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    cmd = [
+        str(TORCHRUN), "--standalone", "--nproc-per-node", str(scenario.num_clients), "-m", "dfedrw.launch.torchrun",
+        "--scenario", str(tmp_path / "scenario.toml"), "--out", str(tmp_path / "out"), "--tensorboard", str(tmp_path / "tb"),
+    ]
+
+    # Execute
+    rc, output = run_job(cmd, cwd=REPO, env=env, timeout=300)
+
+    # Assert
+    assert rc == 0, output[-4000:]
+    check_tensorboard(tmp_path / "out", tmp_path / "tb", scenario)
+
+
+@pytest.mark.skipif("tensorboard" not in inspect.signature(run_sweep).parameters, reason="run_sweep takes no tensorboard folder yet")
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "clients",
+        pytest.param(None, marks=pytest.mark.skipif(not BATCHED_TAKES_IT, reason="run_batched takes no tensorboard folder yet"), id="batched"),
+    ],
+)
+def test_a_sweep_gives_each_run_a_subfolder_named_like_its_run_folder(engine, tmp_path):
+    # Prepare: two runs (two seeds); the grid names the clients engine, or leaves the sweep's default, batched
+    settings = [s for s in SETTINGS if not s.startswith("network.transport")] + ["network.transport=inproc"]
+    settings += [f"engine.name={engine}"] if engine else []
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f"set = {settings!r}\n\n[axes]\nseed = [43, 44]\n".replace("'", '"'))
+
+    # Execute
+    code = main(["sweep", str(grid), "--out", str(tmp_path / "sweep"), "--jobs", "2", "--tensorboard", str(tmp_path / "tb")])
+
+    # Assert
+    assert code == 0
+    runs = sorted((tmp_path / "sweep" / RUNS_DIR).iterdir())
+    assert len(runs) == 2 and sorted(p.name for p in (tmp_path / "tb").iterdir()) == [r.name for r in runs]
+    for run in runs:
+        scenario = load_scenario(run / "scenario.toml")
+        assert scenario.engine.name == (engine or "batched")
+        check_tensorboard(run, tmp_path / "tb" / run.name, scenario)
