@@ -7,6 +7,9 @@
 - ``weights_<i>_<row>__<j>_<column>.png``: the mean aggregation weight each honest client gave
   each sender over all rounds, for the first-seed run of a cell that has Byzantine clients;
   Byzantine senders are marked in red.
+- ``local_vs_global.png`` (fairness tables whose runs give both accuracies): one panel per row,
+  one point per method, the honest mean local accuracy (each client on its own test set)
+  against the global one (the whole test set), means over seeds with their std as bars.
 
 Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot), so no global state or
 GUI backend is involved. Curves and weights come from each run's compact record
@@ -27,7 +30,7 @@ from dfedrw.experiments.table import Cell, RunResult, Table
 _SAVE = {"dpi": 110, "metadata": {"Software": None}}
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "all"
 
 
@@ -57,13 +60,13 @@ def mean_weights(run: RunResult) -> tuple[list[int], list[int], np.ndarray]:
     return weights(_record(run))
 
 
-def _new_figure(width: float = 7.0, height: float = 4.5):
+def new_figure(width: float = 7.0, height: float = 4.5):
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height))
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, **_SAVE)
     return path
@@ -71,7 +74,7 @@ def _save(fig, path: Path) -> Path:
 
 def plot_accuracy(table: Table, row: tuple[str, ...], path: Path) -> Path:
     key = _accuracy_key(table)
-    fig = _new_figure(8.5, 4.5)
+    fig = new_figure(8.5, 4.5)
     ax = fig.add_subplot()
     for c in table.columns:
         cell = table.cells.get((row, c))
@@ -91,7 +94,7 @@ def plot_accuracy(table: Table, row: tuple[str, ...], path: Path) -> Path:
     if ax.lines:  # beside the axes: inside, it hides whichever curve runs under it
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_clients(table: Table, row: tuple[str, ...], path: Path) -> Path:
@@ -107,7 +110,7 @@ def plot_clients(table: Table, row: tuple[str, ...], path: Path) -> Path:
                     values.append(float(v))
         data.append(values)
         labels.append(table.column_label(c))
-    fig = _new_figure(max(6.0, 1.1 * len(labels) + 2), 4.5)
+    fig = new_figure(max(6.0, 1.1 * len(labels) + 2), 4.5)
     ax = fig.add_subplot()
     positions = list(range(1, len(data) + 1))
     ax.boxplot([d if d else [np.nan] for d in data], positions=positions, widths=0.5, showfliers=False)
@@ -118,14 +121,14 @@ def plot_clients(table: Table, row: tuple[str, ...], path: Path) -> Path:
     ax.set_title(f"{' / '.join(table.row_label(row))}: per-client accuracy, all seeds")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_weights(table: Table, row: tuple[str, ...], cell: Cell, run: RunResult, path: Path) -> Path:
     receivers, senders, matrix = mean_weights(run)
     byzantine = set(_ids(run, "byzantine"))
     n = len(senders)
-    fig = _new_figure(max(5.0, 0.45 * n + 2.5), max(4.0, 0.4 * len(receivers) + 2.0))
+    fig = new_figure(max(5.0, 0.45 * n + 2.5), max(4.0, 0.4 * len(receivers) + 2.0))
     grid = fig.add_gridspec(2, 2, height_ratios=[1, max(len(receivers), 1) * 2], width_ratios=[30, 1], hspace=0.05)
     marker = fig.add_subplot(grid[0, 0])
     ax = fig.add_subplot(grid[1, 0], sharex=marker)
@@ -156,7 +159,134 @@ def plot_weights(table: Table, row: tuple[str, ...], cell: Cell, run: RunResult,
     fig.colorbar(image, cax=bar, label="mean weight")
     seed = f", seed {run.seed}" if run.seed is not None else ""
     marker.set_title(f"{' / '.join(table.row_label(row))} — {table.column_label(cell.column)}{seed}", fontsize="medium")
-    return _save(fig, path)
+    return save_figure(fig, path)
+
+
+LOCAL, GLOBAL = "honest_mean_accuracy", "honest_mean_global_accuracy"
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+
+
+def _compact_labels(labels: list[str]) -> str:
+    """"q-FDFL (q=0.1)", "q-FDFL (q=0.5)" -> "q-FDFL (q=0.1, q=0.5)": one name per group of
+    points that lie on top of each other."""
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        m = re.fullmatch(r"(.*\S) \((.*)\)", label)
+        name, param = (m.group(1), m.group(2)) if m else (label, "")
+        groups.setdefault(name, [])
+        if param:
+            groups[name].append(param)
+    return "\n".join(f"{name} ({', '.join(params)})" if params else name for name, params in groups.items())
+
+
+def _clusters(points: list[tuple[float, float, str]], radius: float) -> list[list[tuple[float, float, str]]]:
+    """Points closer than ``radius`` (chained) in one group, in the order of their first point."""
+    groups: list[list[tuple[float, float, str]]] = []
+    for p in points:
+        near = [g for g in groups if any(abs(p[0] - q[0]) <= radius and abs(p[1] - q[1]) <= radius for q in g)]
+        groups = [g for g in groups if g not in near]
+        groups.append([q for g in near for q in g] + [p])
+    return groups
+
+
+# Labels stay legible over the grid and the diagonal.
+_LABEL_BOX = {"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1.0}
+
+
+def _label_clusters(ax, groups: list[list[tuple[float, float, str]]], renderer) -> None:
+    from matplotlib.transforms import Bbox
+
+    inside = ax.get_window_extent(renderer)
+    mid = sum(ax.get_xlim()) / 2
+    centres = [(float(np.mean([p[0] for p in g])), float(np.mean([p[1] for p in g]))) for g in groups]
+    # The markers (about 8 points wide) are taken before any label.
+    taken = []
+    for x, y in centres:
+        px, py = ax.transData.transform((x, y))
+        taken.append(Bbox.from_bounds(px - 9, py - 9, 18, 18))
+    for group, (x, y) in zip(groups, centres, strict=True):
+        side = 1 if x < mid else -1
+        tries = [(side * 12, -4, "top"), (side * 12, 4, "bottom"), (-side * 12, -4, "top"), (-side * 12, 4, "bottom"),
+                 (side * 12, -40, "top"), (-side * 12, -40, "top")]
+        chosen = None
+        for dx, dy, va in tries:
+            note = ax.annotate(
+                _compact_labels([p[2] for p in group]), (x, y), xytext=(dx, dy), textcoords="offset points",
+                ha="left" if dx > 0 else "right", va=va, fontsize=8, bbox=_LABEL_BOX,
+            )
+            box = note.get_window_extent(renderer)
+            fits = inside.containsx(box.x0) and inside.containsx(box.x1) and inside.containsy(box.y0) and inside.containsy(box.y1)
+            if fits and not any(box.overlaps(t) for t in taken):
+                chosen = box
+                break
+            note.remove()
+        if chosen is None:  # nowhere free: the first place, overlapping
+            dx, dy, va = tries[0]
+            note = ax.annotate(
+                _compact_labels([p[2] for p in group]), (x, y), xytext=(dx, dy), textcoords="offset points",
+                ha="left" if dx > 0 else "right", va=va, fontsize=8, bbox=_LABEL_BOX,
+            )
+            chosen = note.get_window_extent(renderer)
+        taken.append(chosen)
+
+
+def plot_local_vs_global(table: Table, path: Path) -> Path:
+    from matplotlib import colormaps
+
+    colours = colormaps["tab10"]
+    n = len(table.rows)
+    ncols = 2 if n > 1 else 1
+    nrows = (n + ncols - 1) // ncols
+    fig = new_figure(5.4 * ncols, 4.6 * nrows + 1.0)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    values = [
+        v for cell in table.cells.values() if cell.n for v in (cell.mean(GLOBAL), cell.mean(LOCAL))
+    ]
+    lo, hi = (min(values), max(values)) if values else (0.0, 100.0)
+    pad = max(3.0, 0.06 * (hi - lo))
+    lo, hi = max(0.0, lo - pad), min(100.0, hi + pad)
+    labelled = []
+    for i, row in enumerate(table.rows):
+        ax = axes[i // ncols][i % ncols]
+        ax.plot([lo, hi], [lo, hi], color="grey", linestyle="--", linewidth=0.8, zorder=0)
+        points = []
+        for j, c in enumerate(table.columns):
+            cell = table.cells.get((row, c))
+            if cell is None or not cell.n:
+                continue
+            x, y = cell.mean(GLOBAL), cell.mean(LOCAL)
+            points.append((x, y, table.column_label(c)))
+            ax.errorbar(
+                x, y, xerr=cell.std(GLOBAL), yerr=cell.std(LOCAL), fmt=_MARKERS[j % len(_MARKERS)],
+                markersize=8, markerfacecolor="none", markeredgewidth=1.5, color=colours(j % 10),
+                elinewidth=0.8, capsize=2, alpha=0.9, label=table.column_label(c),
+            )
+        labelled.append((ax, _clusters(points, radius=0.03 * (hi - lo))))
+        ax.set_title(" / ".join(table.row_label(row)))
+        ax.grid(alpha=0.3)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_aspect("equal", adjustable="box")
+    for k in range(n, nrows * ncols):
+        axes[k // ncols][k % ncols].set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("global accuracy (%, whole test set)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("local accuracy (%, own test set)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncols=min(len(labels), 4), fontsize="small", frameon=False)
+    fig.suptitle("Honest mean accuracy, local against global: mean ± std over seeds (dashed: equal)")
+    legend_height = 0.3 * ((len(labels) + 3) // 4) if handles else 0.0
+    fig.tight_layout(rect=(0, (legend_height + 0.1) / fig.get_figheight(), 1, 1))
+    # Methods that land on the same spot are named together beside it, once the layout is
+    # final (the labels are placed where they overlap nothing already drawn).
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ax, groups in labelled:
+        _label_clusters(ax, groups, renderer)
+    return save_figure(fig, path)
 
 
 def make_plots(table: Table, out_dir: Path) -> list[Path]:
@@ -164,7 +294,7 @@ def make_plots(table: Table, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     written: list[Path] = []
     for i, row in enumerate(table.rows):
-        stem = f"{i:02d}_{_slug('_'.join(table.row_label(row)))}"
+        stem = f"{i:02d}_{slug('_'.join(table.row_label(row)))}"
         written.append(plot_accuracy(table, row, out_dir / f"accuracy_{stem}.png"))
         written.append(plot_clients(table, row, out_dir / f"clients_{stem}.png"))
         for j, c in enumerate(table.columns):
@@ -174,6 +304,8 @@ def make_plots(table: Table, out_dir: Path) -> list[Path]:
             first = cell.runs[0]
             if not _ids(first, "byzantine"):
                 continue
-            name = f"weights_{stem}__{j:02d}_{_slug(table.column_label(c))}.png"
+            name = f"weights_{stem}__{j:02d}_{slug(table.column_label(c))}.png"
             written.append(plot_weights(table, row, cell, first, out_dir / name))
+    if table.kind == "fairness" and table.every_cell_has(LOCAL) and table.every_cell_has(GLOBAL):
+        written.append(plot_local_vs_global(table, out_dir / "local_vs_global.png"))
     return written

@@ -1,55 +1,84 @@
-"""``dfedrw report``: the paper's tables from one or more sweep folders.
+"""``dfedrw report``: the paper's tables, and the studies' own, from one or more sweep folders.
 
 The layout comes from the grid's ``[report]`` table (recorded in ``sweep.json``)::
 
     [report]
-    kind = "fairness"                 # or "byzantine"
-    metric = "honest_mean_accuracy"   # summary key the cells use (byzantine default: honest_mean_global_accuracy)
+    kind = "fairness"                 # or "byzantine", "robustness", "tpm_pairs"
+    metric = "honest_mean_accuracy"   # summary key the cells use (default for every other kind:
+                                      # honest_mean_global_accuracy)
     rows = ["data.partition"]         # axes forming the rows, in this order
     columns = "method"                # the axis forming the columns (grid order)
-    unranked = ["No-AT"]              # optional: columns never bolded as the best of a row
+    unranked = ["No-AT"]              # optional: columns (robustness: defences) never bolded or ranked
     tolerance = 3.0                   # optional: accuracy gap (points) listed in comparison.md
     reference = "No-AT"               # optional, byzantine: comparison.md also gives each cell less
-                                      # this column's, ours and the paper's
+                                      # this column's, ours and the paper's; robustness: the defence
+                                      # each worst case is compared with
+    equal_rows = ["iid"]              # tpm_pairs only (this default): the rows where the claim is
+                                      # "about equal"
     [report.row_labels]               # optional pretty names of row values (also column_labels, axis_labels)
     "dirichlet:0.1" = "Diri(0.1)"
-    [report.paper]                    # optional: "ROW|COLUMN" -> paper value, with pretty labels;
-    "IID|DFedAvg" = 1.455             # several row axes join with "|": "GA|IID|Median"
+    [report.paper]                    # optional, fairness and byzantine: "ROW|COLUMN" -> paper value,
+    "IID|DFedAvg" = 1.455             # with pretty labels; several row axes join with "|": "GA|IID|Median"
     "Diri(0.1)|DFedAvg" = [360.772, 76.972]   # fairness may give [variance, accuracy]
 
-A fairness cell is ``VAR (ACC)``: the population variance of the honest clients' accuracy
-(%^2) and their mean accuracy (%), each averaged over seeds. A byzantine cell is ``ACC ± STD``:
-the mean over seeds and the population standard deviation over seeds (ddof=0). The ``seed``
-axis is always averaged over; any other axis with several values must be a row or the column.
+The kinds:
+
+- ``fairness``: a cell is ``VAR (ACC)``: the population variance of the honest clients'
+  accuracy (%^2) and their mean accuracy (%), each averaged over seeds. When the runs give both
+  accuracies, a second table gives the other one (the global accuracy beside the local) as
+  ``ACC ± STD``, cells.csv gains its columns and ``plots/local_vs_global.png`` puts one against
+  the other: what the fairness rule gains on each client's own data and what it costs on all.
+- ``byzantine``: a cell is ``ACC ± STD``: the mean over seeds and the population standard
+  deviation over seeds (ddof=0).
+- ``robustness`` (:mod:`experiments.robustness`): ``rows = [GROUP..., DEFENCE]``, ``columns =
+  ATTACK``; per group a table of ``ACC ± STD`` cells with each defence's worst case over the
+  attacks, a table of Byzantine weight shares and a ranking by worst case; then the worst case
+  over every group. Also ``worst_case.csv``.
+- ``tpm_pairs`` (:mod:`experiments.tpm_pairs`): ``columns`` has two values (two TPM-CRS pairs,
+  the favoured one first); per row the two cells, their difference, the verdict (better when
+  the difference of the means exceeds the larger std over seeds, else about equal) and whether
+  the claim holds (about equal on ``equal_rows``, the first better elsewhere); ``plots/pairs.png``
+  draws it as grouped bars (the paper's Figure 3).
+
+The ``seed`` axis is always averaged over; any other axis with several values must be a row or
+the column.
 
 Outputs (byte-identical when run again on the same results): ``table.md``, ``table.csv`` (the
 paper's layout), ``cells.csv`` (one line per cell, full precision), ``comparison.md`` (with
-``[report.paper]``) and ``plots/*.png``.
+``[report.paper]``), ``worst_case.csv`` (robustness) and ``plots/*.png``.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dfedrw.experiments.record import NOT_STARTED, read_summary, read_sweep
+from dfedrw.experiments.formatting import MAX_NOT_STARTED_LISTED as MAX_NOT_STARTED_LISTED  # re-exported
+from dfedrw.experiments.formatting import MISSING, NOT_IN_GRID, missing_lines, seed_note
+from dfedrw.experiments.formatting import csv_text as _csv
+from dfedrw.experiments.formatting import fmt as _fmt
+from dfedrw.experiments.formatting import md_escape as _md_escape
+from dfedrw.experiments.formatting import signed as _signed
+from dfedrw.experiments.record import read_summary, read_sweep
 from dfedrw.experiments.table import METRICS, Cell, Missing, RunResult, Table
 
-KINDS = ("fairness", "byzantine")
-DEFAULT_METRIC = {"fairness": "honest_mean_accuracy", "byzantine": "honest_mean_global_accuracy"}
+KINDS = ("fairness", "byzantine", "robustness", "tpm_pairs")
+DEFAULT_METRIC = {
+    "fairness": "honest_mean_accuracy",
+    "byzantine": "honest_mean_global_accuracy",
+    "robustness": "honest_mean_global_accuracy",
+    "tpm_pairs": "honest_mean_global_accuracy",
+}
 SPEC_KEYS = (
     "kind", "metric", "rows", "columns", "row_labels", "column_labels", "axis_labels", "unranked", "paper", "tolerance",
-    "reference",
+    "reference", "equal_rows",
 )
+# Files only some reports write; an earlier report's copy is removed when this one has none.
+OPTIONAL_FILES = ("comparison.md", "worst_case.csv")
+# tpm_pairs: the row values where the claim is that the two pairs do about equally well.
+DEFAULT_EQUAL_ROWS = ["iid"]
 SEED_AXIS = "seed"
-MISSING = "missing"
-MAX_NOT_STARTED_LISTED = 10
-# A cell no point of the grid maps to (e.g. removed by [[exclude]]).
-NOT_IN_GRID = "—"
 
 
 class ReportError(ValueError):
@@ -114,17 +143,41 @@ def normalize_report_spec(
             )
     unranked = spec.get("unranked", [])
     if not isinstance(unranked, list) or not all(isinstance(u, str) for u in unranked):
-        raise ReportError("report.unranked must be a list of column labels")
+        raise ReportError("report.unranked must be a list of column labels (kind = \"robustness\": defence labels)")
     reference = spec.get("reference")
     if reference is not None:
-        if kind != "byzantine":
-            raise ReportError("report.reference is for kind = \"byzantine\": the column every method is compared with (e.g. \"No-AT\")")
-        if not isinstance(reference, str) or reference not in axes[columns]:
-            raise ReportError(f"report.reference={reference!r} must be a value of the columns axis '{columns}': {', '.join(axes[columns])}")
+        if kind == "byzantine":
+            where, choices = f"the columns axis '{columns}'", axes[columns]
+        elif kind == "robustness" and rows:
+            where, choices = f"the defence axis '{rows[-1]}' (the last of report.rows)", axes[rows[-1]]
+        else:
+            raise ReportError(
+                "report.reference is for kind = \"byzantine\" (the column every method is compared with, e.g. "
+                "\"No-AT\") or kind = \"robustness\" (the defence row every worst case is compared with)"
+            )
+        if not isinstance(reference, str) or reference not in choices:
+            raise ReportError(f"report.reference={reference!r} must be a value of {where}: {', '.join(choices)}")
+    if kind == "robustness" and not rows:
+        raise ReportError("report.rows: kind = \"robustness\" needs the defence axis as the last row axis")
+    equal_rows = spec.get("equal_rows")
+    if equal_rows is not None and kind != "tpm_pairs":
+        raise ReportError("report.equal_rows is for kind = \"tpm_pairs\"")
+    if kind == "tpm_pairs":
+        if len(axes[columns]) != 2:
+            raise ReportError(
+                f"report.columns: kind = \"tpm_pairs\" compares two pairs; the axis '{columns}' has "
+                f"{len(axes[columns])} values ({', '.join(axes[columns])})"
+            )
+        if equal_rows is None:
+            equal_rows = list(DEFAULT_EQUAL_ROWS)
+        if not isinstance(equal_rows, list) or not all(isinstance(v, str) for v in equal_rows):
+            raise ReportError("report.equal_rows must be a list of row values (e.g. [\"iid\"])")
     tolerance = spec.get("tolerance", 3.0)
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
         raise ReportError(f"report.tolerance={tolerance!r} must be a number > 0 (accuracy points)")
     paper = spec.get("paper", {})
+    if paper and kind not in ("fairness", "byzantine"):
+        raise ReportError(f"report.paper is for kind = \"fairness\" or \"byzantine\", not {kind!r}")
     if not isinstance(paper, Mapping):
         raise ReportError("report.paper must be a table of \"ROW|COLUMN\" = value")
     clean_paper: dict[str, Any] = {}
@@ -138,7 +191,7 @@ def normalize_report_spec(
             what = "a variance or [variance, accuracy]" if kind == "fairness" else "an accuracy"
             raise ReportError(f"report.paper.{key!r}={value!r} must be {what}")
         clean_paper[str(key)] = [float(v) for v in value] if ok_pair else float(value)
-    return {
+    normalized = {
         "kind": kind,
         "metric": metric,
         "rows": list(rows),
@@ -151,6 +204,10 @@ def normalize_report_spec(
         "tolerance": float(tolerance),
         "reference": reference,
     }
+    if kind == "tpm_pairs":
+        # Only where it means something, so that other kinds' recorded specs stay as they were.
+        normalized["equal_rows"] = list(equal_rows)
+    return normalized
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,21 +292,6 @@ def load_results(dirs: Sequence[str | Path]) -> Table:
 # Formatting
 
 
-def _fmt(x: float, digits: int) -> str:
-    text = f"{x:.{digits}f}"
-    # "-0.000" would differ from "0.000" only by rounding noise.
-    return text[1:] if text.startswith("-") and float(text) == 0 else text
-
-
-def _signed(x: float, digits: int) -> str:
-    text = f"{x:+.{digits}f}"
-    return "+" + text[1:] if float(text) == 0 else text
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def _best_columns(table: Table, row: tuple[str, ...]) -> set[str]:
     """Columns holding the best value of a row, compared as displayed (ties all count)."""
     unranked = set(table.spec["unranked"])
@@ -305,15 +347,6 @@ def _description(table: Table) -> str:
     )
 
 
-def _seed_note(table: Table) -> str:
-    n = table.n_max()
-    seeds = f" ({'seed' if len(table.seeds) == 1 else 'seeds'} {', '.join(table.seeds)})" if table.seeds else ""
-    short = sorted({c.n for c in table.cells.values() if c.n < n})
-    if not short:
-        return f"Each cell averages {n} seed{'s' if n != 1 else ''}{seeds}."
-    return f"Cells average up to {n} seeds{seeds}; [n=k] marks a cell with only k finished runs."
-
-
 def render_markdown(table: Table) -> str:
     """``table.md``: the table in the paper's layout, its legend, seed counts and missing runs."""
     title = "Client fairness" if table.kind == "fairness" else "Byzantine robustness"
@@ -331,27 +364,51 @@ def render_markdown(table: Table) -> str:
             shown.append("" if same_group else label)
         previous = labels
         lines.append("| " + " | ".join(_md_escape(x) for x in [*shown, *_row_cells(table, row, markdown=True)]) + " |")
-    lines += ["", _seed_note(table)]
+    lines += ["", seed_note(table)]
+    if table.kind == "fairness" and table.every_cell_has(table.other_metric):
+        lines += ["", *_other_accuracy_section(table)]
     if table.kind == "byzantine":
         lines.append("± is the population standard deviation over seeds (numpy ddof=0), not the sample one.")
-    if table.missing:
-        lines += ["", f"Missing results ({len(table.missing)} run{'s' if len(table.missing) != 1 else ''}):", ""]
-        # Runs that started and left no result all need a look; of those not started yet (a
-        # sweep in progress may have hundreds) the first few are enough.
-        waiting = [m for m in table.missing if m.state == NOT_STARTED]
-        shown = [m for m in table.missing if m.state != NOT_STARTED] + waiting[:MAX_NOT_STARTED_LISTED]
-        for m in sorted(shown, key=lambda m: m.run):
-            lines.append(f"- `{m.run}` ({m.state}): {'; '.join(m.points)}")
-        if len(waiting) > MAX_NOT_STARTED_LISTED:
-            lines.append(f"- and {len(waiting) - MAX_NOT_STARTED_LISTED} more runs not started (`dfedrw sweep GRID --out DIR --dry-run` lists every run and its state)")
+    lines += missing_lines(table)
     return "\n".join(lines) + "\n"
 
 
-def _csv(rows: list[list[str]]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerows(rows)
-    return buf.getvalue()
+def _other_accuracy_section(table: Table) -> list[str]:
+    """Fairness: the same runs' other accuracy (global beside local), so that what the fairness
+    rule gains on each client's own distribution shows beside what it costs on all classes."""
+    key = table.other_metric
+    what = (
+        "each honest client's final model scored on the whole test set, every class alike, then averaged over the clients"
+        if key == "honest_mean_global_accuracy"
+        else "each honest client's final model scored on its own test set, drawn like its own data, then averaged over the clients"
+    )
+    title = "Global accuracy" if key == "honest_mean_global_accuracy" else "Local accuracy"
+    header = [*table.row_headers(), *(table.column_label(c) for c in table.columns)]
+    lines = [
+        f"## {title} of the same runs",
+        "",
+        (
+            f"Cell: ACC ± STD: the mean over seeds of `{key}` (%: {what}) and its standard deviation over seeds "
+            "(population, ddof=0). No bold: the table above ranks by fairness; this one shows what the same models "
+            "do on every class."
+        ),
+        "",
+        "| " + " | ".join(_md_escape(h) for h in header) + " |",
+        "|" + "|".join(["---"] * len(header)) + "|",
+    ]
+    for row in table.rows:
+        cells = []
+        for c in table.columns:
+            cell = table.cells.get((row, c))
+            if cell is None:
+                cells.append(NOT_IN_GRID)
+            elif not cell.n:
+                cells.append(MISSING)
+            else:
+                flag = f" [n={cell.n}]" if cell.n < table.n_max() else ""
+                cells.append(f"{_fmt(cell.mean(key), 2)} ± {_fmt(cell.std(key), 2)}{flag}")
+        lines.append("| " + " | ".join(_md_escape(x) for x in [*table.row_label(row), *cells]) + " |")
+    return lines
 
 
 def render_csv(table: Table) -> str:
@@ -365,6 +422,8 @@ def render_csv(table: Table) -> str:
 def render_cells_csv(table: Table) -> str:
     """``cells.csv``: one line per cell with its seed count, means and stds (6 decimals)."""
     keys = [table.metric, table.variance_key]
+    if table.kind == "fairness" and table.every_cell_has(table.other_metric):
+        keys += [table.other_metric, METRICS[table.other_metric]]
     header = [*table.spec["rows"], table.spec["columns"], "seeds"]
     for k in keys:
         header += [f"{k}_mean", f"{k}_std"]
@@ -497,26 +556,55 @@ def _triple(ours: float | None, paper: float | None, digits: int) -> list[str]:
     return [o, p, d]
 
 
+def render_files(table: Table) -> dict[str, str]:
+    """File name -> text of every table file of the report (its kind decides which)."""
+    if table.kind == "robustness":
+        from dfedrw.experiments import robustness
+
+        return {
+            "table.md": robustness.render_markdown(table),
+            "table.csv": robustness.render_csv(table),
+            "cells.csv": robustness.render_cells_csv(table),
+            "worst_case.csv": robustness.render_worst_case_csv(table),
+        }
+    if table.kind == "tpm_pairs":
+        from dfedrw.experiments import tpm_pairs
+
+        return {
+            "table.md": tpm_pairs.render_markdown(table),
+            "table.csv": tpm_pairs.render_csv(table),
+            "cells.csv": tpm_pairs.render_cells_csv(table),
+        }
+    files = {"table.md": render_markdown(table), "table.csv": render_csv(table), "cells.csv": render_cells_csv(table)}
+    comparison = render_comparison(table)
+    if comparison is not None:
+        files["comparison.md"] = comparison
+    return files
+
+
 def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, *, plots: bool = True) -> list[Path]:
-    """Write table.md, table.csv, cells.csv, comparison.md (with paper values) and the plots
-    to ``out_dir`` (default: the first folder's ``report/``); returns the files written."""
+    """Write the kind's table files (table.md, table.csv, cells.csv, and comparison.md with
+    paper values or worst_case.csv for robustness) and the plots to ``out_dir`` (default: the
+    first folder's ``report/``); returns the files written."""
     table = load_results(dirs)
     out = Path(out_dir) if out_dir is not None else Path(dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in (("table.md", render_markdown(table)), ("table.csv", render_csv(table)), ("cells.csv", render_cells_csv(table))):
+    files = render_files(table)
+    for name, text in files.items():
         (out / name).write_text(text, encoding="utf-8")
         written.append(out / name)
-    comparison = render_comparison(table)
-    stale = out / "comparison.md"
-    if comparison is not None:
-        stale.write_text(comparison, encoding="utf-8")
-        written.append(stale)
-    elif stale.exists():
-        # Left from an earlier report with paper values, it would no longer match the table.
-        stale.unlink()
+    for name in OPTIONAL_FILES:
+        # Left from an earlier report with other settings, it would no longer match the table.
+        if name not in files and (out / name).exists():
+            (out / name).unlink()
     if plots:
-        from dfedrw.experiments.plots import make_plots
+        if table.kind == "robustness":
+            from dfedrw.experiments.robustness import make_plots
+        elif table.kind == "tpm_pairs":
+            from dfedrw.experiments.tpm_pairs import make_plots
+        else:
+            from dfedrw.experiments.plots import make_plots
 
         written += make_plots(table, out / "plots")
     return written

@@ -48,6 +48,20 @@ class Cell:
         # Population std over seeds (ddof=0), as the footnote says.
         return float(np.std(self.values(key), ddof=0)) if self.runs else None
 
+    def has(self, key: str) -> bool:
+        """Whether every run of the cell (at least one) gives a value for ``key``."""
+        return bool(self.runs) and all(r.summary.get(key) is not None for r in self.runs)
+
+    def mean_present(self, key: str) -> float | None:
+        """The mean over the runs that give a value for ``key`` (e.g. ``byzantine_weight_share``,
+        None in a run without Byzantine clients); None when no run does."""
+        values = [float(r.summary[key]) for r in self.runs if r.summary.get(key) is not None]
+        return float(np.mean(values)) if values else None
+
+    def std_present(self, key: str) -> float | None:
+        values = [float(r.summary[key]) for r in self.runs if r.summary.get(key) is not None]
+        return float(np.std(values, ddof=0)) if values else None
+
 
 @dataclass
 class Missing:
@@ -77,6 +91,16 @@ class Table:
     @property
     def variance_key(self) -> str:
         return METRICS[self.metric]
+
+    @property
+    def other_metric(self) -> str:
+        """The accuracy the table's metric is not: global for local, local for global."""
+        return next(m for m in METRICS if m != self.metric)
+
+    def every_cell_has(self, key: str) -> bool:
+        """Whether every run of every cell with results gives a value for ``key``."""
+        filled = [c for c in self.cells.values() if c.n]
+        return bool(filled) and all(c.has(key) for c in filled)
 
     def row_label(self, row: tuple[str, ...]) -> list[str]:
         if not row:
