@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from dfedrw.launch.cli import stop_on_signals, build_parser
-from dfedrw.peer.cli import dispatch
+from dfedrw.peer.cli import add_tensorboard_flag, dispatch
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -22,9 +22,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dfedrw.experiments.sweep import run_sweep
 
     out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
+    # Given only with the flag: without it the sweep is called as before.
+    options = {}
+    if args.tensorboard is not None:
+        from dfedrw.peer.tensorboard import require_tensorboard
+
+        require_tensorboard()
+        options["tensorboard"] = args.tensorboard
     stop_on_signals()
     try:
-        result = run_sweep(args.grid, out, jobs=args.jobs, dry_run=args.dry_run, console=Console(stderr=True))
+        result = run_sweep(args.grid, out, jobs=args.jobs, dry_run=args.dry_run, console=Console(stderr=True), **options)
     except KeyboardInterrupt:
         # Before any run started (while checking the grid): nothing to stop or record.
         print("dfedrw sweep: interrupted", file=sys.stderr)
@@ -61,6 +68,7 @@ def add_commands(sub) -> None:
     sw.add_argument("--out", type=Path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
     sw.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the number of CPUs)")
     sw.add_argument("--dry-run", action="store_true", help="print the points and their run folders, run nothing")
+    add_tensorboard_flag(sw, what="each run's honest clients and their honest mean (a subfolder per run, named like its run folder)")
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser("report", help="tables, paper comparison and plots from sweep folders")
