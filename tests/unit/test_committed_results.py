@@ -14,7 +14,7 @@ from dfedrw.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
-TABLES = ("table.md", "table.csv", "cells.csv", "comparison.md")
+TABLES = ("table.md", "table.csv", "cells.csv", "comparison.md", "worst_case.csv")
 
 
 def report_commands() -> list[tuple[Path, Path]]:
