@@ -21,6 +21,7 @@ Its results folder has the layout and keys of every run (``scenario.toml``, ``pe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from torch.nn import functional as F
 from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.aggregation import Aggregate, RoundBatch
+from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.models import build_model, get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.node import (
@@ -468,12 +470,15 @@ def aggregate_together(r: int, total_rounds: int, parts: list[_Candidates], grou
     run's rows after the runs before it), each group of clients sharing a rule called once
     (its ``batched`` method, else per client). Returns the aggregates in the clients' order."""
     offsets = np.cumsum([0] + [len(p.vectors) for p in parts[:-1]]).tolist()
+    vectors = torch.cat([p.vectors for p in parts]) if len(parts) > 1 else parts[0].vectors
+    # The pool checked for non-finite rows once, for every rule and the scorer.
+    finite = finite_rows(vectors)
     batch = RoundBatch(
-        round=r, vectors=torch.cat([p.vectors for p in parts]) if len(parts) > 1 else parts[0].vectors,
+        round=r, vectors=vectors, finite_pool=finite,
         rows=tuple(tuple(i + off for i in rows) for p, off in zip(parts, offsets, strict=True) for rows in p.rows),
         ids=tuple(i for p in parts for i in p.ids), num_samples=tuple(s for p in parts for s in p.sizes),
         declared_losses=tuple(d for p in parts for d in p.declared), evaluate=tuple(e for p in parts for e in p.evaluate),
-        evaluate_many=scorer, references=torch.cat([p.reference for p in parts]) if len(parts) > 1 else parts[0].reference,
+        evaluate_many=functools.partial(scorer, finite=finite), references=torch.cat([p.reference for p in parts]) if len(parts) > 1 else parts[0].reference,
         total_rounds=total_rounds, runs=tuple(i for i, p in enumerate(parts) for _ in p.rows) if len(parts) > 1 else None,
     )
     results: list[Any] = [None] * len(batch)

@@ -223,8 +223,11 @@ class ManyEvaluator:
     """
 
     @torch.no_grad()
-    def __call__(self, vectors: torch.Tensor, owners: Sequence[VectorEvaluator], rows) -> list[dict[str, torch.Tensor]]:
-        finite = torch.isfinite(vectors).all(1).tolist()
+    def __call__(
+        self, vectors: torch.Tensor, owners: Sequence[VectorEvaluator], rows, *, finite: torch.Tensor | None = None
+    ) -> list[dict[str, torch.Tensor]]:
+        """``finite``: which rows of ``vectors`` are finite, when the caller has checked (bool [R])."""
+        finite = (torch.isfinite(vectors).all(1) if finite is None else finite).tolist()
         where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
         scored = [e.score(vectors[[r[j] for j in w]]) for e, r, w in zip(owners, rows, where, strict=True) if w]
         values = torch.cat(scored, dim=1).double().cpu() if scored else None

@@ -141,7 +141,7 @@ class _ClippingAroundOwn:
         return _self_centred_clipping(_finite_by_id(inputs), inputs.ids, inputs.vectors[0], self._radius)
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        finite = finite_rows(batch.vectors).tolist()
+        finite = batch.finite().tolist()
         return [
             _self_centred_clipping(_pooled_finite(batch, c, finite), batch.ids[c], batch.vectors[rows[0]], self._radius)
             for c, rows in enumerate(batch.rows)
@@ -374,7 +374,7 @@ class UBAR:
         of all clients scored at once (``batch.evaluate_many`` when given, else each client's
         ``evaluate``), then each client's stage 2 and mix."""
         _needs_evaluate(batch.evaluate is None or any(e is None for e in batch.evaluate))
-        finite_pool = finite_rows(batch.vectors).tolist()
+        finite_pool = batch.finite().tolist()
         plans = []
         for c in range(len(batch)):
             finite = _pooled_finite(batch, c, finite_pool)

@@ -704,7 +704,7 @@ class QFDFL:
         once and no per-client inputs built."""
         if batch.references is None or batch.declared_losses is None:
             return [self(batch.one(c)) for c in range(len(batch))]
-        finite_pool = finite_rows(batch.vectors).tolist()
+        finite_pool = batch.finite().tolist()
         out = []
         for c, ids in enumerate(batch.ids):
             model, weights = self._step(_pooled_finite(batch, c, finite_pool), batch.references[c], batch.declared_losses[c], ids[0])

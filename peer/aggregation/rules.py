@@ -192,6 +192,14 @@ class RoundBatch:
     # In a batch of runs (several scenarios' clients at once), the run of each client: each
     # run's models are summed by a product of their own (see :meth:`combine`).
     runs: tuple[int, ...] | None = None
+    # Which pooled rows are finite (bool CPU [R]), when the caller knows it: see :meth:`finite`.
+    finite_pool: torch.Tensor | None = None
+
+    def finite(self) -> torch.Tensor:
+        """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
+        ``vectors``): given by the caller, which checks the pool once for all the rules of a
+        round, or computed here."""
+        return finite_rows(self.vectors) if self.finite_pool is None else self.finite_pool
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -214,7 +222,7 @@ class RoundBatch:
             round=self.round, vectors=self.vectors, rows=pick(self.rows), ids=pick(self.ids), num_samples=pick(self.num_samples),
             declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
             references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
-            evaluate_many=self.evaluate_many, runs=pick(self.runs),
+            evaluate_many=self.evaluate_many, runs=pick(self.runs), finite_pool=self.finite_pool,
         )
 
     def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
@@ -338,7 +346,7 @@ class DFedReweighting:
         the candidates scored in one ``batch.evaluate_many`` call when the batch offers it
         (each TPM then gets those metrics from its ``evaluate``), the models summed at once."""
         self._needs_evaluate(batch.evaluate is None or any(e is None for e in batch.evaluate))
-        finite = finite_rows(batch.vectors)
+        finite = batch.finite()
         ok = finite.tolist()
         usable_rows = [tuple(i for i in rows if ok[i]) for rows in batch.rows]
         metrics: list[Mapping[str, torch.Tensor] | None] = [None] * len(batch)
@@ -453,7 +461,7 @@ class DFedAvg:
         return sized if sum(sized) > 0 else uniform
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        ok = finite_rows(batch.vectors).tolist()
+        ok = batch.finite().tolist()
         weights = []
         for c, rows in enumerate(batch.rows):
             w = self._weights([ok[i] for i in rows], batch.num_samples[c])
