@@ -1,7 +1,7 @@
 """``dfedrw``: the whole command line, the launchers' commands (:mod:`launch.cli`) plus the
 experiments' ones.
 
-    dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--dry-run]
+    dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--batch N] [--dry-run] [--tensorboard DIR]
     dfedrw report DIR... [--out OUTDIR] [--no-plots]
     dfedrw export SWEEP_DIR --out DIR
 """
@@ -22,16 +22,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dfedrw.experiments.sweep import run_sweep
 
     out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
-    # Given only with the flag: without it the sweep is called as before.
-    options = {}
     if args.tensorboard is not None:
         from dfedrw.peer.tensorboard import require_tensorboard
 
         require_tensorboard()
-        options["tensorboard"] = args.tensorboard
     stop_on_signals()
     try:
-        result = run_sweep(args.grid, out, jobs=args.jobs, dry_run=args.dry_run, console=Console(stderr=True), **options)
+        result = run_sweep(args.grid, out, jobs=args.jobs, batch=args.batch, dry_run=args.dry_run, console=Console(stderr=True), tensorboard=args.tensorboard)
     except KeyboardInterrupt:
         # Before any run started (while checking the grid): nothing to stop or record.
         print("dfedrw sweep: interrupted", file=sys.stderr)
@@ -67,6 +64,10 @@ def add_commands(sub) -> None:
     sw.add_argument("grid", type=Path, help="grid TOML (base, set, [axes], [[variants.NAME]], [[exclude]], [report])")
     sw.add_argument("--out", type=Path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
     sw.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the number of CPUs)")
+    sw.add_argument(
+        "--batch", type=int, default=16, metavar="N",
+        help="runs of the batched engine per process: runs of one model, training and number of rounds go as rows of one batch (default: 16; 1: each run alone)",
+    )
     sw.add_argument("--dry-run", action="store_true", help="print the points and their run folders, run nothing")
     add_tensorboard_flag(sw, what="each run's honest clients and their honest mean (a subfolder per run, named like its run folder)")
     sw.set_defaults(func=cmd_sweep)

@@ -640,6 +640,7 @@ def _stop(jobs: Sequence[_Job]) -> None:
 
 def _execute(
     runs: Sequence[PlannedRun], jobs: int, board: SweepBoard, on_done, on_failure, on_tick, *, batch: int = 1, console: Console | None = None,
+    tensorboard: Path | None = None,
 ) -> None:
     """Run ``runs`` with at most ``jobs`` processes at a time (each one run, or a batch of runs
     of the batched engine: :func:`plan_batches`), calling ``on_done(run)`` or
@@ -665,6 +666,9 @@ def _execute(
                     (run.folder / LOG_FILE).write_text(f"run in a batch of {len(group)} runs; its log: ../{head.name}/{LOG_FILE}\n", encoding="utf-8")
                 log = (head.folder / LOG_FILE).open("wb")
                 command = child_command(head.folder / REQUEST_FILE, head.folder) if len(group) == 1 else batch_command(group)
+                if tensorboard is not None:
+                    # `dfedrw run` writes where it is told; a batch puts each run in DIR/<its folder name> itself.
+                    command += ["--tensorboard", str(Path(tensorboard) / head.name) if len(group) == 1 else str(tensorboard)]
                 proc = subprocess.Popen(
                     command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                     # Its own session: a Ctrl-C at the terminal reaches only the sweep, which
@@ -708,8 +712,7 @@ def _execute(
                             markup=False, highlight=False, soft_wrap=True,
                         )
                     for run in retry:
-                        if run.folder.exists():
-                            shutil.rmtree(run.folder)
+                        _clear(run, tensorboard)
                     queue.extend([run] for run in retry)
             board.refresh()
             on_tick()
@@ -719,6 +722,14 @@ def _execute(
         board.console.print("interrupted: stopping the running runs (finished runs are kept)", markup=False, soft_wrap=True)
         _stop(running)
         raise
+
+
+def _clear(run: PlannedRun, tensorboard: Path | None) -> None:
+    """Delete what an unfinished attempt at ``run`` left (its folder, its event files)."""
+    if run.folder.exists():
+        shutil.rmtree(run.folder)
+    if tensorboard is not None:
+        shutil.rmtree(Path(tensorboard) / run.name, ignore_errors=True)
 
 
 def _now() -> str:
@@ -786,6 +797,7 @@ def run_sweep(
     dry_run: bool = False,
     console: Console | None = None,
     check_runnable: bool = True,
+    tensorboard: Path | None = None,
 ) -> SweepResult:
     """Run every distinct scenario of a grid under ``out_dir`` (see the module docstring).
 
@@ -808,7 +820,7 @@ def run_sweep(
         return result
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(plan.out_dir):
-        return _run_plan(plan, jobs, console, result, batch=batch)
+        return _run_plan(plan, jobs, console, result, batch=batch, tensorboard=tensorboard)
 
 
 @contextlib.contextmanager
@@ -839,7 +851,7 @@ def _sweep_lock(out_dir: Path):
         path.unlink(missing_ok=True)
 
 
-def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, batch: int = 1) -> SweepResult:
+def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, batch: int = 1, tensorboard: Path | None = None) -> SweepResult:
     orphans = {run.name: pid for run in plan.runs.values() if (pid := still_running(run.folder)) is not None}
     if orphans:
         listed = ", ".join(f"{name} (pid {pid})" for name, pid in orphans.items())
@@ -867,7 +879,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
         else:
             if state == "unfinished":
                 # Clients append to their JSONL files, so leftovers would mix two runs.
-                shutil.rmtree(run.folder)
+                _clear(run, tensorboard)
             to_run.append(run)
 
     sittings = _previous_sittings(plan.out_dir)
@@ -922,7 +934,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
     restore = _sigterm_as_interrupt()
     try:
         with SweepBoard(console, len(plan.runs), result.skipped, jobs=jobs, prior_seconds=prior_seconds) as board:
-            _execute(to_run, jobs, board, on_done, on_failure, on_tick, batch=batch, console=console)
+            _execute(to_run, jobs, board, on_done, on_failure, on_tick, batch=batch, console=console, tensorboard=tensorboard)
     except KeyboardInterrupt:
         result.interrupted = True
     finally:

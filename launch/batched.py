@@ -33,7 +33,7 @@ import torch
 from rich.console import Console
 from torch.nn import functional as F
 
-from dfedrw.launch.collect import collect_summary
+from dfedrw.launch.collect import collect_summary, write_tensorboard_mean
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.aggregation.rules import finite_rows
@@ -122,9 +122,10 @@ def batch_key(scenario: Scenario) -> tuple:
 class BatchedRun:
     """One scenario, all clients at once. ``run()`` writes the results folder and returns the summary."""
 
-    def __init__(self, scenario: Scenario, out_dir: Path) -> None:
+    def __init__(self, scenario: Scenario, out_dir: Path, *, tensorboard: Path | None = None) -> None:
         self.scenario = sc = scenario
         self.out_dir = Path(out_dir)
+        self.tensorboard = tensorboard  # a folder for the honest clients' TensorBoard event files
         self.device = engine_device(sc.engine.device)
         self.topology = topo = scenario_topology(sc)
         self.honest = sorted(topo.honest())
@@ -353,7 +354,9 @@ class BatchedRun:
         out = self.out_dir
         (out / "logs").mkdir(parents=True, exist_ok=True)
         dump_scenario(self.scenario, out / "scenario.toml")
-        self.logs = {k: RoundLog(out, k, flush_seconds=1.0) for k in range(self.topology.num_clients)}
+        self.logs = {
+            k: RoundLog(out, k, flush_seconds=1.0, tensorboard=self.tensorboard, byzantine=self.byzantine) for k in range(self.topology.num_clients)
+        }
         self.last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
 
     def before_aggregation(self, r: int, losses: list[float]) -> tuple[dict[int, float], _Candidates]:
@@ -532,14 +535,15 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
     return [run.finish(loop, wall) for run in runs]
 
 
-def run_batched(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[str, Any]:
-    """Run ``scenario`` in the batched engine, with a progress bar; returns the summary."""
+def run_batched(scenario: Scenario, out_dir: Path, *, console: Console, tensorboard: Path | None = None) -> dict[str, Any]:
+    """Run ``scenario`` in the batched engine, with a progress bar; returns the summary.
+    ``tensorboard``: a folder for the honest clients' event files (the caller writes the mean)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dfedrw.launch.preflight import preflight
 
     preflight(scenario)
-    run = BatchedRun(scenario, out_dir)
+    run = BatchedRun(scenario, out_dir, tensorboard=tensorboard)
     label = f"batched engine, {len(run.honest)} + {len(run.byzantine)} clients on {run.device}"
     if not console.is_terminal:
         every = max(1, scenario.rounds // 10)
@@ -550,43 +554,55 @@ def run_batched(scenario: Scenario, out_dir: Path, *, console: Console) -> dict[
         return run.run(lambda r: bar.update(task, completed=r + 1))
 
 
-def run_many(jobs: list[tuple[Path, Path]], *, console: Console) -> list[dict[str, Any]]:
+def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Path | None = None) -> list[dict[str, Any]]:
     """``python -m dfedrw.launch.batched --run REQUEST OUT ...``: the scenarios ``REQUEST``
-    (TOML files) as one batch (:func:`run_together`), each writing its results folder ``OUT``.
-    What a sweep runs for runs of one :func:`batch_key`."""
+    (TOML files) as one batch (:func:`run_together`), each writing its results folder ``OUT``
+    (and, with ``tensorboard``, its event files in ``tensorboard/<name of OUT>``). What a sweep
+    runs for runs of one :func:`batch_key`."""
     from dfedrw.launch.preflight import preflight
     from dfedrw.peer.config import load_scenario
     from dfedrw.peer.results import check_fresh_out_dir
+    from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
 
     scenarios = [load_scenario(request) for request, _ in jobs]
-    for scenario, (request, out) in zip(scenarios, jobs, strict=True):
+    boards = [None if tensorboard is None else Path(tensorboard) / Path(out).name for _, out in jobs]
+    if tensorboard is not None:
+        require_tensorboard()
+    for scenario, (request, out), board in zip(scenarios, jobs, boards, strict=True):
         if scenario.engine.name != "batched":
             raise ValueError(f"{request}: engine.name is {scenario.engine.name!r}; a batch of runs needs the batched engine")
         check_fresh_out_dir(out, range(scenario.num_clients))
+        if board is not None:
+            check_fresh_event_dir(board, range(scenario.num_clients))
         preflight(scenario)
-    runs = [BatchedRun(scenario, out) for scenario, (_, out) in zip(scenarios, jobs, strict=True)]
+    runs = [BatchedRun(scenario, out, tensorboard=board) for scenario, (_, out), board in zip(scenarios, jobs, boards, strict=True)]
     rounds = scenarios[0].rounds
     console.print(f"batched engine: {len(runs)} runs as one batch, {sum(len(r.honest) for r in runs)} honest clients on {runs[0].device}")
     every = max(1, rounds // 10)
-    return run_together(runs, lambda r: (r + 1) % every == 0 and console.print(f"round {r + 1}/{rounds}"))
+    summaries = run_together(runs, lambda r: (r + 1) % every == 0 and console.print(f"round {r + 1}/{rounds}"))
+    for run in runs:
+        if run.tensorboard is not None:
+            write_tensorboard_mean(run.out_dir, run.scenario, run.tensorboard)
+    return summaries
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from dfedrw.launch.cli import stop_on_signals
+    from dfedrw.launch.procs import stop_on_signals
 
     parser = argparse.ArgumentParser(prog="python -m dfedrw.launch.batched", description=run_many.__doc__.split("\n\n")[0])
     parser.add_argument("--run", nargs=2, action="append", required=True, type=Path, metavar=("REQUEST", "OUT"), help="a scenario file and its results folder (repeat)")
+    parser.add_argument("--tensorboard", type=Path, default=None, metavar="DIR", help="TensorBoard event files of each run in DIR/<name of its OUT>")
     args = parser.parse_args(argv)
     stop_on_signals()
     console = Console(stderr=True)
     try:
-        summaries = run_many([tuple(pair) for pair in args.run], console=console)
+        summaries = run_many([tuple(pair) for pair in args.run], console=console, tensorboard=args.tensorboard)
     except KeyboardInterrupt:
         console.print("interrupted: the batch's runs are unfinished", markup=False)
         return 130
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, OSError) as exc:
         console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
     for (_, out), summary in zip(args.run, summaries, strict=True):

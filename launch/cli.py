@@ -17,30 +17,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, new_parser, under_torchrun
+from dfedrw.launch.procs import stop_on_signals  # noqa: F401 - re-exported: the experiments' command line uses it
 from dfedrw.peer.config import ENGINES, load_scenario
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def stop_on_signals() -> None:
-    """SIGINT and SIGTERM raise KeyboardInterrupt, which stops every child and records the stop.
-
-    Set explicitly because the inherited disposition cannot be trusted: a background job of a
-    non-interactive shell starts with SIGINT ignored, and Python then installs no handler, so
-    Ctrl-C or ``kill -INT`` would be lost. A handler (unlike SIG_IGN) is reset at exec, so the
-    processes started from here get the default disposition back.
-    """
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -40,8 +40,6 @@ def run_scenario(
     out = Path(out_dir) if out_dir else default_out_dir()
     if tensorboard is not None:
         require_tensorboard()
-        if scenario.engine.name == "batched":
-            raise ValueError("--tensorboard: the batched engine does not write TensorBoard event files yet; use --engine clients")
         check_fresh_event_dir(tensorboard, range(scenario.num_clients))
     check_fresh_out_dir(out, range(scenario.num_clients))
     if scenario.network.transport == "torch" and scenario.engine.name == "clients":
@@ -52,7 +50,7 @@ def run_scenario(
     if scenario.engine.name == "batched":
         from dfedrw.launch.batched import run_batched
 
-        summary = run_batched(scenario, out, console=console)
+        summary = run_batched(scenario, out, console=console, tensorboard=tensorboard)
     elif scenario.network.transport == "inproc":
         from dfedrw.launch.inproc import run_inproc
 
