@@ -440,8 +440,8 @@ DEFAULT_BATCH = 16  # runs per batch (`dfedrw sweep --batch`)
 def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list[PlannedRun]]:
     """The runs as the sweep hands them out: runs of the batched engine that share a
     :func:`~dfedrw.launch.batched.batch_key` (model, training, rounds, device) go in batches of
-    at most ``batch``, split evenly and into at least ``jobs`` batches where there are enough
-    runs, so that every job has work; every other run alone. Grid order is kept within a batch."""
+    at most ``batch``, split evenly into a multiple of ``jobs`` batches where there are enough
+    runs, so that every job has work to the end; every other run alone. Grid order is kept within a batch."""
     from dfedrw.launch.batched import batch_key
 
     groups: dict[Any, list[PlannedRun]] = {}
@@ -453,6 +453,8 @@ def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list
             out.append([run])
     for members in groups.values():
         count = max(-(-len(members) // batch), min(jobs, len(members)))
+        if len(members) >= jobs:
+            count = -(-count // jobs) * jobs  # a multiple of the jobs: no job left alone at the end
         size = -(-len(members) // count)
         out[:0] = [members[i : i + size] for i in range(0, len(members), size)]
     return out

@@ -24,7 +24,9 @@ def test_runs_of_one_shape_go_in_even_batches_and_others_alone(tmp_path):
     assert sorted(len(b) for b in batches) == [4, 4, 4, 4]
     assert all(len({r.scenario.rounds for r in b}) == 1 for b in batches)
     assert sorted(r.key for b in batches for r in b) == sorted(r.key for r in runs)
-    assert sorted(len(b) for b in plan_batches(runs, jobs=2, batch=3)) == [2, 2, 3, 3, 3, 3]
+    # 8 runs in at most 3 a batch: 3 batches, made 4 so that 2 jobs have 2 each.
+    assert sorted(len(b) for b in plan_batches(runs, jobs=2, batch=3)) == [2, 2, 2, 2, 2, 2, 2, 2]
+    assert sorted(len(b) for b in plan_batches([r for r in runs if r.scenario.rounds == 3][:7], jobs=2, batch=16)) == [3, 4]
     assert all(len(b) == 1 for b in plan_batches(runs, jobs=2, batch=1))
 
     clients = [r for r in plan_sweep(load_grid(write_grid(tmp_path, GRID.replace('"eval.every=0"', '"eval.every=0", "engine.name=clients"'), "c.toml")), tmp_path / "c").runs.values()]
