@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, finite_rows
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.tpm import Accuracy
 
 __all__ = [
@@ -77,7 +77,7 @@ class _Finite:
 
 
 def _finite_by_id(inputs: RoundInputs) -> _Finite:
-    finite = finite_rows(inputs.vectors).tolist()
+    finite = inputs.finite_list()
     positions = tuple(
         sorted((i for i, ok in enumerate(finite) if ok), key=lambda i: inputs.ids[i])
     )

@@ -79,6 +79,13 @@ class RoundInputs:
     # The client's model at the start of the round, w_k^t (before its local step): rules that
     # work on updates (Flame, q-FFL) measure them against it. None if unknown.
     reference: torch.Tensor | None = None
+    # Which rows of ``vectors`` are finite, when the caller has checked (the batched engine
+    # checks a round's pool once); None: a rule that needs it checks (:meth:`finite_list`).
+    finite: tuple[bool, ...] | None = None
+
+    def finite_list(self) -> list[bool]:
+        """Per row of ``vectors``: whether every value is finite."""
+        return finite_rows(self.vectors).tolist() if self.finite is None else list(self.finite)
 
     def __post_init__(self) -> None:
         own_id = check_int("RoundInputs", "own_id", self.own_id)
@@ -132,6 +139,11 @@ class RoundInputs:
                     f"RoundInputs: declared_losses has {len(losses)} entries but there are {len(ids)} ids"
                 )
             object.__setattr__(self, "declared_losses", losses)
+        if self.finite is not None:
+            finite = tuple(bool(x) for x in self.finite)
+            if len(finite) != len(ids):
+                raise ValueError(f"RoundInputs: finite has {len(finite)} entries but there are {len(ids)} ids")
+            object.__setattr__(self, "finite", finite)
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "num_samples", num_samples)
 
@@ -210,6 +222,7 @@ class RoundBatch:
             num_samples=self.num_samples[c], evaluate=None if self.evaluate is None else self.evaluate[c],
             total_rounds=self.total_rounds, declared_losses=None if self.declared_losses is None else self.declared_losses[c],
             reference=None if self.references is None else self.references[c],
+            finite=None if self.finite_pool is None else tuple(self.finite_pool[list(self.rows[c])].tolist()),
         )
 
     def select(self, clients: Sequence[int]) -> RoundBatch:
@@ -447,7 +460,7 @@ class DFedAvg:
         check_choice("DFedAvg", "weighting", self.weighting, _DFEDAVG_WEIGHTINGS)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        weights = self._weights(finite_rows(inputs.vectors).tolist(), inputs.num_samples)
+        weights = self._weights(inputs.finite_list(), inputs.num_samples)
         return _finish(inputs, torch.tensor(weights, dtype=torch.float64), None)
 
     def _weights(self, finite: Sequence[bool], num_samples: Sequence[int]) -> list[float]:

@@ -3,6 +3,7 @@ batched products, padded minibatches, the results folder. No network here."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -295,3 +296,17 @@ def test_the_batched_engine_on_cuda_gives_the_cpu_results(small_scenario, tmp_pa
         for a, b in zip(read_rounds(runs["cpu"]["out"], int(k)), read_rounds(runs["cuda"]["out"], int(k)), strict=True):
             assert a["weights"].keys() == b["weights"].keys()
             assert all(abs(a["weights"][s] - b["weights"][s]) <= 1e-4 for s in a["weights"]), (k, a["round"])
+
+
+def test_a_batch_hands_each_client_the_pools_finite_rows_and_inputs_check_their_length():
+    vectors = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [3.0, 4.0]])
+    batch = RoundBatch(
+        round=0, vectors=vectors, rows=((0, 1), (2, 0)), ids=((0, 1), (2, 0)), num_samples=((1, 1), (1, 1)),
+        finite_pool=torch.tensor([True, False, True]),
+    )
+    assert batch.one(0).finite == (True, False) and batch.one(1).finite_list() == [True, True]
+    assert batch.select([1]).one(0).finite == (True, True)
+    # Without the pool's mask a rule checks the rows itself, with the same answer.
+    assert _batch(vectors, ((0, 1), (2, 0)), ((1, 1), (1, 1))).one(0).finite_list() == [True, False]
+    with pytest.raises(ValueError, match="finite has 1 entries but there are 2 ids"):
+        dataclasses.replace(batch.one(0), finite=(True,))
