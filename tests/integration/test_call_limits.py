@@ -226,7 +226,9 @@ def test_a_header_only_stream_is_bounded_and_a_neighbour_gets_through(run, bucke
     assert after - before < 20
     assert neighbour.got_through()
     if bucket == "default":
-        assert refused["disconnected"] >= 1 and replies["rate_limited"] > 0
+        # The server's own counts: whether the sender read a rate_limited reply before its call
+        # was ended depends on timing (on a busy machine it may read none).
+        assert refused["disconnected"] >= 1 and refused["rate_limited"] > 0
         assert receiver.others[2] < 1000
     else:
         assert receiver.others[2] > 10_000 and "rate_limited" not in refused
