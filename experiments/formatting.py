@@ -85,3 +85,26 @@ def missing_lines(table: Table) -> list[str]:
             "(`dfedrw sweep GRID --out DIR --dry-run` lists every run and its state)"
         )
     return lines
+
+
+def cells_csv(table: Table, keys: list[str], present: tuple[str, ...] = ()) -> str:
+    """``cells.csv``: one line per cell with its seed count, the mean and std over seeds of each
+    of ``keys`` (6 decimals), then of each of ``present`` over the runs that have it (blank where
+    none has, e.g. the Byzantine share of a run without Byzantine clients)."""
+    header = [*table.spec["rows"], table.spec["columns"], "seeds"]
+    for k in [*keys, *present]:
+        header += [f"{k}_mean", f"{k}_std"]
+    out = [header]
+    for row in table.rows:
+        for c in table.columns:
+            cell = table.cells.get((row, c))
+            if cell is None:
+                continue
+            line = [*row, c, str(cell.n)]
+            for k in keys:
+                line += [fmt(cell.mean(k), 6), fmt(cell.std(k), 6)] if cell.n else ["", ""]
+            for k in present:
+                m, s = cell.mean_present(k), cell.std_present(k)
+                line += ["" if m is None else fmt(m, 6), "" if s is None else fmt(s, 6)]
+            out.append(line)
+    return csv_text(out)

@@ -56,6 +56,7 @@ from typing import Any
 
 from dfedrw.experiments.formatting import MAX_NOT_STARTED_LISTED as MAX_NOT_STARTED_LISTED  # re-exported
 from dfedrw.experiments.formatting import MISSING, NOT_IN_GRID, missing_lines, seed_note
+from dfedrw.experiments.formatting import cells_csv
 from dfedrw.experiments.formatting import csv_text as _csv
 from dfedrw.experiments.formatting import fmt as _fmt
 from dfedrw.experiments.formatting import md_escape as _md_escape
@@ -424,20 +425,7 @@ def render_cells_csv(table: Table) -> str:
     keys = [table.metric, table.variance_key]
     if table.kind == "fairness" and table.every_cell_has(table.other_metric):
         keys += [table.other_metric, METRICS[table.other_metric]]
-    header = [*table.spec["rows"], table.spec["columns"], "seeds"]
-    for k in keys:
-        header += [f"{k}_mean", f"{k}_std"]
-    out = [header]
-    for row in table.rows:
-        for c in table.columns:
-            cell = table.cells.get((row, c))
-            if cell is None:
-                continue
-            line = [*row, c, str(cell.n)]
-            for k in keys:
-                line += [_fmt(cell.mean(k), 6), _fmt(cell.std(k), 6)] if cell.n else ["", ""]
-            out.append(line)
-    return _csv(out)
+    return cells_csv(table, keys)
 
 
 def _paper_pair(table: Table, value: Any) -> tuple[float | None, float | None]:

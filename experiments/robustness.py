@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfedrw.experiments.formatting import (
+    cells_csv,
     MISSING, NOT_IN_GRID, csv_text, fmt, md_header, md_row, missing_lines, seed_note, share, signed,
 )
 from dfedrw.experiments.table import Table
@@ -284,24 +285,8 @@ def render_csv(table: Table) -> str:
 
 
 def render_cells_csv(table: Table) -> str:
-    """``cells.csv``: one line per cell, means and stds over seeds (6 decimals)."""
-    keys = [table.metric, table.variance_key]
-    header = [*table.spec["rows"], table.spec["columns"], "seeds"]
-    for k in [*keys, SHARE_KEY]:
-        header += [f"{k}_mean", f"{k}_std"]
-    out = [header]
-    for row in table.rows:
-        for c in table.columns:
-            cell = table.cells.get((row, c))
-            if cell is None:
-                continue
-            line = [*row, c, str(cell.n)]
-            for k in keys:
-                line += [fmt(cell.mean(k), 6), fmt(cell.std(k), 6)] if cell.n else ["", ""]
-            m, s = cell.mean_present(SHARE_KEY), cell.std_present(SHARE_KEY)
-            line += ["" if m is None else fmt(m, 6), "" if s is None else fmt(s, 6)]
-            out.append(line)
-    return csv_text(out)
+    """``cells.csv``: one line per cell, means and stds over seeds (6 decimals), and the Byzantine share."""
+    return cells_csv(table, [table.metric, table.variance_key], (SHARE_KEY,))
 
 
 def render_worst_case_csv(table: Table) -> str:
