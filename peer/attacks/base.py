@@ -75,7 +75,8 @@ class ThreatModel:
     ``data``: what data it holds (``""``: none); ``defence``: it knows the rule the honest
     clients run and its settings; ``colludes``: it needs colluding partners
     (``attack.colluding = true``) and agrees a plan with them each round; ``tailored``: it
-    may send each receiver a different message."""
+    may send each receiver a different message (when False, a per-receiver attack is called
+    once a round and its message goes to every receiver: see :func:`craft_round`)."""
 
     models: str = "received"
     data: str = ""
@@ -195,7 +196,10 @@ def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Cr
 
     A per-round attack's ``plan`` is called once; a per-receiver attack is called for each
     receiver in order, on every model it knows (:meth:`AttackView.known`: the colluders' pool
-    when it colludes). Messages are checked: a float tensor of ``D`` values, or None."""
+    when it colludes). A per-receiver attack whose declared threat model is not ``tailored``
+    (every receiver gets the same message) is called once, for the first receiver, and that
+    message goes to all of them; one that declares nothing is called for each. Messages are
+    checked: a float tensor of ``D`` values, or None."""
     if hasattr(attack, "plan"):
         crafted = attack.plan(view, generator)
         if not isinstance(crafted, Crafted):
@@ -205,7 +209,12 @@ def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Cr
             raise ValueError(f"attack {type(attack).__qualname__}.plan addressed {sorted(unknown)}, not among its receivers {view.receivers}")
     else:
         _, known = view.known()
-        crafted = Crafted({k: attack(known, k, generator) for k in view.receivers})
+        declared = threat_model_of(type(attack))
+        if declared is not None and not declared.tailored and view.receivers:
+            message = attack(known, view.receivers[0], generator)
+            crafted = Crafted(dict.fromkeys(view.receivers, message))
+        else:
+            crafted = Crafted({k: attack(known, k, generator) for k in view.receivers})
     messages = {k: _checked(attack, k, crafted.messages.get(k), view.dim) for k in view.receivers}
     extra = {}
     for k, labelled in crafted.extra.items():

@@ -287,3 +287,52 @@ def test_ipm_hand_computed():
 def test_ipm_refuses_bad_epsilon(epsilon):
     with pytest.raises(ValueError, match="IPM: epsilon"):
         IPM(epsilon=epsilon)
+
+
+# ---------------------------------------------------------------- one call per round or per receiver
+
+
+class _Counting:
+    """A per-receiver attack that counts its calls; the class's threat model is set per test."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, received, receiver, generator):
+        self.calls.append(receiver)
+        return received.mean(dim=0) + float(receiver)
+
+
+@pytest.mark.parametrize(
+    ("declared", "expected_calls"),
+    [("untailored", [4]), ("tailored", [4, 6, 9]), ("undeclared", [4, 6, 9])],
+)
+def test_an_untailored_attack_is_called_once_a_round_and_every_receiver_gets_its_message(declared, expected_calls):
+    # Prepare
+    from dfedrw.peer.attacks import AttackView, craft_round
+    from dfedrw.peer.attacks.base import ThreatModel
+
+    cls = type(f"Counting_{declared}", (_Counting,), {})
+    if declared != "undeclared":
+        cls.threat_model = ThreatModel(tailored=declared == "tailored")
+    attack = cls()
+    view = AttackView(round=0, attacker=11, receivers=(4, 6, 9), senders=(0, 1), received=RECEIVED)
+
+    # Execute
+    crafted = craft_round(attack, view, seeded())
+
+    # Assert
+    assert attack.calls == expected_calls
+    sent = {k: crafted.messages[k].tolist() for k in (4, 6, 9)}
+    if declared == "untailored":
+        assert sent == {k: [6.0, 3.0] for k in (4, 6, 9)}
+    else:
+        assert sent == {k: [2.0 + k, -1.0 + k] for k in (4, 6, 9)}
+
+
+def test_the_classic_attacks_declare_whether_they_tailor():
+    # Gaussian draws fresh noise per receiver; sign flip, ALIE and IPM send one message.
+    from dfedrw.peer.attacks.base import threat_model_of
+
+    assert threat_model_of(Gaussian).tailored
+    assert not any(threat_model_of(cls).tailored for cls in (SignFlip, ALIE, IPM))
