@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import check_dataset
+from dfedrw.peer.datacache import verify_stored
 from dfedrw.peer.node import client_attack, client_rule
 from dfedrw.peer.plan import scenario_topology
 
 
 def preflight(scenario: Scenario) -> None:
     """Build every client's rule or attack and check the data first, so a bad setting fails
-    once, clearly, before any client starts."""
+    once, clearly, before any client starts; then build (or check, digests and all) the data
+    set's entry in the machine's data cache, which every client maps."""
     topology = scenario_topology(scenario)
     for k in range(topology.num_clients):
         if k in topology.byzantine:
@@ -18,3 +20,4 @@ def preflight(scenario: Scenario) -> None:
         else:
             client_rule(scenario, topology, k)
     check_dataset(scenario.data.name, scenario.data.dir or None)
+    verify_stored(scenario.data.name, scenario.data.dir or None)

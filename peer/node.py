@@ -32,7 +32,8 @@ from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path,
 from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.identity import ClientIdentity, IdentityError, load_identity
-from dfedrw.peer.data import TRAIN_SIZES, Dataset, aux_indices, load_dataset, local_test_indices, partition
+from dfedrw.peer.data import TRAIN_SIZES, Dataset, aux_indices, local_test_indices, partition
+from dfedrw.peer.datacache import StoredSplit, stored_dataset
 from dfedrw.peer.models import MODELS, build_model, get_vector, set_vector
 from dfedrw.peer.attacks import AttackerData, AttackView, craft_round
 from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack, build_client_rule, build_rule_from
@@ -172,12 +173,12 @@ def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
     seed = derive_seed(scenario.seed, "attacker data", "colluders" if scenario.attack.colluding else attacker)
 
     def load(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        train, _ = load_dataset(d.name, d.dir or None)
-        if n > len(train.y):
-            raise ValueError(f"an attack asked for {n} samples; the {d.name} training set has {len(train.y)}")
-        rows = np.sort(np.random.default_rng(seed).choice(len(train.y), n, replace=False))
-        index = torch.as_tensor(rows, dtype=torch.long)
-        return train.x[index].clone(), train.y[index].clone()
+        train = stored_dataset(d.name, d.dir or None).train
+        if n > len(train):
+            raise ValueError(f"an attack asked for {n} samples; the {d.name} training set has {len(train)}")
+        rows = np.sort(np.random.default_rng(seed).choice(len(train), n, replace=False))
+        sample = train.subset(rows)
+        return sample.x, sample.y
 
     def evaluator(x: torch.Tensor, y: torch.Tensor) -> VectorEvaluator:
         template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
@@ -216,22 +217,29 @@ def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]
 @dataclass
 class ClientData:
     """A client's training shard and auxiliary subset (its own copies) and the test sets: the
-    global one shared by every client, its local one as rows of it (made on first use, so that
-    thousands of clients in one process do not each hold a copy)."""
+    global one shared by every client (``test``: mapped from the data cache and converted when
+    used, or held), its local one as rows of it (made on first use, so that thousands of
+    clients in one process do not each hold a copy)."""
 
     train: Dataset
     aux: Dataset
-    global_test: Dataset
-    local_test_index: torch.Tensor  # rows of global_test
+    test: StoredSplit | Dataset
+    local_test_index: torch.Tensor  # rows of the test set
     train_index: torch.Tensor | None = None  # rows of the training set that make up ``train``
+
+    @property
+    def global_test(self) -> Dataset:
+        """The whole test set as float32: held, or converted from the mapped rows (a transient
+        copy, so that a client process does not keep one)."""
+        return self.test if isinstance(self.test, Dataset) else self.test.dataset()
 
     @functools.cached_property
     def local_test(self) -> Dataset:
-        return self.global_test.subset(self.local_test_index)
+        return self.test.subset(self.local_test_index)
 
     def to(self, device: torch.device) -> ClientData:
-        """The same sets with their tensors on ``device``."""
-        return ClientData(move(self.train, device), move(self.aux, device), move(self.global_test, device), self.local_test_index)
+        """The same sets with their tensors on ``device`` (the test set held there)."""
+        return ClientData(move(self.train, device), move(self.aux, device), move(self.global_test, device), self.local_test_index, self.train_index)
 
 
 def move(d: Dataset, device: torch.device | str) -> Dataset:
@@ -246,20 +254,23 @@ def client_data(scenario: Scenario, topology: Topology, client_id: int) -> Clien
 
 
 def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int]) -> dict[int, ClientData]:
-    """:func:`client_data` of several honest clients, the dataset read and partitioned once."""
+    """:func:`client_data` of several honest clients, the partition computed once. The data
+    set is mapped from the machine's data cache; only each client's rows are converted."""
     d = scenario.data
-    train, test = load_dataset(d.name, d.dir or None)
+    stored = stored_dataset(d.name, d.dir or None)
+    train, test = stored.train, stored.test
     honest = sorted(topology.honest())
     shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
-    size = min(d.local_test_size, len(test.y))
+    size = min(d.local_test_size, len(test))
     out = {}
     for client_id in ids:
-        shard = train.subset(shards[honest.index(client_id)])
+        rows = np.asarray(shards[honest.index(client_id)], dtype=np.int64)
+        shard = train.subset(rows)
         aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
         local = local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
         out[client_id] = ClientData(
-            train=shard, aux=aux, global_test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)),
-            train_index=torch.as_tensor(np.asarray(shards[honest.index(client_id)], dtype=np.int64)),
+            train=shard, aux=aux, test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)),
+            train_index=torch.as_tensor(rows),
         )
     return out
 
@@ -293,10 +304,14 @@ class Stopped(RuntimeError):
     """The client was asked to stop before its last round."""
 
 
-def _loop_times(wall_start: float, cpu_start: float) -> dict[str, float]:
-    """Wall and CPU seconds of the round loop. CPU time is the whole process's (all its
+def _loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[str, float]:
+    """Wall and CPU seconds of the round loop, and when it started (Unix time: what a launcher
+    compares with when it started the process). CPU time is the whole process's (all its
     threads; with the in-process transport, all its clients)."""
-    return {"loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
+    return {
+        "loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3),
+        "loop_started_at": round(started_at, 3),
+    }
 
 
 class Client:
@@ -739,7 +754,7 @@ class Client:
         liveness = Liveness(sc.network.max_missed_rounds)
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
-        loop_start, cpu_start = time.monotonic(), time.process_time()
+        loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
         log_every = max(1, sc.rounds // 20)
         r = self._rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
         first_after_resume = self.resumed is not None
@@ -813,7 +828,7 @@ class Client:
                 generators, arrays, pos = trainer.state()
                 self._save_checkpoint(r, generators=generators, arrays=arrays, vector=get_vector(self.model).numpy(), trainer_pos=pos)
             r += 1
-        return {**last, **_loop_times(loop_start, cpu_start), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
+        return {**last, **_loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 
     def _run_byzantine(self) -> dict[str, Any]:
         sc = self.scenario
@@ -821,7 +836,7 @@ class Client:
         gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", self.id))
         targets = tuple(k for k in self.neighbours if k not in self.topology.byzantine)
         liveness = Liveness(sc.network.max_missed_rounds)
-        loop_start, cpu_start = time.monotonic(), time.process_time()
+        loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
         r = 0
         reference = None  # the mean of what it knew last round (AttackView.reference)
         if self.resumed is not None:
@@ -874,7 +889,7 @@ class Client:
             if self._checkpoint_due(r):
                 self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
             r += 1
-        return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start)}
+        return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start, started_at)}
 
 
 def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: torch.Generator) -> torch.Generator:

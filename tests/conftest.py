@@ -1,6 +1,22 @@
+import os
+
 import pytest
 
 from dfedrw.peer.config import load_scenario
+from dfedrw.peer.datacache import CACHE_ENV
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_cache(tmp_path_factory):
+    """The data cache of this test session (client processes inherit it): tests never write
+    into the user's cache folder."""
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("data-cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture

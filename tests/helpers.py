@@ -1,14 +1,21 @@
-"""Helpers shared by the tests: waiting for a condition, a console that prints nowhere, and a
-network of clients run as threads of the test process."""
+"""Helpers shared by the tests: waiting for a condition, a console that prints nowhere, a
+network of clients run as threads of the test process, and IDX files made by the tests."""
 
 from __future__ import annotations
 
+import gzip
 import os
+import struct
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from rich.console import Console
+
+from dfedrw.peer.data import IDX_FILES
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.2, detail: Callable[[], str] | None = None) -> None:
@@ -145,3 +152,39 @@ def check_tensorboard(out, log_dir, scenario) -> None:
     assert got.keys() == mean.keys()
     for tag in mean:
         assert got[tag] == pytest.approx(mean[tag], rel=1e-6, abs=1e-7), tag
+
+
+_IDX_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype(">i2"): 0x0B,
+              np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """Encode ``array`` in the IDX format (independent of the reader under test)."""
+    big = array.astype(array.dtype.newbyteorder(">")) if array.dtype.itemsize > 1 else array
+    header = bytes([0, 0, _IDX_CODES[big.dtype], array.ndim])
+    header += b"".join(struct.pack(">i", d) for d in array.shape)
+    return header + big.tobytes()
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool) -> Path:
+    data = idx_bytes(array)
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def write_idx_dataset(directory: Path, compress: bool) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = {
+        "train_images": rng.integers(0, 256, size=(12, 3, 4), dtype=np.uint8),
+        "train_labels": np.arange(12, dtype=np.uint8) % 10,
+        "test_images": rng.integers(0, 256, size=(5, 3, 4), dtype=np.uint8),
+        "test_labels": np.array([9, 0, 1, 2, 3], dtype=np.uint8),
+    }
+    arrays["train_images"][0, 0, 0] = 255
+    for role, stem in IDX_FILES.items():
+        write_idx(directory / stem, arrays[role], compress)
+    return arrays

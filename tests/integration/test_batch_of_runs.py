@@ -19,7 +19,7 @@ from tests.helpers import quiet_console
 from tests.integration.test_engine_parity import BY_ID, CASES, DIR, _case, scenario
 
 # Timing and process fields: the only ones that may differ between a run alone and in a batch.
-CLOCK = {"wall_seconds", "loop_seconds", "loop_cpu_seconds", "pid", "launcher_pid", "pids"}
+CLOCK = {"wall_seconds", "loop_seconds", "loop_cpu_seconds", "loop_started_at", "pid", "launcher_pid", "pids"}
 
 SOME = [
     BY_ID[i]

@@ -23,42 +23,7 @@ from dfedrw.peer.data import (
     partition,
     read_idx,
 )
-
-_IDX_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype(">i2"): 0x0B,
-              np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """Encode ``array`` in the IDX format (independent of the reader under test)."""
-    big = array.astype(array.dtype.newbyteorder(">")) if array.dtype.itemsize > 1 else array
-    header = bytes([0, 0, _IDX_CODES[big.dtype], array.ndim])
-    header += b"".join(struct.pack(">i", d) for d in array.shape)
-    return header + big.tobytes()
-
-
-def write_idx(path: Path, array: np.ndarray, compress: bool) -> Path:
-    data = idx_bytes(array)
-    if compress:
-        path = path.with_name(path.name + ".gz")
-        path.write_bytes(gzip.compress(data))
-    else:
-        path.write_bytes(data)
-    return path
-
-
-def write_idx_dataset(directory: Path, compress: bool) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    arrays = {
-        "train_images": rng.integers(0, 256, size=(12, 3, 4), dtype=np.uint8),
-        "train_labels": np.arange(12, dtype=np.uint8) % 10,
-        "test_images": rng.integers(0, 256, size=(5, 3, 4), dtype=np.uint8),
-        "test_labels": np.array([9, 0, 1, 2, 3], dtype=np.uint8),
-    }
-    arrays["train_images"][0, 0, 0] = 255
-    for role, stem in IDX_FILES.items():
-        write_idx(directory / stem, arrays[role], compress)
-    return arrays
-
+from tests.helpers import idx_bytes, write_idx, write_idx_dataset
 
 # --------------------------------------------------------------------------------- IDX reader
 

@@ -1,0 +1,165 @@
+"""The data cache (peer.datacache): the same values as load_dataset, built once, mapped,
+checked, rebuilt when damaged, held in memory where nothing can be written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from dfedrw.peer import datacache
+from dfedrw.peer.data import load_dataset
+from dfedrw.peer.datacache import CACHE_ENV, stored_dataset, verify_stored
+from tests.helpers import write_idx_dataset
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    stored_dataset.cache_clear()
+    yield tmp_path / "cache"
+    stored_dataset.cache_clear()
+
+
+@pytest.fixture
+def idx_dir(tmp_path):
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    write_idx_dataset(folder, compress=True)
+    return folder
+
+
+def assert_same(a, b):
+    assert a.x.dtype == b.x.dtype == torch.float32 and torch.equal(a.x, b.x)
+    assert a.y.dtype == b.y.dtype == torch.int64 and torch.equal(a.y, b.y)
+    assert a.num_classes == b.num_classes
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist"])
+def test_stored_rows_are_load_datasets_values_to_the_bit(cache, idx_dir, name):
+    # Prepare
+    folder = None if name == "digits" else idx_dir
+    train, test = load_dataset(name, folder)
+
+    # Execute
+    stored = stored_dataset(name, folder)
+
+    # Assert
+    assert stored.folder is not None and stored.folder.parent == cache / "data"
+    assert isinstance(stored.train.images, np.memmap) and not stored.train.images.flags.writeable
+    assert_same(stored.train.dataset(), train)
+    assert_same(stored.test.dataset(), test)
+    rows = [3, 0, 7, 7]
+    assert_same(stored.train.subset(rows), train.subset(rows))
+    assert torch.equal(stored.train.y, train.y)
+
+
+def test_an_entry_is_built_once_and_mapped_by_later_processes(cache, idx_dir):
+    # Prepare
+    first = stored_dataset("mnist", idx_dir)
+    manifest = (first.folder / "manifest.json").stat().st_mtime_ns
+    stored_dataset.cache_clear()  # as a new process would
+
+    # Execute
+    second = stored_dataset("mnist", idx_dir)
+
+    # Assert
+    assert second.folder == first.folder
+    assert (first.folder / "manifest.json").stat().st_mtime_ns == manifest
+    assert [p.name for p in (cache / "data").iterdir()] == [first.folder.name]  # no temporary left
+
+
+def test_replaced_source_files_get_a_new_entry(cache, idx_dir):
+    # Prepare
+    old = stored_dataset("mnist", idx_dir)
+    stored_dataset.cache_clear()
+    path = next(idx_dir.glob("train-images*"))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+
+    # Execute
+    new = stored_dataset("mnist", idx_dir)
+
+    # Assert
+    assert new.folder != old.folder
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "manifest"])
+def test_a_damaged_entry_is_found_and_built_again(cache, idx_dir, damage):
+    # Prepare
+    train, _ = load_dataset("mnist", idx_dir)
+    folder = stored_dataset("mnist", idx_dir).folder
+    stored_dataset.cache_clear()
+    data = bytearray((folder / "train_x.u8").read_bytes())
+    if damage == "flip":
+        data[5] ^= 0xFF
+        (folder / "train_x.u8").write_bytes(bytes(data))
+    elif damage == "truncate":
+        (folder / "train_x.u8").write_bytes(bytes(data[:-1]))
+    else:
+        (folder / "manifest.json").write_text("{")
+
+    # Execute
+    stored = verify_stored("mnist", idx_dir)
+
+    # Assert
+    assert_same(stored.train.dataset(), train)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["files"]["train_x"]["shape"] == [12, 12]
+
+
+def test_a_size_mismatch_is_caught_without_hashing(cache, idx_dir):
+    # Prepare: a truncated file, opened by a process that does not verify digests
+    train, _ = load_dataset("mnist", idx_dir)
+    folder = stored_dataset("mnist", idx_dir).folder
+    stored_dataset.cache_clear()
+    (folder / "test_y.u8").write_bytes(b"")
+
+    # Execute
+    stored = stored_dataset("mnist", idx_dir)
+
+    # Assert
+    assert_same(stored.train.dataset(), train)
+    assert (folder / "test_y.u8").stat().st_size == 5
+
+
+def test_two_builders_at_once_leave_one_complete_entry(cache, idx_dir):
+    # Prepare: another process finished the same entry first
+    arrays, scale, classes = datacache._decode("mnist", idx_dir)
+    folder, description = datacache._entry("mnist", idx_dir)
+    datacache._write(folder, arrays, scale, classes, description)
+
+    # Execute
+    datacache._write(folder, arrays, scale, classes, description)
+
+    # Assert
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
+    assert datacache._open(folder) is not None
+
+
+def test_without_a_writable_cache_the_arrays_stay_in_memory(tmp_path, monkeypatch, idx_dir):
+    # Prepare: the cache root is a file, so no folder can be made under it
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(blocker))
+    stored_dataset.cache_clear()
+    train, test = load_dataset("mnist", idx_dir)
+
+    # Execute
+    stored = stored_dataset("mnist", idx_dir)
+    stored_dataset.cache_clear()
+
+    # Assert
+    assert stored.folder is None
+    assert_same(stored.train.dataset(), train)
+    assert_same(stored.test.dataset(), test)
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert datacache.cache_root() == tmp_path / "xdg" / "dfedrw"
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert datacache.cache_root() == tmp_path / "mine"
