@@ -24,6 +24,7 @@ from pathlib import Path
 from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, new_parser, under_torchrun
 from dfedrw.launch.procs import stop_on_signals  # noqa: F401 - re-exported: the experiments' command line uses it
+from dfedrw.launch.forkserver import START_METHODS
 from dfedrw.peer.config import ENGINES, load_scenario
 
 
@@ -36,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop_on_signals()
     scenario = load_scenario(args.scenario, [*args.set, *([f"engine.name={args.engine}"] if args.engine else [])])
     console = Console(stderr=True)
-    out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs, tensorboard=args.tensorboard)
+    out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs, tensorboard=args.tensorboard, start=args.start)
     print_summary(summary, Console())
     print(f"results: {out}")
     if summary.get("interrupted"):
@@ -129,6 +130,10 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     run.add_argument(
         "--engine", choices=ENGINES, default=None,
         help="clients: every client its own process or thread (network.transport); batched: all clients as one tensor in this process, for experiments (same as --set engine.name=...)",
+    )
+    run.add_argument(
+        "--start", choices=START_METHODS, default=None,
+        help="how client processes start: fork (from one process that has the client code imported; the default on Linux) or spawn (each a fresh interpreter)",
     )
     add_tensorboard_flag(run, what="each honest client's rounds and their honest mean")
     run.set_defaults(func=cmd_run)

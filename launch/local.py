@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dfedrw.launch.collect import collect_summary
+from dfedrw.launch.forkserver import START_METHODS, ForkServer, fork_available
 from dfedrw.launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
 from dfedrw.launch.preflight import preflight
 from dfedrw.launch.progress import ProgressBoard
@@ -84,7 +85,12 @@ class LocalRun:
         python: str = sys.executable,
         certs: Path | None = None,
         tensorboard: Path | None = None,
+        start: str = "fork" if fork_available() else "spawn",
     ) -> None:
+        if start not in START_METHODS or (start == "fork" and not fork_available()):
+            raise ValueError(f"start must be one of {', '.join(m for m in START_METHODS if m != 'fork' or fork_available())}, got {start!r}")
+        self.start = start
+        self.fork_server: ForkServer | None = None
         self.scenario = scenario
         self.out_dir = Path(out_dir)
         self.certs = Path(certs) if certs is not None else None
@@ -115,6 +121,10 @@ class LocalRun:
         env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         # One thread per process: 12 clients on 2 cores thrash with torch's default pool.
         env.setdefault("OMP_NUM_THREADS", "1")
+        if self.start == "fork":
+            self.fork_server = ForkServer(self.python, env, log=self.out_dir / "logs" / "fork-server.log")
+            # A client watches the process that started it: here, the fork server.
+            env["DFEDRW_PARENT_PID"] = str(self.fork_server.pid)
         for k in range(topology.num_clients):
             role = role_of(topology, k)
             self.gate.tokens[k] = new_token()
@@ -130,12 +140,14 @@ class LocalRun:
                 cmd += ["--certs", str(certs)]
             if self.tensorboard is not None:
                 cmd += ["--tensorboard", str(self.tensorboard)]
-            with log_path.open("w") as log_file:
-                # A new session: Ctrl-C in the terminal reaches the launcher only, which then
-                # stops every child itself, in order.
-                proc = subprocess.Popen(
-                    cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**env, TOKEN_ENV: self.gate.tokens[k]}, start_new_session=True
-                )
+            child_env = {**env, TOKEN_ENV: self.gate.tokens[k]}
+            if self.fork_server is not None:
+                proc = self.fork_server.start(cmd[3:], child_env, log_path)
+            else:
+                with log_path.open("w") as log_file:
+                    # A new session: Ctrl-C in the terminal reaches the launcher only, which
+                    # then stops every child itself, in order.
+                    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
             self.children[k] = Child(k, role, proc, log_path)
         # Written at once so an operator (or a test) can find every client process of the run.
         write_json_atomic(self.out_dir / "pids.json", {"launcher": os.getpid(), "clients": {str(k): c.proc.pid for k, c in self.children.items()}})
@@ -165,6 +177,8 @@ class LocalRun:
                 c.proc.wait()
         for c in self.children.values():
             c.exit_code = c.proc.poll()
+        if self.fork_server is not None:
+            self.fork_server.close()
 
     # -- messages -----------------------------------------------------------------------
     def _handle(self, frames: list[bytes]) -> dict[str, Any] | None:
@@ -233,7 +247,11 @@ class LocalRun:
         start = time.monotonic()
         preflight(self.scenario)
         check_certificates(self.scenario, self.certs)
-        self.spawn()
+        try:
+            self.spawn()
+        except BaseException:
+            self.stop_all()
+            raise
         interrupted = False
         board = ProgressBoard(self.console, {k: c.role for k, c in self.children.items()}, self.scenario.rounds)
         try:

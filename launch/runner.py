@@ -32,11 +32,14 @@ def run_scenario(
     console: Console | None = None,
     certs: Path | None = None,
     tensorboard: Path | None = None,
+    start: str | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Run ``scenario``, write its results under ``out_dir`` and return (out_dir, summary).
     ``certs``: a certificate folder for the clients (default: new ones in ``out_dir/certs``).
     ``tensorboard``: a folder for TensorBoard event files: each honest client writes its own
-    as it goes, and the honest mean is written when the run ends (:mod:`dfedrw.peer.tensorboard`)."""
+    as it goes, and the honest mean is written when the run ends (:mod:`dfedrw.peer.tensorboard`).
+    ``start``: how client processes start (``fork`` or ``spawn``, see :mod:`dfedrw.launch.forkserver`;
+    default: fork where the system has it); only client processes have it."""
     out = Path(out_dir) if out_dir else default_out_dir()
     if tensorboard is not None:
         require_tensorboard()
@@ -56,7 +59,7 @@ def run_scenario(
 
         summary = run_inproc(scenario, out, console=console, tensorboard=tensorboard)
     else:
-        summary = LocalRun(scenario, out, console=console, certs=certs, tensorboard=tensorboard).run()
+        summary = LocalRun(scenario, out, console=console, certs=certs, tensorboard=tensorboard, **({"start": start} if start else {})).run()
     if tensorboard is not None:
         write_tensorboard_mean(out, scenario, tensorboard)
     return out, summary

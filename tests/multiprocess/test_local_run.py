@@ -12,6 +12,7 @@ from dfedrw.peer.results import read_rounds
 from tests.helpers import quiet_console, wait_for
 
 
+@pytest.mark.slow
 def test_sigkill_one_honest_client_others_finish(small_scenario, tmp_path):
     scenario = small_scenario(
         "topology.honest=6", "topology.byzantine=0", "attack.name=none", "rounds=400", "network.round_timeout=3"
