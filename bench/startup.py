@@ -9,10 +9,12 @@ default rho 0.7 for N = 12), ``--rounds`` rounds, no evaluation, and prints:
   check are included), and that divided by N (start-up per client on this machine);
 * PSS per client: the unique memory of a client process (shared pages divided among the
   processes that share them), the median and the largest over clients, each client's the
-  highest sampled while it ran; USS (pages no other process maps) beside it;
-* the launcher's PSS, and seconds per round (median client's round loop / rounds).
+  median of its samples; USS (pages no other process maps) beside it; the most threads a
+  client had;
+* the launcher's PSS (its highest), and seconds per round (median client's round loop / rounds).
 
-Memory is read from ``/proc/PID/smaps_rollup`` (Linux) once a second. The comparison in one
+Memory is read from ``/proc/PID/smaps_rollup`` (Linux) twice a second, with each process's
+thread count. The comparison in one
 invocation is ``--start``: the client processes started as fresh interpreters (``spawn``)
 against forked from a process that has the client code imported (``fork``).
 
@@ -52,6 +54,13 @@ def _memory(pid: int) -> tuple[int, int] | None:
     return fields.get("Pss", 0), fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
 
 
+def _threads(pid: int) -> int:
+    try:
+        return len(list(Path(f"/proc/{pid}/task").iterdir()))
+    except OSError:
+        return 0
+
+
 def _descendants(root: int) -> list[int]:
     """Every process under ``root`` (from /proc/PID/task/*/children)."""
     found, todo = [], [root]
@@ -72,12 +81,13 @@ def _descendants(root: int) -> list[int]:
 
 
 class Sampler(threading.Thread):
-    """Samples the memory of a launcher and its descendants once a second; keeps each one's peak."""
+    """Samples the memory and threads of a launcher and its descendants twice a second."""
 
     def __init__(self, launcher: int) -> None:
         super().__init__(daemon=True)
         self.launcher = launcher
-        self.peak: dict[int, tuple[int, int]] = {}
+        self.samples: dict[int, list[tuple[int, int]]] = {}
+        self.threads: dict[int, int] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -85,9 +95,18 @@ class Sampler(threading.Thread):
             for pid in [self.launcher, *_descendants(self.launcher)]:
                 now = _memory(pid)
                 if now is not None:
-                    old = self.peak.get(pid, (0, 0))
-                    self.peak[pid] = (max(old[0], now[0]), max(old[1], now[1]))
-            self.stop.wait(1.0)
+                    self.samples.setdefault(pid, []).append(now)
+                    self.threads[pid] = max(self.threads.get(pid, 0), _threads(pid))
+            self.stop.wait(0.5)
+
+    def typical(self, pid: int) -> tuple[int, int] | None:
+        """(PSS, USS) of ``pid`` over its life: the median of its samples. (Right after a fork
+        a client shares its pages with fewer processes than it will, so one early sample is
+        higher than what it holds; the median is what it holds while it runs.)"""
+        got = self.samples.get(pid)
+        if not got:
+            return None
+        return int(statistics.median(p for p, _ in got)), int(statistics.median(u for _, u in got))
 
 
 def one_run(dataset: str, clients: int, rounds: int, start: str, work: Path, timeout: float) -> dict:
@@ -115,7 +134,7 @@ def one_run(dataset: str, clients: int, rounds: int, start: str, work: Path, tim
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{err[-3000:]}")
     finals = [json.loads(p.read_text()) for p in sorted((out / "peers").glob("*.json"))]
     pids = {f["pid"] for f in finals}
-    client_memory = [sampler.peak[p] for p in pids if p in sampler.peak]
+    client_memory = [m for m in (sampler.typical(p) for p in pids) if m is not None]
     all_in = max(f["loop_started_at"] for f in finals) - began
     pss = sorted(m[0] for m in client_memory)
     uss = sorted(m[1] for m in client_memory)
@@ -127,7 +146,8 @@ def one_run(dataset: str, clients: int, rounds: int, start: str, work: Path, tim
         "client_pss_mb_max": round(pss[-1] / 2**20, 1) if pss else None,
         "client_uss_mb_median": round(statistics.median(uss) / 2**20, 1) if uss else None,
         "clients_sampled": len(client_memory),
-        "launcher_pss_mb": round(sampler.peak.get(proc.pid, (0, 0))[0] / 2**20, 1),
+        "client_threads_max": max((sampler.threads.get(p, 0) for p in pids), default=0),
+        "launcher_pss_mb": round(max((p for p, _ in sampler.samples.get(proc.pid, [(0, 0)]))) / 2**20, 1),
         "seconds_per_round": round(statistics.median(f["loop_seconds"] for f in finals) / rounds, 4),
         "completed": summary.get("honest_completed"), "tls": summary.get("tls"),
     }
@@ -137,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[12, 50])
     parser.add_argument("--datasets", nargs="+", default=["digits", "fashion-mnist"])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=30, help="rounds per run (default 30; memory is sampled while they run)")
     parser.add_argument("--start", nargs="+", default=["spawn", "fork"], choices=["spawn", "fork"])
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
@@ -150,12 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                     row = one_run(dataset, n, args.rounds, start, Path(tmp), args.timeout)
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr)
-    head = f"{'data set':15}{'N':>5}{'start':>7}{'all in r0 s':>13}{'s/client':>10}{'PSS MB med':>12}{'max':>7}{'USS med':>9}{'launcher':>10}{'s/round':>9}"
+    head = f"{'data set':15}{'N':>5}{'start':>7}{'all in r0 s':>13}{'s/client':>10}{'PSS MB med':>12}{'max':>7}{'USS med':>9}{'launcher':>10}{'s/round':>9}{'threads':>9}"
     print(head)
     for r in rows:
         print(
             f"{r['dataset']:15}{r['clients']:5}{r['start']:>7}{r['all_in_round_0_seconds']:13.2f}{r['startup_per_client_seconds']:10.3f}"
-            f"{r['client_pss_mb_median']:12.1f}{r['client_pss_mb_max']:7.1f}{r['client_uss_mb_median']:9.1f}{r['launcher_pss_mb']:10.1f}{r['seconds_per_round']:9.4f}"
+            f"{r['client_pss_mb_median']:12.1f}{r['client_pss_mb_max']:7.1f}{r['client_uss_mb_median']:9.1f}{r['launcher_pss_mb']:10.1f}{r['seconds_per_round']:9.4f}{r['client_threads_max']:9}"
         )
     for dataset in args.datasets:
         for n in args.clients:

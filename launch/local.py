@@ -118,11 +118,8 @@ class LocalRun:
         scenario_path = self.out_dir / "scenario.toml"
         dump_scenario(self.scenario, scenario_path)
         certs = self._certificates()
-        env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
-        # One thread per process: 12 clients on 2 cores thrash with torch's default pool.
-        env.setdefault("OMP_NUM_THREADS", "1")
-        if self.start == "fork":
-            self.fork_server = ForkServer(self.python, env, log=self.out_dir / "logs" / "fork-server.log")
+        env = self._env()
+        if self.fork_server is not None:
             # A client watches the process that started it: here, the fork server.
             env["DFEDRW_PARENT_PID"] = str(self.fork_server.pid)
         for k in range(topology.num_clients):
@@ -151,6 +148,20 @@ class LocalRun:
             self.children[k] = Child(k, role, proc, log_path)
         # Written at once so an operator (or a test) can find every client process of the run.
         write_json_atomic(self.out_dir / "pids.json", {"launcher": os.getpid(), "clients": {str(k): c.proc.pid for k, c in self.children.items()}})
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        # One torch thread per client: many clients share the cores, and one thread keeps a
+        # client's arithmetic the same to the bit whatever the machine.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def _start_fork_server(self) -> None:
+        """With ``start = "fork"``: the fork server, started first so that its imports overlap
+        the launcher's checks and certificates."""
+        if self.start == "fork" and self.fork_server is None:
+            (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
+            self.fork_server = ForkServer(self.python, self._env(), log=self.out_dir / "logs" / "fork-server.log")
 
     def _certificates(self) -> Path | None:
         """The clients' certificate folder: the one given, else a new CA and certificates for
@@ -245,9 +256,10 @@ class LocalRun:
     # -- main loop ----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         start = time.monotonic()
-        preflight(self.scenario)
-        check_certificates(self.scenario, self.certs)
         try:
+            self._start_fork_server()
+            preflight(self.scenario)
+            check_certificates(self.scenario, self.certs)
             self.spawn()
         except BaseException:
             self.stop_all()
