@@ -12,14 +12,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from dfedrw.launch.cli import stop_on_signals, build_parser
-from dfedrw.peer.cli import add_tensorboard_flag, dispatch
+from dfedrw.launch.forkserver import prestart
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from dfedrw.experiments.sweep import run_sweep
+    from dfedrw.launch.procs import stop_on_signals
 
     out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
     if args.tensorboard is not None:
@@ -60,6 +60,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Add sweep, report and export to the subcommands ``sub``."""
+    from dfedrw.peer.cli import add_tensorboard_flag
+
     sw = sub.add_parser("sweep", help="run every scenario of a grid file, in parallel and resumably")
     sw.add_argument("grid", type=Path, help="grid TOML (base, set, [axes], [[variants.NAME]], [[exclude]], [report])")
     sw.add_argument("--out", type=Path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
@@ -85,6 +87,13 @@ def add_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        # This process's own command line: for a `run` of client processes, their fork
+        # server imports while this process does.
+        prestart(sys.argv[1:])
+    from dfedrw.launch.cli import build_parser
+    from dfedrw.peer.cli import dispatch
+
     return dispatch(build_parser(more=add_commands), argv)
 
 

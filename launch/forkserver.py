@@ -29,6 +29,7 @@ The launcher's side is :class:`ForkServer`, whose :meth:`~ForkServer.start` retu
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 import json
@@ -43,7 +44,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PRELOAD", "START_METHODS", "ForkServer", "ForkedProcess", "fork_available", "serve"]
+__all__ = ["PRELOAD", "START_METHODS", "ForkServer", "ForkedProcess", "client_env", "fork_available", "prestart", "serve", "take_prestarted"]
 
 # How client processes start: forked from this module's server, or each a fresh interpreter.
 START_METHODS = ("fork", "spawn")
@@ -54,6 +55,15 @@ _GRACE = 5.0
 
 def fork_available() -> bool:
     return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
+def client_env() -> dict[str, str]:
+    """The environment a launcher gives its client processes (and their fork server)."""
+    env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+    # One torch thread per client: many clients share the cores, and one thread keeps a
+    # client's arithmetic the same to the bit whatever the machine.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 # ------------------------------------------------------------------------------ the server
@@ -192,13 +202,21 @@ def _signal(pid: int, sig: int) -> None:
 class ForkServer:
     """A running fork server (started at once; it imports while the launcher goes on)."""
 
-    def __init__(self, python: str, env: dict[str, str], *, log: Path) -> None:
-        self._log = open(log, "w")  # noqa: SIM115 - kept open for the server's life
+    def __init__(self, python: str, env: dict[str, str], *, log: Path | None = None) -> None:
+        self.python = python
         self.proc = subprocess.Popen(
             [python, "-m", "dfedrw.launch.forkserver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, env=env, start_new_session=True,
+            stderr=subprocess.PIPE, env=env, start_new_session=True,
         )
         self.pid = self.proc.pid
+        # What the server writes to stderr (a failed import, say): kept until a log file is
+        # named, then written there.
+        self._log_lock = threading.Lock()
+        self._log_lines: list[bytes] = []
+        self._log_file = None
+        if log is not None:
+            self.attach_log(log)
+        threading.Thread(target=self._read_stderr, daemon=True, name="fork-server-log").start()
         self._cond = threading.Condition()
         self._started: dict[int, dict[str, Any]] = {}
         self.exits: dict[int, int] = {}
@@ -219,6 +237,21 @@ class ForkServer:
             self._gone = True
             self._cond.notify_all()
 
+    def _read_stderr(self) -> None:
+        for line in self.proc.stderr:
+            with self._log_lock:
+                self._log_lines.append(line)
+                if self._log_file is not None:
+                    self._log_file.write(line)
+                    self._log_file.flush()
+
+    def attach_log(self, path: Path) -> None:
+        """Write what the server has said and will say to ``path``."""
+        with self._log_lock:
+            self._log_file = open(path, "wb")  # noqa: SIM115 - kept open for the server's life
+            self._log_file.writelines(self._log_lines)
+            self._log_file.flush()
+
     def start(self, argv: list[str], env: dict[str, str], log: Path, *, timeout: float = 120.0) -> ForkedProcess:
         """Fork one client running ``dfedrw peer ARGV`` with environment ``env``, output to ``log``."""
         with self._cond:
@@ -237,10 +270,8 @@ class ForkServer:
         return ForkedProcess(self, int(reply["pid"]))
 
     def _last_words(self) -> str:
-        try:
-            lines = [ln for ln in Path(self._log.name).read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
-            return "no log"
+        with self._log_lock:
+            lines = [ln.decode(errors="replace").strip() for ln in self._log_lines if ln.strip()]
         return lines[-1][:300] if lines else "no output"
 
     def exit_code(self, pid: int) -> int | None:
@@ -271,7 +302,44 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._log.close()
+        with self._log_lock:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+
+_prestarted: ForkServer | None = None
+
+
+def prestart(argv: list[str]) -> None:
+    """Start the fork server before the launcher's own imports when ``argv`` (the ``dfedrw``
+    command line) is a ``run`` that may fork client processes: the two imports then overlap,
+    and the launcher finds a server ready (:func:`take_prestarted`). One not taken (the run
+    turned out to be batched or in-process) is closed when the launcher exits."""
+    global _prestarted
+    words = [a for a in argv if not a.startswith("-")]
+    if not fork_available() or not words or words[0] != "run" or _prestarted is not None:
+        return
+    flags = " ".join(argv)
+    if "--start spawn" in flags or "--start=spawn" in flags or "--engine batched" in flags or "--engine=batched" in flags:
+        return
+    _prestarted = ForkServer(sys.executable, client_env())
+    atexit.register(_close_prestarted)
+
+
+def take_prestarted(python: str) -> ForkServer | None:
+    """The server :func:`prestart` started, if it runs ``python`` (once)."""
+    global _prestarted
+    server, _prestarted = _prestarted, None
+    if server is not None and (server.python != python or server.proc.poll() is not None):
+        server.close()
+        return None
+    return server
+
+
+def _close_prestarted() -> None:
+    if _prestarted is not None:
+        _prestarted.close()
 
 
 class ForkedProcess:

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dfedrw.launch.collect import collect_summary
-from dfedrw.launch.forkserver import START_METHODS, ForkServer, fork_available
+from dfedrw.launch.forkserver import START_METHODS, ForkServer, client_env, fork_available, take_prestarted
 from dfedrw.launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
 from dfedrw.launch.preflight import preflight
 from dfedrw.launch.progress import ProgressBoard
@@ -118,8 +118,10 @@ class LocalRun:
         scenario_path = self.out_dir / "scenario.toml"
         dump_scenario(self.scenario, scenario_path)
         certs = self._certificates()
-        env = self._env()
+        env = client_env()
+        self._start_fork_server()
         if self.fork_server is not None:
+            self.fork_server.attach_log(self.out_dir / "logs" / "fork-server.log")
             # A client watches the process that started it: here, the fork server.
             env["DFEDRW_PARENT_PID"] = str(self.fork_server.pid)
         for k in range(topology.num_clients):
@@ -149,19 +151,13 @@ class LocalRun:
         # Written at once so an operator (or a test) can find every client process of the run.
         write_json_atomic(self.out_dir / "pids.json", {"launcher": os.getpid(), "clients": {str(k): c.proc.pid for k, c in self.children.items()}})
 
-    def _env(self) -> dict[str, str]:
-        env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
-        # One torch thread per client: many clients share the cores, and one thread keeps a
-        # client's arithmetic the same to the bit whatever the machine.
-        env.setdefault("OMP_NUM_THREADS", "1")
-        return env
-
     def _start_fork_server(self) -> None:
         """With ``start = "fork"``: the fork server, started first so that its imports overlap
-        the launcher's checks and certificates."""
+        the launcher's checks and certificates (or before the launcher's own imports, by the
+        command line: :func:`~dfedrw.launch.forkserver.prestart`)."""
         if self.start == "fork" and self.fork_server is None:
-            (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
-            self.fork_server = ForkServer(self.python, self._env(), log=self.out_dir / "logs" / "fork-server.log")
+            # Its log goes to logs/fork-server.log once the results folder is made (spawn).
+            self.fork_server = take_prestarted(self.python) or ForkServer(self.python, client_env())
 
     def _certificates(self) -> Path | None:
         """The clients' certificate folder: the one given, else a new CA and certificates for
