@@ -44,7 +44,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PRELOAD", "START_METHODS", "ForkServer", "ForkedProcess", "client_env", "fork_available", "prestart", "serve", "take_prestarted"]
+__all__ = ["PRELOAD", "START_METHODS", "ForkServer", "ForkedProcess", "client_env", "fork_available", "may_fork_clients", "prestart", "serve", "take_prestarted"]
 
 # How client processes start: forked from this module's server, or each a fresh interpreter.
 START_METHODS = ("fork", "spawn")
@@ -317,14 +317,20 @@ def prestart(argv: list[str]) -> None:
     and the launcher finds a server ready (:func:`take_prestarted`). One not taken (the run
     turned out to be batched or in-process) is closed when the launcher exits."""
     global _prestarted
+    if fork_available() and _prestarted is None and may_fork_clients(argv):
+        _prestarted = ForkServer(sys.executable, client_env())
+        atexit.register(_close_prestarted)
+
+
+def may_fork_clients(argv: list[str]) -> bool:
+    """Whether the ``dfedrw`` command line ``argv`` is a ``run`` that may fork client processes
+    (not one that asks for ``--start spawn`` or ``--engine batched``; a scenario file may still
+    name another engine or transport)."""
     words = [a for a in argv if not a.startswith("-")]
-    if not fork_available() or not words or words[0] != "run" or _prestarted is not None:
-        return
+    if not words or words[0] != "run":
+        return False
     flags = " ".join(argv)
-    if "--start spawn" in flags or "--start=spawn" in flags or "--engine batched" in flags or "--engine=batched" in flags:
-        return
-    _prestarted = ForkServer(sys.executable, client_env())
-    atexit.register(_close_prestarted)
+    return not any(f in flags for f in ("--start spawn", "--start=spawn", "--engine batched", "--engine=batched"))
 
 
 def take_prestarted(python: str) -> ForkServer | None:

@@ -1,0 +1,43 @@
+"""The fork server's request checks and the command lines that start it early (no process here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dfedrw.launch.forkserver import _checked, may_fork_clients
+
+GOOD = {"tag": 1, "argv": ["--id", "3"], "env": {"A": "b"}, "log": "/tmp/x.log", "cwd": "/tmp"}
+
+
+def test_a_well_formed_request_passes():
+    _checked(GOOD)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [], "run", {**GOOD, "tag": "1"}, {**GOOD, "argv": "--id 3"}, {**GOOD, "argv": ["--id", 3]},
+        {**GOOD, "env": {"A": 1}}, {**GOOD, "env": [["A", "b"]]}, {**GOOD, "log": None}, {k: v for k, v in GOOD.items() if k != "cwd"},
+    ],
+)
+def test_a_malformed_request_is_refused(bad):
+    with pytest.raises(ValueError, match="a request is"):
+        _checked(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run"], True),
+        (["-v", "run", "s.toml", "--set", "rounds=5"], True),
+        (["run", "--start", "fork"], True),
+        (["run", "--start", "spawn"], False),
+        (["run", "--start=spawn"], False),
+        (["run", "--engine", "batched"], False),
+        (["sweep", "grid.toml"], False),
+        (["peer", "--id", "1"], False),
+        ([], False),
+    ],
+)
+def test_which_command_lines_start_the_fork_server_early(argv, expected):
+    assert may_fork_clients(argv) is expected
