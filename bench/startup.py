@@ -11,14 +11,15 @@ default rho 0.7 for N = 12), ``--rounds`` rounds, no evaluation, and prints:
   processes that share them), the median and the largest over clients, each client's the
   median of its samples; USS (pages no other process maps) beside it; the most threads a
   client had;
-* the launcher's PSS (its highest), and seconds per round (median client's round loop / rounds).
+* the launcher's PSS and the fork server's (their highest), and seconds per round (median
+  client's round loop / rounds).
 
 Memory is read from ``/proc/PID/smaps_rollup`` (Linux) twice a second, with each process's
 thread count. The comparison in one
 invocation is ``--start``: the client processes started as fresh interpreters (``spawn``)
 against forked from a process that has the client code imported (``fork``).
 
-    python bench/startup.py                                    # 12 and 50 clients, digits and Fashion-MNIST
+    python bench/startup.py                                    # 12 and 50 clients, digits and Fashion-MNIST, spawn and fork
     python bench/startup.py --clients 100 --datasets fashion-mnist --rounds 100
     python bench/startup.py --clients 12 --json out.json
 """
@@ -148,6 +149,8 @@ def one_run(dataset: str, clients: int, rounds: int, start: str, work: Path, tim
         "clients_sampled": len(client_memory),
         "client_threads_max": max((sampler.threads.get(p, 0) for p in pids), default=0),
         "launcher_pss_mb": round(max((p for p, _ in sampler.samples.get(proc.pid, [(0, 0)]))) / 2**20, 1),
+        # Neither the launcher nor a client: the fork server (none with spawn).
+        "fork_server_pss_mb": round(max((p for pid, got in sampler.samples.items() if pid not in pids and pid != proc.pid for p, _ in got), default=0) / 2**20, 1),
         "seconds_per_round": round(statistics.median(f["loop_seconds"] for f in finals) / rounds, 4),
         "completed": summary.get("honest_completed"), "tls": summary.get("tls"),
     }
@@ -159,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", default=["digits", "fashion-mnist"])
     parser.add_argument("--rounds", type=int, default=30, help="rounds per run (default 30; memory is sampled while they run)")
     parser.add_argument("--start", nargs="+", default=["spawn", "fork"], choices=["spawn", "fork"])
+    parser.add_argument(
+        "--spawn-max", type=int, default=50,
+        help="largest N started with spawn (default 50: a fresh interpreter holds ~200 MB of its own, 100 of them more than this machine's memory)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -167,15 +174,18 @@ def main(argv: list[str] | None = None) -> int:
         for dataset in args.datasets:
             for n in args.clients:
                 for start in args.start:
+                    if start == "spawn" and n > args.spawn_max:
+                        print(f"{dataset} N={n}: spawn left out (--spawn-max {args.spawn_max})", file=sys.stderr)
+                        continue
                     row = one_run(dataset, n, args.rounds, start, Path(tmp), args.timeout)
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr)
-    head = f"{'data set':15}{'N':>5}{'start':>7}{'all in r0 s':>13}{'s/client':>10}{'PSS MB med':>12}{'max':>7}{'USS med':>9}{'launcher':>10}{'s/round':>9}{'threads':>9}"
+    head = f"{'data set':15}{'N':>5}{'start':>7}{'all in r0 s':>13}{'s/client':>10}{'PSS MB med':>12}{'max':>7}{'USS med':>9}{'launcher':>10}{'fork srv':>10}{'s/round':>9}{'threads':>9}"
     print(head)
     for r in rows:
         print(
             f"{r['dataset']:15}{r['clients']:5}{r['start']:>7}{r['all_in_round_0_seconds']:13.2f}{r['startup_per_client_seconds']:10.3f}"
-            f"{r['client_pss_mb_median']:12.1f}{r['client_pss_mb_max']:7.1f}{r['client_uss_mb_median']:9.1f}{r['launcher_pss_mb']:10.1f}{r['seconds_per_round']:9.4f}{r['client_threads_max']:9}"
+            f"{r['client_pss_mb_median']:12.1f}{r['client_pss_mb_max']:7.1f}{r['client_uss_mb_median']:9.1f}{r['launcher_pss_mb']:10.1f}{r['fork_server_pss_mb']:10.1f}{r['seconds_per_round']:9.4f}{r['client_threads_max']:9}"
         )
     for dataset in args.datasets:
         for n in args.clients:
