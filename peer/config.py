@@ -868,17 +868,35 @@ def scenario_changes(scenario: Scenario) -> dict[str, Any]:
     return diff(_identity_dict(scenario), _identity_dict(Scenario()))
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``a.b.c=value``; the value is read as TOML (numbers, booleans, strings) or taken verbatim."""
-    key, sep, value = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ScenarioError(f"override {text!r} must look like key=value, e.g. rounds=100")
+def _key_path(key: str) -> list[str] | None:
+    """The parts of a TOML dotted key (``attack."mylab:MyAttack".k`` -> ``[attack,
+    mylab:MyAttack, k]``: quoted parts may hold dots), or None if ``key`` is not one."""
     try:
-        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        table: Any = tomllib.loads(f"{key} = 0")
     except tomllib.TOMLDecodeError:
-        parsed = value.strip()
-    return key.split("."), parsed
+        return None
+    path = []
+    while isinstance(table, dict) and len(table) == 1:
+        (part, table), = table.items()
+        path.append(part)
+    return path if table == 0 and path else None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the key is a TOML dotted key (a part in quotes may hold dots or
+    ``=``), the value is read as TOML (numbers, booleans, strings) or taken verbatim."""
+    for at, char in enumerate(text):
+        if char != "=":
+            continue
+        path = _key_path(text[:at].strip())
+        if path is not None:
+            value = text[at + 1 :].strip()
+            try:
+                parsed = tomllib.loads(f"v = {value}")["v"]
+            except tomllib.TOMLDecodeError:
+                parsed = value
+            return path, parsed
+    raise ScenarioError(f"override {text!r} must look like key=value, e.g. rounds=100 or attack.\"mylab:MyAttack\".k=2")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -305,3 +305,45 @@ def test_missing_edge_list_is_one_line_from_the_cli(tmp_path, capsys):
     assert code == 2
     assert err.startswith("dfedrw: topology.file: cannot read edge list") and "No such file" in err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_quoted_override_keys_set_an_outside_class_settings_as_the_toml_file_does(monkeypatch):
+    # Prepare: the plugin example's scenario, and the same settings as --set overrides
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "plugins"
+    monkeypatch.syspath_prepend(str(examples))
+    from_file = load_scenario(examples / "scenario.toml")
+    overrides = [
+        "topology.honest=8", "topology.byzantine=2", "attack.name=mylab_plugins:ScaledMean",
+        'attack."mylab_plugins:ScaledMean".factor=-3.0', 'attack."mylab_plugins:ScaledMean".noise = 0.5',
+        "aggregation.rule=dfedreweighting", "aggregation.tpm=loss", "aggregation.crs=mylab_plugins:LowestK",
+        'aggregation.crs_params."mylab_plugins:LowestK".k=3',
+    ]
+    base = [line for line in (examples / "scenario.toml").read_text().splitlines() if line.startswith(("rounds", "seed"))]
+
+    # Execute
+    from_set = load_scenario(None, [*overrides, *(b.replace(" ", "") for b in base)])
+
+    # Assert
+    assert from_set.attack == from_file.attack
+    assert from_set.aggregation == from_file.aggregation
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "value"),
+    [
+        ("rounds=100", ["rounds"], 100),
+        ('attack."mylab:MyAttack".k=2', ["attack", "mylab:MyAttack", "k"], 2),
+        ('a."x=y".b = 3', ["a", "x=y", "b"], 3),
+        ("network.host=127.0.0.1", ["network", "host"], "127.0.0.1"),
+    ],
+)
+def test_override_keys_are_toml_dotted_keys(text, path, value):
+    assert parse_override(text) == (path, value)
+
+
+@pytest.mark.parametrize("text", ["=3", "rounds", "a b=1", 'attack."open=1'])
+def test_an_override_without_a_key_is_one_clear_error(text):
+    with pytest.raises(ScenarioError, match="must look like key=value"):
+        parse_override(text)
