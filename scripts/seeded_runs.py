@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 STORED = REPO / "tests" / "data" / "seeded_runs.json"
 SCENARIOS = {
-    "digits": ["rounds=30", "eval.every=10", "seed=43", "network.transport=inproc", "aggregation.rule=dfedreweighting", "attack.name=gaussian"],
+    "digits": ["rounds=30", "eval.every=10", "seed=43", "train.lr=0.01", "network.transport=inproc", "aggregation.rule=dfedreweighting", "attack.name=gaussian"],
     "fashion-mnist": [
-        "rounds=10", "eval.every=5", "seed=43", "network.transport=inproc", "data.name=fashion-mnist",
+        "rounds=10", "eval.every=5", "seed=43", "train.lr=0.01", "network.transport=inproc", "data.name=fashion-mnist",
         "aggregation.rule=dfedreweighting", "attack.name=alie",
     ],
 }
