@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from dfedrw.experiments.sweep import load_grid, plan_sweep
     from dfedrw.launch import batched
     from dfedrw.peer import training
-    from tests.integration.test_batch_of_runs import differences
+    from tests.support.parity import differences
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))

@@ -8,7 +8,6 @@ summaries equal but for the clock and process ids."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,7 @@ import pytest
 from dfedrw.launch.batched import BatchedRun, batch_key, run_many, run_together
 from dfedrw.peer.config import dump_scenario
 from tests.helpers import quiet_console
-from tests.integration.test_engine_parity import BY_ID, CASES, DIR, _case, scenario
-
-# Timing and process fields: the only ones that may differ between a run alone and in a batch.
-CLOCK = {"wall_seconds", "loop_seconds", "loop_cpu_seconds", "loop_started_at", "pid", "launcher_pid", "pids"}
+from tests.support.parity import BY_ID, CASES, DIR, differences, make_case, scenario
 
 SOME = [
     BY_ID[i]
@@ -27,32 +23,7 @@ SOME = [
         "lossclip-gaussian-iid", "dfedavg-gaussian-dirichlet", "softmax-none-dirichlet", "krum-signflip-dirichlet",
         "lossclip-decoystealth-iid", "balance-alie-colluding-dirichlet", "dfedavg-omission-dirichlet", "ubar-ipm-iid",
     )
-] + [_case("qfdfl-gaussian-dirichlet", ("aggregation.rule=qfdfl", "aggregation.q=0.1"), "gaussian", 1, DIR)]
-
-
-def _without_clock(value):
-    if isinstance(value, dict):
-        return {k: _without_clock(v) for k, v in value.items() if k not in CLOCK}
-    if isinstance(value, list):
-        return [_without_clock(v) for v in value]
-    return value
-
-
-def differences(alone: Path, together: Path) -> list[str]:
-    """What differs between two results folders of one scenario, clock fields aside."""
-    problems = []
-    for path in sorted(alone.rglob("*")):
-        if path.is_dir() or path.suffix not in {".jsonl", ".json", ".toml"}:
-            continue
-        other = together / path.relative_to(alone)
-        if not other.exists():
-            problems.append(f"{other} missing")
-        elif path.suffix == ".json":
-            if _without_clock(json.loads(path.read_text())) != _without_clock(json.loads(other.read_text())):
-                problems.append(f"{path.relative_to(alone)} differs")
-        elif path.read_bytes() != other.read_bytes():
-            problems.append(f"{path.relative_to(alone)} differs")
-    return problems
+] + [make_case("qfdfl-gaussian-dirichlet", ("aggregation.rule=qfdfl", "aggregation.q=0.1"), "gaussian", 1, DIR)]
 
 
 def _run_alone_and_together(cases, rounds: int, tmp_path: Path) -> list[str]:

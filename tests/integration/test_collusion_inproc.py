@@ -30,7 +30,7 @@ from dfedrw.peer.config import load_scenario
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import read_rounds
 from tests.helpers import quiet_console
-from tests.integration.test_engine_parity import _report, engine_differences
+from tests.support.parity import engine_differences, report_differences
 
 ROUNDS = 20
 BASE = (
@@ -107,7 +107,7 @@ def test_colluders_pool_every_round_and_match_the_batched_engine(attack, rule_na
 
     # Assert: the same records as the batched engine, honest and Byzantine.
     problems = engine_differences(batched, threads, rule=rule_name, rounds=ROUNDS)
-    assert not problems, _report(f"{attack} colluding", problems)
+    assert not problems, report_differences(f"{attack} colluding", problems)
 
 
 def test_without_collusion_the_records_say_so_and_differ(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from dfedrw.experiments import sweep
 from dfedrw.experiments.sweep import load_grid, plan_batches, plan_sweep, run_state, run_sweep
 from tests.helpers import quiet_console
-from tests.integration.test_batch_of_runs import differences
+from tests.support.parity import differences
 from tests.unit.test_sweep import GRID, TINY, fake_run, write_grid  # noqa: F401 - fake_run is a fixture
 
 
