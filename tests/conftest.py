@@ -1,9 +1,11 @@
 import os
+import sys
 
 import pytest
 
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.datacache import CACHE_ENV
+from tests.support.sweeps import FAKE_RUN
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -27,3 +29,22 @@ def small_scenario():
         return load_scenario(None, ["rounds=20", "eval.every=0", "network.round_timeout=5", *overrides])
 
     return make
+
+
+@pytest.fixture
+def fake_run(tmp_path, monkeypatch):
+    """The sweep's child processes replaced by a stand-in script (tests.support.sweeps.FAKE_RUN);
+    returns a function listing the run folders it was called for."""
+    from dfedrw.experiments import sweep
+
+    script = tmp_path / "fake_run.py"
+    script.write_text(FAKE_RUN)
+    calls = tmp_path / "calls.txt"
+    calls.write_text("")
+    monkeypatch.setenv("FAKE_CALLS", str(calls))
+    monkeypatch.setattr(sweep, "child_command", lambda request, folder: [sys.executable, str(script), str(request), str(folder)])
+    monkeypatch.setattr(
+        sweep, "batch_command",
+        lambda runs: [sys.executable, str(script), *(str(x) for r in runs for x in (r.folder / sweep.REQUEST_FILE, r.folder))],
+    )
+    return lambda: calls.read_text().split()

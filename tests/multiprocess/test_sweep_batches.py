@@ -11,7 +11,7 @@ from dfedrw.experiments import sweep
 from dfedrw.experiments.sweep import load_grid, plan_batches, plan_sweep, run_state, run_sweep
 from tests.helpers import quiet_console
 from tests.support.parity import differences
-from tests.unit.test_sweep import GRID, TINY, fake_run, write_grid  # noqa: F401 - fake_run is a fixture
+from tests.support.sweeps import GRID, TINY, write_grid
 
 
 def test_runs_of_one_shape_go_in_even_batches_and_others_alone(tmp_path):

@@ -17,7 +17,7 @@ from dfedrw.experiments.cli import main
 from dfedrw.experiments.sweep import SweepError, load_grid, plan_sweep, run_state, run_sweep
 from dfedrw.peer.config import dump_scenario
 from tests.helpers import quiet_console
-from tests.unit.test_sweep import FAST, GRID, TINY, fake_run, write_grid  # noqa: F401 - fake_run is a fixture
+from tests.support.sweeps import FAST, GRID, TINY, write_grid
 
 
 def finish(run, summary=None):
