@@ -9,7 +9,7 @@ import pytest
 from dfedrw.experiments.cli import main
 from dfedrw.experiments.record import RecordError, build_record, export_sweep, read_record, run_record, write_record
 from dfedrw.experiments.report import write_report
-from tests.unit.test_report import BYZ_SPEC, byz_peers, byz_rounds, make_byzantine, write_run
+from tests.support.reports import BYZ_SPEC, byz_peers, byz_rounds, make_byzantine, write_run
 
 
 def with_scenarios(root):

@@ -8,7 +8,7 @@ from dfedrw.experiments.report import ReportError, load_results, normalize_repor
 from dfedrw.experiments import robustness, tpm_pairs
 from dfedrw.experiments.robustness import ranking, render_worst_case_csv, worst_case
 from dfedrw.experiments.tpm_pairs import verdict
-from tests.unit.test_report import make_fairness, write_run, write_sweep
+from tests.support.reports import make_fairness, write_run, write_sweep
 
 
 def peers(acc, byzantine):
