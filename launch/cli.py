@@ -175,8 +175,8 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     ls.add_argument("kind", nargs="?", choices=("rules", "tpms", "crs", "attacks"), help="one kind (default: all)")
     ls.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS", help="also describe this import path (repeatable)")
     ls.add_argument("--module", action="append", default=[], metavar="MODULE", help="import this module first, e.g. one that registers classes (repeatable)")
-    ls.add_argument("--markdown", action="store_true", help="print the README's markdown tables")
-    ls.add_argument("--readme", type=Path, default=None, metavar="FILE", help="rewrite the tables between <!-- registry:KIND --> markers of FILE")
+    ls.add_argument("--markdown", action="store_true", help="print the markdown tables of docs/reference.md")
+    ls.add_argument("--readme", type=Path, default=None, metavar="FILE", help="rewrite the tables between <!-- registry:KIND --> markers of FILE (the project's tables: docs/reference.md)")
     ls.set_defaults(func=cmd_list)
     return parser
 

@@ -38,7 +38,7 @@ __all__ = [
     "sync_readme",
 ]
 
-# Plural kind (as `dfedrw list` and the README markers name it) -> registry.
+# Plural kind (as `dfedrw list` and the registry markers of docs/reference.md name it) -> registry.
 REGISTRIES: dict[str, Registry] = {
     "rules": RULE_REGISTRY,
     "tpms": TPM_REGISTRY,
@@ -137,7 +137,7 @@ def _cell(text: str) -> str:
 
 
 def render_markdown(kind: str, names: Iterable[str] | None = None, *, builtin_only: bool = True) -> str:
-    """The README's reference table of one kind, rendered from its registry."""
+    """The reference table of one kind (as docs/reference.md shows it), rendered from its registry."""
     table = SETTINGS_TABLE[kind]
     threat = kind == "attacks"
     lines = [
@@ -165,15 +165,16 @@ def render_readme(text: str) -> str:
     def replace(match: re.Match[str]) -> str:
         kind = match.group(2)
         if kind not in REGISTRIES:
-            raise ValueError(f"README marker registry:{kind}: no such registry; use {', '.join(REGISTRIES)}")
+            raise ValueError(f"marker registry:{kind}: no such registry; use {', '.join(REGISTRIES)}")
         return f"{match.group(1)}{render_markdown(kind)}\n{match.group(4)}"
 
     return _MARKER.sub(replace, text)
 
 
 def sync_readme(path: str | Path, *, check: bool = False) -> bool:
-    """Regenerate the registry tables of a README in place; with ``check`` only report.
-    Returns True when the file was already up to date."""
+    """Regenerate the registry tables of a markdown file (the project's are in
+    docs/reference.md) in place; with ``check`` only report. Returns True when the file was
+    already up to date."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     fresh = render_readme(text)

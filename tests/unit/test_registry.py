@@ -1,5 +1,5 @@
 """Registries of rules, TPMs, CRSs and attacks: settings tables, supplied values, plugins,
-legacy keys, run identity, `dfedrw list` and the README's generated tables."""
+legacy keys, run identity, `dfedrw list` and the generated tables of docs/reference.md."""
 
 import hashlib
 import sys
@@ -240,14 +240,14 @@ def test_every_committed_run_keeps_its_folder_hash():
     assert not wrong, wrong
 
 
-# -- listing and the README -------------------------------------------------------------------------
+# -- listing and the reference tables -------------------------------------------------------------
 
 
-def test_readme_registry_tables_are_what_the_registries_render():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_reference_page_registry_tables_are_what_the_registries_render():
+    page = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
     for kind in REGISTRIES:
-        assert f"<!-- registry:{kind} -->" in readme and f"<!-- /registry:{kind} -->" in readme
-    assert render_readme(readme) == readme, "README tables are stale: run `dfedrw list --readme README.md`"
+        assert f"<!-- registry:{kind} -->" in page and f"<!-- /registry:{kind} -->" in page
+    assert render_readme(page) == page, "docs/reference.md tables are stale: run `dfedrw list --readme docs/reference.md`"
 
 
 def test_dfedrw_list_prints_names_settings_and_summaries(capsys):
