@@ -4,24 +4,11 @@ counted, and the receiver keeps training. Four clients run as threads in this pr
 import grpc
 import torch
 
-from dfedrw.peer.identity import load_identity, make_certificates
+from dfedrw.peer.identity import load_identity
 from dfedrw.peer.transport.grpc_transport import channel_credentials, identity_options
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import TensorSpec, encode
-from tests.helpers import ClientThreads, loopback_grpc
-
-
-def run_network(scenario, out_dir, meddle):
-    certs = out_dir / "certs"
-    make_certificates(scenario.num_clients, certs)
-    net = ClientThreads(scenario, out_dir, loopback_grpc(scenario, certs))
-    net.start()
-    try:
-        meddle(net.peers, net.addresses)
-    finally:
-        net.join(timeout=120)
-    net.check()
-    return net.peers, net.finals
+from tests.support.network import run_network
 
 
 def test_bad_messages_are_rejected_counted_and_training_goes_on(small_scenario, tmp_path):

@@ -376,7 +376,7 @@ def test_a_flooding_member_is_rate_limited_then_shut_out_and_a_neighbour_is_not(
 @pytest.mark.parametrize("tls", ["mutual", "off"])
 def test_an_honest_network_is_never_rate_limited(small_scenario, tmp_path, tls):
     """Without TLS every client here shares one address, 127.0.0.1: its bounds are shared too."""
-    from tests.integration.test_bad_messages import run_network
+    from tests.support.network import run_network
 
     scenario = small_scenario(
         "topology.kind=complete", "topology.honest=4", "topology.byzantine=0", "attack.name=none", "rounds=60", f"network.tls={tls}"

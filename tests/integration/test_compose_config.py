@@ -11,7 +11,7 @@ import pytest
 from dfedrw.launch.compose import ATTACK_ENV, ComposeOptions, default_user, write_compose
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.plan import scenario_topology
-from tests.unit.test_compose import peers_of
+from tests.support.compose import peers_of
 
 
 COMPOSE = shutil.which("docker-compose")

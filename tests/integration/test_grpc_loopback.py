@@ -11,7 +11,7 @@ import torch
 from dfedrw.peer.transport.grpc_transport import GrpcTransport, handle_push, split_messages
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode
-from tests.unit.test_transport import SPECS, roundtrip, vec
+from tests.support.wire import SPECS, roundtrip, vec
 
 
 def _pair(deliver, chunk_bytes=16):

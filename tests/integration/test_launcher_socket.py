@@ -16,7 +16,7 @@ from dfedrw.launch.progress import ProgressBoard
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.telemetry import LauncherLink
 from tests.helpers import quiet_console
-from tests.unit.test_launcher_link import MALFORMED, TOKENS, register
+from tests.support.link import MALFORMED, TOKENS, register
 
 
 class _AliveProc:

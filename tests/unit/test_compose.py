@@ -24,13 +24,7 @@ from dfedrw.peer.config import load_scenario
 from dfedrw.peer.identity import load_identity, make_certificates, run_id_of
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import write_json_atomic
-
-
-def peers_of(command: list[str]) -> dict[int, str]:
-    """``--peer ID=ADDRESS`` pairs of a command, the Byzantine services' ``sh -c`` line included."""
-    words = command[2].split() if command[:2] == ["sh", "-c"] else command
-    pairs = [words[i + 1] for i, w in enumerate(words) if w == "--peer"]
-    return {int(p.split("=")[0]): p.split("=", 1)[1] for p in pairs}
+from tests.support.compose import peers_of
 
 
 def test_default_scenario_gives_a_service_per_client_talking_to_its_neighbours(tmp_path):

@@ -15,18 +15,7 @@ from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.grpc_transport import CallLimits, MessageSplitter, PeerServicer, handle_push, split_messages
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
-
-SPECS = (TensorSpec("0.weight", "float32", (3, 4)), TensorSpec("0.bias", "float32", (3,)))
-D = 15
-
-
-def vec(seed=0):
-    return torch.randn(D, generator=torch.Generator().manual_seed(seed))
-
-
-def roundtrip(chunks, specs=SPECS, max_bytes=1 << 20):
-    header, payload, wire = join_chunks(iter(chunks), max_bytes)
-    return decode(header, payload, specs, wire)
+from tests.support.wire import D, SPECS, roundtrip, vec
 
 
 def test_encode_decode_roundtrip_in_many_chunks():
