@@ -39,7 +39,7 @@ from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.models import build_model, get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
-from dfedrw.peer.node import (
+from dfedrw.peer.assembly import (
     attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
     known_mean, move, scenario_plausible,
 )

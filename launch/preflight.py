@@ -5,7 +5,7 @@ from __future__ import annotations
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import check_dataset
 from dfedrw.peer.datacache import verify_stored
-from dfedrw.peer.node import client_attack, client_rule
+from dfedrw.peer.assembly import client_attack, client_rule
 from dfedrw.peer.plan import scenario_topology
 
 

@@ -34,7 +34,8 @@ from dfedrw.launch.collect import collect_summary, collected_now, write_tensorbo
 from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
 from dfedrw.peer.identity import make_certificates
-from dfedrw.peer.node import client_identity, grpc_transport_for, run_client, scenario_colluders
+from dfedrw.peer.assembly import client_identity, grpc_transport_for, scenario_colluders
+from dfedrw.peer.node import run_client
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.results import check_fresh_out_dir
 from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard

@@ -1,5 +1,6 @@
-"""The one module that wires a client together: data, model, aggregation rule or attack,
-inbox, transport, launcher link, results.
+"""A client: its state and round loop, honest or Byzantine, from start to final record. Its
+parts (transport, rule or attack, model, data) come from :mod:`peer.assembly`, which every
+launcher and the batched engine use too.
 
 Round t at an honest client k (paper, Algorithm 1):
   1. local SGD step(s) -> w_k^{t+1/2};
@@ -14,39 +15,36 @@ models, crafts one message per receiver with its attack, and sends them. With
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dfedrw.peer.aggregation import RoundInputs
+from dfedrw.peer.assembly import (
+    attack_generator, byzantine_claims, byzantine_record, client_attack, client_data, client_identity, client_rule, finite_or_none,
+    grpc_transport_for, initial_model, known_mean, scenario_plausible,
+)
+from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.config import Scenario
-from dfedrw.peer.identity import ClientIdentity, IdentityError, load_identity
-from dfedrw.peer.data import TRAIN_SIZES, Dataset, aux_indices, local_test_indices, partition
-from dfedrw.peer.datacache import StoredSplit, stored_dataset
-from dfedrw.peer.models import MODELS, build_model, get_vector, set_vector
-from dfedrw.peer.attacks import AttackerData, AttackView, craft_round
-from dfedrw.peer.plugins import _takes_tpm_and_crs, build_attack, build_client_rule, build_rule_from
-from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, role_of, scenario_topology, told_byzantine  # noqa: F401 - re-exported
+from dfedrw.peer.models import get_vector, set_vector
+from dfedrw.peer.plan import derive_seed, role_of, scenario_topology, told_byzantine
+from dfedrw.peer.plugins import _takes_tpm_and_crs
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.telemetry import LauncherLink, NullLink
 from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
 from dfedrw.peer.transport.base import Transport
-from dfedrw.peer.transport.grpc_transport import CallLimits, GrpcTransport
 from dfedrw.peer.transport.inbox import Inbox
-from dfedrw.peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks, model_specs, pool_bytes
-from dfedrw.topologies import Topology
+from dfedrw.peer.transport.serde import WireError, decode, encode, join_chunks, model_specs
 
 log = logging.getLogger(__name__)
 
@@ -60,219 +58,6 @@ _STALE_AFTER = 10
 # How many rounds after resuming a client keeps checking whether its neighbours are ahead of
 # it (their replies say their round) and skips ahead to them.
 _REJOIN_ROUNDS = 20
-
-
-
-def grpc_transport_for(
-    scenario: Scenario,
-    host: str,
-    port: int,
-    *,
-    advertise: str | None = None,
-    identity: ClientIdentity | None = None,
-    client: int | None = None,
-) -> GrpcTransport:
-    """The gRPC transport with the scenario's limits. Each sender gets its own call slots (its
-    ``Exchange`` call, which stays open for the whole run, and ``network.calls_per_sender``
-    pushes) and a message bucket of ``round_window + 2`` messages a round (one is honest);
-    the server's bound on concurrent calls leaves room for every client's slots. With
-    ``network.tls = "mutual"`` it needs the client's ``identity``. ``client`` (default: the
-    identity's) is whose transport it is: a colluding Byzantine client receives pools of up to
-    one model per client, every other client one model a message."""
-    net = scenario.network
-    if net.tls == "mutual" and identity is None:
-        raise IdentityError("network.tls = 'mutual' needs this client's certificate: give --certs DIR (made by `dfedrw certs`)")
-    if net.tls == "off":
-        log.warning(
-            "network.tls = 'off': no sender is authenticated, so any process that reaches this client can send models "
-            "in a neighbour's name; use it for debugging only"
-        )
-        identity = None
-    per_round = net.round_window + 2
-    limits = CallLimits(
-        calls_per_sender=net.calls_per_sender,
-        idle_call_timeout=net.idle_call_timeout,
-        burst=4 * per_round,
-        per_round=float(per_round),
-        per_second=per_round / net.round_timeout,
-        block_seconds=min(5 * net.round_timeout, 300.0),
-        # Without TLS a sender is an IP address: every client of the run may share one host.
-        shared_host=1 if identity is not None else scenario.num_clients,
-    )
-    # A receiver buffers at most one message's worth per open call: the model's size, which is
-    # all an honest message holds, not the scenario's far larger ceiling.
-    model_bytes = sum(s.nbytes for s in scenario_model_specs(scenario))
-    client = identity.client if client is None and identity is not None else client
-    if client is not None and client in scenario_colluders(scenario):
-        model_bytes = pool_bytes(scenario_model_specs(scenario), scenario.num_clients)
-    return GrpcTransport(
-        host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-        max_message_bytes=min(net.max_message_bytes, model_bytes), max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
-        advertise=advertise, identity=identity, limits=limits,
-    )
-
-
-def scenario_colluders(scenario: Scenario) -> tuple[int, ...]:
-    """The colluding Byzantine clients of the scenario (every one with ``attack.colluding``, else ())."""
-    return colluding_group(scenario_topology(scenario).byzantine, scenario.attack.colluding)
-
-
-def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
-    """The wire layout of the scenario's model, from a model on the meta device (no memory,
-    no initialisation)."""
-    features, classes = DATASET_SHAPES[scenario.data.name]
-    with torch.device("meta"):
-        model = MODELS[scenario.train.model](features, classes, scenario.train.hidden)
-    return model_specs(model)
-
-
-def client_identity(scenario: Scenario, certs: Path | None, client: int) -> ClientIdentity | None:
-    """Client ``client``'s credentials from a certificate folder when the scenario uses TLS."""
-    if scenario.network.tls == "off" or certs is None:
-        return None
-    return load_identity(Path(certs), client)
-
-
-def client_rule(scenario: Scenario, topology: Topology, client: int):
-    cfg = scenario.aggregation_for(client)
-    return build_client_rule(
-        scenario, client, told_byzantine(cfg, topology, client), scenario.train.lr, derive_seed(scenario.seed, "rule", client)
-    )
-
-
-def scenario_plausible(scenario: Scenario) -> Plausible:
-    """What a received message may hold and declare: no sender has more samples than the whole
-    training set of the scenario's dataset (known to every client, data or not)."""
-    return Plausible(max_abs_value=scenario.network.max_abs_value, max_num_samples=TRAIN_SIZES[scenario.data.name])
-
-
-def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
-    """Client k's model before round 0 (``train.init``: shared seeded, its own seeded, zeros)."""
-    t = scenario.train
-    features, classes = DATASET_SHAPES[scenario.data.name]
-    seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
-    model = build_model(t.model, features, classes, hidden=t.hidden, seed=seed)
-    if t.init == "zeros":
-        with torch.no_grad():
-            for p in model.parameters():
-                p.zero_()
-    return model
-
-
-def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
-    """Byzantine client ``attacker``'s own data sample, for attacks that declare they hold data:
-    ``n`` rows of the scenario's training set drawn without replacement by the attacker's own
-    seed (``derive_seed(seed, "attacker data", attacker)``; colluding clients share one sample,
-    ``derive_seed(seed, "attacker data", "colluders")``), independent of the honest partition
-    (public data from the same distribution: the honest shards are the same whether or not an
-    attack holds data). Nothing is read until an attack asks for its sample."""
-    d, t = scenario.data, scenario.train
-    features, classes = DATASET_SHAPES[d.name]
-    # Colluders pool their data as they pool models: one sample for the group, so each of them
-    # computes the group's plan from the same inputs.
-    seed = derive_seed(scenario.seed, "attacker data", "colluders" if scenario.attack.colluding else attacker)
-
-    def load(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        train = stored_dataset(d.name, d.dir or None).train
-        if n > len(train):
-            raise ValueError(f"an attack asked for {n} samples; the {d.name} training set has {len(train)}")
-        rows = np.sort(np.random.default_rng(seed).choice(len(train), n, replace=False))
-        sample = train.subset(rows)
-        return sample.x, sample.y
-
-    def evaluator(x: torch.Tensor, y: torch.Tensor) -> VectorEvaluator:
-        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
-        return VectorEvaluator(template, Dataset(x=x, y=y, num_classes=classes))
-
-    return AttackerData(load, evaluator, num_classes=classes, description=f"{d.name} rows drawn for client {attacker}")
-
-
-def attacker_knowledge(scenario: Scenario, topology: Topology, attacker: int) -> dict[str, Any]:
-    """What the running system gives Byzantine client ``attacker``'s attack beyond the models it
-    receives, for a constructor that declares it: ``defence`` (the rule of the scenario's
-    ``[aggregation]``, told what its receivers are told: ``assumed_byzantine``, else the number
-    of Byzantine clients of the run) and ``attacker_data`` (:func:`attacker_data`)."""
-    cfg = scenario.aggregation
-    told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else len(topology.byzantine)
-    defence = build_rule_from(
-        cfg, num_byzantine=told, lr=scenario.train.lr, seed=derive_seed(scenario.seed, "rule", attacker), total_rounds=scenario.rounds
-    )
-    return {"defence": defence, "attacker_data": attacker_data(scenario, attacker)}
-
-
-def client_attack(scenario: Scenario, topology: Topology, attacker: int) -> Any:
-    """Byzantine client ``attacker``'s attack, with the knowledge its class declares."""
-    return build_attack(scenario, topology.num_clients, len(topology.byzantine), **attacker_knowledge(scenario, topology, attacker))
-
-
-def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
-    """The data size and training loss a Byzantine client declares: those its honest neighbours
-    declared, on average, so that weighting by size or loss cannot single it out by its
-    metadata. With nothing heard, the smallest plausible size (0 would be refused)."""
-    size = round(float(np.mean(sizes))) if sizes else 1
-    finite = [x for x in losses if np.isfinite(x)]
-    return size, float(np.mean(finite)) if finite else float("nan")
-
-
-@dataclass
-class ClientData:
-    """A client's training shard and auxiliary subset (its own copies) and the test sets: the
-    global one shared by every client (``test``: mapped from the data cache and converted when
-    used, or held), its local one as rows of it (made on first use, so that thousands of
-    clients in one process do not each hold a copy)."""
-
-    train: Dataset
-    aux: Dataset
-    test: StoredSplit | Dataset
-    local_test_index: torch.Tensor  # rows of the test set
-    train_index: torch.Tensor | None = None  # rows of the training set that make up ``train``
-
-    @property
-    def global_test(self) -> Dataset:
-        """The whole test set as float32: held, or converted from the mapped rows (a transient
-        copy, so that a client process does not keep one)."""
-        return self.test if isinstance(self.test, Dataset) else self.test.dataset()
-
-    @functools.cached_property
-    def local_test(self) -> Dataset:
-        return self.test.subset(self.local_test_index)
-
-    def to(self, device: torch.device) -> ClientData:
-        """The same sets with their tensors on ``device`` (the test set held there)."""
-        return ClientData(move(self.train, device), move(self.aux, device), move(self.global_test, device), self.local_test_index, self.train_index)
-
-
-def move(d: Dataset, device: torch.device | str) -> Dataset:
-    """``d`` with its tensors on ``device``."""
-    return Dataset(x=d.x.to(device), y=d.y.to(device), num_classes=d.num_classes)
-
-
-def client_data(scenario: Scenario, topology: Topology, client_id: int) -> ClientData:
-    """Client k's shard, auxiliary subset and test sets. Every client computes the same seeded
-    partition over the honest clients and keeps its own part."""
-    return clients_data(scenario, topology, [client_id])[client_id]
-
-
-def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int]) -> dict[int, ClientData]:
-    """:func:`client_data` of several honest clients, the partition computed once. The data
-    set is mapped from the machine's data cache; only each client's rows are converted."""
-    d = scenario.data
-    stored = stored_dataset(d.name, d.dir or None)
-    train, test = stored.train, stored.test
-    honest = sorted(topology.honest())
-    shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
-    size = min(d.local_test_size, len(test))
-    out = {}
-    for client_id in ids:
-        rows = np.asarray(shards[honest.index(client_id)], dtype=np.int64)
-        shard = train.subset(rows)
-        aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
-        local = local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
-        out[client_id] = ClientData(
-            train=shard, aux=aux, test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)),
-            train_index=torch.as_tensor(rows),
-        )
-    return out
 
 
 @dataclass
@@ -892,38 +677,6 @@ class Client:
         return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start, started_at)}
 
 
-def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: torch.Generator) -> torch.Generator:
-    """The generator an attack draws from in ``view``'s round: its own (seeded by its id, drawn
-    on round after round), or, for a per-round attack of colluding clients, the group's for this
-    round (seeded by the round alone), so that every colluder computes the same plan."""
-    if view.colluders and hasattr(attack, "plan"):
-        return torch.Generator().manual_seed(derive_seed(scenario.seed, "collusion", view.round))
-    return own
-
-
-def known_mean(view: AttackView) -> torch.Tensor | None:
-    """The mean of the honest models ``view`` knew (the next round's ``reference``), float64."""
-    _, known = view.known()
-    return known.to(torch.float64).mean(dim=0) if len(known) else None
-
-
-def byzantine_record(
-    r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None
-) -> dict[str, Any]:
-    """A Byzantine client's round record (every engine writes the same keys); the attack's note,
-    when it keeps one, under ``"attack"``; when colluding, ``"pooled_from"``: the sorted
-    colluders whose pool of the round it used, itself included (None: it acts alone, no key)."""
-    record: dict[str, Any] = {
-        "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
-        "received_from": received_from, "silent_to": silent,
-    }
-    if pooled_from is not None:
-        record["pooled_from"] = sorted(pooled_from)
-    if crafted.note:
-        record["attack"] = dict(crafted.note)
-    return record
-
-
 def _upper_median(values) -> int:
     """The upper median of the rounds neighbours report: the furthest of two, and with more
     neighbours one that a minority (e.g. Byzantine ones reporting a far round) cannot set."""
@@ -936,11 +689,6 @@ def coordinate_median(vectors: torch.Tensor) -> torch.Tensor:
     ordered = vectors.sort(dim=0).values
     n = len(ordered)
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-
-
-def finite_or_none(x: float) -> float | None:
-    x = float(x)
-    return round(x, 6) if np.isfinite(x) else None
 
 
 def run_grpc_client(

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dfedrw.peer.identity import load_identity, make_certificates
-from dfedrw.peer.node import grpc_transport_for
+from dfedrw.peer.assembly import grpc_transport_for
 from dfedrw.peer.transport.grpc_transport import CallLimits, GrpcTransport, channel_credentials, identity_options, on_loop
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
