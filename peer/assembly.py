@@ -26,7 +26,8 @@ from dfedrw.peer.models import MODELS, build_model
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
 from dfedrw.peer.training import VectorEvaluator
-from dfedrw.peer.transport.grpc_transport import CallLimits, GrpcTransport
+from dfedrw.peer.transport.grpc_admission import CallLimits
+from dfedrw.peer.transport.grpc_transport import GrpcTransport
 from dfedrw.peer.transport.serde import Plausible, TensorSpec, model_specs, pool_bytes
 from dfedrw.topologies import Topology
 

@@ -41,12 +41,10 @@ import torch.distributed as dist
 from google.protobuf.message import DecodeError
 
 from dfedrw.peer.transport.base import Deliver, Reachability
+from dfedrw.peer.transport.framing import FRAMING
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-# Room for the header and protobuf framing on top of the largest model accepted.
-_FRAMING = 1 << 20
 
 
 class FrameError(ValueError):
@@ -142,7 +140,7 @@ class TorchDistTransport:
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         self.edges = [(int(u), int(v)) for u, v in edges]
         self.timeout = timeout
-        self.max_frame_bytes = max_message_bytes + _FRAMING
+        self.max_frame_bytes = max_message_bytes + FRAMING
         self.max_messages = max_messages
         self.linger = linger
         self.max_queued = max_queued

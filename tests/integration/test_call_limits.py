@@ -21,7 +21,10 @@ import torch
 
 from dfedrw.peer.identity import load_identity, make_certificates
 from dfedrw.peer.assembly import grpc_transport_for
-from dfedrw.peer.transport.grpc_transport import CallLimits, GrpcTransport, channel_credentials, identity_options, on_loop
+from dfedrw.peer.transport.grpc_admission import CallLimits
+from dfedrw.peer.transport.grpc_io import on_loop
+from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
+from dfedrw.peer.transport.grpc_transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import TensorSpec, encode

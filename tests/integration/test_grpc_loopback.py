@@ -8,7 +8,8 @@ import grpc
 import pytest
 import torch
 
-from dfedrw.peer.transport.grpc_transport import GrpcTransport, handle_push, split_messages
+from dfedrw.peer.transport.framing import handle_push, split_messages
+from dfedrw.peer.transport.grpc_transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode
 from tests.support.wire import SPECS, roundtrip, vec

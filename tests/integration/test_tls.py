@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dfedrw.peer.identity import load_identity, make_certificates
-from dfedrw.peer.transport.grpc_transport import GrpcTransport, channel_credentials, identity_options
+from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
+from dfedrw.peer.transport.grpc_transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import TensorSpec, encode
 

@@ -23,7 +23,7 @@ from dfedrw.launch.local import LocalRun
 from dfedrw.peer.identity import load_identity, make_certificates
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import read_rounds
-from dfedrw.peer.transport.grpc_transport import channel_credentials, identity_options
+from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode, model_specs
 from dfedrw.peer.models import build_model

@@ -12,7 +12,8 @@ import torch
 
 from dfedrw.peer.node import Client, Liveness
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
-from dfedrw.peer.transport.grpc_transport import CallLimits, MessageSplitter, PeerServicer, handle_push, split_messages
+from dfedrw.peer.transport.framing import MessageSplitter, handle_push, split_messages
+from dfedrw.peer.transport.grpc_admission import CallLimits, PeerServicer
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
 from tests.support.wire import D, SPECS, roundtrip, vec

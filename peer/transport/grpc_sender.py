@@ -1,0 +1,179 @@
+"""The sending side of the gRPC transport: one long-lived call per neighbour, one message at a time
+(the next goes once the receiver's reply to the previous one came back), a bounded queue per
+neighbour, and what is left unsent."""
+
+from __future__ import annotations
+import asyncio
+import logging
+import threading
+from collections import deque
+from typing import TYPE_CHECKING
+import grpc
+from dfedrw.peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from dfedrw.peer.transport.grpc_transport import GrpcTransport
+
+log = logging.getLogger(__name__)
+
+
+class Sender:
+    """One neighbour's outgoing queue and the ``Exchange`` call that carries it.
+
+    A long-lived call instead of a call per message: a unary call costs gRPC several hand-offs
+    per message, a message and its reply on an open call much less.
+
+    One message in flight at a time. gRPC counts a message as sent once it is in the
+    connection's buffer, so without the wait for the reply every queued message would go there
+    at once, and on a lossy link the fresh model would sit behind a backlog of ones that arrive
+    stale. Here they wait in the queue, where only the newest few are kept (older ones are
+    dropped), as with a call per message. Each reply carries the receiver's round: queued
+    messages for earlier rounds would arrive stale and are dropped unsent.
+
+    :meth:`put` is called from the round loop's thread; everything else runs on the gRPC event
+    loop, in one task per neighbour that opens a call when there is something to send. A call
+    that fails, or whose reply is more than ``send_timeout`` late (the call is cancelled), loses
+    the message in flight; the next message opens a new call.
+    """
+
+    MAX_QUEUED = 4
+
+    def __init__(self, peer: int, channel: grpc.aio.Channel, transport: "GrpcTransport") -> None:
+        self.peer = peer
+        self.stub = pb_grpc.PeerStub(channel)
+        self.transport = transport
+        self.lock = threading.Lock()  # guards the queue, shared with the round loop's thread
+        self.queue: deque[list[pb.ModelChunk]] = deque()  # each message starts with its header chunk
+        self.in_flight = False  # a message awaits its reply
+        self.skipped_stale = 0  # queued messages for rounds the receiver had already passed
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()  # set when a message was queued or the sender closed
+        self.idle_waiters: list[asyncio.Future] = []
+        self.task = self.loop.create_task(self._run(), name=f"send-{peer}")
+
+    def put(self, chunks: list[pb.ModelChunk]) -> bool:
+        """Queue one message (from any thread); True when the oldest queued one was dropped."""
+        with self.lock:
+            dropped = len(self.queue) >= self.MAX_QUEUED
+            if dropped:
+                self.queue.popleft()
+            self.queue.append(chunks)
+        self.loop.call_soon_threadsafe(self.wake.set)
+        return dropped
+
+    async def wait_idle(self) -> None:
+        """Until every queued message was answered or lost."""
+        if self._busy():
+            waiter = self.loop.create_future()
+            self.idle_waiters.append(waiter)
+            await waiter
+
+    def stop(self) -> None:
+        self.closed = True
+        with self.lock:
+            self.queue.clear()
+        self.task.cancel()
+        self._settle()
+
+    def _busy(self) -> bool:
+        with self.lock:
+            return bool(self.queue) or self.in_flight
+
+    def _settle(self) -> None:
+        if self.closed or not self._busy():
+            for waiter in self.idle_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self.idle_waiters.clear()
+
+    async def _next(self) -> list[pb.ModelChunk]:
+        """The oldest queued message, waiting for one."""
+        while True:
+            with self.lock:
+                if self.queue:
+                    self.in_flight = True
+                    return self.queue.popleft()
+            self._settle()
+            self.wake.clear()  # a put() after the check above sets it again: its wake-up comes later
+            await self.wake.wait()
+
+    async def _run(self) -> None:
+        try:
+            while not self.closed:
+                first = await self._next()
+                try:
+                    await self._call(first)
+                except Exception:  # a bug here must not silence this neighbour for the rest of the run
+                    log.exception("sending to %d failed", self.peer)
+        finally:
+            self._settle()  # _call cleared in_flight on its way out
+
+    async def _call(self, first: list[pb.ModelChunk]) -> None:
+        """One ``Exchange`` call: ``first`` and whatever is queued after it, until the call ends.
+
+        A call the receiver ended while nothing was in flight (it ends calls idle for
+        ``idle_call_timeout``), or one idle here for half that, is let go between messages:
+        the next message opens a new call and is not lost."""
+        call = self.stub.Exchange()
+        ended = self.loop.create_task(call.code())
+        chunks: list[pb.ModelChunk] | None = first
+        try:
+            while chunks is not None:
+                reply = await asyncio.wait_for(self._send(call, chunks), self.transport.send_timeout)
+                if reply is grpc.aio.EOF:  # the receiver ended the call
+                    return
+                self._on_reply(reply)
+                chunks = await self._next_on(ended)
+        except TimeoutError:
+            log.debug("no reply from %d in %.0f s; cancelling the call", self.peer, self.transport.send_timeout)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            code = await call.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self.transport._on_reachability(self.peer, "unreachable")
+            else:
+                log.debug("call to %d ended: %s", self.peer, code)
+        finally:
+            ended.cancel()
+            call.cancel()  # no-op once it ended
+            self.in_flight = False
+
+    async def _next_on(self, ended: asyncio.Future) -> list[pb.ModelChunk] | None:
+        """The oldest queued message, to go on the open call; None (nothing taken from the
+        queue) once the call ended or was idle for half the receiver's idle timeout."""
+        deadline = self.loop.time() + self.transport.idle_call_timeout / 2
+        while True:
+            with self.lock:
+                if ended.done():
+                    return None
+                if self.queue:
+                    self.in_flight = True
+                    return self.queue.popleft()
+            self._settle()
+            self.wake.clear()  # a put() after the check above sets it again
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return None
+            woken = self.loop.create_task(self.wake.wait())
+            try:
+                await asyncio.wait((woken, ended), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+
+    @staticmethod
+    async def _send(call, chunks: list[pb.ModelChunk]):
+        for chunk in chunks:
+            await call.write(chunk)
+        return await call.read()
+
+    def _on_reply(self, reply: pb.PushReply) -> None:
+        with self.lock:
+            self.in_flight = False
+            while self.queue and self.queue[0][0].header.round < reply.round:
+                self.queue.popleft()  # queued in round order: the oldest go first
+                self.skipped_stale += 1
+        self.transport.peer_replies[self.peer] = (reply.round, reply.accepted, reply.reason)
+        self.transport._on_reachability(self.peer, "reachable")
+        if not reply.accepted:
+            log.debug("peer %d refused a message of ours: %s", self.peer, reply.reason)
