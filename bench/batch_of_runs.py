@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
 
-    from dfedrw.experiments.sweep import load_grid, plan_sweep
+    from dfedrw.experiments.grid import load_grid
+    from dfedrw.experiments.sweep_plan import plan_sweep
     from dfedrw.launch import batched
     from dfedrw.peer import training
     from tests.support.parity import differences

@@ -46,42 +46,32 @@ deleted under it: the sweep refuses to start until it has ended.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
-import hashlib
-import itertools
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import tomli_w
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dfedrw.peer.config import Scenario, ScenarioError, load_scenario, parse_override, scenario_changes, scenario_from_dict, scenario_to_dict
 from dfedrw.peer.results import write_json_atomic
 from dfedrw.experiments.record import write_record
+from dfedrw.experiments.grid import SweepError, load_grid
+from dfedrw.experiments.sweep_board import SweepBoard, seconds_text
+from dfedrw.experiments.sweep_plan import (
+    DEFAULT_BATCH, LOCK_FILE, LOG_FILE, PID_FILE, REQUEST_FILE, RUNS_DIR, SWEEP_FILE, Plan, PlannedRun, plan_batches, plan_sweep, run_seconds, run_state,
+    still_running,
+)
 
-GRID_KEYS = ("base", "set", "axes", "variants", "exclude", "report")
-VARIANT_KEYS = ("label", "set")
-SWEEP_FILE = "sweep.json"
-LOCK_FILE = "sweep.lock"
-RUNS_DIR = "runs"
-REQUEST_FILE = "scenario.request.toml"
-LOG_FILE = "run.log"
-PID_FILE = "run.pid"  # the PID of the `dfedrw run` child while it runs
 
 # Between SIGINT (the child writes an interrupted summary and stops its clients) and SIGTERM,
 # then SIGKILL, when a sweep is stopped.
@@ -93,330 +83,12 @@ _CHECKPOINT_EVERY = 60.0
 _LOG_TAIL_LINES = 20
 
 
-class SweepError(ValueError):
-    """A grid file or a point of it is invalid; the message names the problem and the fix."""
-
-
 # ---------------------------------------------------------------------------------------------
 # The grid
 
 
-@dataclass(frozen=True)
-class AxisValue:
-    label: str
-    overrides: tuple[str, ...]
-    # The TOML value of a plain axis; a variant's label.
-    raw: Any
-
-
-@dataclass(frozen=True)
-class Axis:
-    name: str
-    values: tuple[AxisValue, ...]
-    variant: bool = False
-
-    @property
-    def labels(self) -> list[str]:
-        return [v.label for v in self.values]
-
-
-@dataclass(frozen=True)
-class Grid:
-    path: Path
-    base: Path | None
-    fixed: tuple[str, ...]
-    axes: tuple[Axis, ...]
-    excludes: tuple[Mapping[str, Any], ...] = ()
-    report: Mapping[str, Any] | None = None
-
-    def axis_labels(self) -> dict[str, list[str]]:
-        """Axis name -> its value labels, in grid order."""
-        return {a.name: a.labels for a in self.axes}
-
-
-@dataclass(frozen=True)
-class Point:
-    labels: Mapping[str, str]
-    overrides: tuple[str, ...]
-
-    def describe(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.labels.items()) or "(the base scenario)"
-
-
-def toml_value(value: Any) -> str:
-    """``value`` written as a TOML value, so that ``key=<it>`` parses back to the same value."""
-    return tomli_w.dumps({"v": value}).strip()[len("v = "):]
-
-
-def _label(value: Any) -> str:
-    return value if isinstance(value, str) else toml_value(value)
-
-
-def _string_list(where: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SweepError(f"{where} must be a list of \"key=value\" strings, got {value!r}")
-    for text in value:
-        try:
-            parse_override(text)
-        except ScenarioError as exc:
-            raise SweepError(f"{where}: {exc}") from None
-    return tuple(value)
-
-
-def load_grid(path: str | Path) -> Grid:
-    """Read and check a grid file (the module docstring describes the format)."""
-    path = Path(path).resolve()
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SweepError(f"grid file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SweepError(f"{path}: not valid TOML: {exc}") from None
-    for key in raw:
-        if key not in GRID_KEYS:
-            raise SweepError(f"{path}: unknown key '{key}'; valid keys: {', '.join(GRID_KEYS)}")
-
-    base = None
-    if raw.get("base"):
-        if not isinstance(raw["base"], str):
-            raise SweepError(f"{path}: base must be a path string, got {raw['base']!r}")
-        base = (path.parent / raw["base"]).resolve()
-        if not base.is_file():
-            raise SweepError(f"{path}: base scenario file not found: {base}")
-    fixed = _string_list(f"{path}: set", raw.get("set", []))
-
-    axes: list[Axis] = []
-    plain = raw.get("axes", {})
-    if not isinstance(plain, Mapping):
-        raise SweepError(f"{path}: [axes] must be a table of key = [values]")
-    for name, values in plain.items():
-        if not isinstance(values, list) or not values:
-            raise SweepError(f"{path}: axis '{name}' needs a non-empty list of values, got {values!r}")
-        entries = []
-        for v in values:
-            if not isinstance(v, (str, int, float, bool)):
-                raise SweepError(f"{path}: axis '{name}': value {v!r} must be a string, number or boolean")
-            entries.append(AxisValue(_label(v), (f"{name}={toml_value(v)}",), v))
-        axes.append(Axis(name, tuple(entries)))
-
-    variants = raw.get("variants", {})
-    if not isinstance(variants, Mapping):
-        raise SweepError(f"{path}: variants must be tables of [[variants.NAME]] entries")
-    for name, entries in variants.items():
-        if name in plain:
-            raise SweepError(f"{path}: '{name}' is both an axis and a variant axis; rename one")
-        if not isinstance(entries, list) or not entries or not all(isinstance(e, Mapping) for e in entries):
-            raise SweepError(f"{path}: variants.{name} must be a list of [[variants.{name}]] tables")
-        values = []
-        for i, entry in enumerate(entries):
-            where = f"{path}: variants.{name}[{i}]"
-            for key in entry:
-                if key not in VARIANT_KEYS:
-                    raise SweepError(f"{where}: unknown key '{key}'; valid keys: {', '.join(VARIANT_KEYS)}")
-            label = entry.get("label")
-            if not isinstance(label, str) or not label:
-                raise SweepError(f"{where}: needs a label string")
-            values.append(AxisValue(label, _string_list(f"{where}.set", entry.get("set", [])), label))
-        axes.append(Axis(name, tuple(values), variant=True))
-
-    for axis in axes:
-        seen = set()
-        for label in axis.labels:
-            if label in seen:
-                raise SweepError(f"{path}: axis '{axis.name}' has the value '{label}' twice")
-            seen.add(label)
-
-    names = [a.name for a in axes]
-    excludes = raw.get("exclude", [])
-    if not isinstance(excludes, list) or not all(isinstance(e, Mapping) for e in excludes):
-        raise SweepError(f"{path}: exclude must be a list of [[exclude]] tables")
-    for i, ex in enumerate(excludes):
-        if not ex:
-            raise SweepError(f"{path}: exclude[{i}] is empty; it would remove every point")
-        for key in ex:
-            if key not in names:
-                raise SweepError(f"{path}: exclude[{i}]: unknown axis '{key}'; axes: {', '.join(names)}")
-
-    report = raw.get("report")
-    if report is not None and not isinstance(report, Mapping):
-        raise SweepError(f"{path}: [report] must be a table")
-    return Grid(path, base, fixed, tuple(axes), tuple(excludes), report)
-
-
-def _matches(value: AxisValue, wanted: Any) -> bool:
-    options = wanted if isinstance(wanted, list) else [wanted]
-    return any(w == value.raw or (isinstance(w, str) and w == value.label) for w in options)
-
-
-def expand(grid: Grid) -> list[Point]:
-    """Every point of the grid: the product of its axes (first axis slowest), less the excluded."""
-    points = []
-    for combo in itertools.product(*(a.values for a in grid.axes)):
-        chosen = dict(zip((a.name for a in grid.axes), combo))
-        if any(all(_matches(chosen[k], v) for k, v in ex.items()) for ex in grid.excludes):
-            continue
-        plain = [o for a in grid.axes if not a.variant for o in chosen[a.name].overrides]
-        bundles = [o for a in grid.axes if a.variant for o in chosen[a.name].overrides]
-        points.append(Point({k: v.label for k, v in chosen.items()}, (*grid.fixed, *plain, *bundles)))
-    return points
-
-
 # ---------------------------------------------------------------------------------------------
 # Resolved scenarios and their folders
-
-
-def scenario_text(scenario: Scenario) -> str:
-    """The resolved scenario as TOML: what the run folder's scenario.request.toml holds."""
-    return tomli_w.dumps(scenario_to_dict(scenario))
-
-
-def scenario_key(scenario: Scenario) -> str:
-    """The run's identity: first 10 hex digits of the SHA-256 of the settings that differ from
-    the built-in defaults (TOML), so adding a new key with a neutral default later does not
-    orphan finished runs."""
-    return hashlib.sha256(tomli_w.dumps(scenario_changes(scenario)).encode("utf-8")).hexdigest()[:10]
-
-
-def slug(labels: Mapping[str, str], limit: int = 48) -> str:
-    """A short, file-name-safe label for a point, e.g. ``43_dirichlet-0-1_dfedavg``."""
-    parts = [re.sub(r"[^a-z0-9]+", "-", str(v).lower()).strip("-") for v in labels.values()]
-    text = "_".join(p for p in parts if p) or "run"
-    return text[:limit].rstrip("-_")
-
-
-@dataclass
-class PlannedRun:
-    key: str
-    folder: Path
-    scenario: Scenario
-    toml: str
-    points: list[int] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.folder.name
-
-
-@dataclass
-class Plan:
-    grid: Grid
-    out_dir: Path
-    points: list[Point]
-    point_runs: list[str]
-    runs: dict[str, PlannedRun]
-    report: dict[str, Any] | None
-
-
-def _check_runnable(scenario: Scenario) -> None:
-    # The launcher's own pre-flight (rules, attacks, data on disk), so a missing dataset or a
-    # bad rule parameter fails the sweep before it starts rather than in every run.
-    from dfedrw.launch.preflight import preflight
-
-    preflight(scenario)
-
-
-def _names_engine(grid: Grid, points: Sequence[Point]) -> bool:
-    """Whether the grid's base file, ``set``, axes or variants choose ``engine.name``."""
-    if grid.base is not None:
-        try:
-            base = tomllib.loads(Path(grid.base).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError):
-            base = {}  # load_scenario reports it, with the point
-        if isinstance(base.get("engine"), Mapping) and "name" in base["engine"]:
-            return True
-    return any(o.split("=", 1)[0].strip() == "engine.name" for p in points for o in p.overrides)
-
-
-def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False) -> Plan:
-    """Resolve and validate every point, group identical scenarios, and name their folders.
-
-    A point whose scenario is invalid raises :class:`SweepError` naming the point, before
-    anything runs. An existing folder whose name ends in the same hash is reused whatever its
-    slug, so reordering the grid does not orphan finished runs.
-    """
-    from dfedrw.experiments.report import normalize_report_spec
-
-    out_dir = Path(out_dir).resolve()
-    report = normalize_report_spec(grid.report, grid.axis_labels(), required=grid.report is not None)
-    points = expand(grid)
-    if not points:
-        raise SweepError(f"{grid.path}: the grid has no points left after [[exclude]]")
-    runs_dir = out_dir / RUNS_DIR
-    existing = {p.name.rsplit("-", 1)[-1]: p for p in sorted(runs_dir.iterdir())} if runs_dir.is_dir() else {}
-    runs: dict[str, PlannedRun] = {}
-    point_runs = []
-    # Sweeps compute with the batched engine unless the grid names an engine.
-    engine = [] if _names_engine(grid, points) else ["engine.name=batched"]
-    for i, point in enumerate(points):
-        try:
-            scenario = load_scenario(grid.base, [*engine, *point.overrides])
-        except ScenarioError as exc:
-            raise SweepError(f"point {point.describe()}: {exc}") from None
-        key = scenario_key(scenario)
-        if key not in runs:
-            folder = existing.get(key, runs_dir / f"{slug(point.labels)}-{key}")
-            runs[key] = PlannedRun(key, folder, scenario, scenario_text(scenario))
-            if check_runnable:
-                try:
-                    _check_runnable(scenario)
-                except (ValueError, RuntimeError) as exc:
-                    raise SweepError(f"point {point.describe()}: {exc}") from None
-        runs[key].points.append(i)
-        point_runs.append(key)
-    return Plan(grid, out_dir, points, point_runs, runs, report)
-
-
-def run_state(folder: Path, scenario: Scenario) -> str:
-    """``done``: a finished run of ``scenario``; ``unfinished``: interrupted or crashed (redo it);
-    ``absent``; ``different``: a finished run of another scenario (left alone)."""
-    summary_path = folder / "summary.json"
-    if not folder.exists():
-        return "absent"
-    if not summary_path.exists():
-        return "unfinished"
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return "unfinished"
-    # An interrupted run writes a summary too, and one where every honest client failed has
-    # no accuracy: neither is a result.
-    if summary.get("interrupted") or summary.get("honest_mean_accuracy") is None:
-        return "unfinished"
-    try:
-        recorded = scenario_from_dict(tomllib.loads((folder / "scenario.toml").read_text(encoding="utf-8")))
-    except (OSError, tomllib.TOMLDecodeError, ScenarioError):
-        return "different"
-    # The engine that computed it is not part of what it is (a run of the clients engine is a
-    # finished run of the same scenario for a sweep that uses the batched one).
-    return "done" if dataclasses.replace(recorded, engine=scenario.engine) == scenario else "different"
-
-
-def still_running(folder: Path) -> int | None:
-    """The PID of a ``dfedrw run`` still working in ``folder`` (left by a sweep that was killed
-    without stopping its children), else None. A recycled PID is told apart by its command
-    line (which names the run folder) where /proc shows it."""
-    from dfedrw.launch.procs import pid_alive
-
-    try:
-        pid = int((folder / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    if pid <= 0 or not pid_alive(pid):
-        return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return pid  # no /proc here: alive is all we can tell
-    return pid if folder.name in cmdline else None
-
-
-def _run_seconds(folder: Path) -> float | None:
-    """The wall time a finished run's summary records, if it is readable."""
-    try:
-        seconds = json.loads((folder / "summary.json").read_text(encoding="utf-8")).get("wall_seconds")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,32 +104,6 @@ def batch_command(runs: Sequence[PlannedRun]) -> list[str]:
     """The command that runs several scenarios of the batched engine as one batch of runs."""
     pairs = [x for run in runs for x in ("--run", str(run.folder / REQUEST_FILE), str(run.folder))]
     return [sys.executable, "-m", "dfedrw.launch.batched", *pairs]
-
-
-DEFAULT_BATCH = 16  # runs per batch (`dfedrw sweep --batch`)
-
-
-def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list[PlannedRun]]:
-    """The runs as the sweep hands them out: runs of the batched engine that share a
-    :func:`~dfedrw.launch.batched.batch_key` (model, training, rounds, device) go in batches of
-    at most ``batch``, split evenly into a multiple of ``jobs`` batches where there are enough
-    runs, so that every job has work to the end; every other run alone. Grid order is kept within a batch."""
-    from dfedrw.launch.batched import batch_key
-
-    groups: dict[Any, list[PlannedRun]] = {}
-    out: list[list[PlannedRun]] = []
-    for run in runs:
-        if batch > 1 and run.scenario.engine.name == "batched":
-            groups.setdefault(batch_key(run.scenario), []).append(run)
-        else:
-            out.append([run])
-    for members in groups.values():
-        count = max(-(-len(members) // batch), min(jobs, len(members)))
-        if len(members) >= jobs:
-            count = -(-count // jobs) * jobs  # a multiple of the jobs: no job left alone at the end
-        size = -(-len(members) // count)
-        out[:0] = [members[i : i + size] for i in range(0, len(members), size)]
-    return out
 
 
 def _child_env() -> dict[str, str]:
@@ -501,111 +147,6 @@ class SweepResult:
         if self.interrupted:
             return 130
         return 1 if self.failures else 0
-
-
-class SweepBoard:
-    """Sweep progress: a rich bar on a terminal, plain lines otherwise (one per finished run)."""
-
-    def __init__(
-        self, console: Console, total: int, skipped: int, *, jobs: int = 1,
-        prior_seconds: Sequence[float] = (), heartbeat: float = 30.0,
-    ) -> None:
-        self.console = console
-        self.total = total
-        self.skipped = skipped
-        self.done = 0
-        self.failed = 0
-        self.running = 0
-        self.to_run = total - skipped
-        self.jobs = max(1, jobs)
-        # Run times for the ETA: the runs finished in earlier sittings and in this one.
-        self._seconds: list[float] = list(prior_seconds)
-        self._started: dict[str, float] = {}
-        self.interactive = console.is_terminal
-        self._heartbeat = heartbeat
-        self._start = time.monotonic()
-        self._next_beat = self._start + heartbeat
-        self._progress = Progress(
-            TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
-            console=console, disable=not self.interactive,
-        )
-        self._task = self._progress.add_task("sweep", total=total, completed=skipped, info="", eta="?")
-
-    def __enter__(self) -> "SweepBoard":
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.refresh()
-        self._progress.__exit__(*exc)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self._start
-
-    def eta(self) -> str:
-        """Remaining work over the parallelism: the runs not started take the mean run time
-        each, a running one what is left of the mean (nothing once it is past it)."""
-        remaining = self.to_run - self.done - self.failed
-        if remaining <= 0:
-            return "0s"
-        if not self._seconds:
-            return "?"
-        mean = sum(self._seconds) / len(self._seconds)
-        now = time.monotonic()
-        left_running = [max(mean - (now - t), 0.0) for t in self._started.values()]
-        work = (remaining - len(left_running)) * mean + sum(left_running)
-        if work <= 0:
-            return "?"  # only runs already past the mean run time are left: no telling when
-        return _seconds(max(work / self.jobs, max(left_running, default=0.0)))
-
-    def info(self) -> str:
-        return f"done {self.done} · skipped {self.skipped} · running {self.running} · failed {self.failed}"
-
-    def line(self, text: str) -> None:
-        self.console.print(f"[{self.elapsed():7.1f}s] {text}", highlight=False, markup=False, soft_wrap=True)
-
-    def started(self, run: PlannedRun) -> None:
-        self.running += 1
-        self._started[run.key] = time.monotonic()
-        if not self.interactive:
-            self.line(f"start {run.name} ({run.scenario.engine.name} engine)")
-
-    def finished(self, run: PlannedRun, ok: bool, seconds: float, *, retried: bool = False) -> None:
-        """``seconds``: the run's share of its process's time (a batch's time over its runs).
-        ``retried``: its batch failed before it finished; it is queued to run alone."""
-        self.running -= 1
-        self._started.pop(run.key, None)
-        if retried:
-            if not self.interactive:
-                self.line(f"retry {run.name} alone (its batch failed)")
-            return
-        if ok:
-            self._seconds.append(seconds)
-            self.done += 1
-        else:
-            self.failed += 1
-        if not self.interactive:
-            word = "done" if ok else "FAILED"
-            n = self.done + self.failed + self.skipped
-            self.line(f"{word} {run.name} ({seconds:.1f} s); {n}/{self.total} · {self.info()} · ETA {self.eta()}")
-
-    def refresh(self) -> None:
-        n = self.done + self.failed + self.skipped
-        self._progress.update(self._task, completed=n, info=self.info(), eta=self.eta())
-        now = time.monotonic()
-        if not self.interactive and now >= self._next_beat:
-            self._next_beat = now + self._heartbeat
-            self.line(f"{n}/{self.total} · {self.info()} · ETA {self.eta()}")
-
-
-def _seconds(s: float) -> str:
-    s = int(round(s))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 @dataclass
@@ -869,7 +410,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
         if state == "done":
             statuses[key] = "done"
             result.skipped += 1
-            seconds = _run_seconds(run.folder)
+            seconds = run_seconds(run.folder)
             if seconds is not None:
                 prior_seconds.append(seconds)
         elif state == "different":
@@ -944,7 +485,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
         save(final=True)
 
     console.print(
-        f"sweep wall time: {_seconds(result.wall_seconds)} this sitting, {_seconds(result.total_wall_seconds)} "
+        f"sweep wall time: {seconds_text(result.wall_seconds)} this sitting, {seconds_text(result.total_wall_seconds)} "
         f"over {len(sittings)} sitting(s); {result.done} run, {result.skipped} skipped, {len(result.failures)} failed"
         + (" (interrupted)" if result.interrupted else ""),
         markup=False, highlight=False, soft_wrap=True,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import dfedrw.experiments.sweep as sweep
+from dfedrw.peer.config import scenario_from_dict
 from dfedrw.experiments.cli import main as dfedrw
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_hand_built_old_run_folder(spelling, tmp_path, capsys):
     (old / "scenario.toml").write_text(OLD_SCENARIO)
     # The same scenario; the old run was computed by client threads, the sweep would use the
     # batched engine, and how a run was computed is not what it is.
-    recorded = sweep.scenario_from_dict(tomllib.loads(OLD_SCENARIO))
+    recorded = scenario_from_dict(tomllib.loads(OLD_SCENARIO))
     assert (recorded.engine.name, run43.scenario.engine.name) == ("clients", "batched")
     assert dataclasses.replace(recorded, engine=run43.scenario.engine) == run43.scenario
     (old / "summary.json").write_text(json.dumps({"honest_mean_accuracy": 0.5, "failed_peers": [], "wall_seconds": 1.0}))

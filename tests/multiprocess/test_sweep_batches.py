@@ -8,7 +8,9 @@ import os
 import pytest
 
 from dfedrw.experiments import sweep
-from dfedrw.experiments.sweep import load_grid, plan_batches, plan_sweep, run_state, run_sweep
+from dfedrw.experiments.grid import load_grid
+from dfedrw.experiments.sweep import run_sweep
+from dfedrw.experiments.sweep_plan import plan_batches, plan_sweep, run_state
 from tests.helpers import quiet_console
 from tests.support.parity import differences
 from tests.support.sweeps import GRID, TINY, write_grid

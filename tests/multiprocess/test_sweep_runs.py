@@ -14,7 +14,9 @@ import pytest
 
 from dfedrw.experiments import sweep
 from dfedrw.experiments.cli import main
-from dfedrw.experiments.sweep import SweepError, load_grid, plan_sweep, run_state, run_sweep
+from dfedrw.experiments.grid import SweepError, load_grid
+from dfedrw.experiments.sweep import run_sweep
+from dfedrw.experiments.sweep_plan import plan_sweep, run_state
 from dfedrw.peer.config import dump_scenario
 from tests.helpers import quiet_console
 from tests.support.sweeps import FAST, GRID, TINY, write_grid

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dfedrw.experiments.cli import main
-from dfedrw.experiments.sweep import RUNS_DIR, run_sweep
+from dfedrw.experiments.sweep import run_sweep
+from dfedrw.experiments.sweep_plan import RUNS_DIR
 from dfedrw.launch.batched import run_batched
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config import dump_scenario, load_scenario

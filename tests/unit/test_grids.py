@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dfedrw.experiments.table import Table
-from dfedrw.experiments.sweep import load_grid, plan_sweep
+from dfedrw.experiments.grid import load_grid
+from dfedrw.experiments.sweep_plan import plan_sweep
 
 GRIDS = sorted((Path(__file__).resolve().parents[2] / "examples" / "grids").rglob("*.toml"))
 

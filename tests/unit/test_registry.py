@@ -226,7 +226,7 @@ COMMITTED_RUNS = sorted((ROOT / "docs" / "results" / "data").glob("*/runs/*/scen
 
 
 def test_every_committed_run_keeps_its_folder_hash():
-    from dfedrw.experiments.sweep import scenario_key
+    from dfedrw.experiments.sweep_plan import scenario_key
 
     assert len(COMMITTED_RUNS) > 100
     wrong = []

@@ -10,18 +10,11 @@ from pathlib import Path
 import tomli_w
 import pytest
 
-from dfedrw.experiments import sweep
+from dfedrw.experiments import sweep, sweep_board
 from dfedrw.experiments.cli import main
-from dfedrw.experiments.sweep import (
-    SweepError,
-    expand,
-    load_grid,
-    plan_sweep,
-    run_sweep,
-    scenario_key,
-    scenario_text,
-    toml_value,
-)
+from dfedrw.experiments.grid import SweepError, expand, load_grid, toml_value
+from dfedrw.experiments.sweep import run_sweep
+from dfedrw.experiments.sweep_plan import plan_sweep, run_seconds, scenario_key, scenario_text
 from dfedrw.peer.config import dump_scenario, load_scenario, scenario_changes
 from tests.helpers import quiet_console
 from tests.support.sweeps import FAST, GRID, TINY, write_grid
@@ -207,13 +200,13 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
     from rich.console import Console
 
     clock = [0.0]
-    monkeypatch.setattr(sweep, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(sweep_board, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     engine = SimpleNamespace(engine=SimpleNamespace(name="batched"))
     run = lambda k: SimpleNamespace(key=k, name=k, scenario=engine)  # noqa: E731
     quiet = Console(file=io.StringIO())
 
-    assert sweep.SweepBoard(quiet, 12, 2, jobs=2).eta() == "?"  # nothing to go by yet
-    board = sweep.SweepBoard(quiet, 12, 2, jobs=2, prior_seconds=[90.0, 110.0])
+    assert sweep_board.SweepBoard(quiet, 12, 2, jobs=2).eta() == "?"  # nothing to go by yet
+    board = sweep_board.SweepBoard(quiet, 12, 2, jobs=2, prior_seconds=[90.0, 110.0])
     assert board.eta() == "8m20s"  # 10 runs x 100 s (earlier sittings) / 2
     board.started(run("a"))
     board.started(run("b"))
@@ -239,11 +232,11 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
 def test_a_resumed_sweep_takes_its_first_eta_from_the_finished_runs(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
-    assert sweep._run_seconds(folder) is None
+    assert run_seconds(folder) is None
     (folder / "summary.json").write_text(json.dumps({"wall_seconds": 81.5}))
-    assert sweep._run_seconds(folder) == 81.5
+    assert run_seconds(folder) == 81.5
     (folder / "summary.json").write_text("[1, 2]")
-    assert sweep._run_seconds(folder) is None
+    assert run_seconds(folder) is None
 
 
 def test_a_recycled_pid_is_not_taken_for_a_run(tmp_path):
