@@ -21,11 +21,12 @@ import path ``module:Class``; its constructor's parameters are its settings, set
 table (``[aggregation.balance] gamma = 2``, ``[attack.alie] z = 1.5``) and checked by the class.
 Loading a scenario builds every rule, TPM, CRS and attack it configures once, so a bad value
 fails here with one line, in every entry point. The flat keys of earlier versions
-(``aggregation.balance_gamma``, ``attack.std``, ...: :data:`LEGACY`) are still read, and a
-scenario's identity (:func:`scenario_changes`) is written with them where they exist, so runs
+(``aggregation.balance_gamma``, ``attack.std``, ...: :mod:`peer.config_legacy`) are still read,
+and a scenario's identity (:func:`scenario_changes`) is written with them where they exist, so runs
 of earlier versions keep their folder hashes.
 
 Unknown keys and bad values raise :class:`ScenarioError` naming the key and the valid choices.
+Each class's settings table is parsed by :mod:`peer.config_tables`; ``--set`` by :mod:`peer.overrides`.
 Every number has a checked range (NaN and infinity are refused): the bounds are far beyond any
 useful experiment and are there so that a typo fails at load with one line instead of
 exhausting memory, overflowing gRPC's int32 message limits or running for ever.
@@ -46,17 +47,19 @@ import tomli_w
 
 from dfedrw.peer.aggregation.registry import Registry
 from dfedrw.peer.attacks.base import AttackerData, threat_model_of
-from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY, build_rule_from
+from dfedrw.peer.plugins import ATTACK_REGISTRY, RULE_REGISTRY, build_rule_from
+from dfedrw.peer.config_errors import ScenarioError
+from dfedrw.peer.config_legacy import LEGACY, LEGACY_AGGREGATION_ORDER, legacy_view, set_legacy
+from dfedrw.peer.config_tables import (
+    KIND_REGISTRY, Params, SettingsTables, origin_of, resolve_class, settings_tables, table_path, thaw, toml_key, toml_value,
+)
+from dfedrw.peer.overrides import apply_overrides, deep_copy
 
 DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("softmax_regression", "mlp")
 TOPOLOGIES = ("erdos_renyi", "ring", "complete", "edgelist")
 # "torch" (torch.distributed point-to-point) is valid only for clients started by torchrun.
 TRANSPORTS = ("grpc", "inproc", "torch")
-
-
-class ScenarioError(ValueError):
-    """A scenario file or override is invalid; the message names the key and the fix."""
 
 
 def _choice(key: str, value: Any, choices: Sequence[str]) -> None:
@@ -174,146 +177,6 @@ class TopologyConfig:
         return self.honest + self.byzantine
 
 
-# A class's settings table, frozen so the configs stay hashable: ((class name, ((setting,
-# value), ...)), ...), both levels sorted. It holds only values that differ from the class's
-# defaults, so equal settings compare equal however they were written.
-Params = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
-
-# The flat keys of earlier versions -> (kind, class name, setting) of the place they now have,
-# in the order the old [aggregation] and [attack] tables listed them. A legacy value spelled
-# as in _LEGACY_UNSET means "the class's default" (None).
-LEGACY: dict[str, tuple[str, str, str]] = {
-    "aggregation.temperature": ("crs", "softmax", "temperature"),
-    "aggregation.accuracy_scale": ("crs", "softmax", "scale"),
-    "aggregation.loss_clip_weighting": ("crs", "loss_clip_mean", "weighting"),
-    "aggregation.clip_threshold": ("crs", "clip", "threshold"),
-    "aggregation.tpm_accuracy_weight": ("tpm", "combined", "accuracy"),
-    "aggregation.tpm_loss_weight": ("tpm", "combined", "loss"),
-    "aggregation.dfedavg_weighting": ("rule", "dfedavg", "weighting"),
-    "aggregation.multi_krum_m": ("rule", "multi_krum", "m"),
-    "aggregation.flame_noise": ("rule", "flame", "noise"),
-    "aggregation.flame_cluster_on": ("rule", "flame", "cluster_on"),
-    "aggregation.balance_gamma": ("rule", "balance", "gamma"),
-    "aggregation.balance_kappa": ("rule", "balance", "kappa"),
-    "aggregation.balance_alpha": ("rule", "balance", "alpha"),
-    "aggregation.q": ("rule", "qfdfl", "q"),
-    "attack.std": ("attack", "gaussian", "std"),
-    "attack.center": ("attack", "gaussian", "center"),
-    "attack.scale": ("attack", "sign_flip", "scale"),
-    "attack.z": ("attack", "alie", "z"),
-}
-_LEGACY_UNSET = {"aggregation.multi_krum_m": 0, "attack.z": "auto"}
-# Where assumed_byzantine stood among the old [aggregation] keys (identity order).
-_LEGACY_AGGREGATION_ORDER = (
-    "temperature", "accuracy_scale", "loss_clip_weighting", "clip_threshold", "tpm_accuracy_weight",
-    "tpm_loss_weight", "dfedavg_weighting", "assumed_byzantine", "multi_krum_m", "flame_noise",
-    "flame_cluster_on", "balance_gamma", "balance_kappa", "balance_alpha", "q",
-)
-
-_KIND_REGISTRY: dict[str, Registry] = {"rule": RULE_REGISTRY, "tpm": TPM_REGISTRY, "crs": CRS_REGISTRY, "attack": ATTACK_REGISTRY}
-
-
-def _table_path(prefix: str, kind: str, name: str) -> str:
-    """The scenario key of a class's settings table, e.g. ``aggregation.crs_params.softmax``."""
-    if kind in ("tpm", "crs"):
-        return f"{prefix}.{kind}_params.{_toml_key(name)}"
-    return f"{prefix}.{_toml_key(name)}"
-
-
-def _toml_key(name: str) -> str:
-    return name if name.replace("_", "").replace("-", "").isalnum() else f'"{name}"'
-
-
-def _freeze(tables: Mapping[str, Mapping[str, Any]]) -> Params:
-    return tuple(sorted((name, tuple(sorted(t.items()))) for name, t in tables.items() if t))
-
-
-def _thaw(params: Params) -> dict[str, dict[str, Any]]:
-    return {name: dict(items) for name, items in params}
-
-
-def _frozen_value(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_frozen_value(v) for v in value)
-    if isinstance(value, Mapping):
-        return tuple(sorted((k, _frozen_value(v)) for k, v in value.items()))
-    return value
-
-
-def _toml_value(value: Any) -> Any:
-    return [_toml_value(v) for v in value] if isinstance(value, tuple) else value
-
-
-def _default(kind: str, name: str, setting: str) -> Any:
-    for s in _KIND_REGISTRY[kind].settings(name):
-        if s.name == setting:
-            return None if s.default is s.REQUIRED else s.default
-    return None
-
-
-def _resolve(kind: str, name: Any, key: str) -> type:
-    if not isinstance(name, str):
-        raise ScenarioError(f"{key}={name!r}: expected a string")
-    try:
-        return _KIND_REGISTRY[kind].resolve(name)
-    except ValueError as exc:
-        raise ScenarioError(f"{key}={name!r}: {exc}") from None
-
-
-class _Tables:
-    """Mutable settings tables of one config while it is parsed: kind -> name -> setting -> value,
-    and which scenario key set each value (for messages)."""
-
-    def __init__(self, params: Mapping[str, Params], origins: Params) -> None:
-        self.tables = {kind: _thaw(p) for kind, p in params.items()}
-        self.origins = {tuple(k.split("\0")): dict(v)["key"] for k, v in origins} if origins else {}
-
-    def set(self, kind: str, name: str, setting: str, value: Any, key: str, *, unset: bool = False) -> None:
-        registry = _KIND_REGISTRY[kind]
-        if not isinstance(setting, str):
-            raise ScenarioError(f"{key}: setting names are strings")
-        table = self.tables.setdefault(kind, {}).setdefault(name, {})
-        if unset:
-            table.pop(setting, None)
-            return
-        try:
-            value = registry.coerce(name, setting, value)
-        except ValueError as exc:
-            raise ScenarioError(f"{key}={value!r}: {exc}") from None
-        value = _frozen_value(value)
-        default = _default(kind, name, setting)
-        if value == default and type(value) is type(default):
-            table.pop(setting, None)
-        else:
-            table[setting] = value
-            self.origins[(kind, name, setting)] = key
-
-    def table(self, kind: str, name: str, values: Any, key: str) -> None:
-        _resolve(kind, name, key)
-        if not isinstance(values, Mapping):
-            raise ScenarioError(f"{key} must be a table of {name!r}'s settings, got {values!r}")
-        for setting, value in values.items():
-            self.set(kind, name, setting, value, f"{key}.{setting}")
-
-    def legacy(self, legacy_key: str, value: Any, key: str) -> None:
-        kind, name, setting = LEGACY[legacy_key]
-        unset = legacy_key in _LEGACY_UNSET and value == _LEGACY_UNSET[legacy_key] and not isinstance(value, bool)
-        self.set(kind, name, setting, value, key, unset=unset)
-
-    def frozen(self, kind: str) -> Params:
-        return _freeze(self.tables.get(kind, {}))
-
-    def frozen_origins(self) -> Params:
-        return tuple(sorted(("\0".join(k), (("key", v),)) for k, v in self.origins.items()))
-
-
-def _origin(origins: Params, kind: str, name: str, setting: str) -> str | None:
-    for k, v in origins:
-        if k == "\0".join((kind, name, setting)):
-            return dict(v)["key"]
-    return None
-
-
 @dataclass(frozen=True)
 class AttackConfig:
     """``name``: ``"none"``, a registered attack or ``module:Class``; ``attack_params``: the
@@ -332,7 +195,7 @@ class AttackConfig:
         if not isinstance(self.colluding, bool):
             raise ScenarioError(f"{self.prefix}.colluding={self.colluding!r}: expected true or false")
         if self.name != "none":
-            cls = _resolve("attack", self.name, f"{self.prefix}.name")
+            cls = resolve_class("attack", self.name, f"{self.prefix}.name")
             model = threat_model_of(cls)
             if model is not None and model.colludes and not self.colluding:
                 raise ScenarioError(
@@ -341,14 +204,14 @@ class AttackConfig:
 
     def params(self, name: str | None = None) -> dict[str, Any]:
         """The settings of attack ``name`` (default: the one in use) that differ from its defaults."""
-        return dict(_thaw(self.attack_params).get(self.name if name is None else name, {}))
+        return dict(thaw(self.attack_params).get(self.name if name is None else name, {}))
 
     def key(self, name: str, setting: str | None = None) -> str:
         """The scenario key that set ``setting`` of ``name`` (or of its table)."""
-        table = _table_path(self.prefix, "attack", name)
+        table = table_path(self.prefix, "attack", name)
         if setting is None:
             return table
-        return _origin(self.origins, "attack", name, setting) or f"{table}.{setting}"
+        return origin_of(self.origins, "attack", name, setting) or f"{table}.{setting}"
 
 
 @dataclass(frozen=True)
@@ -373,13 +236,13 @@ class AggregationConfig:
 
     def __post_init__(self) -> None:
         for kind in ("rule", "tpm", "crs"):
-            _resolve(kind, getattr(self, kind), f"{self.prefix}.{kind}")
+            resolve_class(kind, getattr(self, kind), f"{self.prefix}.{kind}")
         if isinstance(self.assumed_byzantine, bool) or not isinstance(self.assumed_byzantine, int):
             raise ScenarioError(f"{self.prefix}.assumed_byzantine={self.assumed_byzantine!r}: expected an integer")
         _in_range(f"{self.prefix}.assumed_byzantine", self.assumed_byzantine, -1, MAX_CLIENTS)
 
     def tables(self, kind: str) -> dict[str, dict[str, Any]]:
-        return _thaw(getattr(self, f"{kind}_params"))
+        return thaw(getattr(self, f"{kind}_params"))
 
     def params(self, kind: str, name: str | None = None) -> dict[str, Any]:
         """The settings of the ``kind`` ("rule", "tpm", "crs") class ``name`` (default: the one
@@ -388,10 +251,10 @@ class AggregationConfig:
 
     def key(self, kind: str, name: str, setting: str | None = None) -> str:
         """The scenario key that set ``setting`` of ``name`` (or of its table)."""
-        table = _table_path(self.prefix, kind, name)
+        table = table_path(self.prefix, kind, name)
         if setting is None:
             return table
-        return _origin(self.origins, kind, name, setting) or f"{table}.{setting}"
+        return origin_of(self.origins, kind, name, setting) or f"{table}.{setting}"
 
 
 _AGGREGATION_KEYS = ("rule", "tpm", "crs", "assumed_byzantine")
@@ -402,7 +265,7 @@ def _parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationC
     if not isinstance(table, Mapping):
         raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
     base = base or AggregationConfig()
-    tables = _Tables({k: getattr(base, f"{k}_params") for k in ("rule", "tpm", "crs")}, base.origins)
+    tables = SettingsTables({k: getattr(base, f"{k}_params") for k in ("rule", "tpm", "crs")}, base.origins)
     scalars: dict[str, Any] = {}
     legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("aggregation.")]
     for key, value in table.items():
@@ -418,11 +281,11 @@ def _parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationC
             if not isinstance(value, Mapping):
                 raise ScenarioError(f"{where} must be a table of {kind} settings tables, e.g. [{where}.NAME]")
             for name, values in value.items():
-                tables.table(kind, name, values, f"{where}.{_toml_key(name)}")
+                tables.table(kind, name, values, f"{where}.{toml_key(name)}")
         elif key in legacy:
-            tables.legacy(f"aggregation.{key}", value, where)
+            set_legacy(tables, f"aggregation.{key}", value, where)
         elif isinstance(value, Mapping) and (key in RULE_REGISTRY or ":" in key):
-            tables.table("rule", key, value, f"{prefix}.{_toml_key(key)}")
+            tables.table("rule", key, value, f"{prefix}.{toml_key(key)}")
         else:
             raise ScenarioError(
                 f"unknown key '{where}'; valid keys: {', '.join(_AGGREGATION_KEYS)}, tpm_params, crs_params, "
@@ -443,7 +306,7 @@ def _parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationC
 def _parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     if not isinstance(table, Mapping):
         raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
-    tables = _Tables({}, ())
+    tables = SettingsTables({}, ())
     name: Any = AttackConfig.name
     colluding = AttackConfig.colluding
     legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("attack.")]
@@ -458,9 +321,9 @@ def _parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
                 raise ScenarioError(f"{where}={value!r}: expected true or false")
             colluding = value
         elif key in legacy:
-            tables.legacy(f"attack.{key}", value, where)
+            set_legacy(tables, f"attack.{key}", value, where)
         elif isinstance(value, Mapping) and (key in ATTACK_REGISTRY or ":" in key):
-            tables.table("attack", key, value, f"{prefix}.{_toml_key(key)}")
+            tables.table("attack", key, value, f"{prefix}.{toml_key(key)}")
         else:
             raise ScenarioError(
                 f"unknown key '{where}'; valid keys: name, colluding, an attack's settings table "
@@ -480,7 +343,7 @@ def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], sup
         try:
             registry.build(name, {setting: value}, supplied)
         except ValueError:
-            raise ScenarioError(f"{key(setting)}={_toml_value(value)!r}: {message}") from None
+            raise ScenarioError(f"{key(setting)}={toml_value(value)!r}: {message}") from None
     raise ScenarioError(f"{key(None)}: {message}")
 
 
@@ -490,7 +353,7 @@ def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, 
     supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
     built: dict[str, Any] = {}
     for kind in ("tpm", "crs", "rule"):
-        registry = _KIND_REGISTRY[kind]
+        registry = KIND_REGISTRY[kind]
         names = dict.fromkeys([getattr(cfg, kind), *cfg.tables(kind)])
         for name in names:
             if kind == "rule":
@@ -507,7 +370,7 @@ def check_attack(
     """Build the attack in use (when there are Byzantine clients) and every settings table given.
     What only a running Byzantine client has is stood in for: its data sample by one that
     loads nothing (an attack touches its data in its rounds, not when it is built)."""
-    names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *_thaw(cfg.attack_params)])
+    names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *thaw(cfg.attack_params)])
     knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA, "round_window": round_window}
     for name in names:
         active = name == cfg.name and num_byzantine > 0
@@ -756,7 +619,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         over = table.get("aggregation", {})
         if not isinstance(over, Mapping):
             raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {over!r}")
-        peers[client] = _deep_copy(over)
+        peers[client] = deep_copy(over)
     kwargs["peers"] = peers
     try:
         return Scenario(**kwargs)
@@ -775,19 +638,15 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         else:
             out[name] = dataclasses.asdict(getattr(scenario, name))
     if scenario.peers:
-        out["peers"] = {str(k): {"aggregation": _deep_copy(v)} for k, v in sorted(scenario.peers.items())}
+        out["peers"] = {str(k): {"aggregation": deep_copy(v)} for k, v in sorted(scenario.peers.items())}
     return out
-
-
-def _settings_tables(params: Params) -> dict[str, dict[str, Any]]:
-    return {name: {k: _toml_value(v) for k, v in items} for name, items in params}
 
 
 def _aggregation_table(cfg: AggregationConfig) -> dict[str, Any]:
     out: dict[str, Any] = {k: getattr(cfg, k) for k in _AGGREGATION_KEYS}
-    out.update(_settings_tables(cfg.rule_params))
+    out.update(settings_tables(cfg.rule_params))
     for kind in ("tpm", "crs"):
-        tables = _settings_tables(getattr(cfg, f"{kind}_params"))
+        tables = settings_tables(getattr(cfg, f"{kind}_params"))
         if tables:
             out[f"{kind}_params"] = tables
     return out
@@ -795,31 +654,7 @@ def _aggregation_table(cfg: AggregationConfig) -> dict[str, Any]:
 
 def _attack_table(cfg: AttackConfig) -> dict[str, Any]:
     # colluding only when set: files and identities of runs without it stay as they were.
-    return {"name": cfg.name, **({"colluding": True} if cfg.colluding else {}), **_settings_tables(cfg.attack_params)}
-
-
-def _legacy_view(section: str, head: dict[str, Any], order: Sequence[str], tables: Mapping[str, Params]) -> dict[str, Any]:
-    """A section as earlier versions wrote it: ``head``, then every flat key of :data:`LEGACY`
-    (``order``) with its value or the class's default, then the settings tables that have no
-    flat key (nested, as in the new form)."""
-    thawed = {kind: _thaw(p) for kind, p in tables.items()}
-    out = dict(head)
-    for key in order:
-        if f"{section}.{key}" not in LEGACY:
-            continue
-        kind, name, setting = LEGACY[f"{section}.{key}"]
-        table = thawed.get(kind, {}).get(name, {})
-        value = table.pop(setting, _default(kind, name, setting))
-        out[key] = _LEGACY_UNSET[f"{section}.{key}"] if value is None else _toml_value(value)
-    for kind, by_name in thawed.items():
-        nested = {n: {k: _toml_value(v) for k, v in t.items()} for n, t in by_name.items() if t}
-        if not nested:
-            continue
-        if kind in ("tpm", "crs"):
-            out[f"{kind}_params"] = nested
-        else:
-            out.update(nested)
-    return out
+    return {"name": cfg.name, **({"colluding": True} if cfg.colluding else {}), **settings_tables(cfg.attack_params)}
 
 
 def _identity_dict(scenario: Scenario) -> dict[str, Any]:
@@ -828,19 +663,19 @@ def _identity_dict(scenario: Scenario) -> dict[str, Any]:
     out = scenario_to_dict(scenario)
     del out["engine"]
     agg = scenario.aggregation
-    view = _legacy_view(
-        "aggregation", {"rule": agg.rule, "tpm": agg.tpm, "crs": agg.crs}, _LEGACY_AGGREGATION_ORDER,
+    view = legacy_view(
+        "aggregation", {"rule": agg.rule, "tpm": agg.tpm, "crs": agg.crs}, LEGACY_AGGREGATION_ORDER,
         {"rule": agg.rule_params, "tpm": agg.tpm_params, "crs": agg.crs_params},
     )
     # assumed_byzantine sat between dfedavg_weighting and multi_krum_m.
     ordered = {k: view[k] for k in ("rule", "tpm", "crs")}
-    for key in _LEGACY_AGGREGATION_ORDER:
+    for key in LEGACY_AGGREGATION_ORDER:
         ordered[key] = agg.assumed_byzantine if key == "assumed_byzantine" else view[key]
     ordered.update({k: v for k, v in view.items() if k not in ordered})
     out["aggregation"] = ordered
     att = scenario.attack
     head = {"name": att.name, **({"colluding": True} if att.colluding else {})}
-    out["attack"] = _legacy_view("attack", head, ("std", "center", "scale", "z"), {"attack": att.attack_params})
+    out["attack"] = legacy_view("attack", head, ("std", "center", "scale", "z"), {"attack": att.attack_params})
     return out
 
 
@@ -866,56 +701,6 @@ def scenario_changes(scenario: Scenario) -> dict[str, Any]:
         return out
 
     return diff(_identity_dict(scenario), _identity_dict(Scenario()))
-
-
-def _key_path(key: str) -> list[str] | None:
-    """The parts of a TOML dotted key (``attack."mylab:MyAttack".k`` -> ``[attack,
-    mylab:MyAttack, k]``: quoted parts may hold dots), or None if ``key`` is not one."""
-    try:
-        table: Any = tomllib.loads(f"{key} = 0")
-    except tomllib.TOMLDecodeError:
-        return None
-    path = []
-    while isinstance(table, dict) and len(table) == 1:
-        (part, table), = table.items()
-        path.append(part)
-    return path if table == 0 and path else None
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``a.b.c=value``; the key is a TOML dotted key (a part in quotes may hold dots or
-    ``=``), the value is read as TOML (numbers, booleans, strings) or taken verbatim."""
-    for at, char in enumerate(text):
-        if char != "=":
-            continue
-        path = _key_path(text[:at].strip())
-        if path is not None:
-            value = text[at + 1 :].strip()
-            try:
-                parsed = tomllib.loads(f"v = {value}")["v"]
-            except tomllib.TOMLDecodeError:
-                parsed = value
-            return path, parsed
-    raise ScenarioError(f"override {text!r} must look like key=value, e.g. rounds=100 or attack.\"mylab:MyAttack\".k=2")
-
-
-def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply dotted ``key=value`` overrides to a raw scenario table (returns a new table)."""
-    out = _deep_copy(raw)
-    for text in overrides:
-        path, value = parse_override(text)
-        node = out
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ScenarioError(f"override {text!r}: '{part}' is not a table")
-            node = child
-        node[path[-1]] = value
-    return out
-
-
-def _deep_copy(table: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in table.items()}
 
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.toml"

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.config import ScenarioError, dump_scenario, load_scenario, parse_override, scenario_from_dict
+from dfedrw.peer.config import ScenarioError, dump_scenario, load_scenario, scenario_from_dict
+from dfedrw.peer.overrides import parse_override
 
 
 def test_default_scenario_loads_with_paper_settings():

@@ -12,7 +12,8 @@ import tomli_w
 from dfedrw.peer.aggregation import Balance, DFedReweighting, Loss, LossClippedAtMean, MultiKrum, Softmax
 from dfedrw.peer.aggregation.registry import Registry
 from dfedrw.peer.attacks import ALIE, Gaussian
-from dfedrw.peer.config import LEGACY, Scenario, ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
+from dfedrw.peer.config import Scenario, ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
+from dfedrw.peer.config_legacy import LEGACY
 from dfedrw.peer.plugins import REGISTRIES, build_attack, build_client_rule, render_readme
 
 ROOT = Path(__file__).resolve().parents[2]
