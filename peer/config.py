@@ -36,7 +36,6 @@ TOML has no null, so "unset" string options use the empty string.
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -45,53 +44,22 @@ from typing import Any
 
 import tomli_w
 
-from dfedrw.peer.aggregation.registry import Registry
-from dfedrw.peer.attacks.base import AttackerData, threat_model_of
-from dfedrw.peer.plugins import ATTACK_REGISTRY, RULE_REGISTRY, build_rule_from
-from dfedrw.peer.config_errors import ScenarioError
-from dfedrw.peer.config_legacy import LEGACY, LEGACY_AGGREGATION_ORDER, legacy_view, set_legacy
-from dfedrw.peer.config_tables import (
-    KIND_REGISTRY, Params, SettingsTables, origin_of, resolve_class, settings_tables, table_path, thaw, toml_key, toml_value,
-)
+from dfedrw.peer.plugins import ATTACK_REGISTRY, build_rule_from
+from dfedrw.peer.config_checks import ScenarioError
+from dfedrw.peer.config_legacy import LEGACY_AGGREGATION_ORDER, legacy_view
 from dfedrw.peer.overrides import apply_overrides, deep_copy
+from dfedrw.peer.config_aggregation import (
+    AggregationConfig, AttackConfig, aggregation_table, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
+)
+from dfedrw.peer.config_checks import (
+    MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, check_choice_of, check_in_range, coerce_value,
+)
 
 DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("softmax_regression", "mlp")
 TOPOLOGIES = ("erdos_renyi", "ring", "complete", "edgelist")
 # "torch" (torch.distributed point-to-point) is valid only for clients started by torchrun.
 TRANSPORTS = ("grpc", "inproc", "torch")
-
-
-def _choice(key: str, value: Any, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ScenarioError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
-
-
-def _bound(x: float) -> str:
-    return f"{x:_}" if isinstance(x, int) else f"{x:g}"
-
-
-def _in_range(key: str, value: float, lo: float, hi: float, *, open_lo: bool = False) -> None:
-    """Refuse ``value`` outside ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``), NaN and infinity."""
-    finite = not isinstance(value, float) or math.isfinite(value)
-    above = value > lo if open_lo else value >= lo
-    if not (finite and above and value <= hi):
-        interval = f"{'(' if open_lo else '['}{_bound(lo)}, {_bound(hi)}]"
-        what = "an integer" if isinstance(value, int) else "a finite number"
-        raise ScenarioError(f"{key}={value!r} must be {what} in {interval}")
-
-
-# Limits shared by several keys. Clients are OS processes with a gRPC server each, so a few
-# thousand is already far past what one machine or a compose cluster can hold; the batched
-# engine, whose memory grows with clients x parameters only, goes to tens of thousands.
-MAX_CLIENTS = 65_536
-MAX_ROUNDS = 10_000_000
-# A magnitude no learning rate, noise scale or coefficient comes near; it only keeps
-# arithmetic finite.
-MAX_MAGNITUDE = 1e6
-MAX_SECONDS = 86_400.0
-# Just under float32's largest finite value (3.4e38).
-MAX_ABS_VALUE_LIMIT = 3e38
 
 
 @dataclass(frozen=True)
@@ -106,8 +74,8 @@ class DataConfig:
     labelskew_assign: str = "cyclic"
 
     def __post_init__(self) -> None:
-        _choice("data.name", self.name, DATASETS)
-        _choice("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
+        check_choice_of("data.name", self.name, DATASETS)
+        check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
         p = self.partition
         kind, _, arg = p.partition(":")
         if kind == "iid" and not arg:
@@ -126,9 +94,9 @@ class DataConfig:
             raise ScenarioError(
                 f"data.partition={p!r} is not valid; use iid, dirichlet:ALPHA or labelskew:H"
             )
-        _in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
+        check_in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
         # Capped by the test set's size when drawn; the bound only refuses nonsense.
-        _in_range("data.local_test_size", self.local_test_size, 1, 10_000_000)
+        check_in_range("data.local_test_size", self.local_test_size, 1, 10_000_000)
 
 
 @dataclass(frozen=True)
@@ -143,13 +111,13 @@ class TrainConfig:
     init: str = "shared"
 
     def __post_init__(self) -> None:
-        _choice("train.model", self.model, MODELS)
-        _choice("train.init", self.init, ("shared", "per_client", "zeros"))
+        check_choice_of("train.model", self.model, MODELS)
+        check_choice_of("train.init", self.init, ("shared", "per_client", "zeros"))
         # 65536 hidden units on 784 inputs is already ~200 MB of parameters per message.
-        _in_range("train.hidden", self.hidden, 1, 65_536)
-        _in_range("train.lr", self.lr, 0.0, MAX_MAGNITUDE, open_lo=True)
-        _in_range("train.batch_size", self.batch_size, 1, 1_000_000)
-        _in_range("train.local_steps", self.local_steps, 1, 10_000)
+        check_in_range("train.hidden", self.hidden, 1, 65_536)
+        check_in_range("train.lr", self.lr, 0.0, MAX_MAGNITUDE, open_lo=True)
+        check_in_range("train.batch_size", self.batch_size, 1, 1_000_000)
+        check_in_range("train.local_steps", self.local_steps, 1, 10_000)
 
 
 @dataclass(frozen=True)
@@ -161,10 +129,10 @@ class TopologyConfig:
     byzantine: int = 0
 
     def __post_init__(self) -> None:
-        _choice("topology.kind", self.kind, TOPOLOGIES)
-        _in_range("topology.rho", self.rho, 0.0, 1.0, open_lo=True)
-        _in_range("topology.honest", self.honest, 1, MAX_CLIENTS)
-        _in_range("topology.byzantine", self.byzantine, 0, MAX_CLIENTS - 1)
+        check_choice_of("topology.kind", self.kind, TOPOLOGIES)
+        check_in_range("topology.rho", self.rho, 0.0, 1.0, open_lo=True)
+        check_in_range("topology.honest", self.honest, 1, MAX_CLIENTS)
+        check_in_range("topology.byzantine", self.byzantine, 0, MAX_CLIENTS - 1)
         if self.num_clients > MAX_CLIENTS:
             raise ScenarioError(
                 f"topology.honest + topology.byzantine = {self.num_clients} clients; at most {MAX_CLIENTS:_}"
@@ -175,215 +143,6 @@ class TopologyConfig:
     @property
     def num_clients(self) -> int:
         return self.honest + self.byzantine
-
-
-@dataclass(frozen=True)
-class AttackConfig:
-    """``name``: ``"none"``, a registered attack or ``module:Class``; ``attack_params``: the
-    settings tables ``[attack.NAME]`` (every one given is checked, the named one is used)."""
-
-    name: str = "none"
-    attack_params: Params = ()
-    # The Byzantine clients act as one group: each round they pool the honest models they
-    # received over their own authenticated channel and agree one plan before they send.
-    colluding: bool = False
-    # Not part of the identity: where the config came from, for messages.
-    prefix: str = field(default="attack", compare=False, repr=False)
-    origins: Params = field(default=(), compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.colluding, bool):
-            raise ScenarioError(f"{self.prefix}.colluding={self.colluding!r}: expected true or false")
-        if self.name != "none":
-            cls = resolve_class("attack", self.name, f"{self.prefix}.name")
-            model = threat_model_of(cls)
-            if model is not None and model.colludes and not self.colluding:
-                raise ScenarioError(
-                    f"{self.prefix}.name={self.name!r} is an attack of colluding clients: set {self.prefix}.colluding = true"
-                )
-
-    def params(self, name: str | None = None) -> dict[str, Any]:
-        """The settings of attack ``name`` (default: the one in use) that differ from its defaults."""
-        return dict(thaw(self.attack_params).get(self.name if name is None else name, {}))
-
-    def key(self, name: str, setting: str | None = None) -> str:
-        """The scenario key that set ``setting`` of ``name`` (or of its table)."""
-        table = table_path(self.prefix, "attack", name)
-        if setting is None:
-            return table
-        return origin_of(self.origins, "attack", name, setting) or f"{table}.{setting}"
-
-
-@dataclass(frozen=True)
-class AggregationConfig:
-    """``rule``, ``tpm``, ``crs``: registered names or ``module:Class``; ``*_params``: the
-    settings tables ``[aggregation.RULE]``, ``[aggregation.tpm_params.TPM]``,
-    ``[aggregation.crs_params.CRS]`` (every one given is checked, the named ones are used)."""
-
-    rule: str = "dfedreweighting"
-    tpm: str = "loss"
-    crs: str = "loss_clip_mean"
-    # What rules that take num_byzantine (trimmed_mean, krum, multi_krum, ...) are told about
-    # the number of Byzantine neighbours: -1 = the client's true count (an oracle the
-    # experimenter has), else this number.
-    assumed_byzantine: int = -1
-    rule_params: Params = ()
-    tpm_params: Params = ()
-    crs_params: Params = ()
-    # Not part of the identity: where the config came from, for messages.
-    prefix: str = field(default="aggregation", compare=False, repr=False)
-    origins: Params = field(default=(), compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        for kind in ("rule", "tpm", "crs"):
-            resolve_class(kind, getattr(self, kind), f"{self.prefix}.{kind}")
-        if isinstance(self.assumed_byzantine, bool) or not isinstance(self.assumed_byzantine, int):
-            raise ScenarioError(f"{self.prefix}.assumed_byzantine={self.assumed_byzantine!r}: expected an integer")
-        _in_range(f"{self.prefix}.assumed_byzantine", self.assumed_byzantine, -1, MAX_CLIENTS)
-
-    def tables(self, kind: str) -> dict[str, dict[str, Any]]:
-        return thaw(getattr(self, f"{kind}_params"))
-
-    def params(self, kind: str, name: str | None = None) -> dict[str, Any]:
-        """The settings of the ``kind`` ("rule", "tpm", "crs") class ``name`` (default: the one
-        in use) that differ from its defaults."""
-        return dict(self.tables(kind).get(getattr(self, kind) if name is None else name, {}))
-
-    def key(self, kind: str, name: str, setting: str | None = None) -> str:
-        """The scenario key that set ``setting`` of ``name`` (or of its table)."""
-        table = table_path(self.prefix, kind, name)
-        if setting is None:
-            return table
-        return origin_of(self.origins, kind, name, setting) or f"{table}.{setting}"
-
-
-_AGGREGATION_KEYS = ("rule", "tpm", "crs", "assumed_byzantine")
-
-
-def _parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationConfig | None = None) -> AggregationConfig:
-    """An [aggregation] table (or a [peers.K.aggregation] override of ``base``)."""
-    if not isinstance(table, Mapping):
-        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
-    base = base or AggregationConfig()
-    tables = SettingsTables({k: getattr(base, f"{k}_params") for k in ("rule", "tpm", "crs")}, base.origins)
-    scalars: dict[str, Any] = {}
-    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("aggregation.")]
-    for key, value in table.items():
-        where = f"{prefix}.{key}"
-        if key in ("rule", "tpm", "crs"):
-            if not isinstance(value, str):
-                raise ScenarioError(f"{where}={value!r}: expected a string")
-            scalars[key] = value
-        elif key == "assumed_byzantine":
-            scalars[key] = _coerce(where, value, "int")
-        elif key in ("tpm_params", "crs_params"):
-            kind = key.partition("_")[0]
-            if not isinstance(value, Mapping):
-                raise ScenarioError(f"{where} must be a table of {kind} settings tables, e.g. [{where}.NAME]")
-            for name, values in value.items():
-                tables.table(kind, name, values, f"{where}.{toml_key(name)}")
-        elif key in legacy:
-            set_legacy(tables, f"aggregation.{key}", value, where)
-        elif isinstance(value, Mapping) and (key in RULE_REGISTRY or ":" in key):
-            tables.table("rule", key, value, f"{prefix}.{toml_key(key)}")
-        else:
-            raise ScenarioError(
-                f"unknown key '{where}'; valid keys: {', '.join(_AGGREGATION_KEYS)}, tpm_params, crs_params, "
-                f"a rule's settings table ({', '.join(RULE_REGISTRY.names())} or 'module:Class'), "
-                f"or an earlier version's {', '.join(legacy)}"
-            )
-    return dataclasses.replace(
-        base,
-        **scalars,
-        rule_params=tables.frozen("rule"),
-        tpm_params=tables.frozen("tpm"),
-        crs_params=tables.frozen("crs"),
-        prefix=prefix,
-        origins=tables.frozen_origins(),
-    )
-
-
-def _parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
-    if not isinstance(table, Mapping):
-        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
-    tables = SettingsTables({}, ())
-    name: Any = AttackConfig.name
-    colluding = AttackConfig.colluding
-    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("attack.")]
-    for key, value in table.items():
-        where = f"{prefix}.{key}"
-        if key == "name":
-            if not isinstance(value, str):
-                raise ScenarioError(f"{where}={value!r}: expected a string")
-            name = value
-        elif key == "colluding":
-            if not isinstance(value, bool):
-                raise ScenarioError(f"{where}={value!r}: expected true or false")
-            colluding = value
-        elif key in legacy:
-            set_legacy(tables, f"attack.{key}", value, where)
-        elif isinstance(value, Mapping) and (key in ATTACK_REGISTRY or ":" in key):
-            tables.table("attack", key, value, f"{prefix}.{toml_key(key)}")
-        else:
-            raise ScenarioError(
-                f"unknown key '{where}'; valid keys: name, colluding, an attack's settings table "
-                f"({', '.join(ATTACK_REGISTRY.names())} or 'module:Class'), or an earlier version's {', '.join(legacy)}"
-            )
-    return AttackConfig(name=name, attack_params=tables.frozen("attack"), colluding=colluding, prefix=prefix, origins=tables.frozen_origins())
-
-
-def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], supplied: Mapping[str, Any], key: Any) -> Any:
-    """``registry.build`` with a class's ValueError turned into one ScenarioError line naming
-    the key that set the offending value (``key(setting)``; ``key(None)`` is the table)."""
-    try:
-        return registry.build(name, params, supplied)
-    except ValueError as exc:
-        message = " ".join(str(exc).split())
-    for setting, value in params.items():
-        try:
-            registry.build(name, {setting: value}, supplied)
-        except ValueError:
-            raise ScenarioError(f"{key(setting)}={toml_value(value)!r}: {message}") from None
-    raise ScenarioError(f"{key(None)}: {message}")
-
-
-def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> None:
-    """Build every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
-    with placeholder supplied values, so a bad setting fails with one line naming its key."""
-    supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
-    built: dict[str, Any] = {}
-    for kind in ("tpm", "crs", "rule"):
-        registry = KIND_REGISTRY[kind]
-        names = dict.fromkeys([getattr(cfg, kind), *cfg.tables(kind)])
-        for name in names:
-            if kind == "rule":
-                supplied.update(tpm=built["tpm"], crs=built["crs"])
-            obj = _build_checked(registry, name, cfg.params(kind, name), supplied, lambda s, k=kind, n=name: cfg.key(k, n, s))
-            if name == getattr(cfg, kind):
-                built[kind] = obj
-
-
-def check_attack(
-    cfg: AttackConfig, *, num_clients: int, num_byzantine: int, lr: float = 0.01, total_rounds: int = 0, defence: Any = None,
-    round_window: int = 2,
-) -> None:
-    """Build the attack in use (when there are Byzantine clients) and every settings table given.
-    What only a running Byzantine client has is stood in for: its data sample by one that
-    loads nothing (an attack touches its data in its rounds, not when it is built)."""
-    names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *thaw(cfg.attack_params)])
-    knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA, "round_window": round_window}
-    for name in names:
-        active = name == cfg.name and num_byzantine > 0
-        # A table of an attack not in use is checked with counts every attack accepts.
-        supplied = {"num_clients": num_clients, "num_byzantine": num_byzantine} if active else {"num_clients": max(num_clients, 3), "num_byzantine": 1}
-        _build_checked(ATTACK_REGISTRY, name, cfg.params(name), {**supplied, **knowledge}, lambda s, n=name: cfg.key(n, s))
-
-
-def _no_data(*_: Any) -> Any:
-    raise RuntimeError("an attack's data sample is loaded by the running Byzantine client, not when a scenario is checked")
-
-
-_NO_DATA = AttackerData(_no_data, _no_data, num_classes=2, description="none while the scenario is checked")
 
 
 @dataclass(frozen=True)
@@ -416,18 +175,18 @@ class NetworkConfig:
     calls_per_sender: int = 2
 
     def __post_init__(self) -> None:
-        _choice("network.transport", self.transport, TRANSPORTS)
-        _in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
-        _choice("network.tls", self.tls, ("mutual", "off"))
-        _in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
-        _in_range("network.round_window", self.round_window, 1, 1000)
-        _in_range("network.max_missed_rounds", self.max_missed_rounds, 1, 1_000_000)
-        _in_range("network.connect_timeout", self.connect_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        check_choice_of("network.transport", self.transport, TRANSPORTS)
+        check_in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
+        check_choice_of("network.tls", self.tls, ("mutual", "off"))
+        check_in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        check_in_range("network.round_window", self.round_window, 1, 1000)
+        check_in_range("network.max_missed_rounds", self.max_missed_rounds, 1, 1_000_000)
+        check_in_range("network.connect_timeout", self.connect_timeout, 0.0, MAX_SECONDS, open_lo=True)
         # gRPC message limits are int32: a chunk plus its framing must stay well below 2 GiB.
-        _in_range("network.chunk_bytes", self.chunk_bytes, 1 << 10, 64 << 20)
-        _in_range("network.max_message_bytes", self.max_message_bytes, 1 << 10, 1 << 30)
-        _in_range("network.idle_call_timeout", self.idle_call_timeout, 0.0, MAX_SECONDS, open_lo=True)
-        _in_range("network.calls_per_sender", self.calls_per_sender, 1, 64)
+        check_in_range("network.chunk_bytes", self.chunk_bytes, 1 << 10, 64 << 20)
+        check_in_range("network.max_message_bytes", self.max_message_bytes, 1 << 10, 1 << 30)
+        check_in_range("network.idle_call_timeout", self.idle_call_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        check_in_range("network.calls_per_sender", self.calls_per_sender, 1, 64)
 
 
 @dataclass(frozen=True)
@@ -436,7 +195,7 @@ class EvalConfig:
     every: int = 50
 
     def __post_init__(self) -> None:
-        _in_range("eval.every", self.every, 0, MAX_ROUNDS)
+        check_in_range("eval.every", self.every, 0, MAX_ROUNDS)
 
 
 @dataclass(frozen=True)
@@ -447,7 +206,7 @@ class CheckpointConfig:
     every: int = 50
 
     def __post_init__(self) -> None:
-        _in_range("checkpoint.every", self.every, 0, MAX_ROUNDS)
+        check_in_range("checkpoint.every", self.every, 0, MAX_ROUNDS)
 
 
 ENGINES = ("clients", "batched")
@@ -472,8 +231,8 @@ class EngineConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        _choice("engine.name", self.name, ENGINES)
-        _in_range("engine.threads", self.threads, 1, 1024)
+        check_choice_of("engine.name", self.name, ENGINES)
+        check_in_range("engine.threads", self.threads, 1, 1024)
         if not (self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ScenarioError(f"engine.device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
 
@@ -495,9 +254,9 @@ class Scenario:
     peers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _in_range("rounds", self.rounds, 1, MAX_ROUNDS)
+        check_in_range("rounds", self.rounds, 1, MAX_ROUNDS)
         # TOML integers are int64; numpy and torch seeds take any of the non-negative ones.
-        _in_range("seed", self.seed, 0, 2**63 - 1)
+        check_in_range("seed", self.seed, 0, 2**63 - 1)
         n = self.topology.num_clients
         configs = {self.aggregation: None}
         for k, over in self.peers.items():
@@ -530,7 +289,7 @@ class Scenario:
         over = self.peers.get(client)
         if not over:
             return self.aggregation
-        return _parse_aggregation(f"peers.{client}.aggregation", over, self.aggregation)
+        return parse_aggregation(f"peers.{client}.aggregation", over, self.aggregation)
 
 
 _SECTIONS: dict[str, type] = {
@@ -558,34 +317,6 @@ def _check_keys(prefix: str, table: Mapping[str, Any], cls: type) -> None:
             raise ScenarioError(f"unknown key '{prefix}.{key}'; valid keys: {', '.join(valid)}")
 
 
-def _coerce(key: str, value: Any, type_name: str) -> Any:
-    """Check a TOML value against a field's annotated type (annotations are strings here)."""
-    t = str(type_name)
-    if isinstance(value, bool) and t != "bool":
-        raise ScenarioError(f"{key}={value!r}: expected {t}, got a boolean")
-    if t == "int":
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if not isinstance(value, int):
-            raise ScenarioError(f"{key}={value!r}: expected an integer")
-        return value
-    if t == "float":
-        if not isinstance(value, (int, float)):
-            raise ScenarioError(f"{key}={value!r}: expected a number")
-        return float(value)
-    if t == "str":
-        if not isinstance(value, str):
-            raise ScenarioError(f"{key}={value!r}: expected a string")
-        return value
-    if t == "float | str":
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            return value
-        raise ScenarioError(f"{key}={value!r}: expected a number or a string")
-    return value
-
-
 def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     """Build and validate a :class:`Scenario` from a parsed TOML table."""
     valid_top = [*_TOP_SCALARS, *_SECTIONS, "peers"]
@@ -595,19 +326,19 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     kwargs: dict[str, Any] = {}
     for key in _TOP_SCALARS:
         if key in raw:
-            kwargs[key] = _coerce(key, raw[key], "int")
+            kwargs[key] = coerce_value(key, raw[key], "int")
     for name, cls in _SECTIONS.items():
         table = raw.get(name, {})
         if not isinstance(table, Mapping):
             raise ScenarioError(f"'{name}' must be a table, got {table!r}")
         if name == "aggregation":
-            kwargs[name] = _parse_aggregation(name, table)
+            kwargs[name] = parse_aggregation(name, table)
             continue
         if name == "attack":
-            kwargs[name] = _parse_attack(name, table)
+            kwargs[name] = parse_attack(name, table)
             continue
         _check_keys(name, table, cls)
-        kwargs[name] = cls(**{k: _coerce(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()})
+        kwargs[name] = cls(**{k: coerce_value(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()})
     peers: dict[int, dict[str, Any]] = {}
     for key, table in dict(raw.get("peers", {})).items():
         try:
@@ -632,29 +363,14 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     out: dict[str, Any] = {"seed": scenario.seed, "rounds": scenario.rounds}
     for name in _SECTIONS:
         if name == "aggregation":
-            out[name] = _aggregation_table(scenario.aggregation)
+            out[name] = aggregation_table(scenario.aggregation)
         elif name == "attack":
-            out[name] = _attack_table(scenario.attack)
+            out[name] = attack_table(scenario.attack)
         else:
             out[name] = dataclasses.asdict(getattr(scenario, name))
     if scenario.peers:
         out["peers"] = {str(k): {"aggregation": deep_copy(v)} for k, v in sorted(scenario.peers.items())}
     return out
-
-
-def _aggregation_table(cfg: AggregationConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {k: getattr(cfg, k) for k in _AGGREGATION_KEYS}
-    out.update(settings_tables(cfg.rule_params))
-    for kind in ("tpm", "crs"):
-        tables = settings_tables(getattr(cfg, f"{kind}_params"))
-        if tables:
-            out[f"{kind}_params"] = tables
-    return out
-
-
-def _attack_table(cfg: AttackConfig) -> dict[str, Any]:
-    # colluding only when set: files and identities of runs without it stay as they were.
-    return {"name": cfg.name, **({"colluding": True} if cfg.colluding else {}), **settings_tables(cfg.attack_params)}
 
 
 def _identity_dict(scenario: Scenario) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 from dfedrw.peer.aggregation.registry import Registry
 from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
-from dfedrw.peer.config_errors import ScenarioError
+from dfedrw.peer.config_checks import ScenarioError
 
 
 # A class's settings table, frozen so the configs stay hashable: ((class name, ((setting,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
-from dfedrw.peer.config_errors import ScenarioError
+from dfedrw.peer.config_checks import ScenarioError
 
 
 def _key_path(key: str) -> list[str] | None:

@@ -1,0 +1,79 @@
+"""The checks every scenario key goes through: the error they raise (one line naming the key and
+what it accepts), choices, ranges and their limits, and a TOML value coerced to a field's type."""
+
+from __future__ import annotations
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+class ScenarioError(ValueError):
+    """A scenario file or override is invalid; the message names the key and the fix."""
+
+
+def check_choice_of(key: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ScenarioError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def bound_text(x: float) -> str:
+    return f"{x:_}" if isinstance(x, int) else f"{x:g}"
+
+
+def check_in_range(key: str, value: float, lo: float, hi: float, *, open_lo: bool = False) -> None:
+    """Refuse ``value`` outside ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``), NaN and infinity."""
+    finite = not isinstance(value, float) or math.isfinite(value)
+    above = value > lo if open_lo else value >= lo
+    if not (finite and above and value <= hi):
+        interval = f"{'(' if open_lo else '['}{bound_text(lo)}, {bound_text(hi)}]"
+        what = "an integer" if isinstance(value, int) else "a finite number"
+        raise ScenarioError(f"{key}={value!r} must be {what} in {interval}")
+
+
+# Limits shared by several keys. Clients are OS processes with a gRPC server each, so a few
+# thousand is already far past what one machine or a compose cluster can hold; the batched
+# engine, whose memory grows with clients x parameters only, goes to tens of thousands.
+MAX_CLIENTS = 65_536
+
+
+MAX_ROUNDS = 10_000_000
+
+
+# A magnitude no learning rate, noise scale or coefficient comes near; it only keeps
+# arithmetic finite.
+MAX_MAGNITUDE = 1e6
+
+
+MAX_SECONDS = 86_400.0
+
+
+# Just under float32's largest finite value (3.4e38).
+MAX_ABS_VALUE_LIMIT = 3e38
+
+
+def coerce_value(key: str, value: Any, type_name: str) -> Any:
+    """Check a TOML value against a field's annotated type (annotations are strings here)."""
+    t = str(type_name)
+    if isinstance(value, bool) and t != "bool":
+        raise ScenarioError(f"{key}={value!r}: expected {t}, got a boolean")
+    if t == "int":
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if not isinstance(value, int):
+            raise ScenarioError(f"{key}={value!r}: expected an integer")
+        return value
+    if t == "float":
+        if not isinstance(value, (int, float)):
+            raise ScenarioError(f"{key}={value!r}: expected a number")
+        return float(value)
+    if t == "str":
+        if not isinstance(value, str):
+            raise ScenarioError(f"{key}={value!r}: expected a string")
+        return value
+    if t == "float | str":
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            return value
+        raise ScenarioError(f"{key}={value!r}: expected a number or a string")
+    return value
