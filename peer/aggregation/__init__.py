@@ -18,18 +18,9 @@ from dfedrw.peer.aggregation.crs import (
 )
 from dfedrw.peer.aggregation.gossip import UBAR, ClippedGossip, CSPlusRG
 from dfedrw.peer.aggregation.registry import build_from_registry
-from dfedrw.peer.aggregation.robust import (
-    QFDFL,
-    AccuracyAboveMean,
-    Balance,
-    CenteredClipping,
-    Flame,
-    GeometricMedian,
-    Krum,
-    Median,
-    MultiKrum,
-    TrimmedMean,
-)
+from dfedrw.peer.aggregation.coordinate import Median, TrimmedMean
+from dfedrw.peer.aggregation.distance import GeometricMedian, Krum, MultiKrum
+from dfedrw.peer.aggregation.robust import QFDFL, AccuracyAboveMean, Balance, CenteredClipping, Flame
 from dfedrw.peer.aggregation.rules import (
     RULE_REGISTRY,
     Aggregate,

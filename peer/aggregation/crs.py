@@ -292,7 +292,6 @@ class Clip(ReweightingStrategy):
         return scores.clamp(min=0.0, max=self.threshold)
 
 
-
 _RANK_PREFERENCES = ("low", "high")
 
 

@@ -44,13 +44,12 @@ from dataclasses import dataclass
 import torch
 
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
-from dfedrw.peer.aggregation.robust import _combine, _Finite, _finite_by_id, _pooled_finite
+from dfedrw.peer.aggregation.candidates import FiniteCandidates, combine_rows, finite_by_id, pooled_finite
 from dfedrw.peer.aggregation.rules import (
     RULE_REGISTRY,
     Aggregate,
     RoundBatch,
     RoundInputs,
-    finite_rows,
 )
 
 __all__ = ["CLIPPED_GOSSIP_RADII", "CSPlusRG", "ClippedGossip", "UBAR"]
@@ -75,7 +74,7 @@ def _keep_own(ids: Sequence[int], own_row: torch.Tensor, scores: Mapping[int, fl
     return _result(ids, own_row.to(torch.float64), {ids[0]: 1.0}, scores)
 
 
-def _distances_from_own(finite: _Finite) -> list[float]:
+def _distances_from_own(finite: FiniteCandidates) -> list[float]:
     """``||w_i - w_own||`` for every finite candidate (0 for the own one), in id order."""
     own = finite.rows[finite.own]
     return torch.linalg.vector_norm(finite.rows - own, dim=1).cpu().tolist()
@@ -105,7 +104,7 @@ def _radius_from_spread(distances: Sequence[float], num_byzantine: int) -> float
 
 
 def _self_centred_clipping(
-    finite: _Finite, ids: Sequence[int], own_row: torch.Tensor, radius: Callable[[list[float]], float]
+    finite: FiniteCandidates, ids: Sequence[int], own_row: torch.Tensor, radius: Callable[[list[float]], float]
 ) -> Aggregate:
     """``w_own + 1/C * sum_j CLIP(w_j - w_own, tau)`` with ``tau = radius(neighbour distances)``,
     as the convex combination it is: neighbour ``j`` weighs ``s_j / C`` with
@@ -121,7 +120,7 @@ def _self_centred_clipping(
     coefficients[finite.own] = 0.0
     coefficients[finite.own] = 1.0 - math.fsum(coefficients)
     weights = torch.tensor(coefficients, dtype=torch.float64)
-    return _result(ids, _combine(finite, weights), dict(zip(finite.ids, coefficients, strict=True)))
+    return _result(ids, combine_rows(finite, weights), dict(zip(finite.ids, coefficients, strict=True)))
 
 
 # ---------------------------------------------------------------- ClippedGossip
@@ -138,12 +137,12 @@ class _ClippingAroundOwn:
         raise NotImplementedError
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        return _self_centred_clipping(_finite_by_id(inputs), inputs.ids, inputs.vectors[0], self._radius)
+        return _self_centred_clipping(finite_by_id(inputs), inputs.ids, inputs.vectors[0], self._radius)
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
         finite = batch.finite().tolist()
         return [
-            _self_centred_clipping(_pooled_finite(batch, c, finite), batch.ids[c], batch.vectors[rows[0]], self._radius)
+            _self_centred_clipping(pooled_finite(batch, c, finite), batch.ids[c], batch.vectors[rows[0]], self._radius)
             for c, rows in enumerate(batch.rows)
         ]
 
@@ -359,7 +358,7 @@ class UBAR:
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         _needs_evaluate(inputs.evaluate is None)
-        finite = _finite_by_id(inputs)
+        finite = finite_by_id(inputs)
         if finite.own is None:
             return _keep_own(inputs.ids, inputs.vectors[0], {})
         shortlist = self._shortlist(finite)
@@ -377,7 +376,7 @@ class UBAR:
         finite_pool = batch.finite().tolist()
         plans = []
         for c in range(len(batch)):
-            finite = _pooled_finite(batch, c, finite_pool)
+            finite = pooled_finite(batch, c, finite_pool)
             plans.append((finite, () if finite.own is None else self._shortlist(finite)))
         wanted = [c for c, (_, shortlist) in enumerate(plans) if len(shortlist) > 1]
         rows = [tuple(batch.rows[c][plans[c][0].positions[i]] for i in plans[c][1]) for c in wanted]
@@ -394,7 +393,7 @@ class UBAR:
                 results.append(self._mix(finite, shortlist, _losses(metrics[c], len(shortlist)), batch.ids[c]))
         return results
 
-    def _shortlist(self, finite: _Finite) -> tuple[int, ...]:
+    def _shortlist(self, finite: FiniteCandidates) -> tuple[int, ...]:
         """Stage 1: the own model and the ``m`` closest neighbours, as positions in ``finite``
         (id order)."""
         distances = _distances_from_own(finite)
@@ -406,7 +405,7 @@ class UBAR:
         closest = sorted(neighbours, key=lambda i: (distances[i], i))[:keep]
         return tuple(sorted([finite.own, *closest]))
 
-    def _mix(self, finite: _Finite, shortlist: tuple[int, ...], losses: list[float], ids: Sequence[int]) -> Aggregate:
+    def _mix(self, finite: FiniteCandidates, shortlist: tuple[int, ...], losses: list[float], ids: Sequence[int]) -> Aggregate:
         """Stage 2 and the mix, from the losses of the shortlisted candidates (in its order)."""
         loss = dict(zip(shortlist, losses, strict=True))
         own = loss[finite.own]
@@ -421,7 +420,7 @@ class UBAR:
                 weights[i] = (1.0 - self.alpha) / len(kept)
         else:
             weights[finite.own] = 1.0
-        model = _combine(finite, torch.tensor(weights, dtype=torch.float64))
+        model = combine_rows(finite, torch.tensor(weights, dtype=torch.float64))
         scores = {finite.ids[i]: loss[i] for i in shortlist}
         return _result(ids, model, dict(zip(finite.ids, weights, strict=True)), scores)
 

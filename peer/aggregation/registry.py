@@ -34,6 +34,7 @@ allowed. They raise ``ValueError`` (never ``assert``, which ``python -O`` strips
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import importlib.metadata
 import inspect
 import math
@@ -92,14 +93,19 @@ class Registry(Mapping[str, type]):
     """Name -> class for one kind of pluggable piece, with its settings read off the constructor.
 
     ``kind`` ("rule", "tpm", "crs", "attack") words the messages; ``group`` is the entry-point
-    group of installed plugins; ``modules`` are imported on first use so that every built-in
-    class has registered itself (rules live in two modules). As a ``Mapping`` it holds the
-    built-in and entry-point names; :meth:`resolve` also accepts ``"module:Class"``.
+    group of installed plugins. ``package``: on first use every module of this package is
+    imported, so that every built-in class has registered itself with its decorator, wherever
+    it lives (a new module needs no list); ``modules``: the order in which their classes are
+    listed (modules not named come after, by name). As a ``Mapping`` it holds the built-in and
+    entry-point names; :meth:`resolve` also accepts ``"module:Class"``.
     """
 
-    def __init__(self, kind: str, group: str, *, modules: Iterable[str] = (), required: Iterable[str] = ("__call__",)) -> None:
+    def __init__(
+        self, kind: str, group: str, *, package: str | None = None, modules: Iterable[str] = (), required: Iterable[str] = ("__call__",)
+    ) -> None:
         self.kind = kind
         self.group = group
+        self._package = package
         self._modules = tuple(modules)
         # A class of this kind defines at least one of these methods.
         self._required = tuple(required)
@@ -131,7 +137,11 @@ class Registry(Mapping[str, type]):
     def _import_builtins(self) -> None:
         if not self._imported:
             self._imported = True
-            for module in self._modules:
+            found = []
+            if self._package is not None:
+                package = importlib.import_module(self._package)
+                found = sorted(f"{self._package}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+            for module in (*self._modules, *(m for m in found if m not in self._modules)):
                 importlib.import_module(module)
 
     def _entry_points(self) -> dict[str, importlib.metadata.EntryPoint]:
@@ -146,7 +156,12 @@ class Registry(Mapping[str, type]):
         self._import_builtins()
         order = {m: i for i, m in enumerate(self._modules)}
         names = list(self._classes)
-        return sorted(names, key=lambda n: order.get(self._classes[n].__module__, -1))
+
+        def place(name: str) -> tuple[int, str]:
+            module = self._classes[name].__module__
+            return (order[module], "") if module in order else (len(order), module)
+
+        return sorted(names, key=place)
 
     def names(self) -> list[str]:
         """Built-in names in registration order, then installed plugins' names (sorted)."""
@@ -303,7 +318,6 @@ def _keyword_parameters(cls: Any) -> list[inspect.Parameter]:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
 
 
 def build_from_registry(

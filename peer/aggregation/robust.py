@@ -1,13 +1,15 @@
-"""Baseline aggregation rules the paper compares DFedReweighting with.
+"""Baseline aggregation rules the paper compares DFedReweighting with, and the conventions they
+all follow.
 
 Each rule runs at one client over its own half-step model (row 0 of ``inputs.vectors``) and
 the models its neighbours sent, and returns an :class:`~peer.aggregation.rules.Aggregate`
 exactly like the rules in :mod:`peer.aggregation.rules`:
 
-* Byzantine-robust rules: :class:`Median`, :class:`TrimmedMean` (Yin et al. 2018),
-  :class:`Krum`, :class:`MultiKrum` (Blanchard et al. 2017), :class:`GeometricMedian`
-  (Pillutla et al. 2022), :class:`Flame` (Nguyen et al. 2022), :class:`Balance`
-  (Fang et al. 2024);
+* Byzantine-robust rules: the coordinate-wise ``Median`` and ``TrimmedMean`` (Yin et al. 2018;
+  :mod:`peer.aggregation.coordinate`), the distance-based ``Krum``, ``MultiKrum`` (Blanchard et
+  al. 2017) and ``GeometricMedian`` (Pillutla et al. 2022; :mod:`peer.aggregation.distance`),
+  and here :class:`Flame` (Nguyen et al. 2022), :class:`Balance` (Fang et al. 2024) and
+  :class:`CenteredClipping`;
 * fairness baseline: :class:`QFDFL` (q-FFL of Li et al. 2020, applied per client);
 * :class:`AccuracyAboveMean`, the selection rule of the authors' earlier code.
 
@@ -37,378 +39,33 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.tpm import Accuracy
+from dfedrw.peer.aggregation.candidates import FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, package_aggregate, pooled_finite
+from dfedrw.peer.aggregation.coordinate import coordinate_middle
 
 __all__ = [
     "AccuracyAboveMean",
     "Balance",
     "CenteredClipping",
     "Flame",
-    "GeometricMedian",
-    "Krum",
-    "Median",
-    "MultiKrum",
     "QFDFL",
-    "TrimmedMean",
 ]
 
 
 # ---------------------------------------------------------------- shared helpers
 
 
-@dataclass(frozen=True)
-class _Finite:
-    """The finite candidates in increasing id order, as float64 rows on the input device."""
-
-    ids: tuple[int, ...]
-    rows: torch.Tensor
-    # Index of the client's own model in ``rows``; None when the own row is non-finite.
-    own: int | None
-    # Index of each finite candidate in ``inputs`` (to line up per-row side data).
-    positions: tuple[int, ...]
-
-
-def _finite_by_id(inputs: RoundInputs) -> _Finite:
-    finite = inputs.finite_list()
-    positions = tuple(
-        sorted((i for i, ok in enumerate(finite) if ok), key=lambda i: inputs.ids[i])
-    )
-    index = torch.tensor(positions, dtype=torch.long, device=inputs.vectors.device)
-    rows = inputs.vectors.index_select(0, index).to(torch.float64)
-    ids = tuple(inputs.ids[i] for i in positions)
-    own = ids.index(inputs.own_id) if inputs.own_id in ids else None
-    return _Finite(ids=ids, rows=rows, own=own, positions=positions)
-
-
-def _pooled_finite(batch: RoundBatch, c: int, finite: Sequence[bool]) -> _Finite:
-    """Client ``c``'s finite candidates in id order, as :func:`_finite_by_id` gives them for
-    ``batch.one(c)`` (the same values in the same [F, D] shape); ``finite``: per pooled row."""
-    rows, ids = batch.rows[c], batch.ids[c]
-    positions = tuple(sorted((i for i, row in enumerate(rows) if finite[row]), key=lambda i: ids[i]))
-    index = torch.tensor([rows[i] for i in positions], dtype=torch.long, device=batch.vectors.device)
-    chosen = tuple(ids[i] for i in positions)
-    own = chosen.index(ids[0]) if ids[0] in chosen else None
-    return _Finite(ids=chosen, rows=batch.vectors.index_select(0, index).to(torch.float64), own=own, positions=positions)
-
-
-def _aggregate(
-    inputs: RoundInputs,
-    model: torch.Tensor,
-    weights: Mapping[int, float],
-    scores: Mapping[int, float] | None = None,
-) -> Aggregate:
-    """Package a float64 model and per-id weights (normalised, every id listed)."""
-    total = math.fsum(weights.values())
-    if not total > 0:
-        # Only reachable with zero-length models (no coordinate to count): nothing was chosen.
-        weights, total = {inputs.own_id: 1.0}, 1.0
-    return Aggregate(
-        model=model.to(torch.float32),
-        weights={sender: weights.get(sender, 0.0) / total for sender in inputs.ids},
-        scores=None
-        if scores is None
-        else {sender: scores.get(sender, math.nan) for sender in inputs.ids},
-    )
-
-
-def _keep_own(inputs: RoundInputs, scores: Mapping[int, float] | None = None) -> Aggregate:
-    return _aggregate(inputs, inputs.vectors[0].to(torch.float64), {inputs.own_id: 1.0}, scores)
-
-
-def _combine(finite: _Finite, coefficients: torch.Tensor) -> torch.Tensor:
-    """``sum_i c_i w_i`` over the finite rows (float64 [D]); ``coefficients`` is CPU [F]."""
-    return coefficients.to(device=finite.rows.device, dtype=torch.float64) @ finite.rows
-
-
-def _by_id(finite: _Finite, values: torch.Tensor) -> dict[int, float]:
-    return dict(zip(finite.ids, values.tolist()))
-
-
-def _middle(values: torch.Tensor) -> torch.Tensor:
-    """Median along dim 0 as ``torch.quantile(values, 0.5, dim=0)`` (linear) defines it.
-
-    Computed from a sort rather than with ``torch.quantile``, which refuses inputs of more
-    than 2**24 elements (a few neighbours of a CNN already exceed that).
-    """
-    count = values.shape[0]
-    ordered = _sorted(values)
-    return (ordered[(count - 1) // 2] + ordered[count // 2]) / 2
-
-
-def _sorted(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` sorted along dim 0, values only (the same values whatever the algorithm).
-
-    On the CPU numpy's sort along axis 0 is about 4x faster than ``torch.sort(dim=0)`` for a
-    few rows of many coordinates (0.56 ms against 2.1 ms for 11 x 7850 float64 on one core),
-    the shape every coordinate-wise rule sorts each round.
-    """
-    if rows.device.type == "cpu":
-        return torch.from_numpy(np.sort(rows.numpy(), axis=0))
-    return rows.sort(dim=0).values
-
-
-def _kept_by_rank(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -> torch.Tensor:
-    """Which entries of ``rows`` a stable sort along dim 0 ranks in ``[low, high)``; bool, shape
-    of ``rows``. ``ordered`` is ``rows`` sorted along dim 0 and ``0 <= low < high <= rows``.
-
-    Every entry between the smallest and the largest kept value is kept, bounds included,
-    unless a value at a bound is also ranked outside ``[low, high)``: only those (tied)
-    coordinates need each entry's rank.
-    """
-    first, last = ordered[low], ordered[high - 1]
-    kept = (rows >= first) & (rows <= last)
-    tied = torch.zeros_like(first, dtype=torch.bool)
-    if low > 0:
-        tied |= ordered[low - 1] == first
-    if high < rows.shape[0]:
-        tied |= ordered[high] == last
-    if bool(tied.any()):
-        columns = tied.nonzero().squeeze(1)
-        kept[:, columns] = _ranked_in(rows[:, columns], ordered[:, columns], low, high)
-    return kept
-
-
-def _ranked_in(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -> torch.Tensor:
-    """:func:`_kept_by_rank` from each entry's stable rank ``#{j: x_j < x_i} + #{j < i: x_j ==
-    x_i}``. Only entries equal to a bound need it: the count below that bound plus their place
-    among the equal entries (dim 0 is id order, so equal values are kept lower id first)."""
-    first, last = ordered[low], ordered[high - 1]
-    kept = (rows > first) & (rows < last)
-    for bound in (first, last):
-        equal = rows == bound
-        rank = (rows < bound).sum(dim=0) + equal.cumsum(dim=0) - 1
-        kept |= equal & (rank >= low) & (rank < high)
-    return kept
-
-
-def _pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
-    """``d[i, j] = ||w_i - w_j||^2`` (float64 [F, F] on the CPU).
-
-    One row at a time keeps memory at [F, D] instead of [F, F, D]; computing each entry from
-    the difference (not ``|a|^2 + |b|^2 - 2ab``) keeps it exact for identical models. Each
-    pair is computed once, row ``i`` against the rows after it, and mirrored (``(a - b)^2`` and
-    ``(b - a)^2`` are the same numbers): exactly symmetric, in half the arithmetic.
-    """
-    count = rows.shape[0]
-    distances = torch.zeros(count, count, dtype=rows.dtype)
-    for i in range(count - 1):
-        after = ((rows[i + 1 :] - rows[i]) ** 2).sum(dim=1).cpu()
-        distances[i, i + 1 :] = after
-        distances[i + 1 :, i] = after
-    return distances
-
-
 # ---------------------------------------------------------------- coordinate-wise rules
 
 
-@RULE_REGISTRY.register("median")
-@dataclass(frozen=True)
-class Median:
-    """Coordinate-wise median of the finite candidates (own model included).
-
-    ``w_k^{t+1}[d] = median_i w_i[d]``; for an even count the mean of the two middle values,
-    i.e. ``torch.quantile(q=0.5, interpolation="linear")`` semantics.
-
-    Reported weight of candidate ``i``: the number of coordinates at which ``w_i[d]`` is one
-    of the (one or two) values the median takes, normalised so the weights sum to 1. A model
-    that is never a middle value (e.g. a far-away Byzantine one) gets 0. The model is not
-    ``sum_i v_i w_i`` for these weights.
-
-    Source: Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
-    Rates", ICML 2018.
-    """
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
-        count = len(finite.ids)
-        if count == 0:
-            return _keep_own(inputs)
-        ordered = _sorted(finite.rows)
-        low, high = ordered[(count - 1) // 2], ordered[count // 2]
-        model = (low + high) / 2
-        hits = ((finite.rows == low) | (finite.rows == high)).sum(dim=1).to(torch.float64)
-        return _aggregate(inputs, model, _by_id(finite, hits.cpu()))
-
-
-@RULE_REGISTRY.register("trimmed_mean")
-@dataclass(frozen=True)
-class TrimmedMean:
-    """Coordinate-wise trimmed mean: drop the ``b`` largest and ``b`` smallest, average the rest.
-
-    ``w_k^{t+1}[d] = 1/(C - 2b) * sum_{i = b+1}^{C-b} w_(i)[d]``  (``w_(i)[d]`` sorted), with
-    ``b = num_byzantine``. When ``2b >= C`` (few finite candidates) ``b`` is reduced to
-    ``floor((C - 1) / 2)``, which keeps one value (odd C) or two (even C): the median.
-
-    Reported weight of candidate ``i``: its share of the kept (coordinate, candidate) entries.
-    Equal values are ranked by id, so which of them is "kept" is deterministic.
-
-    Source: Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
-    Rates", ICML 2018.
-    """
-
-    num_byzantine: int
-
-    def __post_init__(self) -> None:
-        check_int("TrimmedMean", "num_byzantine", self.num_byzantine, minimum=0)
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
-        count = len(finite.ids)
-        if count == 0:
-            return _keep_own(inputs)
-        trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
-        ordered = _sorted(finite.rows)
-        kept = ordered[trim : count - trim]
-        model = kept.sum(dim=0) / kept.shape[0]
-        # Shares as a stable sort of the id-ordered rows ranks them: ties resolve the same way
-        # whatever the arrival order.
-        shares = _kept_by_rank(finite.rows, ordered, trim, count - trim).sum(dim=1)
-        return _aggregate(inputs, model, _by_id(finite, shares.to(torch.float64).cpu()))
-
-
 # ---------------------------------------------------------------- distance-based rules
-
-
-def _krum_scores(rows: torch.Tensor, num_byzantine: int) -> torch.Tensor:
-    """Krum score per row: sum of squared distances to its ``C - f - 2`` nearest others."""
-    count = rows.shape[0]
-    # At least one neighbour (a score of 0 for everybody would make the choice arbitrary),
-    # and no more than there are other candidates.
-    neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
-    distances = _pairwise_squared_distances(rows)
-    distances.fill_diagonal_(math.inf)
-    return distances.sort(dim=1).values[:, :neighbours].sum(dim=1)
-
-
-def _lowest_scores(finite: _Finite, num_byzantine: int, keep: int) -> torch.Tensor:
-    """Uniform weights (CPU [F]) on the ``keep`` lowest Krum scores, ties to the lower id."""
-    count = len(finite.ids)
-    weights = torch.zeros(count, dtype=torch.float64)
-    if count == 1:
-        weights[0] = 1.0
-        return weights
-    scores = _krum_scores(finite.rows, num_byzantine)
-    chosen = scores.sort(stable=True).indices[:keep]
-    weights[chosen] = 1.0 / keep
-    return weights
-
-
-@RULE_REGISTRY.register("krum")
-@dataclass(frozen=True)
-class Krum:
-    """Krum: keep the one candidate closest to its nearest neighbours.
-
-    ``s_i = sum_{j in N_i} ||w_i - w_j||^2`` over the ``C - f - 2`` candidates nearest to
-    ``w_i`` (``f = num_byzantine``);  ``w_k^{t+1} = w_{argmin_i s_i}``.
-
-    With few finite candidates (``C - f - 2 < 1``) one neighbour is used, so the scores still
-    say something; ties go to the lower id. Weight 1 on the chosen candidate.
-
-    Source: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
-    Descent", NeurIPS 2017.
-    """
-
-    num_byzantine: int
-
-    def __post_init__(self) -> None:
-        check_int("Krum", "num_byzantine", self.num_byzantine, minimum=0)
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
-        if not finite.ids:
-            return _keep_own(inputs)
-        weights = _lowest_scores(finite, self.num_byzantine, keep=1)
-        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
-
-
-@RULE_REGISTRY.register("multi_krum")
-@dataclass(frozen=True)
-class MultiKrum:
-    """Multi-Krum: average the ``m`` candidates with the lowest Krum scores.
-
-    ``s_i`` as in :class:`Krum`;  ``w_k^{t+1} = 1/m * sum_{i in S} w_i`` with ``S`` the ``m``
-    lowest scores. ``m`` defaults to ``C - f`` and is clamped to ``[1, C]`` (C = finite
-    candidates this round). Neighbour count clamp and tie-break as in :class:`Krum`; weight
-    ``1/m`` on each chosen candidate.
-
-    Source: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
-    Descent", NeurIPS 2017 (Multi-Krum, El Mhamdi et al. 2018 naming).
-    """
-
-    num_byzantine: int
-    m: int | None = None
-
-    def __post_init__(self) -> None:
-        check_int("MultiKrum", "num_byzantine", self.num_byzantine, minimum=0)
-        if self.m is not None:
-            check_int("MultiKrum", "m", self.m, minimum=1)
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
-        count = len(finite.ids)
-        if count == 0:
-            return _keep_own(inputs)
-        keep = count - self.num_byzantine if self.m is None else self.m
-        keep = min(max(keep, 1), count)
-        weights = _lowest_scores(finite, self.num_byzantine, keep=keep)
-        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
-
-
-@RULE_REGISTRY.register("geometric_median")
-@dataclass(frozen=True)
-class GeometricMedian:
-    """Geometric median by smoothed Weiszfeld iterations (RFA).
-
-    ``z = argmin_z sum_i ||z - w_i||``, iterated from the mean as
-    ``beta_i = 1 / max(eps, ||z - w_i||)``,  ``c_i = beta_i / sum_j beta_j``,
-    ``z <- sum_i c_i w_i``, for at most ``max_iter`` steps, stopping once the objective
-    changes by at most ``tol`` times its value. ``eps`` keeps a candidate that coincides with
-    ``z`` from dividing by zero. Reported weights are the final ``c_i`` (a convex
-    combination), and the model is exactly ``sum_i c_i w_i``.
-
-    Source: Pillutla, Kakade and Harchaoui, "Robust Aggregation for Federated Learning",
-    IEEE Trans. Signal Processing 2022 (RFA), with uniform candidate weights.
-    """
-
-    max_iter: int = 100
-    tol: float = 1e-6
-    eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        check_int("GeometricMedian", "max_iter", self.max_iter, minimum=1)
-        object.__setattr__(
-            self, "tol", check_real("GeometricMedian", "tol", self.tol, nonnegative=True)
-        )
-        object.__setattr__(
-            self, "eps", check_real("GeometricMedian", "eps", self.eps, positive=True)
-        )
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
-        count = len(finite.ids)
-        if count == 0:
-            return _keep_own(inputs)
-        coefficients = torch.full((count,), 1.0 / count, dtype=torch.float64)
-        median = _combine(finite, coefficients)
-        objective = float(torch.linalg.vector_norm(finite.rows - median, dim=1).sum())
-        for _ in range(self.max_iter):
-            distances = torch.linalg.vector_norm(finite.rows - median, dim=1).cpu()
-            inverse = 1.0 / distances.clamp(min=self.eps)
-            coefficients = inverse / inverse.sum()
-            median = _combine(finite, coefficients)
-            previous = objective
-            objective = float(torch.linalg.vector_norm(finite.rows - median, dim=1).sum())
-            if abs(previous - objective) <= self.tol * objective:
-                break
-        return _aggregate(inputs, median, _by_id(finite, coefficients))
 
 
 # ---------------------------------------------------------------- Flame
@@ -509,12 +166,12 @@ class Flame:
             check_int("Flame", "min_cluster_size", self.min_cluster_size, minimum=2)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
+        finite = finite_by_id(inputs)
         count = len(finite.ids)
         reference = inputs.vectors[0] if inputs.reference is None else inputs.reference
         reference = reference.to(device=inputs.vectors.device, dtype=torch.float64)
         if count == 0 or not bool(torch.isfinite(reference).all()):
-            return _keep_own(inputs)
+            return keep_own(inputs)
         updates = finite.rows - reference
         if count < 3:
             accepted = torch.ones(count, dtype=torch.bool)
@@ -524,7 +181,7 @@ class Flame:
             accepted = _largest_cluster(updates if self.cluster_on == "updates" else finite.rows, size)
 
         norms = torch.linalg.vector_norm(updates, dim=1)
-        bound = _middle(norms[:, None])[0]
+        bound = coordinate_middle(norms[:, None])[0]
         factors = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
         clipped = updates * factors[:, None]
         chosen = accepted.to(updates.device)
@@ -536,7 +193,7 @@ class Flame:
             drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float64)
             model = model + scale * drawn.to(model.device)
         weights = accepted.to(torch.float64) / int(accepted.sum())
-        return _aggregate(inputs, model, _by_id(finite, weights))
+        return package_aggregate(inputs, model, by_id(finite, weights))
 
 
 # ---------------------------------------------------------------- BALANCE
@@ -577,9 +234,9 @@ class Balance:
         object.__setattr__(self, "alpha", alpha)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
+        finite = finite_by_id(inputs)
         if finite.own is None:
-            return _keep_own(inputs)
+            return keep_own(inputs)
         own = finite.rows[finite.own]
         progress = inputs.round / inputs.total_rounds if inputs.total_rounds > 0 else 0.0
         radius = self.gamma * math.exp(-self.kappa * progress) * float(
@@ -594,7 +251,7 @@ class Balance:
             weights[finite.own] = self.alpha
         else:
             weights[finite.own] = 1.0
-        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights))
+        return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights))
 
 
 # ---------------------------------------------------------------- centered clipping
@@ -629,18 +286,18 @@ class CenteredClipping:
         check_int("CenteredClipping", "iterations", self.iterations, minimum=1)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = _finite_by_id(inputs)
+        finite = finite_by_id(inputs)
         if finite.own is None:
-            return _keep_own(inputs)
+            return keep_own(inputs)
         count = len(finite.ids)
         coefficients = torch.zeros(count, dtype=torch.float64)
         coefficients[finite.own] = 1.0
         for _ in range(self.iterations):
-            centre = _combine(finite, coefficients)
+            centre = combine_rows(finite, coefficients)
             distances = torch.linalg.vector_norm(finite.rows - centre, dim=1).cpu()
             shares = torch.where(distances > self.tau, self.tau / distances, torch.ones_like(distances))
             coefficients = (1.0 - float(shares.sum()) / count) * coefficients + shares / count
-        return _aggregate(inputs, _combine(finite, coefficients), _by_id(finite, coefficients))
+        return package_aggregate(inputs, combine_rows(finite, coefficients), by_id(finite, coefficients))
 
 
 # ---------------------------------------------------------------- q-FDFL
@@ -694,10 +351,10 @@ class QFDFL:
                 "QFDFL: inputs.declared_losses is None; q-FFL weights candidates by their "
                 "declared training loss, one value per id (NaN where unknown)"
             )
-        model, weights = self._step(_finite_by_id(inputs), inputs.reference, inputs.declared_losses, inputs.own_id)
+        model, weights = self._step(finite_by_id(inputs), inputs.reference, inputs.declared_losses, inputs.own_id)
         if model is None:
-            return _keep_own(inputs)
-        return _aggregate(inputs, model, weights)
+            return keep_own(inputs)
+        return package_aggregate(inputs, model, weights)
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
         """Every client's step as :meth:`__call__` takes it, the pool checked for finite rows
@@ -707,7 +364,7 @@ class QFDFL:
         finite_pool = batch.finite().tolist()
         out = []
         for c, ids in enumerate(batch.ids):
-            model, weights = self._step(_pooled_finite(batch, c, finite_pool), batch.references[c], batch.declared_losses[c], ids[0])
+            model, weights = self._step(pooled_finite(batch, c, finite_pool), batch.references[c], batch.declared_losses[c], ids[0])
             if model is None:
                 model, weights = batch.vectors[batch.rows[c][0]].to(torch.float64), {ids[0]: 1.0}
             total = math.fsum(weights.values())
@@ -717,7 +374,7 @@ class QFDFL:
         return out
 
     def _step(
-        self, finite: _Finite, reference: torch.Tensor, declared_losses: Sequence[float], own_id: int
+        self, finite: FiniteCandidates, reference: torch.Tensor, declared_losses: Sequence[float], own_id: int
     ) -> tuple[torch.Tensor | None, dict[int, float]]:
         """The q-FFL step over the finite candidates: (float64 model, weight per id), or
         (None, {}) when the client keeps its own model."""
@@ -736,8 +393,8 @@ class QFDFL:
         total = float(curvature[usable].sum())
         coefficients = torch.where(usable, lipschitz * powered / total, torch.zeros_like(loss))
         remainder = max(0.0, 1.0 - math.fsum(coefficients.tolist()))
-        model = remainder * reference + _combine(finite, coefficients)
-        weights = _by_id(finite, coefficients)
+        model = remainder * reference + combine_rows(finite, coefficients)
+        weights = by_id(finite, coefficients)
         weights[own_id] = weights.get(own_id, 0.0) + remainder
         return model, weights
 
@@ -768,11 +425,11 @@ class AccuracyAboveMean:
                 "AccuracyAboveMean: inputs.evaluate is None; this rule scores candidates on "
                 "the client's auxiliary data and needs an evaluate callable"
             )
-        finite = _finite_by_id(inputs)
+        finite = finite_by_id(inputs)
         if not finite.ids:
-            return _keep_own(inputs)
+            return keep_own(inputs)
         accuracy = Accuracy()(finite.rows.to(inputs.vectors.dtype), inputs.evaluate)
-        scores = _by_id(finite, accuracy)
+        scores = by_id(finite, accuracy)
         measured = [a for a in accuracy.tolist() if math.isfinite(a)]
         keep = torch.zeros(len(finite.ids), dtype=torch.bool)
         if measured:
@@ -781,7 +438,6 @@ class AccuracyAboveMean:
         if finite.own is not None:
             keep[finite.own] = True
         if not bool(keep.any()):
-            return _keep_own(inputs, scores)
+            return keep_own(inputs, scores)
         weights = keep.to(torch.float64) / int(keep.sum())
-        return _aggregate(inputs, _combine(finite, weights), _by_id(finite, weights), scores)
-
+        return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights), scores)

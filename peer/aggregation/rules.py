@@ -48,10 +48,14 @@ __all__ = [
 ]
 
 
-# The baseline rules register themselves in peer/aggregation/robust.py and the decentralized
-# ones in peer/aggregation/gossip.py, which build on the types below; the registry imports them
-# on first use, so it is complete whenever it is read.
-RULE_REGISTRY = Registry("rule", "dfedrw.rules", modules=(f"{__package__}.robust", f"{__package__}.gossip"))
+# Every rule registers itself with its decorator in its module of this package (the baselines in
+# coordinate.py, distance.py and robust.py, the decentralized ones in gossip.py, which build on
+# the types below); the registry imports every module of the package on first use, so it is
+# complete whenever it is read. ``modules`` only orders the listing.
+RULE_REGISTRY = Registry(
+    "rule", "dfedrw.rules", package=__package__,
+    modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "robust", "gossip")),
+)
 """The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""
 
 

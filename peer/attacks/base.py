@@ -57,7 +57,7 @@ __all__ = [
 
 
 ATTACK_REGISTRY = Registry(
-    "attack", "dfedrw.attacks",
+    "attack", "dfedrw.attacks", package="dfedrw.peer.attacks",
     modules=tuple(
         f"dfedrw.peer.attacks.{m}" for m in ("classic", "optimized", "dissensus", "behaviour", "reweighting", "poisoning")
     ),

@@ -61,7 +61,7 @@ def test_registry_register_resolve_build_describe():
 def test_import_path_errors_are_one_line_naming_the_value():
     from dfedrw.peer.aggregation import RULE_REGISTRY
 
-    assert RULE_REGISTRY.resolve("dfedrw.peer.aggregation.robust:Median").__name__ == "Median"
+    assert RULE_REGISTRY.resolve("dfedrw.peer.aggregation.coordinate:Median").__name__ == "Median"
     for value, words in [
         ("no_such_module_xyz:Rule", "cannot import module 'no_such_module_xyz'"),
         ("dfedrw.peer.aggregation.robust:Nope", "has no attribute 'Nope'"),
@@ -264,3 +264,29 @@ def test_dfedrw_list_prints_names_settings_and_summaries(capsys):
     assert all(f"{kind} (settings" in out for kind in REGISTRIES)
     assert main(["list", "attacks", "--plugin", "nope_mod:X"]) == 2
     assert "cannot import module 'nope_mod'" in capsys.readouterr().err
+
+
+def test_a_registry_finds_every_module_of_its_package_and_lists_them_in_the_declared_order(tmp_path, monkeypatch):
+    # Prepare: a package of three modules, one of them named in the order, one private
+    import sys
+
+    from dfedrw.peer.aggregation.registry import Registry
+
+    package = tmp_path / "reg_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from dfedrw.peer.aggregation.registry import Registry\nREG = Registry('rule', 'none.group', package='reg_pkg', modules=('reg_pkg.zeta',))\n")
+    for module, name in (("alpha", "a"), ("zeta", "z"), ("_private", "p")):
+        (package / f"{module}.py").write_text(
+            f"from reg_pkg import REG\n\n@REG.register('{name}')\nclass C:\n    def __call__(self, x):\n        return x\n"
+        )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    # Execute
+    registry = __import__("reg_pkg").REG
+    names = registry.builtin_names()
+
+    # Assert: zeta first (declared), then alpha (found); a private module is not imported
+    assert isinstance(registry, Registry) and names == ["z", "a"]
+    assert "reg_pkg._private" not in sys.modules
+    for m in [m for m in sys.modules if m.startswith("reg_pkg")]:
+        monkeypatch.delitem(sys.modules, m)

@@ -29,7 +29,7 @@ from dfedrw.peer.aggregation import (
     TrimmedMean,
     build_rule,
 )
-from dfedrw.peer.aggregation.robust import _pairwise_squared_distances
+from dfedrw.peer.aggregation.distance import pairwise_squared_distances
 
 NAN = float("nan")
 
@@ -198,7 +198,7 @@ def test_pairwise_distances_are_exact_symmetric_and_zero_for_copies(count, dim, 
         rows = torch.cat([rows, rows[:1]])
 
     # Execute
-    distances = _pairwise_squared_distances(rows)
+    distances = pairwise_squared_distances(rows)
 
     # Assert: each entry is the squared norm of the difference, the matrix exactly symmetric,
     # and a copy is at distance exactly 0
