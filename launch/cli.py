@@ -76,7 +76,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
-    from dfedrw.launch.compose import ComposeOptions, write_compose
+    from dfedrw.launch.compose import write_compose
+    from dfedrw.launch.compose_plan import ComposeOptions
 
     options = ComposeOptions(image=args.image, base_image=args.base_image, port=args.port, offline=args.offline, user=args.user)
     folder = write_compose(load_scenario(args.scenario, args.set), args.out, options)

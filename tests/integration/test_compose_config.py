@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.launch.compose import ATTACK_ENV, ComposeOptions, default_user, write_compose
+from dfedrw.launch.compose import write_compose
+from dfedrw.launch.compose_plan import ATTACK_ENV, ComposeOptions, default_user
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.plan import scenario_topology
 from tests.support.compose import peers_of

@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 from dfedrw.experiments.cli import main
-from dfedrw.launch.compose import PLUGINS_DIR, PLUGINS_PATH, write_compose
+from dfedrw.launch.compose import write_compose
+from dfedrw.launch.compose_plan import PLUGINS_DIR, PLUGINS_PATH
 from dfedrw.peer.config import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

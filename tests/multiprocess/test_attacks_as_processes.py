@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.launch.compose import ATTACK_ENV, ComposeOptions, write_compose
+from dfedrw.launch.compose import write_compose
+from dfedrw.launch.compose_plan import ATTACK_ENV, ComposeOptions
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
 from dfedrw.peer.config import dump_scenario, load_scenario

@@ -11,7 +11,7 @@ import zlib
 import pytest
 import torch
 
-from dfedrw.launch.compose import peer_command, plan_services
+from dfedrw.launch.compose_plan import peer_command, plan_services
 from dfedrw.launch.torchrun import transport_edges
 from dfedrw.peer.collusion import Collusion, PoolStore, colluding_group, pool_union
 from dfedrw.peer.config import load_scenario

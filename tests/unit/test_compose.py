@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from dfedrw.experiments.cli import main
-from dfedrw.launch.compose import (
-    ATTACK_ENV,
-    CONTAINER_UID,
-    ComposeOptions,
-    container_scenario,
-    plan_services,
-    render_dockerfile,
-    write_compose,
-)
+from dfedrw.launch.compose import write_compose
+from dfedrw.launch.compose_files import render_dockerfile
+from dfedrw.launch.compose_plan import ATTACK_ENV, CONTAINER_UID, ComposeOptions, container_scenario, plan_services
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.identity import load_identity, make_certificates, run_id_of
 from dfedrw.peer.plan import scenario_topology
