@@ -18,7 +18,8 @@ from dfedrw.peer.checkpoint import (
 from dfedrw.peer.config import ScenarioError, load_scenario, scenario_changes
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import build_model, get_vector
-from dfedrw.peer.node import Client, coordinate_median
+from dfedrw.peer.node import Client
+from dfedrw.peer.rejoin import coordinate_median
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import RoundLog, read_rounds, summarize, write_json_atomic
 from dfedrw.peer.training import LocalTrainer
