@@ -45,7 +45,7 @@ from dfedrw.peer.assembly import (
 )
 from dfedrw.peer.data import load_dataset
 from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
-from dfedrw.peer.plugins import _takes_tpm_and_crs
+from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.training import BatchOrder, FlatModel, ManyEvaluator, VectorEvaluator
 
@@ -413,7 +413,7 @@ class BatchedRun:
                 "local_test_samples": len(self.data[k].local_test_index),
                 "aggregation": {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, k)},
             }
-            if _takes_tpm_and_crs(cfg.rule):
+            if takes_tpm_and_crs(cfg.rule):
                 final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
         else:
             final = {"attack": sc.attack.name, **loop}

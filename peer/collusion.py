@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
-from dfedrw.peer.aggregation.registry import check_int
+from dfedrw.peer.registry import check_int
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import Plausible, PoolMessage, TensorSpec, WireError, decode_pool, encode_pool, pool_bytes
 

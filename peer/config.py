@@ -16,7 +16,7 @@ A scenario file has the sections below (every key optional; defaults in the data
     [engine]      name (clients, batched), device, threads
     [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
 
-A rule, TPM, CRS or attack is a class registered by name (peer/aggregation/registry.py) or an
+A rule, TPM, CRS or attack is a class registered by name (peer/registry.py) or an
 import path ``module:Class``; its constructor's parameters are its settings, set in its own
 table (``[aggregation.balance] gamma = 2``, ``[attack.alie] z = 1.5``) and checked by the class.
 Loading a scenario builds every rule, TPM, CRS and attack it configures once, so a bad value

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from dfedrw.peer.aggregation.registry import Registry
+from dfedrw.peer.registry import Registry
 from dfedrw.peer.attacks.base import AttackerData, threat_model_of
 from dfedrw.peer.plugins import ATTACK_REGISTRY, RULE_REGISTRY
 from dfedrw.peer.config_checks import ScenarioError

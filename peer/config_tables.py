@@ -6,7 +6,7 @@ parsed, and kept frozen (hashable, only values that differ from the class's defa
 from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
-from dfedrw.peer.aggregation.registry import Registry
+from dfedrw.peer.registry import Registry
 from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
 from dfedrw.peer.config_checks import ScenarioError
 

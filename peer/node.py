@@ -38,7 +38,7 @@ from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
 from dfedrw.peer.plan import derive_seed, role_of, scenario_topology, told_byzantine
-from dfedrw.peer.plugins import _takes_tpm_and_crs
+from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
@@ -320,7 +320,7 @@ class Client(Rejoining):
         if self.role == "honest":
             cfg = self.scenario.aggregation_for(self.id)
             final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, self.id)}
-            if _takes_tpm_and_crs(cfg.rule):  # which TPM and CRS scored the candidates
+            if takes_tpm_and_crs(cfg.rule):  # which TPM and CRS scored the candidates
                 final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
         rejected = dict(self.inbox.rejected)
         for reason, n in self._counters_before["rejected_by_reason"].items():

@@ -2,7 +2,7 @@
 a Byzantine client's attack from a scenario, and listing what is registered.
 
 A rule, TPM, CRS or attack is one class registered by name (see
-:mod:`peer.aggregation.registry`); its constructor's parameters are its settings. This module
+:mod:`peer.registry`); its constructor's parameters are its settings. This module
 adds what the running system knows: :func:`build_rule_from` and :func:`build_attack_from`
 pass the supplied values (a client's number of Byzantine neighbours, the learning rate, a
 seed, the number of clients, the TPM and CRS objects) to the constructors that take them.
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dfedrw.peer.aggregation.crs import CRS_REGISTRY
-from dfedrw.peer.aggregation.registry import Registry, Setting
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY
+from dfedrw.peer.registry import Registry, Setting
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, takes_tpm_and_crs
 from dfedrw.peer.aggregation.tpm import TPM_REGISTRY
 from dfedrw.peer.attacks import ATTACK_REGISTRY
 from dfedrw.peer.attacks.base import UNDECLARED
@@ -55,16 +55,11 @@ SETTINGS_TABLE = {
 }
 
 
-def _takes_tpm_and_crs(name: str) -> bool:
-    supplied = RULE_REGISTRY.supplied(name)
-    return "tpm" in supplied and "crs" in supplied
-
-
 def build_rule_from(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int, total_rounds: int = 0) -> Any:
     """The rule ``cfg`` names, with its settings; the TPM and CRS are built only for a rule
     that takes them (DFedReweighting). Raises ``ValueError`` from the classes."""
     supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
-    if _takes_tpm_and_crs(cfg.rule):
+    if takes_tpm_and_crs(cfg.rule):
         supplied["tpm"] = TPM_REGISTRY.build(cfg.tpm, cfg.params("tpm"))
         supplied["crs"] = CRS_REGISTRY.build(cfg.crs, cfg.params("crs"))
     return RULE_REGISTRY.build(cfg.rule, cfg.params("rule"), supplied)

@@ -2,87 +2,67 @@
 
 Pure tensor code: nothing here imports a transport (gRPC, ZeroMQ) or ``peer.transport``, so
 rules can be tested and reused without a network.
+
+Every registered TPM, CRS and rule class is importable from this package by its class name
+(``from dfedrw.peer.aggregation import Median``): the names are read off the registries, not
+listed by hand, so a class in a new module is exported as soon as it registers.
 """
 
-from dfedrw.peer.aggregation.crs import (
-    CRS,
-    CRS_REGISTRY,
-    AccuracyClippedAtMean,
-    Clip,
-    LossClippedAtMean,
-    Proportional,
-    ReweightingStrategy,
-    Softmax,
-    apply_crs_contract,
-    make_crs,
-)
-from dfedrw.peer.aggregation.gossip import UBAR, ClippedGossip, CSPlusRG
-from dfedrw.peer.aggregation.registry import build_from_registry
-from dfedrw.peer.aggregation.coordinate import Median, TrimmedMean
-from dfedrw.peer.aggregation.distance import GeometricMedian, Krum, MultiKrum
-from dfedrw.peer.aggregation.robust import QFDFL, AccuracyAboveMean, Balance, CenteredClipping, Flame
+from typing import Any
+
+from dfedrw.peer.aggregation.crs import CRS, CRS_REGISTRY, ReweightingStrategy, apply_crs_contract, make_crs
 from dfedrw.peer.aggregation.rules import (
     RULE_REGISTRY,
     Aggregate,
-    DFedAvg,
-    DFedReweighting,
     RoundBatch,
     RoundInputs,
     Rule,
     build_rule,
     finite_rows,
+    takes_tpm_and_crs,
     weighted_sum,
 )
-from dfedrw.peer.aggregation.tpm import (
-    TPM,
-    TPM_REGISTRY,
-    Accuracy,
-    Evaluate,
-    Loss,
-    WeightedCombination,
-    make_tpm,
-)
+from dfedrw.peer.aggregation.tpm import TPM, TPM_REGISTRY, Evaluate, make_tpm
 
 __all__ = [
-    "Accuracy",
-    "AccuracyAboveMean",
-    "AccuracyClippedAtMean",
-    "Aggregate",
-    "Balance",
     "CRS",
     "CRS_REGISTRY",
-    "CSPlusRG",
-    "CenteredClipping",
-    "Clip",
-    "ClippedGossip",
-    "DFedAvg",
-    "DFedReweighting",
-    "Evaluate",
-    "Flame",
-    "GeometricMedian",
-    "Krum",
-    "Loss",
-    "LossClippedAtMean",
-    "Median",
-    "MultiKrum",
-    "Proportional",
-    "QFDFL",
     "RULE_REGISTRY",
+    "TPM",
+    "TPM_REGISTRY",
+    "Aggregate",
+    "Evaluate",
     "ReweightingStrategy",
     "RoundBatch",
     "RoundInputs",
     "Rule",
-    "Softmax",
-    "TPM",
-    "TPM_REGISTRY",
-    "TrimmedMean",
-    "UBAR",
-    "WeightedCombination",
     "apply_crs_contract",
-    "build_from_registry",
     "build_rule",
     "finite_rows",
     "make_crs",
     "make_tpm",
+    "takes_tpm_and_crs",
     "weighted_sum",
 ]
+
+
+def registered_classes() -> dict[str, type]:
+    """Class name -> class of every built-in TPM, CRS and rule (what this package exports
+    besides :data:`__all__`)."""
+    out: dict[str, type] = {}
+    for registry in (TPM_REGISTRY, CRS_REGISTRY, RULE_REGISTRY):
+        for name in registry.builtin_names():
+            cls = registry.resolve(name)
+            out[cls.__name__] = cls
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    classes = registered_classes()
+    if name in classes:
+        return classes[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *registered_classes()})

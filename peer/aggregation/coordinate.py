@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 import torch
-from dfedrw.peer.aggregation.registry import check_int
+from dfedrw.peer.registry import check_int
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs
 from dfedrw.peer.aggregation.candidates import by_id, finite_by_id, keep_own, package_aggregate
 

@@ -43,7 +43,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from dfedrw.peer.aggregation.registry import Registry, build_from_registry, check_choice, check_real
+from dfedrw.peer.registry import Registry, check_choice, check_real
 
 __all__ = [
     "CRS",
@@ -324,4 +324,4 @@ class Rank(ReweightingStrategy):
 
 def make_crs(name: str, **params: object) -> CRS:
     """Build the CRS registered as ``name`` with keyword ``params`` (checked, see registry)."""
-    return build_from_registry("crs", CRS_REGISTRY, name, params)
+    return CRS_REGISTRY.create(name, **params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 import torch
-from dfedrw.peer.aggregation.registry import check_int, check_real
+from dfedrw.peer.registry import check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, package_aggregate
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, combine_rows, finite_by_id, pooled_finite
 from dfedrw.peer.aggregation.rules import (
     RULE_REGISTRY,

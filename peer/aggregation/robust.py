@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.tpm import Accuracy
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, package_aggregate, pooled_finite

@@ -23,7 +23,6 @@ Shared conventions (both rules here):
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -31,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from dfedrw.peer.aggregation.crs import CRS, make_crs
-from dfedrw.peer.aggregation.registry import Registry, build_from_registry, check_choice, check_int
+from dfedrw.peer.registry import Registry, check_choice, check_int
 from dfedrw.peer.aggregation.tpm import TPM, make_tpm
 
 __all__ = [
@@ -490,11 +489,10 @@ class DFedAvg:
         return [Aggregate(model=models[c], weights=dict(zip(batch.ids[c], w, strict=True))) for c, w in enumerate(weights)]
 
 
-def _takes_tpm_and_crs(factory: Callable[..., Any]) -> bool:
-    # Decided from the signature, not the class, so a registered variant of DFedReweighting
-    # gets its TPM and CRS built the same way.
-    names = inspect.signature(factory).parameters
-    return "tpm" in names and "crs" in names
+def takes_tpm_and_crs(rule: str) -> bool:
+    """Whether rule ``rule`` scores candidates with a TPM and a CRS (DFedReweighting): decided
+    from its constructor, so a registered variant of it gets its TPM and CRS built the same way."""
+    return RULE_REGISTRY.takes(rule, "tpm", "crs")
 
 
 def build_rule(
@@ -512,17 +510,16 @@ def build_rule(
     ``tpm_params``/``crs_params`` to a rule that does not use them is an error rather than
     being silently ignored. ``softmax`` needs ``crs_params={"temperature": ...}``.
     """
-    factory = RULE_REGISTRY.resolve(rule)
-    if _takes_tpm_and_crs(factory):
-        fixed = {
-            "tpm": make_tpm(tpm, **dict(tpm_params or {})),
-            "crs": make_crs(crs, **dict(crs_params or {})),
-        }
-        return build_from_registry("rule", RULE_REGISTRY, rule, rule_params, fixed=fixed)
+    if takes_tpm_and_crs(rule):
+        built = {"tpm": make_tpm(tpm, **dict(tpm_params or {})), "crs": make_crs(crs, **dict(crs_params or {}))}
+        for key in built:
+            if key in (rule_params or {}):
+                raise ValueError(f"rule {rule!r}: {key!r} is set by the running system and cannot be configured")
+        return RULE_REGISTRY.create(rule, **dict(rule_params or {}), **built)
     for label, params in (("tpm_params", tpm_params), ("crs_params", crs_params)):
         if params:
             raise ValueError(
                 f"rule {rule!r} uses no TPM/CRS, but {label}={dict(params)!r} was given; "
                 "only rules built from a TPM and a CRS (e.g. 'dfedreweighting') take them"
             )
-    return build_from_registry("rule", RULE_REGISTRY, rule, rule_params)
+    return RULE_REGISTRY.create(rule, **dict(rule_params or {}))

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from dfedrw.peer.aggregation.registry import Registry, build_from_registry, check_real
+from dfedrw.peer.registry import Registry, check_real
 
 __all__ = [
     "TPM",
@@ -154,4 +154,4 @@ class WeightedCombination:
 
 def make_tpm(name: str, **params: object) -> TPM:
     """Build the TPM registered as ``name`` with keyword ``params`` (checked, see registry)."""
-    return build_from_registry("tpm", TPM_REGISTRY, name, params)
+    return TPM_REGISTRY.create(name, **params)

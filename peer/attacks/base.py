@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from dfedrw.peer.aggregation.registry import Registry, build_from_registry, check_int
+from dfedrw.peer.registry import Registry, check_int
 
 __all__ = [
     "ATTACK_REGISTRY",
@@ -281,4 +281,4 @@ class AttackerData:
 
 def make_attack(name: str, **params: object) -> Any:
     """Build the attack registered as ``name`` with keyword ``params`` (checked, see registry)."""
-    return build_from_registry("attack", ATTACK_REGISTRY, name, params)
+    return ATTACK_REGISTRY.create(name, **params)

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.attacks.optimized import colluder_generator
 

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import torch
 
-from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, ThreatModel
 
 __all__ = ["ALIE", "IPM", "Gaussian", "SignFlip", "alie_z_max"]

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import get_vector, set_vector

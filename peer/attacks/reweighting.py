@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
+from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RoundInputs
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 

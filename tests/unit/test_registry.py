@@ -10,7 +10,7 @@ import pytest
 import tomli_w
 
 from dfedrw.peer.aggregation import Balance, DFedReweighting, Loss, LossClippedAtMean, MultiKrum, Softmax
-from dfedrw.peer.aggregation.registry import Registry
+from dfedrw.peer.registry import Registry
 from dfedrw.peer.attacks import ALIE, Gaussian
 from dfedrw.peer.config import Scenario, ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
 from dfedrw.peer.config_legacy import LEGACY
@@ -270,11 +270,11 @@ def test_a_registry_finds_every_module_of_its_package_and_lists_them_in_the_decl
     # Prepare: a package of three modules, one of them named in the order, one private
     import sys
 
-    from dfedrw.peer.aggregation.registry import Registry
+    from dfedrw.peer.registry import Registry
 
     package = tmp_path / "reg_pkg"
     package.mkdir()
-    (package / "__init__.py").write_text("from dfedrw.peer.aggregation.registry import Registry\nREG = Registry('rule', 'none.group', package='reg_pkg', modules=('reg_pkg.zeta',))\n")
+    (package / "__init__.py").write_text("from dfedrw.peer.registry import Registry\nREG = Registry('rule', 'none.group', package='reg_pkg', modules=('reg_pkg.zeta',))\n")
     for module, name in (("alpha", "a"), ("zeta", "z"), ("_private", "p")):
         (package / f"{module}.py").write_text(
             f"from reg_pkg import REG\n\n@REG.register('{name}')\nclass C:\n    def __call__(self, x):\n        return x\n"

@@ -1,7 +1,8 @@
-"""Registries of named classes, and the parameter checks shared by TPMs, CRSs, rules and attacks.
+"""Registries of named extensions, and the parameter checks every extension class shares.
 
-Every pluggable piece of the aggregation stack (and the Byzantine attacks) is one class,
-registered by name in a :class:`Registry` with the ``register`` decorator beside the class::
+Every pluggable piece is registered by name in a :class:`Registry` with the ``register``
+decorator beside it: the aggregation stack (TPMs, CRSs, rules), the Byzantine attacks, and
+the data sets, models, topologies and transports a scenario names::
 
     @CRS_REGISTRY.register("softmax")
     @dataclass(frozen=True)
@@ -9,19 +10,21 @@ registered by name in a :class:`Registry` with the ``register`` decorator beside
         temperature: float = 0.1
         ...
 
-The constructor's keyword parameters, with their defaults, *are* the class's settings: a
-scenario sets them in the class's own table (``[aggregation.balance] gamma = 2``), and the
-class validates them in ``__init__``/``__post_init__`` (raising ``ValueError``), once, for
-every entry point. Parameters whose value the running system knows (:data:`SUPPLIED`, e.g. a
-client's number of Byzantine neighbours or the learning rate) are passed by
+The constructor's keyword parameters (a builder function's, for the kinds that take
+functions: models, topologies), with their defaults, *are* its settings: a scenario sets them
+in the class's own table (``[aggregation.balance] gamma = 2``, ``[data."mylab:Faces"] size =
+32``), and the class validates them (raising ``ValueError``), once, for every entry point.
+Parameters whose value the running system knows (each registry's ``supplied`` names, e.g. a
+client's number of Byzantine neighbours, or a model's input features) are passed by
 :meth:`Registry.build` only to a constructor that has a parameter of that name, and cannot be
 set by configuration.
 
 Besides the built-in names, a registry resolves
 
 * installed plugins: entry points of the registry's group (``dfedrw.rules``, ``dfedrw.tpms``,
-  ``dfedrw.crs``, ``dfedrw.attacks``), the entry point's name being the plugin's name;
-* an import path ``"package.module:Class"`` naming any class on ``sys.path``.
+  ``dfedrw.crs``, ``dfedrw.attacks``, ``dfedrw.datasets``, ``dfedrw.models``,
+  ``dfedrw.topologies``, ``dfedrw.transports``), the entry point's name being the plugin's name;
+* an import path ``"package.module:Name"`` naming any class (or builder) on ``sys.path``.
 
 A typo in a name or a parameter fails loudly with one line rather than being ignored:
 unknown names list the valid ones, unknown parameters list the accepted ones.
@@ -47,15 +50,15 @@ __all__ = [
     "SUPPLIED",
     "Registry",
     "Setting",
-    "build_from_registry",
     "check_choice",
     "check_int",
     "check_real",
 ]
 
 
-# Values the running system gives a class when (and only when) its constructor has a parameter
-# of that name; a scenario cannot set them. ``tpm``/``crs``: the built TPM and CRS objects of a
+# Values the running system gives a rule, TPM, CRS or attack when (and only when) its
+# constructor has a parameter of that name; a scenario cannot set them (the default ``supplied``
+# of a registry; the other kinds name their own). ``tpm``/``crs``: the built TPM and CRS objects of a
 # rule scored like DFedReweighting; ``num_byzantine``: what a robust rule is told about its
 # Byzantine neighbours (ALIE: the number of Byzantine clients); ``lr``: the local learning
 # rate; ``seed``: a per-client seed; ``num_clients``: all clients; ``total_rounds``: T.
@@ -92,8 +95,10 @@ def _defines(cls: type, method: str) -> bool:
 class Registry(Mapping[str, type]):
     """Name -> class for one kind of pluggable piece, with its settings read off the constructor.
 
-    ``kind`` ("rule", "tpm", "crs", "attack") words the messages; ``group`` is the entry-point
-    group of installed plugins. ``package``: on first use every module of this package is
+    ``kind`` ("rule", "tpm", "crs", "attack", "dataset", "model", "topology", "transport") words
+    the messages; ``group`` is the entry-point group of installed plugins; ``supplied``: the
+    names the running system gives (:data:`SUPPLIED` unless the kind says otherwise);
+    ``functions``: a builder function may be registered as well as a class. ``package``: on first use every module of this package is
     imported, so that every built-in class has registered itself with its decorator, wherever
     it lives (a new module needs no list); ``modules``: the order in which their classes are
     listed (modules not named come after, by name). As a ``Mapping`` it holds the built-in and
@@ -101,7 +106,15 @@ class Registry(Mapping[str, type]):
     """
 
     def __init__(
-        self, kind: str, group: str, *, package: str | None = None, modules: Iterable[str] = (), required: Iterable[str] = ("__call__",)
+        self,
+        kind: str,
+        group: str,
+        *,
+        package: str | None = None,
+        modules: Iterable[str] = (),
+        required: Iterable[str] = ("__call__",),
+        supplied: Iterable[str] = SUPPLIED,
+        functions: bool = False,
     ) -> None:
         self.kind = kind
         self.group = group
@@ -109,6 +122,11 @@ class Registry(Mapping[str, type]):
         self._modules = tuple(modules)
         # A class of this kind defines at least one of these methods.
         self._required = tuple(required)
+        # What the running system gives a constructor that names it (never configured).
+        self.supplied_names = frozenset(supplied)
+        # Whether a plain function (a builder: its result is what the kind builds) may stand
+        # where a class does.
+        self._functions = functions
         self._classes: dict[str, type] = {}
         self._imported = False
         self._plugins: dict[str, importlib.metadata.EntryPoint] | None = None
@@ -129,9 +147,12 @@ class Registry(Mapping[str, type]):
         return add
 
     def check_class(self, name: str, cls: Any) -> None:
+        if self._functions and inspect.isfunction(cls):
+            return
         if not inspect.isclass(cls):
-            raise ValueError(f"{self.kind} {name!r}: {cls!r} is not a class")
-        if not any(_defines(cls, method) for method in self._required):
+            what = "a class or a function" if self._functions else "a class"
+            raise ValueError(f"{self.kind} {name!r}: {cls!r} is not {what}")
+        if self._required and not any(_defines(cls, method) for method in self._required):
             raise ValueError(f"{self.kind} {name!r}: class {cls.__qualname__} has no {' or '.join(self._required)} method")
 
     def _import_builtins(self) -> None:
@@ -223,16 +244,23 @@ class Registry(Mapping[str, type]):
 
     # -- settings ------------------------------------------------------------------------
     def settings(self, name: str) -> list[Setting]:
-        """The parameters a configuration may set (keyword parameters not in :data:`SUPPLIED`)."""
+        """The parameters a configuration may set (keyword parameters the running system does
+        not supply)."""
         return [
             Setting(p.name, p.default, _annotation_text(p.annotation))
             for p in _keyword_parameters(self.resolve(name))
-            if p.name not in SUPPLIED
+            if p.name not in self.supplied_names
         ]
 
     def supplied(self, name: str) -> list[str]:
-        """The :data:`SUPPLIED` values the class takes."""
-        return [p.name for p in _keyword_parameters(self.resolve(name)) if p.name in SUPPLIED]
+        """The supplied values the class takes."""
+        return [p.name for p in _keyword_parameters(self.resolve(name)) if p.name in self.supplied_names]
+
+    def takes(self, name: str, *parameters: str) -> bool:
+        """Whether ``name``'s constructor has every one of these parameters (read off the
+        signature, so a registered variant of a class is treated as the class is)."""
+        accepted = {p.name for p in _keyword_parameters(self.resolve(name))}
+        return all(p in accepted for p in parameters)
 
     def coerce(self, name: str, key: str, value: Any) -> Any:
         """``value`` for setting ``key`` of ``name``, with TOML's numbers fitted to the annotation:
@@ -240,7 +268,7 @@ class Registry(Mapping[str, type]):
         Raises ``ValueError`` for a key that is not a setting (naming the accepted ones), a
         supplied key, or a boolean for a non-boolean setting; the class checks the rest."""
         settings = {s.name: s for s in self.settings(name)}
-        if key in SUPPLIED:
+        if key in self.supplied_names:
             raise ValueError(f"{key!r} is set by the running system and cannot be configured")
         if key not in settings:
             raise ValueError(
@@ -266,7 +294,7 @@ class Registry(Mapping[str, type]):
         for key in params:
             if not isinstance(key, str):
                 raise ValueError(f"{self.kind} {name!r}: parameter names must be strings, got {key!r}")
-            if key in SUPPLIED or key in (supplied or {}):
+            if key in self.supplied_names or key in (supplied or {}):
                 raise ValueError(f"{self.kind} {name!r}: {key!r} is set by the running system and cannot be configured")
             if key not in accepted:
                 settings = [s.name for s in self.settings(name)]
@@ -282,6 +310,18 @@ class Registry(Mapping[str, type]):
         if missing:
             raise ValueError(f"{self.kind} {name!r} requires {', '.join(missing)}")
         return cls(**given, **params)
+
+    def create(self, name: str, **arguments: Any) -> Any:
+        """``name`` built from keyword ``arguments``, settings and supplied values alike (for
+        code and tests that build one object by hand, e.g. ``make_crs("softmax",
+        temperature=0.1)``): the same checks as :meth:`build`, and a supplied value the class
+        does not take is an error, not ignored."""
+        supplied = {k: v for k, v in arguments.items() if k in self.supplied_names}
+        unused = [k for k in supplied if not self.takes(name, k)]
+        if unused:
+            settings = [s.name for s in self.settings(name)]
+            raise ValueError(f"{self.kind} {name!r} has no setting {unused[0]!r}; settings: {', '.join(settings) or '(none)'}")
+        return self.build(name, {k: v for k, v in arguments.items() if k not in supplied}, supplied)
 
     def describe(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """One row per name: ``name``, ``cls`` (qualified), ``settings``, ``supplied``, ``doc``
@@ -318,69 +358,6 @@ def _keyword_parameters(cls: Any) -> list[inspect.Parameter]:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def build_from_registry(
-    kind: str,
-    registry: Mapping[str, Any],
-    name: str,
-    params: Mapping[str, Any] | None = None,
-    *,
-    fixed: Mapping[str, Any] | None = None,
-) -> Any:
-    """Build ``registry[name](**fixed, **params)`` after checking the name and the parameters.
-
-    ``kind`` ("crs", "tpm", "rule", "attack") only words the error messages. ``fixed`` holds
-    arguments the calling code supplies itself (e.g. the TPM and CRS objects of a rule); a user
-    parameter of the same name is refused, because letting configuration override them would
-    hide which value is really used.
-    """
-    if isinstance(registry, Registry):
-        factory = registry.resolve(name)
-    elif not isinstance(name, str) or name not in registry:
-        raise ValueError(f"unknown {kind} {name!r}; valid choices: {sorted(registry)}")
-    else:
-        factory = registry[name]
-    params = dict(params or {})
-    fixed = dict(fixed or {})
-
-    signature = inspect.signature(factory)
-    parameters = signature.parameters.values()
-    takes_any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-    keyword_names = [
-        p.name
-        for p in parameters
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
-    accepted = [p for p in keyword_names if p not in fixed]
-
-    for key in params:
-        if not isinstance(key, str):
-            raise ValueError(f"{kind} {name!r}: parameter names must be strings, got {key!r}")
-        if key in fixed:
-            raise ValueError(
-                f"{kind} {name!r}: parameter {key!r} is set by the caller and cannot be "
-                f"configured here; accepted parameters: {accepted}"
-            )
-        if key not in keyword_names and not takes_any_keyword:
-            raise ValueError(
-                f"{kind} {name!r} does not accept parameter {key!r}; "
-                f"accepted parameters: {accepted}"
-            )
-
-    missing = [
-        p.name
-        for p in parameters
-        if p.default is inspect.Parameter.empty
-        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        and p.name not in params
-        and p.name not in fixed
-    ]
-    if missing:
-        raise ValueError(
-            f"{kind} {name!r} requires parameter(s) {missing}; accepted parameters: {accepted}"
-        )
-    return factory(**fixed, **params)
 
 
 def check_real(
