@@ -43,8 +43,10 @@ from dfedrw.peer.assembly import (
     attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
     known_mean, move, scenario_plausible,
 )
-from dfedrw.peer.data import load_dataset
-from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
+from dfedrw.peer.datacache import training_set
+from dfedrw.peer.datasets import scenario_dataset
+from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_topology, told_byzantine
+from dfedrw.peer.registry import settings_of
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.training import BatchOrder, FlatModel, ManyEvaluator, VectorEvaluator
@@ -136,15 +138,15 @@ class BatchedRun:
         # set once for all clients (each client's local test set is rows of it).
         self.data = clients_data(sc, topo, self.honest)
         self.test = move(self.data[self.honest[0]].global_test, self.device)
-        features, classes = DATASET_SHAPES[sc.data.name]
+        features, classes = dataset_shape(sc)
         t = sc.train
-        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
+        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0, params=settings_of(t.model_params, t.model))
         self.model = FlatModel(template, self.device)
         self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
         # The training set once (shared by every run of a batch: the dataset is read once per
         # process), each client's shard as rows of it: client c's minibatch rows are
         # shard_rows[offsets[c] + i] for the positions i its BatchOrder draws.
-        train, _ = load_dataset(sc.data.name, sc.data.dir or None)
+        train = training_set(scenario_dataset(sc.data))
         self.train_x, self.train_y = train.x.to(self.device), train.y.to(self.device)
         self.shard_rows = torch.cat([self.data[k].train_index for k in self.honest]).to(self.device)
         sizes = [len(self.data[k].train.y) for k in self.honest]

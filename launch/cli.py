@@ -68,7 +68,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from dfedrw.peer.data import download_idx
+    from dfedrw.peer.datasets import download_idx
 
     download_idx(args.dataset, args.dir)
     print(f"{args.dataset}: IDX files in {args.dir}")

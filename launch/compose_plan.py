@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from dfedrw.peer.config import Scenario
-from dfedrw.peer.data import DEFAULT_DIRS
+from dfedrw.peer.data import DatasetUnavailable
+from dfedrw.peer.datasets import scenario_dataset
 from dfedrw.peer.identity import CA_FILE, cert_file, key_file
 from dfedrw.peer.collusion import colluding_group
 from dfedrw.peer.plan import scenario_topology
@@ -217,16 +218,16 @@ def container_scenario(scenario: Scenario) -> tuple[Scenario, list[Mount], dict[
     # Inside a container the client must accept connections from the other containers.
     network = dataclasses.replace(scenario.network, host="0.0.0.0")
     data = scenario.data
-    if data.name != "digits":  # digits ships inside scikit-learn; the IDX sets are mounted
-        host_dir = data.dir or DEFAULT_DIRS.get(data.name)
-        if not host_dir:
-            raise ValueError(f"compose: {data.name} needs data.dir (a folder with the four IDX files)")
-        if not Path(host_dir).is_dir():
-            raise ValueError(f"compose: data directory {host_dir} does not exist on this host")
+    folder = getattr(scenario_dataset(data), "folder", None)
+    if callable(folder):  # a set read from files (the IDX sets) is mounted; digits ships inside scikit-learn
+        try:
+            host_dir = folder()
+        except DatasetUnavailable as exc:
+            raise ValueError(f"compose: {exc}") from None
         mounts.append(Mount(str(Path(host_dir).resolve()), DATA_PATH))
         data = dataclasses.replace(data, dir=DATA_PATH)
     topology = scenario.topology
-    if topology.kind == "edgelist":
+    if topology.file:
         copies["edges.txt"] = Path(topology.file)
         mounts.append(Mount("./edges.txt", EDGES_PATH))
         topology = dataclasses.replace(topology, file=EDGES_PATH)
@@ -239,12 +240,17 @@ def container_scenario(scenario: Scenario) -> tuple[Scenario, list[Mount], dict[
 
 
 def plugin_sources(scenario: Scenario) -> dict[str, Path]:
-    """The outside modules the scenario names by import path (``module:Class``: the attack, and
-    every client's rule, TPM and CRS), as files to copy: ``plugins/NAME`` -> the module's file,
-    or a package's folder, as this host imports it. One line if a module cannot be found."""
+    """The outside modules the scenario names by import path (``module:Class``: the attack, the
+    data set, model and topology, and every client's rule, TPM and CRS), as files to copy:
+    ``plugins/NAME`` -> the module's file, or a package's folder, as this host imports it. One
+    line if a module cannot be found."""
     named: dict[str, str] = {}
-    if ":" in scenario.attack.name:
-        named.setdefault(scenario.attack.name, "attack.name")
+    for key, value in (
+        ("attack.name", scenario.attack.name), ("data.name", scenario.data.name), ("train.model", scenario.train.model),
+        ("topology.kind", scenario.topology.kind),
+    ):
+        if ":" in value:
+            named.setdefault(value, key)
     for k in range(scenario.num_clients):
         cfg = scenario.aggregation_for(k)
         for kind in ("rule", "tpm", "crs"):

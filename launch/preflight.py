@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dfedrw.peer.config import Scenario
-from dfedrw.peer.data import check_dataset
 from dfedrw.peer.datacache import verify_stored
+from dfedrw.peer.datasets import check_available, scenario_dataset
 from dfedrw.peer.assembly import client_attack, client_rule
 from dfedrw.peer.plan import scenario_topology
 
@@ -19,5 +19,6 @@ def preflight(scenario: Scenario) -> None:
             client_attack(scenario, topology, k)
         else:
             client_rule(scenario, topology, k)
-    check_dataset(scenario.data.name, scenario.data.dir or None)
-    verify_stored(scenario.data.name, scenario.data.dir or None)
+    source = scenario_dataset(scenario.data)
+    check_available(source)
+    verify_stored(source)

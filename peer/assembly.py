@@ -19,11 +19,13 @@ import torch
 from dfedrw.peer.attacks import AttackerData, AttackView
 from dfedrw.peer.collusion import colluding_group
 from dfedrw.peer.config import Scenario
-from dfedrw.peer.data import TRAIN_SIZES, Dataset, aux_indices, local_test_indices, partition
+from dfedrw.peer.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.datacache import StoredSplit, stored_dataset
+from dfedrw.peer.datasets import scenario_dataset
 from dfedrw.peer.identity import ClientIdentity, IdentityError, load_identity
-from dfedrw.peer.models import MODELS, build_model
-from dfedrw.peer.plan import DATASET_SHAPES, derive_seed, scenario_topology, told_byzantine
+from dfedrw.peer.models import build_model, make_model
+from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_topology, told_byzantine
+from dfedrw.peer.registry import settings_of
 from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
 from dfedrw.peer.training import VectorEvaluator
 from dfedrw.peer.transport.grpc_admission import CallLimits
@@ -91,9 +93,10 @@ def scenario_colluders(scenario: Scenario) -> tuple[int, ...]:
 def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
     """The wire layout of the scenario's model, from a model on the meta device (no memory,
     no initialisation)."""
-    features, classes = DATASET_SHAPES[scenario.data.name]
+    features, classes = dataset_shape(scenario)
+    t = scenario.train
     with torch.device("meta"):
-        model = MODELS[scenario.train.model](features, classes, scenario.train.hidden)
+        model = make_model(t.model, features, classes, hidden=t.hidden, params=settings_of(t.model_params, t.model))
     return model_specs(model)
 
 
@@ -114,15 +117,15 @@ def client_rule(scenario: Scenario, topology: Topology, client: int):
 def scenario_plausible(scenario: Scenario) -> Plausible:
     """What a received message may hold and declare: no sender has more samples than the whole
     training set of the scenario's dataset (known to every client, data or not)."""
-    return Plausible(max_abs_value=scenario.network.max_abs_value, max_num_samples=TRAIN_SIZES[scenario.data.name])
+    return Plausible(max_abs_value=scenario.network.max_abs_value, max_num_samples=int(scenario_dataset(scenario.data).train_size))
 
 
 def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
     """Client k's model before round 0 (``train.init``: shared seeded, its own seeded, zeros)."""
     t = scenario.train
-    features, classes = DATASET_SHAPES[scenario.data.name]
+    features, classes = dataset_shape(scenario)
     seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
-    model = build_model(t.model, features, classes, hidden=t.hidden, seed=seed)
+    model = build_model(t.model, features, classes, hidden=t.hidden, seed=seed, params=settings_of(t.model_params, t.model))
     if t.init == "zeros":
         with torch.no_grad():
             for p in model.parameters():
@@ -138,13 +141,13 @@ def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
     (public data from the same distribution: the honest shards are the same whether or not an
     attack holds data). Nothing is read until an attack asks for its sample."""
     d, t = scenario.data, scenario.train
-    features, classes = DATASET_SHAPES[d.name]
+    features, classes = dataset_shape(scenario)
     # Colluders pool their data as they pool models: one sample for the group, so each of them
     # computes the group's plan from the same inputs.
     seed = derive_seed(scenario.seed, "attacker data", "colluders" if scenario.attack.colluding else attacker)
 
     def load(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        train = stored_dataset(d.name, d.dir or None).train
+        train = stored_dataset(scenario_dataset(d)).train
         if n > len(train):
             raise ValueError(f"an attack asked for {n} samples; the {d.name} training set has {len(train)}")
         rows = np.sort(np.random.default_rng(seed).choice(len(train), n, replace=False))
@@ -152,7 +155,7 @@ def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
         return sample.x, sample.y
 
     def evaluator(x: torch.Tensor, y: torch.Tensor) -> VectorEvaluator:
-        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0)
+        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0, params=settings_of(t.model_params, t.model))
         return VectorEvaluator(template, Dataset(x=x, y=y, num_classes=classes))
 
     return AttackerData(load, evaluator, num_classes=classes, description=f"{d.name} rows drawn for client {attacker}")
@@ -228,7 +231,7 @@ def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int]) -> 
     """:func:`client_data` of several honest clients, the partition computed once. The data
     set is mapped from the machine's data cache; only each client's rows are converted."""
     d = scenario.data
-    stored = stored_dataset(d.name, d.dir or None)
+    stored = stored_dataset(scenario_dataset(d))
     train, test = stored.train, stored.test
     honest = sorted(topology.honest())
     shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)

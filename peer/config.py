@@ -51,13 +51,14 @@ from dfedrw.peer.overrides import apply_overrides, deep_copy
 from dfedrw.peer.config_aggregation import (
     AggregationConfig, AttackConfig, aggregation_table, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
 )
+from dfedrw.peer.config_tables import Params, checked_params, parse_class_tables, settings_tables, toml_key
+from dfedrw.peer.datasets import build_dataset
+from dfedrw.peer.registry import Setting
+from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.config_checks import (
     MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, check_choice_of, check_in_range, coerce_value,
 )
 
-DATASETS = ("digits", "fashion-mnist", "mnist")
-MODELS = ("softmax_regression", "mlp")
-TOPOLOGIES = ("erdos_renyi", "ring", "complete", "edgelist")
 # "torch" (torch.distributed point-to-point) is valid only for clients started by torchrun.
 TRANSPORTS = ("grpc", "inproc", "torch")
 
@@ -72,9 +73,15 @@ class DataConfig:
     # How labelskew:H gives classes to clients: "cyclic" (every class held by the same number
     # of clients) or "random" (each client draws H classes).
     labelskew_assign: str = "cyclic"
+    # The settings tables [data.NAME] (every one given is checked, the named one is used).
+    params: Params = ()
 
     def __post_init__(self) -> None:
-        check_choice_of("data.name", self.name, DATASETS)
+        settings = checked_params("dataset", self.name, self.params, "data.name")
+        try:
+            build_dataset(self.name, settings, self.dir)
+        except ValueError as exc:
+            raise ScenarioError(f"[data.{toml_key(self.name)}]: {' '.join(str(exc).split())}") from None
         check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
         p = self.partition
         kind, _, arg = p.partition(":")
@@ -109,9 +116,11 @@ class TrainConfig:
     # "shared": every client starts from the same seeded initialisation (the usual DFL set-up);
     # "per_client": each client draws its own; "zeros": all parameters start at 0.
     init: str = "shared"
+    # The settings tables [train.NAME] of models (every one given is checked, the named one is used).
+    model_params: Params = ()
 
     def __post_init__(self) -> None:
-        check_choice_of("train.model", self.model, MODELS)
+        checked_params("model", self.model, self.model_params, "train.model")
         check_choice_of("train.init", self.init, ("shared", "per_client", "zeros"))
         # 65536 hidden units on 784 inputs is already ~200 MB of parameters per message.
         check_in_range("train.hidden", self.hidden, 1, 65_536)
@@ -127,9 +136,11 @@ class TopologyConfig:
     file: str = ""
     honest: int = 10
     byzantine: int = 0
+    # The settings tables [topology.NAME] (every one given is checked, the named one is used).
+    params: Params = ()
 
     def __post_init__(self) -> None:
-        check_choice_of("topology.kind", self.kind, TOPOLOGIES)
+        checked_params("topology", self.kind, self.params, "topology.kind")
         check_in_range("topology.rho", self.rho, 0.0, 1.0, open_lo=True)
         check_in_range("topology.honest", self.honest, 1, MAX_CLIENTS)
         check_in_range("topology.byzantine", self.byzantine, 0, MAX_CLIENTS - 1)
@@ -137,8 +148,10 @@ class TopologyConfig:
             raise ScenarioError(
                 f"topology.honest + topology.byzantine = {self.num_clients} clients; at most {MAX_CLIENTS:_}"
             )
-        if self.kind == "edgelist" and not self.file:
-            raise ScenarioError("topology.kind='edgelist' needs topology.file (an edge-list path)")
+        if not self.file and any(p.name == "file" and p.default is Setting.REQUIRED for p in TOPOLOGY_REGISTRY.parameters(self.kind)):
+            raise ScenarioError(f"topology.kind={self.kind!r} needs topology.file (an edge-list path)")
+        if self.file and not TOPOLOGY_REGISTRY.takes(self.kind, "file"):
+            raise ScenarioError(f"topology.file={self.file!r} is only read by a topology that takes a file (edgelist), not {self.kind!r}")
 
     @property
     def num_clients(self) -> int:
@@ -304,6 +317,10 @@ _SECTIONS: dict[str, type] = {
     "engine": EngineConfig,
 }
 _TOP_SCALARS = ("seed", "rounds")
+# Sections that choose a class by name and hold its settings tables [SECTION.NAME]:
+# section -> (the kind of class, the field holding the tables).
+_CLASS_TABLES = {"data": ("dataset", "params"), "train": ("model", "model_params"), "topology": ("topology", "params")}
+
 
 
 def _field_type(cls: type, name: str) -> str:
@@ -337,8 +354,13 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         if name == "attack":
             kwargs[name] = parse_attack(name, table)
             continue
+        tables: dict[str, Any] = {}
+        if name in _CLASS_TABLES:
+            kind, params_field = _CLASS_TABLES[name]
+            fields_ = [f.name for f in fields(cls) if f.name != params_field]
+            table, tables[params_field] = parse_class_tables(name, table, fields_, kind)
         _check_keys(name, table, cls)
-        kwargs[name] = cls(**{k: coerce_value(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()})
+        kwargs[name] = cls(**{k: coerce_value(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()}, **tables)
     peers: dict[int, dict[str, Any]] = {}
     for key, table in dict(raw.get("peers", {})).items():
         try:
@@ -368,6 +390,9 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
             out[name] = attack_table(scenario.attack)
         else:
             out[name] = dataclasses.asdict(getattr(scenario, name))
+            if name in _CLASS_TABLES:
+                # Only the tables given: a scenario without any is written as before.
+                out[name].update(settings_tables(out[name].pop(_CLASS_TABLES[name][1])))
     if scenario.peers:
         out["peers"] = {str(k): {"aggregation": deep_copy(v)} for k, v in sorted(scenario.peers.items())}
     return out

@@ -1,14 +1,19 @@
 """Per-class settings tables of a scenario: a rule's, TPM's, CRS's or attack's settings as
 ``[aggregation.NAME]``, ``[aggregation.tpm_params.NAME]``, ``[aggregation.crs_params.NAME]`` or
-``[attack.NAME]``, checked against the class's constructor (its registry) while a scenario is
-parsed, and kept frozen (hashable, only values that differ from the class's defaults)."""
+``[attack.NAME]``, a data set's as ``[data.NAME]``, a model's as ``[train.NAME]``, a topology's
+as ``[topology.NAME]``, a transport's as ``[network.NAME]``, checked against the class's
+constructor (its registry) while a scenario is parsed, and kept frozen (hashable, only values
+that differ from the class's defaults)."""
 
 from __future__ import annotations
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
 from dfedrw.peer.config_checks import ScenarioError
+from dfedrw.peer.datasets import DATASET_REGISTRY
+from dfedrw.peer.models import MODEL_REGISTRY
+from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 
 
 # A class's settings table, frozen so the configs stay hashable: ((class name, ((setting,
@@ -17,7 +22,10 @@ from dfedrw.peer.config_checks import ScenarioError
 Params = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
 
 
-KIND_REGISTRY: dict[str, Registry] = {"rule": RULE_REGISTRY, "tpm": TPM_REGISTRY, "crs": CRS_REGISTRY, "attack": ATTACK_REGISTRY}
+KIND_REGISTRY: dict[str, Registry] = {
+    "rule": RULE_REGISTRY, "tpm": TPM_REGISTRY, "crs": CRS_REGISTRY, "attack": ATTACK_REGISTRY,
+    "dataset": DATASET_REGISTRY, "model": MODEL_REGISTRY, "topology": TOPOLOGY_REGISTRY,
+}
 
 
 def table_path(prefix: str, kind: str, name: str) -> str:
@@ -118,3 +126,35 @@ def origin_of(origins: Params, kind: str, name: str, setting: str) -> str | None
 
 def settings_tables(params: Params) -> dict[str, dict[str, Any]]:
     return {name: {k: toml_value(v) for k, v in items} for name, items in params}
+
+
+def parse_class_tables(section: str, table: Mapping[str, Any], fields: Sequence[str], kind: str) -> tuple[dict[str, Any], Params]:
+    """A section whose class is chosen by one of its keys (``[data]``'s ``name``, ``[train]``'s
+    ``model``, ``[topology]``'s ``kind``): (its plain keys, the frozen settings tables of the
+    classes it gives one, ``[SECTION.NAME]``). An unknown key names the valid ones."""
+    registry = KIND_REGISTRY[kind]
+    tables = SettingsTables({}, ())
+    plain: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in fields:
+            plain[key] = value
+        elif isinstance(value, Mapping) and isinstance(key, str) and (key in registry or ":" in key):
+            tables.table(kind, key, value, f"{section}.{toml_key(key)}")
+        else:
+            raise ScenarioError(
+                f"unknown key '{section}.{key}'; valid keys: {', '.join(fields)}, "
+                f"or a {kind}'s settings table ({', '.join(registry.names())} or 'module:Name')"
+            )
+    return plain, tables.frozen(kind)
+
+
+def checked_params(kind: str, name: str, params: Params, key: str) -> dict[str, Any]:
+    """The settings of class ``name`` from a frozen table, each checked against its constructor
+    (a bad name or key raises :class:`ScenarioError` naming ``key``)."""
+    resolve_class(kind, name, key)
+    tables = SettingsTables({kind: params}, ())
+    for table_name, values in thaw(params).items():
+        resolve_class(kind, table_name, f"{key.rpartition('.')[0]}.{toml_key(table_name)}")
+        for setting, value in values.items():
+            tables.set(kind, table_name, setting, value, f"{key.rpartition('.')[0]}.{toml_key(table_name)}.{setting}")
+    return {k: toml_value(v) for k, v in thaw(params).get(name, {}).items()}

@@ -1,23 +1,19 @@
-"""Datasets, client partitions, local test sets and auxiliary subsets.
+"""Data held as tensors, the IDX file format, client partitions, local test sets and
+auxiliary subsets.
 
-Three datasets are known: scikit-learn's 8x8 ``digits`` (always available offline),
-``fashion-mnist`` and ``mnist`` (standard IDX files in a directory). Partitions follow the
-paper's "Experimental Settings": IID, Dirichlet(alpha) and LabelSkew(h). Every randomised
-function takes an explicit seed; nothing here touches global RNG state or writes to disk
-(except :func:`download_idx`, the one online path, which is never called implicitly).
+Which data sets a scenario can name, and how each is loaded, is :mod:`peer.datasets`.
+Partitions follow the paper's "Experimental Settings": IID, Dirichlet(alpha) and
+LabelSkew(h). Every randomised function takes an explicit seed; nothing here touches global
+RNG state or writes to disk.
 """
 
 from __future__ import annotations
 
-import functools
 import gzip
-import hashlib
 import math
 import numbers
 import os
 import re
-import tempfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -26,79 +22,15 @@ import numpy as np
 import torch
 
 __all__ = [
-    "DATASETS",
-    "DEFAULT_DIRS",
-    "DOWNLOAD_BASE_URLS",
-    "IDX_DIGESTS",
-    "IDX_FILES",
     "PARTITION_FORMS",
     "Dataset",
     "DatasetUnavailable",
     "aux_indices",
-    "download_idx",
-    "load_dataset",
     "local_test_indices",
     "parse_partition",
     "partition",
     "read_idx",
 ]
-
-DATASETS = ("digits", "fashion-mnist", "mnist")
-
-# Debian's ``dataset-fashion-mnist`` package installs here; MNIST has no offline package.
-DEFAULT_DIRS: dict[str, str | None] = {
-    "fashion-mnist": "/usr/share/datasets/fashion-mnist",
-    "mnist": None,
-}
-
-# The usual public mirrors; only download_idx reads these.
-DOWNLOAD_BASE_URLS: dict[str, str] = {
-    "fashion-mnist": "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-    "mnist": "https://ossci-datasets.s3.amazonaws.com/mnist/",
-}
-
-# role -> file stem; the same names for MNIST and Fashion-MNIST.
-IDX_FILES: dict[str, str] = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
-}
-
-# The known digests of the standard files; download_idx accepts a file that matches any of its
-# entries and deletes one that matches none. An entry is (hashlib algorithm, what is hashed:
-# "gz" = the file as served, "idx" = its decompressed bytes, hex digest). No SHA-256 of the
-# MNIST files is published, so MNIST has the MD5 sums torchvision checks against the same
-# files. Debian's dataset-fashion-mnist recompressed the .gz files (their bytes differ from the
-# mirror's), so for Fashion-MNIST the SHA-256 of the decompressed content (computed from the
-# Debian files, identical to the mirror's) is what can be verified offline, next to the MD5 of
-# the mirror's .gz that torchvision checks.
-IDX_DIGESTS: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] = {
-    "mnist": {
-        "train-images-idx3-ubyte": (("md5", "gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),),
-        "train-labels-idx1-ubyte": (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),),
-        "t10k-images-idx3-ubyte": (("md5", "gz", "9fb629c4189551a2d022fa330f9573f3"),),
-        "t10k-labels-idx1-ubyte": (("md5", "gz", "ec29112dd5afa0611ce80d1b7f02629c"),),
-    },
-    "fashion-mnist": {
-        "train-images-idx3-ubyte": (
-            ("sha256", "idx", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
-            ("md5", "gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
-        ),
-        "train-labels-idx1-ubyte": (
-            ("sha256", "idx", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
-            ("md5", "gz", "25c81989df183df01b3e8a0aad5dffbe"),
-        ),
-        "t10k-images-idx3-ubyte": (
-            ("sha256", "idx", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
-            ("md5", "gz", "bef4ecab320f06d8554ea6380940ec79"),
-        ),
-        "t10k-labels-idx1-ubyte": (
-            ("sha256", "idx", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
-            ("md5", "gz", "bb300cfdad3c16e7a12a480ee83cd310"),
-        ),
-    },
-}
 
 PARTITION_FORMS = ("iid", "dirichlet:ALPHA (ALPHA > 0)", "labelskew:H (1 <= H <= num_classes)")
 
@@ -112,12 +44,6 @@ _IDX_DTYPES: dict[int, np.dtype] = {
     0x0E: np.dtype(">f8"),
 }
 
-_IDX_NUM_CLASSES = 10
-_DIGITS_TEST_FRACTION = 0.2
-# Training-set size of each dataset (digits: 1797 images less the 20% test split; the MNIST
-# files: 60,000 training images). Every client knows these without loading any data: they bound
-# the training-set size a message may declare.
-TRAIN_SIZES = {"digits": 1437, "fashion-mnist": 60_000, "mnist": 60_000}
 # Bounded so that an impossible request (e.g. more clients than samples allow) fails fast.
 DIRICHLET_MAX_TRIES = 1000
 
@@ -152,14 +78,13 @@ class Dataset:
         index = torch.as_tensor(np.asarray(idx, dtype=np.int64))
         return Dataset(x=self.x[index], y=self.y[index], num_classes=self.num_classes)
 
+    def dataset(self) -> "Dataset":
+        """Every row (itself: what a split mapped from the data cache converts on demand)."""
+        return self
+
 
 class DatasetUnavailable(RuntimeError):
     """The dataset's files are not on this machine; the message says how to get them."""
-
-
-def _check_dataset_name(name: str) -> None:
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid choices: {', '.join(DATASETS)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,174 +133,6 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         )
     data = np.frombuffer(raw, dtype=dtype, count=math.prod(dims), offset=header_len)
     return data.reshape(dims).astype(dtype.newbyteorder("="))
-
-
-def _unavailable_hint(name: str) -> str:
-    if name == "fashion-mnist":
-        return "run `apt-get install dataset-fashion-mnist` or set data.dir to a folder with the four IDX files"
-    return (
-        "set data.dir to a folder with the four IDX files, "
-        f"or run `dfedrw fetch {name} --dir DIR` on a machine online"
-    )
-
-
-def _find_idx_file(directory: Path, stem: str, name: str) -> Path:
-    for candidate in (directory / stem, directory / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    raise DatasetUnavailable(
-        f"{name}: {stem}[.gz] not found in {directory}; {_unavailable_hint(name)}"
-    )
-
-
-def _load_idx_split(directory: Path, name: str, split: str) -> Dataset:
-    images_path = _find_idx_file(directory, IDX_FILES[f"{split}_images"], name)
-    labels_path = _find_idx_file(directory, IDX_FILES[f"{split}_labels"], name)
-    images = read_idx(images_path)
-    labels = read_idx(labels_path)
-    if images.ndim < 2:
-        raise ValueError(f"{images_path}: expected an image array with >= 2 dimensions, got shape {images.shape}")
-    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise ValueError(
-            f"{labels_path}: expected {images.shape[0]} labels to match {images_path}, got shape {labels.shape}"
-        )
-    if labels.size and (labels.min() < 0 or labels.max() >= _IDX_NUM_CLASSES):
-        raise ValueError(
-            f"{labels_path}: labels must lie in 0..{_IDX_NUM_CLASSES - 1}, found {labels.min()}..{labels.max()}"
-        )
-    # Pixels are ubyte in the standard files; scale by the dtype's range so [0, 1] holds.
-    scale = 255.0 if images.dtype == np.uint8 else 1.0
-    x = images.reshape(images.shape[0], -1).astype(np.float32) / np.float32(scale)
-    return Dataset(
-        x=torch.from_numpy(x),
-        y=torch.from_numpy(labels.astype(np.int64)),
-        num_classes=_IDX_NUM_CLASSES,
-    )
-
-
-def _load_digits() -> tuple[Dataset, Dataset]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    bunch = load_digits()
-    x = (bunch.data / 16.0).astype(np.float32)
-    y = bunch.target.astype(np.int64)
-    # random_state is fixed on purpose: the train/test split is part of the dataset,
-    # not of the scenario, so it must not change with the scenario seed.
-    train_idx, test_idx = train_test_split(
-        np.arange(len(y)), test_size=_DIGITS_TEST_FRACTION, stratify=y, random_state=0
-    )
-    train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
-    num_classes = int(y.max()) + 1
-
-    def take(idx: np.ndarray) -> Dataset:
-        return Dataset(torch.from_numpy(x[idx]), torch.from_numpy(y[idx]), num_classes)
-
-    return take(train_idx), take(test_idx)
-
-
-def _data_directory(name: str, data_dir: str | os.PathLike | None) -> Path:
-    chosen = data_dir if data_dir is not None else DEFAULT_DIRS[name]
-    if chosen is None:
-        raise DatasetUnavailable(f"{name}: no data directory given; {_unavailable_hint(name)}")
-    directory = Path(chosen)
-    if not directory.is_dir():
-        raise DatasetUnavailable(f"{name}: data directory {directory} does not exist; {_unavailable_hint(name)}")
-    return directory
-
-
-def check_dataset(name: str, data_dir: str | os.PathLike | None = None) -> None:
-    """Raise :class:`DatasetUnavailable` if ``name`` cannot be loaded, without loading it."""
-    _check_dataset_name(name)
-    if name == "digits":
-        return
-    directory = _data_directory(name, data_dir)
-    for stem in IDX_FILES.values():
-        _find_idx_file(directory, stem, name)
-
-
-@functools.lru_cache(maxsize=4)
-def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[Dataset, Dataset]:
-    """Load ``(train, test)`` for ``name`` in :data:`DATASETS`.
-
-    Cached per process: clients that share a process (the in-process transport) share one
-    read-only copy instead of decoding the files once each.
-
-    ``digits`` ignores ``data_dir`` and uses a fixed stratified 80/20 split. ``fashion-mnist``
-    and ``mnist`` read the four IDX files (plain or ``.gz``) from ``data_dir``, falling back to
-    :data:`DEFAULT_DIRS`; a missing directory or file raises :class:`DatasetUnavailable`.
-    Nothing is downloaded here: see :func:`download_idx`.
-    """
-    _check_dataset_name(name)
-    if name == "digits":
-        return _load_digits()
-    directory = _data_directory(name, data_dir)
-    return _load_idx_split(directory, name, "train"), _load_idx_split(directory, name, "test")
-
-
-def _digest(path: Path, algorithm: str, of: str) -> str:
-    h = hashlib.new(algorithm)
-    opener = gzip.open if of == "idx" else open
-    with opener(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def idx_digest_error(name: str, stem: str, path: str | os.PathLike) -> str | None:
-    """None if the gzipped file ``path`` matches a known digest of ``name``'s ``stem`` (see
-    :data:`IDX_DIGESTS`), else a one-line description of the mismatch."""
-    path = Path(path)
-    seen = []
-    for algorithm, of, expected in IDX_DIGESTS[name][stem]:
-        try:
-            got = _digest(path, algorithm, of)
-        except (OSError, EOFError, gzip.BadGzipFile):  # "idx" of a file that is not gzip
-            got = "unreadable"
-        if got == expected:
-            return None
-        seen.append(f"{algorithm} of the {'decompressed ' if of == 'idx' else ''}file {got}, expected {expected}")
-    return "; ".join(seen)
-
-
-def download_idx(
-    name: str, data_dir: str | os.PathLike, base_url: str | None = None, timeout: float = 60.0
-) -> None:
-    """Download the four gzipped IDX files of ``name`` into ``data_dir`` (the online path).
-
-    ``base_url`` defaults to :data:`DOWNLOAD_BASE_URLS`. Files already present (plain or
-    ``.gz``) are kept. Each file is written under a temporary name, checked against
-    :data:`IDX_DIGESTS` and with :func:`read_idx`, then renamed, so an interrupted, corrupt
-    or substituted download leaves nothing that :func:`load_dataset` would pick up; a
-    checksum mismatch raises ValueError naming the file.
-    """
-    if name not in DOWNLOAD_BASE_URLS:
-        raise ValueError(
-            f"dataset {name!r} cannot be downloaded; valid choices: {', '.join(DOWNLOAD_BASE_URLS)}"
-        )
-    base = base_url if base_url is not None else DOWNLOAD_BASE_URLS[name]
-    if not base.endswith("/"):
-        base += "/"
-    directory = Path(data_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    for stem in IDX_FILES.values():
-        if (directory / stem).is_file() or (directory / f"{stem}.gz").is_file():
-            continue
-        target = directory / f"{stem}.gz"
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".part", dir=directory)
-        try:
-            url = base + target.name
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-                while chunk := resp.read(1 << 20):
-                    out.write(chunk)
-            mismatch = idx_digest_error(name, stem, tmp_name)
-            if mismatch is not None:
-                raise ValueError(f"{name}: {url} failed its checksum and was deleted ({mismatch})")
-            read_idx(tmp_name)
-            os.replace(tmp_name, target)
-        finally:
-            if os.path.exists(tmp_name):
-                os.remove(tmp_name)
 
 
 # ---------------------------------------------------------------------------------------------

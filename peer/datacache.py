@@ -10,7 +10,9 @@ the rows it uses to float32. The values are the same to the bit as :func:`load_d
 
 Where: ``$DFEDRW_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/dfedrw``, else ``~/.cache/dfedrw``;
 a data set lives in ``data/<name>-<key>/``, the key naming its source (for IDX files: their
-folder, sizes and modification times, so replaced files give a new entry). An entry is written
+folder, sizes and modification times, so replaced files give a new entry). A data set is
+cached when its class gives uint8 ``pixels()`` and a ``source()`` (the built-in sets, see
+:mod:`peer.datasets`); any other is loaded by each process that needs it. An entry is written
 under a temporary name and renamed when complete, so processes that build it at once never see
 half of one. A process opening an entry checks the manifest and the file sizes;
 :func:`verify_stored` re-hashes the files (a launcher does it once before starting its
@@ -28,13 +30,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from dfedrw.peer.data import IDX_FILES, Dataset, _check_dataset_name, _data_directory, _find_idx_file
+from dfedrw.peer.data import Dataset
+from dfedrw.peer.datasets import check_available, load_splits, source_key
 
-__all__ = ["CACHE_ENV", "Stored", "StoredSplit", "cache_root", "stored_dataset", "verify_stored"]
+__all__ = ["CACHE_ENV", "Held", "Stored", "StoredSplit", "cache_root", "clear_stored", "stored_dataset", "training_set", "verify_stored"]
 
 CACHE_ENV = "DFEDRW_CACHE_DIR"
 _FORMAT = 1
@@ -90,54 +94,6 @@ class Stored:
     folder: Path | None
 
 
-def _source(name: str, data_dir: str | os.PathLike | None) -> tuple[str, dict]:
-    """(key, description) of where ``name``'s values come from."""
-    if name == "digits":
-        from importlib.metadata import version
-
-        description = {"name": name, "scikit-learn": version("scikit-learn")}
-    else:
-        directory = _data_directory(name, data_dir).resolve()
-        files = {}
-        for stem in IDX_FILES.values():
-            path = _find_idx_file(directory, stem, name)
-            stat = path.stat()
-            files[path.name] = [stat.st_size, stat.st_mtime_ns]
-        description = {"name": name, "folder": str(directory), "files": files}
-    key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
-    return key, description
-
-
-def _decode(name: str, data_dir: str | os.PathLike | None) -> tuple[dict[str, np.ndarray], float, int]:
-    """The four uint8 arrays of ``name`` from its source, the scale and the class count."""
-    if name == "digits":
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-
-        bunch = load_digits()
-        x, y = bunch.data.astype(np.uint8), bunch.target.astype(np.uint8)
-        if not np.array_equal(x, bunch.data):
-            raise ValueError("digits: pixel values are not whole numbers 0..16")
-        # The split is part of the data set (fixed random_state), as in data._load_digits.
-        train, test = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)
-        train, test = np.sort(train), np.sort(test)
-        return {"train_x": x[train], "train_y": y[train], "test_x": x[test], "test_y": y[test]}, 16.0, int(y.max()) + 1
-    from dfedrw.peer.data import _IDX_NUM_CLASSES, read_idx
-
-    directory = _data_directory(name, data_dir)
-    arrays = {}
-    for split in ("train", "test"):
-        images = read_idx(_find_idx_file(directory, IDX_FILES[f"{split}_images"], name))
-        labels = read_idx(_find_idx_file(directory, IDX_FILES[f"{split}_labels"], name))
-        if images.dtype != np.uint8 or labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-            raise ValueError(f"{name}: {split} files are not uint8 images with one label each")
-        if labels.size and int(labels.max()) >= _IDX_NUM_CLASSES:
-            raise ValueError(f"{name}: {split} labels must lie in 0..{_IDX_NUM_CLASSES - 1}")
-        arrays[f"{split}_x"] = images.reshape(images.shape[0], -1)
-        arrays[f"{split}_y"] = labels.astype(np.uint8)
-    return arrays, 255.0, _IDX_NUM_CLASSES
-
-
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -190,21 +146,74 @@ def _open(folder: Path) -> Stored | None:
     )
 
 
-def _entry(name: str, data_dir: str | os.PathLike | None) -> tuple[Path, dict]:
-    key, description = _source(name, data_dir)
-    return cache_root() / "data" / f"{name}-{key}", description
+@dataclass(frozen=True)
+class Held:
+    """A data set that the cache cannot store (its class gives no uint8 pixels), held in memory."""
+
+    train: Dataset
+    test: Dataset
+    folder: None = None
 
 
-@functools.lru_cache(maxsize=4)
-def stored_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Stored:
-    """``name``'s splits, mapped from the cache (built first if missing or damaged). Cached per
-    process. Raises :class:`~dfedrw.peer.data.DatasetUnavailable` as :func:`load_dataset` does."""
-    _check_dataset_name(name)
-    folder, description = _entry(name, data_dir)
+def _cacheable(source: Any) -> bool:
+    return callable(getattr(source, "pixels", None)) and callable(getattr(source, "source", None))
+
+
+def _entry(source: Any) -> tuple[Path, dict]:
+    key, description = source_key(source)
+    label = "".join(c if c.isalnum() or c in "-_" else "-" for c in str(description.get("name", type(source).__name__)))
+    return cache_root() / "data" / f"{label}-{key}", description
+
+
+_STORED: dict[Any, Stored | Held] = {}
+
+
+def stored_dataset(source: Any) -> Stored | Held:
+    """The splits of a built data set (:mod:`peer.datasets`), mapped from the cache (built
+    first if missing or damaged), or loaded and held for a set the cache cannot store. Kept
+    per process. Raises :class:`~dfedrw.peer.data.DatasetUnavailable` when its files are
+    missing, ``ValueError`` when its values do not match what it declares."""
+    try:
+        return _STORED[source]
+    except TypeError:  # an unhashable data set object: not kept
+        return _stored(source)
+    except KeyError:
+        stored = _STORED[source] = _stored(source)
+        if len(_STORED) > 4:
+            _STORED.pop(next(iter(_STORED)))
+        return stored
+
+
+def clear_stored() -> None:
+    """Forget what this process mapped or loaded (as a new process would start)."""
+    _STORED.clear()
+    _training_set.cache_clear()
+
+
+def training_set(source: Any) -> Dataset:
+    """Every training row of a built data set converted (float32 features, int64 labels), kept
+    per process: the batched engine indexes one copy for all the runs of a batch."""
+    try:
+        return _training_set(source)
+    except TypeError:  # unhashable: not kept
+        return stored_dataset(source).train.dataset()
+
+
+@functools.lru_cache(maxsize=2)
+def _training_set(source: Any) -> Dataset:
+    return stored_dataset(source).train.dataset()
+
+
+def _stored(source: Any) -> Stored | Held:
+    check_available(source)
+    if not _cacheable(source):
+        return Held(*load_splits(source))
+    folder, description = _entry(source)
     stored = _open(folder)
     if stored is not None:
         return stored
-    arrays, scale, classes = _decode(name, data_dir)
+    arrays, scale = source.pixels()
+    classes = int(source.num_classes)
     try:
         if folder.exists():  # damaged: replaced
             shutil.rmtree(folder, ignore_errors=True)
@@ -222,17 +231,18 @@ def stored_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Stor
     )
 
 
-def verify_stored(name: str, data_dir: str | os.PathLike | None = None) -> Stored:
+def verify_stored(source: Any) -> Stored | Held:
     """:func:`stored_dataset`, with every cache file's SHA-256 checked against its manifest
     first; an entry that fails is built again. For a launcher, once before its clients start."""
-    _check_dataset_name(name)
-    folder, _ = _entry(name, data_dir)
-    try:
-        manifest = json.loads((folder / "manifest.json").read_text())
-        damaged = any(_digest(folder / f"{part}.u8") != manifest["files"][part]["sha256"] for part in _FILES)
-    except (OSError, ValueError, KeyError, TypeError):
-        damaged = folder.exists()
-    if damaged:
-        shutil.rmtree(folder, ignore_errors=True)
-        stored_dataset.cache_clear()
-    return stored_dataset(name, data_dir)
+    if _cacheable(source):
+        check_available(source)
+        folder, _ = _entry(source)
+        try:
+            manifest = json.loads((folder / "manifest.json").read_text())
+            damaged = any(_digest(folder / f"{part}.u8") != manifest["files"][part]["sha256"] for part in _FILES)
+        except (OSError, ValueError, KeyError, TypeError):
+            damaged = folder.exists()
+        if damaged:
+            shutil.rmtree(folder, ignore_errors=True)
+            clear_stored()
+    return stored_dataset(source)

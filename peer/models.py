@@ -3,35 +3,55 @@ parameters in ``named_parameters`` order): that is what travels and what rules a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
+from dfedrw.peer.registry import Registry
 
-def softmax_regression(in_features: int, num_classes: int, hidden: int) -> nn.Module:
+
+MODEL_REGISTRY = Registry(
+    "model", "dfedrw.models", required=(), supplied=("in_features", "num_classes", "hidden"), functions=True
+)
+"""The models by name: a builder function or an ``nn.Module`` class whose keyword parameters
+are its settings (``[train.NAME]``). ``in_features`` and ``num_classes`` come from the data set,
+``hidden`` from ``train.hidden``, each to a builder that takes it."""
+
+
+@MODEL_REGISTRY.register("softmax_regression")
+def softmax_regression(in_features: int, num_classes: int) -> nn.Module:
     """Multinomial logistic regression: one linear layer; cross-entropy supplies the softmax."""
     return nn.Sequential(nn.Linear(in_features, num_classes))
 
 
+@MODEL_REGISTRY.register("mlp")
 def mlp(in_features: int, num_classes: int, hidden: int) -> nn.Module:
-    """One hidden ReLU layer."""
+    """One hidden ReLU layer of ``train.hidden`` units."""
     return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
 
-MODELS: dict[str, Callable[[int, int, int], nn.Module]] = {
-    "softmax_regression": softmax_regression,
-    "mlp": mlp,
-}
+def make_model(name: str, in_features: int, num_classes: int, *, hidden: int = 64, params: Mapping[str, Any] | None = None) -> nn.Module:
+    """The model ``name`` built with its settings, its parameters as the builder initialised
+    them (the global RNG's draws). Raises ``ValueError`` for an unknown name, a bad setting, or
+    a builder that gives no ``nn.Module`` with parameters."""
+    supplied = {"in_features": in_features, "num_classes": num_classes, "hidden": hidden}
+    model = MODEL_REGISTRY.build(name, params, supplied)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model {name!r}: the builder returned {type(model).__name__}, not a torch.nn.Module")
+    if not any(True for _ in model.parameters()):
+        raise ValueError(f"model {name!r} has no parameters to train")
+    return model
 
 
-def build_model(name: str, in_features: int, num_classes: int, *, hidden: int = 64, seed: int = 0) -> nn.Module:
+def build_model(
+    name: str, in_features: int, num_classes: int, *, hidden: int = 64, seed: int = 0, params: Mapping[str, Any] | None = None
+) -> nn.Module:
     """Build a model with a seeded initialisation (the global RNG is left untouched)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](in_features, num_classes, hidden)
+        return make_model(name, in_features, num_classes, hidden=hidden, params=params)
 
 
 def get_vector(model: nn.Module) -> torch.Tensor:

@@ -11,13 +11,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dfedrw.topologies import Topology, build_topology
+from dfedrw.topologies import Topology
 
 if TYPE_CHECKING:
     from dfedrw.peer.config import AggregationConfig, Scenario
 
-# (features, classes) per dataset, so a Byzantine client knows the model layout without data.
-DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
+
+def dataset_shape(scenario: Scenario) -> tuple[int, int]:
+    """(features, classes) of the scenario's data set, as it declares them: what a client (a
+    Byzantine one holds no data) knows of the model layout without loading anything."""
+    from dfedrw.peer.datasets import scenario_dataset
+
+    source = scenario_dataset(scenario.data)
+    return int(source.num_features), int(source.num_classes)
 
 ROLES = ("honest", "byzantine")
 
@@ -34,8 +40,11 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 
 
 def scenario_topology(scenario: Scenario) -> Topology:
+    from dfedrw.peer.registry import settings_of
+    from dfedrw.peer.topology import build_topology
+
     t = scenario.topology
-    return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None)
+    return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None, params=settings_of(t.params, t.kind))
 
 
 def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int) -> int:

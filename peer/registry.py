@@ -51,6 +51,7 @@ __all__ = [
     "Registry",
     "Setting",
     "check_choice",
+    "settings_of",
     "check_int",
     "check_real",
 ]
@@ -252,6 +253,10 @@ class Registry(Mapping[str, type]):
             if p.name not in self.supplied_names
         ]
 
+    def parameters(self, name: str) -> list[Setting]:
+        """Every keyword parameter of ``name``'s constructor, supplied ones included."""
+        return [Setting(p.name, p.default, _annotation_text(p.annotation)) for p in _keyword_parameters(self.resolve(name))]
+
     def supplied(self, name: str) -> list[str]:
         """The supplied values the class takes."""
         return [p.name for p in _keyword_parameters(self.resolve(name)) if p.name in self.supplied_names]
@@ -342,6 +347,19 @@ class Registry(Mapping[str, type]):
                 }
             )
         return rows
+
+
+def settings_of(tables: tuple, name: str) -> dict[str, Any]:
+    """The settings of ``name`` from a scenario's frozen settings tables (``((name, ((setting,
+    value), ...)), ...)``, lists frozen as tuples), as TOML gave them."""
+
+    def thawed(value: Any) -> Any:
+        return [thawed(v) for v in value] if isinstance(value, tuple) else value
+
+    for table_name, items in tables:
+        if table_name == name:
+            return {k: thawed(v) for k, v in items}
+    return {}
 
 
 def _threat_text(cls: Any) -> str | None:

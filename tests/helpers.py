@@ -15,7 +15,7 @@ import numpy as np
 
 from rich.console import Console
 
-from dfedrw.peer.data import IDX_FILES
+from dfedrw.peer.datasets import IDX_FILES
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.2, detail: Callable[[], str] | None = None) -> None:
@@ -179,9 +179,9 @@ def write_idx(path: Path, array: np.ndarray, compress: bool) -> Path:
 def write_idx_dataset(directory: Path, compress: bool) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     arrays = {
-        "train_images": rng.integers(0, 256, size=(12, 3, 4), dtype=np.uint8),
+        "train_images": rng.integers(0, 256, size=(12, 28, 28), dtype=np.uint8),
         "train_labels": np.arange(12, dtype=np.uint8) % 10,
-        "test_images": rng.integers(0, 256, size=(5, 3, 4), dtype=np.uint8),
+        "test_images": rng.integers(0, 256, size=(5, 28, 28), dtype=np.uint8),
         "test_labels": np.array([9, 0, 1, 2, 3], dtype=np.uint8),
     }
     arrays["train_images"][0, 0, 0] = 255

@@ -4,6 +4,8 @@ The paper ("Experimental Settings") uses an Erdos-Renyi graph G(N, rho), N = ben
 Byzantine clients, rho = 0.7, re-drawn until the graph and its honest subgraph are both
 connected. Ring, complete and user-supplied edge lists are offered for other experiments.
 All builders are deterministic for the same arguments and never touch global RNG state.
+Which of them a scenario can name (``topology.kind``) is the registry of
+:mod:`dfedrw.peer.topology`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import networkx as nx
 import numpy as np
 
 __all__ = [
-    "TOPOLOGY_KINDS",
     "Topology",
-    "build_topology",
+    "check_usable",
     "complete",
     "erdos_renyi_connected",
     "place_byzantine",
@@ -27,9 +28,6 @@ __all__ = [
     "ring",
     "write_edgelist",
 ]
-
-TOPOLOGY_KINDS = ("erdos_renyi", "ring", "complete", "edgelist")
-
 
 def _check_count(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
@@ -189,7 +187,9 @@ def write_edgelist(graph: nx.Graph, path: str | os.PathLike) -> None:
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def _check_usable(graph: nx.Graph, byzantine: frozenset[int], kind: str, require_honest_connected: bool) -> None:
+def check_usable(graph: nx.Graph, byzantine: frozenset[int], kind: str, *, require_honest_connected: bool) -> None:
+    """Raise ValueError (naming ``kind``) unless ``graph`` is connected, every honest node has a
+    neighbour and, when required, the honest subgraph is connected."""
     if not nx.is_connected(graph):
         raise ValueError(f"{kind} topology: the graph is not connected")
     if require_honest_connected and not _honest_connected(graph, byzantine):
@@ -199,44 +199,3 @@ def _check_usable(graph: nx.Graph, byzantine: frozenset[int], kind: str, require
     lonely = [k for k in _honest_nodes(graph.number_of_nodes(), byzantine) if graph.degree(k) == 0]
     if lonely:
         raise ValueError(f"{kind} topology: honest clients {lonely} have no neighbour")
-
-
-def build_topology(
-    kind: str,
-    num_honest: int,
-    num_byzantine: int,
-    seed: int,
-    rho: float = 0.7,
-    file: str | os.PathLike | None = None,
-) -> Topology:
-    """Build the scenario's topology on ``num_honest + num_byzantine`` nodes.
-
-    Byzantine ids come from :func:`place_byzantine` with ``seed``; then the graph:
-    ``erdos_renyi`` (:func:`erdos_renyi_connected` with ``rho`` and ``seed``), ``ring``,
-    ``complete`` or ``edgelist`` (read from ``file``). The graph must be connected and every
-    honest client must have a neighbour; for ``erdos_renyi`` and ``edgelist`` the honest
-    subgraph must be connected too. A ring is not held to that: Byzantine nodes on a ring
-    may cut the honest clients apart, which is a legitimate experiment.
-    """
-    if kind not in TOPOLOGY_KINDS:
-        raise ValueError(f"unknown topology kind {kind!r}; valid choices: {', '.join(TOPOLOGY_KINDS)}")
-    num_honest = _check_count("num_honest", num_honest, 1)
-    num_byzantine = _check_count("num_byzantine", num_byzantine, 0)
-    n = num_honest + num_byzantine
-    if n < 2:
-        raise ValueError(f"a topology needs at least 2 clients so each has a neighbour, got {n}")
-    if kind == "edgelist" and file is None:
-        raise ValueError("topology kind 'edgelist' needs a file; set file to an edge-list path")
-    if kind != "edgelist" and file is not None:
-        raise ValueError(f"file={str(file)!r} is only used by topology kind 'edgelist', not {kind!r}")
-    byzantine = place_byzantine(n, num_byzantine, seed)
-    if kind == "erdos_renyi":
-        graph = erdos_renyi_connected(n, rho, byzantine, seed)
-    elif kind == "ring":
-        graph = ring(n)
-    elif kind == "complete":
-        graph = complete(n)
-    else:
-        graph = read_edgelist(file, n)
-    _check_usable(graph, byzantine, kind, require_honest_connected=kind in ("erdos_renyi", "edgelist"))
-    return Topology(graph=graph, byzantine=byzantine)

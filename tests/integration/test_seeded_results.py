@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.peer.data import DatasetUnavailable, check_dataset
+from dfedrw.peer.data import DatasetUnavailable
+from dfedrw.peer.datasets import check_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))

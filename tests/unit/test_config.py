@@ -31,7 +31,7 @@ def test_overrides_are_typed_by_toml_and_dotted():
     [
         ("data.nmae=digits", ["data.nmae", "name, dir, partition"]),
         ("bogus=1", ["bogus", "seed, rounds"]),
-        ("data.name=cifar", ["data.name", "digits, fashion-mnist, mnist"]),
+        ("data.name=cifar", ["data.name", "unknown dataset 'cifar'; valid choices: ['digits', 'fashion-mnist', 'mnist']"]),
         ("aggregation.crs=median", ["aggregation.crs", "softmax", "loss_clip_mean"]),
         ("data.partition=dirichlet:-1", ["dirichlet:ALPHA"]),
         ("data.partition=labelskew", ["iid, dirichlet:ALPHA or labelskew:H"]),

@@ -11,18 +11,15 @@ import pytest
 import torch
 
 from dfedrw.peer.data import (
-    TRAIN_SIZES,
-    DATASETS,
-    IDX_FILES,
     Dataset,
     DatasetUnavailable,
     aux_indices,
-    load_dataset,
     local_test_indices,
     parse_partition,
     partition,
     read_idx,
 )
+from dfedrw.peer.datasets import DATASET_REGISTRY, IDX_FILES, load_dataset
 from tests.helpers import idx_bytes, write_idx, write_idx_dataset
 
 # --------------------------------------------------------------------------------- IDX reader
@@ -95,7 +92,7 @@ def test_load_dataset_reads_idx_directory(tmp_path, name, compress):
     train, test = load_dataset(name, data_dir=tmp_path)
     # Assert
     assert train.x.dtype == torch.float32 and train.y.dtype == torch.int64
-    assert train.x.shape == (12, 12) and test.x.shape == (5, 12)
+    assert train.x.shape == (12, 784) and test.x.shape == (5, 784)
     assert train.num_classes == 10
     np.testing.assert_allclose(train.x.numpy(), arrays["train_images"].reshape(12, -1) / 255.0, rtol=1e-6)
     np.testing.assert_array_equal(test.y.numpy(), arrays["test_labels"])
@@ -149,7 +146,7 @@ def test_mnist_without_directory_says_how_to_get_it():
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(ValueError, match="cifar.*" + ".*".join(DATASETS)):
+    with pytest.raises(ValueError, match="cifar.*" + ".*".join(DATASET_REGISTRY.names())):
         load_dataset("cifar")
 
 
@@ -160,7 +157,7 @@ def test_digits_loads_fixed_stratified_split():
     # Assert
     assert len(train) + len(test) == 1797
     assert len(test) == 360
-    assert len(train) == TRAIN_SIZES["digits"]  # what a message may declare at most
+    assert len(train) == DATASET_REGISTRY.build("digits").train_size  # what a message may declare at most
     assert train.x.shape[1] == 64 and train.num_classes == 10
     assert 0.0 <= float(train.x.min()) and float(train.x.max()) <= 1.0
     assert torch.equal(train.x, train_again.x)
@@ -399,48 +396,48 @@ def _digests_of(files: dict[str, bytes]) -> dict[str, tuple]:
 
 
 def test_download_keeps_files_that_match_their_digests(monkeypatch, tmp_path):
-    import dfedrw.peer.data
+    import dfedrw.peer.datasets
     from dfedrw import peer
-    files = {f"{stem}.gz": _idx_gz(3 + i) for i, stem in enumerate(peer.data.IDX_FILES.values())}
-    monkeypatch.setitem(peer.data.IDX_DIGESTS, "mnist", _digests_of(files))
+    files = {f"{stem}.gz": _idx_gz(3 + i) for i, stem in enumerate(peer.datasets.IDX_FILES.values())}
+    monkeypatch.setattr(peer.datasets.MNIST, "digests", _digests_of(files))
     asked = _serve(monkeypatch, files)
-    peer.data.download_idx("mnist", tmp_path, base_url="http://mirror.invalid/mnist")
+    peer.datasets.download_idx("mnist", tmp_path, base_url="http://mirror.invalid/mnist")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
     assert all(u.startswith("http://mirror.invalid/mnist/") for u in asked) and len(asked) == 4
 
 
 def test_download_with_a_wrong_checksum_deletes_the_file_and_says_so(monkeypatch, tmp_path):
-    import dfedrw.peer.data
+    import dfedrw.peer.datasets
     from dfedrw import peer
-    stems = list(peer.data.IDX_FILES.values())
+    stems = list(peer.datasets.IDX_FILES.values())
     files = {f"{stem}.gz": _idx_gz(5) for stem in stems}
     digests = _digests_of(files)
     files[f"{stems[1]}.gz"] = _idx_gz(6)  # a valid IDX file, but not the one expected
-    monkeypatch.setitem(peer.data.IDX_DIGESTS, "mnist", digests)
+    monkeypatch.setattr(peer.datasets.MNIST, "digests", digests)
     _serve(monkeypatch, files)
     with pytest.raises(ValueError, match=rf"mnist: http://m/{stems[1]}.gz failed its checksum and was deleted \(sha256 of the decompressed file [0-9a-f]{{64}}, expected {digests[stems[1]][0][2]}\)"):
-        peer.data.download_idx("mnist", tmp_path, base_url="http://m/")
+        peer.datasets.download_idx("mnist", tmp_path, base_url="http://m/")
     assert [p.name for p in tmp_path.iterdir()] == [f"{stems[0]}.gz"]
 
 
 def test_mnist_digests_are_the_published_md5_of_the_gz(monkeypatch, tmp_path):
-    import dfedrw.peer.data
+    import dfedrw.peer.datasets
     from dfedrw import peer
     stem = "train-labels-idx1-ubyte"
-    assert peer.data.IDX_DIGESTS["mnist"][stem] == (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),)
-    _serve(monkeypatch, {f"{s}.gz": b"not gzip" for s in peer.data.IDX_FILES.values()})
+    assert peer.datasets.MNIST.digests[stem] == (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),)
+    _serve(monkeypatch, {f"{s}.gz": b"not gzip" for s in peer.datasets.IDX_FILES.values()})
     with pytest.raises(ValueError, match="md5 of the file [0-9a-f]{32}, expected f68b3c2d"):
-        peer.data.download_idx("mnist", tmp_path)
+        peer.datasets.download_idx("mnist", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(not DEBIAN_FMNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
 def test_debian_fashion_mnist_matches_the_recorded_digests(monkeypatch, tmp_path):
-    import dfedrw.peer.data
+    import dfedrw.peer.datasets
     from dfedrw import peer
-    for stem in peer.data.IDX_FILES.values():
-        assert peer.data.idx_digest_error("fashion-mnist", stem, DEBIAN_FMNIST / f"{stem}.gz") is None
+    for stem in peer.datasets.IDX_FILES.values():
+        assert peer.datasets.idx_digest_error("fashion-mnist", stem, DEBIAN_FMNIST / f"{stem}.gz") is None
     # A download serving those bytes is accepted as is.
     _serve(monkeypatch, {p.name: p.read_bytes() for p in DEBIAN_FMNIST.glob("*.gz")})
-    peer.data.download_idx("fashion-mnist", tmp_path)
+    peer.datasets.download_idx("fashion-mnist", tmp_path)
     assert len(list(tmp_path.glob("*.gz"))) == 4

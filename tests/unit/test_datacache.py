@@ -11,17 +11,27 @@ import pytest
 import torch
 
 from dfedrw.peer import datacache
-from dfedrw.peer.data import load_dataset
-from dfedrw.peer.datacache import CACHE_ENV, stored_dataset, verify_stored
+from dfedrw.peer.datacache import CACHE_ENV, clear_stored
+from dfedrw.peer.datacache import stored_dataset as stored_source
+from dfedrw.peer.datacache import verify_stored as verify_source
+from dfedrw.peer.datasets import build_dataset, load_dataset
 from tests.helpers import write_idx_dataset
+
+
+def stored_dataset(name, data_dir=None):
+    return stored_source(build_dataset(name, None, data_dir))
+
+
+def verify_stored(name, data_dir=None):
+    return verify_source(build_dataset(name, None, data_dir))
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    stored_dataset.cache_clear()
+    clear_stored()
     yield tmp_path / "cache"
-    stored_dataset.cache_clear()
+    clear_stored()
 
 
 @pytest.fixture
@@ -61,7 +71,7 @@ def test_an_entry_is_built_once_and_mapped_by_later_processes(cache, idx_dir):
     # Prepare
     first = stored_dataset("mnist", idx_dir)
     manifest = (first.folder / "manifest.json").stat().st_mtime_ns
-    stored_dataset.cache_clear()  # as a new process would
+    clear_stored()  # as a new process would
 
     # Execute
     second = stored_dataset("mnist", idx_dir)
@@ -75,7 +85,7 @@ def test_an_entry_is_built_once_and_mapped_by_later_processes(cache, idx_dir):
 def test_replaced_source_files_get_a_new_entry(cache, idx_dir):
     # Prepare
     old = stored_dataset("mnist", idx_dir)
-    stored_dataset.cache_clear()
+    clear_stored()
     path = next(idx_dir.glob("train-images*"))
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
 
@@ -91,7 +101,7 @@ def test_a_damaged_entry_is_found_and_built_again(cache, idx_dir, damage):
     # Prepare
     train, _ = load_dataset("mnist", idx_dir)
     folder = stored_dataset("mnist", idx_dir).folder
-    stored_dataset.cache_clear()
+    clear_stored()
     data = bytearray((folder / "train_x.u8").read_bytes())
     if damage == "flip":
         data[5] ^= 0xFF
@@ -107,14 +117,14 @@ def test_a_damaged_entry_is_found_and_built_again(cache, idx_dir, damage):
     # Assert
     assert_same(stored.train.dataset(), train)
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["files"]["train_x"]["shape"] == [12, 12]
+    assert manifest["files"]["train_x"]["shape"] == [12, 784]
 
 
 def test_a_size_mismatch_is_caught_without_hashing(cache, idx_dir):
     # Prepare: a truncated file, opened by a process that does not verify digests
     train, _ = load_dataset("mnist", idx_dir)
     folder = stored_dataset("mnist", idx_dir).folder
-    stored_dataset.cache_clear()
+    clear_stored()
     (folder / "test_y.u8").write_bytes(b"")
 
     # Execute
@@ -127,8 +137,9 @@ def test_a_size_mismatch_is_caught_without_hashing(cache, idx_dir):
 
 def test_two_builders_at_once_leave_one_complete_entry(cache, idx_dir):
     # Prepare: another process finished the same entry first
-    arrays, scale, classes = datacache._decode("mnist", idx_dir)
-    folder, description = datacache._entry("mnist", idx_dir)
+    source = build_dataset("mnist", None, idx_dir)
+    (arrays, scale), classes = source.pixels(), source.num_classes
+    folder, description = datacache._entry(source)
     datacache._write(folder, arrays, scale, classes, description)
 
     # Execute
@@ -144,12 +155,12 @@ def test_without_a_writable_cache_the_arrays_stay_in_memory(tmp_path, monkeypatc
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv(CACHE_ENV, str(blocker))
-    stored_dataset.cache_clear()
+    clear_stored()
     train, test = load_dataset("mnist", idx_dir)
 
     # Execute
     stored = stored_dataset("mnist", idx_dir)
-    stored_dataset.cache_clear()
+    clear_stored()
 
     # Assert
     assert stored.folder is None

@@ -5,10 +5,9 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
+from dfedrw.peer.topology import TOPOLOGY_REGISTRY, build_topology
 from dfedrw.topologies import (
-    TOPOLOGY_KINDS,
     Topology,
-    build_topology,
     complete,
     erdos_renyi_connected,
     place_byzantine,
@@ -201,7 +200,7 @@ def test_build_topology_edgelist_disconnected_graph_is_rejected(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(kind="torus", num_honest=4, num_byzantine=0), "valid choices: " + ", ".join(TOPOLOGY_KINDS)),
+        (dict(kind="torus", num_honest=4, num_byzantine=0), r"unknown topology 'torus'; valid choices: \[" + ", ".join(repr(k) for k in sorted(TOPOLOGY_REGISTRY)) + r"\]"),
         (dict(kind="edgelist", num_honest=4, num_byzantine=0), "needs a file"),
         (dict(kind="ring", num_honest=4, num_byzantine=0, file="x.txt"), "only used by"),
         (dict(kind="complete", num_honest=1, num_byzantine=0), "at least 2 clients"),
