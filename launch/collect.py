@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dfedrw.peer.transports import scenario_transport
 from dfedrw.peer.config import Scenario, load_scenario
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import read_final, read_rounds, summarize, write_json_atomic
@@ -44,7 +45,8 @@ def collect_summary(
         out_dir, roles=roles, pids=pids, exit_codes=exit_codes or {}, rounds=scenario.rounds, wall_seconds=wall_seconds
     )
     # Whether senders were authenticated: a reader of the summary must not have to guess.
-    summary["tls"] = scenario.network.tls if scenario.network.transport == "grpc" else f"n/a ({scenario.network.transport} transport)"
+    uses_tls = scenario_transport(scenario).uses_tls
+    summary["tls"] = scenario.network.tls if uses_tls else f"n/a ({scenario.network.transport} transport)"
     summary["engine"] = scenario.engine.name
     summary.update(extra or {})
     write_json_atomic(out_dir / "summary.json", summary)

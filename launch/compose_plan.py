@@ -12,6 +12,7 @@ from pathlib import Path
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import DatasetUnavailable
 from dfedrw.peer.datasets import scenario_dataset
+from dfedrw.peer.transports import scenario_transport
 from dfedrw.peer.identity import CA_FILE, cert_file, key_file
 from dfedrw.peer.collusion import colluding_group
 from dfedrw.peer.plan import scenario_topology
@@ -208,10 +209,10 @@ def container_scenario(scenario: Scenario) -> tuple[Scenario, list[Mount], dict[
     """The scenario as the containers run it, the read-only bind mounts every service has (the
     results folders are per service: see :func:`render_compose`), and the host files to copy
     into the compose folder (name in the folder -> source)."""
-    if scenario.network.transport != "grpc":
+    if scenario_transport(scenario).placement != "processes":
         raise ValueError(
-            f"compose: network.transport={scenario.network.transport!r}; containers talk over gRPC, "
-            "set network.transport=grpc"
+            f"compose: network.transport={scenario.network.transport!r} does not run clients as processes; "
+            "containers talk over the network: set network.transport=grpc"
         )
     mounts = [Mount("./scenario.toml", SCENARIO_PATH)]
     copies: dict[str, Path] = {}

@@ -23,7 +23,7 @@ from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.node import Client, start_and_run
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.rendezvous import SharedRendezvous
-from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
+from dfedrw.peer.transports import TRANSPORT_REGISTRY, scenario_transport
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,12 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console, tensorboa
     # Clients put one event per round here; the loop below drains it every 0.2 s instead of
     # being woken for each (a wake-up per client-round costs the clients thread switches).
     events: queue.SimpleQueue = queue.SimpleQueue()
-    hub = InprocHub()
+    kind, transport_name = scenario_transport(scenario), scenario.network.transport
+    if kind.placement != "threads":  # a scenario of another transport runs over the in-process one
+        kind, transport_name = TRANSPORT_REGISTRY.build("inproc"), "inproc"
+    network = kind.network(scenario)
     peers = {
-        k: Client(scenario, k, out_dir, transport=InprocTransport(hub, f"inproc:{k}"), link=QueueLink(events), tensorboard=tensorboard)
+        k: Client(scenario, k, out_dir, transport=kind.thread_transport(network, k), link=QueueLink(events), tensorboard=tensorboard)
         for k in roles
     }
     # Every client publishes its address once its server is up and waits for the others'.
@@ -111,6 +114,6 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console, tensorboa
         pids={k: os.getpid() for k in roles},
         exit_codes=exit_codes,
         wall_seconds=time.monotonic() - start,
-        extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "inproc"},
+        extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": transport_name},
     )
     return summary

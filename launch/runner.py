@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
+from dfedrw.peer.transports import scenario_transport
 from dfedrw.launch.collect import write_tensorboard_mean
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.config import Scenario
@@ -45,16 +46,18 @@ def run_scenario(
         require_tensorboard()
         check_fresh_event_dir(tensorboard, range(scenario.num_clients))
     check_fresh_out_dir(out, range(scenario.num_clients))
-    if scenario.network.transport == "torch" and scenario.engine.name == "clients":
+    placement = scenario_transport(scenario).placement
+    if placement == "torchrun" and scenario.engine.name == "clients":
         raise ValueError(
-            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
+            f"network.transport = {scenario.network.transport!r} runs only under torchrun: "
+            "torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
         )
     console = console or Console(stderr=True)
     if scenario.engine.name == "batched":
         from dfedrw.launch.batched import run_batched
 
         summary = run_batched(scenario, out, console=console, tensorboard=tensorboard)
-    elif scenario.network.transport == "inproc":
+    elif placement == "threads":
         from dfedrw.launch.inproc import run_inproc
 
         summary = run_inproc(scenario, out, console=console, tensorboard=tensorboard)

@@ -34,12 +34,12 @@ from dfedrw.launch.collect import collect_summary, collected_now, write_tensorbo
 from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
 from dfedrw.peer.identity import make_certificates
-from dfedrw.peer.assembly import client_identity, grpc_transport_for, scenario_colluders
+from dfedrw.peer.assembly import client_identity
 from dfedrw.peer.node import run_client
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.results import check_fresh_out_dir
 from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
-from dfedrw.peer.transport.torchdist import TorchDistTransport
+from dfedrw.peer.transports import scenario_colluders, scenario_transport
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def pick_device(env: RankEnv) -> torch.device:
 def shared_certificates(scenario: Scenario, store, rank: int, out_dir: Path, certs: Path | None, timeout: float) -> Path | None:
     """The run's certificate folder: the one given (``dfedrw certs``, copied to every node), or,
     when none is given, one rank 0 makes in the results folder, which every rank shares."""
-    if scenario.network.transport != "grpc" or scenario.network.tls == "off":
+    if not scenario_transport(scenario).uses_tls or scenario.network.tls == "off":
         return None
     if certs is not None:
         return Path(certs)
@@ -256,30 +256,21 @@ def transport_edges(scenario: Scenario) -> list[tuple[int, int]]:
 
 def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: Mapping[str, str], certs: Path | None = None):
     net = scenario.network
-    if net.transport == "grpc":
+    kind = scenario_transport(scenario)
+    if kind.placement == "processes":
         host, advertise = listen_and_advertise(net.host, env, environ.get("DFEDRW_ADVERTISE") or None)
-        return grpc_transport_for(
-            scenario, host, 0, advertise=advertise, identity=client_identity(scenario, certs, env.rank), client=env.rank
+        return kind.process_transport(
+            scenario, env.rank, host=host, port=0, advertise=advertise, identity=client_identity(scenario, certs, env.rank)
         )
-    if net.transport == "torch":
+    if kind.placement == "torchrun":
         if device.type == "cuda" and env.local_world_size > torch.cuda.device_count():
             # NCCL refuses two ranks on one GPU; the messages go through gloo on the CPU instead.
             log.warning(
                 "client %d: %d ranks on %d GPUs; the torch transport uses gloo", env.rank, env.local_world_size, torch.cuda.device_count()
             )
             device = torch.device("cpu")
-        return TorchDistTransport(
-            env.rank,
-            transport_edges(scenario),
-            device=device,
-            # A neighbour may be silent (e.g. an attacker with nothing to answer) for the
-            # whole run, in the worst case every round at its deadline.
-            timeout=net.connect_timeout + scenario.rounds * 2 * net.round_timeout,
-            max_message_bytes=net.max_message_bytes,
-            max_messages=scenario.rounds,
-            linger=finish_skew(scenario),
-        )
-    raise ValueError(f"network.transport = {net.transport!r} cannot run under torchrun; use 'grpc' or 'torch'")
+        return kind.rank_transport(scenario, env.rank, edges=transport_edges(scenario), device=device, linger=finish_skew(scenario))
+    raise ValueError(f"network.transport = {net.transport!r} cannot run under torchrun: it runs its clients as {kind.placement}")
 
 
 def run_torchrun(
@@ -303,8 +294,9 @@ def run_torchrun(
             f"torchrun started WORLD_SIZE={env.world_size} ranks but the scenario has {scenario.num_clients} clients "
             f"(topology.honest + topology.byzantine); use --nproc-per-node (x --nnodes) = {scenario.num_clients}"
         )
-    if scenario.network.transport not in ("grpc", "torch"):
-        raise ValueError(f"network.transport = {scenario.network.transport!r} cannot run under torchrun; use 'grpc' or 'torch'")
+    placement = scenario_transport(scenario).placement
+    if placement not in ("processes", "torchrun"):
+        raise ValueError(f"network.transport = {scenario.network.transport!r} cannot run under torchrun: it runs its clients as {placement}")
     out_dir = Path(out_dir)
     # Every rank writes into the same folder at once: each checks only its own round log.
     check_fresh_out_dir(out_dir, [env.rank])

@@ -1,5 +1,5 @@
 """A client's parts, built from its scenario: what every launcher needs besides the client's
-round loop (:mod:`peer.node`). Transport, identity, rule or attack, initial model, data (each
+round loop (:mod:`peer.node`). Identity, rule or attack, initial model, data (each
 honest client's shard, auxiliary subset and test sets), what a Byzantine client claims and
 records. The batched engine builds its clients from the same functions, so that every engine
 draws the same partition, models and attacks."""
@@ -7,7 +7,6 @@ draws the same partition, models and attacks."""
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,87 +16,19 @@ import numpy as np
 import torch
 
 from dfedrw.peer.attacks import AttackerData, AttackView
-from dfedrw.peer.collusion import colluding_group
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.datacache import StoredSplit, stored_dataset
 from dfedrw.peer.datasets import scenario_dataset
-from dfedrw.peer.identity import ClientIdentity, IdentityError, load_identity
-from dfedrw.peer.models import build_model, make_model
-from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_topology, told_byzantine
+from dfedrw.peer.identity import ClientIdentity, load_identity
+from dfedrw.peer.models import build_model
+from dfedrw.peer.plan import dataset_shape, derive_seed, told_byzantine
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
 from dfedrw.peer.training import VectorEvaluator
-from dfedrw.peer.transport.grpc_admission import CallLimits
-from dfedrw.peer.transport.grpc_transport import GrpcTransport
-from dfedrw.peer.transport.serde import Plausible, TensorSpec, model_specs, pool_bytes
+from dfedrw.peer.transport.serde import Plausible
 from dfedrw.topologies import Topology
 
-log = logging.getLogger(__name__)
-
-
-def grpc_transport_for(
-    scenario: Scenario,
-    host: str,
-    port: int,
-    *,
-    advertise: str | None = None,
-    identity: ClientIdentity | None = None,
-    client: int | None = None,
-) -> GrpcTransport:
-    """The gRPC transport with the scenario's limits. Each sender gets its own call slots (its
-    ``Exchange`` call, which stays open for the whole run, and ``network.calls_per_sender``
-    pushes) and a message bucket of ``round_window + 2`` messages a round (one is honest);
-    the server's bound on concurrent calls leaves room for every client's slots. With
-    ``network.tls = "mutual"`` it needs the client's ``identity``. ``client`` (default: the
-    identity's) is whose transport it is: a colluding Byzantine client receives pools of up to
-    one model per client, every other client one model a message."""
-    net = scenario.network
-    if net.tls == "mutual" and identity is None:
-        raise IdentityError("network.tls = 'mutual' needs this client's certificate: give --certs DIR (made by `dfedrw certs`)")
-    if net.tls == "off":
-        log.warning(
-            "network.tls = 'off': no sender is authenticated, so any process that reaches this client can send models "
-            "in a neighbour's name; use it for debugging only"
-        )
-        identity = None
-    per_round = net.round_window + 2
-    limits = CallLimits(
-        calls_per_sender=net.calls_per_sender,
-        idle_call_timeout=net.idle_call_timeout,
-        burst=4 * per_round,
-        per_round=float(per_round),
-        per_second=per_round / net.round_timeout,
-        block_seconds=min(5 * net.round_timeout, 300.0),
-        # Without TLS a sender is an IP address: every client of the run may share one host.
-        shared_host=1 if identity is not None else scenario.num_clients,
-    )
-    # A receiver buffers at most one message's worth per open call: the model's size, which is
-    # all an honest message holds, not the scenario's far larger ceiling.
-    model_bytes = sum(s.nbytes for s in scenario_model_specs(scenario))
-    client = identity.client if client is None and identity is not None else client
-    if client is not None and client in scenario_colluders(scenario):
-        model_bytes = pool_bytes(scenario_model_specs(scenario), scenario.num_clients)
-    return GrpcTransport(
-        host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-        max_message_bytes=min(net.max_message_bytes, model_bytes), max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
-        advertise=advertise, identity=identity, limits=limits,
-    )
-
-
-def scenario_colluders(scenario: Scenario) -> tuple[int, ...]:
-    """The colluding Byzantine clients of the scenario (every one with ``attack.colluding``, else ())."""
-    return colluding_group(scenario_topology(scenario).byzantine, scenario.attack.colluding)
-
-
-def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
-    """The wire layout of the scenario's model, from a model on the meta device (no memory,
-    no initialisation)."""
-    features, classes = dataset_shape(scenario)
-    t = scenario.train
-    with torch.device("meta"):
-        model = make_model(t.model, features, classes, hidden=t.hidden, params=settings_of(t.model_params, t.model))
-    return model_specs(model)
 
 
 def client_identity(scenario: Scenario, certs: Path | None, client: int) -> ClientIdentity | None:

@@ -55,12 +55,11 @@ from dfedrw.peer.config_tables import Params, checked_params, parse_class_tables
 from dfedrw.peer.datasets import build_dataset
 from dfedrw.peer.registry import Setting
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
+from dfedrw.peer.transports import TRANSPORT_REGISTRY
 from dfedrw.peer.config_checks import (
     MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, check_choice_of, check_in_range, coerce_value,
 )
 
-# "torch" (torch.distributed point-to-point) is valid only for clients started by torchrun.
-TRANSPORTS = ("grpc", "inproc", "torch")
 
 
 @dataclass(frozen=True)
@@ -186,9 +185,16 @@ class NetworkConfig:
     # Open Push/PushOne calls a receiver allows each sender at once (besides its one Exchange
     # call); a call beyond is refused at once.
     calls_per_sender: int = 2
+    # The settings tables [network.NAME] of transports (every one given is checked, the named
+    # one is used).
+    transport_params: Params = ()
 
     def __post_init__(self) -> None:
-        check_choice_of("network.transport", self.transport, TRANSPORTS)
+        settings = checked_params("transport", self.transport, self.transport_params, "network.transport")
+        try:
+            TRANSPORT_REGISTRY.build(self.transport, settings)
+        except ValueError as exc:
+            raise ScenarioError(f"[network.{toml_key(self.transport)}]: {' '.join(str(exc).split())}") from None
         check_in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
         check_choice_of("network.tls", self.tls, ("mutual", "off"))
         check_in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
@@ -319,7 +325,10 @@ _SECTIONS: dict[str, type] = {
 _TOP_SCALARS = ("seed", "rounds")
 # Sections that choose a class by name and hold its settings tables [SECTION.NAME]:
 # section -> (the kind of class, the field holding the tables).
-_CLASS_TABLES = {"data": ("dataset", "params"), "train": ("model", "model_params"), "topology": ("topology", "params")}
+_CLASS_TABLES = {
+    "data": ("dataset", "params"), "train": ("model", "model_params"), "topology": ("topology", "params"),
+    "network": ("transport", "transport_params"),
+}
 
 
 

@@ -14,6 +14,7 @@ from dfedrw.peer.config_checks import ScenarioError
 from dfedrw.peer.datasets import DATASET_REGISTRY
 from dfedrw.peer.models import MODEL_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
+from dfedrw.peer.transports import TRANSPORT_REGISTRY
 
 
 # A class's settings table, frozen so the configs stay hashable: ((class name, ((setting,
@@ -24,7 +25,7 @@ Params = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
 
 KIND_REGISTRY: dict[str, Registry] = {
     "rule": RULE_REGISTRY, "tpm": TPM_REGISTRY, "crs": CRS_REGISTRY, "attack": ATTACK_REGISTRY,
-    "dataset": DATASET_REGISTRY, "model": MODEL_REGISTRY, "topology": TOPOLOGY_REGISTRY,
+    "dataset": DATASET_REGISTRY, "model": MODEL_REGISTRY, "topology": TOPOLOGY_REGISTRY, "transport": TRANSPORT_REGISTRY,
 }
 
 
@@ -130,7 +131,7 @@ def settings_tables(params: Params) -> dict[str, dict[str, Any]]:
 
 def parse_class_tables(section: str, table: Mapping[str, Any], fields: Sequence[str], kind: str) -> tuple[dict[str, Any], Params]:
     """A section whose class is chosen by one of its keys (``[data]``'s ``name``, ``[train]``'s
-    ``model``, ``[topology]``'s ``kind``): (its plain keys, the frozen settings tables of the
+    ``model``, ``[topology]``'s ``kind``, ``[network]``'s ``transport``): (its plain keys, the frozen settings tables of the
     classes it gives one, ``[SECTION.NAME]``). An unknown key names the valid ones."""
     registry = KIND_REGISTRY[kind]
     tables = SettingsTables({}, ())

@@ -30,7 +30,7 @@ import torch
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.assembly import (
     attack_generator, byzantine_claims, byzantine_record, client_attack, client_data, client_identity, client_rule, finite_or_none,
-    grpc_transport_for, initial_model, known_mean, scenario_plausible,
+    initial_model, known_mean, scenario_plausible,
 )
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
@@ -43,6 +43,7 @@ from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezv
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.telemetry import LauncherLink, NullLink
+from dfedrw.peer.transports import scenario_transport
 from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.inbox import Inbox
@@ -543,12 +544,16 @@ def run_grpc_client(
     if (rendezvous is None) == (addresses is None):
         raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
     net = scenario.network
-    if net.transport == "torch":
-        raise ValueError(
-            "network.transport = 'torch' runs only under torchrun: torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
-        )
-    transport = grpc_transport_for(
-        scenario, net.host, listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id), client=client_id
+    kind = scenario_transport(scenario)
+    if kind.placement != "processes":
+        if kind.placement == "torchrun":
+            raise ValueError(
+                f"network.transport = {net.transport!r} runs only under torchrun: "
+                "torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
+            )
+        raise ValueError(f"network.transport = {net.transport!r} runs its clients as {kind.placement}, not as processes")
+    transport = kind.process_transport(
+        scenario, client_id, host=net.host, port=listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
     )
     link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
     meeting = (

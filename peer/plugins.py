@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
