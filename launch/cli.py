@@ -109,7 +109,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from dfedrw.peer.plugins import list_registered, sync_readme
+    from dfedrw.peer.catalog import list_registered, sync_readme
 
     if args.readme:
         fresh = sync_readme(args.readme)
@@ -173,7 +173,10 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     sm.set_defaults(func=cmd_summarize)
 
     ls = sub.add_parser("list", help="list the registered rules, TPMs, CRSs and attacks with their settings")
-    ls.add_argument("kind", nargs="?", choices=("rules", "tpms", "crs", "attacks"), help="one kind (default: all)")
+    ls.add_argument(
+        "kind", nargs="?", choices=("rules", "tpms", "crs", "attacks", "datasets", "models", "topologies", "transports"),
+        help="one kind (default: all)",
+    )
     ls.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS", help="also describe this import path (repeatable)")
     ls.add_argument("--module", action="append", default=[], metavar="MODULE", help="import this module first, e.g. one that registers classes (repeatable)")
     ls.add_argument("--markdown", action="store_true", help="print the markdown tables of docs/reference.md")

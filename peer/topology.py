@@ -33,8 +33,9 @@ TOPOLOGY_REGISTRY = Registry(
 
 @TOPOLOGY_REGISTRY.register("erdos_renyi")
 def erdos_renyi(num_clients: int, byzantine: frozenset[int], seed: int, rho: float) -> nx.Graph:
-    """Erdos-Renyi G(N, rho) (``topology.rho``), re-drawn until it and its honest subgraph are
-    connected (the paper's setting, rho = 0.7)."""
+    """Erdos-Renyi G(N, rho), re-drawn until it and its honest subgraph are connected.
+
+    ``rho`` is ``topology.rho`` (the paper's setting: 0.7)."""
     return erdos_renyi_connected(num_clients, rho, byzantine, seed)
 
 

@@ -77,8 +77,9 @@ class TransportKind:
 
 @TRANSPORT_REGISTRY.register("grpc")
 class Grpc(TransportKind):
-    """gRPC over TCP, one process per client: mutual TLS with the run's own certificates
-    (``network.tls``), the server's admission limits, chunked streams; the real network."""
+    """gRPC over TCP, one process per client, mutual TLS: the real network.
+
+    The run's own certificates (``network.tls``), the server's admission limits, chunked streams."""
 
     placement: ClassVar[str] = "processes"
     uses_tls: ClassVar[bool] = True
@@ -91,8 +92,9 @@ class Grpc(TransportKind):
 
 @TRANSPORT_REGISTRY.register("inproc")
 class Inproc(TransportKind):
-    """Every client a thread of one process, messages handed over in memory (encoded and
-    checked as on gRPC): fast tests and the parity reference."""
+    """Every client a thread of one process, messages handed over in memory.
+
+    Encoded and checked as on gRPC: fast tests and the parity reference."""
 
     placement: ClassVar[str] = "threads"
 
@@ -109,8 +111,9 @@ class Inproc(TransportKind):
 
 @TRANSPORT_REGISTRY.register("torch")
 class TorchDistributed(TransportKind):
-    """``torch.distributed`` point-to-point between torchrun ranks (gloo, or NCCL on GPUs);
-    senders are the ranks the process groups name. Only under torchrun."""
+    """``torch.distributed`` point-to-point between torchrun ranks; only under torchrun.
+
+    gloo, or NCCL on GPUs; senders are the ranks the process groups name."""
 
     placement: ClassVar[str] = "torchrun"
 

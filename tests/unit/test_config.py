@@ -1,11 +1,12 @@
 import math
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.config import ScenarioError, dump_scenario, load_scenario, scenario_from_dict
+from dfedrw.peer.config import ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
 from dfedrw.peer.overrides import parse_override
 
 
@@ -350,3 +351,66 @@ def test_override_keys_are_toml_dotted_keys(text, path, value):
 def test_an_override_without_a_key_is_one_clear_error(text):
     with pytest.raises(ScenarioError, match="must look like key=value"):
         parse_override(text)
+
+
+# -- the settings tables of data sets, models, topologies and transports -------------------------
+
+PLUGINS = Path(__file__).resolve().parents[2] / "examples" / "plugins"
+
+
+def test_a_scenario_without_class_tables_is_written_and_identified_as_before():
+    from dfedrw.peer.config import Scenario, scenario_to_dict
+
+    table = scenario_to_dict(load_scenario(None))
+    assert "params" not in table["data"] and "params" not in table["topology"]
+    assert "model_params" not in table["train"] and "transport_params" not in table["network"]
+    assert scenario_changes(Scenario()) == {}
+
+
+def test_class_tables_of_every_section_load_round_trip_and_enter_the_identity(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    s = load_scenario(
+        PLUGINS / "kinds.toml",
+        ['network.transport="mylab_plugins:LossyInproc"', 'network."mylab_plugins:LossyInproc".drop=0.25'],
+    )
+    assert dict(dict(s.data.params)["mylab_plugins:Blobs"]) == {"spread": 1.5}  # features, classes: the defaults
+    assert dict(dict(s.train.model_params)["mylab_plugins:TwoLayer"]) == {"width": 24}
+    assert dict(dict(s.network.transport_params)["mylab_plugins:LossyInproc"]) == {"drop": 0.25}
+    dump_scenario(s, tmp_path / "s.toml")
+    assert load_scenario(tmp_path / "s.toml") == s
+    changes = scenario_changes(s)
+    # A table that sets only defaults is no change: small_world's neighbours = 4, rewire = 0.2.
+    assert changes["topology"]["kind"] == "mylab_plugins:small_world" and "mylab_plugins:small_world" not in changes["topology"]
+    assert changes["train"]["mylab_plugins:TwoLayer"] == {"width": 24}
+    assert scenario_changes(load_scenario(PLUGINS / "kinds.toml", ['train."mylab_plugins:TwoLayer".width=8'])) != scenario_changes(
+        load_scenario(PLUGINS / "kinds.toml")
+    )
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("data.digits.size=3", ["data.digits.size", "dataset 'digits' has no setting 'size'"]),
+        ("train.mlp.width=3", ["train.mlp.width", "model 'mlp' has no setting 'width'"]),
+        ("topology.ring.hub=0", ["topology.ring.hub", "topology 'ring' has no setting 'hub'"]),
+        ("network.grpc.delay=1", ["network.grpc.delay", "transport 'grpc' has no setting 'delay'"]),
+        ("data.shape=3", ["unknown key 'data.shape'", "a dataset's settings table"]),
+        ('data.name="nowhere_mod:Data"', ["data.name", "cannot import module 'nowhere_mod'"]),
+        ('train.model="svm"', ["train.model", "unknown model 'svm'", "'mlp'"]),
+        ('topology.kind="torus"', ["topology.kind", "unknown topology 'torus'", "'ring'"]),
+        ('network.transport="udp"', ["network.transport", "unknown transport 'udp'", "'grpc'", "'inproc'", "'torch'"]),
+        ("topology.kind=edgelist", ["topology.kind='edgelist' needs topology.file"]),
+        ('topology.file="edges.txt"', ["topology.file", "only read by a topology that takes a file"]),
+    ],
+)
+def test_bad_class_choices_and_settings_name_the_key(override, words):
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(None, [override])
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_class_setting_the_class_refuses_is_one_line_naming_the_table(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    with pytest.raises(ScenarioError, match=r'^\[data\."mylab_plugins:Blobs"\]: Blobs: classes must be an integer >= 2, got 1$'):
+        load_scenario(PLUGINS / "kinds.toml", ['data."mylab_plugins:Blobs".classes=1'])
