@@ -24,6 +24,21 @@ def fmt(x: float, digits: int) -> str:
     return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
+def accuracy_cell(table: Table, row: tuple[str, ...], column: str, *, bold: bool = False) -> str:
+    """An accuracy cell as the tables print it: ``mean ± std`` over seeds (2 decimals, the mean
+    bold when asked), ``[n=k]`` where a cell has fewer seeds than the most."""
+    cell = table.cells.get((row, column))
+    if cell is None:
+        return NOT_IN_GRID
+    if not cell.n:
+        return MISSING
+    head = fmt(cell.mean(table.metric), 2)
+    if bold:
+        head = f"**{head}**"
+    flag = f" [n={cell.n}]" if cell.n < table.n_max() else ""
+    return f"{head} ± {fmt(cell.std(table.metric), 2)}{flag}"
+
+
 def signed(x: float, digits: int) -> str:
     text = f"{x:+.{digits}f}"
     return "+" + text[1:] if float(text) == 0 else text

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from dfedrw.experiments.formatting import MAX_NOT_STARTED_LISTED as MAX_NOT_STARTED_LISTED  # re-exported
-from dfedrw.experiments.formatting import MISSING, NOT_IN_GRID, missing_lines, seed_note
+from dfedrw.experiments.formatting import MISSING, NOT_IN_GRID, accuracy_cell, missing_lines, seed_note
 from dfedrw.experiments.formatting import cells_csv
 from dfedrw.experiments.formatting import csv_text as _csv
 from dfedrw.experiments.formatting import fmt as _fmt
@@ -313,15 +313,14 @@ def _best_columns(table: Table, row: tuple[str, ...]) -> set[str]:
 
 def cell_text(table: Table, row: tuple[str, ...], column: str, *, bold: bool = False) -> str:
     """One cell as the paper prints it; ``[n=k]`` marks a cell with fewer seeds than the most."""
+    if table.kind != "fairness":
+        return accuracy_cell(table, row, column, bold=bold)
     cell = table.cells.get((row, column))
     if cell is None:
         return NOT_IN_GRID
     if not cell.n:
         return MISSING
-    if table.kind == "fairness":
-        head, tail = _fmt(cell.mean(table.variance_key), 3), f" ({_fmt(cell.mean(table.metric), 3)})"
-    else:
-        head, tail = _fmt(cell.mean(table.metric), 2), f" ± {_fmt(cell.std(table.metric), 2)}"
+    head, tail = _fmt(cell.mean(table.variance_key), 3), f" ({_fmt(cell.mean(table.metric), 3)})"
     if bold:
         head = f"**{head}**"
     flag = f" [n={cell.n}]" if cell.n < table.n_max() else ""

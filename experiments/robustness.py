@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfedrw.experiments.formatting import (
+    accuracy_cell,
     cells_csv,
     MISSING, NOT_IN_GRID, csv_text, fmt, md_header, md_row, missing_lines, seed_note, share, signed,
 )
@@ -98,19 +99,6 @@ def overall(table: Table) -> list[tuple[str, dict[tuple[str, ...], Worst], Worst
 
 # ---------------------------------------------------------------------------------------------
 # Text
-
-
-def _acc_cell(table: Table, row: tuple[str, ...], column: str, *, bold: bool = False) -> str:
-    cell = table.cells.get((row, column))
-    if cell is None:
-        return NOT_IN_GRID
-    if not cell.n:
-        return MISSING
-    head = fmt(cell.mean(table.metric), 2)
-    if bold:
-        head = f"**{head}**"
-    flag = f" [n={cell.n}]" if cell.n < table.n_max() else ""
-    return f"{head} ± {fmt(cell.std(table.metric), 2)}{flag}"
 
 
 def _share_cell(table: Table, row: tuple[str, ...], column: str) -> str:
@@ -214,7 +202,7 @@ def render_markdown(table: Table) -> str:
         for row in rows:
             w = worst_case(table, row)
             bold_worst = w is not None and top is not None and _ranked(table, row) and fmt(w.value, 2) == fmt(top, 2)
-            cells = [_acc_cell(table, row, c, bold=(row, c) in best) for c in table.columns]
+            cells = [accuracy_cell(table, row, c, bold=(row, c) in best) for c in table.columns]
             lines.append(md_row([table.row_label(row)[-1], *cells, _worst_text(table, w, bold=bold_worst)]))
         lines += ["", "Byzantine weight share:", ""]
         lines += md_header([defence_head, *attack_heads])
@@ -279,7 +267,7 @@ def render_csv(table: Table) -> str:
     out = [[*heads, *(table.column_label(c) for c in table.columns), "Worst case"]]
     for _, rows in groups(table):
         for row in rows:
-            cells = [_acc_cell(table, row, c) for c in table.columns]
+            cells = [accuracy_cell(table, row, c) for c in table.columns]
             out.append([*table.row_label(row), *cells, _worst_text(table, worst_case(table, row))])
     return csv_text(out)
 

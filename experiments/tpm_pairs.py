@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfedrw.experiments.formatting import (
-    cells_csv,
-    MISSING, NOT_IN_GRID, csv_text, fmt, md_header, md_row, missing_lines, seed_note, signed,
+    accuracy_cell, cells_csv, csv_text, fmt, md_header, md_row, missing_lines, seed_note, signed,
 )
 from dfedrw.experiments.table import Table
 
@@ -72,26 +71,13 @@ def verdict(table: Table, row: tuple[str, ...]) -> Verdict | None:
     return Verdict(diff, spread, outcome, claim, outcome == claim)
 
 
-def _cell(table: Table, row: tuple[str, ...], column: str, *, bold: bool = False) -> str:
-    cell = table.cells.get((row, column))
-    if cell is None:
-        return NOT_IN_GRID
-    if not cell.n:
-        return MISSING
-    head = fmt(cell.mean(table.metric), 2)
-    if bold:
-        head = f"**{head}**"
-    flag = f" [n={cell.n}]" if cell.n < table.n_max() else ""
-    return f"{head} ± {fmt(cell.std(table.metric), 2)}{flag}"
-
-
 def _line(table: Table, row: tuple[str, ...], *, markdown: bool) -> list[str]:
     first, second = pair(table)
     v = verdict(table, row)
     bold = {first: False, second: False}
     if markdown and v is not None and v.outcome != EQUAL:
         bold[first if v.diff > 0 else second] = True
-    cells = [_cell(table, row, c, bold=bold[c]) for c in (first, second)]
+    cells = [accuracy_cell(table, row, c, bold=bold[c]) for c in (first, second)]
     if v is None:
         return [*cells, "", "", "", EQUAL if claimed_equal(table, row) else f"{table.column_label(first)} better", ""]
     return [*cells, signed(v.diff, 2), fmt(v.spread, 2), v.outcome, v.claim, "yes" if v.holds else "no"]

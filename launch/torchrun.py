@@ -35,7 +35,7 @@ from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
 from dfedrw.peer.identity import make_certificates
 from dfedrw.peer.assembly import client_identity
-from dfedrw.peer.node import run_client
+from dfedrw.peer.node import Client, start_and_run
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.results import check_fresh_out_dir
 from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
@@ -343,7 +343,8 @@ def _run_rank(
     try:
         rendezvous = StoreRendezvous(store, role_of(scenario_topology(scenario), env.rank), env.world_size, device)
         transport = _transport(scenario, env, device, environ, certs)
-        final = run_client(scenario, env.rank, out_dir, transport=transport, rendezvous=rendezvous, device=device, tensorboard=tensorboard)
+        client = Client(scenario, env.rank, out_dir, transport=transport, device=device, tensorboard=tensorboard)
+        final = start_and_run(client, rendezvous)
         ok = True
     except KeyboardInterrupt:
         interrupted = True

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,6 +39,7 @@ import torch
 
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.inbox import RoundWaiting
 from dfedrw.peer.transport.serde import Plausible, PoolMessage, TensorSpec, WireError, decode_pool, encode_pool, pool_bytes
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def pool_union(own_id: int, senders: Sequence[int], received: torch.Tensor, pool
     return Pooled(senders=union, vectors=vectors, used=tuple(sorted({own_id, *pools})))
 
 
-class PoolStore:
+class PoolStore(RoundWaiting):
     """The pools a colluder received, by (round, colluder), beside its inbox (a pool is not a
     neighbour's model). A pool for the current round or up to ``window`` rounds ahead is kept;
     an older one is stale and dropped; a later one, a second one for a round, one from a
@@ -157,41 +157,9 @@ class PoolStore:
             for key in [key for key in self._pools if key[0] < round_]:
                 del self._pools[key]
 
-    def set_gone(self, peer: int, gone: bool = True) -> None:
-        with self._cond:
-            if gone:
-                self._gone.add(peer)
-            else:
-                self._gone.discard(peer)
-            self._wake_if_complete()
-
-    def gone(self) -> frozenset[int]:
-        with self._cond:
-            return frozenset(self._gone)
-
-    def wait(self, round_: int, expect: Iterable[int], timeout: float) -> dict[int, PoolMessage]:
-        """Until every expected colluder (minus those presumed gone) sent its ``round_`` pool,
-        or ``timeout`` seconds; returns the round's pools that arrived (colluder -> pool)."""
-        expect = frozenset(expect)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            self._waiting = (round_, expect)
-            try:
-                while True:
-                    left = deadline - time.monotonic()
-                    if self._complete(round_, expect) or left <= 0:
-                        return {k: m for (r, k), m in self._pools.items() if r == round_}
-                    self._cond.wait(left)
-            finally:
-                self._waiting = None
-
-    def _complete(self, round_: int, expect: frozenset[int]) -> bool:
-        return all((round_, k) in self._pools or k in self._gone for k in expect)
-
-    def _wake_if_complete(self) -> None:
-        # Called with the lock held: the waiter is woken once, when its round is complete.
-        if self._waiting is not None and self._complete(*self._waiting):
-            self._cond.notify_all()
+    def _arrived(self, round_: int) -> dict[int, PoolMessage]:
+        # What wait() returns: the round's pools (colluder -> pool).
+        return {k: m for (r, k), m in self._pools.items() if r == round_}
 
 
 class Collusion:

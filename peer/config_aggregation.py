@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.attacks.base import AttackerData, threat_model_of
-from dfedrw.peer.plugins import ATTACK_REGISTRY, RULE_REGISTRY
+from dfedrw.peer.plugins import ATTACK_REGISTRY
 from dfedrw.peer.config_checks import ScenarioError
 from dfedrw.peer.config_legacy import LEGACY, set_legacy
 from dfedrw.peer.config_tables import (
@@ -108,7 +108,6 @@ def parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationCo
     base = base or AggregationConfig()
     tables = SettingsTables({k: getattr(base, f"{k}_params") for k in ("rule", "tpm", "crs")}, base.origins)
     scalars: dict[str, Any] = {}
-    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("aggregation.")]
     for key, value in table.items():
         where = f"{prefix}.{key}"
         if key in ("rule", "tpm", "crs"):
@@ -123,16 +122,8 @@ def parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationCo
                 raise ScenarioError(f"{where} must be a table of {kind} settings tables, e.g. [{where}.NAME]")
             for name, values in value.items():
                 tables.table(kind, name, values, f"{where}.{toml_key(name)}")
-        elif key in legacy:
-            set_legacy(tables, f"aggregation.{key}", value, where)
-        elif isinstance(value, Mapping) and (key in RULE_REGISTRY or ":" in key):
-            tables.table("rule", key, value, f"{prefix}.{toml_key(key)}")
         else:
-            raise ScenarioError(
-                f"unknown key '{where}'; valid keys: {', '.join(AGGREGATION_KEYS)}, tpm_params, crs_params, "
-                f"a rule's settings table ({', '.join(RULE_REGISTRY.names())} or 'module:Class'), "
-                f"or an earlier version's {', '.join(legacy)}"
-            )
+            _class_table_or_legacy(tables, "aggregation", prefix, key, value, "rule", [*AGGREGATION_KEYS, "tpm_params", "crs_params"])
     return dataclasses.replace(
         base,
         **scalars,
@@ -144,13 +135,30 @@ def parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationCo
     )
 
 
+def _class_table_or_legacy(tables: SettingsTables, section: str, prefix: str, key: str, value: Any, kind: str, valid: list[str]) -> None:
+    """A key of ``[section]`` (at ``prefix``) that is none of its own: an earlier version's flat
+    key, or the settings table of a ``kind`` class, else an error naming the valid keys."""
+    where = f"{prefix}.{key}"
+    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith(f"{section}.")]
+    registry = KIND_REGISTRY[kind]
+    if key in legacy:
+        set_legacy(tables, f"{section}.{key}", value, where)
+    elif isinstance(value, Mapping) and (key in registry or ":" in key):
+        tables.table(kind, key, value, f"{prefix}.{toml_key(key)}")
+    else:
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ScenarioError(
+            f"unknown key '{where}'; valid keys: {', '.join(valid)}, {article} {kind}'s settings table "
+            f"({', '.join(registry.names())} or 'module:Class'), or an earlier version's {', '.join(legacy)}"
+        )
+
+
 def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     if not isinstance(table, Mapping):
         raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
     tables = SettingsTables({}, ())
     name: Any = AttackConfig.name
     colluding = AttackConfig.colluding
-    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith("attack.")]
     for key, value in table.items():
         where = f"{prefix}.{key}"
         if key == "name":
@@ -161,15 +169,8 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
             if not isinstance(value, bool):
                 raise ScenarioError(f"{where}={value!r}: expected true or false")
             colluding = value
-        elif key in legacy:
-            set_legacy(tables, f"attack.{key}", value, where)
-        elif isinstance(value, Mapping) and (key in ATTACK_REGISTRY or ":" in key):
-            tables.table("attack", key, value, f"{prefix}.{toml_key(key)}")
         else:
-            raise ScenarioError(
-                f"unknown key '{where}'; valid keys: name, colluding, an attack's settings table "
-                f"({', '.join(ATTACK_REGISTRY.names())} or 'module:Class'), or an earlier version's {', '.join(legacy)}"
-            )
+            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding"])
     return AttackConfig(name=name, attack_params=tables.frozen("attack"), colluding=colluding, prefix=prefix, origins=tables.frozen_origins())
 
 

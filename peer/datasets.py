@@ -200,22 +200,10 @@ class FashionMNIST(IdxDataset):
     # the SHA-256 of the decompressed content (identical to the mirror's) is what can be
     # verified offline, next to the MD5 of the mirror's .gz that torchvision checks.
     digests: ClassVar[Digests] = {
-        "train-images-idx3-ubyte": (
-            ("sha256", "idx", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
-            ("md5", "gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
-        ),
-        "train-labels-idx1-ubyte": (
-            ("sha256", "idx", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
-            ("md5", "gz", "25c81989df183df01b3e8a0aad5dffbe"),
-        ),
-        "t10k-images-idx3-ubyte": (
-            ("sha256", "idx", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
-            ("md5", "gz", "bef4ecab320f06d8554ea6380940ec79"),
-        ),
-        "t10k-labels-idx1-ubyte": (
-            ("sha256", "idx", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
-            ("md5", "gz", "bb300cfdad3c16e7a12a480ee83cd310"),
-        ),
+        "train-images-idx3-ubyte": (("sha256", "idx", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"), ("md5", "gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d")),
+        "train-labels-idx1-ubyte": (("sha256", "idx", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"), ("md5", "gz", "25c81989df183df01b3e8a0aad5dffbe")),
+        "t10k-images-idx3-ubyte": (("sha256", "idx", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"), ("md5", "gz", "bef4ecab320f06d8554ea6380940ec79")),
+        "t10k-labels-idx1-ubyte": (("sha256", "idx", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"), ("md5", "gz", "bb300cfdad3c16e7a12a480ee83cd310")),
     }
 
     def unavailable_hint(self) -> str:

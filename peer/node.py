@@ -360,6 +360,15 @@ class Client(Rejoining):
         if self.stop_requested.is_set():
             raise Stopped(f"client {self.id} stopped")
 
+    def _begin_round(self, r: int) -> tuple[int, int, int]:
+        """The start of round ``r`` (a client rejoining may skip ahead): (the round it is in,
+        bytes sent and received so far, from which the round's own are counted)."""
+        self._check_stop()
+        r = self._catch_up(r)
+        self.inbox.advance(r)
+        self._note_round(r)
+        return r, self.transport.bytes_sent, self.inbox.bytes_received
+
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
         chunks = encode(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
         self._last_sent = (round_, chunks)
@@ -387,11 +396,7 @@ class Client(Rejoining):
         r = self._rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
         first_after_resume = self.resumed is not None
         while r < sc.rounds:
-            self._check_stop()
-            r = self._catch_up(r)
-            self.inbox.advance(r)
-            self._note_round(r)
-            sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
+            r, sent0, recv0 = self._begin_round(r)
             reference = get_vector(self.model)
             loss = trainer.step()
             own = get_vector(self.model)
@@ -472,11 +477,7 @@ class Client(Rejoining):
                 gen.set_state(torch.from_numpy(self.resumed.generators["attack"].copy()))
             r = self._rejoin(torch.zeros(sum(s.numel for s in self.specs)), 0)
         while r < sc.rounds:
-            self._check_stop()
-            r = self._catch_up(r)
-            self.inbox.advance(r)
-            self._note_round(r)
-            sent0, recv0 = self.transport.bytes_sent, self.inbox.bytes_received
+            r, sent0, recv0 = self._begin_round(r)
             expected = self._expected(r, frozenset(targets))
             got = self.inbox.wait(r, expected, sc.network.round_timeout)
             liveness.update(self.inbox, expected, got)
@@ -533,7 +534,7 @@ def run_grpc_client(
     link_token: str | None = None,
     tensorboard: Path | None = None,
 ) -> dict[str, Any]:
-    """Run one client process to completion (through :func:`run_client`): start, find the
+    """Run one client process to completion (through :func:`start_and_run`): start, find the
     neighbours, run every round, write results.
 
     Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
@@ -559,29 +560,12 @@ def run_grpc_client(
     meeting = (
         LauncherRendezvous(link, role_of(scenario_topology(scenario), client_id)) if rendezvous else StaticRendezvous(addresses)
     )
-    return run_client(scenario, client_id, out_dir, transport=transport, rendezvous=meeting, link=link, tensorboard=tensorboard)
-
-
-def run_client(
-    scenario: Scenario,
-    client_id: int,
-    out_dir: Path,
-    *,
-    transport: Transport,
-    rendezvous: Rendezvous,
-    link: LauncherLink | NullLink | None = None,
-    device: torch.device | str = "cpu",
-    tensorboard: Path | None = None,
-) -> dict[str, Any]:
-    """A client's start-up sequence, the same under every launcher: build the client, then
-    :func:`start_and_run`. Returns its final record."""
-    client = Client(scenario, client_id, out_dir, transport=transport, link=link, device=device, tensorboard=tensorboard)
-    return start_and_run(client, rendezvous)
+    return start_and_run(Client(scenario, client_id, out_dir, transport=transport, link=link, tensorboard=tensorboard), meeting)
 
 
 def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:
-    """Start a built client's server, exchange addresses through ``rendezvous``, connect to the
-    neighbours (and a colluder to the other colluders), run every round; the client is closed
+    """A client's start-up sequence, the same under every launcher: start a built client's
+    server, exchange addresses through ``rendezvous``, connect to the neighbours (and a colluder to the other colluders), run every round; the client is closed
     whatever happens."""
     try:
         address = client.start()

@@ -51,6 +51,7 @@ __all__ = [
     "Registry",
     "Setting",
     "check_choice",
+    "export_registered",
     "settings_of",
     "check_int",
     "check_real",
@@ -347,6 +348,26 @@ class Registry(Mapping[str, type]):
                 }
             )
         return rows
+
+
+def export_registered(package: str, names: dict[str, Any], *registries: Registry) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for a package that exports every built-in class of its
+    registries by its class name (``from dfedrw.peer.aggregation import Median``) besides its
+    own ``names`` (its globals): read off the registries, so no list is kept by hand."""
+
+    def registered() -> dict[str, Any]:
+        return {registry.resolve(n).__name__: registry.resolve(n) for registry in registries for n in registry.builtin_names()}
+
+    def getattr_(name: str) -> Any:
+        classes = registered()
+        if name in classes:
+            return classes[name]
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def dir_() -> list[str]:
+        return sorted({*names, *registered()})
+
+    return getattr_, dir_
 
 
 def settings_of(tables: tuple, name: str) -> dict[str, Any]:

@@ -75,7 +75,7 @@ class Blobs:
     """Gaussian blobs: ``classes`` clusters in ``features`` dimensions, drawn from ``seed``.
 
     Class ``c``'s centre is a point drawn once from N(0, I); its samples are the centre plus
-    ``spread * N(0, I)``. A data set declares its layout without loading anything (a Byzantine
+    ``spread * N(0, I)``: ``train_rows`` for training, a quarter as many for testing. A data set declares its layout without loading anything (a Byzantine
     client holds no data): ``num_features``, ``num_classes``, ``train_size``; ``load()`` gives
     ``((train_x, train_y), (test_x, test_y))`` as tensors.
     """
@@ -83,12 +83,11 @@ class Blobs:
     features: int = 16
     classes: int = 4
     train_rows: int = 2000
-    test_rows: int = 500
     spread: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, minimum in (("features", 1), ("classes", 2), ("train_rows", 1), ("test_rows", 1), ("seed", 0)):
+        for name, minimum in (("features", 1), ("classes", 2), ("train_rows", 4), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"Blobs: {name} must be an integer >= {minimum}, got {value!r}")
@@ -116,7 +115,7 @@ class Blobs:
             points = centres[labels] + self.spread * torch.randn(rows, self.features, generator=generator)
             return points, labels
 
-        return draw(self.train_rows), draw(self.test_rows)
+        return draw(self.train_rows), draw(self.train_rows // 4)
 
 
 class TwoLayer(torch.nn.Module):

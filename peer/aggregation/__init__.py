@@ -8,8 +8,6 @@ Every registered TPM, CRS and rule class is importable from this package by its 
 listed by hand, so a class in a new module is exported as soon as it registers.
 """
 
-from typing import Any
-
 from dfedrw.peer.aggregation.crs import CRS, CRS_REGISTRY, ReweightingStrategy, apply_crs_contract, make_crs
 from dfedrw.peer.aggregation.rules import (
     RULE_REGISTRY,
@@ -23,6 +21,7 @@ from dfedrw.peer.aggregation.rules import (
     weighted_sum,
 )
 from dfedrw.peer.aggregation.tpm import TPM, TPM_REGISTRY, Evaluate, make_tpm
+from dfedrw.peer.registry import export_registered
 
 __all__ = [
     "CRS",
@@ -46,23 +45,4 @@ __all__ = [
 ]
 
 
-def registered_classes() -> dict[str, type]:
-    """Class name -> class of every built-in TPM, CRS and rule (what this package exports
-    besides :data:`__all__`)."""
-    out: dict[str, type] = {}
-    for registry in (TPM_REGISTRY, CRS_REGISTRY, RULE_REGISTRY):
-        for name in registry.builtin_names():
-            cls = registry.resolve(name)
-            out[cls.__name__] = cls
-    return out
-
-
-def __getattr__(name: str) -> Any:
-    classes = registered_classes()
-    if name in classes:
-        return classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *registered_classes()})
+__getattr__, __dir__ = export_registered(__name__, globals(), TPM_REGISTRY, CRS_REGISTRY, RULE_REGISTRY)

@@ -9,8 +9,7 @@ Every registered attack class is importable from this package by its class name 
 dfedrw.peer.attacks import ALIE``): the names are read off the registry, not listed by hand.
 """
 
-from typing import Any
-
+from dfedrw.peer.attacks import base
 from dfedrw.peer.attacks.base import (
     ATTACK_REGISTRY,
     Attack,
@@ -23,33 +22,7 @@ from dfedrw.peer.attacks.base import (
     make_attack,
     threat_model_of,
 )
+from dfedrw.peer.registry import export_registered
 
-__all__ = [
-    "ATTACK_REGISTRY",
-    "Attack",
-    "AttackView",
-    "AttackerData",
-    "Crafted",
-    "RoundAttack",
-    "ThreatModel",
-    "craft_round",
-    "make_attack",
-    "threat_model_of",
-]
-
-
-def registered_classes() -> dict[str, type]:
-    """Class name -> class of every built-in attack (what this package exports besides
-    :data:`__all__`)."""
-    return {ATTACK_REGISTRY.resolve(n).__name__: ATTACK_REGISTRY.resolve(n) for n in ATTACK_REGISTRY.builtin_names()}
-
-
-def __getattr__(name: str) -> Any:
-    classes = registered_classes()
-    if name in classes:
-        return classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *registered_classes()})
+__all__ = list(base.__all__)
+__getattr__, __dir__ = export_registered(__name__, globals(), ATTACK_REGISTRY)

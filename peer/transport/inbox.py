@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from dfedrw.peer.transport.ratelog import RateLimitedLog
 from dfedrw.peer.transport.serde import ModelMessage
@@ -25,7 +26,58 @@ from dfedrw.peer.transport.serde import ModelMessage
 log = logging.getLogger(__name__)
 
 
-class Inbox:
+class RoundWaiting:
+    """Messages kept by round, that a round loop waits on until every expected sender's message
+    of a round is in (or the sender is presumed gone), or a deadline. A subclass sets
+    ``_cond`` (a ``threading.Condition``), ``_gone`` (a set), ``_waiting = None``, says what
+    arrived for a round (:meth:`_arrived`, called with the lock held) and calls
+    :meth:`_wake_if_complete` whenever something arrives."""
+
+    _cond: threading.Condition
+    _gone: set[int]
+    _waiting: tuple[int, frozenset[int]] | None
+
+    def _arrived(self, round_: int) -> dict[int, Any]:
+        raise NotImplementedError
+
+    def set_gone(self, peer: int, gone: bool = True) -> None:
+        with self._cond:
+            if gone:
+                self._gone.add(peer)
+            else:
+                self._gone.discard(peer)
+            self._wake_if_complete()
+
+    def gone(self) -> frozenset[int]:
+        with self._cond:
+            return frozenset(self._gone)
+
+    def wait(self, round_: int, expect: Iterable[int], timeout: float) -> dict[int, Any]:
+        """Block until every expected sender (minus those marked gone) delivered ``round_``, or
+        ``timeout`` seconds; returns what arrived for that round, from any sender."""
+        expect = frozenset(expect)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._waiting = (round_, expect)
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if self._complete(round_, expect) or left <= 0:
+                        return dict(self._arrived(round_))
+                    self._cond.wait(left)
+            finally:
+                self._waiting = None
+
+    def _complete(self, round_: int, expect: frozenset[int]) -> bool:
+        return not (expect - self._arrived(round_).keys() - self._gone)
+
+    def _wake_if_complete(self) -> None:
+        # Called with the lock held: the waiter is woken once, when its round is complete.
+        if self._waiting is not None and self._complete(*self._waiting):
+            self._cond.notify_all()
+
+
+class Inbox(RoundWaiting):
     def __init__(
         self, own_id: int, neighbours: Iterable[int], num_clients: int, window: int, *, log_interval: float = 10.0
     ) -> None:
@@ -121,43 +173,8 @@ class Inbox:
             self.bytes_received += nbytes
             self.accepted += 1
 
-    def set_gone(self, peer: int, gone: bool = True) -> None:
-        with self._cond:
-            if gone:
-                self._gone.add(peer)
-            else:
-                self._gone.discard(peer)
-            self._wake_if_complete()
-
-    def gone(self) -> frozenset[int]:
-        with self._cond:
-            return frozenset(self._gone)
-
-    def wait(self, round_: int, expect: Iterable[int], timeout: float) -> dict[int, ModelMessage]:
-        """Block until every expected peer (minus those marked gone) delivered ``round_``, or timeout.
-
-        Returns what arrived for that round, from any neighbour.
-        """
-        expect = frozenset(expect)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            self._waiting = (round_, expect)
-            try:
-                while True:
-                    left = deadline - time.monotonic()
-                    if self._complete(round_, expect) or left <= 0:
-                        return dict(self._buffer.get(round_, {}))
-                    self._cond.wait(left)
-            finally:
-                self._waiting = None
-
-    def _complete(self, round_: int, expect: frozenset[int]) -> bool:
-        return not (expect - self._buffer.get(round_, {}).keys() - self._gone)
-
-    def _wake_if_complete(self) -> None:
-        # Called with the lock held.
-        if self._waiting is not None and self._complete(*self._waiting):
-            self._cond.notify_all()
+    def _arrived(self, round_: int) -> dict[int, ModelMessage]:
+        return self._buffer.get(round_, {})
 
     def advance(self, round_: int) -> None:
         """Move to ``round_``: older buffered rounds are dropped (they are stale now)."""
