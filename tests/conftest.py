@@ -48,3 +48,15 @@ def fake_run(tmp_path, monkeypatch):
         lambda runs: [sys.executable, str(script), *(str(x) for r in runs for x in (r.folder / sweep.REQUEST_FILE, r.folder))],
     )
     return lambda: calls.read_text().split()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test of tests/multiprocess/ and tests/e2e/ starts real client processes (or jobs,
+    or namespaces): it must carry the ``slow`` marker, so that the default selection starts
+    none. A test there without it fails the collection, naming it."""
+    unmarked = [
+        item.nodeid for item in items
+        if item.nodeid.startswith(("tests/multiprocess/", "tests/e2e/")) and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"tests that start processes must be marked slow: {', '.join(unmarked)}")

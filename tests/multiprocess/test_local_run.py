@@ -77,6 +77,7 @@ def _ignores(pid, signum):
     return bool(mask >> (signum - 1) & 1)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_client(tmp_path):
     launcher = _launch(tmp_path)
     try:
@@ -119,6 +120,7 @@ def test_signal_stops_every_client_even_when_started_with_sigint_ignored(tmp_pat
             launcher.wait()
 
 
+@pytest.mark.slow
 def test_clients_exit_when_the_launcher_dies(tmp_path):
     launcher = _launch(tmp_path)
     try:

@@ -1,6 +1,6 @@
 """``dfedrw sweep``: grid expansion, validation, run identity, the dry run and the ETA, with no
 run started (the sweep's runs, each a child process, are in
-tests/multiprocess/test_sweep_runs.py)."""
+tests/integration/test_sweep_runs.py)."""
 
 import hashlib
 import json

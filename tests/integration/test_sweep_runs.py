@@ -155,6 +155,7 @@ def test_a_second_sweep_on_a_busy_folder_is_refused_and_a_stale_lock_taken_over(
     assert result.exit_code == 0 and result.done == 1 and not lock.exists()
 
 
+@pytest.mark.slow
 def test_tiny_grid_end_to_end_then_report(tmp_path, capsys):
     out = tmp_path / "tiny"
 
