@@ -1,0 +1,44 @@
+"""Helpers for the rule tests: candidates whose scores read straight off their rows, inputs
+with sensible defaults, and assertions on an aggregate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dfedrw.peer.aggregation import Aggregate, RoundInputs
+
+NAN = float("nan")
+
+
+def column_evaluate(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
+    """accuracy = second coordinate, loss = first: scores readable straight off the rows."""
+    return {"accuracy": candidates[:, 1].clone(), "loss": candidates[:, 0].clone()}
+
+
+def inputs_for(rows, *, own_id=7, ids=None, round_=0, total_rounds=0, losses=None,
+               reference=None, evaluate=column_evaluate) -> RoundInputs:
+    ids = ids or (own_id, *range(100, 100 + len(rows) - 1))
+    return RoundInputs(
+        own_id=own_id,
+        round=round_,
+        ids=tuple(ids),
+        vectors=torch.tensor(rows, dtype=torch.float32),
+        num_samples=(0,) * len(rows),
+        evaluate=evaluate,
+        total_rounds=total_rounds,
+        declared_losses=None if losses is None else tuple(losses),
+        reference=None if reference is None else torch.tensor(reference, dtype=torch.float32),
+    )
+
+
+def assert_weights(aggregate: Aggregate, expected: dict[int, float]) -> None:
+    assert list(aggregate.weights) == list(expected)
+    for sender, weight in expected.items():
+        assert aggregate.weights[sender] == pytest.approx(weight, abs=1e-12), sender
+
+
+def assert_model(aggregate: Aggregate, expected: list[float], atol: float = 1e-6) -> None:
+    assert aggregate.model.dtype == torch.float32
+    torch.testing.assert_close(aggregate.model, torch.tensor(expected, dtype=torch.float32),
+                               atol=atol, rtol=0)
