@@ -1,7 +1,7 @@
 """A grid's runs one by one against the same runs as one batch, and where a batch's time goes.
 
 Takes the first ``--runs`` distinct runs of a grid file (in the sweep's order), cut to
-``--rounds`` rounds, and runs them in one process twice: each alone (``BatchedRun.run``, one
+``--rounds`` rounds, and runs them in one process twice: each alone (``run_together([run])``, one
 after the other) and all together (``run_together``: one batch). Both write results folders,
 which are compared (records and final files must be the same byte for byte, clock fields
 aside). Printed: the round-loop CPU seconds of each mode and the ratio, and for the batch the
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
     from dfedrw.launch import batched
+    from dfedrw.launch.batched_run import BatchedRun
     from dfedrw.peer import training
     from tests.support.parity import differences
 
@@ -70,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             start = time.process_time()
             for scenario, name in zip(scenarios, names, strict=True):
-                batched.BatchedRun(scenario, work / "alone" / name).run()
+                batched.run_together([BatchedRun(scenario, work / "alone" / name)])
             alone_cpu, alone_scoring = time.process_time() - start, scoring["seconds"]
             scoring["seconds"] = 0.0
             start = time.process_time()
-            batched.run_together([batched.BatchedRun(s, work / "together" / n) for s, n in zip(scenarios, names, strict=True)])
+            batched.run_together([BatchedRun(s, work / "together" / n) for s, n in zip(scenarios, names, strict=True)])
             together_cpu, together_scoring = time.process_time() - start, scoring["seconds"]
         finally:
             training.score_models = original

@@ -20,9 +20,7 @@ Its results folder has the layout and keys of every run (``scenario.toml``, ``pe
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,34 +31,12 @@ import torch
 from rich.console import Console
 from torch.nn import functional as F
 
-from dfedrw.launch.collect import collect_summary, write_tensorboard_mean
-from dfedrw.peer.config import Scenario, dump_scenario
+from dfedrw.launch.batched_run import BatchedRun, Candidates
+from dfedrw.launch.collect import write_tensorboard_mean
 from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.aggregation.rules import finite_rows
-from dfedrw.peer.models import build_model, get_vector
-from dfedrw.peer.attacks import AttackView, craft_round
-from dfedrw.peer.assembly import (
-    attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
-    known_mean, move, scenario_plausible,
-)
-from dfedrw.peer.datacache import training_set
-from dfedrw.peer.datasets import scenario_dataset
-from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_topology, told_byzantine
-from dfedrw.peer.registry import settings_of
-from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
-from dfedrw.peer.results import RoundLog, write_json_atomic
-from dfedrw.peer.training import BatchOrder, FlatModel, ManyEvaluator, VectorEvaluator
-
-
-def engine_device(name: str) -> torch.device:
-    """The device ``engine.device`` names, refused with one line when it is not here."""
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"engine.device={name!r}: this machine has no CUDA device (torch.cuda.is_available() is False)")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"engine.device={name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    return device
+from dfedrw.peer.config import Scenario
+from dfedrw.peer.training import ManyEvaluator
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -95,20 +71,6 @@ def rule_groups(rules: list[Any]) -> list[tuple[Any, list[int]]]:
     return groups
 
 
-@dataclasses.dataclass
-class _Candidates:
-    """One run's round as its honest clients aggregate it (see :meth:`BatchedRun.candidates`)."""
-
-    vectors: torch.Tensor  # [rows, D] on the CPU: the honest models, then the accepted Byzantine messages
-    rows: list[tuple[int, ...]]
-    ids: list[tuple[int, ...]]
-    sizes: list[tuple[int, ...]]
-    declared: list[tuple[float, ...]]
-    missing: list[list[int]]
-    evaluate: list[Any]
-    reference: torch.Tensor
-
-
 def batch_key(scenario: Scenario) -> tuple:
     """What runs must share to be rows of one batch (:func:`run_together`): the data set and
     model (one parameter shape), the local training (one SGD step for all rows), the rounds and
@@ -119,314 +81,6 @@ def batch_key(scenario: Scenario) -> tuple:
         scenario.engine.name, scenario.engine.device, scenario.engine.threads, scenario.data.name, t.model, t.hidden, t.lr,
         t.batch_size, t.local_steps, scenario.rounds, scenario.eval.every,
     )
-
-
-class BatchedRun:
-    """One scenario, all clients at once. ``run()`` writes the results folder and returns the summary."""
-
-    def __init__(self, scenario: Scenario, out_dir: Path, *, tensorboard: Path | None = None) -> None:
-        self.scenario = sc = scenario
-        self.out_dir = Path(out_dir)
-        self.tensorboard = tensorboard  # a folder for the honest clients' TensorBoard event files
-        self.device = engine_device(sc.engine.device)
-        self.topology = topo = scenario_topology(sc)
-        self.honest = sorted(topo.honest())
-        self.byzantine = sorted(topo.byzantine)
-        self.row = {k: i for i, k in enumerate(self.honest)}
-        # On the CPU: each client's shard and aux set (copies, a partition of the training
-        # set), the test set once. What the rounds use is moved to the device below, the test
-        # set once for all clients (each client's local test set is rows of it).
-        self.data = clients_data(sc, topo, self.honest)
-        self.test = move(self.data[self.honest[0]].global_test, self.device)
-        features, classes = dataset_shape(sc)
-        t = sc.train
-        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0, params=settings_of(t.model_params, t.model))
-        self.model = FlatModel(template, self.device)
-        self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
-        # The training set once (shared by every run of a batch: the dataset is read once per
-        # process), each client's shard as rows of it: client c's minibatch rows are
-        # shard_rows[offsets[c] + i] for the positions i its BatchOrder draws.
-        train = training_set(scenario_dataset(sc.data))
-        self.train_x, self.train_y = train.x.to(self.device), train.y.to(self.device)
-        self.shard_rows = torch.cat([self.data[k].train_index for k in self.honest]).to(self.device)
-        sizes = [len(self.data[k].train.y) for k in self.honest]
-        # The shard copies are not needed: only their rows of the training set.
-        self.data = {k: dataclasses.replace(d, train=d.train.subset([])) for k, d in self.data.items()}
-        self.num_samples = dict(zip(self.honest, sizes, strict=True))
-        self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
-        self.batches = [BatchOrder(n, t.batch_size, derive_seed(sc.seed, "batches", k)) for k, n in zip(self.honest, sizes, strict=True)]
-        self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
-        # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
-        self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
-        self.attacks = {b: client_attack(sc, topo, b) for b in self.byzantine}
-        self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
-        # Colluding Byzantine clients pool what they received: here the pool is rows of the models.
-        self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
-        self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(self.byzantine)
-        self.plausible = scenario_plausible(sc)
-        self.neighbours = {k: tuple(topo.neighbours(k)) for k in range(topo.num_clients)}
-        self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
-        self.stale: dict[int, int] = {}  # receiver -> messages dropped as stale
-        self.silent = dict.fromkeys(self.byzantine, 0)
-
-    # -- one round ---------------------------------------------------------------------------
-    def picks(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One local step's minibatch of every client: rows of the training set ``[C, B]`` and, when
-        a shard is smaller than the batch size (its batch padded), the weight of each row
-        (the padding weighs 0) else None."""
-        picks = [b.next() for b in self.batches]
-        width = max(len(p) for p in picks)
-        if all(len(p) == width for p in picks):
-            return self.shard_rows[torch.stack(picks).to(self.device) + self.offsets[:, None]], None
-        index = torch.zeros(len(picks), width, dtype=torch.long)
-        weight = torch.zeros(len(picks), width)
-        for i, p in enumerate(picks):
-            index[i, : len(p)] = p
-            weight[i, : len(p)] = 1.0 / len(p)
-        return self.shard_rows[index.to(self.device) + self.offsets[:, None]], weight.to(self.device)
-
-    def local_steps(self) -> list[float]:
-        """Every client's local SGD steps at once; returns each one's mean minibatch loss."""
-        return train_together([self])[0]
-
-    def refused_rows(self) -> dict[int, str]:
-        """Honest clients whose model this round any receiver's intake would refuse (a
-        diverged model: NaN, Inf or past ``network.max_abs_value``) -> the reason."""
-        low, high = self.models.amin(dim=1).tolist(), self.models.amax(dim=1).tolist()
-        out = {}
-        for k, i in self.row.items():
-            error = self.plausible.values_error(low[i], high[i])
-            if error is not None:
-                out[k] = error.reason
-        return out
-
-    def _reject(self, receiver: int, reason: str) -> None:
-        counts = self.rejected.setdefault(receiver, {})
-        counts[reason] = counts.get(reason, 0) + 1
-
-    def _rows(self, senders) -> torch.Tensor:
-        """The honest models of ``senders`` as a CPU tensor [len(senders), D]."""
-        return self.models[[self.row[k] for k in senders]].cpu() if senders else torch.empty(0, self.models.shape[1])
-
-    def byzantine_messages(
-        self, r: int, losses: dict[int, float], refused: dict[int, str]
-    ) -> tuple[dict[tuple[int, int], tuple[torch.Tensor, int, float]], dict[int, list[int]]]:
-        """(Byzantine b, receiver k) -> (model, declared size, declared loss) of every message a
-        receiver accepts; and who each Byzantine client heard from."""
-        out: dict[tuple[int, int], tuple[torch.Tensor, int, float]] = {}
-        heard: dict[int, list[int]] = {}
-        self.notes: dict[int, Any] = {}
-        for b in self.byzantine:
-            for k in sorted(k for k in self.neighbours[b] if k in refused):
-                self._reject(b, refused[k])
-            heard[b] = sorted(k for k in self.neighbours[b] if k in self.row and k not in refused)
-        pool_senders = tuple(sorted({k for b in self.colluders for k in heard[b]}))
-        pool = self._rows(pool_senders) if self.colluders else None
-        for b in self.byzantine:
-            senders = heard[b]
-            claimed_size, claimed_loss = byzantine_claims([self.num_samples[k] for k in senders], [losses[k] for k in senders])
-            view = AttackView(
-                round=r, attacker=b, receivers=tuple(k for k in self.neighbours[b] if k in self.row), senders=tuple(senders),
-                received=self._rows(senders), colluders=self.colluders, pool_senders=pool_senders if self.colluders else (),
-                pool=pool, reference=self.reference[b], total_rounds=self.scenario.rounds,
-            )
-            attack = self.attacks[b]
-            crafted = craft_round(attack, view, attack_generator(self.scenario, view, attack, self.attack_gen[b]))
-            self.reference[b] = known_mean(view)
-            self.notes[b] = crafted
-            for k in view.receivers:
-                message = crafted.messages[k]
-                if message is None:
-                    self.silent[b] += 1
-                    continue
-                vector = message
-                error = self.plausible.samples_error(claimed_size) or self.plausible.values_error(
-                    *((float(vector.min()), float(vector.max())) if vector.numel() else (0.0, 0.0))
-                )
-                if error is not None:  # what the receiver's intake would refuse
-                    self._reject(k, error.reason)
-                    continue
-                out[(b, k)] = (vector.to(self.device), claimed_size, self.plausible.train_loss(claimed_loss))
-            for k, labelled in crafted.extra.items():
-                for label, _ in labelled:
-                    self._misrouted(k, label, r)
-        return out, heard
-
-    def _misrouted(self, receiver: int, label: int, r: int) -> None:
-        """What a receiver's intake does with a message of round ``r``'s sender labelled
-        ``label``: a receiver is then in round ``r`` or ``r + 1`` (it sent its round-``r``
-        model, and waits for this sender's round ``r + 1`` before going on), so a label below
-        ``r`` is stale whichever, one past ``r + 1 + round_window`` is refused as
-        ``future_round``. Labels in between would be buffered and used, which depends on timing
-        the batched engine has none of: refused with one line."""
-        window = self.scenario.network.round_window
-        if label < r:
-            self.stale[receiver] = self.stale.get(receiver, 0) + 1
-        elif label > r + 1 + window:
-            self._reject(receiver, "future_round")
-        else:
-            raise ValueError(
-                f"an attack sent client {receiver} a round-{label} message in round {r}: within the rounds a receiver "
-                f"buffers ({r}..{r + 1 + window}), whose use the batched engine does not model; use the client engine"
-            )
-
-    def candidates(self, r: int, reference: torch.Tensor, losses: dict[int, float], byz, refused: dict[int, str]) -> _Candidates:
-        """What every honest client aggregates this round: the pooled candidates (the honest
-        models, rows 0..C-1 in ``self.honest`` order, then each accepted Byzantine message) and,
-        per client, its rows (its own first), senders, declared sizes and losses."""
-        pool = [self.models]
-        pooled = len(self.honest)
-        byz_row = {}
-        for key, (vector, _, _) in byz.items():
-            byz_row[key] = pooled
-            pool.append(vector[None])
-            pooled += 1
-        rows, ids, sizes, declared, missing = [], [], [], [], []
-        for k in self.honest:
-            neighbours = sorted(self.neighbours[k])
-            for j in neighbours:
-                if j in refused:
-                    self._reject(k, refused[j])
-            senders = [j for j in neighbours if (j in self.row and j not in refused) or (j, k) in byz]
-            row, size, loss = [self.row[k]], [self.num_samples[k]], [losses[k]]
-            for j in senders:
-                if j in self.row:
-                    row.append(self.row[j])
-                    size.append(self.num_samples[j])
-                    loss.append(self.plausible.train_loss(losses[j]))
-                else:
-                    row.append(byz_row[(j, k)])
-                    size.append(byz[(j, k)][1])
-                    loss.append(byz[(j, k)][2])
-            rows.append(tuple(row))
-            ids.append((k, *senders))
-            sizes.append(tuple(size))
-            declared.append(tuple(loss))
-            missing.append(sorted(set(neighbours) - set(senders)))
-        # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
-        # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
-        vectors = torch.cat(pool) if len(pool) > 1 else self.models
-        return _Candidates(
-            vectors=vectors.cpu(), rows=rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
-            evaluate=[self.aux[k] for k in self.honest], reference=reference,
-        )
-
-    def records(self, r: int, losses: dict[int, float], candidates: _Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
-        """The rules' results become the models; returns the clients' round records, in
-        ``self.honest`` order."""
-        self.models = torch.stack([agg.model for agg in results]).to(self.device)
-        records = []
-        for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
-            record: dict[str, Any] = {
-                "round": r,
-                "train_loss": losses[k],
-                "weights": {str(s): round(float(w), 6) for s, w in agg.weights.items()},
-                "bytes_sent": 0,
-                "bytes_received": 0,
-                "missing": candidates.missing[c],
-            }
-            if agg.scores is not None:
-                record["scores"] = {str(s): finite_or_none(v) for s, v in agg.scores.items()}
-            records.append(record)
-        return records
-
-    @torch.no_grad()
-    def accuracies(self) -> dict[int, dict[str, float]]:
-        """Each honest client's local and global test accuracy (percent), as a client measures
-        it. The global test set is the same for all: it goes through the model once for a
-        block of clients (blocks bounded so the logits stay under ~64 M values)."""
-        out: dict[int, dict[str, float]] = {k: {} for k in self.honest}
-        test = self.test
-        for k in self.honest:
-            rows = self.data[k].local_test_index.to(self.device)
-            logits = self.model.logits(self.models[self.row[k]], test.x[rows])
-            out[k]["accuracy"] = 100.0 * float((logits.argmax(1) == test.y[rows]).float().mean())
-        widest = max(self.scenario.train.hidden, test.num_classes)  # values per sample in the largest layer output
-        block = max(1, (64 << 20) // max(1, len(test.y) * widest))
-        for lo in range(0, len(self.honest), block):
-            logits = self.model.batch_logits(self.models[lo : lo + block], test.x)
-            correct = (logits.argmax(-1) == test.y).float().mean(1).tolist()
-            for k, acc in zip(self.honest[lo : lo + block], correct, strict=True):
-                out[k]["global_accuracy"] = 100.0 * acc
-        return out
-
-    # -- the run -----------------------------------------------------------------------------
-    def begin(self) -> None:
-        """Open the results folder: the scenario, one round log per client."""
-        out = self.out_dir
-        (out / "logs").mkdir(parents=True, exist_ok=True)
-        dump_scenario(self.scenario, out / "scenario.toml")
-        self.logs = {
-            k: RoundLog(out, k, flush_seconds=1.0, tensorboard=self.tensorboard, byzantine=self.byzantine) for k in range(self.topology.num_clients)
-        }
-        self.last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
-
-    def before_aggregation(self, r: int, losses: list[float]) -> tuple[dict[int, float], _Candidates]:
-        """After the local steps: the Byzantine clients' messages, then what each honest client
-        aggregates."""
-        reference = self._reference
-        losses_by_id = dict(zip(self.honest, losses, strict=True))
-        refused = self.refused_rows()
-        self._silent_before = dict(self.silent)
-        byz, self._heard = self.byzantine_messages(r, losses_by_id, refused)
-        return losses_by_id, self.candidates(r, reference, losses_by_id, byz, refused)
-
-    def end_round(self, r: int, losses: dict[int, float], candidates: _Candidates, results: list[Aggregate]) -> None:
-        """The new models, the evaluation when it is due, the round's records."""
-        sc = self.scenario
-        records = self.records(r, losses, candidates, results)
-        every = sc.eval.every
-        if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
-            self.last = self.accuracies()
-            for k, rec in zip(self.honest, records, strict=True):
-                rec.update(self.last[k])
-        for k, rec in zip(self.honest, records, strict=True):
-            self.logs[k].write(rec)
-        for b in self.byzantine:
-            # Every colluder's pool arrives here: each used all of them.
-            pooled = list(self.colluders) if self.colluders else None
-            self.logs[b].write(byzantine_record(r, self._heard[b], self.silent[b] - self._silent_before[b], self.notes[b], 0, 0, pooled_from=pooled))
-
-    def close(self) -> None:
-        for f in getattr(self, "logs", {}).values():
-            f.close()
-
-    def finish(self, loop: dict[str, float], wall: float) -> dict[str, Any]:
-        """Each client's final file and the run's summary."""
-        for k in range(self.topology.num_clients):
-            write_json_atomic(self.out_dir / "peers" / f"{k}.json", self._final(k, self.last.get(k, {}), loop, wall))
-        n = self.topology.num_clients
-        return collect_summary(
-            self.out_dir, self.scenario, pids=dict.fromkeys(range(n), os.getpid()), exit_codes=dict.fromkeys(range(n), 0),
-            wall_seconds=wall,
-            extra={"interrupted": False, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device)},
-        )
-
-    def run(self, on_round: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Run the scenario; writes the results folder and returns the summary."""
-        return run_together([self], on_round)[0]
-
-    def _final(self, k: int, last: dict[str, float], loop: dict[str, float], wall: float) -> dict[str, Any]:
-        sc = self.scenario
-        if k in self.row:
-            cfg = sc.aggregation_for(k)
-            final: dict[str, Any] = {
-                **last, **loop, "num_samples": self.num_samples[k], "aux_samples": len(self.data[k].aux.y),
-                "local_test_samples": len(self.data[k].local_test_index),
-                "aggregation": {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, k)},
-            }
-            if takes_tpm_and_crs(cfg.rule):
-                final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
-        else:
-            final = {"attack": sc.attack.name, **loop}
-        rejected = self.rejected.get(k, {})
-        final.update(
-            id=k, role="honest" if k in self.row else "byzantine", pid=os.getpid(), address="batched", device=str(self.device),
-            completed=True, wall_seconds=wall, rejected_messages=sum(rejected.values()), rejected_by_reason=dict(rejected),
-            stale_messages=self.stale.get(k, 0), unsent_messages={"dropped": 0, "stale": 0}, refused_calls_by_reason={}, tls="n/a (batched engine)",
-            restarts=0, rounds_lost=0, resumed_from=[], engine="batched",
-        )
-        return final
 
 
 def train_together(runs: list[BatchedRun]) -> list[list[float]]:
@@ -470,7 +124,7 @@ def train_together(runs: list[BatchedRun]) -> list[list[float]]:
     return [[x / t.local_steps for x in total] for total in totals]
 
 
-def aggregate_together(r: int, total_rounds: int, parts: list[_Candidates], groups: list[tuple[Any, list[int]]], scorer: ManyEvaluator) -> list[Aggregate]:
+def aggregate_together(r: int, total_rounds: int, parts: list[Candidates], groups: list[tuple[Any, list[int]]], scorer: ManyEvaluator) -> list[Aggregate]:
     """Every honest client of several runs aggregated at once: one pool of candidates (each
     run's rows after the runs before it), each group of clients sharing a rule called once
     (its ``batched`` method, else per client). Returns the aggregates in the clients' order."""
@@ -550,10 +204,10 @@ def run_batched(scenario: Scenario, out_dir: Path, *, console: Console, tensorbo
     if not console.is_terminal:
         every = max(1, scenario.rounds // 10)
         console.print(label)
-        return run.run(lambda r: (r + 1) % every == 0 and console.print(f"round {r + 1}/{scenario.rounds}"))
+        return run_together([run], lambda r: (r + 1) % every == 0 and console.print(f"round {r + 1}/{scenario.rounds}"))[0]
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task("rounds", total=scenario.rounds)
-        return run.run(lambda r: bar.update(task, completed=r + 1))
+        return run_together([run], lambda r: bar.update(task, completed=r + 1))[0]
 
 
 def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Path | None = None) -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.launch.batched import BatchedRun, batch_key, run_many, run_together
+from dfedrw.launch.batched import batch_key, run_many, run_together
+from dfedrw.launch.batched_run import BatchedRun
 from dfedrw.peer.config import dump_scenario
 from tests.helpers import quiet_console
 from tests.support.parity import BY_ID, CASES, DIR, differences, make_case, scenario
@@ -28,7 +29,7 @@ SOME = [
 
 def _run_alone_and_together(cases, rounds: int, tmp_path: Path) -> list[str]:
     for case in cases:
-        BatchedRun(scenario(case, "batched", rounds), tmp_path / "alone" / case.id).run()
+        run_together([BatchedRun(scenario(case, "batched", rounds), tmp_path / "alone" / case.id)])
     run_together([BatchedRun(scenario(case, "batched", rounds), tmp_path / "together" / case.id) for case in cases])
     return [f"{case.id}: {p}" for case in cases for p in differences(tmp_path / "alone" / case.id, tmp_path / "together" / case.id)]
 
@@ -45,8 +46,8 @@ def test_every_parity_case_in_one_batch_gives_what_each_gives_alone(tmp_path):
 def test_the_comparison_sees_a_run_that_drifted(tmp_path):
     # The check above must be able to fail: the same case with another seed differs.
     case = SOME[0]
-    BatchedRun(scenario(case, "batched", 5), tmp_path / "a").run()
-    BatchedRun(scenario(case, "batched", 5, "seed=99"), tmp_path / "b").run()
+    run_together([BatchedRun(scenario(case, "batched", 5), tmp_path / "a")])
+    run_together([BatchedRun(scenario(case, "batched", 5, "seed=99"), tmp_path / "b")])
     assert any("jsonl differs" in p for p in differences(tmp_path / "a", tmp_path / "b"))
 
 
@@ -68,7 +69,7 @@ def test_run_many_runs_scenario_files_into_their_folders(tmp_path):
     summaries = run_many(jobs, console=quiet_console())
     assert [s["rounds"] for s in summaries] == [4, 4, 4]
     for case, (_, out) in zip(SOME[:3], jobs, strict=True):
-        BatchedRun(scenario(case, "batched", 4), tmp_path / "alone" / case.id).run()
+        run_together([BatchedRun(scenario(case, "batched", 4), tmp_path / "alone" / case.id)])
         assert differences(tmp_path / "alone" / case.id, out) == []
 
 

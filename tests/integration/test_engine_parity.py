@@ -76,7 +76,7 @@ is rounding, and the measurement above is what to redo before moving ``STRICT_RO
 The default selection runs ``FAST`` (4 scenarios, ``FAST_ROUNDS`` rounds) and the checks that
 the comparison does detect a drift: another seed in one engine, another attack-noise stream,
 another minibatch order, another initial model, another CRS setting (the last four patch
-what ``launch/batched.py`` imports: its ``derive_seed`` and ``client_rule``). ``-m slow`` runs
+what ``launch/batched_run.py`` imports: its ``derive_seed`` and ``client_rule``). ``-m slow`` runs
 all of ``CASES`` for ``FULL_ROUNDS`` rounds: each rule, each attack and each partition at least
 twice.
 """
@@ -156,7 +156,7 @@ def test_comparison_detects_a_different_seed(tmp_path, threads_run):
 
 def _shift_stream(monkeypatch, stream: str) -> None:
     """The batched engine draws ``stream`` (its first ``derive_seed`` label) from another seed."""
-    from dfedrw.launch import batched
+    from dfedrw.launch import batched_run as batched
 
     if stream == "init":  # drawn by the clients' own function, which the engine calls
         initial = batched.initial_model
@@ -188,7 +188,7 @@ def test_comparison_detects_another_model_stream(stream, tmp_path, threads_run, 
 
 def test_comparison_detects_another_rule_setting(tmp_path, threads_run, monkeypatch):
     """One engine's rule drifts (loss clip weighting uniform instead of proportional)."""
-    from dfedrw.launch import batched
+    from dfedrw.launch import batched_run as batched
 
     build = batched.client_rule
     other = scenario(DRIFT_CASE, "batched", FAST_ROUNDS, "aggregation.crs_params.loss_clip_mean.weighting=uniform")

@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.launch.batched import BatchedRun, engine_device, rule_groups
+from dfedrw.launch.batched import rule_groups, run_together, train_together
+from dfedrw.launch.batched_run import BatchedRun, engine_device
 from dfedrw.peer.training import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, Flame, RoundBatch
 from dfedrw.peer.aggregation.robust import QFDFL
@@ -245,7 +246,7 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
     sizes = [b.batch_size for b in run.batches]
     assert len(set(sizes)) > 1 and min(sizes) < 300
     before = run.models.clone()
-    losses = run.local_steps()
+    losses = train_together([run])[0]
     for c, k in enumerate(run.honest):
         # The same step, for this client alone, from the same minibatch.
         order = run.batches[c]
@@ -261,7 +262,7 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
 
 def test_results_folder_has_every_runs_layout(small_scenario, tmp_path):
     scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=10", "engine.name=batched")
-    summary = BatchedRun(scenario, tmp_path).run()
+    summary = run_together([BatchedRun(scenario, tmp_path)])[0]
     assert summary["engine"] == "batched" and summary["failed_peers"] == [] and summary["honest_completed"] == 4
     assert (tmp_path / "scenario.toml").exists() and json.loads((tmp_path / "summary.json").read_text()) == summary
     byzantine = next(int(k) for k, p in summary["peers"].items() if p["role"] == "byzantine")
@@ -286,7 +287,7 @@ def test_the_batched_engine_on_cuda_gives_the_cpu_results(small_scenario, tmp_pa
     runs = {}
     for device in ("cpu", "cuda"):
         out = tmp_path / device
-        runs[device] = BatchedRun(small_scenario(*base, f"engine.device={device}"), out).run()
+        runs[device] = run_together([BatchedRun(small_scenario(*base, f"engine.device={device}"), out)])[0]
         runs[device]["out"] = out
     assert runs["cuda"]["device"].startswith("cuda")
     for k, peer in runs["cpu"]["peers"].items():
