@@ -1,8 +1,9 @@
-"""The batched paths of the baseline robust rules (Median, TrimmedMean): each must give every
-client exactly what the rule's own call gives it, bit for bit (the model's bits, the weights and
-their order), whatever the candidates: counts that differ between clients, non-finite rows (the
-own one too), exact copies, ties, -0.0 next to +0.0, trims reduced for too few candidates,
-float32 or float64 models. Also the sorting network they rest on."""
+"""The batched paths of the baseline robust rules (Median, TrimmedMean, Krum, MultiKrum): each
+must give every client exactly what the rule's own call gives it, bit for bit (the model's bits,
+the weights and their order), whatever the candidates: counts that differ between clients,
+non-finite rows (the own one too), exact copies, ties, -0.0 next to +0.0, trims reduced for too
+few candidates, float32 or float64 models. Also the parts they rest on: the sorting network,
+the pooled distances."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.aggregation import Aggregate, Median, RoundBatch, TrimmedMean
+from dfedrw.peer.aggregation import Aggregate, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
 from dfedrw.peer.aggregation.coordinate import signed_zero_columns, sorted_columns, sorting_network
+from dfedrw.peer.aggregation.distance import pooled_squared_distances
 
 NAN, INF = float("nan"), float("inf")
 
@@ -26,6 +28,13 @@ RULES = [
     TrimmedMean(1),
     TrimmedMean(2),
     TrimmedMean(6),  # more than half of any pool here: reduced to the median
+    Krum(0),
+    Krum(2),
+    MultiKrum(0),
+    MultiKrum(1),
+    MultiKrum(3),
+    MultiKrum(1, m=2),
+    MultiKrum(2, m=20),
 ]
 
 
@@ -149,6 +158,47 @@ def test_trimmed_mean_reduced_trim_and_a_client_with_nothing_finite():
     assert_same(second, rule(batch.one(1)), 1)
     assert math.isnan(second.model[0].item()) and second.weights == {2: 1.0}
     assert_same(third, rule(batch.one(2)), 2)
+
+
+def test_batched_krum_with_threads_and_a_large_model_gives_what_its_own_call_gives():
+    # Prepare: a model of 40000 coordinates (more than torch sums in one pass per thread)
+    generator = torch.Generator().manual_seed(3)
+    vectors = torch.randn(5, 40000, generator=generator)
+    rows = ((0, 1, 2, 3), (1, 0, 4), (2, 3, 4, 0, 1))
+    batch = RoundBatch(round=0, vectors=vectors, rows=rows, ids=rows, num_samples=tuple((1,) * len(r) for r in rows))
+    threads = torch.get_num_threads()
+    for count in (1, 2):
+        torch.set_num_threads(count)
+        try:
+            # Execute
+            together = MultiKrum(1).batched(batch)
+
+            # Assert
+            for c, aggregate in enumerate(together):
+                assert_same(aggregate, MultiKrum(1)(batch.one(c)), c)
+        finally:
+            torch.set_num_threads(threads)
+
+
+@settings(max_examples=40, deadline=None)
+@given(count=st.integers(1, 24), dim=st.integers(1, 30), seed=st.integers(0, 2**16), copies=st.booleans())
+def test_pooled_distances_are_the_pairwise_ones(count, dim, seed, copies):
+    # Prepare
+    from dfedrw.peer.aggregation.distance import pairwise_squared_distances
+
+    vectors = torch.randn(count, dim, generator=torch.Generator().manual_seed(seed))
+    if copies and count > 2:
+        vectors[count - 1] = vectors[0]
+    pairs = [(a, b) for a in range(count) for b in range(a + 1, count) if (a * 7 + b * 3 + seed) % 4]
+
+    # Execute
+    measured = pooled_squared_distances(vectors, pairs)
+
+    # Assert: the entries of the per-client matrix, bit for bit
+    expected = pairwise_squared_distances(vectors.to(torch.float64))
+    assert set(measured) == set(pairs)
+    for a, b in pairs:
+        assert measured[(a, b)] == expected[a, b].item()
 
 
 @pytest.mark.parametrize("count", range(1, 13))
