@@ -47,7 +47,9 @@ import torch
 from dfedrw.peer.aggregation.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.tpm import Accuracy
-from dfedrw.peer.aggregation.candidates import FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, package_aggregate, pooled_finite
+from dfedrw.peer.aggregation.candidates import (
+    FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_finite,
+)
 from dfedrw.peer.aggregation.coordinate import coordinate_middle
 
 __all__ = [
@@ -166,12 +168,29 @@ class Flame:
             check_int("Flame", "min_cluster_size", self.min_cluster_size, minimum=2)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = finite_by_id(inputs)
-        count = len(finite.ids)
         reference = inputs.vectors[0] if inputs.reference is None else inputs.reference
-        reference = reference.to(device=inputs.vectors.device, dtype=torch.float64)
+        aggregate = self._aggregate(finite_by_id(inputs), inputs.ids, reference, inputs.round)
+        return keep_own(inputs) if aggregate is None else aggregate
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's round as :meth:`__call__` takes it, bit for bit: the same arithmetic
+        on tensors of the same shapes, the pool checked for finite rows once and no per-client
+        inputs built."""
+        finite = batch.finite().tolist()
+        out = []
+        for c, rows in enumerate(batch.rows):
+            reference = batch.vectors[rows[0]] if batch.references is None else batch.references[c]
+            aggregate = self._aggregate(pooled_finite(batch, c, finite), batch.ids[c], reference, batch.round)
+            out.append(keep_own_pooled(batch, c) if aggregate is None else aggregate)
+        return out
+
+    def _aggregate(self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int) -> Aggregate | None:
+        """The client's aggregate (``ids``: its candidates' senders, own first); None when it
+        keeps its own model."""
+        count = len(finite.ids)
+        reference = reference.to(device=finite.rows.device, dtype=torch.float64)
         if count == 0 or not bool(torch.isfinite(reference).all()):
-            return keep_own(inputs)
+            return None
         updates = finite.rows - reference
         if count < 3:
             accepted = torch.ones(count, dtype=torch.bool)
@@ -188,12 +207,11 @@ class Flame:
         model = reference + clipped[chosen].sum(dim=0) / int(accepted.sum())
         scale = self.noise * float(bound)
         if scale > 0:
-            generator = torch.Generator().manual_seed(_noise_seed(self.seed, inputs.own_id,
-                                                                  inputs.round))
+            generator = torch.Generator().manual_seed(_noise_seed(self.seed, ids[0], round_))
             drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float64)
             model = model + scale * drawn.to(model.device)
         weights = accepted.to(torch.float64) / int(accepted.sum())
-        return package_aggregate(inputs, model, by_id(finite, weights))
+        return package_for(ids, model, by_id(finite, weights))
 
 
 # ---------------------------------------------------------------- BALANCE
@@ -234,11 +252,27 @@ class Balance:
         object.__setattr__(self, "alpha", alpha)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = finite_by_id(inputs)
+        aggregate = self._aggregate(finite_by_id(inputs), inputs.ids, inputs.round, inputs.total_rounds)
+        return keep_own(inputs) if aggregate is None else aggregate
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's round as :meth:`__call__` takes it, bit for bit: the same arithmetic
+        on tensors of the same shapes, the pool checked for finite rows once and no per-client
+        inputs built."""
+        finite = batch.finite().tolist()
+        out = []
+        for c in range(len(batch)):
+            aggregate = self._aggregate(pooled_finite(batch, c, finite), batch.ids[c], batch.round, batch.total_rounds)
+            out.append(keep_own_pooled(batch, c) if aggregate is None else aggregate)
+        return out
+
+    def _aggregate(self, finite: FiniteCandidates, ids: Sequence[int], round_: int, total_rounds: int) -> Aggregate | None:
+        """The client's aggregate (``ids``: its candidates' senders, own first); None when its
+        own model is non-finite and it keeps it."""
         if finite.own is None:
-            return keep_own(inputs)
+            return None
         own = finite.rows[finite.own]
-        progress = inputs.round / inputs.total_rounds if inputs.total_rounds > 0 else 0.0
+        progress = round_ / total_rounds if total_rounds > 0 else 0.0
         radius = self.gamma * math.exp(-self.kappa * progress) * float(
             torch.linalg.vector_norm(own)
         )
@@ -251,7 +285,7 @@ class Balance:
             weights[finite.own] = self.alpha
         else:
             weights[finite.own] = 1.0
-        return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights))
+        return package_for(ids, combine_rows(finite, weights), by_id(finite, weights))
 
 
 # ---------------------------------------------------------------- centered clipping

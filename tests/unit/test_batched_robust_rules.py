@@ -1,9 +1,9 @@
-"""The batched paths of the baseline robust rules (Median, TrimmedMean, Krum, MultiKrum): each
-must give every client exactly what the rule's own call gives it, bit for bit (the model's bits,
-the weights and their order), whatever the candidates: counts that differ between clients,
-non-finite rows (the own one too), exact copies, ties, -0.0 next to +0.0, trims reduced for too
-few candidates, float32 or float64 models. Also the parts they rest on: the sorting network,
-the pooled distances."""
+"""The batched paths of the baseline robust rules (Median, TrimmedMean, Krum, MultiKrum, Flame,
+BALANCE): each must give every client exactly what the rule's own call gives it, bit for bit
+(the model's bits, the weights and their order), whatever the candidates: counts that differ
+between clients, non-finite rows (the own one too), exact copies, ties, -0.0 next to +0.0,
+trims reduced for too few candidates, float32 or float64 models. Also the parts they rest on:
+the sorting network, the pooled distances."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.aggregation import Aggregate, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
+from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
 from dfedrw.peer.aggregation.coordinate import signed_zero_columns, sorted_columns, sorting_network
 from dfedrw.peer.aggregation.distance import pooled_squared_distances
 
@@ -35,6 +35,11 @@ RULES = [
     MultiKrum(3),
     MultiKrum(1, m=2),
     MultiKrum(2, m=20),
+    Flame(),
+    Flame(seed=5, cluster_on="models"),
+    Flame(noise=0.0, min_cluster_size=2),
+    Balance(),
+    Balance(gamma=0.5, kappa=2.0, alpha=0.3),
 ]
 
 
