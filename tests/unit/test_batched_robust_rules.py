@@ -3,7 +3,7 @@ BALANCE): each must give every client exactly what the rule's own call gives it,
 (the model's bits, the weights and their order), whatever the candidates: counts that differ
 between clients, non-finite rows (the own one too), exact copies, ties, -0.0 next to +0.0,
 trims reduced for too few candidates, float32 or float64 models. Also the parts they rest on:
-the sorting network, the pooled distances."""
+the sorting network, and the HDBSCAN labels Flame computes without the estimator."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
 from dfedrw.peer.aggregation.coordinate import signed_zero_columns, sorted_columns, sorting_network
 from dfedrw.peer.aggregation.distance import pooled_squared_distances
+from dfedrw.peer.aggregation.robust import hdbscan_labels
 
 NAN, INF = float("nan"), float("inf")
 
@@ -243,3 +244,36 @@ def test_signed_zero_columns_finds_only_negative_zeros():
     values = np.array([[0.0, -0.0, 1.0, -1.0], [2.0, 0.0, -0.0, 0.0]], dtype=np.float32)
     assert signed_zero_columns(values).tolist() == [1, 2]
     assert signed_zero_columns(values.astype(np.float64)).tolist() == [1, 2]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), count=st.integers(3, 13), dim=st.integers(1, 6))
+def test_hdbscan_labels_are_the_estimators(data, count, dim):
+    # Prepare: cosine distances as Flame computes them, from spread points, rounded points
+    # (ties, zero rows) or many copies of one point
+    from sklearn.cluster import HDBSCAN
+
+    generator = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    points = generator.standard_normal((count, dim))
+    kind = data.draw(st.sampled_from(["spread", "rounded", "copies"]))
+    if kind == "rounded":
+        points = np.round(points)
+    elif kind == "copies":
+        points[generator.integers(0, count, size=count // 2 + 1)] = points[0]
+    rows = torch.from_numpy(points)
+    norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+    unit = rows / torch.where(norms > 0, norms, torch.ones_like(norms))
+    distances = (1.0 - unit @ unit.T).clamp(min=0.0, max=2.0)
+    distances = (distances + distances.T) / 2
+    distances.fill_diagonal_(0.0)
+    distances = distances.numpy()
+    if data.draw(st.booleans()):
+        distances = np.round(distances, 1)
+    size = data.draw(st.integers(2, count))
+
+    # Execute
+    labels = hdbscan_labels(distances, size)
+
+    # Assert
+    expected = HDBSCAN(metric="precomputed", min_cluster_size=size, min_samples=1, allow_single_cluster=True, copy=True).fit(distances).labels_
+    assert labels.tolist() == expected.tolist()
