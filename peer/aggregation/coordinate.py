@@ -195,12 +195,30 @@ def _coordinate_groups(batch: RoundBatch) -> tuple[dict[int, Aggregate], list[_G
     return alone, groups
 
 
+def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high: int) -> np.ndarray:
+    """:func:`_kept_by_rank` of the columns ``values`` ([n, N]) sorted as ``ordered`` (the rows
+    of :func:`sorted_columns`), in numpy (about four times torch's speed for these comparisons):
+    the same booleans, as comparisons do not see the sign of zero."""
+    first, last = ordered[low], ordered[high - 1]
+    kept = (values >= first) & (values <= last)
+    tied = np.zeros(first.shape, dtype=bool)
+    if low > 0:
+        tied |= ordered[low - 1] == first
+    if high < values.shape[0]:
+        tied |= ordered[high] == last
+    columns = np.flatnonzero(tied)
+    if columns.size:
+        sorted_tied = torch.from_numpy(np.stack([row[columns] for row in ordered]))
+        kept[:, columns] = _ranked_in(torch.from_numpy(values[:, columns]), sorted_tied, low, high).numpy()
+    return kept
+
+
 def _shares(values: np.ndarray, members: int) -> list[list[float]]:
     """Per member, the sum over its coordinates of the boolean ``values`` ([n, members * D])
     of each of its n candidates, as float64 numbers (the counts ``__call__`` reports)."""
     count = values.shape[0]
-    counts = values.reshape(count, members, -1).sum(axis=2, dtype=np.int64)
-    return [[float(counts[i, b]) for i in range(count)] for b in range(members)]
+    counts = torch.from_numpy(values).view(count, members, -1).sum(dim=2).T.tolist()
+    return [[float(n) for n in client] for client in counts]
 
 
 @RULE_REGISTRY.register("median")
@@ -305,11 +323,11 @@ class TrimmedMean:
             trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
             ordered = sorted_columns(group.values)
             _sorted_as_called(group.values, ordered, range(trim, count - trim))
-            stacked = np.stack(ordered)
-            kept_by_rank = _kept_by_rank(torch.from_numpy(group.values), torch.from_numpy(stacked), trim, count - trim)
-            shares = _shares(kept_by_rank.numpy(), len(group.members))
+            shares = _shares(_kept_columns(group.values, ordered, trim, count - trim), len(group.members))
             for b, (c, order) in enumerate(zip(group.members, group.orders, strict=True)):
-                kept = torch.from_numpy(np.ascontiguousarray(stacked[trim : count - trim, b * width : (b + 1) * width], dtype=np.float64))
+                # The kept values as __call__ sums them: a contiguous float64 [kept, D] tensor.
+                columns = slice(b * width, (b + 1) * width)
+                kept = torch.from_numpy(np.array([row[columns] for row in ordered[trim : count - trim]], dtype=np.float64))
                 model = kept.sum(dim=0) / kept.shape[0]
                 out[c] = package_for(batch.ids[c], model, dict(zip(order.ids, shares[b], strict=True)))
         return out
