@@ -213,11 +213,12 @@ def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high:
     return kept
 
 
-def _shares(values: np.ndarray, members: int) -> list[list[float]]:
-    """Per member, the sum over its coordinates of the boolean ``values`` ([n, members * D])
-    of each of its n candidates, as float64 numbers (the counts ``__call__`` reports)."""
+def _shares(values: np.ndarray, members: int, width: int) -> list[list[float]]:
+    """Per member, the sum over its ``width`` coordinates of the boolean ``values``
+    ([n, members * width]) of each of its n candidates, as float64 numbers (the counts
+    ``__call__`` reports)."""
     count = values.shape[0]
-    counts = torch.from_numpy(values).view(count, members, -1).sum(dim=2).T.tolist()
+    counts = torch.from_numpy(values).view(count, members, width).sum(dim=2).T.tolist()
     return [[float(n) for n in client] for client in counts]
 
 
@@ -266,7 +267,7 @@ class Median:
             low, high = ordered[middle[0]], ordered[middle[1]]
             # (low + high) / 2 in float64 as __call__ takes it: elementwise, the same bits in any shape.
             models = ((torch.from_numpy(low).to(torch.float64) + torch.from_numpy(high).to(torch.float64)) / 2).view(len(group.members), width)
-            hits = _shares((group.values == low) | (group.values == high), len(group.members))
+            hits = _shares((group.values == low) | (group.values == high), len(group.members), width)
             for b, (c, order) in enumerate(zip(group.members, group.orders, strict=True)):
                 out[c] = package_for(batch.ids[c], models[b], dict(zip(order.ids, hits[b], strict=True)))
         return out
@@ -323,7 +324,7 @@ class TrimmedMean:
             trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
             ordered = sorted_columns(group.values)
             _sorted_as_called(group.values, ordered, range(trim, count - trim))
-            shares = _shares(_kept_columns(group.values, ordered, trim, count - trim), len(group.members))
+            shares = _shares(_kept_columns(group.values, ordered, trim, count - trim), len(group.members), width)
             for b, (c, order) in enumerate(zip(group.members, group.orders, strict=True)):
                 # The kept values as __call__ sums them: a contiguous float64 [kept, D] tensor.
                 columns = slice(b * width, (b + 1) * width)

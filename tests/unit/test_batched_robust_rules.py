@@ -166,6 +166,23 @@ def test_trimmed_mean_reduced_trim_and_a_client_with_nothing_finite():
     assert_same(third, rule(batch.one(2)), 2)
 
 
+@pytest.mark.parametrize("rule", RULES, ids=repr)
+def test_batched_takes_models_of_no_coordinates(rule):
+    # Prepare: three clients, models of length 0 (nothing to sort, measure or count)
+    rows = ((0, 1, 2), (1, 2), (2,))
+    batch = RoundBatch(
+        round=0, vectors=torch.zeros(3, 0), rows=rows, ids=tuple(tuple(5 + r for r in rs) for rs in rows),
+        num_samples=tuple((1,) * len(rs) for rs in rows), references=torch.zeros(3, 0),
+    )
+
+    # Execute
+    together = rule.batched(batch)
+
+    # Assert
+    for c, aggregate in enumerate(together):
+        assert_same(aggregate, rule(batch.one(c)), c)
+
+
 def test_batched_krum_with_threads_and_a_large_model_gives_what_its_own_call_gives():
     # Prepare: a model of 40000 coordinates (more than torch sums in one pass per thread)
     generator = torch.Generator().manual_seed(3)
