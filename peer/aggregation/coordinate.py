@@ -1,13 +1,26 @@
 """Coordinate-wise rules: the median and the trimmed mean (Yin et al., ICML 2018), each
-coordinate on its own (conventions: :mod:`peer.aggregation.robust`)."""
+coordinate on its own (conventions: :mod:`peer.aggregation.robust`).
+
+``batched`` (the batched engine's path) gives every client exactly what ``rule(batch.one(c))``
+gives, bit for bit. The clients with the same number of finite candidates are sorted together,
+every coordinate of every client a column of one array, by a sorting network (a fixed sequence
+of elementwise minima and maxima: ``sorted_columns``) in the models' own dtype. Any correct
+sort puts the same values in each place, bit for bit, except where equal values differ in
+their bits: the only such floats are -0.0 and +0.0, so the columns holding a -0.0 are sorted
+again as ``__call__`` sorts them (numpy's sort of the float64 rows). Ranks, shares and counts
+are comparisons, which do not see the sign of zero; sums over candidates run per client on the
+very tensors ``__call__`` sums.
+"""
 
 from __future__ import annotations
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 import numpy as np
 import torch
 from dfedrw.peer.registry import check_int
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs
-from dfedrw.peer.aggregation.candidates import by_id, finite_by_id, keep_own, package_aggregate
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
+from dfedrw.peer.aggregation.candidates import PooledOrder, by_id, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order
 
 
 def coordinate_middle(values: torch.Tensor) -> torch.Tensor:
@@ -67,6 +80,148 @@ def _ranked_in(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -
     return kept
 
 
+# ---------------------------------------------------------------- batched sorting
+
+# Up to this many candidates a sorting network (O(n log^2 n) passes over all the columns at
+# once) beats numpy's sort of each column (about 4x for 9 rows of 10 clients' 7850 coordinates,
+# float32, one core); beyond, numpy's sort.
+_NETWORK_MAX = 32
+
+
+@functools.lru_cache(maxsize=None)
+def sorting_network(count: int, wanted: tuple[int, ...] | None = None) -> tuple[tuple[int, int], ...]:
+    """Batcher's odd-even merge sort for ``count`` wires as compare-exchanges ``(i, j)``,
+    ``i < j`` (``i`` gets the minimum): the network for the next power of two without the
+    comparators that touch a wire ``>= count`` (think of those wires as holding +inf: they never
+    move). ``wanted``: only the comparators that the wires ``wanted`` depend on (the others are
+    dropped, leaving only those wires sorted)."""
+    size = 1
+    while size < count:
+        size *= 2
+    pairs = []
+    p = 1
+    while p < size:
+        k = p
+        while k >= 1:
+            for j in range(k % p, size - k, 2 * k):
+                for i in range(min(k, size - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p):
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    pairs = [(i, j) for i, j in pairs if j < count]
+    if wanted is None:
+        return tuple(pairs)
+    needed, kept = set(wanted), []
+    for i, j in reversed(pairs):
+        if i in needed or j in needed:
+            kept.append((i, j))
+            needed |= {i, j}
+    return tuple(reversed(kept))
+
+
+def sorted_columns(values: np.ndarray, wanted: Sequence[int] | None = None) -> list[np.ndarray]:
+    """Row ``r`` of ``values`` ([n, N], finite) sorted along dim 0, for every ``r`` in
+    ``wanted`` (all rows if None); the rows not wanted are left in no particular order.
+
+    Every value lands where any sort puts it, bit for bit, except that equal values of
+    different bits (only -0.0 and +0.0) may come in another order: see :func:`signed_zero_columns`.
+    """
+    count = values.shape[0]
+    if count > _NETWORK_MAX:
+        ordered = np.sort(values, axis=0)
+        return [ordered[r] for r in range(count)]
+    rows = [values[r].copy() for r in range(count)]
+    spare = np.empty_like(values[0]) if count > 1 else None
+    for i, j in sorting_network(count, None if wanted is None else tuple(sorted(set(wanted)))):
+        np.minimum(rows[i], rows[j], out=spare)
+        np.maximum(rows[i], rows[j], out=rows[j])
+        rows[i], spare = spare, rows[i]
+    return rows
+
+
+def signed_zero_columns(values: np.ndarray) -> np.ndarray:
+    """Indices of the columns of ``values`` ([n, N], float32 or float64) holding a -0.0: the
+    only columns whose sorted values may differ in their bits from one sort to another."""
+    bits = values.view(np.uint32 if values.dtype == np.float32 else np.uint64)
+    sign = np.uint32(1 << 31) if values.dtype == np.float32 else np.uint64(1 << 63)
+    return np.flatnonzero((bits == sign).any(axis=0))
+
+
+def _sorted_as_called(values: np.ndarray, ordered: list[np.ndarray], wanted: Sequence[int]) -> None:
+    """Put into the rows ``wanted`` of ``ordered`` (from :func:`sorted_columns`) the values
+    :func:`sorted_rows` of the float64 rows gives in the columns where another sort could put
+    a -0.0 and a +0.0 the other way round (cast back: the values are ``values``' own)."""
+    columns = signed_zero_columns(values)
+    if columns.size:
+        exact = np.sort(values[:, columns].astype(np.float64), axis=0)
+        for r in wanted:
+            ordered[r][columns] = exact[r]
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Clients of a batch with the same number ``count`` of finite candidates: their
+    candidates as columns, ``values[i, b * D + d]`` coordinate ``d`` of the ``i``-th finite
+    candidate (id order) of ``members[b]``."""
+
+    count: int
+    members: list[int]
+    orders: list[PooledOrder]
+    values: np.ndarray  # [count, len(members) * D] in the models' dtype
+
+
+def _coordinate_groups(batch: RoundBatch) -> tuple[dict[int, Aggregate], list[_Group]] | None:
+    """The clients of ``batch`` without a finite candidate (each keeping its own model) and the
+    others grouped by their count; None where the batch cannot take the batched path (models
+    not float32/float64 on the CPU)."""
+    if batch.vectors.device.type != "cpu" or batch.vectors.dtype not in (torch.float32, torch.float64):
+        return None
+    finite = batch.finite().tolist()
+    alone: dict[int, Aggregate] = {}
+    by_count: dict[int, list[tuple[int, PooledOrder]]] = {}
+    for c in range(len(batch)):
+        order = pooled_order(batch, c, finite)
+        if order.ids:
+            by_count.setdefault(len(order.ids), []).append((c, order))
+        else:
+            alone[c] = keep_own_pooled(batch, c)
+    groups = []
+    width = batch.vectors.shape[1]
+    for count, entries in by_count.items():
+        index = torch.tensor([[order.pooled[i] for _, order in entries] for i in range(count)], dtype=torch.long)
+        values = batch.vectors.index_select(0, index.view(-1)).view(count, len(entries) * width).numpy()
+        groups.append(_Group(count, [c for c, _ in entries], [order for _, order in entries], values))
+    return alone, groups
+
+
+def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high: int) -> np.ndarray:
+    """:func:`_kept_by_rank` of the columns ``values`` ([n, N]) sorted as ``ordered`` (the rows
+    of :func:`sorted_columns`), in numpy (about four times torch's speed for these comparisons):
+    the same booleans, as comparisons do not see the sign of zero."""
+    first, last = ordered[low], ordered[high - 1]
+    kept = (values >= first) & (values <= last)
+    tied = np.zeros(first.shape, dtype=bool)
+    if low > 0:
+        tied |= ordered[low - 1] == first
+    if high < values.shape[0]:
+        tied |= ordered[high] == last
+    columns = np.flatnonzero(tied)
+    if columns.size:
+        sorted_tied = torch.from_numpy(np.stack([row[columns] for row in ordered]))
+        kept[:, columns] = _ranked_in(torch.from_numpy(values[:, columns]), sorted_tied, low, high).numpy()
+    return kept
+
+
+def _shares(values: np.ndarray, members: int, width: int) -> list[list[float]]:
+    """Per member, the sum over its ``width`` coordinates of the boolean ``values``
+    ([n, members * width]) of each of its n candidates, as float64 numbers (the counts
+    ``__call__`` reports)."""
+    count = values.shape[0]
+    counts = torch.from_numpy(values).view(count, members, width).sum(dim=2).T.tolist()
+    return [[float(n) for n in client] for client in counts]
+
+
 @RULE_REGISTRY.register("median")
 @dataclass(frozen=True)
 class Median:
@@ -94,6 +249,28 @@ class Median:
         model = (low + high) / 2
         hits = ((finite.rows == low) | (finite.rows == high)).sum(dim=1).to(torch.float64)
         return package_aggregate(inputs, model, by_id(finite, hits.cpu()))
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's median at once (see the module's notes), bit for bit
+        ``self(batch.one(c))``."""
+        grouped = _coordinate_groups(batch)
+        if grouped is None:
+            return [self(batch.one(c)) for c in range(len(batch))]
+        out: list[Aggregate | None] = [None] * len(batch)
+        for c, aggregate in grouped[0].items():
+            out[c] = aggregate
+        width = batch.vectors.shape[1]
+        for group in grouped[1]:
+            middle = ((group.count - 1) // 2, group.count // 2)
+            ordered = sorted_columns(group.values, middle)
+            _sorted_as_called(group.values, ordered, middle)
+            low, high = ordered[middle[0]], ordered[middle[1]]
+            # (low + high) / 2 in float64 as __call__ takes it: elementwise, the same bits in any shape.
+            models = ((torch.from_numpy(low).to(torch.float64) + torch.from_numpy(high).to(torch.float64)) / 2).view(len(group.members), width)
+            hits = _shares((group.values == low) | (group.values == high), len(group.members), width)
+            for b, (c, order) in enumerate(zip(group.members, group.orders, strict=True)):
+                out[c] = package_for(batch.ids[c], models[b], dict(zip(order.ids, hits[b], strict=True)))
+        return out
 
 
 @RULE_REGISTRY.register("trimmed_mean")
@@ -130,3 +307,28 @@ class TrimmedMean:
         # whatever the arrival order.
         shares = _kept_by_rank(finite.rows, ordered, trim, count - trim).sum(dim=1)
         return package_aggregate(inputs, model, by_id(finite, shares.to(torch.float64).cpu()))
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's trimmed mean at once (see the module's notes), bit for bit
+        ``self(batch.one(c))``: the sort and the shares batched, each client's kept values
+        summed on their own as ``__call__`` sums them."""
+        grouped = _coordinate_groups(batch)
+        if grouped is None:
+            return [self(batch.one(c)) for c in range(len(batch))]
+        out: list[Aggregate | None] = [None] * len(batch)
+        for c, aggregate in grouped[0].items():
+            out[c] = aggregate
+        width = batch.vectors.shape[1]
+        for group in grouped[1]:
+            count = group.count
+            trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
+            ordered = sorted_columns(group.values)
+            _sorted_as_called(group.values, ordered, range(trim, count - trim))
+            shares = _shares(_kept_columns(group.values, ordered, trim, count - trim), len(group.members), width)
+            for b, (c, order) in enumerate(zip(group.members, group.orders, strict=True)):
+                # The kept values as __call__ sums them: a contiguous float64 [kept, D] tensor.
+                columns = slice(b * width, (b + 1) * width)
+                kept = torch.from_numpy(np.array([row[columns] for row in ordered[trim : count - trim]], dtype=np.float64))
+                model = kept.sum(dim=0) / kept.shape[0]
+                out[c] = package_for(batch.ids[c], model, dict(zip(order.ids, shares[b], strict=True)))
+        return out

@@ -1,13 +1,27 @@
 """Distance-based rules: Krum and multi-Krum (Blanchard et al., NeurIPS 2017) and the geometric
-median (Pillutla et al., 2022) (conventions: :mod:`peer.aggregation.robust`)."""
+median (Pillutla et al., 2022) (conventions: :mod:`peer.aggregation.robust`).
+
+Krum's and multi-Krum's ``batched`` (the batched engine's path) give every client exactly what
+``rule(batch.one(c))`` gives, bit for bit. What they share is the squared distance of each pair
+of pooled rows, computed once for all the clients holding both: each is the sum of one row of
+squared differences, which torch sums row by row the same way whatever the number of rows (one
+row alone is summed in two passes only with several threads and a model of at least
+``_ONE_PASS`` coordinates; there the batched path is not taken), and ``(a - b)^2`` and
+``(b - a)^2`` are the same numbers. Scores, choices and the weighted sum are each client's own,
+on tensors of the shapes ``__call__`` uses.
+"""
 
 from __future__ import annotations
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import torch
 from dfedrw.peer.registry import check_int, check_real
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundInputs
-from dfedrw.peer.aggregation.candidates import FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, package_aggregate
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
+from dfedrw.peer.aggregation.candidates import (
+    FiniteCandidates, PooledOrder, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for,
+    pooled_finite, pooled_order,
+)
 
 
 def pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
@@ -27,28 +41,96 @@ def pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
     return distances
 
 
-def _krum_scores(rows: torch.Tensor, num_byzantine: int) -> torch.Tensor:
-    """Krum score per row: sum of squared distances to its ``C - f - 2`` nearest others."""
+# torch sums a reduction with a single output in two passes (a part per thread) when it has
+# at least this many elements and torch runs several threads (TensorIterator's GRAIN_SIZE).
+_ONE_PASS = 32768
+
+
+def pooled_squared_distances(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    """``||v_a - v_b||^2`` of the rows ``a < b`` of ``vectors`` for every pair ``(a, b)``, as
+    :func:`pairwise_squared_distances` computes each entry (float64 differences squared, each
+    row summed on its own): the rows paired with ``a`` against row ``a`` at once, as the rows
+    after ``a`` (a few unwanted among them) where they are most of those."""
+    partners: dict[int, list[int]] = {}
+    for a, b in sorted(pairs):
+        partners.setdefault(a, []).append(b)
+    used = sorted(set(partners) | {b for bs in partners.values() for b in bs})
+    position = {row: i for i, row in enumerate(used)}
+    rows = vectors.index_select(0, torch.tensor(used, dtype=torch.long)).to(torch.float64)
+    out: dict[tuple[int, int], float] = {}
+    for a, bs in partners.items():
+        first, wanted = position[a], [position[b] for b in bs]
+        if 2 * (wanted[-1] - first) <= 3 * len(wanted):
+            differences = rows[first + 1 : wanted[-1] + 1] - rows[first]
+            places = [at - first - 1 for at in wanted]
+        else:
+            differences = rows.index_select(0, torch.tensor(wanted, dtype=torch.long)).sub_(rows[first])
+            places = list(range(len(wanted)))
+        # x * x: the very numbers x ** 2 gives (torch squares by multiplying).
+        values = differences.mul_(differences).sum(dim=1).tolist()
+        out.update(((a, b), values[place]) for b, place in zip(bs, places, strict=True))
+    return out
+
+
+def _krum_scores(rows: torch.Tensor, num_byzantine: int, distances: torch.Tensor | None = None) -> torch.Tensor:
+    """Krum score per row: sum of squared distances to its ``C - f - 2`` nearest others.
+    ``distances``: :func:`pairwise_squared_distances` of ``rows`` when the caller has it."""
     count = rows.shape[0]
     # At least one neighbour (a score of 0 for everybody would make the choice arbitrary),
     # and no more than there are other candidates.
     neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
-    distances = pairwise_squared_distances(rows)
+    distances = pairwise_squared_distances(rows) if distances is None else distances
     distances.fill_diagonal_(math.inf)
     return distances.sort(dim=1).values[:, :neighbours].sum(dim=1)
 
 
-def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int) -> torch.Tensor:
+def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int, distances: torch.Tensor | None = None) -> torch.Tensor:
     """Uniform weights (CPU [F]) on the ``keep`` lowest Krum scores, ties to the lower id."""
     count = len(finite.ids)
     weights = torch.zeros(count, dtype=torch.float64)
     if count == 1:
         weights[0] = 1.0
         return weights
-    scores = _krum_scores(finite.rows, num_byzantine)
+    scores = _krum_scores(finite.rows, num_byzantine, distances)
     chosen = scores.sort(stable=True).indices[:keep]
     weights[chosen] = 1.0 / keep
     return weights
+
+
+def _krum_batched(batch: RoundBatch, num_byzantine: int, keep_of: Callable[[int], int]) -> list[Aggregate] | None:
+    """Krum's or multi-Krum's round for every client of ``batch`` (``keep_of(count)``: how many
+    to average of ``count`` finite candidates), each pair of pooled rows measured once; None
+    where the batched path is not taken (a model not on the CPU, or summed in two passes alone)."""
+    vectors = batch.vectors
+    if vectors.device.type != "cpu" or (torch.get_num_threads() > 1 and vectors.shape[1] >= _ONE_PASS):
+        return None
+    finite = batch.finite().tolist()
+    orders = [pooled_order(batch, c, finite) for c in range(len(batch))]
+    pairs = {(min(a, b), max(a, b)) for order in orders for i, a in enumerate(order.pooled) for b in order.pooled[i + 1 :]}
+    measured = pooled_squared_distances(vectors, sorted(pairs))
+    out = []
+    for c, order in enumerate(orders):
+        count = len(order.ids)
+        if count == 0:
+            out.append(keep_own_pooled(batch, c))
+            continue
+        finite_c = pooled_finite(batch, c, finite, order)
+        weights = _lowest_scores(finite_c, num_byzantine, keep_of(count), _distance_matrix(order, measured, finite_c.rows.dtype))
+        out.append(package_for(batch.ids[c], combine_rows(finite_c, weights), by_id(finite_c, weights)))
+    return out
+
+
+def _distance_matrix(order: PooledOrder, measured: dict[tuple[int, int], float], dtype: torch.dtype) -> torch.Tensor:
+    """The [F, F] matrix :func:`pairwise_squared_distances` gives for a client's finite rows,
+    from the measured pooled pairs."""
+    pooled = order.pooled
+    count = len(pooled)
+    values = [0.0] * (count * count)
+    for i, a in enumerate(pooled):
+        for j in range(i + 1, count):
+            b = pooled[j]
+            values[i * count + j] = values[j * count + i] = measured[(a, b) if a < b else (b, a)]
+    return torch.tensor(values, dtype=dtype).view(count, count)
 
 
 @RULE_REGISTRY.register("krum")
@@ -78,6 +160,11 @@ class Krum:
         weights = _lowest_scores(finite, self.num_byzantine, keep=1)
         return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights))
 
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's Krum at once, bit for bit ``self(batch.one(c))`` (module notes)."""
+        out = _krum_batched(batch, self.num_byzantine, lambda count: 1)
+        return [self(batch.one(c)) for c in range(len(batch))] if out is None else out
+
 
 @RULE_REGISTRY.register("multi_krum")
 @dataclass(frozen=True)
@@ -106,10 +193,17 @@ class MultiKrum:
         count = len(finite.ids)
         if count == 0:
             return keep_own(inputs)
-        keep = count - self.num_byzantine if self.m is None else self.m
-        keep = min(max(keep, 1), count)
-        weights = _lowest_scores(finite, self.num_byzantine, keep=keep)
+        weights = _lowest_scores(finite, self.num_byzantine, keep=self._keep(count))
         return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights))
+
+    def _keep(self, count: int) -> int:
+        keep = count - self.num_byzantine if self.m is None else self.m
+        return min(max(keep, 1), count)
+
+    def batched(self, batch: RoundBatch) -> list[Aggregate]:
+        """Every client's multi-Krum at once, bit for bit ``self(batch.one(c))`` (module notes)."""
+        out = _krum_batched(batch, self.num_byzantine, self._keep)
+        return [self(batch.one(c)) for c in range(len(batch))] if out is None else out
 
 
 @RULE_REGISTRY.register("geometric_median")
