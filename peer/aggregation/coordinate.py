@@ -171,28 +171,28 @@ class _Group:
     values: np.ndarray  # [count, len(members) * D] in the models' dtype
 
 
-def _coordinate_groups(batch: RoundBatch) -> tuple[dict[int, Aggregate], list[_Group]] | None:
-    """The clients of ``batch`` without a finite candidate (each keeping its own model) and the
-    others grouped by their count; None where the batch cannot take the batched path (models
-    not float32/float64 on the CPU)."""
+def _coordinate_groups(batch: RoundBatch) -> tuple[list[Aggregate | None], list[_Group], int] | None:
+    """(every client's aggregate, filled in for the clients without a finite candidate, each
+    keeping its own model; the others grouped by their count; the model's width), or None where
+    the batch cannot take the batched path (models not float32/float64 on the CPU)."""
     if batch.vectors.device.type != "cpu" or batch.vectors.dtype not in (torch.float32, torch.float64):
         return None
     finite = batch.finite().tolist()
-    alone: dict[int, Aggregate] = {}
+    out: list[Aggregate | None] = [None] * len(batch)
     by_count: dict[int, list[tuple[int, PooledOrder]]] = {}
     for c in range(len(batch)):
         order = pooled_order(batch, c, finite)
         if order.ids:
             by_count.setdefault(len(order.ids), []).append((c, order))
         else:
-            alone[c] = keep_own_pooled(batch, c)
+            out[c] = keep_own_pooled(batch, c)
     groups = []
     width = batch.vectors.shape[1]
     for count, entries in by_count.items():
         index = torch.tensor([[order.pooled[i] for _, order in entries] for i in range(count)], dtype=torch.long)
         values = batch.vectors.index_select(0, index.view(-1)).view(count, len(entries) * width).numpy()
         groups.append(_Group(count, [c for c, _ in entries], [order for _, order in entries], values))
-    return alone, groups
+    return out, groups, width
 
 
 def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high: int) -> np.ndarray:
@@ -256,11 +256,8 @@ class Median:
         grouped = _coordinate_groups(batch)
         if grouped is None:
             return [self(batch.one(c)) for c in range(len(batch))]
-        out: list[Aggregate | None] = [None] * len(batch)
-        for c, aggregate in grouped[0].items():
-            out[c] = aggregate
-        width = batch.vectors.shape[1]
-        for group in grouped[1]:
+        out, groups, width = grouped
+        for group in groups:
             middle = ((group.count - 1) // 2, group.count // 2)
             ordered = sorted_columns(group.values, middle)
             _sorted_as_called(group.values, ordered, middle)
@@ -315,11 +312,8 @@ class TrimmedMean:
         grouped = _coordinate_groups(batch)
         if grouped is None:
             return [self(batch.one(c)) for c in range(len(batch))]
-        out: list[Aggregate | None] = [None] * len(batch)
-        for c, aggregate in grouped[0].items():
-            out[c] = aggregate
-        width = batch.vectors.shape[1]
-        for group in grouped[1]:
+        out, groups, width = grouped
+        for group in groups:
             count = group.count
             trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
             ordered = sorted_columns(group.values)

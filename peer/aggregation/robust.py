@@ -290,9 +290,7 @@ class Balance:
         return keep_own(inputs) if aggregate is None else aggregate
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's round as :meth:`__call__` takes it, bit for bit: the same arithmetic
-        on tensors of the same shapes, the pool checked for finite rows once and no per-client
-        inputs built."""
+        """As :meth:`Flame.batched`: each client's own arithmetic, bit for bit :meth:`__call__`."""
         finite = batch.finite().tolist()
         out = []
         for c in range(len(batch)):
