@@ -174,7 +174,7 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
 
     ls = sub.add_parser("list", help="list the registered rules, TPMs, CRSs and attacks with their settings")
     ls.add_argument(
-        "kind", nargs="?", choices=("rules", "tpms", "crs", "attacks", "datasets", "models", "topologies", "transports"),
+        "kind", nargs="?", choices=("rules", "tpms", "crs", "attacks", "datasets", "models", "topologies", "schedules", "transports"),
         help="one kind (default: all)",
     )
     ls.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS", help="also describe this import path (repeatable)")

@@ -38,10 +38,12 @@ def client_identity(scenario: Scenario, certs: Path | None, client: int) -> Clie
     return load_identity(Path(certs), client)
 
 
-def client_rule(scenario: Scenario, topology: Topology, client: int):
+def client_rule(scenario: Scenario, topology: Topology, client: int, senders: tuple[int, ...] | None = None):
+    """Client ``client``'s rule, told the Byzantine clients among ``senders`` (a round's
+    in-neighbours under a schedule; default: its neighbours in the graph)."""
     cfg = scenario.aggregation_for(client)
     return build_client_rule(
-        scenario, client, told_byzantine(cfg, topology, client), scenario.train.lr, derive_seed(scenario.seed, "rule", client)
+        scenario, client, told_byzantine(cfg, topology, client, senders), scenario.train.lr, derive_seed(scenario.seed, "rule", client)
     )
 
 

@@ -1,6 +1,6 @@
 """Every registry in one place, for listing: ``dfedrw list`` and the generated tables of
 docs/reference.md. Rules, TPMs, CRSs and attacks (:mod:`peer.plugins` builds them), data sets,
-models, topologies and transports: each kind a :class:`~dfedrw.peer.registry.Registry`."""
+models, topologies, schedules and transports: each kind a :class:`~dfedrw.peer.registry.Registry`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dfedrw.peer.datasets import DATASET_REGISTRY
 from dfedrw.peer.models import MODEL_REGISTRY
 from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
 from dfedrw.peer.registry import Registry, Setting
+from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.transports import TRANSPORT_REGISTRY
 
@@ -29,6 +30,7 @@ REGISTRIES: dict[str, Registry] = {
     "datasets": DATASET_REGISTRY,
     "models": MODEL_REGISTRY,
     "topologies": TOPOLOGY_REGISTRY,
+    "schedules": SCHEDULE_REGISTRY,
     "transports": TRANSPORT_REGISTRY,
 }
 
@@ -41,6 +43,7 @@ SETTINGS_TABLE = {
     "datasets": "data.{name}",
     "models": "train.{name}",
     "topologies": "topology.{name}",
+    "schedules": "topology.schedule_params.{name}",
     "transports": "network.{name}",
 }
 

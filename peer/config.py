@@ -5,12 +5,13 @@ A scenario file has the sections below (every key optional; defaults in the data
     seed, rounds
     [data]        name, dir, partition, aux_fraction, local_test_size, labelskew_assign
     [train]       model, hidden, lr, batch_size, local_steps, init
-    [topology]    kind, rho, file, honest, byzantine
+    [topology]    kind, rho, file, honest, byzantine, schedule
+                  [topology.NAME]  [topology.schedule_params.SCHEDULE]
     [attack]      name                       [attack.NAME]  the attack's settings
     [aggregation] rule, tpm, crs, assumed_byzantine
                   [aggregation.RULE]  [aggregation.tpm_params.TPM]  [aggregation.crs_params.CRS]
     [network]     transport, host, round_timeout, round_window, max_missed_rounds,
-                  connect_timeout, chunk_bytes, max_message_bytes
+                  connect_timeout, chunk_bytes, max_message_bytes, idle_channel_timeout, ...
     [eval]        every
     [checkpoint]  every
     [engine]      name (clients, batched), device, threads
@@ -51,9 +52,10 @@ from dfedrw.peer.overrides import apply_overrides, deep_copy
 from dfedrw.peer.config_aggregation import (
     AggregationConfig, AttackConfig, aggregation_table, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
 )
-from dfedrw.peer.config_tables import Params, checked_params, parse_class_tables, settings_tables, toml_key
+from dfedrw.peer.config_tables import Params, SettingsTables, checked_params, parse_class_tables, resolve_class, settings_tables, toml_key
 from dfedrw.peer.datasets import build_dataset
 from dfedrw.peer.registry import Setting
+from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.transports import TRANSPORT_REGISTRY
 from dfedrw.peer.config_checks import (
@@ -137,9 +139,15 @@ class TopologyConfig:
     byzantine: int = 0
     # The settings tables [topology.NAME] (every one given is checked, the named one is used).
     params: Params = ()
+    # A graph that changes from round to round (peer/schedule.py): "" keeps the graph of
+    # `kind` every round; a schedule draws each round's graph over it (same Byzantine ids).
+    schedule: str = ""
+    # The settings tables [topology.schedule_params.NAME] of schedules.
+    schedule_params: Params = ()
 
     def __post_init__(self) -> None:
         checked_params("topology", self.kind, self.params, "topology.kind")
+        self._check_schedule()
         check_in_range("topology.rho", self.rho, 0.0, 1.0, open_lo=True)
         check_in_range("topology.honest", self.honest, 1, MAX_CLIENTS)
         check_in_range("topology.byzantine", self.byzantine, 0, MAX_CLIENTS - 1)
@@ -151,6 +159,26 @@ class TopologyConfig:
             raise ScenarioError(f"topology.kind={self.kind!r} needs topology.file (an edge-list path)")
         if self.file and not TOPOLOGY_REGISTRY.takes(self.kind, "file"):
             raise ScenarioError(f"topology.file={self.file!r} is only read by a topology that takes a file (edgelist), not {self.kind!r}")
+
+    def _check_schedule(self) -> None:
+        if not isinstance(self.schedule, str):
+            raise ScenarioError(f"topology.schedule={self.schedule!r}: expected a string")
+        # Every table given is checked (the key only names where they sit), the named one used.
+        where = "topology.schedule_params.NAME"
+        if not self.schedule:
+            checked_params("schedule", "redraw", self.schedule_params, where)
+            return
+        resolve_class("schedule", self.schedule, "topology.schedule")
+        settings = checked_params("schedule", self.schedule, self.schedule_params, where)
+        # Built once with placeholders for the graph and the Byzantine ids, which are drawn
+        # later: a bad setting fails here, with one line.
+        import networkx as nx
+
+        supplied = {"num_clients": self.num_clients, "byzantine": frozenset(), "seed": 0, "rho": self.rho, "base": nx.empty_graph(self.num_clients)}
+        try:
+            SCHEDULE_REGISTRY.build(self.schedule, settings, supplied)
+        except ValueError as exc:
+            raise ScenarioError(f"topology.schedule={self.schedule!r}: {' '.join(str(exc).split())}") from None
 
     @property
     def num_clients(self) -> int:
@@ -185,6 +213,10 @@ class NetworkConfig:
     # Open Push/PushOne calls a receiver allows each sender at once (besides its one Exchange
     # call); a call beyond is refused at once.
     calls_per_sender: int = 2
+    # With a topology schedule, a client connects to a peer when it first sends to it and
+    # closes a channel that carried nothing for this many seconds (a fixed graph's channels
+    # stay open all run).
+    idle_channel_timeout: float = 120.0
     # The settings tables [network.NAME] of transports (every one given is checked, the named
     # one is used).
     transport_params: Params = ()
@@ -206,6 +238,7 @@ class NetworkConfig:
         check_in_range("network.max_message_bytes", self.max_message_bytes, 1 << 10, 1 << 30)
         check_in_range("network.idle_call_timeout", self.idle_call_timeout, 0.0, MAX_SECONDS, open_lo=True)
         check_in_range("network.calls_per_sender", self.calls_per_sender, 1, 64)
+        check_in_range("network.idle_channel_timeout", self.idle_channel_timeout, 0.0, MAX_SECONDS, open_lo=True)
 
 
 @dataclass(frozen=True)
@@ -343,6 +376,17 @@ def _check_keys(prefix: str, table: Mapping[str, Any], cls: type) -> None:
             raise ScenarioError(f"unknown key '{prefix}.{key}'; valid keys: {', '.join(valid)}")
 
 
+def _schedule_tables(value: Any) -> Params:
+    """``[topology.schedule_params.NAME]`` tables, frozen (each checked against its class)."""
+    where = "topology.schedule_params"
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where} must be a table of schedule settings tables, e.g. [{where}.redraw]")
+    tables = SettingsTables({}, ())
+    for name, values in value.items():
+        tables.table("schedule", name, values, f"{where}.{toml_key(name)}")
+    return tables.frozen("schedule")
+
+
 def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     """Build and validate a :class:`Scenario` from a parsed TOML table."""
     valid_top = [*_TOP_SCALARS, *_SECTIONS, "peers"]
@@ -364,9 +408,12 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
             kwargs[name] = parse_attack(name, table)
             continue
         tables: dict[str, Any] = {}
+        if name == "topology" and "schedule_params" in table:
+            table = dict(table)
+            tables["schedule_params"] = _schedule_tables(table.pop("schedule_params"))
         if name in _CLASS_TABLES:
             kind, params_field = _CLASS_TABLES[name]
-            fields_ = [f.name for f in fields(cls) if f.name != params_field]
+            fields_ = [f.name for f in fields(cls) if f.name not in (params_field, "schedule_params")]
             table, tables[params_field] = parse_class_tables(name, table, fields_, kind)
         _check_keys(name, table, cls)
         kwargs[name] = cls(**{k: coerce_value(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()}, **tables)
@@ -402,6 +449,13 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
             if name in _CLASS_TABLES:
                 # Only the tables given: a scenario without any is written as before.
                 out[name].update(settings_tables(out[name].pop(_CLASS_TABLES[name][1])))
+            if name == "topology":
+                # Written only when set: a scenario with a fixed graph is written as before.
+                schedule, tables = out[name].pop("schedule"), out[name].pop("schedule_params")
+                if schedule:
+                    out[name]["schedule"] = schedule
+                if tables:
+                    out[name]["schedule_params"] = settings_tables(tables)
     if scenario.peers:
         out["peers"] = {str(k): {"aggregation": deep_copy(v)} for k, v in sorted(scenario.peers.items())}
     return out

@@ -1,7 +1,7 @@
 """Per-class settings tables of a scenario: a rule's, TPM's, CRS's or attack's settings as
 ``[aggregation.NAME]``, ``[aggregation.tpm_params.NAME]``, ``[aggregation.crs_params.NAME]`` or
 ``[attack.NAME]``, a data set's as ``[data.NAME]``, a model's as ``[train.NAME]``, a topology's
-as ``[topology.NAME]``, a transport's as ``[network.NAME]``, checked against the class's
+as ``[topology.NAME]``, a schedule's as ``[topology.schedule_params.NAME]``, a transport's as ``[network.NAME]``, checked against the class's
 constructor (its registry) while a scenario is parsed, and kept frozen (hashable, only values
 that differ from the class's defaults)."""
 
@@ -13,6 +13,7 @@ from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TP
 from dfedrw.peer.config_checks import ScenarioError
 from dfedrw.peer.datasets import DATASET_REGISTRY
 from dfedrw.peer.models import MODEL_REGISTRY
+from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.transports import TRANSPORT_REGISTRY
 
@@ -26,12 +27,13 @@ Params = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
 KIND_REGISTRY: dict[str, Registry] = {
     "rule": RULE_REGISTRY, "tpm": TPM_REGISTRY, "crs": CRS_REGISTRY, "attack": ATTACK_REGISTRY,
     "dataset": DATASET_REGISTRY, "model": MODEL_REGISTRY, "topology": TOPOLOGY_REGISTRY, "transport": TRANSPORT_REGISTRY,
+    "schedule": SCHEDULE_REGISTRY,
 }
 
 
 def table_path(prefix: str, kind: str, name: str) -> str:
     """The scenario key of a class's settings table, e.g. ``aggregation.crs_params.softmax``."""
-    if kind in ("tpm", "crs"):
+    if kind in ("tpm", "crs", "schedule"):
         return f"{prefix}.{kind}_params.{toml_key(name)}"
     return f"{prefix}.{toml_key(name)}"
 

@@ -15,6 +15,7 @@ from dfedrw.topologies import Topology
 
 if TYPE_CHECKING:
     from dfedrw.peer.config import AggregationConfig, Scenario
+    from dfedrw.peer.schedule import RoundGraphs
 
 
 def dataset_shape(scenario: Scenario) -> tuple[int, int]:
@@ -47,8 +48,26 @@ def scenario_topology(scenario: Scenario) -> Topology:
     return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None, params=settings_of(t.params, t.kind))
 
 
-def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int) -> int:
-    """How many Byzantine neighbours a robust rule at ``client`` is told it has."""
+def scenario_graphs(scenario: Scenario, topology: Topology | None = None) -> RoundGraphs:
+    """Who sends to whom in each round: the scenario's graph every round, or, with
+    ``topology.schedule``, the schedule's graph of the round (over ``topology``, the scenario's
+    base graph and Byzantine placement: given, or built here)."""
+    from dfedrw.peer.registry import settings_of
+    from dfedrw.peer.schedule import RoundGraphs, build_schedule
+
+    topology = scenario_topology(scenario) if topology is None else topology
+    t = scenario.topology
+    if not t.schedule:
+        return RoundGraphs(topology)
+    schedule = build_schedule(t.schedule, settings_of(t.schedule_params, t.schedule), topology, scenario.seed, t.rho)
+    return RoundGraphs(topology, schedule, t.schedule)
+
+
+def told_byzantine(cfg: AggregationConfig, topology: Topology, client: int, senders: tuple[int, ...] | None = None) -> int:
+    """How many Byzantine neighbours a robust rule at ``client`` is told it has: those among
+    ``senders`` (the round's in-neighbours under a schedule; default: its neighbours in the
+    graph), unless ``aggregation.assumed_byzantine`` says."""
     if cfg.assumed_byzantine >= 0:
         return cfg.assumed_byzantine
-    return sum(1 for k in topology.neighbours(client) if k in topology.byzantine)
+    among = topology.neighbours(client) if senders is None else senders
+    return sum(1 for k in among if k in topology.byzantine)

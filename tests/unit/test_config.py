@@ -143,6 +143,7 @@ RANGES = [
     ("network.max_abs_value", [1e-6, 3e38], [0.0, 3.1e38]),
     ("network.idle_call_timeout", [1e-12, 86400.0], [0.0, 86401.0]),
     ("network.calls_per_sender", [1, 64], [0, 65]),
+    ("network.idle_channel_timeout", [1e-12, 86400.0], [0.0, 86401.0]),
     ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
     ("checkpoint.every", [0, 10_000_000], [-1, 10_000_001]),
     ("engine.threads", [1, 1024], [0, 1025]),
