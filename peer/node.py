@@ -9,9 +9,12 @@ Round t at an honest client k (paper, Algorithm 1):
      round deadline passed (neighbours presumed gone are not waited for);
   3. aggregate own + received with the client's rule (DFedReweighting scores every candidate
      on the auxiliary set A_k) -> w_k^{t+1}.
-A Byzantine client holds no data: each round it waits for its honest neighbours' round-t
-models, crafts one message per receiver with its attack, and sends them. With
-``attack.colluding`` the Byzantine clients first pool what they received (peer/collusion.py).
+Under a schedule (``topology.schedule``, :mod:`peer.schedule`) the graph is the round's: k
+sends to its out-neighbours of round t, waits for its in-neighbours of round t, and a robust
+rule is told the Byzantine clients among them. A Byzantine client (:mod:`peer.byzantine_loop`)
+holds no data: each round it waits for its honest neighbours' round-t models, crafts one
+message per receiver with its attack, and sends them. With ``attack.colluding`` the Byzantine
+clients first pool what they received (peer/collusion.py).
 """
 
 from __future__ import annotations
@@ -21,23 +24,19 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dfedrw.peer.aggregation import RoundInputs
-from dfedrw.peer.assembly import (
-    attack_generator, byzantine_claims, byzantine_record, client_attack, client_data, client_identity, client_rule, finite_or_none,
-    initial_model, known_mean, scenario_plausible,
-)
-from dfedrw.peer.attacks import AttackView, craft_round
+from dfedrw.peer.assembly import client_attack, client_data, client_identity, client_rule, finite_or_none, initial_model, scenario_plausible
+from dfedrw.peer.byzantine_loop import ByzantineRounds, Liveness, loop_times
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
-from dfedrw.peer.plan import derive_seed, role_of, scenario_topology, told_byzantine
+from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
@@ -55,46 +54,11 @@ log = logging.getLogger(__name__)
 _PROBE_EVERY = 5
 
 
-@dataclass
-class Liveness:
-    """Consecutive missed deadlines per neighbour; past the limit a neighbour is not waited for."""
-
-    limit: int
-    missed: dict[int, int] = field(default_factory=dict)
-    given_up: set[int] = field(default_factory=set)  # marked gone here, not since waited for
-
-    def update(self, inbox: Inbox, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
-        for k in expected:
-            if k in self.given_up:
-                # Waited for again (it came back): it gets the same number of deadlines as at
-                # first, and is given up again when it misses them all.
-                self.given_up.discard(k)
-                self.missed[k] = 0
-            if k in arrived:
-                self.missed[k] = 0
-            else:
-                self.missed[k] = self.missed.get(k, 0) + 1
-                if self.missed[k] >= self.limit:
-                    log.warning("client %d: neighbour %d missed %d deadlines, no longer waiting for it", inbox.own_id, k, self.limit)
-                    inbox.set_gone(k)
-                    self.given_up.add(k)
-
-
 class Stopped(RuntimeError):
     """The client was asked to stop before its last round."""
 
 
-def _loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[str, float]:
-    """Wall and CPU seconds of the round loop, and when it started (Unix time: what a launcher
-    compares with when it started the process). CPU time is the whole process's (all its
-    threads; with the in-process transport, all its clients)."""
-    return {
-        "loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3),
-        "loop_started_at": round(started_at, 3),
-    }
-
-
-class Client(Rejoining):
+class Client(Rejoining, ByzantineRounds):
     """A client process's state and round loop (honest or Byzantine). ``tensorboard``: a folder
     for the round records as TensorBoard scalars too (see :mod:`dfedrw.peer.tensorboard`)."""
 
@@ -119,11 +83,18 @@ class Client(Rejoining):
         if not 0 <= client_id < self.topology.num_clients:
             raise ValueError(f"client id {client_id} out of range 0..{self.topology.num_clients - 1}")
         self.role = "byzantine" if client_id in self.topology.byzantine else "honest"
-        self.neighbours = tuple(self.topology.neighbours(client_id))
+        # Who sends to whom in each round: the graph every round, or the schedule's graph.
+        self.graphs = scenario_graphs(scenario, self.topology)
+        # Everyone it may exchange models with (a fixed graph: its neighbours); each round's
+        # senders and receivers are among them.
+        self.neighbours = self.graphs.possible(client_id)
         self.link = link or NullLink()
         net = scenario.network
         self.transport = transport
-        self.inbox = Inbox(client_id, self.neighbours, self.topology.num_clients, net.round_window)
+        self.inbox = Inbox(
+            client_id, self.neighbours, self.topology.num_clients, net.round_window,
+            senders_at=self.graphs.senders_at(client_id) if self.graphs.dynamic else None,
+        )
         self.plausible = scenario_plausible(scenario)
         self.model = initial_model(scenario, client_id)
         self.specs = model_specs(self.model)
@@ -201,8 +172,9 @@ class Client(Rejoining):
             if header.sender in pools:
                 # Colluders send each other pools only, never models.
                 return self.collusion.accept(header, payload, wire)
-            # Screened before decoding so a stranger costs no tensor work.
-            refused = self.inbox.screen(header.sender)
+            # Screened before decoding so a stranger costs no tensor work (under a schedule, one
+            # that does not send to this client in the message's round too).
+            refused = self.inbox.screen(header.sender, header.round)
             if refused is not None:
                 return refused
             msg = decode(header, payload, self.specs, wire, self.plausible)
@@ -274,6 +246,8 @@ class Client(Rejoining):
                 except (KeyError, ValueError, RuntimeError) as exc:
                     raise CheckpointError(f"checkpoint {self.checkpoint_file}: trainer state unusable ({exc})") from None
             self.rule = client_rule(sc, self.topology, self.id)
+            self.rules = {}  # under a schedule: the rule told each number of Byzantine senders
+            self.told_most = 0
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
         else:
             self.attack = client_attack(sc, self.topology, self.id)
@@ -293,6 +267,13 @@ class Client(Rejoining):
                 log.warning("client %d: no address for %s %d; going on without it", self.id, self._kind(k), k)
                 self._set_gone(k)
         self.transport.connect({k: addresses[k] for k in self.contacts if k in addresses}, self._on_reachability)
+        opener = getattr(self.transport, "open", None)
+        if self.graphs.dynamic and opener is not None:
+            # Connections on demand: those of the first round now (a peer that is not up is
+            # found out before round 0, as with a fixed graph), the others when first sent to.
+            r = min(self.resumed.round + 1, self.scenario.rounds - 1) if self.resumed is not None else 0
+            first = {*self.graphs.senders_to(self.id, r), *self.graphs.receivers_of(self.id, r)}
+            opener(sorted(k for k in self.contacts if k in addresses and (k in first or k not in self.neighbours)))
         late = self.transport.wait_ready(self.scenario.network.connect_timeout)
         for k in late:
             log.warning("client %d: %s %d not reachable at start", self.id, self._kind(k), k)
@@ -320,7 +301,9 @@ class Client(Rejoining):
             self.results.close()
         if self.role == "honest":
             cfg = self.scenario.aggregation_for(self.id)
-            final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, self.id)}
+            # Under a schedule: the most it was told in a round (each round's in its record).
+            told = self.told_most if self.graphs.dynamic else told_byzantine(cfg, self.topology, self.id)
+            final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told}
             if takes_tpm_and_crs(cfg.rule):  # which TPM and CRS scored the candidates
                 final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
         rejected = dict(self.inbox.rejected)
@@ -344,6 +327,10 @@ class Client(Rejoining):
             rounds_lost=sum(e["skipped"] + e["redone"] for e in self.resumed_from),
             resumed_from=self.resumed_from,
         )
+        if self.graphs.dynamic:
+            final["schedule"] = self.scenario.topology.schedule
+            if hasattr(self.transport, "channels_opened"):
+                final["channels"] = {"opened": self.transport.channels_opened, "closed_idle": self.transport.channels_closed}
         write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)
         # Done: a client started again with this id now starts a new run (its round log is
         # moved aside), it does not resume this one.
@@ -384,10 +371,34 @@ class Client(Rejoining):
                 continue
             self.transport.send(k, chunks)
 
+    def _rule_at(self, r: int, senders: tuple[int, ...]) -> tuple[Any, int | None]:
+        """The rule of round ``r`` and, under a schedule, what it is told: the Byzantine
+        clients among the round's ``senders`` (one rule per number told, built when first
+        needed, with the client's seed)."""
+        if not self.graphs.dynamic:
+            return self.rule, None
+        cfg = self.scenario.aggregation_for(self.id)
+        told = told_byzantine(cfg, self.topology, self.id, senders)
+        if told not in self.rules:
+            self.rules[told] = client_rule(self.scenario, self.topology, self.id, senders)
+        self.told_most = max(self.told_most, told)
+        return self.rules[told], told
+
+    def _with_round_graph(self, record: dict[str, Any], r: int, told: int | None = None) -> dict[str, Any]:
+        """``record`` with, under a schedule, the round's neighbours: ``neighbours``, whose
+        models it was to receive; ``sent_to`` (directed schedules), whom it sent to; and what
+        its rule was told. A fixed graph's records stay as they were."""
+        if self.graphs.dynamic:
+            record["neighbours"] = list(self.graphs.senders_to(self.id, r))
+            if self.graphs.directed:
+                record["sent_to"] = list(self.graphs.receivers_of(self.id, r))
+            if told is not None:
+                record["told_byzantine"] = told
+        return record
+
     def _run_honest(self) -> dict[str, Any]:
         sc = self.scenario
-        data, trainer, rule, aux_eval = self.data, self.trainer, self.rule, self.aux_eval
-        neighbours = frozenset(self.neighbours)
+        data, trainer, aux_eval = self.data, self.trainer, self.aux_eval
         liveness = Liveness(sc.network.max_missed_rounds)
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
@@ -400,8 +411,9 @@ class Client(Rejoining):
             reference = get_vector(self.model)
             loss = trainer.step()
             own = get_vector(self.model)
-            self._send_all(r, own, num_samples, self.neighbours, loss)
-            expected = self._expected(r, neighbours)
+            senders = self.graphs.senders_to(self.id, r)
+            self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)
+            expected = self._expected(r, frozenset(senders))
             got, passed = self._wait_rejoining(r, expected)
             expected -= passed
             liveness.update(self.inbox, expected, got)
@@ -422,6 +434,7 @@ class Client(Rejoining):
             vectors = torch.stack([own, *(got[k].vector for k in ids[1:])])
             sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
             losses = (loss, *(got[k].train_loss for k in ids[1:]))
+            rule, told = self._rule_at(r, senders)
             agg = rule(
                 RoundInputs(
                     own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval,
@@ -444,6 +457,7 @@ class Client(Rejoining):
                 record["took_neighbours_model"] = True
             if agg.scores is not None:
                 record["scores"] = {str(k): finite_or_none(v) for k, v in agg.scores.items()}
+            self._with_round_graph(record, r, told)
             every = sc.eval.every
             if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
                 last = {
@@ -461,64 +475,7 @@ class Client(Rejoining):
                 generators, arrays, pos = trainer.state()
                 self._save_checkpoint(r, generators=generators, arrays=arrays, vector=get_vector(self.model).numpy(), trainer_pos=pos)
             r += 1
-        return {**last, **_loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
-
-    def _run_byzantine(self) -> dict[str, Any]:
-        sc = self.scenario
-        attack = self.attack
-        gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", self.id))
-        targets = tuple(k for k in self.neighbours if k not in self.topology.byzantine)
-        liveness = Liveness(sc.network.max_missed_rounds)
-        loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-        r = 0
-        reference = None  # the mean of what it knew last round (AttackView.reference)
-        if self.resumed is not None:
-            if "attack" in self.resumed.generators:
-                gen.set_state(torch.from_numpy(self.resumed.generators["attack"].copy()))
-            r = self._rejoin(torch.zeros(sum(s.numel for s in self.specs)), 0)
-        while r < sc.rounds:
-            r, sent0, recv0 = self._begin_round(r)
-            expected = self._expected(r, frozenset(targets))
-            got = self.inbox.wait(r, expected, sc.network.round_timeout)
-            liveness.update(self.inbox, expected, got)
-            senders = tuple(k for k in sorted(got) if k not in self.topology.byzantine)
-            honest_msgs = [got[k] for k in senders]
-            received = (
-                torch.stack([m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
-            )
-            claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
-            pooled = self.collusion.exchange(r, senders, received, sc.network.round_timeout) if self.collusion is not None else None
-            view = AttackView(
-                round=r, attacker=self.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
-                **({"colluders": self.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
-            )
-            crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
-            reference = known_mean(view)
-            silent = 0
-            for k in targets:
-                message = crafted.messages[k]
-                if message is None:
-                    silent += 1
-                    continue
-                self.transport.send(
-                    k,
-                    encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
-                )
-            for k, labelled in crafted.extra.items():
-                for label, extra in labelled:
-                    chunks = encode(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
-                    self.transport.send(k, chunks)
-            self.results.write(
-                byzantine_record(
-                    r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
-                    pooled_from=list(pooled.used) if pooled is not None else None,
-                )
-            )
-            self.link.send({"type": "round", "id": self.id, "round": r})
-            if self._checkpoint_due(r):
-                self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
-            r += 1
-        return {"attack": sc.attack.name, **_loop_times(loop_start, cpu_start, started_at)}
+        return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 
 
 def run_grpc_client(

@@ -73,7 +73,9 @@ class Rejoining:
             return {}
         rounds.clear()
         chunks = encode(self.id, hello_round, vector, self.specs, num_samples=num_samples, train_loss=float("nan"), chunk_bytes=self.scenario.network.chunk_bytes)
-        asked = [k for k in self.neighbours if k not in self.topology.byzantine or self.role == "honest"]
+        # Those it sends to in that round (a fixed graph: its neighbours): a receiver checks the
+        # sender against the round's graph.
+        asked = [k for k in self.graphs.receivers_of(self.id, hello_round) if k not in self.topology.byzantine or self.role == "honest"]
         for k in asked:
             self.transport.send(k, chunks)
         deadline = time.monotonic() + self.scenario.network.round_timeout
@@ -162,7 +164,7 @@ class Rejoining:
                 v = replies.get(k)
                 if v is not None and not v[1] and v[2] == "stale_round" and v[0] > r:
                     passed.add(k)
-                elif v is not None and not v[1] and v[2] == "future_round":
+                elif v is not None and not v[1] and v[2] == "future_round" and k in self.graphs.receivers_of(self.id, r):
                     self.transport.send(k, chunks)
         got = self.inbox.wait(r, expected - passed, 0.0)
         return got, frozenset(passed - got.keys())
@@ -186,7 +188,7 @@ class Rejoining:
         if reconnect is not None:
             reconnect(peer)  # our channel to it may still be waiting out its reconnection backoff
         last = self._last_sent
-        if last is not None and last[0] == round_:
+        if last is not None and last[0] == round_ and peer in self.graphs.receivers_of(self.id, round_):
             self.transport.send(peer, last[1])
 
     def _expected(self, r: int, among: frozenset[int]) -> frozenset[int]:

@@ -6,6 +6,11 @@ far-future round, second copy) is rejected. Every rejection is counted by reason
 at most one line per reason per ``log_interval`` seconds (anyone can make a client reject
 messages as fast as it can send them), and the client carries on.
 
+Under a schedule (a graph per round, :mod:`peer.schedule`) a sender must also be one of the
+receiver's in-neighbours in the round the message is for, else it is rejected as
+``not_neighbour``: however many clients a Byzantine one sends to, a receiver takes its message
+only in the rounds the schedule gives it the edge, and at most one per round.
+
 Only an accepted message (for the current round or the window ahead) marks a neighbour
 presumed gone as alive again. A stale one does not: anyone who can send in a dead client's
 name could otherwise keep its neighbours waiting for it every round.
@@ -17,7 +22,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dfedrw.peer.transport.ratelog import RateLimitedLog
@@ -78,11 +83,16 @@ class RoundWaiting:
 
 
 class Inbox(RoundWaiting):
+    """``neighbours``: every client that may send to this one; ``senders_at`` (a schedule's):
+    round -> those that send to it in that round (None: all of ``neighbours``, every round)."""
+
     def __init__(
-        self, own_id: int, neighbours: Iterable[int], num_clients: int, window: int, *, log_interval: float = 10.0
+        self, own_id: int, neighbours: Iterable[int], num_clients: int, window: int, *, log_interval: float = 10.0,
+        senders_at: Callable[[int], Iterable[int]] | None = None,
     ) -> None:
         self.own_id = own_id
         self.neighbours = frozenset(neighbours)
+        self.senders_at = senders_at
         self.num_clients = num_clients
         self.window = window
         self._round = 0
@@ -112,8 +122,11 @@ class Inbox(RoundWaiting):
         self.quiet_log.log(logging.WARNING, reason, "client %d rejected a message: %s %s", self.own_id, reason, detail)
         return False, reason
 
-    def screen(self, sender: int) -> tuple[bool, str] | None:
-        """Reject a sender that is unknown or not a neighbour (None when it may send to us).
+    def screen(self, sender: int, round_: int | None = None) -> tuple[bool, str] | None:
+        """Reject a sender that is unknown or not a neighbour (None when it may send to us);
+        under a schedule, given the message's round, also one that does not send to this
+        client in that round, when the round is one a message would be buffered for now
+        (:meth:`offer` checks every message it buffers).
 
         Cheap, so a transport can call it before decoding any tensor bytes.
         """
@@ -121,6 +134,9 @@ class Inbox(RoundWaiting):
             return self.reject("unknown_sender", f"sender {sender}")
         if sender not in self.neighbours:
             return self.reject("not_neighbour", f"sender {sender}")
+        if round_ is not None and self.senders_at is not None and self._round <= round_ <= self._round + self.window:
+            if sender not in self.senders_at(round_):
+                return self.reject("not_neighbour", f"sender {sender} in round {round_}")
         return None
 
     def offer(self, msg: ModelMessage) -> tuple[bool, str]:
@@ -134,26 +150,31 @@ class Inbox(RoundWaiting):
                 # Not a sign of life by itself: only a message it can be waited for again (in
                 # the window) is; the client re-arms a neighbour for a late one at most once per
                 # absence (see the client's _accept).
-                stale = True
+                outcome = "stale"
             elif msg.round > current + self.window:
-                stale = None
+                outcome = "future"
+            elif self.senders_at is not None and msg.sender not in self.senders_at(msg.round):
+                # Checked here, under the lock, for every message buffered: the round may
+                # have moved on since the sender was screened.
+                outcome = "not_neighbour"
             else:
-                stale = False
                 slot = self._buffer.setdefault(msg.round, {})
-                duplicate = msg.sender in slot
-                if not duplicate:
+                outcome = "duplicate" if msg.sender in slot else "buffered"
+                if outcome == "buffered":
                     slot[msg.sender] = msg
                     self.bytes_received += msg.nbytes
                     self.accepted += 1
                     self._gone.discard(msg.sender)
                     self._wake_if_complete()
-        if stale:
+        if outcome == "stale":
             return self.drop_stale(msg.sender, msg.round)
-        if stale is None:
+        if outcome == "future":
             return self.reject(
                 "future_round", f"round {msg.round} > {current}+{self.window} from {msg.sender}"
             )
-        if duplicate:
+        if outcome == "not_neighbour":
+            return self.reject("not_neighbour", f"sender {msg.sender} in round {msg.round}")
+        if outcome == "duplicate":
             return self.reject("duplicate", f"second round-{msg.round} message from {msg.sender}")
         return True, ""
 

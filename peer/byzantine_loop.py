@@ -1,0 +1,123 @@
+"""A Byzantine client's round loop, mixed into :class:`peer.node.Client` (whose state it reads
+and writes). It holds no data: each round it waits for the models of the honest clients that
+send to it in that round, crafts one message per receiver of the round with its attack, and
+sends them; with ``attack.colluding`` it first pools what it received with the other colluders
+(:mod:`peer.collusion`). Under a schedule (:mod:`peer.schedule`) its receivers and senders are
+the round's: it reaches no one the schedule does not give it, whomever it sends to (receivers
+refuse a message from a sender that is not their in-neighbour in the message's round)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dfedrw.peer.assembly import attack_generator, byzantine_claims, byzantine_record, known_mean
+from dfedrw.peer.attacks import AttackView, craft_round
+from dfedrw.peer.plan import derive_seed
+from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.transport.serde import encode
+
+log = logging.getLogger("dfedrw.peer.node")
+
+
+@dataclass
+class Liveness:
+    """Consecutive missed deadlines per neighbour; past the limit a neighbour is not waited for."""
+
+    limit: int
+    missed: dict[int, int] = field(default_factory=dict)
+    given_up: set[int] = field(default_factory=set)  # marked gone here, not since waited for
+
+    def update(self, inbox: Inbox, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
+        for k in expected:
+            if k in self.given_up:
+                # Waited for again (it came back): it gets the same number of deadlines as at
+                # first, and is given up again when it misses them all.
+                self.given_up.discard(k)
+                self.missed[k] = 0
+            if k in arrived:
+                self.missed[k] = 0
+            else:
+                self.missed[k] = self.missed.get(k, 0) + 1
+                if self.missed[k] >= self.limit:
+                    log.warning("client %d: neighbour %d missed %d deadlines, no longer waiting for it", inbox.own_id, k, self.limit)
+                    inbox.set_gone(k)
+                    self.given_up.add(k)
+
+
+def loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[str, float]:
+    """Wall and CPU seconds of the round loop, and when it started (Unix time: what a launcher
+    compares with when it started the process). CPU time is the whole process's (all its
+    threads; with the in-process transport, all its clients)."""
+    return {
+        "loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3),
+        "loop_started_at": round(started_at, 3),
+    }
+
+
+class ByzantineRounds:
+    """The round loop of a Byzantine :class:`peer.node.Client`."""
+
+    def _run_byzantine(self) -> dict[str, Any]:
+        sc = self.scenario
+        attack = self.attack
+        byzantine = self.topology.byzantine
+        gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", self.id))
+        liveness = Liveness(sc.network.max_missed_rounds)
+        loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
+        r = 0
+        reference = None  # the mean of what it knew last round (AttackView.reference)
+        if self.resumed is not None:
+            if "attack" in self.resumed.generators:
+                gen.set_state(torch.from_numpy(self.resumed.generators["attack"].copy()))
+            r = self._rejoin(torch.zeros(sum(s.numel for s in self.specs)), 0)
+        while r < sc.rounds:
+            r, sent0, recv0 = self._begin_round(r)
+            # Whom it sends to and hears from in this round (a fixed graph: its honest neighbours).
+            targets = tuple(k for k in self.graphs.receivers_of(self.id, r) if k not in byzantine)
+            heard = tuple(k for k in self.graphs.senders_to(self.id, r) if k not in byzantine)
+            expected = self._expected(r, frozenset(heard))
+            got = self.inbox.wait(r, expected, sc.network.round_timeout)
+            liveness.update(self.inbox, expected, got)
+            senders = tuple(k for k in sorted(got) if k not in byzantine)
+            honest_msgs = [got[k] for k in senders]
+            received = (
+                torch.stack([m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
+            )
+            claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
+            pooled = self.collusion.exchange(r, senders, received, sc.network.round_timeout) if self.collusion is not None else None
+            view = AttackView(
+                round=r, attacker=self.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
+                **({"colluders": self.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
+            )
+            crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
+            reference = known_mean(view)
+            silent = 0
+            for k in targets:
+                message = crafted.messages[k]
+                if message is None:
+                    silent += 1
+                    continue
+                self.transport.send(
+                    k,
+                    encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
+                )
+            for k, labelled in crafted.extra.items():
+                for label, extra in labelled:
+                    chunks = encode(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
+                    self.transport.send(k, chunks)
+            record = byzantine_record(
+                r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
+                pooled_from=list(pooled.used) if pooled is not None else None,
+            )
+            self.results.write(self._with_round_graph(record, r))
+            self.link.send({"type": "round", "id": self.id, "round": r})
+            if self._checkpoint_due(r):
+                self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
+            r += 1
+        return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at)}
