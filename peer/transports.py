@@ -200,6 +200,8 @@ def grpc_transport_for(
         host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
         max_message_bytes=min(net.max_message_bytes, model_bytes), max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
         advertise=advertise, identity=identity, limits=limits,
+        # A graph that changes from round to round: connect to a peer when first sending to it.
+        on_demand=bool(scenario.topology.schedule), idle_channel_timeout=net.idle_channel_timeout,
     )
 
 

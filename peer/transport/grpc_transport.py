@@ -11,6 +11,12 @@ explicit on both ends (a model larger than one chunk streams in several), and
 ``grpc.so_reuseport`` is off so two clients can never share a port silently. Credentials come
 from the client's identity (:mod:`.grpc_tls`).
 
+Channels are opened to every neighbour at :meth:`~GrpcTransport.connect` (a fixed graph), or,
+``on_demand`` (a graph that changes from round to round), when a peer is first sent to (or
+:meth:`~GrpcTransport.open` is asked for it): the transport then keeps a channel to each peer it
+has met and closes one that carried nothing for ``idle_channel_timeout`` seconds (the next
+message to that peer opens a new one). Either way every channel is mutual TLS.
+
 Every server, channel and call of a process runs on one event loop in one thread (``grpc-io``,
 :mod:`.grpc_io`), started on first use. The round loop hands a message over with one
 thread-safe call; gRPC's threaded API would have passed each message and each reply between
@@ -24,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import grpc
 
@@ -55,6 +62,8 @@ class GrpcTransport:
         advertise: str | None = None,
         identity: ClientIdentity | None = None,
         limits: CallLimits | None = None,
+        on_demand: bool = False,
+        idle_channel_timeout: float = 120.0,
     ) -> None:
         self.host = host
         self.port = port
@@ -83,6 +92,13 @@ class GrpcTransport:
         # from a checkpoint learns from it which round its neighbours are in.
         self.peer_replies: dict[int, tuple[int, bool, str]] = {}
         self._addresses: dict[int, str] = {}
+        # On demand: channels opened when first needed, closed when idle (see the module).
+        self.on_demand = on_demand
+        self.idle_channel_timeout = idle_channel_timeout
+        self._last_used: dict[int, float] = {}  # peer -> when a message was last queued for it
+        self._next_sweep = 0.0
+        self.channels_opened = 0
+        self.channels_closed = 0  # closed for being idle
 
     @property
     def skipped_stale(self) -> int:
@@ -152,16 +168,56 @@ class GrpcTransport:
         return grpc.aio.secure_channel(address, channel_credentials(self.identity), options=options)
 
     def connect(self, addresses: Mapping[int, str], on_reachability: Reachability) -> None:
+        """Learn the peers' addresses; open a channel to each now (on demand: none yet)."""
         self._on_reachability = on_reachability
         self._addresses = dict(addresses)
+        if not self.on_demand:
+            self.open(addresses)
 
-        async def connect() -> None:
-            for peer, address in addresses.items():
-                channel = self._channel(peer, address)
+    def open(self, peers: Iterable[int]) -> None:
+        """Open a channel to each of ``peers`` (whose address :meth:`connect` gave) that has none."""
+        wanted = [p for p in peers if p in self._addresses and p not in self._senders]
+        if not wanted:
+            return
+
+        async def open_() -> None:
+            now = time.monotonic()
+            for peer in wanted:
+                if peer in self._senders:
+                    continue
+                channel = self._channel(peer, self._addresses[peer])
                 self._channels[peer] = channel
                 self._senders[peer] = Sender(peer, channel, self)
+                self._last_used[peer] = now
+                self.channels_opened += 1
 
-        on_loop(connect())
+        on_loop(open_())
+
+    def close_idle(self, now: float | None = None) -> list[int]:
+        """On demand: close the channels to which nothing was sent for ``idle_channel_timeout``
+        seconds and nothing is queued or in flight; returns those peers."""
+        now = time.monotonic() if now is None else now
+        idle = [p for p, t in list(self._last_used.items()) if now - t >= self.idle_channel_timeout and p in self._senders]
+        if not idle:
+            return []
+
+        async def close() -> list[int]:
+            closed = []
+            for peer in idle:
+                sender = self._senders.get(peer)
+                if sender is None or sender._busy():
+                    continue
+                channel = self._channels.pop(peer)
+                del self._senders[peer]
+                self._closed_stale += sender.skipped_stale
+                sender.stop()
+                await asyncio.gather(sender.task, return_exceptions=True)
+                await channel.close()
+                closed.append(peer)
+            self.channels_closed += len(closed)
+            return closed
+
+        return on_loop(close())
 
     def reconnect(self, peer: int) -> None:
         """A neighbour that was down is back (it sent us a message): when our channel to it is
@@ -204,6 +260,15 @@ class GrpcTransport:
         return [peer for peer, ok in zip(self._channels, on_loop(every())) if not ok]
 
     def send(self, to: int, chunks: list[pb.ModelChunk]) -> None:
+        if self.on_demand:
+            now = time.monotonic()
+            self._last_used[to] = now
+            if now >= self._next_sweep:
+                # Checked as the client sends (every round), so no timer of its own is needed.
+                self._next_sweep = now + self.idle_channel_timeout / 4
+                self.close_idle(now)
+            if to not in self._senders:
+                self.open([to])
         sender = self._senders.get(to)
         if sender is None:  # never connected (no address): nothing to send to
             return
