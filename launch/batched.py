@@ -169,9 +169,15 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
         for run in runs:
             run.begin()
         loop_start, cpu_start = time.monotonic(), time.process_time()
+        dynamic = any(run.graphs.dynamic for run in runs)
         for r in range(sc.rounds):
             for run in runs:
                 run._reference = run.models.to("cpu", copy=True)  # the local steps update the models in place
+                if r and run.graphs.dynamic:
+                    run.begin_round(r)
+            if dynamic and r:
+                # A schedule changes what a rule is told from round to round.
+                groups = rule_groups([run.rules[k] for run in runs for k in run.honest])
             losses = train_together(runs)
             parts = [run.before_aggregation(r, loss) for run, loss in zip(runs, losses, strict=True)]
             results = aggregate_together(r, sc.rounds, [p for _, p in parts], groups, scorer)

@@ -24,7 +24,7 @@ from dfedrw.peer.assembly import (
 )
 from dfedrw.peer.datacache import training_set
 from dfedrw.peer.datasets import scenario_dataset
-from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_topology, told_byzantine
+from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
@@ -91,6 +91,12 @@ class BatchedRun:
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
         self.batches = [BatchOrder(n, t.batch_size, derive_seed(sc.seed, "batches", k)) for k, n in zip(self.honest, sizes, strict=True)]
         self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
+        # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
+        # schedule each client's rule is the one told the Byzantine senders of the round.
+        self.graphs = scenario_graphs(sc, topo)
+        self._rules_by_told: dict[tuple[int, int], Any] = {}
+        self.told: dict[int, int] = {}
+        self.told_most = dict.fromkeys(self.honest, 0)
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
         self.attacks = {b: client_attack(sc, topo, b) for b in self.byzantine}
@@ -99,12 +105,28 @@ class BatchedRun:
         self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
         self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(self.byzantine)
         self.plausible = scenario_plausible(sc)
-        self.neighbours = {k: tuple(topo.neighbours(k)) for k in range(topo.num_clients)}
+        self.begin_round(0)
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
         self.stale: dict[int, int] = {}  # receiver -> messages dropped as stale
         self.silent = dict.fromkeys(self.byzantine, 0)
 
     # -- one round ---------------------------------------------------------------------------
+    def begin_round(self, r: int) -> None:
+        """Round ``r``'s graph: whom each client hears from (``senders``) and sends to
+        (``receivers``); under a schedule, each honest client's rule of the round."""
+        n = self.topology.num_clients
+        self.senders = {k: self.graphs.senders_to(k, r) for k in range(n)}
+        self.receivers = {k: self.graphs.receivers_of(k, r) for k in range(n)} if self.graphs.dynamic else self.senders
+        if not self.graphs.dynamic:
+            return
+        for k in self.honest:
+            told = told_byzantine(self.scenario.aggregation_for(k), self.topology, k, self.senders[k])
+            if (k, told) not in self._rules_by_told:
+                self._rules_by_told[(k, told)] = client_rule(self.scenario, self.topology, k, self.senders[k])
+            self.rules[k] = self._rules_by_told[(k, told)]
+            self.told[k] = told
+            self.told_most[k] = max(self.told_most[k], told)
+
     def picks(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One local step's minibatch of every client: rows of the training set ``[C, B]`` and, when
         a shard is smaller than the batch size (its batch padded), the weight of each row
@@ -148,16 +170,16 @@ class BatchedRun:
         heard: dict[int, list[int]] = {}
         self.notes: dict[int, Any] = {}
         for b in self.byzantine:
-            for k in sorted(k for k in self.neighbours[b] if k in refused):
+            for k in sorted(k for k in self.senders[b] if k in refused):
                 self._reject(b, refused[k])
-            heard[b] = sorted(k for k in self.neighbours[b] if k in self.row and k not in refused)
+            heard[b] = sorted(k for k in self.senders[b] if k in self.row and k not in refused)
         pool_senders = tuple(sorted({k for b in self.colluders for k in heard[b]}))
         pool = self._rows(pool_senders) if self.colluders else None
         for b in self.byzantine:
             senders = heard[b]
             claimed_size, claimed_loss = byzantine_claims([self.num_samples[k] for k in senders], [losses[k] for k in senders])
             view = AttackView(
-                round=r, attacker=b, receivers=tuple(k for k in self.neighbours[b] if k in self.row), senders=tuple(senders),
+                round=r, attacker=b, receivers=tuple(k for k in self.receivers[b] if k in self.row), senders=tuple(senders),
                 received=self._rows(senders), colluders=self.colluders, pool_senders=pool_senders if self.colluders else (),
                 pool=pool, reference=self.reference[b], total_rounds=self.scenario.rounds,
             )
@@ -214,7 +236,7 @@ class BatchedRun:
             pooled += 1
         rows, ids, sizes, declared, missing = [], [], [], [], []
         for k in self.honest:
-            neighbours = sorted(self.neighbours[k])
+            neighbours = sorted(self.senders[k])
             for j in neighbours:
                 if j in refused:
                     self._reject(k, refused[j])
@@ -258,7 +280,7 @@ class BatchedRun:
             }
             if agg.scores is not None:
                 record["scores"] = {str(s): finite_or_none(v) for s, v in agg.scores.items()}
-            records.append(record)
+            records.append(self._with_round_graph(record, k))
         return records
 
     @torch.no_grad()
@@ -316,7 +338,19 @@ class BatchedRun:
         for b in self.byzantine:
             # Every colluder's pool arrives here: each used all of them.
             pooled = list(self.colluders) if self.colluders else None
-            self.logs[b].write(byzantine_record(r, self._heard[b], self.silent[b] - self._silent_before[b], self.notes[b], 0, 0, pooled_from=pooled))
+            record = byzantine_record(r, self._heard[b], self.silent[b] - self._silent_before[b], self.notes[b], 0, 0, pooled_from=pooled)
+            self.logs[b].write(self._with_round_graph(record, b))
+
+    def _with_round_graph(self, record: dict[str, Any], k: int) -> dict[str, Any]:
+        """Under a schedule, the round's neighbours in client ``k``'s record, as a client writes
+        them (``neighbours``, ``sent_to`` when directed, what its rule was told)."""
+        if self.graphs.dynamic:
+            record["neighbours"] = list(self.senders[k])
+            if self.graphs.directed:
+                record["sent_to"] = list(self.receivers[k])
+            if k in self.told:
+                record["told_byzantine"] = self.told[k]
+        return record
 
     def close(self) -> None:
         for f in getattr(self, "logs", {}).values():
@@ -340,7 +374,7 @@ class BatchedRun:
             final: dict[str, Any] = {
                 **last, **loop, "num_samples": self.num_samples[k], "aux_samples": len(self.data[k].aux.y),
                 "local_test_samples": len(self.data[k].local_test_index),
-                "aggregation": {"rule": cfg.rule, "told_byzantine": told_byzantine(cfg, self.topology, k)},
+                "aggregation": {"rule": cfg.rule, "told_byzantine": self.told_most[k] if self.graphs.dynamic else told_byzantine(cfg, self.topology, k)},
             }
             if takes_tpm_and_crs(cfg.rule):
                 final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
@@ -353,6 +387,8 @@ class BatchedRun:
             stale_messages=self.stale.get(k, 0), unsent_messages={"dropped": 0, "stale": 0}, refused_calls_by_reason={}, tls="n/a (batched engine)",
             restarts=0, rounds_lost=0, resumed_from=[], engine="batched",
         )
+        if self.graphs.dynamic:
+            final["schedule"] = sc.topology.schedule
         return final
 
 

@@ -45,6 +45,10 @@ DIR = "data.partition=dirichlet:0.1"
 COMPLETE = "topology.kind=complete"
 LOSS_CLIP = ("aggregation.rule=dfedreweighting", "aggregation.tpm=loss", "aggregation.crs=loss_clip_mean")
 SOFTMAX = ("aggregation.rule=dfedreweighting", "aggregation.tpm=accuracy", "aggregation.crs=softmax")
+# Graphs that change every round: Epidemic Learning's push to 3 random peers (directed), and a
+# random 4-regular graph re-drawn each round (what a robust rule is told changes with it).
+EPIDEMIC = ("topology.schedule=epidemic", "topology.schedule_params.epidemic.fanout=3")
+REDRAW = ("topology.schedule=redraw", "topology.schedule_params.redraw.degree=4")
 
 
 @dataclass(frozen=True)
@@ -111,12 +115,20 @@ CASES = [
     make_case("dfedavg-labelflip-iid", "dfedavg", "label_flip", 2, IID),
     make_case("balance-alie-colluding-dirichlet", "balance", "alie", 2, DIR, "attack.colluding=true"),
     make_case("median-flood-iid", "median", "flood", 1, IID),
+    # Schedules: each round's graph in both engines.
+    make_case("lossclip-gaussian-dirichlet-epidemic", LOSS_CLIP, "gaussian", 2, DIR, *EPIDEMIC),
+    make_case("trimmedmean-alie-iid-redraw", "trimmed_mean", "alie", 2, IID, *REDRAW),
 ]
 BY_ID = {c.id: c for c in CASES}
 # The default selection: the paper's rule on its default attack, DFedAvg (the batched engine's
-# own sparse-product path) on Dirichlet shards, a rank-based rule, a coordinate-wise one.
+# own sparse-product path) on Dirichlet shards, a rank-based rule, a coordinate-wise one, and a
+# graph that changes every round (directed).
 FAST = [
-    BY_ID[i] for i in ("lossclip-gaussian-iid", "dfedavg-gaussian-dirichlet", "krum-signflip-dirichlet", "trimmedmean-alie-iid")
+    BY_ID[i]
+    for i in (
+        "lossclip-gaussian-iid", "dfedavg-gaussian-dirichlet", "krum-signflip-dirichlet", "trimmedmean-alie-iid",
+        "lossclip-gaussian-dirichlet-epidemic",
+    )
 ]
 
 
@@ -182,6 +194,9 @@ def engine_differences(batched: Path, threads: Path, *, rule: str, rounds: int) 
                 continue
             if x.get("missing") != y.get("missing"):
                 out.append(f"{at}: missing neighbours batched {x.get('missing')} / threads {y.get('missing')}")
+            for key in ("neighbours", "sent_to", "told_byzantine"):  # a schedule's round graph
+                if x.get(key) != y.get(key):
+                    out.append(f"{at}: {key} batched {x.get(key)!r} / threads {y.get(key)!r}")
             if r >= STRICT_ROUNDS:
                 continue
             if not all(_close(wa[s], wb[s], weight_atol) for s in wa):
@@ -218,7 +233,7 @@ def _byzantine_differences(batched: Path, threads: Path, b: int, rounds: int) ->
     out = []
     for x, y in zip(ra, rb, strict=True):
         at = f"Byzantine client {b}, round {x['round']}"
-        for key in ("received_from", "silent_to", "pooled_from"):
+        for key in ("received_from", "silent_to", "pooled_from", "neighbours", "sent_to"):
             if x.get(key) != y.get(key):
                 out.append(f"{at}: {key} batched {x.get(key)!r} / threads {y.get(key)!r}")
         na, nb = dict(x.get("attack") or {}), dict(y.get("attack") or {})
