@@ -12,7 +12,7 @@ from typing import Any
 
 from dfedrw.peer.transports import scenario_transport
 from dfedrw.peer.config import Scenario, load_scenario
-from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.plan import scenario_graphs, scenario_topology
 from dfedrw.peer.results import read_final, read_rounds, summarize, write_json_atomic
 
 
@@ -48,6 +48,12 @@ def collect_summary(
     uses_tls = scenario_transport(scenario).uses_tls
     summary["tls"] = scenario.network.tls if uses_tls else f"n/a ({scenario.network.transport} transport)"
     summary["engine"] = scenario.engine.name
+    # How many models a client received a round, on average over the clients and rounds (the
+    # graph's, every round the same, or a schedule's).
+    graphs = scenario_graphs(scenario, topology)
+    summary["mean_degree"] = round(graphs.mean_degree(scenario.rounds), 6)
+    if graphs.dynamic:
+        summary["schedule"] = scenario.topology.schedule
     summary.update(extra or {})
     write_json_atomic(out_dir / "summary.json", summary)
     return summary

@@ -15,7 +15,7 @@ from dfedrw.peer.datasets import scenario_dataset
 from dfedrw.peer.transports import scenario_transport
 from dfedrw.peer.identity import CA_FILE, cert_file, key_file
 from dfedrw.peer.collusion import colluding_group
-from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.plan import scenario_graphs, scenario_topology
 
 
 IMAGE = "dfedrw:latest"
@@ -174,10 +174,14 @@ def client_secrets(client: int) -> list[tuple[str, str, str]]:
 
 
 def plan_services(scenario: Scenario) -> list[ClientService]:
+    """Every client's service. Its neighbours are those it may exchange with: its graph
+    neighbours, or under a schedule every peer it may meet in some round (it connects to each
+    when it first sends to it, see docs/schedules.md)."""
     topology = scenario_topology(scenario)
+    graphs = scenario_graphs(scenario, topology)
     colluders = colluding_group(topology.byzantine, scenario.attack.colluding)
     return [
-        ClientService(k, k in topology.byzantine, topology.neighbours(k), colluders if k in colluders else ())
+        ClientService(k, k in topology.byzantine, graphs.possible(k), colluders if k in colluders else ())
         for k in range(topology.num_clients)
     ]
 
@@ -242,13 +246,13 @@ def container_scenario(scenario: Scenario) -> tuple[Scenario, list[Mount], dict[
 
 def plugin_sources(scenario: Scenario) -> dict[str, Path]:
     """The outside modules the scenario names by import path (``module:Class``: the attack, the
-    data set, model and topology, and every client's rule, TPM and CRS), as files to copy:
+    data set, model, topology and schedule, and every client's rule, TPM and CRS), as files to copy:
     ``plugins/NAME`` -> the module's file, or a package's folder, as this host imports it. One
     line if a module cannot be found."""
     named: dict[str, str] = {}
     for key, value in (
         ("attack.name", scenario.attack.name), ("data.name", scenario.data.name), ("train.model", scenario.train.model),
-        ("topology.kind", scenario.topology.kind),
+        ("topology.kind", scenario.topology.kind), ("topology.schedule", scenario.topology.schedule),
     ):
         if ":" in value:
             named.setdefault(value, key)

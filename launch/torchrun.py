@@ -36,7 +36,7 @@ from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
 from dfedrw.peer.identity import make_certificates
 from dfedrw.peer.assembly import client_identity
 from dfedrw.peer.node import Client, start_and_run
-from dfedrw.peer.plan import role_of, scenario_topology
+from dfedrw.peer.plan import role_of, scenario_graphs, scenario_topology
 from dfedrw.peer.results import check_fresh_out_dir
 from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
 from dfedrw.peer.transports import scenario_colluders, scenario_transport
@@ -246,12 +246,16 @@ def shared_certificates(scenario: Scenario, store, rank: int, out_dir: Path, cer
 
 
 def transport_edges(scenario: Scenario) -> list[tuple[int, int]]:
-    """Who exchanges messages on the torch transport: the graph's edges and, with
-    ``attack.colluding``, every pair of colluders (their pools), whether neighbours or not.
-    The same list on every rank: each creates a process group per edge, in one order."""
+    """Who exchanges messages on the torch transport: the graph's edges (under a schedule,
+    every pair that may exchange in some round: the union of every round's edges, as the
+    schedule bounds it) and, with ``attack.colluding``, every pair of colluders (their pools),
+    whether neighbours or not. The same list on every rank: each creates a process group per
+    edge, in one order."""
     colluders = scenario_colluders(scenario)
     pairs = {(a, b) for i, a in enumerate(colluders) for b in colluders[i + 1 :]}
-    return sorted({(min(u, v), max(u, v)) for u, v in scenario_topology(scenario).graph.edges} | pairs)
+    graphs = scenario_graphs(scenario)
+    edges = {(min(k, j), max(k, j)) for k in range(graphs.num_clients) for j in graphs.possible(k)}
+    return sorted(edges | pairs)
 
 
 def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: Mapping[str, str], certs: Path | None = None):
