@@ -212,6 +212,13 @@ class BatchedRun:
         ``r`` is stale whichever, one past ``r + 1 + round_window`` is refused as
         ``future_round``. Labels in between would be buffered and used, which depends on timing
         the batched engine has none of: refused with one line."""
+        if self.graphs.dynamic:
+            # Under a schedule a receiver may be several rounds behind or ahead of its sender
+            # (each waits only for its own senders): what becomes of the message is timing.
+            raise ValueError(
+                f"an attack sent client {receiver} a round-{label} message in round {r}: under a topology schedule what a "
+                "receiver does with it depends on the rounds clients are in, which the batched engine does not model; use the client engine"
+            )
         window = self.scenario.network.round_window
         if label < r:
             self.stale[receiver] = self.stale.get(receiver, 0) + 1

@@ -38,6 +38,7 @@ from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
 from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
+from dfedrw.peer.schedule import receive_window
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
@@ -92,7 +93,7 @@ class Client(Rejoining, ByzantineRounds):
         net = scenario.network
         self.transport = transport
         self.inbox = Inbox(
-            client_id, self.neighbours, self.topology.num_clients, net.round_window,
+            client_id, self.neighbours, self.topology.num_clients, receive_window(net.round_window, scenario.topology.schedule),
             senders_at=self.graphs.senders_at(client_id) if self.graphs.dynamic else None,
         )
         self.plausible = scenario_plausible(scenario)

@@ -16,6 +16,7 @@ from dfedrw.peer.aggregation.crs import CRS_REGISTRY
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, takes_tpm_and_crs
 from dfedrw.peer.aggregation.tpm import TPM_REGISTRY
 from dfedrw.peer.attacks import ATTACK_REGISTRY
+from dfedrw.peer.schedule import receive_window
 
 if TYPE_CHECKING:
     from dfedrw.peer.config import AggregationConfig, AttackConfig, Scenario
@@ -63,5 +64,6 @@ def build_attack(scenario: Scenario, num_clients: int, num_byzantine: int, **kno
     :func:`build_attack_from`)."""
     return build_attack_from(
         scenario.attack, num_clients=num_clients, num_byzantine=num_byzantine,
-        lr=scenario.train.lr, total_rounds=scenario.rounds, round_window=scenario.network.round_window, **knowledge,
+        lr=scenario.train.lr, total_rounds=scenario.rounds,
+        round_window=receive_window(scenario.network.round_window, scenario.topology.schedule), **knowledge,
     )

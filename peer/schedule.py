@@ -36,7 +36,23 @@ from dfedrw.peer.registry import Registry, check_choice, check_int, check_real
 from dfedrw.topologies import Topology, erdos_renyi_connected
 from dfedrw.topologies.schedules import edges_up, epidemic_push, random_regular_connected, round_seed
 
-__all__ = ["SCHEDULE_REGISTRY", "EdgeFailures", "EpidemicPush", "Redraw", "RoundGraphs", "build_schedule"]
+__all__ = ["SCHEDULE_REGISTRY", "EdgeFailures", "EpidemicPush", "Redraw", "RoundGraphs", "build_schedule", "receive_window"]
+
+# Under a schedule a receiver buffers this many times ``network.round_window`` rounds ahead.
+SCHEDULE_WINDOW_FACTOR = 8
+
+
+def receive_window(round_window: int, schedule: str) -> int:
+    """How many rounds ahead of a receiver a message is buffered: ``network.round_window``
+    with a fixed graph, ``SCHEDULE_WINDOW_FACTOR`` times it under a schedule.
+
+    With a fixed graph two neighbours are at most a round apart (each waits for the other).
+    Under a schedule a client waits only for the round's senders, not for those it sends to,
+    so a sender may run several rounds ahead of a receiver it did not hear from lately (under
+    ``epidemic`` a client that receives nothing in a round does not wait at all): its message
+    must still be kept until the receiver gets to that round. Only the round's in-neighbours
+    fill these rounds (one message each), so what a receiver holds stays bounded."""
+    return round_window * SCHEDULE_WINDOW_FACTOR if schedule else round_window
 
 SCHEDULE_REGISTRY = Registry(
     "schedule", "dfedrw.schedules", required=("graph_at",), supplied=("num_clients", "byzantine", "seed", "rho", "base")
