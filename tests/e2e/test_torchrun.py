@@ -167,6 +167,31 @@ def test_grpc_and_torch_transports_give_the_same_accuracies(runs, reference):
     assert grpc["honest_mean_accuracy"] == torch_["honest_mean_accuracy"] == inproc["honest_mean_accuracy"] is not None
 
 
+def test_an_epidemic_schedule_runs_over_the_torch_transport_as_in_process(tmp_path):
+    """Every pair that may meet has its process groups; each round's models go to that round's
+    receivers only, and the run computes what the in-process transport does."""
+    schedule = '[topology.schedule_params.epidemic]\nfanout = 2\n'
+    base = write_scenario(tmp_path / "scenario.toml", transport="torch").read_text()
+    scenario_file = tmp_path / "scenario.toml"
+    scenario_file.write_text(base.replace("[topology]\n", '[topology]\nschedule = "epidemic"\n') + schedule)
+    rc, output, _ = torchrun(scenario_file, tmp_path / "out", 5)
+    assert rc == 0, output[-4000:]
+    reference = load_scenario(scenario_file, ["network.transport=inproc"])
+    _, inproc = run_scenario(reference, tmp_path / "inproc", console=quiet_console())
+
+    summary = read_summary(tmp_path / "out")
+    assert summary["failed_peers"] == [] and summary["schedule"] == "epidemic" and summary["mean_degree"] == 2.0
+    for k in range(5):
+        records = [json.loads(line) for line in (tmp_path / "out" / "peers" / f"{k}.jsonl").read_text().splitlines()]
+        ref_records = [json.loads(line) for line in (tmp_path / "inproc" / "peers" / f"{k}.jsonl").read_text().splitlines()]
+        assert [(r["neighbours"], r["sent_to"], sorted(r["weights"])) for r in records] == [
+            (r["neighbours"], r["sent_to"], sorted(r["weights"])) for r in ref_records
+        ]
+        assert all(r.get("missing", []) == [] for r in records)  # a Byzantine record has none
+    for k, p in summary["peers"].items():
+        assert (p["accuracy"], p["global_accuracy"]) == (inproc["peers"][k]["accuracy"], inproc["peers"][k]["global_accuracy"])
+
+
 def test_world_size_other_than_the_clients_fails_with_both_numbers(tmp_path):
     scenario = write_scenario(tmp_path / "s.toml", transport="grpc")
 

@@ -6,6 +6,7 @@ drawing function, and connects to its peers on demand."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -75,3 +76,66 @@ def test_a_graph_redrawn_every_round_over_grpc_processes(tmp_path):
             assert set(rec["received_from"]) == graphs[rec["round"]][b] - byzantine
     reached = {(int(s), rec["round"]) for k in roles if k not in byzantine for rec in read_rounds(tmp_path, k) for s in rec["weights"] if int(s) in byzantine}
     assert reached == {(b, r) for r in range(ROUNDS) for b in byzantine for k in graphs[r][b] - byzantine}
+
+
+def test_a_client_killed_under_a_schedule_resumes_and_aggregates_its_round_neighbours_again(tmp_path):
+    """Checkpoint and rejoin under a graph re-drawn every round: the restarted client asks the
+    peers it sends to in its checkpoint round where they are, catches up, and from then on
+    aggregates each round's neighbours again."""
+    from tests.multiprocess.test_resume import Clients, N, _last_round
+
+    from dfedrw.peer.config import dump_scenario
+    from dfedrw.peer.identity import make_certificates
+    from dfedrw.peer.plan import scenario_graphs
+    from dfedrw.peer.results import read_final
+
+    # Prepare: 5 clients, a connected 2-regular graph (a cycle) drawn anew every round
+    victim, kill_at = 2, 60
+    scenario = load_scenario(
+        None,
+        [
+            "topology.honest=5", "topology.byzantine=0", "attack.name=none", "rounds=400", "train.lr=0.2", "network.round_timeout=2",
+            "checkpoint.every=20", "eval.every=50", "topology.schedule=redraw", "topology.schedule_params.redraw.degree=2",
+        ],
+    )
+    assert scenario.num_clients == N
+    graphs = scenario_graphs(scenario)
+    certs = tmp_path / "certs"
+    make_certificates(N, certs)
+    out = tmp_path / "run"
+    out.mkdir()
+    dump_scenario(scenario, out / "scenario.toml")
+    clients = Clients(out, certs, out / "scenario.toml")
+    ckpt = out / "peers" / f"{victim}.ckpt.npz"
+
+    # Execute: kill it past round kill_at, start it again once the others went on without it
+    try:
+        for k in range(N):
+            clients.start(k)
+        clients.wait_for(lambda: _last_round(out, victim) >= kill_at and ckpt.exists(), 120, f"client {victim} past round {kill_at}", step=0.05)
+        clients.procs[victim].send_signal(signal.SIGKILL)
+        clients.procs[victim].wait(timeout=10)
+        others = [k for k in range(N) if k != victim]
+        gone = lambda: all(f"neighbour {victim} " in (out / "logs" / f"{j}.log").read_text(errors="replace") for j in others)  # noqa: E731
+        clients.wait_for(gone, 60, f"the others to stop waiting for client {victim}")
+        clients.start(victim, log_name=f"{victim}.restarted.log")
+        codes = clients.wait_exit(300)
+    finally:
+        clients.kill_all()
+
+    # Assert: every client finished; the victim resumed once, logged each round once
+    assert codes == {k: 0 for k in range(N)}, clients.tails()
+    final = read_final(out, victim)
+    assert final["restarts"] == 1 and final["schedule"] == "redraw"
+    resume = final["resumed_from"][0]
+    records = read_rounds(out, victim)
+    rounds = [r["round"] for r in records]
+    assert rounds == sorted(set(rounds)) and rounds[-1] == scenario.rounds - 1
+    # After it resumed: each round's record names that round's graph, and in most rounds it
+    # aggregated exactly its two neighbours of the round (a round or two right after its
+    # return may miss one that had not yet taken it back).
+    after = [r for r in records if r["round"] >= resume["resumed_at"]]
+    assert all(r["neighbours"] == list(graphs.senders_to(victim, r["round"])) for r in after)
+    exact = sum(sorted(map(int, r["weights"])) == sorted({victim, *r["neighbours"]}) for r in after)
+    assert exact >= 0.9 * len(after), (exact, len(after))
+    assert all(read_final(out, k)["rejected_by_reason"].get("not_neighbour", 0) == 0 for k in range(N))

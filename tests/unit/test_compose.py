@@ -13,7 +13,7 @@ import pytest
 from dfedrw.experiments.cli import main
 from dfedrw.launch.compose import write_compose
 from dfedrw.launch.compose_files import render_dockerfile
-from dfedrw.launch.compose_plan import ATTACK_ENV, CONTAINER_UID, ComposeOptions, container_scenario, plan_services
+from dfedrw.launch.compose_plan import ATTACK_ENV, CONTAINER_UID, ComposeOptions, container_scenario, plan_services, plugin_sources
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.identity import load_identity, make_certificates, run_id_of
 from dfedrw.peer.plan import scenario_topology
@@ -183,6 +183,28 @@ def test_plan_matches_the_graph_each_client_draws():
     assert [(s.id, s.neighbours, s.byzantine) for s in services] == [
         (k, topology.neighbours(k), k in topology.byzantine) for k in range(6)
     ]
+
+
+def test_under_a_schedule_each_service_knows_every_peer_it_may_meet():
+    # Prepare: epidemic (any pair may meet) and edge failures (base neighbours only)
+    epidemic = load_scenario(None, ["topology.honest=5", "topology.byzantine=1", "topology.schedule=epidemic", "topology.schedule_params.epidemic.fanout=2"])
+    failures = load_scenario(None, ["topology.honest=5", "topology.byzantine=1", "topology.schedule=edge_failures"])
+
+    # Execute
+    everyone, base = plan_services(epidemic), plan_services(failures)
+
+    # Assert
+    assert [s.neighbours for s in everyone] == [tuple(j for j in range(6) if j != k) for k in range(6)]
+    assert [s.neighbours for s in base] == [scenario_topology(failures).neighbours(k) for k in range(6)]
+
+
+def test_a_schedule_named_by_import_path_is_copied_into_the_compose_folder(tmp_path):
+    scenario = load_scenario(None, ["topology.schedule=tests.support.schedules:Rotating"])
+    # The schedule's module (here a package of this repository's tests) goes into plugins/.
+    assert plugin_sources(scenario) == {"plugins/tests": Path(__file__).resolve().parents[1]}
+    write_compose(scenario, tmp_path)
+    assert (tmp_path / "plugins" / "tests" / "support" / "schedules.py").is_file()
+    assert 'schedule = "tests.support.schedules:Rotating"' in (tmp_path / "scenario.toml").read_text()
 
 
 def secrets_of(text: str, service: str) -> list[str]:
