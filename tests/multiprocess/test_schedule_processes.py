@@ -89,12 +89,14 @@ def test_a_client_killed_under_a_schedule_resumes_and_aggregates_its_round_neigh
     from dfedrw.peer.plan import scenario_graphs
     from dfedrw.peer.results import read_final
 
-    # Prepare: 5 clients, a connected 2-regular graph (a cycle) drawn anew every round
+    # Prepare: 5 clients, a connected 2-regular graph (a cycle) drawn anew every round; as
+    # many rounds as tests/multiprocess/test_resume.py runs, so that the others are still
+    # running when the killed client is back (they go on at full speed without it)
     victim, kill_at = 2, 60
     scenario = load_scenario(
         None,
         [
-            "topology.honest=5", "topology.byzantine=0", "attack.name=none", "rounds=400", "train.lr=0.2", "network.round_timeout=2",
+            "topology.honest=5", "topology.byzantine=0", "attack.name=none", "rounds=1500", "train.lr=0.2", "network.round_timeout=2",
             "checkpoint.every=20", "eval.every=50", "topology.schedule=redraw", "topology.schedule_params.redraw.degree=2",
         ],
     )
@@ -119,7 +121,7 @@ def test_a_client_killed_under_a_schedule_resumes_and_aggregates_its_round_neigh
         gone = lambda: all(f"neighbour {victim} " in (out / "logs" / f"{j}.log").read_text(errors="replace") for j in others)  # noqa: E731
         clients.wait_for(gone, 60, f"the others to stop waiting for client {victim}")
         clients.start(victim, log_name=f"{victim}.restarted.log")
-        codes = clients.wait_exit(300)
+        codes = clients.wait_exit(600)
     finally:
         clients.kill_all()
 
@@ -137,5 +139,6 @@ def test_a_client_killed_under_a_schedule_resumes_and_aggregates_its_round_neigh
     after = [r for r in records if r["round"] >= resume["resumed_at"]]
     assert all(r["neighbours"] == list(graphs.senders_to(victim, r["round"])) for r in after)
     exact = sum(sorted(map(int, r["weights"])) == sorted({victim, *r["neighbours"]}) for r in after)
+    assert resume["neighbour_rounds"] and resume["resumed_at"] > kill_at, resume  # it found where the others were
     assert exact >= 0.9 * len(after), (exact, len(after))
     assert all(read_final(out, k)["rejected_by_reason"].get("not_neighbour", 0) == 0 for k in range(N))
