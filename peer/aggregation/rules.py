@@ -309,9 +309,11 @@ def _own_only(count: int) -> torch.Tensor:
 
 def _normalised(weights: torch.Tensor) -> torch.Tensor:
     """Weights summing to 1; all on the own model (row 0) when none is positive."""
-    if not bool(weights.sum() > 0):
+    total = weights.sum()
+    if not bool(total > 0):
         weights = _own_only(len(weights))
-    return weights / weights.sum()
+        total = weights.sum()
+    return weights / total
 
 
 def _finish(
@@ -371,11 +373,17 @@ class DFedReweighting:
             answers = batch.evaluate_many(batch.vectors, [batch.evaluate[c] for c in wanted], [usable_rows[c] for c in wanted])
             for c, answer in zip(wanted, answers, strict=True):
                 metrics[c] = answer
+        # A TPM that declares it reads no candidate value (it counts them and calls evaluate,
+        # as the built-in ones) is handed a stand-in of the candidates' shape, not their rows.
+        stand_in = getattr(self.tpm, "reads_candidates", True) is False
         weights, scores = [], []
         for c, rows in enumerate(batch.rows):
-            usable = batch.vectors[list(usable_rows[c])]
-            evaluate = batch.evaluate[c] if metrics[c] is None else _Answered(usable, metrics[c], batch.evaluate[c])
-            mask = finite[list(rows)]
+            kept = usable_rows[c]
+            answered = metrics[c] is not None
+            usable = batch.vectors.new_empty(len(kept), 0) if stand_in and answered else batch.vectors[list(kept)]
+            evaluate = _Answered(usable, metrics[c], batch.evaluate[c]) if answered else batch.evaluate[c]
+            # Every candidate finite (the usual case): no mask to apply.
+            mask = None if len(kept) == len(rows) else finite[list(rows)]
             s = self._scores(mask, usable, evaluate)
             scores.append(s)
             weights.append(_normalised(self._weights(s, mask)))
@@ -396,23 +404,30 @@ class DFedReweighting:
                 "client's auxiliary data and needs an evaluate callable"
             )
 
-    def _scores(self, finite: torch.Tensor, usable: torch.Tensor, evaluate: Callable) -> torch.Tensor:
+    def _scores(self, finite: torch.Tensor | None, usable: torch.Tensor, evaluate: Callable) -> torch.Tensor:
         """The TPM's score of every candidate; NaN for the non-finite ones (never evaluated).
-        ``usable``: the finite candidates, in order."""
+        ``usable``: the finite candidates, in order; ``finite`` None: all of them are."""
+        if finite is None:
+            return self._tpm_scores(usable, evaluate)
         scores = torch.full((len(finite),), float("nan"), dtype=torch.float64)
         if bool(finite.any()):
-            computed = torch.as_tensor(self.tpm(usable, evaluate))
-            computed = computed.detach().to(device="cpu", dtype=torch.float64)
-            if computed.shape != (usable.shape[0],):
-                raise ValueError(
-                    f"DFedReweighting: TPM {self.tpm!r} returned shape {tuple(computed.shape)}, "
-                    f"expected ({usable.shape[0]},)"
-                )
-            scores[finite] = computed
+            scores[finite] = self._tpm_scores(usable, evaluate)
         return scores
 
-    def _weights(self, scores: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
-        """The CRS's weights, checked; 0 for every non-finite candidate."""
+    def _tpm_scores(self, usable: torch.Tensor, evaluate: Callable) -> torch.Tensor:
+        """The TPM's scores of the finite candidates ``usable``: float64 CPU [len(usable)]."""
+        computed = torch.as_tensor(self.tpm(usable, evaluate))
+        computed = computed.detach().to(device="cpu", dtype=torch.float64)
+        if computed.shape != (usable.shape[0],):
+            raise ValueError(
+                f"DFedReweighting: TPM {self.tpm!r} returned shape {tuple(computed.shape)}, "
+                f"expected ({usable.shape[0]},)"
+            )
+        return computed
+
+    def _weights(self, scores: torch.Tensor, finite: torch.Tensor | None) -> torch.Tensor:
+        """The CRS's weights, checked; 0 for every non-finite candidate (``finite`` None: all
+        are finite)."""
         count = len(scores)
         weights = torch.as_tensor(self.crs(scores)).detach().to(device="cpu", dtype=torch.float64)
         if weights.shape != (count,):
@@ -427,7 +442,7 @@ class DFedReweighting:
             )
         # The CRS contract already zeroes NaN scores; enforcing it here keeps a custom CRS
         # from ever weighting a non-finite model.
-        return torch.where(finite, weights, torch.zeros_like(weights))
+        return weights if finite is None else torch.where(finite, weights, torch.zeros_like(weights))
 
 
 class _Answered:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -95,6 +95,8 @@ class Accuracy:
     ``Softmax(scale=100)`` to read the paper's temperature against percentages.
     """
 
+    reads_candidates: ClassVar[bool] = False  # only counts them: see DFedReweighting.batched
+
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("accuracy",), "Accuracy")["accuracy"]
 
@@ -109,6 +111,8 @@ class Loss:
     Source: paper, eq. (combination-loss), the Byzantine-robustness pair with
     ``LossClippedAtMean``.
     """
+
+    reads_candidates: ClassVar[bool] = False  # only counts them: see DFedReweighting.batched
 
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("loss",), "Loss")["loss"]
@@ -127,6 +131,8 @@ class WeightedCombination:
     coefficient is 0 is not evaluated into the score at all, so a NaN loss cannot hide a
     finite accuracy when ``b = 0`` (``0 * NaN`` would be NaN).
     """
+
+    reads_candidates: ClassVar[bool] = False  # only counts them: see DFedReweighting.batched
 
     accuracy: float = 0.5
     loss: float = 0.5
