@@ -123,7 +123,7 @@ class BatchedRun:
     def refused_rows(self) -> dict[int, str]:
         """Honest clients whose model this round any receiver's intake would refuse (a
         diverged model: NaN, Inf or past ``network.max_abs_value``) -> the reason."""
-        low, high = self.models.amin(dim=1).tolist(), self.models.amax(dim=1).tolist()
+        low, high = (t.tolist() for t in torch.aminmax(self.models, dim=1))
         out = {}
         for k, i in self.row.items():
             error = self.plausible.values_error(low[i], high[i])
@@ -215,6 +215,7 @@ class BatchedRun:
             pool.append(vector[None])
             pooled += 1
         rows, ids, sizes, declared, missing = [], [], [], [], []
+        believed = {j: self.plausible.train_loss(losses[j]) for j in self.honest}  # what a receiver takes of each declared loss
         for k in self.honest:
             neighbours = sorted(self.neighbours[k])
             for j in neighbours:
@@ -226,7 +227,7 @@ class BatchedRun:
                 if j in self.row:
                     row.append(self.row[j])
                     size.append(self.num_samples[j])
-                    loss.append(self.plausible.train_loss(losses[j]))
+                    loss.append(believed[j])
                 else:
                     row.append(byz_row[(j, k)])
                     size.append(byz[(j, k)][1])
@@ -278,7 +279,11 @@ class BatchedRun:
         block = max(1, (64 << 20) // max(1, len(test.y) * widest))
         for lo in range(0, len(self.honest), block):
             logits = self.model.batch_logits(self.models[lo : lo + block], test.x)
-            correct = (logits.argmax(-1) == test.y).float().mean(1).tolist()
+            by_sample = logits.transpose(0, 1)  # [N, C, K]: how a shared-input product lays them out
+            if by_sample.is_contiguous():  # the same argmax and count, read in the order they lie
+                correct = (by_sample.argmax(-1) == test.y[:, None]).float().mean(0).tolist()
+            else:
+                correct = (logits.argmax(-1) == test.y).float().mean(1).tolist()
             for k, acc in zip(self.honest[lo : lo + block], correct, strict=True):
                 out[k]["global_accuracy"] = 100.0 * acc
         return out

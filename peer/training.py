@@ -160,7 +160,14 @@ class FlatModel:
         self.plan = _layer_plan(self.module)
 
     def logits(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """One model's logits (its flat parameters ``vector``, inputs ``x [N, F]``)."""
+        """One model's logits (its flat parameters ``vector``, inputs ``x [N, F]``). A model with a
+        layer plan runs it as its ``forward`` would (``F.linear`` on views of ``vector``, the
+        same calls on the same views), without swapping the module's parameters."""
+        if self.plan is not None:
+            h = x
+            for step, weight, b in self._steps(vector[None]):
+                h = step(h) if weight is None else F.linear(h, weight[0], None if b is None else b[0])
+            return h
         parts = torch.split(vector, self.sizes)
         params = {n: p.view(s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
         return functional_call(self.module, params, (x,))
