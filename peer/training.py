@@ -91,6 +91,9 @@ def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
     }
 
 
+_METRICS = ("accuracy", "loss")  # what an evaluator returns
+
+
 class VectorEvaluator:
     """Scores flat model vectors on a fixed dataset: the ``evaluate`` a TPM calls.
 
@@ -115,14 +118,14 @@ class VectorEvaluator:
         """:func:`score_models` of finite ``vectors`` on this evaluator's data (on its device)."""
         return score_models(self.model, vectors.to(self.data.x.device, torch.float32), self.data)
 
-    def score_laid_out(self, laid: "_LaidOut", rows: Sequence[int]) -> torch.Tensor:
+    def score_laid_out(self, laid: "_LaidOut", rows: Sequence[int], metrics: Sequence[str] = _METRICS) -> torch.Tensor:
         """:meth:`score` of the pooled ``rows`` of a one-layer model, their weights taken from
         ``laid`` (already in the layout the product reads): the same product on the same
-        values, the same scores."""
+        values, the same scores; of ``metrics`` only (NaN in the other's row)."""
         weight, bias = laid.rows(rows)
         h = self.data.x.t()
         logits = (weight @ h if bias is None else torch.addmm(bias, weight, h)).view(len(rows), laid.out, h.shape[1])
-        return _scored(logits, self.data.y)
+        return _scored(logits, self.data.y, metrics)
 
 
 def _metrics(count: int, where: list[int], scored: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -143,12 +146,17 @@ def score_models(model: "FlatModel", vectors: torch.Tensor, data: Dataset) -> to
     return _scored(model.class_first_logits(vectors, data.x), data.y)  # logits [C, classes, n]
 
 
-def _scored(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Accuracy and mean cross-entropy ``[2, C]`` of the logits ``[C, classes, n]`` of labels ``y``."""
+def _scored(logits: torch.Tensor, y: torch.Tensor, metrics: Sequence[str] = _METRICS) -> torch.Tensor:
+    """Accuracy and mean cross-entropy ``[2, C]`` of the logits ``[C, classes, n]`` of labels
+    ``y``; a metric not in ``metrics`` is not computed (NaN). Each is computed on its own, so
+    leaving one out changes no bit of the other."""
+    def skipped() -> torch.Tensor:
+        return torch.full((len(logits),), float("nan"), dtype=logits.dtype, device=logits.device)
+
     # max(dim).indices is argmax (the first of equal maxima) and, with the classes along
     # dim 1 and the samples last, many times faster than argmax over that dim.
-    correct = (logits.max(1).indices == y).float().mean(1)
-    loss = F.cross_entropy(logits, y.expand(len(logits), -1), reduction="none").mean(1)
+    correct = (logits.max(1).indices == y).float().mean(1) if "accuracy" in metrics else skipped()
+    loss = F.cross_entropy(logits, y.expand(len(logits), -1), reduction="none").mean(1) if "loss" in metrics else skipped()
     return torch.stack([correct, loss])
 
 
@@ -248,9 +256,11 @@ class ManyEvaluator:
 
     @torch.no_grad()
     def __call__(
-        self, vectors: torch.Tensor, owners: Sequence[VectorEvaluator], rows, *, finite: torch.Tensor | None = None
+        self, vectors: torch.Tensor, owners: Sequence[VectorEvaluator], rows, *, finite: torch.Tensor | None = None,
+        metrics: Sequence[str] = _METRICS,
     ) -> list[dict[str, torch.Tensor]]:
-        """``finite``: which rows of ``vectors`` are finite, when the caller has checked (bool [R])."""
+        """``finite``: which rows of ``vectors`` are finite, when the caller has checked (bool [R]);
+        ``metrics``: the keys wanted, the others neither computed nor returned."""
         finite = (torch.isfinite(vectors).all(1) if finite is None else finite).tolist()
         where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
         picked = [[r[j] for j in w] for r, w in zip(rows, where, strict=True)]
@@ -258,11 +268,12 @@ class ManyEvaluator:
         if laid is None:
             scored = [e.score(vectors[p]) for e, p in zip(owners, picked, strict=True) if p]
         else:
-            scored = [e.score_laid_out(laid, p) for e, p in zip(owners, picked, strict=True) if p]
+            scored = [e.score_laid_out(laid, p, metrics) for e, p in zip(owners, picked, strict=True) if p]
         values = torch.cat(scored, dim=1).double().cpu() if scored else None
         out, start = [], 0
         for r, w in zip(rows, where, strict=True):
-            out.append(_metrics(len(r), w, values[:, start : start + len(w)] if w else None))
+            answer = _metrics(len(r), w, values[:, start : start + len(w)] if w else None)
+            out.append(answer if set(metrics) == set(_METRICS) else {key: answer[key] for key in metrics})
             start += len(w)
         return out
 

@@ -23,6 +23,7 @@ Shared conventions (both rules here):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -162,7 +163,9 @@ class Aggregate:
 
 EvaluateMany = Callable[[torch.Tensor, Sequence[Callable[[torch.Tensor], Mapping[str, torch.Tensor]]], Sequence[Sequence[int]]], list[Mapping[str, torch.Tensor]]]
 """``evaluate_many(vectors [R, D], owners, rows) -> [metrics of owner i's candidates]``: each
-owner given by its ``evaluate`` (an entry of :attr:`RoundBatch.evaluate`)."""
+owner given by its ``evaluate`` (an entry of :attr:`RoundBatch.evaluate`). One that takes a
+keyword ``metrics`` (a tuple of keys) may be asked for those metrics only, and then returns
+mappings of those keys."""
 
 
 @runtime_checkable
@@ -367,15 +370,18 @@ class DFedReweighting:
         finite = batch.finite()
         ok = finite.tolist()
         usable_rows = [tuple(i for i in rows if ok[i]) for rows in batch.rows]
+        # A TPM that declares what it asks evaluate for (``evaluates``, as the built-in ones: it
+        # reads nothing else of the candidates but their count) is handed a stand-in of the
+        # candidates' shape, not their rows, and a scorer that can is asked for those metrics only.
+        evaluates = getattr(self.tpm, "evaluates", None)
         metrics: list[Mapping[str, torch.Tensor] | None] = [None] * len(batch)
         if batch.evaluate_many is not None:
             wanted = [c for c, rows in enumerate(usable_rows) if rows]
-            answers = batch.evaluate_many(batch.vectors, [batch.evaluate[c] for c in wanted], [usable_rows[c] for c in wanted])
+            only = {"metrics": tuple(evaluates)} if evaluates is not None and _takes_metrics(batch.evaluate_many) else {}
+            answers = batch.evaluate_many(batch.vectors, [batch.evaluate[c] for c in wanted], [usable_rows[c] for c in wanted], **only)
             for c, answer in zip(wanted, answers, strict=True):
                 metrics[c] = answer
-        # A TPM that declares it reads no candidate value (it counts them and calls evaluate,
-        # as the built-in ones) is handed a stand-in of the candidates' shape, not their rows.
-        stand_in = getattr(self.tpm, "reads_candidates", True) is False
+        stand_in = evaluates is not None
         weights, scores = [], []
         for c, rows in enumerate(batch.rows):
             kept = usable_rows[c]
@@ -443,6 +449,14 @@ class DFedReweighting:
         # The CRS contract already zeroes NaN scores; enforcing it here keeps a custom CRS
         # from ever weighting a non-finite model.
         return weights if finite is None else torch.where(finite, weights, torch.zeros_like(weights))
+
+
+def _takes_metrics(evaluate_many: Callable) -> bool:
+    """Whether ``evaluate_many`` takes ``metrics=`` (the keys wanted): see :data:`EvaluateMany`."""
+    try:
+        return "metrics" in inspect.signature(evaluate_many).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
 
 
 class _Answered:

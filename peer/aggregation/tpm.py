@@ -95,7 +95,9 @@ class Accuracy:
     ``Softmax(scale=100)`` to read the paper's temperature against percentages.
     """
 
-    reads_candidates: ClassVar[bool] = False  # only counts them: see DFedReweighting.batched
+    # What it asks ``evaluate`` for; of the candidates it reads nothing but their count (see
+    # DFedReweighting.batched).
+    evaluates: ClassVar[tuple[str, ...]] = ("accuracy",)
 
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("accuracy",), "Accuracy")["accuracy"]
@@ -112,7 +114,7 @@ class Loss:
     ``LossClippedAtMean``.
     """
 
-    reads_candidates: ClassVar[bool] = False  # only counts them: see DFedReweighting.batched
+    evaluates: ClassVar[tuple[str, ...]] = ("loss",)  # as Accuracy.evaluates
 
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("loss",), "Loss")["loss"]
@@ -132,7 +134,7 @@ class WeightedCombination:
     finite accuracy when ``b = 0`` (``0 * NaN`` would be NaN).
     """
 
-    reads_candidates: ClassVar[bool] = False  # only counts them: see DFedReweighting.batched
+    evaluates: ClassVar[tuple[str, ...]] = ("accuracy", "loss")  # as Accuracy.evaluates
 
     accuracy: float = 0.5
     loss: float = 0.5

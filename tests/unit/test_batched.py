@@ -125,7 +125,7 @@ class _Reevaluates:
     "tpm, crs", [("loss", "loss_clip_mean"), ("accuracy", "softmax"), ("combined", "softmax"), (_Reevaluates(), "loss_clip_mean")],
     ids=["loss-clip", "accuracy-softmax", "combined", "tpm-with-its-own-candidates"],
 )
-@pytest.mark.parametrize("many", [True, False], ids=["evaluate-many", "per-client-evaluate"])
+@pytest.mark.parametrize("many", [True, "without-metrics", False], ids=["evaluate-many", "evaluate-many-of-every-metric", "per-client-evaluate"])
 def test_dfedreweighting_batched_gives_each_client_what_its_own_call_gives(tpm, crs, many):
     gen = torch.Generator().manual_seed(5)
     template = build_model("softmax_regression", 6, 3, seed=0)
@@ -138,7 +138,9 @@ def test_dfedreweighting_batched_gives_each_client_what_its_own_call_gives(tpm, 
     ids = ((0, 1, 2, 7), (1, 0, 8), (2, 0, 3, 9, 7), (3, 2))
     batch = RoundBatch(
         round=3, vectors=vectors, rows=rows, ids=ids, num_samples=tuple((10,) * len(r) for r in rows),
-        evaluate=tuple(evaluators[k] for k in owners), evaluate_many=ManyEvaluator() if many else None,
+        evaluate=tuple(evaluators[k] for k in owners),
+        # A scorer that cannot be asked for some metrics only (no ``metrics`` keyword) gives them all.
+        evaluate_many=(lambda vectors, owners, rows: ManyEvaluator()(vectors, owners, rows)) if many == "without-metrics" else ManyEvaluator() if many else None,
     )
     params = {"temperature": 1.0} if crs == "softmax" else {}
     rule = DFedReweighting(tpm=make_tpm(tpm) if isinstance(tpm, str) else tpm, crs=make_crs(crs, **params))
