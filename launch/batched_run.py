@@ -54,6 +54,8 @@ class Candidates:
     missing: list[list[int]]
     evaluate: list[Any]
     reference: torch.Tensor
+    # Per pooled row, whether it is finite, as the intake found (None: not known).
+    finite: list[bool] | None = None
 
 
 class BatchedRun:
@@ -240,9 +242,12 @@ class BatchedRun:
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
         vectors = torch.cat(pool) if len(pool) > 1 else self.models
+        # The intake has looked at every pooled row: an honest model is non-finite exactly when
+        # it was refused as such, an accepted message is finite.
+        finite = [refused.get(k) != "non_finite" for k in self.honest] + [True] * (pooled - len(self.honest))
         return Candidates(
             vectors=vectors.cpu(), rows=rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
-            evaluate=[self.aux[k] for k in self.honest], reference=reference,
+            evaluate=[self.aux[k] for k in self.honest], reference=reference, finite=finite,
         )
 
     def records(self, r: int, losses: dict[int, float], candidates: Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
