@@ -125,7 +125,8 @@ class BatchedRun:
     def refused_rows(self) -> dict[int, str]:
         """Honest clients whose model this round any receiver's intake would refuse (a
         diverged model: NaN, Inf or past ``network.max_abs_value``) -> the reason."""
-        low, high = (t.tolist() for t in torch.aminmax(self.models, dim=1))
+        # Two reductions: aminmax along a dim is several times slower here than amin and amax.
+        low, high = self.models.amin(dim=1).tolist(), self.models.amax(dim=1).tolist()
         out = {}
         for k, i in self.row.items():
             error = self.plausible.values_error(low[i], high[i])
