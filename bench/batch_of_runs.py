@@ -5,8 +5,9 @@ Takes the first ``--runs`` distinct runs of a grid file (in the sweep's order), 
 after the other) and all together (``run_together``: one batch). Both write results folders,
 which are compared (records and final files must be the same byte for byte, clock fields
 aside). Printed: the round-loop CPU seconds of each mode and the ratio, and for the batch the
-CPU seconds spent in the scorer's products (``score_models``: the candidates of every client
-that scores, on its auxiliary set), the floor a batch cannot go under, against the rest.
+CPU seconds spent in the scorer's products (``score_models``, or for a one-layer model
+``VectorEvaluator.score_laid_out``: the candidates of every client that scores, on its
+auxiliary set), the floor a batch cannot go under, against the rest.
 
     python bench/batch_of_runs.py                                                  # the fairness grid's first 16 runs, 300 rounds
     python bench/batch_of_runs.py --grid examples/grids/paper_byzantine_fmnist.toml --runs 16 --rounds 200
@@ -56,18 +57,23 @@ def main(argv: list[str] | None = None) -> int:
         names = [r.name for r in list(plan.runs.values())[: args.runs]]
         print(f"{len(scenarios)} runs of {args.grid.name}, {args.rounds} rounds each", file=sys.stderr)
 
-        # Scoring time: every score_models call, timed (CPU) around the original.
+        # Scoring time: every score_models call and every owner's product of laid-out weights
+        # (ManyEvaluator, one-layer models), timed (CPU) around the originals.
         scoring = {"seconds": 0.0}
-        original = training.score_models
+        original, laid_out = training.score_models, training.VectorEvaluator.score_laid_out
 
-        def timed(*a, **k):
-            start = time.process_time()
-            try:
-                return original(*a, **k)
-            finally:
-                scoring["seconds"] += time.process_time() - start
+        def timing(function):
+            def timed(*a, **k):
+                start = time.process_time()
+                try:
+                    return function(*a, **k)
+                finally:
+                    scoring["seconds"] += time.process_time() - start
 
-        training.score_models = timed
+            return timed
+
+        training.score_models = timing(original)
+        training.VectorEvaluator.score_laid_out = timing(laid_out)
         try:
             start = time.process_time()
             for scenario, name in zip(scenarios, names, strict=True):
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             batched.run_together([BatchedRun(s, work / "together" / n) for s, n in zip(scenarios, names, strict=True)])
             together_cpu, together_scoring = time.process_time() - start, scoring["seconds"]
         finally:
-            training.score_models = original
+            training.score_models, training.VectorEvaluator.score_laid_out = original, laid_out
         problems = [f"{n}: {p}" for n in names for p in differences(work / "alone" / n, work / "together" / n)]
         figures = {
             "runs": len(scenarios), "rounds": args.rounds,

@@ -130,8 +130,12 @@ def aggregate_together(r: int, total_rounds: int, parts: list[Candidates], group
     (its ``batched`` method, else per client). Returns the aggregates in the clients' order."""
     offsets = np.cumsum([0] + [len(p.vectors) for p in parts[:-1]]).tolist()
     vectors = torch.cat([p.vectors for p in parts]) if len(parts) > 1 else parts[0].vectors
-    # The pool checked for non-finite rows once, for every rule and the scorer.
-    finite = finite_rows(vectors)
+    # The pool's non-finite rows, for every rule and the scorer: as the intake found them, or
+    # checked once here.
+    if all(p.finite is not None for p in parts):
+        finite = torch.tensor([ok for p in parts for ok in p.finite], dtype=torch.bool)
+    else:
+        finite = finite_rows(vectors)
     batch = RoundBatch(
         round=r, vectors=vectors, finite_pool=finite,
         rows=tuple(tuple(i + off for i in rows) for p, off in zip(parts, offsets, strict=True) for rows in p.rows),

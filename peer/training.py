@@ -91,6 +91,9 @@ def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
     }
 
 
+_METRICS = ("accuracy", "loss")  # what an evaluator returns
+
+
 class VectorEvaluator:
     """Scores flat model vectors on a fixed dataset: the ``evaluate`` a TPM calls.
 
@@ -115,6 +118,15 @@ class VectorEvaluator:
         """:func:`score_models` of finite ``vectors`` on this evaluator's data (on its device)."""
         return score_models(self.model, vectors.to(self.data.x.device, torch.float32), self.data)
 
+    def score_laid_out(self, laid: "_LaidOut", rows: Sequence[int], metrics: Sequence[str] = _METRICS) -> torch.Tensor:
+        """:meth:`score` of the pooled ``rows`` of a one-layer model, their weights taken from
+        ``laid`` (already in the layout the product reads): the same product on the same
+        values, the same scores; of ``metrics`` only (NaN in the other's row)."""
+        weight, bias = laid.rows(rows)
+        h = self.data.x.t()
+        logits = (weight @ h if bias is None else torch.addmm(bias, weight, h)).view(len(rows), laid.out, h.shape[1])
+        return _scored(logits, self.data.y, metrics)
+
 
 def _metrics(count: int, where: list[int], scored: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """``{"accuracy", "loss"}`` of ``count`` candidates: ``scored`` (float64 CPU ``[2, len(where)]``)
@@ -131,12 +143,20 @@ def score_models(model: "FlatModel", vectors: torch.Tensor, data: Dataset) -> to
     """Accuracy and mean cross-entropy of every model ``vectors [C, P]`` (finite, float32, on
     the data's device) on ``data``: float32 ``[2, C]``, on that device. Every evaluator scores
     with this, so a client's scores do not depend on which engine computed them."""
-    logits = model.class_first_logits(vectors, data.x)  # [C, classes, n]
-    y = data.y
+    return _scored(model.class_first_logits(vectors, data.x), data.y)  # logits [C, classes, n]
+
+
+def _scored(logits: torch.Tensor, y: torch.Tensor, metrics: Sequence[str] = _METRICS) -> torch.Tensor:
+    """Accuracy and mean cross-entropy ``[2, C]`` of the logits ``[C, classes, n]`` of labels
+    ``y``; a metric not in ``metrics`` is not computed (NaN). Each is computed on its own, so
+    leaving one out changes no bit of the other."""
+    def skipped() -> torch.Tensor:
+        return torch.full((len(logits),), float("nan"), dtype=logits.dtype, device=logits.device)
+
     # max(dim).indices is argmax (the first of equal maxima) and, with the classes along
     # dim 1 and the samples last, many times faster than argmax over that dim.
-    correct = (logits.max(1).indices == y).float().mean(1)
-    loss = F.cross_entropy(logits, y.expand(len(vectors), -1), reduction="none").mean(1)
+    correct = (logits.max(1).indices == y).float().mean(1) if "accuracy" in metrics else skipped()
+    loss = F.cross_entropy(logits, y.expand(len(logits), -1), reduction="none").mean(1) if "loss" in metrics else skipped()
     return torch.stack([correct, loss])
 
 
@@ -160,7 +180,14 @@ class FlatModel:
         self.plan = _layer_plan(self.module)
 
     def logits(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """One model's logits (its flat parameters ``vector``, inputs ``x [N, F]``)."""
+        """One model's logits (its flat parameters ``vector``, inputs ``x [N, F]``). A model with a
+        layer plan runs it as its ``forward`` would (``F.linear`` on views of ``vector``, the
+        same calls on the same views), without swapping the module's parameters."""
+        if self.plan is not None:
+            h = x
+            for step, weight, b in self._steps(vector[None]):
+                h = step(h) if weight is None else F.linear(h, weight[0], None if b is None else b[0])
+            return h
         parts = torch.split(vector, self.sizes)
         params = {n: p.view(s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
         return functional_call(self.module, params, (x,))
@@ -221,23 +248,68 @@ class ManyEvaluator:
 
     What it saves over one evaluator call per owner: the pooled rows are checked for
     finiteness once (a row is the candidate of several owners), and the scores of all owners
-    come back from the device in one transfer.
+    come back from the device in one transfer. For a one-layer model (softmax regression)
+    each candidate's weights are laid out once as the product reads them (``[classes, in]``
+    rows, which :meth:`FlatModel.class_first_logits` would copy out of every owner's gathered
+    candidates), and each owner takes its rows of that: one copy of its candidates, not two.
     """
 
     @torch.no_grad()
     def __call__(
-        self, vectors: torch.Tensor, owners: Sequence[VectorEvaluator], rows, *, finite: torch.Tensor | None = None
+        self, vectors: torch.Tensor, owners: Sequence[VectorEvaluator], rows, *, finite: torch.Tensor | None = None,
+        metrics: Sequence[str] = _METRICS,
     ) -> list[dict[str, torch.Tensor]]:
-        """``finite``: which rows of ``vectors`` are finite, when the caller has checked (bool [R])."""
+        """``finite``: which rows of ``vectors`` are finite, when the caller has checked (bool [R]);
+        ``metrics``: the keys wanted, the others neither computed nor returned."""
         finite = (torch.isfinite(vectors).all(1) if finite is None else finite).tolist()
         where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
-        scored = [e.score(vectors[[r[j] for j in w]]) for e, r, w in zip(owners, rows, where, strict=True) if w]
+        picked = [[r[j] for j in w] for r, w in zip(rows, where, strict=True)]
+        laid = _LaidOut.of(vectors, owners, picked)
+        if laid is None:
+            scored = [e.score(vectors[p]) for e, p in zip(owners, picked, strict=True) if p]
+        else:
+            scored = [e.score_laid_out(laid, p, metrics) for e, p in zip(owners, picked, strict=True) if p]
         values = torch.cat(scored, dim=1).double().cpu() if scored else None
         out, start = [], 0
         for r, w in zip(rows, where, strict=True):
-            out.append(_metrics(len(r), w, values[:, start : start + len(w)] if w else None))
+            answer = _metrics(len(r), w, values[:, start : start + len(w)] if w else None)
+            out.append(answer if set(metrics) == set(_METRICS) else {key: answer[key] for key in metrics})
             start += len(w)
         return out
+
+
+class _LaidOut:
+    """The first-layer weights ``[rows * out, in]`` and biases ``[rows * out, 1]`` of the pooled
+    rows ``used`` of one-layer models, as :meth:`FlatModel.class_first_logits` lays out each
+    model's ``[out, in]`` weights for its product; :meth:`rows` takes some rows' of them."""
+
+    def __init__(self, vectors: torch.Tensor, step: tuple[int, int, int, bool], used: list[int]) -> None:
+        offset, self.out, inp, bias = step
+        index = torch.tensor(used, dtype=torch.long, device=vectors.device)
+        end = offset + self.out * inp
+        self.weights = vectors[:, offset:end].index_select(0, index).view(len(used) * self.out, inp)
+        self.biases = vectors[:, end : end + self.out].index_select(0, index).view(len(used) * self.out, 1) if bias else None
+        self.position = {row: i for i, row in enumerate(used)}
+        self.classes = torch.arange(self.out, device=vectors.device)
+
+    @classmethod
+    def of(cls, vectors: torch.Tensor, owners: Sequence["VectorEvaluator"], picked: Sequence[Sequence[int]]) -> "_LaidOut | None":
+        """The layout of every row some owner scores, where every owner's model is the same one
+        Linear layer and its data shares the float32 pool's device; else None."""
+        plans = {repr(e.model.plan) for e in owners}
+        plan = owners[0].model.plan if owners and len(plans) == 1 else None
+        if plan is None or len(plan) != 1 or not isinstance(plan[0], tuple) or vectors.dtype != torch.float32 or vectors.dim() != 2:
+            return None
+        if any(e.data.x.device != vectors.device for e in owners):
+            return None
+        used = sorted({row for p in picked for row in p})
+        return cls(vectors, plan[0], used) if used else None
+
+    def rows(self, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weights ``[len(rows) * out, in]`` and biases of the pooled ``rows``, in order."""
+        start = torch.tensor([self.position[r] * self.out for r in rows], dtype=torch.long, device=self.classes.device)
+        index = (start[:, None] + self.classes).view(-1)
+        return self.weights.index_select(0, index), None if self.biases is None else self.biases.index_select(0, index)
 
 
 # Parameter-free layers that act on each value alone, so they work in any layout (exact types:

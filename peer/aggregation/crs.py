@@ -107,13 +107,15 @@ def apply_crs_contract(
     non-finite scores, the degenerate cases and the normalisation (see module docstring).
     """
     values = _as_score_vector(scores)
-    weights = torch.zeros_like(values)
     finite = torch.isfinite(values)
     count = int(finite.sum())
     if count == 0:
-        return weights
-    kept = values[finite]
+        return torch.zeros_like(values)
+    # Every score finite (the usual case): no mask to apply, the same values.
+    every = count == len(values)
+    kept = values.clone() if every else values[finite]
     if count == 1 or bool((kept == kept[0]).all()):
+        weights = torch.zeros_like(values)
         weights[finite] = 1.0 / count
         return weights
 
@@ -126,6 +128,9 @@ def apply_crs_contract(
         raise ValueError(f"{owner}: weigh returned negative or non-finite weights {raw.tolist()}")
     top = raw.max()
     raw = torch.ones_like(raw) if top <= 0 else raw / top
+    if every:
+        return raw / raw.sum()
+    weights = torch.zeros_like(values)
     weights[finite] = raw / raw.sum()
     return weights
 

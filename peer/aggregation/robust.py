@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from dfedrw.peer.registry import check_choice, check_int, check_real
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, finite_rows
 from dfedrw.peer.aggregation.tpm import Accuracy
 from dfedrw.peer.aggregation.candidates import (
     FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_finite,
@@ -211,19 +211,27 @@ class Flame:
         on tensors of the same shapes, the pool checked for finite rows once and no per-client
         inputs built."""
         finite = batch.finite().tolist()
+        references_finite = None if batch.references is None else finite_rows(batch.references).tolist()
         out = []
         for c, rows in enumerate(batch.rows):
-            reference = batch.vectors[rows[0]] if batch.references is None else batch.references[c]
-            aggregate = self._aggregate(pooled_finite(batch, c, finite), batch.ids[c], reference, batch.round)
+            if batch.references is None:
+                reference, reference_finite = batch.vectors[rows[0]], finite[rows[0]]
+            else:
+                reference, reference_finite = batch.references[c], references_finite[c]
+            aggregate = self._aggregate(pooled_finite(batch, c, finite), batch.ids[c], reference, batch.round, reference_finite)
             out.append(keep_own_pooled(batch, c) if aggregate is None else aggregate)
         return out
 
-    def _aggregate(self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int) -> Aggregate | None:
+    def _aggregate(
+        self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int, reference_finite: bool | None = None
+    ) -> Aggregate | None:
         """The client's aggregate (``ids``: its candidates' senders, own first); None when it
-        keeps its own model."""
+        keeps its own model. ``reference_finite``: whether ``reference`` is, when the caller knows."""
         count = len(finite.ids)
         reference = reference.to(device=finite.rows.device, dtype=torch.float64)
-        if count == 0 or not bool(torch.isfinite(reference).all()):
+        if reference_finite is None:
+            reference_finite = count > 0 and bool(torch.isfinite(reference).all())
+        if count == 0 or not reference_finite:
             return None
         updates = finite.rows - reference
         if count < 3:
@@ -428,9 +436,12 @@ class QFDFL:
         if batch.references is None or batch.declared_losses is None:
             return [self(batch.one(c)) for c in range(len(batch))]
         finite_pool = batch.finite().tolist()
+        references_finite = finite_rows(batch.references).tolist()
         out = []
         for c, ids in enumerate(batch.ids):
-            model, weights = self._step(pooled_finite(batch, c, finite_pool), batch.references[c], batch.declared_losses[c], ids[0])
+            model, weights = self._step(
+                pooled_finite(batch, c, finite_pool), batch.references[c], batch.declared_losses[c], ids[0], references_finite[c]
+            )
             if model is None:
                 model, weights = batch.vectors[batch.rows[c][0]].to(torch.float64), {ids[0]: 1.0}
             total = math.fsum(weights.values())
@@ -440,24 +451,32 @@ class QFDFL:
         return out
 
     def _step(
-        self, finite: FiniteCandidates, reference: torch.Tensor, declared_losses: Sequence[float], own_id: int
+        self, finite: FiniteCandidates, reference: torch.Tensor, declared_losses: Sequence[float], own_id: int,
+        reference_finite: bool | None = None,
     ) -> tuple[torch.Tensor | None, dict[int, float]]:
         """The q-FFL step over the finite candidates: (float64 model, weight per id), or
-        (None, {}) when the client keeps its own model."""
+        (None, {}) when the client keeps its own model. ``reference_finite``: whether every
+        value of ``reference`` is finite, when the caller knows."""
         reference = reference.to(device=finite.rows.device, dtype=torch.float64)
-        losses = torch.tensor([declared_losses[i] for i in finite.positions], dtype=torch.float64)
-        usable = torch.isfinite(losses)
-        if not bool(usable.any()) or not bool(torch.isfinite(reference).all()):
+        declared = [declared_losses[i] for i in finite.positions]
+        usable_list = [math.isfinite(x) for x in declared]
+        if reference_finite is None:
+            reference_finite = bool(torch.isfinite(reference).all())
+        if not any(usable_list) or not reference_finite:
             return None, {}
 
         lipschitz = 1.0 / self.lr
-        loss = losses.clamp(min=1e-12)
+        loss = torch.tensor(declared, dtype=torch.float64).clamp(min=1e-12)
         steps = torch.linalg.vector_norm(finite.rows - reference, dim=1).cpu() * lipschitz
         powered = loss**self.q
         # q * F^(q-1) is written as q * F^q / F so q = 0 gives exactly 0, not 0 * huge.
         curvature = self.q * powered / loss * steps**2 + lipschitz * powered
-        total = float(curvature[usable].sum())
-        coefficients = torch.where(usable, lipschitz * powered / total, torch.zeros_like(loss))
+        # Every declared loss usable (the usual case): no mask, the same values.
+        usable = None if all(usable_list) else torch.tensor(usable_list)
+        total = float(curvature.sum() if usable is None else curvature[usable].sum())
+        coefficients = lipschitz * powered / total
+        if usable is not None:
+            coefficients = torch.where(usable, coefficients, torch.zeros_like(loss))
         remainder = max(0.0, 1.0 - math.fsum(coefficients.tolist()))
         model = remainder * reference + combine_rows(finite, coefficients)
         weights = by_id(finite, coefficients)

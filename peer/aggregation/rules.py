@@ -23,6 +23,7 @@ Shared conventions (both rules here):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -162,7 +163,9 @@ class Aggregate:
 
 EvaluateMany = Callable[[torch.Tensor, Sequence[Callable[[torch.Tensor], Mapping[str, torch.Tensor]]], Sequence[Sequence[int]]], list[Mapping[str, torch.Tensor]]]
 """``evaluate_many(vectors [R, D], owners, rows) -> [metrics of owner i's candidates]``: each
-owner given by its ``evaluate`` (an entry of :attr:`RoundBatch.evaluate`)."""
+owner given by its ``evaluate`` (an entry of :attr:`RoundBatch.evaluate`). One that takes a
+keyword ``metrics`` (a tuple of keys) may be asked for those metrics only, and then returns
+mappings of those keys."""
 
 
 @runtime_checkable
@@ -309,9 +312,11 @@ def _own_only(count: int) -> torch.Tensor:
 
 def _normalised(weights: torch.Tensor) -> torch.Tensor:
     """Weights summing to 1; all on the own model (row 0) when none is positive."""
-    if not bool(weights.sum() > 0):
+    total = weights.sum()
+    if not bool(total > 0):
         weights = _own_only(len(weights))
-    return weights / weights.sum()
+        total = weights.sum()
+    return weights / total
 
 
 def _finish(
@@ -365,17 +370,26 @@ class DFedReweighting:
         finite = batch.finite()
         ok = finite.tolist()
         usable_rows = [tuple(i for i in rows if ok[i]) for rows in batch.rows]
+        # A TPM that declares what it asks evaluate for (``evaluates``, as the built-in ones: it
+        # reads nothing else of the candidates but their count) is handed a stand-in of the
+        # candidates' shape, not their rows, and a scorer that can is asked for those metrics only.
+        evaluates = getattr(self.tpm, "evaluates", None)
         metrics: list[Mapping[str, torch.Tensor] | None] = [None] * len(batch)
         if batch.evaluate_many is not None:
             wanted = [c for c, rows in enumerate(usable_rows) if rows]
-            answers = batch.evaluate_many(batch.vectors, [batch.evaluate[c] for c in wanted], [usable_rows[c] for c in wanted])
+            only = {"metrics": tuple(evaluates)} if evaluates is not None and _takes_metrics(batch.evaluate_many) else {}
+            answers = batch.evaluate_many(batch.vectors, [batch.evaluate[c] for c in wanted], [usable_rows[c] for c in wanted], **only)
             for c, answer in zip(wanted, answers, strict=True):
                 metrics[c] = answer
+        stand_in = evaluates is not None
         weights, scores = [], []
         for c, rows in enumerate(batch.rows):
-            usable = batch.vectors[list(usable_rows[c])]
-            evaluate = batch.evaluate[c] if metrics[c] is None else _Answered(usable, metrics[c], batch.evaluate[c])
-            mask = finite[list(rows)]
+            kept = usable_rows[c]
+            answered = metrics[c] is not None
+            usable = batch.vectors.new_empty(len(kept), 0) if stand_in and answered else batch.vectors[list(kept)]
+            evaluate = _Answered(usable, metrics[c], batch.evaluate[c]) if answered else batch.evaluate[c]
+            # Every candidate finite (the usual case): no mask to apply.
+            mask = None if len(kept) == len(rows) else finite[list(rows)]
             s = self._scores(mask, usable, evaluate)
             scores.append(s)
             weights.append(_normalised(self._weights(s, mask)))
@@ -396,23 +410,30 @@ class DFedReweighting:
                 "client's auxiliary data and needs an evaluate callable"
             )
 
-    def _scores(self, finite: torch.Tensor, usable: torch.Tensor, evaluate: Callable) -> torch.Tensor:
+    def _scores(self, finite: torch.Tensor | None, usable: torch.Tensor, evaluate: Callable) -> torch.Tensor:
         """The TPM's score of every candidate; NaN for the non-finite ones (never evaluated).
-        ``usable``: the finite candidates, in order."""
+        ``usable``: the finite candidates, in order; ``finite`` None: all of them are."""
+        if finite is None:
+            return self._tpm_scores(usable, evaluate)
         scores = torch.full((len(finite),), float("nan"), dtype=torch.float64)
         if bool(finite.any()):
-            computed = torch.as_tensor(self.tpm(usable, evaluate))
-            computed = computed.detach().to(device="cpu", dtype=torch.float64)
-            if computed.shape != (usable.shape[0],):
-                raise ValueError(
-                    f"DFedReweighting: TPM {self.tpm!r} returned shape {tuple(computed.shape)}, "
-                    f"expected ({usable.shape[0]},)"
-                )
-            scores[finite] = computed
+            scores[finite] = self._tpm_scores(usable, evaluate)
         return scores
 
-    def _weights(self, scores: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
-        """The CRS's weights, checked; 0 for every non-finite candidate."""
+    def _tpm_scores(self, usable: torch.Tensor, evaluate: Callable) -> torch.Tensor:
+        """The TPM's scores of the finite candidates ``usable``: float64 CPU [len(usable)]."""
+        computed = torch.as_tensor(self.tpm(usable, evaluate))
+        computed = computed.detach().to(device="cpu", dtype=torch.float64)
+        if computed.shape != (usable.shape[0],):
+            raise ValueError(
+                f"DFedReweighting: TPM {self.tpm!r} returned shape {tuple(computed.shape)}, "
+                f"expected ({usable.shape[0]},)"
+            )
+        return computed
+
+    def _weights(self, scores: torch.Tensor, finite: torch.Tensor | None) -> torch.Tensor:
+        """The CRS's weights, checked; 0 for every non-finite candidate (``finite`` None: all
+        are finite)."""
         count = len(scores)
         weights = torch.as_tensor(self.crs(scores)).detach().to(device="cpu", dtype=torch.float64)
         if weights.shape != (count,):
@@ -427,7 +448,15 @@ class DFedReweighting:
             )
         # The CRS contract already zeroes NaN scores; enforcing it here keeps a custom CRS
         # from ever weighting a non-finite model.
-        return torch.where(finite, weights, torch.zeros_like(weights))
+        return weights if finite is None else torch.where(finite, weights, torch.zeros_like(weights))
+
+
+def _takes_metrics(evaluate_many: Callable) -> bool:
+    """Whether ``evaluate_many`` takes ``metrics=`` (the keys wanted): see :data:`EvaluateMany`."""
+    try:
+        return "metrics" in inspect.signature(evaluate_many).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
 
 
 class _Answered:

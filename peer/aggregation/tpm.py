@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -95,6 +95,10 @@ class Accuracy:
     ``Softmax(scale=100)`` to read the paper's temperature against percentages.
     """
 
+    # What it asks ``evaluate`` for; of the candidates it reads nothing but their count (see
+    # DFedReweighting.batched).
+    evaluates: ClassVar[tuple[str, ...]] = ("accuracy",)
+
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("accuracy",), "Accuracy")["accuracy"]
 
@@ -109,6 +113,8 @@ class Loss:
     Source: paper, eq. (combination-loss), the Byzantine-robustness pair with
     ``LossClippedAtMean``.
     """
+
+    evaluates: ClassVar[tuple[str, ...]] = ("loss",)  # as Accuracy.evaluates
 
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("loss",), "Loss")["loss"]
@@ -127,6 +133,8 @@ class WeightedCombination:
     coefficient is 0 is not evaluated into the score at all, so a NaN loss cannot hide a
     finite accuracy when ``b = 0`` (``0 * NaN`` would be NaN).
     """
+
+    evaluates: ClassVar[tuple[str, ...]] = ("accuracy", "loss")  # as Accuracy.evaluates
 
     accuracy: float = 0.5
     loss: float = 0.5

@@ -198,8 +198,11 @@ def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Cr
     receiver in order, on every model it knows (:meth:`AttackView.known`: the colluders' pool
     when it colludes). A per-receiver attack whose declared threat model is not ``tailored``
     (every receiver gets the same message) is called once, for the first receiver, and that
-    message goes to all of them; one that declares nothing is called for each. Messages are
-    checked: a float tensor of ``D`` values, or None."""
+    message goes to all of them; one that declares nothing is called for each. A tailored one
+    may offer ``for_receivers(received, receivers, generator) -> [message, ...]``: the messages
+    its calls for the receivers in turn would give (the same draws, the same bits), computing
+    what they share once (the Gaussian attack's centre); it is called in their place.
+    Messages are checked: a float tensor of ``D`` values, or None."""
     if hasattr(attack, "plan"):
         crafted = attack.plan(view, generator)
         if not isinstance(crafted, Crafted):
@@ -213,6 +216,9 @@ def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Cr
         if declared is not None and not declared.tailored and view.receivers:
             message = attack(known, view.receivers[0], generator)
             crafted = Crafted(dict.fromkeys(view.receivers, message))
+        elif hasattr(attack, "for_receivers"):
+            messages = attack.for_receivers(known, view.receivers, generator)
+            crafted = Crafted(dict(zip(view.receivers, messages, strict=True)))
         else:
             crafted = Crafted({k: attack(known, k, generator) for k in view.receivers})
     messages = {k: _checked(attack, k, crafted.messages.get(k), view.dim) for k in view.receivers}

@@ -25,6 +25,7 @@ This module is pure tensor code (no transport); the Byzantine process wires it t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import ClassVar
@@ -33,6 +34,7 @@ import torch
 
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, ThreatModel
+from dfedrw.peer.attacks.moments import column_std
 
 __all__ = ["ALIE", "IPM", "Gaussian", "SignFlip", "alie_z_max"]
 
@@ -90,13 +92,25 @@ class Gaussian:
     def __call__(
         self, received: torch.Tensor, receiver: int, generator: torch.Generator
     ) -> torch.Tensor:
-        received = _check_call("Gaussian", received, receiver, generator)
+        return self.for_receivers(received, (receiver,), generator)[0]
+
+    def for_receivers(
+        self, received: torch.Tensor, receivers: Sequence[int], generator: torch.Generator
+    ) -> list[torch.Tensor]:
+        """The messages of one call per receiver, in turn (the same draws from ``generator``, the
+        same bits), the centre computed once for all of them: see
+        :func:`~dfedrw.peer.attacks.base.craft_round`."""
+        for receiver in receivers:
+            received = _check_call("Gaussian", received, receiver, generator)
         count, dim = received.shape
-        noise = torch.randn(dim, generator=generator, dtype=torch.float32, device=received.device)
-        message = self.std * noise.to(torch.float64)
+        noise = [torch.randn(dim, generator=generator, dtype=torch.float32, device=received.device) for _ in receivers]
+        if not noise:
+            return []
+        # Elementwise from here on: each row is what a call for its receiver computes.
+        messages = self.std * torch.stack(noise).to(torch.float64)
         if self.center == "received_mean" and count > 0:
-            message = _mean(received) + message
-        return message.to(torch.float32)
+            messages = _mean(received) + messages
+        return list(messages.to(torch.float32))
 
 
 @ATTACK_REGISTRY.register("sign_flip")
@@ -200,7 +214,7 @@ class ALIE:
         if received.shape[0] == 0:
             return None
         models = received.to(torch.float64)
-        std = models.std(dim=0, correction=0)
+        std = column_std(models, correction=0)
         return (models.mean(dim=0) - self.z_used * std).to(torch.float32)
 
 

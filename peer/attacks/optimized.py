@@ -26,6 +26,7 @@ import torch
 
 from dfedrw.peer.registry import check_choice, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
+from dfedrw.peer.attacks.moments import column_std
 
 __all__ = [
     "FangMedian",
@@ -118,7 +119,7 @@ class _Optimised:
         # Sample std (correction 1), as the authors' code has it; one model has no spread.
         if benign.shape[0] < 2:
             return torch.zeros_like(update)
-        return -benign.std(dim=0, correction=1)
+        return -column_std(benign, correction=1)
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
         _, known = view.known()

@@ -35,6 +35,7 @@ import torch
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RoundInputs
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
+from dfedrw.peer.attacks.moments import column_std
 
 __all__ = ["DIRECTIONS", "DecoyStealth", "TPMAware", "bisect_kept", "harmful_direction"]
 
@@ -57,7 +58,7 @@ def harmful_direction(direction: str, centre: torch.Tensor, known: torch.Tensor,
     check_choice("harmful_direction", "direction", direction, DIRECTIONS)
     centre = centre.to(torch.float64)
     if direction == "alie":
-        return -known.to(torch.float64).std(dim=0, correction=0)
+        return -column_std(known.to(torch.float64), correction=0)
     if direction == "away" and reference is not None:
         return reference.to(device=centre.device, dtype=torch.float64) - known.to(torch.float64).mean(dim=0)
     return -centre

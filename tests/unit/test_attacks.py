@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from statistics import NormalDist
 
 import pytest
@@ -337,3 +338,45 @@ def test_the_classic_attacks_declare_whether_they_tailor():
 
     assert threat_model_of(Gaussian).tailored
     assert not any(threat_model_of(cls).tailored for cls in (SignFlip, ALIE, IPM))
+
+
+@pytest.mark.parametrize("center", ["received_mean", "zero"])
+@pytest.mark.parametrize("count", [0, 1, 5])
+def test_gaussian_for_all_receivers_at_once_is_one_call_per_receiver_bit_for_bit(center, count):
+    # Prepare: craft_round calls for_receivers; the same draws one call per receiver makes
+    from dfedrw.peer.attacks import AttackView, craft_round
+
+    received = torch.randn(count, 301, generator=torch.Generator().manual_seed(3)) * 0.1
+    attack = Gaussian(center=center)
+    view = AttackView(round=0, attacker=11, receivers=(2, 4, 9), senders=tuple(range(count)), received=received)
+    one_by_one = seeded()
+
+    # Execute
+    crafted = craft_round(attack, view, seeded())
+
+    # Assert
+    for k in view.receivers:
+        assert torch.equal(crafted.messages[k], attack(received, k, one_by_one))
+        assert crafted.messages[k].shape == (301,) and crafted.messages[k].dtype == torch.float32
+
+
+@pytest.mark.parametrize("correction", [0, 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 12])
+def test_column_std_is_torchs_std_bit_for_bit(rows, correction):
+    # Prepare: spreads from tiny to large, a row of NaN/Inf in one column
+    from dfedrw.peer.attacks.moments import column_std
+
+    generator = torch.Generator().manual_seed(rows * 10 + correction)
+    models = torch.randn(rows, 2000, generator=generator, dtype=torch.float64) * torch.logspace(-6, 3, 2000, dtype=torch.float64)
+    models[:, 7] = float("inf")
+    models[0, 9] = float("nan")
+
+    # Execute
+    fast = column_std(models, correction=correction)
+
+    # Assert: the same bits, NaN where torch gives NaN
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns when rows <= correction
+        expected = models.std(dim=0, correction=correction)
+    assert torch.equal(fast.isnan(), expected.isnan())
+    assert torch.equal(fast.nan_to_num(), expected.nan_to_num())

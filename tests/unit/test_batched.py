@@ -86,14 +86,22 @@ def _aux_sets(gen, sizes, features=6, classes=3):
     return {k: Dataset(torch.randn(n, features, generator=gen), torch.randint(0, classes, (n,), generator=gen), classes) for k, n in sizes.items()}
 
 
-@pytest.mark.parametrize("name", ["softmax_regression", "mlp"])
-def test_many_evaluator_scores_as_each_owners_evaluator(name):
+@pytest.mark.parametrize(
+    "name, features, classes, sizes",
+    [
+        ("softmax_regression", 6, 3, (30, 17, 40, 8)),
+        ("mlp", 6, 3, (30, 17, 40, 8)),
+        ("softmax_regression", 784, 10, (600, 37, 1200, 1)),  # Fashion-MNIST's shapes: weights laid out once
+    ],
+    ids=["softmax-regression", "mlp", "softmax-regression-fashion-mnist-shapes"],
+)
+def test_many_evaluator_scores_as_each_owners_evaluator(name, features, classes, sizes):
     """Owners with auxiliary sets of different sizes, candidate lists of different lengths, a
     NaN candidate (alone for one owner), owners out of order and not all of them: each gets
     exactly what its own evaluator gives."""
     gen = torch.Generator().manual_seed(3)
-    template = build_model(name, 6, 3, hidden=5, seed=0)
-    aux = _aux_sets(gen, {3: 30, 5: 17, 9: 40, 11: 8})
+    template = build_model(name, features, classes, hidden=5, seed=0)
+    aux = _aux_sets(gen, dict(zip((3, 5, 9, 11), sizes, strict=True)), features, classes)
     evaluators = {k: VectorEvaluator(template, d) for k, d in aux.items()}
     many = ManyEvaluator()
     vectors = torch.randn(10, sum(p.numel() for p in template.parameters()), generator=gen)
@@ -117,7 +125,7 @@ class _Reevaluates:
     "tpm, crs", [("loss", "loss_clip_mean"), ("accuracy", "softmax"), ("combined", "softmax"), (_Reevaluates(), "loss_clip_mean")],
     ids=["loss-clip", "accuracy-softmax", "combined", "tpm-with-its-own-candidates"],
 )
-@pytest.mark.parametrize("many", [True, False], ids=["evaluate-many", "per-client-evaluate"])
+@pytest.mark.parametrize("many", [True, "without-metrics", False], ids=["evaluate-many", "evaluate-many-of-every-metric", "per-client-evaluate"])
 def test_dfedreweighting_batched_gives_each_client_what_its_own_call_gives(tpm, crs, many):
     gen = torch.Generator().manual_seed(5)
     template = build_model("softmax_regression", 6, 3, seed=0)
@@ -130,7 +138,9 @@ def test_dfedreweighting_batched_gives_each_client_what_its_own_call_gives(tpm, 
     ids = ((0, 1, 2, 7), (1, 0, 8), (2, 0, 3, 9, 7), (3, 2))
     batch = RoundBatch(
         round=3, vectors=vectors, rows=rows, ids=ids, num_samples=tuple((10,) * len(r) for r in rows),
-        evaluate=tuple(evaluators[k] for k in owners), evaluate_many=ManyEvaluator() if many else None,
+        evaluate=tuple(evaluators[k] for k in owners),
+        # A scorer that cannot be asked for some metrics only (no ``metrics`` keyword) gives them all.
+        evaluate_many=(lambda vectors, owners, rows: ManyEvaluator()(vectors, owners, rows)) if many == "without-metrics" else ManyEvaluator() if many else None,
     )
     params = {"temperature": 1.0} if crs == "softmax" else {}
     rule = DFedReweighting(tpm=make_tpm(tpm) if isinstance(tpm, str) else tpm, crs=make_crs(crs, **params))
@@ -176,6 +186,32 @@ def test_class_first_logits_are_each_models_logits_transposed(template):
     assert got.shape == (4, 3, 7)
     for c in range(4):
         torch.testing.assert_close(got[c], model.logits(vectors[c], x).t())
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        build_model("softmax_regression", 8, 3, seed=0),
+        build_model("mlp", 8, 3, hidden=5, seed=0),
+        torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False), torch.nn.Tanh(), torch.nn.Linear(4, 3, bias=False)),
+    ],
+    ids=["softmax-regression", "mlp", "no-bias"],
+)
+def test_a_planned_models_logits_are_its_forward_bit_for_bit(template):
+    # Prepare: the module's own forward with its parameters swapped for views of the vector
+    from torch.func import functional_call
+
+    model = FlatModel(template, torch.device("cpu"))
+    vector = torch.randn(sum(model.sizes), generator=torch.Generator().manual_seed(2))
+    x = torch.randn(301, 8, generator=torch.Generator().manual_seed(3))
+    parts = torch.split(vector, model.sizes)
+    params = {n: p.view(s) for n, p, s in zip(model.names, parts, model.shapes, strict=True)}
+
+    # Execute
+    got = model.logits(vector, x)
+
+    # Assert
+    assert torch.equal(got, functional_call(model.module, params, (x,)))
 
 
 def test_other_modules_go_through_vmap():
