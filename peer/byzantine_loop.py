@@ -97,6 +97,12 @@ class ByzantineRounds:
             )
             crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
             reference = known_mean(view)
+            # Copies labelled with other rounds go first: a receiver takes the round's own message
+            # last, so it is still running (and counts what it does with them) when they arrive.
+            for k, labelled in crafted.extra.items():
+                for label, extra in labelled:
+                    chunks = encode(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
+                    self.transport.send(k, chunks)
             silent = 0
             for k in targets:
                 message = crafted.messages[k]
@@ -107,10 +113,6 @@ class ByzantineRounds:
                     k,
                     encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
                 )
-            for k, labelled in crafted.extra.items():
-                for label, extra in labelled:
-                    chunks = encode(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
-                    self.transport.send(k, chunks)
             record = byzantine_record(
                 r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
                 pooled_from=list(pooled.used) if pooled is not None else None,
