@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import networkx as nx
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 __all__ = [
     "Topology",
     "check_usable",
+    "draw_connected",
     "complete",
     "erdos_renyi_connected",
     "place_byzantine",
@@ -118,15 +119,24 @@ def erdos_renyi_connected(
     byzantine = _check_byzantine(n, byzantine)
     if len(byzantine) == n:
         raise ValueError(f"all {n} nodes are Byzantine; an honest subgraph needs at least one honest node")
+    graph = draw_connected(lambda s: nx.gnp_random_graph(n, rho, seed=s), byzantine, seed, max_tries)
+    if graph is None:
+        raise ValueError(
+            f"no connected Erdos-Renyi graph with a connected honest subgraph in {max_tries} draws "
+            f"(n={n}, rho={rho}, {len(byzantine)} Byzantine); raise rho or max_tries"
+        )
+    return graph
+
+
+def draw_connected(draw: Callable[[int], nx.Graph], byzantine: Iterable[int], seed: int, max_tries: int) -> nx.Graph | None:
+    """``draw(s)`` with seeds ``s`` taken in turn from a generator seeded by ``seed``, until a
+    graph and its honest subgraph (without ``byzantine``) are connected; None after ``max_tries``."""
     rng = np.random.default_rng(seed)
     for _ in range(max_tries):
-        graph = nx.gnp_random_graph(n, rho, seed=int(rng.integers(2**32)))
+        graph = draw(int(rng.integers(2**32)))
         if nx.is_connected(graph) and _honest_connected(graph, byzantine):
             return graph
-    raise ValueError(
-        f"no connected Erdos-Renyi graph with a connected honest subgraph in {max_tries} draws "
-        f"(n={n}, rho={rho}, {len(byzantine)} Byzantine); raise rho or max_tries"
-    )
+    return None
 
 
 def ring(n: int) -> nx.Graph:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 import networkx as nx
 import numpy as np
 
+from dfedrw.topologies.graphs import draw_connected
+
 __all__ = ["edges_up", "epidemic_push", "random_regular_connected", "round_seed"]
 
 
@@ -25,11 +27,6 @@ def round_seed(seed: int, tag: str, index: int) -> int:
     return int(np.random.SeedSequence([int(seed), word, int(index)]).generate_state(1, dtype=np.uint32)[0])
 
 
-def _honest_connected(graph: nx.Graph, byzantine: frozenset[int]) -> bool:
-    honest = [k for k in graph.nodes if k not in byzantine]
-    return bool(honest) and nx.is_connected(graph.subgraph(honest))
-
-
 def random_regular_connected(n: int, degree: int, byzantine: frozenset[int], seed: int, max_tries: int = 10000) -> nx.Graph:
     """A random ``degree``-regular graph on ``n`` nodes, re-drawn until it and its honest
     subgraph (without ``byzantine``) are connected. Each try is
@@ -37,11 +34,9 @@ def random_regular_connected(n: int, degree: int, byzantine: frozenset[int], see
     Raises ValueError when ``n * degree`` is odd, ``degree >= n``, or after ``max_tries``."""
     if not 1 <= degree < n or (n * degree) % 2:
         raise ValueError(f"no {degree}-regular graph on {n} nodes: need 1 <= degree < n and n * degree even")
-    rng = np.random.default_rng(seed)
-    for _ in range(max_tries):
-        graph = nx.random_regular_graph(degree, n, seed=int(rng.integers(2**32)))
-        if nx.is_connected(graph) and _honest_connected(graph, byzantine):
-            return graph
+    graph = draw_connected(lambda s: nx.random_regular_graph(degree, n, seed=s), byzantine, seed, max_tries)
+    if graph is not None:
+        return graph
     raise ValueError(
         f"no connected {degree}-regular graph on {n} nodes with a connected honest subgraph in {max_tries} draws "
         f"({len(byzantine)} Byzantine); raise the degree"
