@@ -107,9 +107,8 @@ def train_together(runs: list[BatchedRun]) -> list[list[float]]:
                 x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
                 y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
             models = (torch.cat([runs[i].models for i in members]) if len(members) > 1 else runs[members[0]].models).detach().requires_grad_()
-            logits = runs[members[0]].model.batch_logits(models, x)
-            count, batch, classes = logits.shape
-            per = F.cross_entropy(logits.reshape(count * batch, classes), y.reshape(-1), reduction="none").view(count, batch)
+            logits = runs[members[0]].model.class_first_logits(models, x)  # [count, classes, batch]
+            per = F.cross_entropy(logits, y, reduction="none")  # [count, batch]
             weight = picks[members[0]][1]
             losses = per.mean(1) if weight is None else (per * weight).sum(1)
             (grads,) = torch.autograd.grad(losses.sum(), models)

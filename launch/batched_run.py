@@ -313,12 +313,10 @@ class BatchedRun:
         widest = max(self.scenario.train.hidden, test.num_classes)  # values per sample in the largest layer output
         block = max(1, (64 << 20) // max(1, len(test.y) * widest))
         for lo in range(0, len(self.honest), block):
-            logits = self.model.batch_logits(self.models[lo : lo + block], test.x)
-            by_sample = logits.transpose(0, 1)  # [N, C, K]: how a shared-input product lays them out
-            if by_sample.is_contiguous():  # the same argmax and count, read in the order they lie
-                correct = (by_sample.argmax(-1) == test.y[:, None]).float().mean(0).tolist()
-            else:
-                correct = (logits.argmax(-1) == test.y).float().mean(1).tolist()
+            # Classes first [C, K, N]: the layout the product writes fastest and the class
+            # maximum reads fastest (as the scoring); max(dim).indices is argmax.
+            logits = self.model.class_first_logits(self.models[lo : lo + block], test.x)
+            correct = (logits.max(1).indices == test.y).float().mean(1).tolist()
             for k, acc in zip(self.honest[lo : lo + block], correct, strict=True):
                 out[k]["global_accuracy"] = 100.0 * acc
         return out

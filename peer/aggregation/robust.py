@@ -176,8 +176,8 @@ class Flame:
     2. ``S_t = median_i ||u_i||`` over all finite updates (mean of the two middle values for
        an even count); ``u_i <- u_i * min(1, S_t / ||u_i||)``.
     3. ``w_k^{t+1} = w_k^t + mean_{i accepted} u_i + N(0, (noise * S_t)^2 I)``, the noise
-       drawn from a ``torch.Generator`` seeded from ``(seed, own_id, round)``: deterministic,
-       different per client and round, no global RNG state.
+       drawn (in float32) from a ``torch.Generator`` seeded from ``(seed, own_id, round)``:
+       deterministic, different per client and round, no global RNG state.
 
     Reported weights are ``1/|accepted|`` on the accepted ids and 0 elsewhere: they describe
     the accepted mean; clipping and noise are applied on top, so the model is not
@@ -250,7 +250,9 @@ class Flame:
         scale = self.noise * float(bound)
         if scale > 0:
             generator = torch.Generator().manual_seed(_noise_seed(self.seed, ids[0], round_))
-            drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float64)
+            # Drawn in float32 (torch's float64 normal draw is about five times slower on the
+            # CPU), widened exactly; the sum is float64 as the rest.
+            drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float32).to(torch.float64)
             model = model + scale * drawn.to(model.device)
         weights = accepted.to(torch.float64) / int(accepted.sum())
         return package_for(ids, model, by_id(finite, weights))

@@ -277,7 +277,10 @@ class RoundBatch:
         shape = (len(clients), len(used))
         pooled = self.vectors[used].to(device="cpu", dtype=torch.float64)
         # Dense only without a NaN/Inf row: there a 0 weight would still give 0 * NaN = NaN.
-        if shape[0] * shape[1] <= _DENSE_COMBINE and bool(torch.isfinite(pooled).all()):
+        # (The pool's rows as the intake found them, where it says; a float32 row that is
+        # finite stays so in float64.)
+        finite = bool(self.finite_pool[used].all()) if self.finite_pool is not None else bool(torch.isfinite(pooled).all())
+        if shape[0] * shape[1] <= _DENSE_COMBINE and finite:
             matrix = torch.zeros(shape, dtype=torch.float64)
             matrix[index[0], index[1]] = torch.tensor(values, dtype=torch.float64)
             return (matrix @ pooled).to(torch.float32)

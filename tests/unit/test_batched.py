@@ -182,10 +182,12 @@ def test_class_first_logits_are_each_models_logits_transposed(template):
     model = FlatModel(template, torch.device("cpu"))
     vectors = torch.randn(4, sum(model.sizes))
     x = torch.randn(7, 8)
-    got = model.class_first_logits(vectors, x)
-    assert got.shape == (4, 3, 7)
+    own = torch.randn(4, 7, 8)  # each model its own inputs (a local step's minibatches)
+    got, got_own = model.class_first_logits(vectors, x), model.class_first_logits(vectors, own)
+    assert got.shape == got_own.shape == (4, 3, 7)
     for c in range(4):
         torch.testing.assert_close(got[c], model.logits(vectors[c], x).t())
+        torch.testing.assert_close(got_own[c], model.logits(vectors[c], own[c]).t())
 
 
 @pytest.mark.parametrize(
