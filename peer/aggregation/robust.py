@@ -117,7 +117,22 @@ def hdbscan_labels(distances: np.ndarray, min_cluster_size: int) -> np.ndarray:
     from the condensed tree). Called here directly, on what those checks would pass unchanged,
     they take about half the estimator's time on a dozen candidates. They are private to
     scikit-learn: tests/unit/test_batched_robust_rules.py checks that their labels are the
-    estimator's, and where they cannot be imported the estimator itself runs."""
+    estimator's, and where they cannot be imported the estimator itself runs.
+
+    Up to ``_SMALL`` points whose pairwise distances are all different (Flame's dozen
+    candidates, except when two of them are the same model), the same four steps run as
+    :func:`_small_hdbscan_labels`, in Python on lists: a few times faster at that size, where
+    scikit-learn's cost is its calls rather than its arithmetic. With distinct distances
+    every choice the steps make (the nearest point, the order of the tree's edges) is
+    unique, so the labels are those of the estimator (the same test checks both ways)."""
+    count = len(distances)
+    if count <= _SMALL:
+        values = distances.tolist()
+        upper = [v for i, row in enumerate(values) for v in row[i + 1 :]]
+        if len(set(upper)) == len(upper):
+            labels = _small_hdbscan_labels(values, min_cluster_size)
+            if labels is not None:
+                return np.array(labels, dtype=np.intp)
     steps = _hdbscan_steps()
     if steps is None:
         # Imported here: scikit-learn is slow to import and only this rule needs it.
@@ -139,6 +154,145 @@ def hdbscan_labels(distances: np.ndarray, min_cluster_size: int) -> np.ndarray:
     graph = reachability(graph, min_samples=1, max_distance=0.0)
     tree = single_linkage(spanning_tree(graph))
     return tree_to_labels(tree, min_cluster_size, "eom", True, 0.0, None)[0]
+
+
+_SMALL = 32  # points up to which hdbscan_labels runs the steps itself
+
+
+def _small_hdbscan_labels(distances: list[list[float]], min_cluster_size: int) -> list[int] | None:
+    """HDBSCAN's labels (min_samples = 1, excess of mass, a single cluster allowed) of the
+    symmetric ``distances`` (lists, zero diagonal, every off-diagonal value different), by the
+    steps scikit-learn 1.9 takes; None where its labelling would fail (a point left with no
+    label to take), for the caller to hand to scikit-learn. With min_samples = 1 a point's core
+    distance is 0, so the mutual reachability graph is the distances themselves."""
+    n = len(distances)
+    inf = math.inf
+    # 1. Minimum spanning tree by Prim's algorithm from point 0; each edge is recorded as
+    #    (the point added last, the point added now, the distance at which it joins).
+    outside = list(range(1, n))
+    best = [inf] * (n - 1)
+    edges = []
+    current = 0
+    for _ in range(n - 1):
+        row = distances[current]
+        best = [b if b <= row[j] else row[j] for b, j in zip(best, outside)]
+        at = min(range(len(best)), key=best.__getitem__)
+        new = outside[at]
+        edges.append((best[at], current, new))
+        del outside[at], best[at]
+        current = new
+    # 2. Single-linkage tree: the edges by distance (all different), each joining the
+    #    clusters of its two ends into cluster n + i.
+    parent = [-1] * (2 * n - 1)
+    size = [1] * n + [0] * (n - 1)
+
+    def find(x: int) -> int:
+        top = x
+        while parent[top] != -1:
+            top = parent[top]
+        while x != top:
+            x, parent[x] = parent[x], top
+        return top
+
+    linkage = []
+    for i, (distance, a, b) in enumerate(sorted(edges)):
+        left, right = find(a), find(b)
+        merged = n + i
+        size[merged] = size[left] + size[right]
+        parent[left] = parent[right] = merged
+        linkage.append((left, right, distance, size[merged]))
+
+    def points_under(node: int) -> list[int]:
+        """The points below ``node`` in breadth-first order, as scikit-learn lists them."""
+        queue, out = [node], []
+        while queue:
+            out.extend(x for x in queue if x < n)
+            queue = [c for x in queue if x >= n for c in linkage[x - n][:2]]
+        return out
+
+    # 3. Condensed tree: (parent, child, lambda, child size) rows; a split is kept only where
+    #    both sides have min_cluster_size points, else the smaller side's points fall out.
+    root = 2 * n - 2
+    relabel = {root: n}
+    next_label = n + 1
+    condensed = []
+    queue, order = [root], []
+    while queue:
+        order.extend(queue)
+        queue = [c for x in queue if x >= n for c in linkage[x - n][:2]]
+    ignored = set()
+    for node in order:
+        if node < n or node in ignored:
+            continue
+        left, right, distance, _ = linkage[node - n]
+        value = 1.0 / distance if distance > 0.0 else inf
+        left_count = linkage[left - n][3] if left >= n else 1
+        right_count = linkage[right - n][3] if right >= n else 1
+        big_left, big_right = left_count >= min_cluster_size, right_count >= min_cluster_size
+        if big_left and big_right:
+            for child, count in ((left, left_count), (right, right_count)):
+                relabel[child] = next_label
+                next_label += 1
+                condensed.append((relabel[node], relabel[child], value, count))
+            continue
+        if big_right:
+            relabel[right] = relabel[node]
+        if big_left:
+            relabel[left] = relabel[node]
+        for side, big in ((left, big_left), (right, big_right)):
+            if big:
+                continue
+            queue = [side]
+            while queue:
+                ignored.update(queue)
+                condensed.extend((relabel[node], x, value, 1) for x in queue if x < n)
+                queue = [c for x in queue if x >= n for c in linkage[x - n][:2]]
+    # 4. Stability of each cluster, then the excess-of-mass selection (the root may be the
+    #    one cluster) and the labels.
+    birth = {child: value for _, child, value, _ in condensed}
+    birth[n] = 0.0
+    clusters_found = sorted({p for p, _, _, _ in condensed})
+    stability = dict.fromkeys(range(n, max(clusters_found) + 1), 0.0)
+    for p, _, value, count in condensed:
+        stability[p] += (value - birth[p]) * count
+    tree = [(p, c, count) for p, c, _, count in condensed if count > 1]
+    children = {}
+    for p, c, _ in tree:
+        children.setdefault(p, []).append(c)
+    selected = dict.fromkeys(sorted(stability, reverse=True), True)
+    for node in selected:
+        below = children.get(node, [])
+        subtree = 0.0
+        for c in below:
+            subtree += stability[c]
+        if subtree > stability[node]:
+            selected[node] = False
+            stability[node] = subtree
+        else:
+            queue = list(below)
+            while queue:
+                for c in queue:
+                    selected[c] = False
+                queue = [g for c in queue for g in children.get(c, [])]
+    clusters = sorted(c for c, keep in selected.items() if keep)
+    label_of = {c: i for i, c in enumerate(clusters)}
+    up = {c: p for p, c, _, _ in condensed}
+    left_at = {c: value for _, c, value, _ in condensed}
+    threshold = max((value for p, _, value, _ in condensed if p == n), default=-inf)
+    labels = []
+    for point in range(n):
+        top = up[point]
+        while top not in label_of and top != n:
+            top = up[top]
+        if top != n:
+            labels.append(label_of[top])
+        elif len(clusters) == 1 and left_at[point] >= threshold:
+            if n not in label_of:
+                return None
+            labels.append(label_of[n])
+        else:
+            labels.append(-1)
+    return labels
 
 
 @functools.lru_cache(maxsize=1)

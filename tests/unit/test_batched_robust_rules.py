@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
@@ -293,4 +293,37 @@ def test_hdbscan_labels_are_the_estimators(data, count, dim):
 
     # Assert
     expected = HDBSCAN(metric="precomputed", min_cluster_size=size, min_samples=1, allow_single_cluster=True, copy=True).fit(distances).labels_
+    assert labels.tolist() == expected.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), count=st.integers(3, 15), blobs=st.integers(1, 4), metric=st.sampled_from(["cosine", "euclidean"]))
+def test_small_hdbscan_steps_give_the_estimators_labels(seed, count, blobs, metric):
+    # Prepare: points in a few blobs of random spread (several clusters, noise, one cluster),
+    # their distances all different so that the Python steps run (not scikit-learn's)
+    from sklearn.cluster import HDBSCAN
+
+    from dfedrw.peer.aggregation.robust import _small_hdbscan_labels
+
+    generator = np.random.default_rng(seed)
+    centres = generator.standard_normal((blobs, 4)) * 3
+    points = centres[generator.integers(0, blobs, count)] + generator.standard_normal((count, 4)) * generator.uniform(0.01, 1.0)
+    if metric == "cosine":
+        unit = points / np.linalg.norm(points, axis=1, keepdims=True)
+        distances = np.clip(1.0 - unit @ unit.T, 0.0, 2.0)
+    else:
+        distances = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))
+    distances = (distances + distances.T) / 2
+    np.fill_diagonal(distances, 0.0)
+    upper = distances[np.triu_indices(count, 1)]
+    assume(len(np.unique(upper)) == len(upper))
+    size = int(generator.integers(2, count + 1))
+
+    # Execute
+    steps = _small_hdbscan_labels(distances.tolist(), size)
+    labels = hdbscan_labels(distances, size)
+
+    # Assert
+    expected = HDBSCAN(metric="precomputed", min_cluster_size=size, min_samples=1, allow_single_cluster=True, copy=True).fit(distances).labels_
+    assert steps == expected.tolist()
     assert labels.tolist() == expected.tolist()
