@@ -162,7 +162,9 @@ class BatchedRun:
 
     def _rows(self, senders) -> torch.Tensor:
         """The honest models of ``senders`` as a CPU tensor [len(senders), D]."""
-        return self.models[[self.row[k] for k in senders]].cpu() if senders else torch.empty(0, self.models.shape[1])
+        if not senders:
+            return torch.empty(0, self.models.shape[1])
+        return self.models.index_select(0, torch.tensor([self.row[k] for k in senders], device=self.models.device)).cpu()
 
     def byzantine_messages(
         self, r: int, losses: dict[int, float], refused: dict[int, str]

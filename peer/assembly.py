@@ -7,6 +7,7 @@ draws the same partition, models and attacks."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,8 +117,8 @@ def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]
     """The data size and training loss a Byzantine client declares: those its honest neighbours
     declared, on average, so that weighting by size or loss cannot single it out by its
     metadata. With nothing heard, the smallest plausible size (0 would be refused)."""
-    size = round(float(np.mean(sizes))) if sizes else 1
-    finite = [x for x in losses if np.isfinite(x)]
+    size = round(sum(sizes) / len(sizes)) if sizes else 1  # integers: the mean numpy takes, to the bit
+    finite = [x for x in losses if math.isfinite(x)]
     return size, float(np.mean(finite)) if finite else float("nan")
 
 
@@ -216,4 +217,4 @@ def byzantine_record(
 
 def finite_or_none(x: float) -> float | None:
     x = float(x)
-    return round(x, 6) if np.isfinite(x) else None
+    return round(x, 6) if math.isfinite(x) else None

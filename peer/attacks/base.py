@@ -221,7 +221,13 @@ def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Cr
             crafted = Crafted(dict(zip(view.receivers, messages, strict=True)))
         else:
             crafted = Crafted({k: attack(known, k, generator) for k in view.receivers})
-    messages = {k: _checked(attack, k, crafted.messages.get(k), view.dim) for k in view.receivers}
+    checked: dict[int, torch.Tensor | None] = {}  # one check per message, however many receive it
+    messages = {}
+    for k in view.receivers:
+        message = crafted.messages.get(k)
+        if id(message) not in checked:
+            checked[id(message)] = _checked(attack, k, message, view.dim)
+        messages[k] = checked[id(message)]
     extra = {}
     for k, labelled in crafted.extra.items():
         if k not in view.receivers:
