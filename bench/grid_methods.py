@@ -1,0 +1,115 @@
+"""Where a grid's CPU time goes, by the value of one axis (the method, say), and what the whole
+grid should cost: a few runs of each value as one batch, cut to a few rounds.
+
+For each value of ``--axis`` (default ``method``), ``--per`` of its runs (spread over the others
+axes: seeds, attacks, partitions) run as one batch of the batched engine (``run_together``) for
+``--rounds`` rounds. Printed per value: CPU milliseconds per run and round of the round loop (set-up
+aside: a batch pays it once), the number of the grid's runs with that value, and their CPU seconds
+at the grid's own rounds; then the total, and the wall time it means on ``--cores`` cores with
+the sweep's batches kept busy to the end. Also, when the grid has DFedReweighting runs, the
+scoring products' share (the floor: each of their clients scores its candidates every round).
+
+    python bench/grid_methods.py --grid examples/grids/paper_byzantine_fmnist.toml
+    python bench/grid_methods.py --grid examples/grids/paper_fairness_fmnist.toml --per 4 --rounds 200
+
+CPU time (``time.process_time``), not wall time: on a shared machine a value measured while
+another process held a core would be charged for the wait. Torch runs single-threaded, as in a
+sweep's children. Noise between two invocations on a shared machine is a few percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", type=Path, default=REPO / "examples" / "grids" / "paper_byzantine_fmnist.toml")
+    parser.add_argument("--axis", default="method", help="the axis whose values are measured apart (default: method)")
+    parser.add_argument("--per", type=int, default=6, help="runs of each value, as one batch (default 6)")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds per run (default 100)")
+    parser.add_argument("--cores", type=int, default=2, help="cores the sweep runs on, for the wall time (default 2)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.per < 1 or args.rounds < 1 or args.cores < 1:
+        parser.error("--per, --rounds and --cores must be at least 1")
+
+    from dfedrw.experiments.grid import load_grid
+    from dfedrw.experiments.sweep_plan import plan_sweep
+    from dfedrw.launch import batched
+    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.peer import training
+
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="grid-methods-"))
+    try:
+        plan = plan_sweep(load_grid(args.grid), work / "plan")
+        by_value: dict[str, list] = collections.defaultdict(list)
+        for run in plan.runs.values():
+            point = plan.points[run.points[0]]
+            if args.axis not in point.labels:
+                parser.error(f"{args.grid}: no axis {args.axis!r} (axes: {', '.join(point.labels)})")
+            by_value[point.labels[args.axis]].append(run)
+
+        # The scoring products, timed where they run (as bench/batch_of_runs.py does).
+        scoring = [0.0]
+        original = training.VectorEvaluator.score_laid_out, training.score_models
+
+        def timed(function):
+            def wrapper(*a, **k):
+                start = time.process_time()
+                try:
+                    return function(*a, **k)
+                finally:
+                    scoring[0] += time.process_time() - start
+            return wrapper
+
+        training.VectorEvaluator.score_laid_out = timed(original[0])
+        training.score_models = timed(original[1])
+        rows, total, floor = [], 0.0, 0.0
+        try:
+            for value, runs in by_value.items():
+                step = max(1, len(runs) // args.per)
+                chosen = runs[::step][: args.per]
+                full_rounds = chosen[0].scenario.rounds
+                batch = [BatchedRun(dataclasses.replace(r.scenario, rounds=args.rounds), work / "runs" / r.name) for r in chosen]
+                scoring[0] = 0.0
+                batched.run_together(batch)
+                # The batch's round loop (every run's final files carry the same figure).
+                cpu = json.loads((batch[0].out_dir / "peers" / f"{batch[0].honest[0]}.json").read_text())["loop_cpu_seconds"]
+                per = cpu / (len(chosen) * args.rounds)
+                grid_seconds = per * full_rounds * len(runs)
+                floor_seconds = scoring[0] / (len(chosen) * args.rounds) * full_rounds * len(runs)
+                total += grid_seconds
+                floor += floor_seconds
+                rows.append({"value": value, "runs": len(runs), "measured_runs": len(chosen), "ms_per_run_round": round(1000 * per, 2),
+                             "grid_cpu_seconds": round(grid_seconds), "scoring_cpu_seconds": round(floor_seconds)})
+                print(f"{value:32} {1000 * per:7.2f} ms per run and round  x {len(runs):3} runs x {full_rounds} rounds = "
+                      f"{grid_seconds:7.0f} CPU s (scoring {floor_seconds:6.0f})", flush=True)
+        finally:
+            training.VectorEvaluator.score_laid_out, training.score_models = original
+        wall = total / args.cores
+        print(f"{'grid':32} {total:7.0f} CPU s, of which scoring {floor:.0f}; on {args.cores} busy cores about {wall:.0f} s ({wall / 60:.1f} min)")
+        if args.json is not None:
+            args.json.write_text(json.dumps({"grid": str(args.grid), "rounds": args.rounds, "per": args.per, "values": rows,
+                                             "grid_cpu_seconds": round(total), "scoring_cpu_seconds": round(floor),
+                                             "wall_seconds_on_cores": round(wall), "cores": args.cores}, indent=2) + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
