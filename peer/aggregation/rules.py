@@ -257,9 +257,15 @@ class RoundBatch:
         if self.runs is None or len(set(self.runs)) <= 1:
             return self._combine(range(len(self.rows)), weights)
         out = torch.empty(len(self.rows), self.vectors.shape[1], dtype=torch.float32)
-        for run in dict.fromkeys(self.runs):
-            members = [c for c, of in enumerate(self.runs) if of == run]
-            out[members] = self._combine(members, [weights[c] for c in members])
+        by_run: dict[Any, list[int]] = {}
+        for c, of in enumerate(self.runs):
+            by_run.setdefault(of, []).append(c)
+        for members in by_run.values():
+            combined = self._combine(members, [weights[c] for c in members])
+            if members[-1] - members[0] + 1 == len(members):  # a run's clients are consecutive: a slice
+                out[members[0] : members[-1] + 1] = combined
+            else:
+                out[members] = combined
         return out
 
     def _combine(self, clients: Sequence[int], weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
@@ -273,17 +279,23 @@ class RoundBatch:
                     values.append(v)
         used = sorted(set(cols))
         position = {row: i for i, row in enumerate(used)}
-        index = torch.tensor([rows, [position[r] for r in cols]], dtype=torch.long)
+        places = [position[r] for r in cols]
         shape = (len(clients), len(used))
-        pooled = self.vectors[used].to(device="cpu", dtype=torch.float64)
+        if used and used[-1] - used[0] + 1 == len(used):  # consecutive rows (the usual case): a view, no gather
+            pooled = self.vectors[used[0] : used[-1] + 1].to(device="cpu", dtype=torch.float64)
+        else:
+            pooled = self.vectors.index_select(0, torch.tensor(used, dtype=torch.long, device=self.vectors.device)).to(device="cpu", dtype=torch.float64)
         # Dense only without a NaN/Inf row: there a 0 weight would still give 0 * NaN = NaN.
         # (The pool's rows as the intake found them, where it says; a float32 row that is
         # finite stays so in float64.)
         finite = bool(self.finite_pool[used].all()) if self.finite_pool is not None else bool(torch.isfinite(pooled).all())
         if shape[0] * shape[1] <= _DENSE_COMBINE and finite:
-            matrix = torch.zeros(shape, dtype=torch.float64)
-            matrix[index[0], index[1]] = torch.tensor(values, dtype=torch.float64)
+            dense = [0.0] * (shape[0] * shape[1])
+            for row, place, value in zip(rows, places, values, strict=True):
+                dense[row * shape[1] + place] = value
+            matrix = torch.tensor(dense, dtype=torch.float64).view(shape)
             return (matrix @ pooled).to(torch.float32)
+        index = torch.tensor([rows, places], dtype=torch.long)
         matrix = torch.sparse_coo_tensor(index, torch.tensor(values, dtype=torch.float64), shape, check_invariants=True).coalesce()
         return torch.sparse.mm(matrix, pooled).to(torch.float32)
 
