@@ -1,10 +1,11 @@
 """Where a grid's CPU time goes, by the value of one axis (the method, say), and what the whole
 grid should cost: a few runs of each value as one batch, cut to a few rounds.
 
-For each value of ``--axis`` (default ``method``), ``--per`` of its runs (spread over the others
+For each value of ``--axis`` (default ``method``), ``--per`` of its runs (spread over the other
 axes: seeds, attacks, partitions) run as one batch of the batched engine (``run_together``) for
 ``--rounds`` rounds. Printed per value: CPU milliseconds per run and round of the round loop (set-up
-aside: a batch pays it once), the number of the grid's runs with that value, and their CPU seconds
+aside: a batch pays it once; a short untimed batch of the same runs first, so that one-time
+imports are not counted either), the number of the grid's runs with that value, and their CPU seconds
 at the grid's own rounds; then the total, and the wall time it means on ``--cores`` cores with
 the sweep's batches kept busy to the end. Also, when the grid has DFedReweighting runs, the
 scoring products' share (the floor: each of their clients scores its candidates every round).
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 step = max(1, len(runs) // args.per)
                 chosen = runs[::step][: args.per]
                 full_rounds = chosen[0].scenario.rounds
+                # A 2-round batch first, untimed: what a process pays once (imports such as
+                # scikit-learn's, first calls) is not a cost per round of a 3,000-round run.
+                batched.run_together([BatchedRun(dataclasses.replace(r.scenario, rounds=2), work / "warm" / r.name) for r in chosen])
                 batch = [BatchedRun(dataclasses.replace(r.scenario, rounds=args.rounds), work / "runs" / r.name) for r in chosen]
                 scoring[0] = 0.0
                 batched.run_together(batch)
