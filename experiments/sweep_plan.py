@@ -210,6 +210,11 @@ def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list
         count = max(-(-len(members) // batch), min(jobs, len(members)))
         if len(members) >= jobs:
             count = -(-count // jobs) * jobs  # a multiple of the jobs: no job left alone at the end
-        size = -(-len(members) // count)
-        out[:0] = [members[i : i + size] for i in range(0, len(members), size)]
+        # Exactly ``count`` batches, their sizes one apart (304 runs in 20 batches: 4 of 16 and
+        # 16 of 15, not 19 of 16 with the last one alone).
+        size, larger = divmod(len(members), count)
+        bounds = [0]
+        for i in range(count):
+            bounds.append(bounds[-1] + size + (1 if i < larger else 0))
+        out[:0] = [members[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
     return out

@@ -29,6 +29,10 @@ def test_runs_of_one_shape_go_in_even_batches_and_others_alone(tmp_path):
     # 8 runs in at most 3 a batch: 3 batches, made 4 so that 2 jobs have 2 each.
     assert sorted(len(b) for b in plan_batches(runs, jobs=2, batch=3)) == [2, 2, 2, 2, 2, 2, 2, 2]
     assert sorted(len(b) for b in plan_batches([r for r in runs if r.scenario.rounds == 3][:7], jobs=2, batch=16)) == [3, 4]
+    # 7 runs for 3 jobs in at most 2 a batch: 4 batches, made 6 (not 4 of 2, 2, 2 and 1).
+    seven = [r for r in runs if r.scenario.rounds == 3][:7]
+    assert sorted(len(b) for b in plan_batches(seven, jobs=3, batch=2)) == [1, 1, 1, 1, 1, 2]
+    assert [r.key for b in plan_batches(seven, jobs=3, batch=2) for r in b] == [r.key for r in seven]
     assert all(len(b) == 1 for b in plan_batches(runs, jobs=2, batch=1))
 
     clients = [r for r in plan_sweep(load_grid(write_grid(tmp_path, GRID.replace('"eval.every=0"', '"eval.every=0", "engine.name=clients"'), "c.toml")), tmp_path / "c").runs.values()]
