@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from dfedrw.experiments.sweep_plan import plan_sweep
     from dfedrw.launch import batched
     from dfedrw.launch.batched_run import BatchedRun
-    from dfedrw.peer import training
+    from scoring_clock import scoring_clock
     from tests.support.parity import differences
 
     torch.set_num_threads(1)
@@ -57,24 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         names = [r.name for r in list(plan.runs.values())[: args.runs]]
         print(f"{len(scenarios)} runs of {args.grid.name}, {args.rounds} rounds each", file=sys.stderr)
 
-        # Scoring time: every score_models call and every owner's product of laid-out weights
-        # (ManyEvaluator, one-layer models), timed (CPU) around the originals.
-        scoring = {"seconds": 0.0}
-        original, laid_out = training.score_models, training.VectorEvaluator.score_laid_out
-
-        def timing(function):
-            def timed(*a, **k):
-                start = time.process_time()
-                try:
-                    return function(*a, **k)
-                finally:
-                    scoring["seconds"] += time.process_time() - start
-
-            return timed
-
-        training.score_models = timing(original)
-        training.VectorEvaluator.score_laid_out = timing(laid_out)
-        try:
+        # Scoring time: every scoring product, timed (CPU) around the originals.
+        with scoring_clock() as scoring:
             start = time.process_time()
             for scenario, name in zip(scenarios, names, strict=True):
                 batched.run_together([BatchedRun(scenario, work / "alone" / name)])
@@ -83,8 +67,6 @@ def main(argv: list[str] | None = None) -> int:
             start = time.process_time()
             batched.run_together([BatchedRun(s, work / "together" / n) for s, n in zip(scenarios, names, strict=True)])
             together_cpu, together_scoring = time.process_time() - start, scoring["seconds"]
-        finally:
-            training.score_models, training.VectorEvaluator.score_laid_out = original, laid_out
         problems = [f"{n}: {p}" for n in names for p in differences(work / "alone" / n, work / "together" / n)]
         figures = {
             "runs": len(scenarios), "rounds": args.rounds,

@@ -27,7 +27,6 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from dfedrw.experiments.sweep_plan import plan_sweep
     from dfedrw.launch import batched
     from dfedrw.launch.batched_run import BatchedRun
-    from dfedrw.peer import training
+    from scoring_clock import scoring_clock
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="grid-methods-"))
@@ -64,23 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"{args.grid}: no axis {args.axis!r} (axes: {', '.join(point.labels)})")
             by_value[point.labels[args.axis]].append(run)
 
-        # The scoring products, timed where they run (as bench/batch_of_runs.py does).
-        scoring = [0.0]
-        original = training.VectorEvaluator.score_laid_out, training.score_models
-
-        def timed(function):
-            def wrapper(*a, **k):
-                start = time.process_time()
-                try:
-                    return function(*a, **k)
-                finally:
-                    scoring[0] += time.process_time() - start
-            return wrapper
-
-        training.VectorEvaluator.score_laid_out = timed(original[0])
-        training.score_models = timed(original[1])
         rows, total, floor = [], 0.0, 0.0
-        try:
+        with scoring_clock() as scoring:  # the scoring products, timed where they run
             for value, runs in by_value.items():
                 step = max(1, len(runs) // args.per)
                 chosen = runs[::step][: args.per]
@@ -89,21 +73,19 @@ def main(argv: list[str] | None = None) -> int:
                 # scikit-learn's, first calls) is not a cost per round of a 3,000-round run.
                 batched.run_together([BatchedRun(dataclasses.replace(r.scenario, rounds=2), work / "warm" / r.name) for r in chosen])
                 batch = [BatchedRun(dataclasses.replace(r.scenario, rounds=args.rounds), work / "runs" / r.name) for r in chosen]
-                scoring[0] = 0.0
+                scoring["seconds"] = 0.0
                 batched.run_together(batch)
                 # The batch's round loop (every run's final files carry the same figure).
                 cpu = json.loads((batch[0].out_dir / "peers" / f"{batch[0].honest[0]}.json").read_text())["loop_cpu_seconds"]
                 per = cpu / (len(chosen) * args.rounds)
                 grid_seconds = per * full_rounds * len(runs)
-                floor_seconds = scoring[0] / (len(chosen) * args.rounds) * full_rounds * len(runs)
+                floor_seconds = scoring["seconds"] / (len(chosen) * args.rounds) * full_rounds * len(runs)
                 total += grid_seconds
                 floor += floor_seconds
                 rows.append({"value": value, "runs": len(runs), "measured_runs": len(chosen), "ms_per_run_round": round(1000 * per, 2),
                              "grid_cpu_seconds": round(grid_seconds), "scoring_cpu_seconds": round(floor_seconds)})
                 print(f"{value:32} {1000 * per:7.2f} ms per run and round  x {len(runs):3} runs x {full_rounds} rounds = "
                       f"{grid_seconds:7.0f} CPU s (scoring {floor_seconds:6.0f})", flush=True)
-        finally:
-            training.VectorEvaluator.score_laid_out, training.score_models = original
         wall = total / args.cores
         print(f"{'grid':32} {total:7.0f} CPU s, of which scoring {floor:.0f}; on {args.cores} busy cores about {wall:.0f} s ({wall / 60:.1f} min)")
         if args.json is not None:
