@@ -202,13 +202,12 @@ def _small_hdbscan_labels(distances: list[list[float]], min_cluster_size: int) -
         parent[left] = parent[right] = merged
         linkage.append((left, right, distance, size[merged]))
 
-    def points_under(node: int) -> list[int]:
-        """The points below ``node`` in breadth-first order, as scikit-learn lists them."""
-        queue, out = [node], []
+    def levels(node: int):
+        """The nodes below ``node`` (itself first), level by level: scikit-learn's breadth-first order."""
+        queue = [node]
         while queue:
-            out.extend(x for x in queue if x < n)
+            yield queue
             queue = [c for x in queue if x >= n for c in linkage[x - n][:2]]
-        return out
 
     # 3. Condensed tree: (parent, child, lambda, child size) rows; a split is kept only where
     #    both sides have min_cluster_size points, else the smaller side's points fall out.
@@ -216,10 +215,7 @@ def _small_hdbscan_labels(distances: list[list[float]], min_cluster_size: int) -
     relabel = {root: n}
     next_label = n + 1
     condensed = []
-    queue, order = [root], []
-    while queue:
-        order.extend(queue)
-        queue = [c for x in queue if x >= n for c in linkage[x - n][:2]]
+    order = [x for level in levels(root) for x in level]
     ignored = set()
     for node in order:
         if node < n or node in ignored:
@@ -242,11 +238,9 @@ def _small_hdbscan_labels(distances: list[list[float]], min_cluster_size: int) -
         for side, big in ((left, big_left), (right, big_right)):
             if big:
                 continue
-            queue = [side]
-            while queue:
-                ignored.update(queue)
-                condensed.extend((relabel[node], x, value, 1) for x in queue if x < n)
-                queue = [c for x in queue if x >= n for c in linkage[x - n][:2]]
+            for level in levels(side):
+                ignored.update(level)
+                condensed.extend((relabel[node], x, value, 1) for x in level if x < n)
     # 4. Stability of each cluster, then the excess-of-mass selection (the root may be the
     #    one cluster) and the labels.
     birth = {child: value for _, child, value, _ in condensed}

@@ -221,13 +221,15 @@ def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Cr
             crafted = Crafted(dict(zip(view.receivers, messages, strict=True)))
         else:
             crafted = Crafted({k: attack(known, k, generator) for k in view.receivers})
-    checked: dict[int, torch.Tensor | None] = {}  # one check per message, however many receive it
+    # One check per message, however many receive it; each message is held here so that its id
+    # cannot be reused by another while the loop runs (a mapping may make them as it is read).
+    checked: dict[int, tuple[Any, torch.Tensor | None]] = {}
     messages = {}
     for k in view.receivers:
         message = crafted.messages.get(k)
         if id(message) not in checked:
-            checked[id(message)] = _checked(attack, k, message, view.dim)
-        messages[k] = checked[id(message)]
+            checked[id(message)] = (message, _checked(attack, k, message, view.dim))
+        messages[k] = checked[id(message)][1]
     extra = {}
     for k, labelled in crafted.extra.items():
         if k not in view.receivers:
