@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -53,14 +54,15 @@ def test_dfedavg_batched_gives_each_client_what_its_own_call_gives(data, clients
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), clients=st.integers(1, 6), pool=st.integers(1, 9), q=st.sampled_from([0.0, 0.1, 0.5, 2.0]))
-def test_qfdfl_batched_gives_each_client_exactly_what_its_own_call_gives(data, clients, pool, q):
-    """Any pool (a NaN row, a client's own row NaN), any declared losses (NaN, 0, large)."""
+def test_qfdfl_batched_gives_each_client_what_its_own_call_gives(data, clients, pool, q):
+    """Any pool (a NaN row, a client's own row NaN), any declared losses (NaN, 0, one whose
+    power overflows or vanishes)."""
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
     vectors = torch.randn(pool, 5, generator=gen)
     if data.draw(st.booleans()):
         vectors[data.draw(st.integers(0, pool - 1))] = float("nan")
     rows = tuple(tuple(data.draw(st.lists(st.integers(0, pool - 1), min_size=1, max_size=pool, unique=True))) for _ in range(clients))
-    loss = st.one_of(st.floats(0.0, 50.0), st.just(float("nan")))
+    loss = st.one_of(st.floats(0.0, 50.0), st.sampled_from([float("nan"), 1e300, 1e-300]))
     declared = tuple(tuple(data.draw(loss) for _ in r) for r in rows)
     batch = RoundBatch(
         round=0, vectors=vectors, rows=rows, ids=tuple(tuple(range(len(r))) for r in rows), num_samples=tuple((10,) * len(r) for r in rows),
@@ -69,8 +71,11 @@ def test_qfdfl_batched_gives_each_client_exactly_what_its_own_call_gives(data, c
     rule = QFDFL(q=q, lr=0.05)
     for c, agg in enumerate(rule.batched(batch)):
         one = rule(batch.one(c))
-        assert agg.weights == one.weights and agg.scores == one.scores is None
-        torch.testing.assert_close(agg.model, one.model, rtol=0, atol=0, equal_nan=True)
+        # The products have other shapes (all clients' distances and models at once): the
+        # same values to the last bits of float64, rounded to float32.
+        assert agg.weights.keys() == one.weights.keys() and agg.scores == one.scores is None
+        assert all(math.isclose(agg.weights[k], one.weights[k], rel_tol=1e-9, abs_tol=1e-12) for k in one.weights)
+        torch.testing.assert_close(agg.model, one.model, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
 def test_a_nan_row_of_one_client_never_reaches_another():

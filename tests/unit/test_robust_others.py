@@ -161,6 +161,21 @@ def test_qfdfl_hand_computed_q_one():
     assert_weights(result, {7: 0.6, 100: 0.4})
 
 
+@pytest.mark.parametrize("claimed, q", [(1e300, 2.0), (1e-300, 1000.0)], ids=["power-overflows", "power-vanishes"])
+def test_qfdfl_keeps_its_own_model_when_a_claimed_loss_breaks_the_step(claimed, q):
+    # Prepare: a neighbour claims a loss whose q-th power overflows (1e600) or whose power
+    # and curvature vanish (1e-12 ** 1000 = 0, the only candidate): sum h is not a positive
+    # finite number, so no step is defined
+    inputs = inputs_for([[1, 0], [3, 0]], losses=[NAN, claimed], reference=[0, 0])
+
+    # Execute
+    result = QFDFL(q=q, lr=0.5)(inputs)
+
+    # Assert: the own model, finite, all the weight on it
+    assert_model(result, [1, 0])
+    assert_weights(result, {7: 1.0, 100: 0.0})
+
+
 def test_qfdfl_needs_reference_and_declared_losses():
     with pytest.raises(ValueError, match="reference is None"):
         QFDFL()(inputs_for([[1.0]], losses=[1.0]))
