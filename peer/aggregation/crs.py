@@ -29,15 +29,16 @@ The output is float64 on the CPU whatever the input dtype/device: weights are ti
 float64 keeps "sums to 1" at the 1e-15 level. The mean used as a threshold is an exactly
 rounded sum (``math.fsum``), so the output does not depend on the order of the candidates.
 
-Adding a strategy: subclass :class:`ReweightingStrategy`, implement ``weigh`` (it only ever
-sees >= 2 finite, not-all-equal scores), and register the class with
+Adding a strategy: subclass :class:`ReweightingStrategy`, implement ``weigh_values`` on Python
+floats (or ``weigh`` on a float64 tensor; either only ever sees >= 2 finite, not-all-equal
+scores), and register the class with
 ``@CRS_REGISTRY.register("name")``; its dataclass fields are its scenario settings.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -56,6 +57,7 @@ __all__ = [
     "ReweightingStrategy",
     "Softmax",
     "apply_crs_contract",
+    "contract_values",
     "make_crs",
 ]
 
@@ -80,18 +82,50 @@ def _as_score_vector(scores: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to(device="cpu", dtype=torch.float64)
 
 
-def _mean(values: torch.Tensor) -> float:
+def _mean(items: Sequence[float]) -> float:
     """Order-independent mean of finite values that cannot overflow.
 
     ``math.fsum`` is exactly rounded, so permuting the candidates cannot move the threshold by
     one ulp and flip a keep/clip decision; dividing by the largest magnitude first keeps the
     partial sums finite for scores near the float64 limit.
     """
-    items = values.tolist()
     magnitude = max(abs(v) for v in items)
     if magnitude == 0.0:
         return 0.0
     return math.fsum(v / magnitude for v in items) / len(items) * magnitude
+
+
+def contract_values(
+    values: Sequence[float],
+    weigh: Callable[[list[float]], Sequence[float]],
+    *,
+    owner: str = "CRS",
+) -> list[float]:
+    """The module's edge-case contract around a raw weighting function, on Python floats.
+
+    ``weigh`` receives only the finite scores (at least two, not all equal) and returns raw
+    non-negative finite weights, one per score; this function handles non-finite scores, the
+    degenerate cases and the normalisation (see module docstring). A CRS scores a handful of
+    candidates: plain floats are faster than tensors there, and every value is computed the
+    same way whichever batch of clients it belongs to.
+    """
+    finite = [math.isfinite(v) for v in values]
+    kept = [v for v, ok in zip(values, finite, strict=True) if ok]
+    count = len(kept)
+    if count == 0:
+        return [0.0] * len(values)
+    if count == 1 or all(v == kept[0] for v in kept):
+        return [1.0 / count if ok else 0.0 for ok in finite]
+    raw = [float(x) for x in weigh(kept)]
+    if len(raw) != count:
+        raise ValueError(f"{owner}: weigh returned shape ({len(raw)},), expected ({count},)")
+    if not all(math.isfinite(x) and x >= 0 for x in raw):
+        raise ValueError(f"{owner}: weigh returned negative or non-finite weights {raw}")
+    top = max(raw)
+    raw = [1.0] * count if top <= 0 else [x / top for x in raw]
+    total = math.fsum(raw)
+    shares = iter([x / total for x in raw])
+    return [next(shares) if ok else 0.0 for ok in finite]
 
 
 def apply_crs_contract(
@@ -100,53 +134,43 @@ def apply_crs_contract(
     *,
     owner: str = "CRS",
 ) -> torch.Tensor:
-    """Apply the module's edge-case contract around a raw weighting function.
+    """:func:`contract_values` around a raw weighting function of tensors: ``weigh`` receives
+    the finite scores as a float64 tensor and returns a tensor of raw weights."""
 
-    ``weigh`` receives only the finite scores (float64, at least two, not all equal) and
-    returns raw non-negative finite weights of the same shape; this function handles
-    non-finite scores, the degenerate cases and the normalisation (see module docstring).
-    """
-    values = _as_score_vector(scores)
-    finite = torch.isfinite(values)
-    count = int(finite.sum())
-    if count == 0:
-        return torch.zeros_like(values)
-    # Every score finite (the usual case): no mask to apply, the same values.
-    every = count == len(values)
-    kept = values.clone() if every else values[finite]
-    if count == 1 or bool((kept == kept[0]).all()):
-        weights = torch.zeros_like(values)
-        weights[finite] = 1.0 / count
-        return weights
+    def weigh_values(kept: list[float]) -> list[float]:
+        raw = torch.as_tensor(weigh(torch.tensor(kept, dtype=torch.float64)), dtype=torch.float64)
+        if raw.shape != (len(kept),):
+            raise ValueError(f"{owner}: weigh returned shape {tuple(raw.shape)}, expected ({len(kept)},)")
+        return raw.tolist()
 
-    raw = torch.as_tensor(weigh(kept), dtype=torch.float64)
-    if raw.shape != kept.shape:
-        raise ValueError(
-            f"{owner}: weigh returned shape {tuple(raw.shape)}, expected {tuple(kept.shape)}"
-        )
-    if not bool(torch.isfinite(raw).all()) or bool((raw < 0).any()):
-        raise ValueError(f"{owner}: weigh returned negative or non-finite weights {raw.tolist()}")
-    top = raw.max()
-    raw = torch.ones_like(raw) if top <= 0 else raw / top
-    if every:
-        return raw / raw.sum()
-    weights = torch.zeros_like(values)
-    weights[finite] = raw / raw.sum()
-    return weights
+    return torch.tensor(contract_values(_as_score_vector(scores).tolist(), weigh_values, owner=owner), dtype=torch.float64)
 
 
 class ReweightingStrategy:
-    """Base class of the built-in CRSs: ``__call__`` = contract + ``weigh``.
+    """Base class of the built-in CRSs: ``__call__`` = contract + ``weigh_values``.
 
     ``v = normalise(weigh(m[finite]))`` with the edge cases of the module docstring.
-    Subclasses implement ``weigh(finite_scores) -> raw non-negative weights``.
+    Subclasses implement ``weigh_values(finite_scores: list[float]) -> raw non-negative
+    weights`` (or, written against tensors, ``weigh(finite_scores: Tensor) -> Tensor``).
     """
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+    def weigh_values(self, scores: list[float]) -> Sequence[float]:
         raise NotImplementedError
 
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        """:meth:`weigh_values` of a float64 tensor, as a tensor."""
+        return torch.tensor(self.weigh_values(scores.tolist()), dtype=torch.float64)
+
+    def values(self, scores: Sequence[float]) -> list[float]:
+        """The weights of ``scores`` (Python floats, NaN/Inf allowed) as Python floats: what
+        ``__call__`` returns, without tensors (the batched engine's path)."""
+        owner = type(self).__name__
+        if type(self).weigh is not ReweightingStrategy.weigh:  # a strategy written against tensors
+            return apply_crs_contract(torch.tensor(scores, dtype=torch.float64), self.weigh, owner=owner).tolist()
+        return contract_values(scores, self.weigh_values, owner=owner)
+
     def __call__(self, scores: torch.Tensor) -> torch.Tensor:
-        return apply_crs_contract(scores, self.weigh, owner=type(self).__name__)
+        return torch.tensor(self.values(_as_score_vector(scores).tolist()), dtype=torch.float64)
 
 
 @CRS_REGISTRY.register("softmax")
@@ -179,15 +203,13 @@ class Softmax(ReweightingStrategy):
             raise ValueError("Softmax: scale must be nonzero (0 would ignore the scores), got 0")
         object.__setattr__(self, "scale", scale)
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+    def weigh_values(self, scores: list[float]) -> list[float]:
         factor = self.scale / self.temperature  # may be +-inf for a tiny T: handled below
         if factor == 0.0:  # underflow of a tiny scale over a huge T: scores do not matter
-            return torch.ones_like(scores)
-        reference = scores.max() if factor > 0 else scores.min()
+            return [1.0] * len(scores)
+        reference = max(scores) if factor > 0 else min(scores)
         # factor * diff <= 0 always; diff == 0 is special-cased because inf * 0 is NaN.
-        diff = scores - reference
-        exponent = torch.where(diff == 0, torch.zeros_like(diff), diff * factor)
-        return torch.exp(exponent)
+        return [1.0 if s == reference else math.exp((s - reference) * factor) for s in scores]
 
 
 _LOSS_CLIP_WEIGHTINGS = ("proportional", "inverse", "uniform")
@@ -219,25 +241,23 @@ class LossClippedAtMean(ReweightingStrategy):
     def __post_init__(self) -> None:
         check_choice("LossClippedAtMean", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+    def weigh_values(self, scores: list[float]) -> list[float]:
         # The mean lies in [min, max]; taking max(mean, min) only undoes rounding, and
         # guarantees the best candidate is always kept.
-        threshold = max(_mean(scores), float(scores.min()))
-        kept = scores <= threshold
-        losses = scores.clamp(min=0.0)
-        zero = torch.zeros_like(losses)
+        threshold = max(_mean(scores), min(scores))
+        kept = [s <= threshold for s in scores]
         if self.weighting == "uniform":
-            return kept.to(torch.float64)
+            return [float(k) for k in kept]
+        losses = [max(s, 0.0) for s in scores]
         if self.weighting == "proportional":
-            raw = torch.where(kept, losses, zero)
-            return raw if bool(raw.sum() > 0) else kept.to(torch.float64)
-        perfect = kept & (losses == 0)
-        if bool(perfect.any()):
-            return perfect.to(torch.float64)
+            raw = [x if k else 0.0 for x, k in zip(losses, kept, strict=True)]
+            return raw if any(x > 0 for x in raw) else [float(k) for k in kept]
+        perfect = [k and x == 0 for x, k in zip(losses, kept, strict=True)]
+        if any(perfect):
+            return [float(p) for p in perfect]
         # min/m_i lies in (0, 1]: no overflow even for denormal losses.
-        smallest = losses[kept].min()
-        safe = torch.where(kept, losses, torch.ones_like(losses))
-        return torch.where(kept, smallest / safe, zero)
+        smallest = min(x for x, k in zip(losses, kept, strict=True) if k)
+        return [smallest / x if k else 0.0 for x, k in zip(losses, kept, strict=True)]
 
 
 @CRS_REGISTRY.register("acc_clip_mean")
@@ -251,11 +271,11 @@ class AccuracyClippedAtMean(ReweightingStrategy):
     sum to 0 they share the weight uniformly (the clipped ones stay at 0).
     """
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
-        threshold = min(_mean(scores), float(scores.max()))  # undo rounding; keep the best
-        kept = scores >= threshold
-        raw = torch.where(kept, scores.clamp(min=0.0), torch.zeros_like(scores))
-        return raw if bool(raw.sum() > 0) else kept.to(torch.float64)
+    def weigh_values(self, scores: list[float]) -> list[float]:
+        threshold = min(_mean(scores), max(scores))  # undo rounding; keep the best
+        kept = [s >= threshold for s in scores]
+        raw = [max(s, 0.0) if k else 0.0 for s, k in zip(scores, kept, strict=True)]
+        return raw if any(x > 0 for x in raw) else [float(k) for k in kept]
 
 
 @CRS_REGISTRY.register("proportional")
@@ -271,8 +291,8 @@ class Proportional(ReweightingStrategy):
     uniform fallback applies.
     """
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
-        return scores.clamp(min=0.0)
+    def weigh_values(self, scores: list[float]) -> list[float]:
+        return [max(s, 0.0) for s in scores]
 
 
 @CRS_REGISTRY.register("clip")
@@ -293,8 +313,8 @@ class Clip(ReweightingStrategy):
             self, "threshold", check_real("Clip", "threshold", self.threshold, positive=True)
         )
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
-        return scores.clamp(min=0.0, max=self.threshold)
+    def weigh_values(self, scores: list[float]) -> list[float]:
+        return [min(max(s, 0.0), self.threshold) for s in scores]
 
 
 _RANK_PREFERENCES = ("low", "high")
@@ -320,12 +340,12 @@ class Rank(ReweightingStrategy):
     def __post_init__(self) -> None:
         check_choice("Rank", "prefer", self.prefer, _RANK_PREFERENCES)
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
-        values = scores if self.prefer == "low" else -scores
-        count = values.shape[0]
-        better = (values[None, :] < values[:, None]).sum(dim=1).to(torch.float64)
-        ties = (values[None, :] == values[:, None]).sum(dim=1).to(torch.float64) - 1
-        return count - (better + ties / 2)
+    def weigh_values(self, scores: list[float]) -> list[float]:
+        values = scores if self.prefer == "low" else [-s for s in scores]
+        count = len(values)
+        return [
+            count - (sum(1 for w in values if w < v) + (sum(1 for w in values if w == v) - 1) / 2) for v in values
+        ]
 
 def make_crs(name: str, **params: object) -> CRS:
     """Build the CRS registered as ``name`` with keyword ``params`` (checked, see registry)."""

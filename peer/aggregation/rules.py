@@ -24,13 +24,14 @@ Shared conventions (both rules here):
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from dfedrw.peer.aggregation.crs import CRS, make_crs
+from dfedrw.peer.aggregation.crs import CRS, ReweightingStrategy, make_crs
 from dfedrw.peer.registry import Registry, check_choice, check_int
 from dfedrw.peer.aggregation.tpm import TPM, make_tpm
 
@@ -373,9 +374,14 @@ class DFedReweighting:
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         self._needs_evaluate(inputs.evaluate is None)
         finite = finite_rows(inputs.vectors)
-        usable = inputs.vectors if bool(finite.all()) else inputs.vectors[finite.to(inputs.vectors.device)]
-        scores = self._scores(finite, usable, inputs.evaluate)
-        return _finish(inputs, self._weights(scores, finite), scores)
+        every = bool(finite.all())
+        usable = inputs.vectors if every else inputs.vectors[finite.to(inputs.vectors.device)]
+        scores = self._scores(finite, usable, inputs.evaluate).tolist()
+        weights = self._weights(scores, None if every else finite.tolist())
+        return Aggregate(
+            model=weighted_sum(inputs.vectors, torch.tensor(weights, dtype=torch.float64)),
+            weights=dict(zip(inputs.ids, weights, strict=True)), scores=dict(zip(inputs.ids, scores, strict=True)),
+        )
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
         """Every client's round at once: each one's TPM and CRS as :meth:`__call__` runs them,
@@ -397,23 +403,31 @@ class DFedReweighting:
             for c, answer in zip(wanted, answers, strict=True):
                 metrics[c] = answer
         stand_in = evaluates is not None
+        # A TPM that gives its scores from the metrics as Python floats (the built-in ones) is
+        # asked for them so: a client's handful of scores is not a tensor.
+        score_values = getattr(self.tpm, "score_values", None) if stand_in else None
         weights, scores = [], []
         for c, rows in enumerate(batch.rows):
             kept = usable_rows[c]
             answered = metrics[c] is not None
-            usable = batch.vectors.new_empty(len(kept), 0) if stand_in and answered else batch.vectors[list(kept)]
-            evaluate = _Answered(usable, metrics[c], batch.evaluate[c]) if answered else batch.evaluate[c]
             # Every candidate finite (the usual case): no mask to apply.
-            mask = None if len(kept) == len(rows) else finite[list(rows)]
-            s = self._scores(mask, usable, evaluate)
+            mask = None if len(kept) == len(rows) else [ok[i] for i in rows]
+            if answered and score_values is not None:
+                s = score_values({key: metrics[c][key].tolist() for key in evaluates})  # the finite candidates'
+                if len(s) != len(kept):
+                    raise ValueError(f"DFedReweighting: TPM {self.tpm!r} gave {len(s)} scores for {len(kept)} candidates")
+                if mask is not None:
+                    found = iter(s)
+                    s = [next(found) if m else math.nan for m in mask]
+            else:
+                usable = batch.vectors.new_empty(len(kept), 0) if stand_in and answered else batch.vectors[list(kept)]
+                evaluate = _Answered(usable, metrics[c], batch.evaluate[c]) if answered else batch.evaluate[c]
+                s = self._scores(None if mask is None else torch.tensor(mask), usable, evaluate).tolist()
             scores.append(s)
-            weights.append(_normalised(self._weights(s, mask)))
+            weights.append(self._weights(s, mask))
         models = batch.combine(weights)
         return [
-            Aggregate(
-                model=models[c], weights=dict(zip(batch.ids[c], w.tolist(), strict=True)),
-                scores=dict(zip(batch.ids[c], s.tolist(), strict=True)),
-            )
+            Aggregate(model=models[c], weights=dict(zip(batch.ids[c], w, strict=True)), scores=dict(zip(batch.ids[c], s, strict=True)))
             for c, (w, s) in enumerate(zip(weights, scores, strict=True))
         ]
 
@@ -446,24 +460,34 @@ class DFedReweighting:
             )
         return computed
 
-    def _weights(self, scores: torch.Tensor, finite: torch.Tensor | None) -> torch.Tensor:
-        """The CRS's weights, checked; 0 for every non-finite candidate (``finite`` None: all
-        are finite)."""
+    def _weights(self, scores: list[float], finite: list[bool] | None) -> list[float]:
+        """The CRS's weights, checked, 0 for every non-finite candidate (``finite`` None: all
+        are finite), normalised (all on the own model when none is positive): Python floats.
+        A CRS that gives its weights as floats (``values``, the built-in ones) is asked so."""
         count = len(scores)
-        weights = torch.as_tensor(self.crs(scores)).detach().to(device="cpu", dtype=torch.float64)
-        if weights.shape != (count,):
+        if isinstance(self.crs, ReweightingStrategy):
+            weights = self.crs.values(scores)
+        else:
+            computed = torch.as_tensor(self.crs(torch.tensor(scores, dtype=torch.float64))).detach().to(device="cpu", dtype=torch.float64)
+            if computed.shape != (count,):
+                raise ValueError(
+                    f"DFedReweighting: CRS {self.crs!r} returned shape {tuple(computed.shape)}, "
+                    f"expected ({count},)"
+                )
+            weights = computed.tolist()
+        if not all(math.isfinite(w) and w >= 0 for w in weights):
             raise ValueError(
-                f"DFedReweighting: CRS {self.crs!r} returned shape {tuple(weights.shape)}, "
-                f"expected ({count},)"
-            )
-        if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
-            raise ValueError(
-                f"DFedReweighting: CRS {self.crs!r} returned invalid weights {weights.tolist()}; "
+                f"DFedReweighting: CRS {self.crs!r} returned invalid weights {weights}; "
                 "weights must be finite and >= 0"
             )
         # The CRS contract already zeroes NaN scores; enforcing it here keeps a custom CRS
         # from ever weighting a non-finite model.
-        return weights if finite is None else torch.where(finite, weights, torch.zeros_like(weights))
+        if finite is not None:
+            weights = [w if ok else 0.0 for w, ok in zip(weights, finite, strict=True)]
+        total = math.fsum(weights)
+        if not total > 0:
+            return [1.0] + [0.0] * (count - 1)
+        return [w / total for w in weights]
 
 
 def _takes_metrics(evaluate_many: Callable) -> bool:

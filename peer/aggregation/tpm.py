@@ -17,7 +17,7 @@ the CRS contract's job (it gets weight 0), see :mod:`peer.aggregation.crs`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -102,6 +102,10 @@ class Accuracy:
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("accuracy",), "Accuracy")["accuracy"]
 
+    def score_values(self, metrics: Mapping[str, Sequence[float]]) -> list[float]:
+        """The scores, as Python floats, from the metrics it asks for (one float per candidate)."""
+        return list(metrics["accuracy"])
+
 
 @TPM_REGISTRY.register("loss")
 @dataclass(frozen=True)
@@ -118,6 +122,10 @@ class Loss:
 
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         return _evaluate(candidates, evaluate, ("loss",), "Loss")["loss"]
+
+    def score_values(self, metrics: Mapping[str, Sequence[float]]) -> list[float]:
+        """As :meth:`Accuracy.score_values`."""
+        return list(metrics["loss"])
 
 
 @TPM_REGISTRY.register("combined")
@@ -158,6 +166,20 @@ class WeightedCombination:
         if self.loss != 0.0:
             score = score + self.loss * metrics["loss"]
         return score
+
+    def score_values(self, metrics: Mapping[str, Sequence[float]]) -> list[float]:
+        """As :meth:`Accuracy.score_values`: the same operations in the same order as
+        ``__call__``, so the same values."""
+        accuracy, loss = metrics["accuracy"], metrics["loss"]
+        scores = []
+        for a, f in zip(accuracy, loss, strict=True):
+            score = 0.0
+            if self.accuracy != 0.0:
+                score = score + self.accuracy * a
+            if self.loss != 0.0:
+                score = score + self.loss * f
+            scores.append(score)
+        return scores
 
 
 def make_tpm(name: str, **params: object) -> TPM:
