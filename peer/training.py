@@ -131,6 +131,8 @@ class VectorEvaluator:
 def _metrics(count: int, where: list[int], scored: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """``{"accuracy", "loss"}`` of ``count`` candidates: ``scored`` (float64 CPU ``[2, len(where)]``)
     at the positions ``where``, NaN at the others (the non-finite candidates)."""
+    if scored is not None and len(where) == count:  # every candidate scored (the usual case): its rows as they are
+        return {"accuracy": scored[0], "loss": scored[1]}
     acc = torch.full((count,), float("nan"), dtype=torch.float64)
     loss = acc.clone()
     if where:
