@@ -82,7 +82,11 @@ class ByzantineRounds:
             targets = tuple(k for k in self.graphs.receivers_of(self.id, r) if k not in byzantine)
             heard = tuple(k for k in self.graphs.senders_to(self.id, r) if k not in byzantine)
             expected = self._expected(r, frozenset(heard))
-            got = self.inbox.wait(r, expected, sc.network.round_timeout)
+            # Twice the deadline: an honest neighbour may have spent a whole round_timeout
+            # waiting for this client (silent, or refused) before it began round r. With one,
+            # an attacker's clock runs ahead of the receivers' under load, and it misses
+            # their models in exactly the rounds it means to act.
+            got = self.inbox.wait(r, expected, 2 * sc.network.round_timeout)
             liveness.update(self.inbox, expected, got)
             senders = tuple(k for k in sorted(got) if k not in byzantine)
             honest_msgs = [got[k] for k in senders]

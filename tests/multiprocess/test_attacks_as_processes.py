@@ -92,3 +92,18 @@ def test_attacks_with_knowledge_run_under_torchrun(attack, tmp_path):
     assert summary["launcher"] == "torchrun" and summary["failed_peers"] == []
     roles = {int(k): p["role"] for k, p in summary["peers"].items()}
     check_attacked(tmp_path / "out", attack, [k for k, r in roles.items() if r == "byzantine"], [k for k, r in roles.items() if r == "honest"])
+
+
+def test_a_silent_attacker_still_hears_the_round_after_its_receivers_waited_for_it(tmp_path):
+    """Omission is silent in even rounds, so its honest neighbours wait a whole round_timeout
+    for it before they begin the next round; the attacker waits long enough for their models
+    of that round (twice the timeout) and acts in every odd round, never "knowing no model"."""
+    scenario = load_scenario(None, [*settings("omission"), "network.round_timeout=3"])
+    summary = LocalRun(scenario, tmp_path, console=quiet_console()).run()
+    assert summary["failed_peers"] == []
+    byzantine = [int(k) for k, p in summary["peers"].items() if p["role"] == "byzantine"]
+    for b in byzantine:
+        for record in read_rounds(tmp_path, b):
+            if record["round"] % 2 == 1:
+                assert record["received_from"] and "why" not in record["attack"], (b, record)
+                assert record["attack"]["silent"] is False, (b, record)
