@@ -46,17 +46,23 @@ def pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
 _ONE_PASS = 32768
 
 
-def pooled_squared_distances(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
-    """``||v_a - v_b||^2`` of the rows ``a < b`` of ``vectors`` for every pair ``(a, b)``, as
-    :func:`pairwise_squared_distances` computes each entry (float64 differences squared, each
-    row summed on its own): the rows paired with ``a`` against row ``a`` at once, as the rows
-    after ``a`` (a few unwanted among them) where they are most of those."""
+def _pair_rows(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]):
+    """The rows paired with each row ``a`` (pairs ``a < b``), and every row of a pair widened
+    to float64 once: (partners, their positions, the widened rows)."""
     partners: dict[int, list[int]] = {}
     for a, b in sorted(pairs):
         partners.setdefault(a, []).append(b)
     used = sorted(set(partners) | {b for bs in partners.values() for b in bs})
     position = {row: i for i, row in enumerate(used)}
-    rows = vectors.index_select(0, torch.tensor(used, dtype=torch.long)).to(torch.float64)
+    return partners, position, vectors.index_select(0, torch.tensor(used, dtype=torch.long)).to(torch.float64)
+
+
+def pooled_squared_distances(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    """``||v_a - v_b||^2`` of the rows ``a < b`` of ``vectors`` for every pair ``(a, b)``, as
+    :func:`pairwise_squared_distances` computes each entry (float64 differences squared, each
+    row summed on its own): the rows paired with ``a`` against row ``a`` at once, as the rows
+    after ``a`` (a few unwanted among them) where they are most of those."""
+    partners, position, rows = _pair_rows(vectors, pairs)
     out: dict[tuple[int, int], float] = {}
     for a, bs in partners.items():
         first, wanted = position[a], [position[b] for b in bs]
@@ -69,6 +75,24 @@ def pooled_squared_distances(vectors: torch.Tensor, pairs: Sequence[tuple[int, i
         # x * x: the very numbers x ** 2 gives (torch squares by multiplying).
         values = differences.mul_(differences).sum(dim=1).tolist()
         out.update(((a, b), values[place]) for b, place in zip(bs, places, strict=True))
+    return out
+
+
+def pooled_dot_products(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    """``v_a . v_b`` in float64 for every pair ``(a, b)`` of rows of ``vectors``, ``a <= b``
+    (``(a, a)``: the squared norm): each the sum of one row of products, summed on its own,
+    so the same number whichever other pairs are computed beside it (one thread; see the
+    module docstring)."""
+    partners, position, rows = _pair_rows(vectors, pairs)
+    out: dict[tuple[int, int], float] = {}
+    for a, bs in partners.items():
+        wanted = [position[b] for b in bs]
+        first = position[a]
+        if wanted[-1] - wanted[0] + 1 == len(wanted):
+            products = rows[wanted[0] : wanted[-1] + 1] * rows[first]
+        else:
+            products = rows.index_select(0, torch.tensor(wanted, dtype=torch.long)).mul_(rows[first])
+        out.update(zip(((a, b) for b in bs), products.sum(dim=1).tolist()))
     return out
 
 

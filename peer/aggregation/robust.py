@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 
@@ -54,7 +54,7 @@ from dfedrw.peer.aggregation.candidates import (
     FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_finite,
     pooled_order,
 )
-from dfedrw.peer.aggregation.coordinate import coordinate_middle
+from dfedrw.peer.aggregation.distance import pooled_dot_products
 
 __all__ = [
     "AccuracyAboveMean",
@@ -87,26 +87,33 @@ def _noise_seed(seed: int, own_id: int, round_: int) -> int:
     return int.from_bytes(digest.digest(), "big") & (2**63 - 1)
 
 
-def _largest_cluster(updates: torch.Tensor, min_cluster_size: int) -> torch.Tensor:
-    """Boolean CPU mask of the largest HDBSCAN cluster on cosine distances of the rows of
-    ``updates`` (updates or whole models)."""
-    count = updates.shape[0]
-    norms = torch.linalg.vector_norm(updates, dim=1, keepdim=True)
-    # A zero update has no direction; dividing by 1 leaves it at 0, i.e. cosine distance 1
-    # (orthogonal) to every other update.
-    unit = updates / torch.where(norms > 0, norms, torch.ones_like(norms))
-    distances = (1.0 - unit @ unit.T).clamp(min=0.0, max=2.0).cpu()
-    distances = (distances + distances.T) / 2
-    distances.fill_diagonal_(0.0)
-    labels = hdbscan_labels(distances.numpy(), min(min_cluster_size, count)).tolist()
+def cosine_distances(count: int, dots: Callable[[int, int], float]) -> np.ndarray:
+    """The cosine distances ``1 - x_i . x_j / (|x_i| |x_j|)`` of ``count`` rows, clamped to
+    [0, 2], from their float64 dot products (``dots(i, j)`` for ``i <= j``; ``dots(i, i)`` the
+    squared norm): a symmetric float64 [count, count] matrix with a zero diagonal. A zero row
+    has no direction: distance 1 (orthogonal) to every other row."""
+    norms = [math.sqrt(dots(i, i)) for i in range(count)]
+    distances = np.zeros((count, count))
+    for i in range(count):
+        for j in range(i + 1, count):
+            scale = norms[i] * norms[j]
+            value = 1.0 - dots(i, j) / scale if scale > 0 else 1.0
+            distances[i, j] = distances[j, i] = min(max(value, 0.0), 2.0)
+    return distances
+
+
+def _largest_cluster(distances: np.ndarray, min_cluster_size: int) -> list[bool]:
+    """Which rows form the largest HDBSCAN cluster on their cosine ``distances``."""
+    count = len(distances)
+    labels = hdbscan_labels(distances, min(min_cluster_size, count)).tolist()
     clusters = sorted({label for label in labels if label >= 0})
     if not clusters:
         # HDBSCAN found no structure at all: nothing stands out as an outlier either.
-        return torch.ones(count, dtype=torch.bool)
+        return [True] * count
     # Largest cluster; equal sizes go to the cluster holding the lowest id (rows are in id
     # order and labels are compared by first occurrence).
     best = min(clusters, key=lambda label: (-labels.count(label), labels.index(label)))
-    return torch.tensor([label == best for label in labels], dtype=torch.bool)
+    return [label == best for label in labels]
 
 
 def hdbscan_labels(distances: np.ndarray, min_cluster_size: int) -> np.ndarray:
@@ -353,30 +360,49 @@ class Flame:
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         reference = inputs.vectors[0] if inputs.reference is None else inputs.reference
-        aggregate = self._aggregate(finite_by_id(inputs), inputs.ids, reference, inputs.round)
+        finite = finite_by_id(inputs)
+        model_dots = None
+        if self.cluster_on == "models":
+            count = len(finite.ids)
+            model_dots = pooled_dot_products(finite.rows, [(i, j) for i in range(count) for j in range(i, count)])
+        aggregate = self._aggregate(finite, inputs.ids, reference, inputs.round, None, model_dots, tuple(range(len(finite.ids))))
         return keep_own(inputs) if aggregate is None else aggregate
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
         """Every client's round as :meth:`__call__` takes it, bit for bit: the same arithmetic
-        on tensors of the same shapes, the pool checked for finite rows once and no per-client
-        inputs built."""
+        on tensors of the same shapes (each dot product of two models summed on its own, so
+        computed once for all the clients holding both), the rows widened to float64 once, the
+        pool checked for finite rows once and no per-client inputs built."""
         finite = batch.finite().tolist()
         references_finite = None if batch.references is None else finite_rows(batch.references).tolist()
+        orders = [pooled_order(batch, c, finite) for c in range(len(batch))]
+        used = sorted({row for order in orders for row in order.pooled})
+        place = {row: i for i, row in enumerate(used)}
+        wide = batch.vectors.index_select(0, torch.tensor(used, dtype=torch.long, device=batch.vectors.device)).to(torch.float64) if used else None
+        model_dots = None
+        if self.cluster_on == "models":
+            pairs = {(min(a, b), max(a, b)) for order in orders for a in order.pooled for b in order.pooled}
+            model_dots = pooled_dot_products(batch.vectors, sorted(pairs)) if pairs else {}
         out = []
-        for c, rows in enumerate(batch.rows):
+        for c, (rows, order) in enumerate(zip(batch.rows, orders, strict=True)):
             if batch.references is None:
                 reference, reference_finite = batch.vectors[rows[0]], finite[rows[0]]
             else:
                 reference, reference_finite = batch.references[c], references_finite[c]
-            aggregate = self._aggregate(pooled_finite(batch, c, finite), batch.ids[c], reference, batch.round, reference_finite)
+            picked = wide.index_select(0, torch.tensor([place[r] for r in order.pooled], dtype=torch.long, device=wide.device)) if order.pooled else batch.vectors.new_empty(0, batch.vectors.shape[1], dtype=torch.float64)
+            candidates = FiniteCandidates(ids=order.ids, rows=picked, own=order.own, positions=order.positions)
+            aggregate = self._aggregate(candidates, batch.ids[c], reference, batch.round, reference_finite, model_dots, order.pooled)
             out.append(keep_own_pooled(batch, c) if aggregate is None else aggregate)
         return out
 
     def _aggregate(
-        self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int, reference_finite: bool | None = None
+        self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int, reference_finite: bool | None,
+        model_dots: Mapping[tuple[int, int], float] | None, keys: Sequence[int],
     ) -> Aggregate | None:
         """The client's aggregate (``ids``: its candidates' senders, own first); None when it
-        keeps its own model. ``reference_finite``: whether ``reference`` is, when the caller knows."""
+        keeps its own model. ``reference_finite``: whether ``reference`` is, when the caller
+        knows; ``model_dots``: the candidates' dot products (clustering on models), by
+        ``keys[i]`` of candidate ``i``, the smaller key first."""
         count = len(finite.ids)
         reference = reference.to(device=finite.rows.device, dtype=torch.float64)
         if reference_finite is None:
@@ -384,28 +410,35 @@ class Flame:
         if count == 0 or not reference_finite:
             return None
         updates = finite.rows - reference
+        # Each update's squared norm, and (clustering on updates) each pair's product, summed
+        # row by row as the models' are.
+        update_dots = pooled_dot_products(updates, [(i, j) for i in range(count) for j in range(i, count)]) if (
+            self.cluster_on == "updates" and count >= 3) else {(i, i): v for i, v in enumerate((updates * updates).sum(dim=1).tolist())}
+        norms = [math.sqrt(update_dots[(i, i)]) for i in range(count)]
         if count < 3:
-            accepted = torch.ones(count, dtype=torch.bool)
+            accepted = [True] * count
         else:
             default = count // 2 + 1
             size = default if self.min_cluster_size is None else self.min_cluster_size
-            accepted = _largest_cluster(updates if self.cluster_on == "updates" else finite.rows, size)
+            if self.cluster_on == "updates" or model_dots is None:
+                distances = cosine_distances(count, lambda i, j: update_dots[(i, j)])
+            else:
+                distances = cosine_distances(count, lambda i, j: model_dots[(min(keys[i], keys[j]), max(keys[i], keys[j]))])
+            accepted = _largest_cluster(distances, size)
 
-        norms = torch.linalg.vector_norm(updates, dim=1)
-        bound = coordinate_middle(norms[:, None])[0]
-        factors = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
-        clipped = updates * factors[:, None]
-        chosen = accepted.to(updates.device)
-        model = reference + clipped[chosen].sum(dim=0) / int(accepted.sum())
-        scale = self.noise * float(bound)
+        ordered = sorted(norms)
+        bound = (ordered[(count - 1) // 2] + ordered[count // 2]) / 2  # the median (two middle values: their mean)
+        kept = sum(accepted)
+        coefficients = [(bound / n if n > bound else 1.0) / kept if ok else 0.0 for n, ok in zip(norms, accepted, strict=True)]
+        model = reference + torch.tensor(coefficients, dtype=torch.float64, device=updates.device) @ updates
+        scale = self.noise * bound
         if scale > 0:
             generator = torch.Generator().manual_seed(_noise_seed(self.seed, ids[0], round_))
             # Drawn in float32 (torch's float64 normal draw is about five times slower on the
             # CPU), widened exactly; the sum is float64 as the rest.
             drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float32).to(torch.float64)
             model = model + scale * drawn.to(model.device)
-        weights = accepted.to(torch.float64) / int(accepted.sum())
-        return package_for(ids, model, by_id(finite, weights))
+        return package_for(ids, model, {i: 1.0 / kept if ok else 0.0 for i, ok in zip(finite.ids, accepted, strict=True)})
 
 
 # ---------------------------------------------------------------- BALANCE
