@@ -244,10 +244,17 @@ class BatchedRun:
         pool = [self.models]
         pooled = len(self.honest)
         byz_row = {}
+        # One row per distinct message of a Byzantine sender: an attack that sends all its
+        # receivers the same tensor (most do) is one row, scored, compared and summed once.
+        # (Per sender: two senders' messages stay two rows, so no client holds a row twice.)
+        row_of: dict[tuple[int, int], int] = {}
         for key, (vector, _, _) in byz.items():
-            byz_row[key] = pooled
-            pool.append(vector[None])
-            pooled += 1
+            same = (key[0], id(vector))
+            if same not in row_of:
+                row_of[same] = pooled
+                pool.append(vector[None])
+                pooled += 1
+            byz_row[key] = row_of[same]
         rows, ids, sizes, declared, missing = [], [], [], [], []
         believed = {j: self.plausible.train_loss(losses[j]) for j in self.honest}  # what a receiver takes of each declared loss
         for k in self.honest:
