@@ -72,6 +72,7 @@ class ByzantineRounds:
         loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
         r = 0
         reference = None  # the mean of what it knew last round (AttackView.reference)
+        silent_before = False  # whether it was silent to a receiver last round
         if self.resumed is not None:
             if "attack" in self.resumed.generators:
                 gen.set_state(torch.from_numpy(self.resumed.generators["attack"].copy()))
@@ -82,11 +83,11 @@ class ByzantineRounds:
             targets = tuple(k for k in self.graphs.receivers_of(self.id, r) if k not in byzantine)
             heard = tuple(k for k in self.graphs.senders_to(self.id, r) if k not in byzantine)
             expected = self._expected(r, frozenset(heard))
-            # Twice the deadline: an honest neighbour may have spent a whole round_timeout
-            # waiting for this client (silent, or refused) before it began round r. With one,
-            # an attacker's clock runs ahead of the receivers' under load, and it misses
+            # After a round in which it was silent to some receiver, twice the deadline: those
+            # receivers waited out their whole round_timeout for it before they began round r.
+            # With one, its clock would run ahead of theirs, and under load it would miss
             # their models in exactly the rounds it means to act.
-            got = self.inbox.wait(r, expected, 2 * sc.network.round_timeout)
+            got = self.inbox.wait(r, expected, (2 if silent_before else 1) * sc.network.round_timeout)
             liveness.update(self.inbox, expected, got)
             senders = tuple(k for k in sorted(got) if k not in byzantine)
             honest_msgs = [got[k] for k in senders]
@@ -117,6 +118,7 @@ class ByzantineRounds:
                     k,
                     encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
                 )
+            silent_before = silent > 0
             record = byzantine_record(
                 r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
                 pooled_from=list(pooled.used) if pooled is not None else None,
