@@ -48,16 +48,20 @@ def _same(a: Any, b: Any) -> bool:
 
 def rule_groups(rules: list[Any]) -> list[tuple[Any, list[int]]]:
     """Positions of equal rules (same class, same settings), in first-seen order: a rule with a
-    batched method is called once a round for its whole group.
+    batched method is called once a round for its whole group. A rule may say what it is
+    grouped by (``batch_group()``, a hashable value): Flame leaves out its seed, which each
+    client draws for itself, so one call takes every client's round (each with its own rule,
+    ``RoundBatch.rules``).
 
     Hashable rules (the built-in ones are frozen dataclasses) are grouped through a dict, so
-    10,000 clients each with its own rule (Flame's per-client seed) cost 10,000 lookups rather
-    than 50 million comparisons; the others are compared with each group found so far.
+    10,000 clients each with its own rule cost 10,000 lookups rather than 50 million
+    comparisons; the others are compared with each group found so far.
     """
     groups: list[tuple[Any, list[int]]] = []
     by_key: dict[Any, list[int]] = {}
     for c, rule in enumerate(rules):
-        key = (type(rule), rule)
+        group = getattr(rule, "batch_group", None)
+        key = (type(rule), rule if group is None else group())
         try:
             members, hashable = by_key.get(key), True
         except Exception:  # noqa: BLE001 - unhashable, or an equality that cannot be decided
@@ -123,10 +127,14 @@ def train_together(runs: list[BatchedRun]) -> list[list[float]]:
     return [[x / t.local_steps for x in total] for total in totals]
 
 
-def aggregate_together(r: int, total_rounds: int, parts: list[Candidates], groups: list[tuple[Any, list[int]]], scorer: ManyEvaluator) -> list[Aggregate]:
+def aggregate_together(
+    r: int, total_rounds: int, parts: list[Candidates], groups: list[tuple[Any, list[int]]], scorer: ManyEvaluator,
+    rules: list[Any] | None = None,
+) -> list[Aggregate]:
     """Every honest client of several runs aggregated at once: one pool of candidates (each
     run's rows after the runs before it), each group of clients sharing a rule called once
-    (its ``batched`` method, else per client). Returns the aggregates in the clients' order."""
+    (its ``batched`` method, else per client; ``rules``: each client's own, which the group's
+    batched call reads where they differ). Returns the aggregates in the clients' order."""
     offsets = np.cumsum([0] + [len(p.vectors) for p in parts[:-1]]).tolist()
     vectors = torch.cat([p.vectors for p in parts]) if len(parts) > 1 else parts[0].vectors
     # The pool's non-finite rows, for every rule and the scorer: as the intake found them, or
@@ -142,6 +150,7 @@ def aggregate_together(r: int, total_rounds: int, parts: list[Candidates], group
         declared_losses=tuple(d for p in parts for d in p.declared), evaluate=tuple(e for p in parts for e in p.evaluate),
         evaluate_many=functools.partial(scorer, finite=finite), references=torch.cat([p.reference for p in parts]) if len(parts) > 1 else parts[0].reference,
         total_rounds=total_rounds, runs=tuple(i for i, p in enumerate(parts) for _ in p.rows) if len(parts) > 1 else None,
+        rules=None if rules is None else tuple(rules),
     )
     results: list[Any] = [None] * len(batch)
     for rule, members in groups:
@@ -151,7 +160,7 @@ def aggregate_together(r: int, total_rounds: int, parts: list[Candidates], group
                 results[c] = agg
         else:
             for c in members:
-                results[c] = rule(batch.one(c))
+                results[c] = (rule if rules is None else rules[c])(batch.one(c))
     return results
 
 
@@ -163,7 +172,8 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
     if len(keys) != 1:
         raise ValueError(f"runs of one batch must share the model, training, rounds and device; got {len(keys)} different settings")
     sc = runs[0].scenario
-    groups = rule_groups([run.rules[k] for run in runs for k in run.honest])
+    rules = [run.rules[k] for run in runs for k in run.honest]
+    groups = rule_groups(rules)
     scorer = ManyEvaluator()
     start = time.monotonic()
     threads = torch.get_num_threads()
@@ -180,10 +190,11 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
                     run.begin_round(r)
             if dynamic and r:
                 # A schedule changes what a rule is told from round to round.
-                groups = rule_groups([run.rules[k] for run in runs for k in run.honest])
+                rules = [run.rules[k] for run in runs for k in run.honest]
+                groups = rule_groups(rules)
             losses = train_together(runs)
             parts = [run.before_aggregation(r, loss) for run, loss in zip(runs, losses, strict=True)]
-            results = aggregate_together(r, sc.rounds, [p for _, p in parts], groups, scorer)
+            results = aggregate_together(r, sc.rounds, [p for _, p in parts], groups, scorer, rules)
             start_row = 0
             for run, (by_id, part) in zip(runs, parts, strict=True):
                 n = len(run.honest)

@@ -358,6 +358,11 @@ class Flame:
             # HDBSCAN itself refuses clusters of one point.
             check_int("Flame", "min_cluster_size", self.min_cluster_size, minimum=2)
 
+    def batch_group(self) -> tuple:
+        """What :meth:`batched` needs equal across its clients: every setting but the seed, which
+        each client's noise draws from (``RoundBatch.rules``)."""
+        return (self.noise, self.min_cluster_size, self.cluster_on)
+
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         reference = inputs.vectors[0] if inputs.reference is None else inputs.reference
         finite = finite_by_id(inputs)
@@ -369,7 +374,8 @@ class Flame:
         return keep_own(inputs) if aggregate is None else aggregate
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's round as :meth:`__call__` takes it, bit for bit: the same arithmetic
+        """Every client's round as its own rule's :meth:`__call__` takes it (``batch.rules``:
+        Flames of one :meth:`batch_group`, each with its seed), bit for bit: the same arithmetic
         on tensors of the same shapes (each dot product of two models summed on its own, so
         computed once for all the clients holding both), the rows widened to float64 once, the
         pool checked for finite rows once and no per-client inputs built."""
@@ -391,7 +397,8 @@ class Flame:
                 reference, reference_finite = batch.references[c], references_finite[c]
             picked = wide.index_select(0, torch.tensor([place[r] for r in order.pooled], dtype=torch.long, device=wide.device)) if order.pooled else batch.vectors.new_empty(0, batch.vectors.shape[1], dtype=torch.float64)
             candidates = FiniteCandidates(ids=order.ids, rows=picked, own=order.own, positions=order.positions)
-            aggregate = self._aggregate(candidates, batch.ids[c], reference, batch.round, reference_finite, model_dots, order.pooled)
+            rule = self if batch.rules is None else batch.rules[c]
+            aggregate = rule._aggregate(candidates, batch.ids[c], reference, batch.round, reference_finite, model_dots, order.pooled)
             out.append(keep_own_pooled(batch, c) if aggregate is None else aggregate)
         return out
 

@@ -213,6 +213,10 @@ class RoundBatch:
     runs: tuple[int, ...] | None = None
     # Which pooled rows are finite (bool CPU [R]), when the caller knows it: see :meth:`finite`.
     finite_pool: torch.Tensor | None = None
+    # Each client's own rule, when rules that differ only in what their ``batch_group`` leaves
+    # out (Flame's per-client seed) share one ``batched`` call; None: the called rule is every
+    # client's.
+    rules: tuple[Any, ...] | None = None
 
     def finite(self) -> torch.Tensor:
         """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
@@ -242,7 +246,7 @@ class RoundBatch:
             round=self.round, vectors=self.vectors, rows=pick(self.rows), ids=pick(self.ids), num_samples=pick(self.num_samples),
             declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
             references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
-            evaluate_many=self.evaluate_many, runs=pick(self.runs), finite_pool=self.finite_pool,
+            evaluate_many=self.evaluate_many, runs=pick(self.runs), finite_pool=self.finite_pool, rules=pick(self.rules),
         )
 
     def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:

@@ -7,6 +7,8 @@ the sorting network, and the HDBSCAN labels Flame computes without the estimator
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import math
 
@@ -120,6 +122,23 @@ def test_batched_gives_each_client_exactly_what_its_own_call_gives(data, rule):
     assert len(together) == len(batch)
     for c, aggregate in enumerate(together):
         assert_same(aggregate, rule(batch.one(c)), c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), cluster_on=st.sampled_from(["updates", "models"]))
+def test_one_flame_call_takes_clients_of_other_seeds_each_with_its_own(data, cluster_on):
+    """Flames that differ only in their seed share one batched call (``batch.rules``): each
+    client gets what its own rule's call gives, its own noise included."""
+    # Prepare
+    batch = random_batch(data)
+    rules = tuple(Flame(seed=data.draw(st.integers(0, 3), label=f"seed of {c}"), cluster_on=cluster_on) for c in range(len(batch)))
+
+    # Execute
+    together = Flame(seed=99, cluster_on=cluster_on).batched(dataclasses.replace(batch, rules=rules))
+
+    # Assert
+    for c, aggregate in enumerate(together):
+        assert_same(aggregate, rules[c](batch.one(c)), c)
 
 
 @pytest.mark.parametrize("rule", [Median(), TrimmedMean(1), TrimmedMean(3)], ids=repr)
