@@ -121,10 +121,11 @@ def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int, dist
     return weights
 
 
-def _krum_batched(batch: RoundBatch, num_byzantine: int, keep_of: Callable[[int], int]) -> list[Aggregate] | None:
-    """Krum's or multi-Krum's round for every client of ``batch`` (``keep_of(count)``: how many
-    to average of ``count`` finite candidates), each pair of pooled rows measured once; None
-    where the batched path is not taken (a model not on the CPU, or summed in two passes alone)."""
+def _krum_batched(batch: RoundBatch, settings: Callable[[int, int], tuple[int, int]]) -> list[Aggregate] | None:
+    """Krum's or multi-Krum's round for every client of ``batch`` (``settings(c, count)``:
+    client ``c``'s ``num_byzantine`` and how many to average of its ``count`` finite
+    candidates), each pair of pooled rows measured once; None where the batched path is not
+    taken (a model not on the CPU, or summed in two passes alone)."""
     vectors = batch.vectors
     if vectors.device.type != "cpu" or (torch.get_num_threads() > 1 and vectors.shape[1] >= _ONE_PASS):
         return None
@@ -139,7 +140,8 @@ def _krum_batched(batch: RoundBatch, num_byzantine: int, keep_of: Callable[[int]
             out.append(keep_own_pooled(batch, c))
             continue
         finite_c = pooled_finite(batch, c, finite, order)
-        weights = _lowest_scores(finite_c, num_byzantine, keep_of(count), _distance_matrix(order, measured, finite_c.rows.dtype))
+        num_byzantine, keep = settings(c, count)
+        weights = _lowest_scores(finite_c, num_byzantine, keep, _distance_matrix(order, measured, finite_c.rows.dtype))
         out.append(package_for(batch.ids[c], combine_rows(finite_c, weights), by_id(finite_c, weights)))
     return out
 
@@ -184,10 +186,17 @@ class Krum:
         weights = _lowest_scores(finite, self.num_byzantine, keep=1)
         return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights))
 
+    def batch_group(self) -> tuple:
+        """What :meth:`batched` needs equal across its clients: nothing (each client's
+        ``num_byzantine`` is read from its own rule, ``RoundBatch.rules``)."""
+        return ()
+
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's Krum at once, bit for bit ``self(batch.one(c))`` (module notes)."""
-        out = _krum_batched(batch, self.num_byzantine, lambda count: 1)
-        return [self(batch.one(c)) for c in range(len(batch))] if out is None else out
+        """Every client's Krum at once, bit for bit its own rule's call on ``batch.one(c)``
+        (module notes)."""
+        rules = batch.rules or (self,) * len(batch)
+        out = _krum_batched(batch, lambda c, count: (rules[c].num_byzantine, 1))
+        return [rules[c](batch.one(c)) for c in range(len(batch))] if out is None else out
 
 
 @RULE_REGISTRY.register("multi_krum")
@@ -224,10 +233,16 @@ class MultiKrum:
         keep = count - self.num_byzantine if self.m is None else self.m
         return min(max(keep, 1), count)
 
+    def batch_group(self) -> tuple:
+        """As :meth:`Krum.batch_group`: every setting but ``num_byzantine``."""
+        return (self.m,)
+
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's multi-Krum at once, bit for bit ``self(batch.one(c))`` (module notes)."""
-        out = _krum_batched(batch, self.num_byzantine, self._keep)
-        return [self(batch.one(c)) for c in range(len(batch))] if out is None else out
+        """Every client's multi-Krum at once, bit for bit its own rule's call on
+        ``batch.one(c)`` (module notes)."""
+        rules = batch.rules or (self,) * len(batch)
+        out = _krum_batched(batch, lambda c, count: (rules[c].num_byzantine, rules[c]._keep(count)))
+        return [rules[c](batch.one(c)) for c in range(len(batch))] if out is None else out
 
 
 @RULE_REGISTRY.register("geometric_median")

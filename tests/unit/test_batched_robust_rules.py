@@ -124,17 +124,29 @@ def test_batched_gives_each_client_exactly_what_its_own_call_gives(data, rule):
         assert_same(aggregate, rule(batch.one(c)), c)
 
 
+# Rules of one batch group that differ in what the group leaves out: drawn per client.
+FAMILIES = {
+    "flame-updates": lambda n: Flame(seed=n),
+    "flame-models": lambda n: Flame(seed=n, cluster_on="models"),
+    "krum": lambda n: Krum(n),
+    "multi-krum": lambda n: MultiKrum(n),
+    "multi-krum-m": lambda n: MultiKrum(n, m=2),
+}
+
+
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), cluster_on=st.sampled_from(["updates", "models"]))
-def test_one_flame_call_takes_clients_of_other_seeds_each_with_its_own(data, cluster_on):
-    """Flames that differ only in their seed share one batched call (``batch.rules``): each
-    client gets what its own rule's call gives, its own noise included."""
+@given(data=st.data(), family=st.sampled_from(sorted(FAMILIES)))
+def test_one_batched_call_takes_clients_of_one_group_each_with_its_own_rule(data, family):
+    """Flames that differ only in their seed, Krums only in the Byzantine count they are told,
+    share one batched call (``batch.rules``): each client gets what its own rule's call
+    gives (its own noise, its own count)."""
     # Prepare
     batch = random_batch(data)
-    rules = tuple(Flame(seed=data.draw(st.integers(0, 3), label=f"seed of {c}"), cluster_on=cluster_on) for c in range(len(batch)))
+    rules = tuple(FAMILIES[family](data.draw(st.integers(0, 3), label=f"setting of {c}")) for c in range(len(batch)))
+    assert len({rule.batch_group() for rule in rules}) == 1
 
     # Execute
-    together = Flame(seed=99, cluster_on=cluster_on).batched(dataclasses.replace(batch, rules=rules))
+    together = FAMILIES[family](5).batched(dataclasses.replace(batch, rules=rules))
 
     # Assert
     for c, aggregate in enumerate(together):
