@@ -23,17 +23,6 @@ from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, 
 from dfedrw.peer.aggregation.candidates import PooledOrder, by_id, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order
 
 
-def coordinate_middle(values: torch.Tensor) -> torch.Tensor:
-    """Median along dim 0 as ``torch.quantile(values, 0.5, dim=0)`` (linear) defines it.
-
-    Computed from a sort rather than with ``torch.quantile``, which refuses inputs of more
-    than 2**24 elements (a few neighbours of a CNN already exceed that).
-    """
-    count = values.shape[0]
-    ordered = sorted_rows(values)
-    return (ordered[(count - 1) // 2] + ordered[count // 2]) / 2
-
-
 def sorted_rows(rows: torch.Tensor) -> torch.Tensor:
     """``rows`` sorted along dim 0, values only (the same values whatever the algorithm).
 
