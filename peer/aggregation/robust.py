@@ -87,22 +87,24 @@ def _noise_seed(seed: int, own_id: int, round_: int) -> int:
     return int.from_bytes(digest.digest(), "big") & (2**63 - 1)
 
 
-def cosine_distances(count: int, dots: Callable[[int, int], float]) -> np.ndarray:
+def cosine_distances(count: int, dots: Callable[[int, int], float]) -> list[list[float]]:
     """The cosine distances ``1 - x_i . x_j / (|x_i| |x_j|)`` of ``count`` rows, clamped to
     [0, 2], from their float64 dot products (``dots(i, j)`` for ``i <= j``; ``dots(i, i)`` the
-    squared norm): a symmetric float64 [count, count] matrix with a zero diagonal. A zero row
-    has no direction: distance 1 (orthogonal) to every other row."""
+    squared norm): a symmetric ``count x count`` matrix of Python floats (rows as lists: what
+    the clustering reads) with a zero diagonal. A zero row has no direction: distance 1
+    (orthogonal) to every other row."""
     norms = [math.sqrt(dots(i, i)) for i in range(count)]
-    distances = np.zeros((count, count))
+    distances = [[0.0] * count for _ in range(count)]
     for i in range(count):
+        row, norm = distances[i], norms[i]
         for j in range(i + 1, count):
-            scale = norms[i] * norms[j]
+            scale = norm * norms[j]
             value = 1.0 - dots(i, j) / scale if scale > 0 else 1.0
-            distances[i, j] = distances[j, i] = min(max(value, 0.0), 2.0)
+            row[j] = distances[j][i] = min(max(value, 0.0), 2.0)
     return distances
 
 
-def _largest_cluster(distances: np.ndarray, min_cluster_size: int) -> list[bool]:
+def _largest_cluster(distances: list[list[float]], min_cluster_size: int) -> list[bool]:
     """Which rows form the largest HDBSCAN cluster on their cosine ``distances``."""
     count = len(distances)
     labels = hdbscan_labels(distances, min(min_cluster_size, count)).tolist()
@@ -116,10 +118,11 @@ def _largest_cluster(distances: np.ndarray, min_cluster_size: int) -> list[bool]
     return [label == best for label in labels]
 
 
-def hdbscan_labels(distances: np.ndarray, min_cluster_size: int) -> np.ndarray:
+def hdbscan_labels(distances: np.ndarray | list[list[float]], min_cluster_size: int) -> np.ndarray:
     """The labels ``HDBSCAN(metric="precomputed", min_cluster_size=min_cluster_size,
     min_samples=1, allow_single_cluster=True).fit(distances).labels_`` (-1: noise) of a finite,
-    symmetric float64 [n, n] matrix with a zero diagonal, ``2 <= min_cluster_size <= n``.
+    symmetric float64 [n, n] matrix with a zero diagonal (an array, or its rows as lists of
+    floats), ``2 <= min_cluster_size <= n``.
 
     The estimator's fit checks its parameters and its input, then runs four steps of
     scikit-learn's own (mutual reachability, minimum spanning tree, single-linkage tree, labels
@@ -136,12 +139,13 @@ def hdbscan_labels(distances: np.ndarray, min_cluster_size: int) -> np.ndarray:
     unique, so the labels are those of the estimator (the same test checks both ways)."""
     count = len(distances)
     if count <= _SMALL:
-        values = distances.tolist()
+        values = distances.tolist() if isinstance(distances, np.ndarray) else distances
         upper = [v for i, row in enumerate(values) for v in row[i + 1 :]]
         if len(set(upper)) == len(upper):
             labels = _small_hdbscan_labels(values, min_cluster_size)
             if labels is not None:
                 return np.array(labels, dtype=np.intp)
+    distances = np.asarray(distances, dtype=np.float64)
     steps = _hdbscan_steps()
     if steps is None:
         # Imported here: scikit-learn is slow to import and only this rule needs it.
