@@ -116,10 +116,12 @@ def client_attack(scenario: Scenario, topology: Topology, attacker: int) -> Any:
 def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
     """The data size and training loss a Byzantine client declares: those its honest neighbours
     declared, on average, so that weighting by size or loss cannot single it out by its
-    metadata. With nothing heard, the smallest plausible size (0 would be refused)."""
-    size = round(sum(sizes) / len(sizes)) if sizes else 1  # integers: the mean numpy takes, to the bit
+    metadata. With nothing heard, the smallest plausible size (0 would be refused). The mean
+    loss is the correctly rounded sum over the count (``math.fsum``): the same bits in any
+    order, in every engine."""
+    size = round(sum(sizes) / len(sizes)) if sizes else 1
     finite = [x for x in losses if math.isfinite(x)]
-    return size, float(np.mean(finite)) if finite else float("nan")
+    return size, math.fsum(finite) / len(finite) if finite else float("nan")
 
 
 @dataclass

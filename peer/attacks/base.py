@@ -244,6 +244,8 @@ def _checked(attack: Any, k: int, message: Any, dim: int) -> torch.Tensor | None
     if not isinstance(message, torch.Tensor) or not message.is_floating_point() or message.numel() != dim:
         shape = tuple(message.shape) if isinstance(message, torch.Tensor) else type(message).__name__
         raise ValueError(f"attack {type(attack).__qualname__}: message to {k} must be a float tensor of {dim} values, got {shape}")
+    if message.dtype == torch.float32 and message.dim() == 1 and not message.requires_grad:
+        return message  # already what the checks below make of it
     return message.detach().reshape(-1).to(torch.float32)
 
 

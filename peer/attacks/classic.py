@@ -44,12 +44,16 @@ _ALONE = ThreatModel()
 def _check_call(
     owner: str, received: torch.Tensor, receiver: int, generator: torch.Generator
 ) -> torch.Tensor:
+    check_int(owner, "receiver", receiver)
+    return _check_received(owner, received, generator)
+
+
+def _check_received(owner: str, received: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     if not isinstance(received, torch.Tensor) or received.dim() != 2:
         shape = tuple(received.shape) if isinstance(received, torch.Tensor) else type(received)
         raise ValueError(f"{owner}: received must be a 2-D tensor [n, D], got {shape}")
     if not received.is_floating_point():
         raise ValueError(f"{owner}: received must be floating point, got {received.dtype}")
-    check_int(owner, "receiver", receiver)
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"{owner}: generator must be a torch.Generator, got {generator!r}")
     return received
@@ -101,16 +105,17 @@ class Gaussian:
         same bits), the centre computed once for all of them: see
         :func:`~dfedrw.peer.attacks.base.craft_round`."""
         for receiver in receivers:
-            received = _check_call("Gaussian", received, receiver, generator)
-        count, dim = received.shape
-        noise = [torch.randn(dim, generator=generator, dtype=torch.float32, device=received.device) for _ in receivers]
-        if not noise:
+            check_int("Gaussian", "receiver", receiver)
+        if not receivers:
             return []
-        # Elementwise from here on: each row is what a call for its receiver computes.
-        messages = self.std * torch.stack(noise).to(torch.float64)
+        count, dim = _check_received("Gaussian", received, generator).shape
+        noise = [torch.randn(dim, generator=generator, dtype=torch.float32, device=received.device) for _ in receivers]
+        # Elementwise from here on: each row is what a call for its receiver computes
+        # (std * z, then centre + that: in place, the same products and sums).
+        messages = torch.stack(noise).to(torch.float64).mul_(self.std)
         if self.center == "received_mean" and count > 0:
-            messages = _mean(received) + messages
-        return list(messages.to(torch.float32))
+            messages.add_(_mean(received))
+        return list(messages.to(torch.float32).unbind(0))
 
 
 @ATTACK_REGISTRY.register("sign_flip")
