@@ -257,27 +257,31 @@ class BatchedRun:
             byz_row[key] = row_of[same]
         rows, ids, sizes, declared, missing = [], [], [], [], []
         believed = {j: self.plausible.train_loss(losses[j]) for j in self.honest}  # what a receiver takes of each declared loss
+        honest_row, num_samples = self.row, self.num_samples
         for k in self.honest:
             neighbours = sorted(self.senders[k])
+            row, size, loss, senders = [honest_row[k]], [num_samples[k]], [losses[k]], [k]
             for j in neighbours:
-                if j in refused:
-                    self._reject(k, refused[j])
-            senders = [j for j in neighbours if (j in self.row and j not in refused) or (j, k) in byz]
-            row, size, loss = [self.row[k]], [self.num_samples[k]], [losses[k]]
-            for j in senders:
-                if j in self.row:
-                    row.append(self.row[j])
-                    size.append(self.num_samples[j])
+                if j in honest_row:
+                    if j in refused:
+                        self._reject(k, refused[j])
+                        continue
+                    row.append(honest_row[j])
+                    size.append(num_samples[j])
                     loss.append(believed[j])
                 else:
+                    message = byz.get((j, k))
+                    if message is None:
+                        continue
                     row.append(byz_row[(j, k)])
-                    size.append(byz[(j, k)][1])
-                    loss.append(byz[(j, k)][2])
+                    size.append(message[1])
+                    loss.append(message[2])
+                senders.append(j)
             rows.append(tuple(row))
-            ids.append((k, *senders))
+            ids.append(tuple(senders))
             sizes.append(tuple(size))
             declared.append(tuple(loss))
-            missing.append(sorted(set(neighbours) - set(senders)))
+            missing.append([] if len(senders) == len(neighbours) + 1 else sorted(set(neighbours) - set(senders)))
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
         vectors = torch.cat(pool) if len(pool) > 1 else self.models
