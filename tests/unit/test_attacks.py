@@ -360,6 +360,50 @@ def test_gaussian_for_all_receivers_at_once_is_one_call_per_receiver_bit_for_bit
         assert crafted.messages[k].shape == (301,) and crafted.messages[k].dtype == torch.float32
 
 
+@pytest.mark.parametrize("center", ["received_mean", "zero"])
+def test_gaussian_messages_are_the_centre_plus_std_times_each_receivers_draw_in_float64(center):
+    # Prepare: the formula written out, from the draws the attack's generator gives in turn
+    received = torch.randn(6, 257, generator=torch.Generator().manual_seed(5))
+    attack = Gaussian(std=30.0, center=center)
+    draws = seeded()
+    centre = received.to(torch.float64).mean(dim=0) if center == "received_mean" else torch.zeros(257, dtype=torch.float64)
+    expected = [(centre + 30.0 * torch.randn(257, generator=draws, dtype=torch.float32).to(torch.float64)).to(torch.float32) for _ in range(3)]
+
+    # Execute
+    messages = attack.for_receivers(received, (1, 4, 8), seeded())
+
+    # Assert
+    assert len(messages) == 3
+    for message, want in zip(messages, expected, strict=True):
+        assert torch.equal(message, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    losses=st.lists(st.one_of(st.floats(0.0, 1e6), st.sampled_from([float("nan"), float("inf")])), max_size=12),
+    sizes=st.lists(st.integers(1, 10**6), max_size=12),
+)
+def test_a_byzantine_client_declares_its_neighbours_mean_size_and_fsum_mean_finite_loss(losses, sizes):
+    # Prepare
+    import math
+
+    from dfedrw.peer.assembly import byzantine_claims
+
+    finite = [x for x in losses if math.isfinite(x)]
+
+    # Execute
+    size, loss = byzantine_claims(sizes, losses)
+    size_reversed, loss_reversed = byzantine_claims(sizes[::-1], losses[::-1])
+
+    # Assert: the mean size (1 with nothing heard), the correctly rounded mean of the finite
+    # losses (NaN with none), whatever the order the neighbours are listed in
+    assert size == (round(sum(sizes) / len(sizes)) if sizes else 1) == size_reversed
+    if finite:
+        assert loss == math.fsum(finite) / len(finite) == loss_reversed
+    else:
+        assert math.isnan(loss) and math.isnan(loss_reversed)
+
+
 @pytest.mark.parametrize("correction", [0, 1])
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 12])
 def test_column_std_is_torchs_std_bit_for_bit(rows, correction):

@@ -319,12 +319,14 @@ def test_hdbscan_labels_are_the_estimators(data, count, dim):
         distances = np.round(distances, 1)
     size = data.draw(st.integers(2, count))
 
-    # Execute
+    # Execute: the matrix as an array, and as the lists of floats Flame hands it
     labels = hdbscan_labels(distances, size)
+    from_lists = hdbscan_labels(distances.tolist(), size)
 
     # Assert
     expected = HDBSCAN(metric="precomputed", min_cluster_size=size, min_samples=1, allow_single_cluster=True, copy=True).fit(distances).labels_
     assert labels.tolist() == expected.tolist()
+    assert from_lists.tolist() == expected.tolist()
 
 
 @settings(max_examples=200, deadline=None)
