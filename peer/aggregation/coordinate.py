@@ -14,7 +14,7 @@ very tensors ``__call__`` sums.
 
 from __future__ import annotations
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import numpy as np
 import torch
@@ -160,10 +160,11 @@ class _Group:
     values: np.ndarray  # [count, len(members) * D] in the models' dtype
 
 
-def _coordinate_groups(batch: RoundBatch) -> tuple[list[Aggregate | None], list[_Group], int] | None:
+def _coordinate_groups(batch: RoundBatch, order_by: Callable[[int], int] | None = None) -> tuple[list[Aggregate | None], list[_Group], int] | None:
     """(every client's aggregate, filled in for the clients without a finite candidate, each
     keeping its own model; the others grouped by their count; the model's width), or None where
-    the batch cannot take the batched path (models not float32/float64 on the CPU)."""
+    the batch cannot take the batched path (models not float32/float64 on the CPU).
+    ``order_by(c)``: within a group, members in increasing order of it (ties in client order)."""
     if batch.vectors.device.type != "cpu" or batch.vectors.dtype not in (torch.float32, torch.float64):
         return None
     finite = batch.finite().tolist()
@@ -178,6 +179,8 @@ def _coordinate_groups(batch: RoundBatch) -> tuple[list[Aggregate | None], list[
     groups = []
     width = batch.vectors.shape[1]
     for count, entries in by_count.items():
+        if order_by is not None:
+            entries.sort(key=lambda entry: order_by(entry[0]))
         index = torch.tensor([[order.pooled[i] for _, order in entries] for i in range(count)], dtype=torch.long)
         values = batch.vectors.index_select(0, index.view(-1)).view(count, len(entries) * width).numpy()
         groups.append(_Group(count, [c for c, _ in entries], [order for _, order in entries], values))
@@ -285,7 +288,7 @@ class TrimmedMean:
         count = len(finite.ids)
         if count == 0:
             return keep_own(inputs)
-        trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
+        trim = self._trim(count)
         ordered = sorted_rows(finite.rows)
         kept = ordered[trim : count - trim]
         model = kept.sum(dim=0) / kept.shape[0]
@@ -294,24 +297,47 @@ class TrimmedMean:
         shares = _kept_by_rank(finite.rows, ordered, trim, count - trim).sum(dim=1)
         return package_aggregate(inputs, model, by_id(finite, shares.to(torch.float64).cpu()))
 
+    def batch_group(self) -> tuple:
+        """What :meth:`batched` needs equal across its clients: nothing (each client's
+        ``num_byzantine`` is read from its own rule, ``RoundBatch.rules``)."""
+        return ()
+
+    def _trim(self, count: int) -> int:
+        return self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
+
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's trimmed mean at once (see the module's notes), bit for bit
-        ``self(batch.one(c))``: the sort and the shares batched, each client's kept values
-        summed on their own as ``__call__`` sums them."""
-        grouped = _coordinate_groups(batch)
+        """Every client's trimmed mean at once (see the module's notes), bit for bit its own
+        rule's call on ``batch.one(c)``: the clients with one number of finite candidates
+        sorted together whatever each trims (``batch.rules``: each client's own
+        ``num_byzantine``), the shares of the clients with one trim together, each client's kept
+        values summed on their own as ``__call__`` sums them."""
+        rules = batch.rules or (self,) * len(batch)
+        grouped = _coordinate_groups(batch, order_by=lambda c: rules[c].num_byzantine)
         if grouped is None:
-            return [self(batch.one(c)) for c in range(len(batch))]
+            return [rules[c](batch.one(c)) for c in range(len(batch))]
         out, groups, width = grouped
         for group in groups:
             count = group.count
-            trim = self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
+            trims = [rules[c]._trim(count) for c in group.members]
             ordered = sorted_columns(group.values)
-            _sorted_as_called(group.values, ordered, range(trim, count - trim))
-            shares = _shares(_kept_columns(group.values, ordered, trim, count - trim), len(group.members), width)
-            for b, (c, order) in enumerate(zip(group.members, group.orders, strict=True)):
-                # The kept values as __call__ sums them: a contiguous float64 [kept, D] tensor.
-                columns = slice(b * width, (b + 1) * width)
-                kept = torch.from_numpy(np.array([row[columns] for row in ordered[trim : count - trim]], dtype=np.float64))
-                model = kept.sum(dim=0) / kept.shape[0]
-                out[c] = package_for(batch.ids[c], model, dict(zip(order.ids, shares[b], strict=True)))
+            lowest = min(trims)
+            _sorted_as_called(group.values, ordered, range(lowest, count - lowest))
+            start = 0
+            while start < len(trims):
+                # Members with one trim are consecutive (ordered by num_byzantine): their columns a slice.
+                trim = trims[start]
+                stop = start + 1
+                while stop < len(trims) and trims[stop] == trim:
+                    stop += 1
+                columns = slice(start * width, stop * width)
+                kept_entries = _kept_columns(group.values[:, columns], [row[columns] for row in ordered], trim, count - trim)
+                shares = _shares(kept_entries, stop - start, width)
+                for b in range(start, stop):
+                    c, order = group.members[b], group.orders[b]
+                    # The kept values as __call__ sums them: a contiguous float64 [kept, D] tensor.
+                    mine = slice(b * width, (b + 1) * width)
+                    kept = torch.from_numpy(np.array([row[mine] for row in ordered[trim : count - trim]], dtype=np.float64))
+                    model = kept.sum(dim=0) / kept.shape[0]
+                    out[c] = package_for(batch.ids[c], model, dict(zip(order.ids, shares[b - start], strict=True)))
+                start = stop
         return out

@@ -131,14 +131,15 @@ FAMILIES = {
     "krum": lambda n: Krum(n),
     "multi-krum": lambda n: MultiKrum(n),
     "multi-krum-m": lambda n: MultiKrum(n, m=2),
+    "trimmed-mean": lambda n: TrimmedMean(n),
 }
 
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), family=st.sampled_from(sorted(FAMILIES)))
 def test_one_batched_call_takes_clients_of_one_group_each_with_its_own_rule(data, family):
-    """Flames that differ only in their seed, Krums only in the Byzantine count they are told,
-    share one batched call (``batch.rules``): each client gets what its own rule's call
+    """Flames that differ only in their seed, Krums and trimmed means only in the Byzantine count
+    they are told, share one batched call (``batch.rules``): each client gets what its own rule's call
     gives (its own noise, its own count)."""
     # Prepare
     batch = random_batch(data)
