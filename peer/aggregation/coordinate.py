@@ -14,6 +14,7 @@ very tensors ``__call__`` sums.
 
 from __future__ import annotations
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import numpy as np
@@ -323,12 +324,9 @@ class TrimmedMean:
             lowest = min(trims)
             _sorted_as_called(group.values, ordered, range(lowest, count - lowest))
             start = 0
-            while start < len(trims):
-                # Members with one trim are consecutive (ordered by num_byzantine): their columns a slice.
-                trim = trims[start]
-                stop = start + 1
-                while stop < len(trims) and trims[stop] == trim:
-                    stop += 1
+            # Members with one trim are consecutive (ordered by num_byzantine): their columns a slice.
+            for trim, members in itertools.groupby(trims):
+                stop = start + len(list(members))
                 columns = slice(start * width, stop * width)
                 kept_entries = _kept_columns(group.values[:, columns], [row[columns] for row in ordered], trim, count - trim)
                 shares = _shares(kept_entries, stop - start, width)
