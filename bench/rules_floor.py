@@ -151,9 +151,10 @@ def flame(rule, batch, finite, dtype):
         reference = x[:, 0] if batch.references is None else batch.references[clients].to(dtype)
         updates = x - reference[:, None]
         norms = updates.norm(dim=2)
-        # The cosine distances from float64 products whatever ``dtype``: in float32 the distances
-        # of near-equal models tie, and the clustering then takes scikit-learn's slow path.
-        wide = x.to(torch.float64)
+        # The cosine distances of the models or the updates (``cluster_on``), from float64
+        # products whatever ``dtype``: in float32 the distances of near-equal models tie, and the
+        # clustering then takes scikit-learn's slow path.
+        wide = (x if rule.cluster_on == "models" else updates).to(torch.float64)
         gram = torch.bmm(wide, wide.transpose(1, 2))
         lengths = gram.diagonal(dim1=1, dim2=2).sqrt()
         cosine = (1 - gram / (lengths[:, :, None] * lengths[:, None, :])).clamp_(0, 2).tolist()
@@ -213,9 +214,12 @@ def record_calls(grid: Path, runs_per_method: int, rounds: int, keep: int, work:
     from dfedrw.peer.aggregation import RULE_REGISTRY
 
     plan = plan_sweep(load_grid(grid), work / "plan")
+    robust = [run for run in plan.runs.values() if run.scenario.aggregation.rule in FAMILIES]
+    if not robust:
+        return {}, collections.Counter()
     by_rule: dict[str, list] = collections.defaultdict(list)
-    for run in plan.runs.values():
-        if run.scenario.aggregation.rule in FAMILIES:
+    for run in robust:  # the runs that can share a batch with the first (model, training, rounds)
+        if batched.batch_key(run.scenario) == batched.batch_key(robust[0].scenario):
             by_rule[run.scenario.aggregation.rule].append(run)
     chosen = [run for runs in by_rule.values() for run in runs[:: max(1, len(runs) // runs_per_method)][:runs_per_method]]
     calls: dict[str, list] = collections.defaultdict(list)
