@@ -13,11 +13,12 @@ with their inputs. Each recorded call is then timed three ways, on the same inpu
 * ``vec32``: the same in float32.
 
 Printed per rule: milliseconds per run and round (10 honest clients) of each, the ratios, and
-how far the hand-vectorised results are from the engine's (largest model difference relative to
-the model's largest entry; clients whose weights differ by more than 1e-9). The hand-vectorised
-versions compute distances from Gram matrices (``|a|^2 + |b|^2 - 2 a.b``), not from differences,
-and sums run in another order; so a close decision may come out the other way,
-and the count of clients whose weights differ shows how often.
+how far each hand-vectorised version's results are from the engine's: the largest model
+difference relative to the model's largest entry, the largest weight difference, and the
+clients whose chosen candidates (those of nonzero weight) differ. The hand-vectorised versions
+compute distances from Gram matrices (``|a|^2 + |b|^2 - 2 a.b``), not from differences, and sum
+in another order (in float32, in another precision too); so a close decision may come out the
+other way, and the last count shows how often it did.
 
     python bench/rules_floor.py
     python bench/rules_floor.py --runs 4 --rounds 60 --keep 10 --repeat 5
@@ -190,19 +191,22 @@ def balance(rule, batch, finite, dtype):
 REFERENCE = {"median": median, "trimmed_mean": trimmed_mean, "multi_krum": multi_krum, "flame": flame, "balance": balance}
 
 
-def agreement(batch, finite, engine, reference) -> tuple[float, int]:
-    """(largest |model difference| over the largest |model entry|, clients whose weights differ by
-    more than 1e-9) of the hand-vectorised results against the engine's."""
-    worst, differing = 0.0, 0
+def agreement(batch, finite, engine, reference) -> tuple[float, float, int]:
+    """How far the hand-vectorised ``reference`` results are from the ``engine``'s: (largest
+    |model difference| over the largest |model entry|, largest |weight difference|, clients whose
+    chosen candidates, those of nonzero weight, differ)."""
+    worst_model, worst_weight, differing = 0.0, 0.0, 0
     for clients, models, weights in reference:
         for i, c in enumerate(clients):
             agg = engine[c]
             model = agg.model.to(torch.float64)
-            worst = max(worst, float((models[i].to(torch.float64) - model).abs().max() / model.abs().max().clamp(min=1e-30)))
+            worst_model = max(worst_model, float((models[i].to(torch.float64) - model).abs().max() / model.abs().max().clamp(min=1e-30)))
             ids = [batch.ids[c][p] for p, r in enumerate(batch.rows[c]) if finite[r]]
             mine = torch.tensor([float(agg.weights.get(s, 0.0)) for s in ids], dtype=torch.float64)
-            differing += int(bool((mine - weights[i].to(torch.float64)).abs().max() > 1e-9))
-    return worst, differing
+            theirs = weights[i].to(torch.float64)
+            worst_weight = max(worst_weight, float((mine - theirs).abs().max()))
+            differing += int(not torch.equal(mine > 0, theirs > 0))
+    return worst_model, worst_weight, differing
 
 
 def record_calls(grid: Path, runs_per_method: int, rounds: int, keep: int, work: Path):
@@ -267,23 +271,35 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if not calls:
         parser.error(f"{args.grid}: no run uses a rule this bench covers ({', '.join(FAMILIES)})")
-    print(f"{'rule':14} {'engine':>8} {'vec64':>8} {'vec32':>8}   engine/vec64  engine/vec32   model diff (vec64)  clients apart (vec64)")
+    print(f"{'rule':14} {'engine':>8} {'vec64':>8} {'vec32':>8}  {'engine/vec64':>12} {'engine/vec32':>12}")
+    agree = []
     for family, recorded in calls.items():
         reference = REFERENCE[family]
         totals = collections.Counter()
-        worst, differing, clients = 0.0, 0, 0
+        apart = {torch.float64: [0.0, 0.0, 0], torch.float32: [0.0, 0.0, 0]}
+        clients = 0
         for rule, batch in recorded:
             finite = batch.finite().tolist()
             totals["engine"] += clock(lambda: rule.batched(batch), args.repeat)
             totals["vec64"] += clock(lambda: reference(rule, batch, finite, torch.float64), args.repeat)
             totals["vec32"] += clock(lambda: reference(rule, batch, finite, torch.float32), args.repeat)
-            diff, apart = agreement(batch, finite, rule.batched(batch), reference(rule, batch, finite, torch.float64))
-            worst, differing, clients = max(worst, diff), differing + apart, clients + len(batch)
+            engine = rule.batched(batch)
+            for dtype, far in apart.items():
+                model, weight, chose = agreement(batch, finite, engine, reference(rule, batch, finite, dtype))
+                far[0], far[1], far[2] = max(far[0], model), max(far[1], weight), far[2] + chose
+            clients += len(batch)
         run_rounds = runs[family] * args.keep
         ms = {k: 1000 * v / run_rounds for k, v in totals.items()}
-        print(f"{family:14} {ms['engine']:8.2f} {ms['vec64']:8.2f} {ms['vec32']:8.2f}   {ms['engine'] / ms['vec64']:12.2f}  {ms['engine'] / ms['vec32']:12.2f}"
-              f"   {worst:18.1e}  {differing:>8} of {clients}")
+        print(f"{family:14} {ms['engine']:8.2f} {ms['vec64']:8.2f} {ms['vec32']:8.2f}  {ms['engine'] / ms['vec64']:12.2f} {ms['engine'] / ms['vec32']:12.2f}")
+        agree.append((family, clients, apart))
     print("ms: CPU milliseconds per run and round (one run's 10 honest clients), the rule's aggregation only")
+    print()
+    print(f"{'rule':14} {'':>6} {'model diff':>11} {'weight diff':>12} {'clients that chose otherwise':>29}")
+    for family, clients, apart in agree:
+        for dtype, (model, weight, chose) in apart.items():
+            label = "vec64" if dtype == torch.float64 else "vec32"
+            print(f"{family:14} {label:>6} {model:11.1e} {weight:12.1e} {f'{chose} of {clients}':>29}")
+    print("model diff: largest |difference| over the model's largest |entry|; weight diff: largest |difference|")
     return 0
 
 
