@@ -102,9 +102,7 @@ def trimmed_mean(rule, batch, finite, dtype):
             # first (the rule's stable rank), on those columns only.
             tied = torch.zeros_like(first, dtype=torch.bool)
             if trim > 0:
-                tied |= ordered[mine, trim - 1] == first
-            if trim > 0 and count - trim < count:
-                tied |= ordered[mine, count - trim] == last
+                tied = (ordered[mine, trim - 1] == first) | (ordered[mine, count - trim] == last)
             client, column = tied.nonzero(as_tuple=True)
             if len(client):
                 by_id = senders[mine][client].argsort(dim=1)  # each tied column's candidates in id order
@@ -161,7 +159,8 @@ def flame(rule, batch, finite, dtype):
         cosine = (1 - gram / (lengths[:, :, None] * lengths[:, None, :])).clamp_(0, 2).tolist()
         size = count // 2 + 1 if rule.min_cluster_size is None else rule.min_cluster_size
         accepted = torch.tensor([_largest_cluster(cosine[i], size) if count >= 3 else [True] * count for i in range(len(clients))])
-        bound = norms.median(dim=1).values if count % 2 else norms.sort(dim=1).values[:, count // 2 - 1 : count // 2 + 1].mean(dim=1)
+        ordered = norms.sort(dim=1).values
+        bound = (ordered[:, (count - 1) // 2] + ordered[:, count // 2]) / 2  # the median (two middle values: their mean)
         clip = torch.where(norms > bound[:, None], bound[:, None] / norms, torch.ones_like(norms))
         weights = accepted.to(dtype) / accepted.sum(dim=1, keepdim=True)
         models = reference + torch.bmm((clip * weights)[:, None], updates)[:, 0]
