@@ -20,7 +20,7 @@ from dfedrw.peer.models import build_model, get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.assembly import (
     attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
-    known_mean, move, scenario_plausible,
+    move, next_reference, scenario_plausible,
 )
 from dfedrw.peer.datacache import training_set
 from dfedrw.peer.datasets import scenario_dataset
@@ -190,7 +190,7 @@ class BatchedRun:
             )
             attack = self.attacks[b]
             crafted = craft_round(attack, view, attack_generator(self.scenario, view, attack, self.attack_gen[b]))
-            self.reference[b] = known_mean(view)
+            self.reference[b] = next_reference(attack, view)
             self.notes[b] = crafted
             values_errors: dict[int, Any] = {}  # one check per message, however many receive it
             for k in view.receivers:

@@ -200,6 +200,13 @@ def known_mean(view: AttackView) -> torch.Tensor | None:
     return known.to(torch.float64).mean(dim=0) if len(known) else None
 
 
+def next_reference(attack: Any, view: AttackView) -> torch.Tensor | None:
+    """The ``reference`` of ``attack``'s next view: :func:`known_mean` of this one for a
+    per-round attack (its ``plan`` reads the view); None for a per-receiver attack, which is
+    only ever handed the models it knows, so the mean would be computed for nobody."""
+    return known_mean(view) if hasattr(attack, "plan") else None
+
+
 def byzantine_record(
     r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None
 ) -> dict[str, Any]:

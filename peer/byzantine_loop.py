@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dfedrw.peer.assembly import attack_generator, byzantine_claims, byzantine_record, known_mean
+from dfedrw.peer.assembly import attack_generator, byzantine_claims, byzantine_record, next_reference
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.plan import derive_seed
 from dfedrw.peer.transport.inbox import Inbox
@@ -101,7 +101,7 @@ class ByzantineRounds:
                 **({"colluders": self.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
             )
             crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
-            reference = known_mean(view)
+            reference = next_reference(attack, view)
             # Copies labelled with other rounds go first: a receiver takes the round's own message
             # last, so it is still running (and counts what it does with them) when they arrive.
             for k, labelled in crafted.extra.items():

@@ -368,3 +368,20 @@ def test_registered_names_build_the_classes_and_declare_their_threat_models():
         assert not ATTACK_REGISTRY[name].threat_model.tailored
     for name in ("fang_trimmed_mean", "fang_median"):
         assert ATTACK_REGISTRY[name].threat_model.tailored
+
+
+def test_the_next_reference_is_the_known_mean_for_a_per_round_attack_and_none_for_a_per_receiver_one():
+    # Prepare: two known models, their float64 mean (1, 2)
+    from dfedrw.peer.assembly import next_reference
+    from dfedrw.peer.attacks import make_attack
+
+    view = view_of([[0.0, 1.0], [2.0, 3.0]])
+    per_round, per_receiver = make_attack("min_max"), make_attack("sign_flip")
+
+    # Execute
+    planned, called = next_reference(per_round, view), next_reference(per_receiver, view)
+
+    # Assert: only the attack whose plan reads the view gets the mean; the other is never shown it
+    assert hasattr(per_round, "plan") and not hasattr(per_receiver, "plan")
+    assert planned.dtype == torch.float64 and planned.tolist() == [1.0, 2.0]
+    assert called is None
