@@ -135,8 +135,9 @@ def aggregate_together(
     run's rows after the runs before it), each group of clients sharing a rule called once
     (its ``batched`` method, else per client; ``rules``: each client's own, which the group's
     batched call reads where they differ). Returns the aggregates in the clients' order."""
-    offsets = np.cumsum([0] + [len(p.vectors) for p in parts[:-1]]).tolist()
-    vectors = torch.cat([p.vectors for p in parts]) if len(parts) > 1 else parts[0].vectors
+    offsets = np.cumsum([0] + [p.count for p in parts[:-1]]).tolist()
+    pieces = [piece for p in parts for piece in p.pieces]
+    vectors = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # one copy for every run's rows
     # The pool's non-finite rows, for every rule and the scorer: as the intake found them, or
     # checked once here.
     if all(p.finite is not None for p in parts):

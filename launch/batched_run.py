@@ -46,7 +46,9 @@ def engine_device(name: str) -> torch.device:
 class Candidates:
     """One run's round as its honest clients aggregate it (see :meth:`BatchedRun.candidates`)."""
 
-    vectors: torch.Tensor  # [rows, D] on the CPU: the honest models, then the accepted Byzantine messages
+    # [rows, D] on the CPU once concatenated: the honest models, then the accepted Byzantine
+    # messages. Kept in pieces: a batch of runs concatenates every run's pieces in one copy.
+    pieces: list[torch.Tensor]
     rows: list[tuple[int, ...]]
     ids: list[tuple[int, ...]]
     sizes: list[tuple[int, ...]]
@@ -56,6 +58,16 @@ class Candidates:
     reference: torch.Tensor
     # Per pooled row, whether it is finite, as the intake found (None: not known).
     finite: list[bool] | None = None
+
+    @property
+    def count(self) -> int:
+        """The number of pooled rows."""
+        return sum(len(piece) for piece in self.pieces)
+
+    @property
+    def vectors(self) -> torch.Tensor:
+        """The pooled rows as one ``[rows, D]`` tensor."""
+        return torch.cat(self.pieces) if len(self.pieces) > 1 else self.pieces[0]
 
 
 class BatchedRun:
@@ -284,12 +296,13 @@ class BatchedRun:
             missing.append([] if len(senders) == len(neighbours) + 1 else sorted(set(neighbours) - set(senders)))
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
-        vectors = torch.cat(pool) if len(pool) > 1 else self.models
+        # On a GPU one copy to the CPU for the whole pool; on the CPU the pieces as they are.
+        pieces = [torch.cat(pool).cpu()] if self.device.type != "cpu" and len(pool) > 1 else [piece.cpu() for piece in pool]
         # The intake has looked at every pooled row: an honest model is non-finite exactly when
         # it was refused as such, an accepted message is finite.
         finite = [refused.get(k) != "non_finite" for k in self.honest] + [True] * (pooled - len(self.honest))
         return Candidates(
-            vectors=vectors.cpu(), rows=rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
+            pieces=pieces, rows=rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
             evaluate=[self.aux[k] for k in self.honest], reference=reference, finite=finite,
         )
 
