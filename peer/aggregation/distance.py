@@ -13,14 +13,14 @@ on tensors of the shapes ``__call__`` uses.
 
 from __future__ import annotations
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 import torch
 from dfedrw.peer.registry import check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.candidates import (
     FiniteCandidates, PooledOrder, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for,
-    pooled_finite, pooled_order,
+    pooled_order,
 )
 
 
@@ -46,23 +46,32 @@ def pairwise_squared_distances(rows: torch.Tensor) -> torch.Tensor:
 _ONE_PASS = 32768
 
 
-def _pair_rows(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]):
+# Rows of a pool already widened to float64: (position of each pooled row, the rows), the
+# positions increasing with the pooled row.
+Widened = tuple[Mapping[int, int], torch.Tensor]
+
+
+def _pair_rows(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]], widened: Widened | None = None):
     """The rows paired with each row ``a`` (pairs ``a < b``), and every row of a pair widened
-    to float64 once: (partners, their positions, the widened rows)."""
+    to float64 once (or as the caller ``widened`` them): (partners, their positions, the
+    widened rows)."""
     partners: dict[int, list[int]] = {}
     for a, b in sorted(pairs):
         partners.setdefault(a, []).append(b)
+    if widened is not None:
+        return partners, widened[0], widened[1]
     used = sorted(set(partners) | {b for bs in partners.values() for b in bs})
     position = {row: i for i, row in enumerate(used)}
     return partners, position, vectors.index_select(0, torch.tensor(used, dtype=torch.long)).to(torch.float64)
 
 
-def pooled_squared_distances(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
+def pooled_squared_distances(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]], widened: Widened | None = None) -> dict[tuple[int, int], float]:
     """``||v_a - v_b||^2`` of the rows ``a < b`` of ``vectors`` for every pair ``(a, b)``, as
     :func:`pairwise_squared_distances` computes each entry (float64 differences squared, each
     row summed on its own): the rows paired with ``a`` against row ``a`` at once, as the rows
-    after ``a`` (a few unwanted among them) where they are most of those."""
-    partners, position, rows = _pair_rows(vectors, pairs)
+    after ``a`` (a few unwanted among them) where they are most of those. ``widened``: every
+    row of a pair already in float64, when the caller has them."""
+    partners, position, rows = _pair_rows(vectors, pairs, widened)
     out: dict[tuple[int, int], float] = {}
     for a, bs in partners.items():
         first, wanted = position[a], [position[b] for b in bs]
@@ -78,12 +87,13 @@ def pooled_squared_distances(vectors: torch.Tensor, pairs: Sequence[tuple[int, i
     return out
 
 
-def pooled_dot_products(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
+def pooled_dot_products(vectors: torch.Tensor, pairs: Sequence[tuple[int, int]], widened: Widened | None = None) -> dict[tuple[int, int], float]:
     """``v_a . v_b`` in float64 for every pair ``(a, b)`` of rows of ``vectors``, ``a <= b``
     (``(a, a)``: the squared norm): each the sum of one row of products, summed on its own,
     so the same number whichever other pairs are computed beside it (one thread; see the
-    module docstring)."""
-    partners, position, rows = _pair_rows(vectors, pairs)
+    module docstring). ``widened``: every row of a pair already in float64, when the caller
+    has them."""
+    partners, position, rows = _pair_rows(vectors, pairs, widened)
     out: dict[tuple[int, int], float] = {}
     for a, bs in partners.items():
         wanted = [position[b] for b in bs]
@@ -132,14 +142,19 @@ def _krum_batched(batch: RoundBatch, settings: Callable[[int, int], tuple[int, i
     finite = batch.finite().tolist()
     orders = [pooled_order(batch, c, finite) for c in range(len(batch))]
     pairs = {(min(a, b), max(a, b)) for order in orders for i, a in enumerate(order.pooled) for b in order.pooled[i + 1 :]}
-    measured = pooled_squared_distances(vectors, sorted(pairs))
+    # Every row a client holds, widened to float64 once: for the distances and each client's rows.
+    used = sorted({row for order in orders for row in order.pooled})
+    place = {row: i for i, row in enumerate(used)}
+    wide = vectors.index_select(0, torch.tensor(used, dtype=torch.long)).to(torch.float64)
+    measured = pooled_squared_distances(vectors, sorted(pairs), (place, wide))
     out = []
     for c, order in enumerate(orders):
         count = len(order.ids)
         if count == 0:
             out.append(keep_own_pooled(batch, c))
             continue
-        finite_c = pooled_finite(batch, c, finite, order)
+        rows = wide.index_select(0, torch.tensor([place[row] for row in order.pooled], dtype=torch.long))
+        finite_c = FiniteCandidates(ids=order.ids, rows=rows, own=order.own, positions=order.positions)
         num_byzantine, keep = settings(c, count)
         weights = _lowest_scores(finite_c, num_byzantine, keep, _distance_matrix(order, measured, finite_c.rows.dtype))
         out.append(package_for(batch.ids[c], combine_rows(finite_c, weights), by_id(finite_c, weights)))

@@ -392,7 +392,7 @@ class Flame:
         model_dots = None
         if self.cluster_on == "models":
             pairs = {(min(a, b), max(a, b)) for order in orders for a in order.pooled for b in order.pooled}
-            model_dots = pooled_dot_products(batch.vectors, sorted(pairs)) if pairs else {}
+            model_dots = pooled_dot_products(batch.vectors, sorted(pairs), (place, wide)) if pairs else {}
         out = []
         for c, (rows, order) in enumerate(zip(batch.rows, orders, strict=True)):
             if batch.references is None:
