@@ -256,6 +256,45 @@ def test_pooled_distances_are_the_pairwise_ones(count, dim, seed, copies):
         assert measured[(a, b)] == expected[a, b].item()
 
 
+@settings(max_examples=40, deadline=None)
+@given(count=st.integers(2, 16), dim=st.integers(1, 30), seed=st.integers(0, 2**16))
+def test_pooled_pair_values_from_rows_the_caller_widened_are_the_same(count, dim, seed):
+    # Prepare: pairs among some rows, and every row widened by the caller (a superset of the
+    # paired rows, so positions differ from those the functions would give)
+    from dfedrw.peer.aggregation.distance import pooled_dot_products
+
+    vectors = torch.randn(count, dim, generator=torch.Generator().manual_seed(seed))
+    pairs = [(a, b) for a in range(count) for b in range(a + 1, count) if (a * 5 + b + seed) % 3]
+    dots = [(a, b) for a in range(count) for b in range(a, count) if (a + b * 3 + seed) % 4]
+    widened = ({row: row for row in range(count)}, vectors.to(torch.float64))
+
+    # Execute
+    distances, products = pooled_squared_distances(vectors, pairs, widened), pooled_dot_products(vectors, dots, widened)
+
+    # Assert: bit for bit what each function gives from its own widening
+    assert distances == pooled_squared_distances(vectors, pairs)
+    assert products == pooled_dot_products(vectors, dots)
+
+
+@pytest.mark.parametrize("width", [7, 65_535, 65_536])
+def test_coordinate_shares_count_every_kept_entry_of_each_member(width):
+    # Prepare: 3 candidates of 2 members; member 1's first candidate kept everywhere (past a
+    # uint16 count at width 65,536), the others at every other coordinate
+    from dfedrw.peer.aggregation.coordinate import _shares
+
+    kept = np.zeros((3, 2 * width), dtype=bool)
+    kept[:, ::2] = True
+    kept[0, width:] = True
+
+    # Execute
+    shares = _shares(kept, 2, width)
+
+    # Assert: per member, the count of each candidate's kept coordinates, as floats (member 0
+    # holds the even columns 0, 2, ...; member 1 starts at column ``width``)
+    assert shares == [[float((width + 1) // 2)] * 3, [float(width)] + [float(width // 2)] * 2]
+    assert all(type(v) is float for client in shares for v in client)
+
+
 @pytest.mark.parametrize("count", range(1, 13))
 def test_sorting_network_sorts_every_zero_one_input(count):
     # The 0-1 principle: a comparator network that sorts every 0/1 input sorts every input.
