@@ -6,6 +6,14 @@ Each scenario runs in one process (the in-process transport: the same client cod
 process), and what its clients wrote is kept, less what depends on the clock or on when
 messages arrived (times, process ids, addresses, byte counts).
 
+The last bit is a property of the code *and* of the floating-point kernels it runs on: torch
+and MKL pick their vector instructions by CPU (AVX2, AVX-512, ...), and a sum taken in other
+lanes can round otherwise. So the file also keeps a fingerprint of those kernels (a digest of
+a few products, reductions and activations on fixed inputs). Where this machine's fingerprint
+is the stored one, the figures must be equal to the last bit; elsewhere every number must be
+within a relative 1e-4 of the stored one and everything else equal (two CPUs seen so far
+differ by at most 6e-6).
+
     python scripts/seeded_runs.py --write      # after a change that is meant to change results
     python scripts/seeded_runs.py              # compare with the stored figures (exit 1 if they differ)
 """
@@ -13,7 +21,9 @@ messages arrived (times, process ids, addresses, byte counts).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -58,18 +68,78 @@ def figures(name: str) -> dict:
     return peers
 
 
+def numerics() -> dict:
+    """This machine's floating-point kernels as a seeded run meets them: a digest of float32
+    products, reductions, activations and a float64 product on fixed inputs, with torch's
+    version and the CPU capability it dispatches to (for the reader; the digest decides)."""
+    import torch
+    import torch.nn.functional as F
+
+    def grid(rows: int, cols: int, step: int, modulus: int) -> torch.Tensor:
+        # Inputs from exact integer arithmetic: the same on every machine.
+        return (torch.arange(rows * cols, dtype=torch.float64).reshape(rows, cols) * step % modulus / modulus - 0.5).float()
+
+    x, w, b = grid(96, 784, 13, 97), grid(10, 784, 7, 89), grid(1, 10, 3, 11)[0]
+    labels = torch.arange(96) % 10
+    logits = F.linear(x, w, b)
+    outputs = [
+        logits, F.log_softmax(logits, dim=1), F.cross_entropy(logits, labels), x.sum(dim=1), x.exp().sum(),
+        torch.tanh(x[:8]), x.double() @ w.double().T, (x * x).sum(dim=1).sqrt(),
+    ]
+    digest = hashlib.sha256()
+    for value in outputs:
+        digest.update(value.detach().contiguous().numpy().tobytes())
+    return {"digest": digest.hexdigest()[:16], "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+REL_TOL = 1e-4  # between machines whose kernels differ
+ABS_TOL = 2e-6  # weights and scores are written with 6 decimals
+
+
+def differences(now, stored, exact: bool, path: str = "") -> list[str]:
+    """Where ``now`` differs from ``stored``: everything to the last bit when ``exact``, else
+    numbers within ``REL_TOL`` (or ``ABS_TOL``) and everything else (keys, lengths, ids,
+    counts, strings) equal."""
+    if isinstance(stored, dict) and isinstance(now, dict):
+        if set(now) != set(stored):
+            return [f"{path or '/'}: keys {sorted(set(now) ^ set(stored))} on one side only"]
+        return [d for k in sorted(stored) for d in differences(now[k], stored[k], exact, f"{path}/{k}")]
+    if isinstance(stored, list) and isinstance(now, list):
+        if len(now) != len(stored):
+            return [f"{path}: {len(now)} entries, stored {len(stored)}"]
+        return [d for i, (a, b) in enumerate(zip(now, stored)) for d in differences(a, b, exact, f"{path}/{i}")]
+    loose = not exact and isinstance(now, float) and isinstance(stored, float)
+    same = math.isclose(now, stored, rel_tol=REL_TOL, abs_tol=ABS_TOL) if loose else now == stored
+    return [] if same else [f"{path}: {now!r}, stored {stored!r}"]
+
+
+def check(stored: dict) -> tuple[bool, dict[str, list[str]]]:
+    """Run every scenario and compare with ``stored`` (the file's contents): whether the
+    comparison was to the last bit (this machine's kernels are the stored ones), and each
+    scenario's differences."""
+    exact = numerics()["digest"] == stored["numerics"]["digest"]
+    return exact, {name: differences(figures(name), stored["runs"][name], exact) for name in SCENARIOS}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="store the figures of this code instead of comparing")
     args = parser.parse_args(argv)
     if args.write:
-        STORED.write_text(json.dumps({name: figures(name) for name in SCENARIOS}, sort_keys=True, separators=(",", ":")) + "\n")
+        stored = {"numerics": numerics(), "runs": {name: figures(name) for name in SCENARIOS}}
+        STORED.write_text(json.dumps(stored, sort_keys=True, separators=(",", ":")) + "\n")
         print(f"wrote {STORED}")
         return 0
     stored = json.loads(STORED.read_text())
-    differing = [name for name in SCENARIOS if figures(name) != stored[name]]
-    print("identical" if not differing else f"differ: {', '.join(differing)}")
-    return 1 if differing else 0
+    exact, found = check(stored)
+    print(
+        "to the last bit (this machine's kernels are the stored ones)" if exact
+        else f"within {REL_TOL:g} (kernels differ: here {numerics()}, stored {stored['numerics']})"
+    )
+    for name, diffs in found.items():
+        agree = "identical" if exact else f"within {REL_TOL:g}"
+        print(f"{name}: " + (agree if not diffs else f"{len(diffs)} differ, first {diffs[0]}"))
+    return 1 if any(found.values()) else 0
 
 
 if __name__ == "__main__":
