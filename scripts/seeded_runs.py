@@ -113,12 +113,13 @@ def differences(now, stored, exact: bool, path: str = "") -> list[str]:
     return [] if same else [f"{path}: {now!r}, stored {stored!r}"]
 
 
-def check(stored: dict) -> tuple[bool, dict[str, list[str]]]:
-    """Run every scenario and compare with ``stored`` (the file's contents): whether the
-    comparison was to the last bit (this machine's kernels are the stored ones), and each
-    scenario's differences."""
-    exact = numerics()["digest"] == stored["numerics"]["digest"]
-    return exact, {name: differences(figures(name), stored["runs"][name], exact) for name in SCENARIOS}
+def check(stored: dict) -> tuple[dict, bool, dict[str, list[str]]]:
+    """Run every scenario and compare with ``stored`` (the file's contents): this machine's
+    :func:`numerics`, whether the comparison was to the last bit (its kernels are the stored
+    ones), and each scenario's differences."""
+    here = numerics()
+    exact = here["digest"] == stored["numerics"]["digest"]
+    return here, exact, {name: differences(figures(name), stored["runs"][name], exact) for name in SCENARIOS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {STORED}")
         return 0
     stored = json.loads(STORED.read_text())
-    exact, found = check(stored)
+    here, exact, found = check(stored)
     print(
         "to the last bit (this machine's kernels are the stored ones)" if exact
-        else f"within {REL_TOL:g} (kernels differ: here {numerics()}, stored {stored['numerics']})"
+        else f"within {REL_TOL:g} (kernels differ: here {here}, stored {stored['numerics']})"
     )
     for name, diffs in found.items():
         agree = "identical" if exact else f"within {REL_TOL:g}"
