@@ -13,9 +13,20 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 PY=.venv/bin/python
-# The CPU wheel: plain `pip install torch` would pull several GB of CUDA packages.
+# PyTorch's CPU build. PyPI's Linux x86_64 wheel of torch is the CUDA build, which pulls
+# several GB of NVIDIA packages; the CPU build is `torch==2.13.0+cpu`, on PyTorch's own index.
+# A wheelhouse pip is configured to read (find-links) is tried first; TORCH_INDEX_URL names
+# another index (a mirror, or a CUDA build's) and is then the only one asked.
+TORCH="torch==2.13.0"
+TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
 if ! $PY -c 'import torch' 2>/dev/null; then
-    $PY -m pip install -q "torch==2.13.0"
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+        echo "setup: installing $TORCH from $TORCH_INDEX_URL" >&2
+        $PY -m pip install -q "$TORCH" --index-url "$TORCH_INDEX_URL"
+    elif ! $PY -m pip install -q "$TORCH+cpu" 2>/dev/null; then
+        echo "setup: installing $TORCH (CPU build) from $TORCH_CPU_INDEX" >&2
+        $PY -m pip install -q "$TORCH" --index-url "$TORCH_CPU_INDEX"
+    fi
 fi
 # The test tools and the tensorboard extra, whose tests run in CI too.
 $PY -m pip install -q -e ".[dev,tensorboard]"
