@@ -107,7 +107,10 @@ def batch_command(runs: Sequence[PlannedRun]) -> list[str]:
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    from dfedrw.peer.cli import without_flag_variables
+
+    # A run's flags (its results folder, its TensorBoard folder) are on its command line.
+    env = without_flag_variables(os.environ)
     # Several runs share the cores; torch's default of one thread per core would oversubscribe.
     env["OMP_NUM_THREADS"] = "1"
     root = str(Path(__file__).resolve().parent.parent)

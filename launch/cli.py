@@ -172,7 +172,7 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     sm.add_argument("--scenario", type=Path, default=None, metavar="FILE", help="the run's scenario (default: OUT/scenario.toml)")
     sm.set_defaults(func=cmd_summarize)
 
-    ls = sub.add_parser("list", help="list the registered rules, TPMs, CRSs and attacks with their settings")
+    ls = sub.add_parser("list", help="list the registered extensions (rules, TPMs, CRSs, attacks, data sets, models, topologies, schedules, transports) with their settings")
     ls.add_argument(
         "kind", nargs="?", choices=("rules", "tpms", "crs", "attacks", "datasets", "models", "topologies", "schedules", "transports"),
         help="one kind (default: all)",

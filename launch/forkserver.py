@@ -59,7 +59,11 @@ def fork_available() -> bool:
 
 def client_env() -> dict[str, str]:
     """The environment a launcher gives its client processes (and their fork server)."""
-    env = {**os.environ, "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+    from dfedrw.peer.cli import without_flag_variables
+
+    # The clients' flags come from the launcher's command lines, not from variables in its
+    # environment that stand for them.
+    env = {**without_flag_variables(os.environ), "DFEDRW_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
     # One torch thread per client: many clients share the cores, and one thread keeps a
     # client's arithmetic the same to the bit whatever the machine.
     env.setdefault("OMP_NUM_THREADS", "1")

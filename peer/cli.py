@@ -2,10 +2,12 @@
 
     python -m dfedrw.peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR] [--tensorboard DIR]
 
-Every flag can also come from the environment: DFEDRW_SCENARIO, DFEDRW_ID, DFEDRW_RENDEZVOUS,
-DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT), DFEDRW_CERTS,
-DFEDRW_TENSORBOARD. The secret a client shows the launcher comes only from the environment
-(DFEDRW_LINK_TOKEN, set by ``dfedrw run``), never a flag: a command line is readable by every user.
+Every flag can also come from the environment (:data:`FLAG_VARIABLES`): DFEDRW_SCENARIO,
+DFEDRW_ID, DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated
+ID=HOST:PORT), DFEDRW_CERTS, DFEDRW_TENSORBOARD. A launcher gives its clients their flags itself
+and takes these variables out of the environment it hands them (:func:`without_flag_variables`).
+The secret a client shows the launcher comes only from the environment (DFEDRW_LINK_TOKEN, set
+by ``dfedrw run``), never a flag: a command line is readable by every user.
 
 The launchers' command line (:mod:`launch.cli`) adds this command to its own, so both read the
 same flags. Under torchrun (client id = RANK) the clients start with ``-m dfedrw.launch.torchrun``.
@@ -19,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dfedrw.peer.config import ScenarioError, load_scenario
@@ -27,8 +29,23 @@ from dfedrw.peer.data import DatasetUnavailable
 from dfedrw.peer.tensorboard import INSTALL, TensorBoardUnavailable
 
 
+# The variables that stand for ``dfedrw peer``'s flags.
+FLAG_VARIABLES = (
+    "DFEDRW_SCENARIO", "DFEDRW_ID", "DFEDRW_RENDEZVOUS", "DFEDRW_OUT", "DFEDRW_LISTEN_PORT", "DFEDRW_PEERS", "DFEDRW_CERTS",
+    "DFEDRW_TENSORBOARD",
+)
+
+
 def _env(name: str, default=None):
     return os.environ.get(name, default)
+
+
+def without_flag_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less :data:`FLAG_VARIABLES`: the environment a launcher hands the clients
+    (or runs) it starts with their flags. A variable left in the user's shell, say from a
+    client started by hand, would otherwise set what the launcher left out: every client
+    listening on one port, or writing event files the launcher knows nothing of."""
+    return {name: value for name, value in environ.items() if name not in FLAG_VARIABLES}
 
 
 def _parse_peers(items: list[str]) -> dict[int, str]:
@@ -103,16 +120,18 @@ def add_peer_command(sub, func: Callable[[argparse.Namespace], int] = cmd_peer) 
     p.add_argument("--listen-port", type=int, default=int(_env("DFEDRW_LISTEN_PORT", "0")))
     p.add_argument("--out", default=_env("DFEDRW_OUT", "runs/peer"))
     p.add_argument("--certs", type=Path, default=_env("DFEDRW_CERTS"), help="the run's certificate folder (needed with network.tls = 'mutual')")
-    add_tensorboard_flag(p, default=_env("DFEDRW_TENSORBOARD"))
+    add_tensorboard_flag(p)
     p.set_defaults(func=func)
     return p
 
 
-def add_tensorboard_flag(parser: argparse.ArgumentParser, *, default: str | None = None, what: str = "each honest client's rounds") -> None:
-    """The ``--tensorboard DIR`` flag of ``run``, ``peer`` and ``sweep``."""
+def add_tensorboard_flag(parser: argparse.ArgumentParser, *, what: str = "each honest client's rounds") -> None:
+    """The ``--tensorboard DIR`` flag of ``run``, ``peer`` and ``sweep`` (default: DFEDRW_TENSORBOARD)."""
+    default = _env("DFEDRW_TENSORBOARD")
     parser.add_argument(
         "--tensorboard", type=Path, default=Path(default) if default else None, metavar="DIR",
-        help=f"also write {what} as TensorBoard event files under DIR (needs {INSTALL}); view with `tensorboard --logdir DIR`",
+        help=f"also write {what} as TensorBoard event files under DIR (needs {INSTALL}; default: $DFEDRW_TENSORBOARD); "
+        "view with `tensorboard --logdir DIR`",
     )
 
 

@@ -3,7 +3,9 @@ mutual TLS), torchrun ranks, and the runs of a sweep. Each writes its own client
 as it goes; the launcher (torchrun: rank 0) writes the honest mean when the run ends."""
 
 import inspect
+import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -94,3 +96,29 @@ def test_a_sweep_gives_each_run_a_subfolder_named_like_its_run_folder(engine, tm
         scenario = load_scenario(run / "scenario.toml")
         assert scenario.engine.name == (engine or "batched")
         check_tensorboard(run, tmp_path / "tb" / run.name, scenario)
+
+
+def test_dfedrw_run_takes_the_variable_and_its_clients_ignore_a_hand_started_clients_variables(tmp_path):
+    # Prepare: a shell left as it was after starting a client by hand: its port, its results
+    # folder, its TensorBoard folder. `dfedrw run` takes the last for its own flag (its
+    # clients' files and the honest mean); none of them reaches the clients it starts.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ, "OMP_NUM_THREADS": "1", "DFEDRW_TENSORBOARD": str(tmp_path / "tb"), "DFEDRW_LISTEN_PORT": str(port),
+        "DFEDRW_OUT": str(tmp_path / "elsewhere"),
+    }
+    cmd = [sys.executable, "-m", "dfedrw.experiments.cli", "run", "--out", str(tmp_path / "out"), *(x for s in SETTINGS for x in ("--set", s))]
+
+    # Execute
+    rc, output = run_job(cmd, cwd=REPO, env=env, timeout=300)
+
+    # Assert
+    assert rc == 0, output[-4000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["failed_peers"] == [] and summary["transport"] == "grpc"
+    addresses = [json.loads((tmp_path / "out" / "peers" / f"{k}.json").read_text())["address"] for k in summary["peers"]]
+    assert len(set(addresses)) == len(addresses) and f"127.0.0.1:{port}" not in addresses  # each client its own port
+    check_tensorboard(tmp_path / "out", tmp_path / "tb", load_scenario(tmp_path / "out" / "scenario.toml"))
+    assert not (tmp_path / "elsewhere").exists()
