@@ -275,11 +275,11 @@ A Byzantine service takes its attack from one line of its environment, e.g. in `
       {ATTACK_ENV}: "{scenario.attack.name}"
 ```
 
-Edit that line (`none`, `gaussian`, `sign_flip`, `alie`; each Byzantine service has its own) and
+Edit that line (`none` or any name `dfedrw list attacks` prints; each Byzantine service has its own) and
 run `docker-compose up` again, or regenerate everything with `dfedrw compose ... --set
 attack.name=sign_flip --out {folder}`, which also records the attack in `scenario.toml`
 (and rewrites an edited line).
-The attack's other settings (`attack.std`, `attack.scale`, `attack.z`) come from
+The attacks' settings (the `[attack.NAME]` tables, e.g. `[attack.gaussian] std`) come from
 `scenario.toml`. No rebuild is needed for either.
 
 ## Outside classes

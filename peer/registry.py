@@ -331,19 +331,19 @@ class Registry(Mapping[str, type]):
 
     def describe(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """One row per name: ``name``, ``cls`` (qualified), ``settings``, ``supplied``, ``doc``
-        (the first line of the docstring), ``threat`` (an attack's declared threat model, in
+        (the docstring's first paragraph, as one line), ``threat`` (an attack's declared threat model, in
         words; None for other kinds or a class that declares none)."""
         rows = []
         for name in self.names() if names is None else names:
             cls = self.resolve(name)
-            doc = (inspect.getdoc(cls) or "").strip().splitlines()
+            summary = (inspect.getdoc(cls) or "").strip().split("\n\n")[0]
             rows.append(
                 {
                     "name": name,
                     "cls": f"{cls.__module__}.{cls.__qualname__}",
                     "settings": self.settings(name),
                     "supplied": self.supplied(name),
-                    "doc": doc[0] if doc else "",
+                    "doc": " ".join(summary.split()),
                     "threat": _threat_text(cls),
                 }
             )

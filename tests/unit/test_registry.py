@@ -98,6 +98,28 @@ def test_entry_point_plugins_are_listed_and_resolved(monkeypatch):
     assert s.aggregation.params("crs") == {"temperature": 2.0}
 
 
+def test_a_docstring_summary_wrapped_over_lines_is_described_whole():
+    # Prepare
+    registry = Registry("rule", "dfedrw.test-nothing")
+
+    @registry.register("wrapped")
+    class Wrapped:
+        """A summary that a line of the source
+        cannot hold.
+
+        The rest is not part of it.
+        """
+
+        def __call__(self, inputs):
+            return inputs
+
+    # Execute
+    [row] = registry.describe()
+
+    # Assert
+    assert row["doc"] == "A summary that a line of the source cannot hold."
+
+
 # -- settings tables in a scenario ------------------------------------------------------------------
 
 
