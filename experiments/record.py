@@ -95,14 +95,24 @@ def read_record(folder: Path) -> dict[str, Any] | None:
     """The folder's ``record.json``, or None when it is missing, unreadable or of another version."""
     try:
         record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return record if isinstance(record, dict) and record.get("version") == RECORD_VERSION else None
 
 
 def run_record(folder: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """The run's record: ``record.json`` when present, else built from the JSONL files."""
-    return read_record(folder) or build_record(folder, summary)
+    """The run's record: ``record.json`` when present, else built from the JSONL files; a run
+    with neither (an exported run whose ``record.json`` is damaged) is refused, not read as a
+    run without curves."""
+    record = read_record(folder)
+    if record is not None:
+        return record
+    if not (folder / "peers").is_dir():
+        raise RecordError(
+            f"{folder}: {RECORD_FILE} is missing, unreadable or of another version, and there are no round logs "
+            "(peers/) to build it from; export the run again"
+        )
+    return build_record(folder, summary)
 
 
 def write_record(folder: Path) -> dict[str, Any]:
@@ -141,9 +151,12 @@ def read_sweep(folder: Path) -> dict[str, Any]:
     if not path.exists():
         raise RecordError(f"{folder}: no sweep.json; give a folder written by `dfedrw sweep`")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        sweep = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(sweep, dict) or not isinstance(sweep.get("points", []), list):
+        raise RecordError(f"{path}: not a sweep's record (a JSON object with a list of points)")
+    return sweep
 
 
 def read_summary(folder: Path) -> tuple[dict[str, Any] | None, str]:
@@ -153,23 +166,56 @@ def read_summary(folder: Path) -> tuple[dict[str, Any] | None, str]:
         return None, "no summary.json" if folder.exists() else NOT_STARTED
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, "unreadable summary.json"
+    if not isinstance(summary, dict):
         return None, "unreadable summary.json"
     if summary.get("interrupted"):
         return None, "interrupted"
     return summary, "done"
 
 
+def is_export(folder: Path) -> bool:
+    """Whether ``folder`` holds what :func:`export_sweep` writes and nothing else: ``sweep.json``
+    and ``runs/<run>/`` with the exported files."""
+    entries = {p.name: p for p in folder.iterdir()}
+    if set(entries) - {"sweep.json", "runs"} or not entries.get("sweep.json", folder).is_file():
+        return False
+    runs = entries.get("runs")
+    if runs is None:
+        return True
+    return runs.is_dir() and all(run.is_dir() and {f.name for f in run.iterdir()} <= set(EXPORTED_FILES) for run in runs.iterdir())
+
+
+def check_export_dest(src: Path, dest: Path) -> None:
+    """Refuse a destination :func:`export_sweep` would replace at a loss: the sweep folder, a
+    folder inside it or holding it, anything but a folder, or a folder that holds more than an
+    earlier export (a sweep's own runs, or files of the user's)."""
+    source, target = src.resolve(), dest.resolve()
+    if target == source or source in target.parents or target in source.parents:
+        where = "is" if target == source else "is inside" if source in target.parents else "holds"
+        raise RecordError(f"--out {dest} {where} the sweep folder {src}; export to a folder outside it")
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise RecordError(f"--out {dest} is not a folder")
+    if any(dest.iterdir()) and not is_export(dest):
+        raise RecordError(
+            f"--out {dest} holds more than an earlier export (which it would replace, with all it holds); "
+            "give an empty or new folder"
+        )
+
+
 def export_sweep(src: str | Path, dest: str | Path) -> tuple[int, list[str]]:
     """Copy the compact form of the sweep folder ``src`` to ``dest`` (see the module docstring).
 
-    Returns (runs exported, runs left out because they have not finished). ``dest`` is
-    replaced wholesale, so an export is exactly the sweep's current state.
+    Returns (runs exported, runs left out because they have not finished). ``dest`` (new, empty,
+    or an earlier export: :func:`check_export_dest`) is replaced wholesale, so an export is
+    exactly the sweep's current state.
     """
     src, dest = Path(src), Path(dest)
     sweep = read_sweep(src)
-    if dest.resolve() == src.resolve():
-        raise RecordError(f"--out {dest} is the sweep folder itself; export to another folder")
+    check_export_dest(src, dest)
     tmp = dest.with_name(dest.name + ".exporting")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "runs").mkdir(parents=True)

@@ -87,16 +87,35 @@ def test_export_reports_exactly_like_the_sweep_and_leaves_out_unfinished_runs(tm
     assert {p: v for p, v in a.items() if p.name != "table.md"} == {p: v for p, v in b.items() if p.name != "table.md"}
 
 
-def test_export_replaces_the_destination_and_refuses_bad_folders(tmp_path, capsys):
+def test_export_replaces_an_earlier_export_and_refuses_bad_folders(tmp_path, capsys):
     src = with_scenarios(make_byzantine(tmp_path / "s", {**BYZ_SPEC}))
     dest = tmp_path / "e"
-    dest.mkdir()
-    (dest / "old.txt").write_text("from an earlier export")
     export_sweep(src, dest)
-    assert not (dest / "old.txt").exists() and not (tmp_path / "e.exporting").exists()
+    stale = dest / "runs" / "gone-0000"  # a run of an earlier export that this one lacks
+    stale.mkdir()
+    (stale / "summary.json").write_text("{}")
+    export_sweep(src, dest)
+    assert not stale.exists() and not (tmp_path / "e.exporting").exists()
 
-    with pytest.raises(RecordError, match="the sweep folder itself"):
+    with pytest.raises(RecordError, match="is the sweep folder"):
         export_sweep(src, src)
+    with pytest.raises(RecordError, match="is inside the sweep folder"):
+        export_sweep(src, src / "runs")
+    with pytest.raises(RecordError, match="holds the sweep folder"):
+        export_sweep(src, tmp_path)
+    mine = tmp_path / "mine"  # a folder of the user's
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    raw = tmp_path / "raw"  # a sweep's own folder: its runs hold the clients' raw files
+    (raw / "runs" / "r" / "peers").mkdir(parents=True)
+    (raw / "sweep.json").write_text("{}")
+    for folder in (mine, raw):
+        with pytest.raises(RecordError, match="holds more than an earlier export"):
+            export_sweep(src, folder)
+    assert (mine / "notes.txt").exists() and (raw / "runs" / "r" / "peers").exists()  # left as they were
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(RecordError, match="is not a folder"):
+        export_sweep(src, tmp_path / "afile")
     with pytest.raises(RecordError, match="no sweep.json"):
         export_sweep(tmp_path, tmp_path / "x")
     assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
@@ -111,3 +130,29 @@ def test_weights_matrix_nan_roundtrip(tmp_path):
     receivers, senders, matrix = weights(write_record(folder))
     assert receivers == [0, 1] and senders == [0, 1, 2]
     assert math.isnan(matrix[1, 0]) and matrix[0, 0] == 0.75
+
+
+def test_a_damaged_record_of_an_exported_run_is_refused_not_plotted_without_its_curve(tmp_path):
+    # Prepare: an export (no round logs) with one run's record.json torn
+    src = with_scenarios(make_byzantine(tmp_path / "s", {**BYZ_SPEC}))
+    export_sweep(src, tmp_path / "e")
+    damaged = next((tmp_path / "e" / "runs").iterdir())
+    (damaged / "record.json").write_text("{garbage")
+
+    # Execute, Assert
+    with pytest.raises(RecordError, match=rf"{damaged.name}: record.json is missing, unreadable.*export the run again"):
+        write_report([tmp_path / "e"], tmp_path / "report")
+
+
+@pytest.mark.parametrize("text", ["[]", '{"points": 3}', "\xd8\x00"])
+def test_a_sweep_json_of_the_wrong_shape_is_one_line(text, tmp_path, capsys):
+    # Prepare
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "sweep.json").write_text(text, encoding="latin-1")
+
+    # Execute
+    code = main(["report", str(tmp_path / "s"), "--out", str(tmp_path / "r")])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert code == 2 and "sweep.json" in err and len(err.strip().splitlines()) == 1
