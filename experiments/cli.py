@@ -60,11 +60,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Add sweep, report and export to the subcommands ``sub``."""
-    from dfedrw.peer.cli import add_tensorboard_flag
+    from dfedrw.peer.cli import add_tensorboard_flag, folder_path
 
     sw = sub.add_parser("sweep", help="run every scenario of a grid file, in parallel and resumably")
     sw.add_argument("grid", type=Path, help="grid TOML (base, set, [axes], [[variants.NAME]], [[exclude]], [report])")
-    sw.add_argument("--out", type=Path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
+    sw.add_argument("--out", type=folder_path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
     sw.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the number of CPUs)")
     sw.add_argument(
         "--batch", type=int, default=16, metavar="N",
@@ -76,13 +76,13 @@ def add_commands(sub) -> None:
 
     rp = sub.add_parser("report", help="tables, paper comparison and plots from sweep folders")
     rp.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="sweep folders (merged; same [report] required)")
-    rp.add_argument("--out", type=Path, default=None, help="output folder (default: DIR/report of the first DIR)")
+    rp.add_argument("--out", type=folder_path, default=None, help="output folder (default: DIR/report of the first DIR)")
     rp.add_argument("--no-plots", action="store_true", help="write the tables only")
     rp.set_defaults(func=cmd_report)
 
     ex = sub.add_parser("export", help="copy a sweep's results in compact form (summary, scenario, curves, mean weights per run)")
     ex.add_argument("sweep", type=Path, metavar="SWEEP_DIR", help="folder written by `dfedrw sweep`")
-    ex.add_argument("--out", type=Path, required=True, metavar="DIR", help="destination (replaced); `dfedrw report DIR` reads it like the sweep")
+    ex.add_argument("--out", type=folder_path, required=True, metavar="DIR", help="destination (replaced); `dfedrw report DIR` reads it like the sweep")
     ex.set_defaults(func=cmd_export)
 
 

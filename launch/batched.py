@@ -267,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from dfedrw.launch.procs import stop_on_signals
+    from dfedrw.peer.cli import folder_path
 
     parser = argparse.ArgumentParser(prog="python -m dfedrw.launch.batched", description=run_many.__doc__.split("\n\n")[0])
     parser.add_argument("--run", nargs=2, action="append", required=True, type=Path, metavar=("REQUEST", "OUT"), help="a scenario file and its results folder (repeat)")
-    parser.add_argument("--tensorboard", type=Path, default=None, metavar="DIR", help="TensorBoard event files of each run in DIR/<name of its OUT>")
+    parser.add_argument("--tensorboard", type=folder_path, default=None, metavar="DIR", help="TensorBoard event files of each run in DIR/<name of its OUT>")
     args = parser.parse_args(argv)
     stop_on_signals()
     console = Console(stderr=True)

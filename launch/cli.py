@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dfedrw.peer import cli as peer_cli
-from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, new_parser, under_torchrun
+from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, folder_path, new_parser, under_torchrun
 from dfedrw.launch.procs import stop_on_signals  # noqa: F401 - re-exported: the experiments' command line uses it
 from dfedrw.launch.forkserver import START_METHODS
 from dfedrw.peer.config import ENGINES, load_scenario
@@ -126,8 +126,8 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     run = sub.add_parser("run", help="run a scenario (as local client processes unless --engine batched)")
     run.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
-    run.add_argument("--out", type=Path, default=None, help="results folder (default: a new folder under runs/)")
-    run.add_argument("--certs", type=Path, default=None, help="certificate folder from `dfedrw certs` (default: new certificates in OUT/certs)")
+    run.add_argument("--out", type=folder_path, default=None, help="results folder (default: a new folder under runs/)")
+    run.add_argument("--certs", type=folder_path, default=None, help="certificate folder from `dfedrw certs` (default: new certificates in OUT/certs)")
     run.add_argument(
         "--engine", choices=ENGINES, default=None,
         help="clients: every client its own process or thread (network.transport); batched: all clients as one tensor in this process, for experiments (same as --set engine.name=...)",
@@ -142,7 +142,7 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     ce = sub.add_parser("certs", help="make a run's CA and one certificate per client (for compose, several hosts, torchrun)")
     ce.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario); sets the number of clients")
     ce.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
-    ce.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for ca.pem, client-K.pem and client-K.key (keys mode 0600)")
+    ce.add_argument("--out", type=folder_path, required=True, metavar="DIR", help="folder for ca.pem, client-K.pem and client-K.key (keys mode 0600)")
     ce.add_argument("--days", type=int, default=30, help="validity of the certificates in days (default: 30)")
     ce.set_defaults(func=cmd_certs)
 
@@ -159,7 +159,7 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     cp = sub.add_parser("compose", help="write a docker-compose cluster for a scenario (one container per client)")
     cp.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
     cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
-    cp.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for docker-compose.yml, Dockerfile, scenario.toml, results/")
+    cp.add_argument("--out", type=folder_path, required=True, metavar="DIR", help="folder for docker-compose.yml, Dockerfile, scenario.toml, results/")
     cp.add_argument("--offline", action="store_true", help="build from a local base image and a local wheelhouse, with no network")
     cp.add_argument("--image", default="dfedrw:latest", help="image name the services run (default: dfedrw:latest)")
     cp.add_argument("--base-image", default="", help="FROM image (default: python:3.11-slim, or dfedrw-base:bookworm with --offline)")

@@ -118,18 +118,26 @@ def add_peer_command(sub, func: Callable[[argparse.Namespace], int] = cmd_peer) 
     p.add_argument("--rendezvous", default=_env("DFEDRW_RENDEZVOUS"), help="launcher zmq endpoint")
     p.add_argument("--peer", action="append", default=None, metavar="ID=HOST:PORT", help="static address of a client (repeatable)")
     p.add_argument("--listen-port", type=int, default=int(_env("DFEDRW_LISTEN_PORT", "0")))
-    p.add_argument("--out", default=_env("DFEDRW_OUT", "runs/peer"))
-    p.add_argument("--certs", type=Path, default=_env("DFEDRW_CERTS"), help="the run's certificate folder (needed with network.tls = 'mutual')")
+    p.add_argument("--out", type=folder_path, default=_env("DFEDRW_OUT", "runs/peer"))
+    p.add_argument("--certs", type=folder_path, default=_env("DFEDRW_CERTS"), help="the run's certificate folder (needed with network.tls = 'mutual')")
     add_tensorboard_flag(p)
     p.set_defaults(func=func)
     return p
+
+
+def folder_path(text: str) -> Path:
+    """The type of a folder flag (``--out``, ``--certs``, ``--tensorboard``): a path, not an empty
+    string, which would quietly mean the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; name a folder (. for the current one)")
+    return Path(text)
 
 
 def add_tensorboard_flag(parser: argparse.ArgumentParser, *, what: str = "each honest client's rounds") -> None:
     """The ``--tensorboard DIR`` flag of ``run``, ``peer`` and ``sweep`` (default: DFEDRW_TENSORBOARD)."""
     default = _env("DFEDRW_TENSORBOARD")
     parser.add_argument(
-        "--tensorboard", type=Path, default=Path(default) if default else None, metavar="DIR",
+        "--tensorboard", type=folder_path, default=Path(default) if default else None, metavar="DIR",
         help=f"also write {what} as TensorBoard event files under DIR (needs {INSTALL}; default: $DFEDRW_TENSORBOARD); "
         "view with `tensorboard --logdir DIR`",
     )
@@ -158,6 +166,13 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         # Bad input: one clear line, no traceback.
         print(f"dfedrw: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # A path that is not what the command needs (a folder for a file, a file for a folder,
+        # nothing there, no permission), or the system refusing a write: one line that names
+        # the path (the traceback with --verbose).
+        logging.getLogger("dfedrw").debug("the error in full", exc_info=True)
+        print(f"dfedrw: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
