@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.identity import CA_FILE, IdentityError, key_file, load_identity, make_certificates, run_id_of
-from dfedrw.launch.compose_files import DOCKERIGNORE, render_compose, render_dockerfile, render_readme
+from dfedrw.launch.compose_files import DOCKERIGNORE, WRITTEN_BY, render_compose, render_dockerfile, render_readme
 from dfedrw.launch.compose_plan import (
     CERTS_DIR, PLUGINS_DIR, RESULTS_DIR, ClientService, ComposeOptions, client_results_dir, container_scenario, plan_services,
     uses_certificates,
@@ -118,11 +118,35 @@ def prepare_results(out_dir: Path, services: list[ClientService], owner: tuple[i
     return warnings
 
 
+def check_compose_folder(out_dir: Path) -> None:
+    """``out_dir`` must be new, empty, a compose folder written before (its files are replaced),
+    or hold only ``certs/`` (from ``dfedrw certs``) and ``wheelhouse/``: never a folder whose
+    own files (a README.md, a Dockerfile) writing would replace."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ValueError(f"compose: --out {out_dir} is not a folder")
+    names = {p.name for p in out_dir.iterdir()}
+    if names <= {CERTS_DIR, "wheelhouse"}:  # made before the folder: its certificates, its wheels
+        return
+    compose_file = out_dir / "docker-compose.yml"
+    try:
+        first = compose_file.read_text(encoding="utf-8").split("\n", 1)[0] if compose_file.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        first = ""
+    if WRITTEN_BY not in first:
+        raise ValueError(
+            f"compose: --out {out_dir} holds files that `dfedrw compose` did not write ({', '.join(sorted(names)[:5])}"
+            f"{', ...' if len(names) > 5 else ''}), which writing the folder would replace; give a new or empty folder"
+        )
+
+
 def write_compose(scenario: Scenario, out_dir: Path, options: ComposeOptions | None = None) -> ComposeFolder:
-    """Write the compose folder for ``scenario`` into ``out_dir``: files are replaced, results
-    and certificates kept (see :func:`ensure_certificates`)."""
+    """Write the compose folder for ``scenario`` into ``out_dir`` (see :func:`check_compose_folder`):
+    files are replaced, results and certificates kept (see :func:`ensure_certificates`)."""
     options = options or ComposeOptions()
     out_dir = Path(out_dir)
+    check_compose_folder(out_dir)
     resolved, mounts, copies = container_scenario(scenario)
     # From the host's scenario: the container's may name files that exist only in a container.
     services = plan_services(scenario)

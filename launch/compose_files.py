@@ -43,6 +43,10 @@ def _volumes(mounts: list[Mount]) -> list[str]:
     return ["    volumes:", *(f"      - {_q(m.spec())}" for m in mounts)]
 
 
+# In the first line of every docker-compose.yml written here: how a folder to write again is known.
+WRITTEN_BY = "written by `dfedrw compose`"
+
+
 def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mount], services: list[ClientService]) -> str:
     byzantine = [s.id for s in services if s.byzantine]
     certs = uses_certificates(scenario)
@@ -50,7 +54,7 @@ def render_compose(scenario: Scenario, options: ComposeOptions, mounts: list[Mou
     uid, gid = options.run_as
     user = f"    user: {_q(f'{uid}:{gid}')}"
     header = [
-        f"# {len(services)} DFedReweighting clients, one container each (written by `dfedrw compose`).",
+        f"# {len(services)} DFedReweighting clients, one container each ({WRITTEN_BY}).",
         f"# Byzantine clients: {', '.join(map(str, byzantine)) or 'none'}; each takes its attack from the",
         f"# {ATTACK_ENV} line of its service (one of none, {', '.join(ATTACK_REGISTRY.names())}, or module:Class).",
         "# Build once, run, then summarize (README.md):",

@@ -77,8 +77,9 @@ def test_outside_package_is_copied_whole_and_stale_modules_go(tmp_path, monkeypa
     (package / "__pycache__" / "junk.pyc").write_bytes(b"x")
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     out = tmp_path / "cluster"
+    write_compose(load_scenario(None), out)  # written before, for an earlier scenario
     (out / PLUGINS_DIR).mkdir(parents=True)
-    (out / PLUGINS_DIR / "old_module.py").write_text("")  # from an earlier scenario
+    (out / PLUGINS_DIR / "old_module.py").write_text("")  # that scenario's module
 
     write_compose(load_scenario(None, ["attack.name=labpkg.attacks:Zero"]), out)
     assert (out / PLUGINS_DIR / "labpkg" / "attacks" / "__init__.py").is_file()

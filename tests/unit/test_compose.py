@@ -255,6 +255,28 @@ def test_certificates_are_kept_when_the_folder_is_written_again_and_never_overwr
     assert main(["compose", "--set", "topology.honest=3", "--set", "topology.byzantine=1", "--out", str(other)]) == 2
 
 
+def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(tmp_path, capsys):
+    # Prepare
+    scenario = load_scenario(None, ["topology.honest=3", "topology.byzantine=1"])
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    (mine / "Dockerfile").write_text("FROM scratch")
+    (tmp_path / "afile").write_text("x")
+
+    # Execute
+    code = main(["compose", "--set", "topology.honest=3", "--set", "topology.byzantine=1", "--out", str(mine)])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert code == 2 and "did not write (Dockerfile, README.md)" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in mine.iterdir()) == ["Dockerfile", "README.md"] and (mine / "README.md").read_text() == "my notes"
+    with pytest.raises(ValueError, match="is not a folder"):
+        write_compose(scenario, tmp_path / "afile")
+    written = write_compose(scenario, tmp_path / "again")  # a compose folder is written again
+    assert write_compose(scenario, tmp_path / "again").run_id == written.run_id
+
+
 def test_with_tls_off_no_certificates_are_made_or_mounted(tmp_path):
     write_compose(load_scenario(None, ["network.tls='off'"]), tmp_path)
 
