@@ -360,6 +360,7 @@ def run_sweep(
         raise SweepError(f"--batch {batch}: must be at least 1")
     grid = load_grid(grid_path)
     plan = plan_sweep(grid, out_dir, check_runnable=check_runnable and not dry_run)
+    _check_same_grid(plan)
     result = SweepResult(plan.out_dir, total=len(plan.runs))
     if dry_run:
         print_plan(plan)
@@ -367,6 +368,21 @@ def run_sweep(
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(plan.out_dir):
         return _run_plan(plan, jobs, console, result, batch=batch, tensorboard=tensorboard)
+
+
+def _check_same_grid(plan: Plan) -> None:
+    """A sweep folder holds the sweep of one grid file: another grid's would replace its record
+    (its points and report) and mix its runs with this one's."""
+    path = plan.out_dir / SWEEP_FILE
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8")).get("grid")
+    except (OSError, ValueError, AttributeError):
+        return  # no sweep there yet (or no readable record of one): nothing to mix with
+    if isinstance(earlier, str) and Path(earlier).name != Path(plan.grid.path).name:
+        raise SweepError(
+            f"{plan.out_dir} holds the sweep of grid {Path(earlier).name}, not of {Path(plan.grid.path).name}; "
+            "give this grid another --out"
+        )
 
 
 @contextlib.contextmanager

@@ -155,6 +155,21 @@ def test_a_second_sweep_on_a_busy_folder_is_refused_and_a_stale_lock_taken_over(
     assert result.exit_code == 0 and result.done == 1 and not lock.exists()
 
 
+def test_a_folder_holding_another_grids_sweep_is_refused_and_left_as_it_was(tmp_path, fake_run):
+    # Prepare: a finished sweep of one grid
+    first = write_grid(tmp_path, FAST + "[axes]\nseed = [43]\n", name="first.toml")
+    second = write_grid(tmp_path, FAST + "[axes]\nseed = [44]\n", name="second.toml")
+    run_sweep(first, tmp_path / "out", console=quiet_console(), check_runnable=False)
+    record = (tmp_path / "out" / "sweep.json").read_bytes()
+
+    # Execute, Assert
+    for dry_run in (True, False):
+        with pytest.raises(SweepError, match="holds the sweep of grid first.toml, not of second.toml"):
+            run_sweep(second, tmp_path / "out", console=quiet_console(), check_runnable=False, dry_run=dry_run)
+    assert (tmp_path / "out" / "sweep.json").read_bytes() == record and len(fake_run()) == 1
+    assert run_sweep(first, tmp_path / "out", console=quiet_console(), check_runnable=False).skipped == 1  # its own grid resumes
+
+
 @pytest.mark.slow
 def test_tiny_grid_end_to_end_then_report(tmp_path, capsys):
     out = tmp_path / "tiny"
