@@ -179,6 +179,7 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
     start = time.monotonic()
     threads = torch.get_num_threads()
     torch.set_num_threads(sc.engine.threads)
+    interrupted = False
     try:
         for run in runs:
             run.begin()
@@ -203,13 +204,17 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
                 start_row += n
             if on_round is not None:
                 on_round(r)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM (stop_on_signals): the rounds logged so far stay, and each run's
+        # summary says it was interrupted (a sweep runs it again).
+        interrupted = True
     finally:
         torch.set_num_threads(threads)
         for run in runs:
             run.close()
     loop = {"loop_seconds": round(time.monotonic() - loop_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3)}
     wall = round(time.monotonic() - start, 3)
-    return [run.finish(loop, wall) for run in runs]
+    return [run.finish(loop, wall, interrupted=interrupted) for run in runs]
 
 
 def run_batched(scenario: Scenario, out_dir: Path, *, console: Console, tensorboard: Path | None = None) -> dict[str, Any]:
@@ -277,12 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     try:
         summaries = run_many([tuple(pair) for pair in args.run], console=console, tensorboard=args.tensorboard)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the rounds began
         console.print("interrupted: the batch's runs are unfinished", markup=False)
         return 130
     except (ValueError, RuntimeError, OSError) as exc:
         console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
+    if any(summary.get("interrupted") for summary in summaries):
+        console.print("interrupted: the batch's runs are unfinished (their summaries say so)", markup=False)
+        return 130
     for (_, out), summary in zip(args.run, summaries, strict=True):
         console.print(f"{out}: honest mean accuracy {summary.get('honest_mean_accuracy')}", markup=False, highlight=False, soft_wrap=True)
     return 0

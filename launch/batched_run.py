@@ -400,15 +400,17 @@ class BatchedRun:
         for f in getattr(self, "logs", {}).values():
             f.close()
 
-    def finish(self, loop: dict[str, float], wall: float) -> dict[str, Any]:
-        """Each client's final file and the run's summary."""
+    def finish(self, loop: dict[str, float], wall: float, *, interrupted: bool = False) -> dict[str, Any]:
+        """Each client's final file and the run's summary (``interrupted``: stopped before its last round)."""
         for k in range(self.topology.num_clients):
-            write_json_atomic(self.out_dir / "peers" / f"{k}.json", self._final(k, self.last.get(k, {}), loop, wall))
+            final = self._final(k, self.last.get(k, {}), loop, wall)
+            final["completed"] = not interrupted
+            write_json_atomic(self.out_dir / "peers" / f"{k}.json", final)
         n = self.topology.num_clients
         return collect_summary(
-            self.out_dir, self.scenario, pids=dict.fromkeys(range(n), os.getpid()), exit_codes=dict.fromkeys(range(n), 0),
+            self.out_dir, self.scenario, pids=dict.fromkeys(range(n), os.getpid()), exit_codes=dict.fromkeys(range(n), 130 if interrupted else 0),
             wall_seconds=wall,
-            extra={"interrupted": False, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device)},
+            extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device)},
         )
 
     def _final(self, k: int, last: dict[str, float], loop: dict[str, float], wall: float) -> dict[str, Any]:

@@ -301,12 +301,14 @@ def _last_line(path: Path) -> str:
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:
-    table = Table(title="per-client results")
+    interrupted = bool(summary.get("interrupted"))
+    table = Table(title="per-client results" + (" (interrupted)" if interrupted else ""))
     for col in ("id", "role", "pid", "local acc %", "global acc %", "rejected", "status"):
         table.add_column(col, justify="right" if col not in ("role", "status") else "left")
     for k, p in summary["peers"].items():
         fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-        status = "ok" if p["completed"] else f"[red]failed ({p.get('rounds_done', 0)} rounds)[/red]"
+        stopped = "[yellow]stopped" if interrupted else "[red]failed"
+        status = "ok" if p["completed"] else f"{stopped} ({p.get('rounds_done', 0)} rounds)[/]"
         table.add_row(k, p["role"], str(p["pid"]), fmt(p["accuracy"]), fmt(p["global_accuracy"]), str(p["rejected_messages"] if p["rejected_messages"] is not None else "-"), status)
     console.print(table)
 
@@ -319,7 +321,10 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     console.print(
         f"honest mean accuracy {f('honest_mean_accuracy', '%')} (variance {f('accuracy_variance', ' %^2')}, worst {f('worst_accuracy', '%')}); "
         f"global {f('honest_mean_global_accuracy', '%')}; Byzantine weight share {f('byzantine_weight_share')}; "
-        f"failed {summary['failed_peers'] or 'none'}; {summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
+        + (
+            f"interrupted after {summary['wall_seconds']:.1f} s, before the last of its {summary['rounds']} rounds"
+            if interrupted else f"failed {summary['failed_peers'] or 'none'}; {summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
+        )
     )
     for k in summary.get("restarted_peers") or []:
         p = summary["peers"][str(k)]

@@ -305,6 +305,27 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
         torch.testing.assert_close(run.models[c], (before[c] - scenario.train.lr * w.grad), rtol=1e-5, atol=1e-6)
 
 
+def test_an_interrupted_batch_keeps_its_rounds_and_says_so_in_each_runs_summary(small_scenario, tmp_path):
+    # Prepare: Ctrl-C (or SIGTERM, which the entry points turn into it) during round 5
+    scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "engine.name=batched")
+    runs = [BatchedRun(scenario, tmp_path / "a"), BatchedRun(dataclasses.replace(scenario, seed=44), tmp_path / "b")]
+
+    def stop(r):
+        if r == 5:
+            raise KeyboardInterrupt
+
+    # Execute
+    summaries = run_together(runs, stop)
+
+    # Assert
+    for run, summary in zip(runs, summaries, strict=True):
+        assert summary["interrupted"] and json.loads((run.out_dir / "summary.json").read_text()) == summary
+        assert summary["honest_completed"] == 0 and sorted(summary["failed_peers"]) == list(range(5))
+        for k in range(5):
+            assert [r["round"] for r in read_rounds(run.out_dir, k)] == list(range(6))
+            assert not json.loads((run.out_dir / "peers" / f"{k}.json").read_text())["completed"]
+
+
 def test_results_folder_has_every_runs_layout(small_scenario, tmp_path):
     scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=10", "engine.name=batched")
     summary = run_together([BatchedRun(scenario, tmp_path)])[0]
