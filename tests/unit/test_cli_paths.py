@@ -45,3 +45,31 @@ def test_a_folder_given_as_the_scenario_or_a_file_as_the_results_folder_is_one_l
         err = capsys.readouterr().err
         last = err.strip().splitlines()[-1]
         assert code == 2 and "Traceback" not in err and last.startswith("dfedrw: [Errno") and str(tmp_path) in last, (command, err)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--listen-port", "99999", "--peer", "1=127.0.0.1:7001"], "--listen-port 99999: must be in 0..65535"),
+        (["--listen-port", "-5", "--peer", "1=127.0.0.1:7001"], "--listen-port -5: must be in 0..65535"),
+        (["--rendezvous", "garbage"], "--rendezvous 'garbage': expected tcp://HOST:PORT"),
+        (["--rendezvous", "tcp://127.0.0.1:70000"], "expected tcp://HOST:PORT"),
+        (["--peer", "2=127.0.0.1:abc"], "bad --peer '2=127.0.0.1:abc'"),
+        (["--peer", "2=:17002"], "bad --peer '2=:17002'"),
+        (["--peer", "2=no such host:17002"], "bad --peer '2=no such host:17002'"),
+    ],
+)
+def test_a_hand_started_clients_bad_address_is_refused_before_it_starts(flags, message, tmp_path):
+    # Execute
+    with pytest.raises(SystemExit) as exit_:
+        main(["peer", "--scenario", "s.toml", "--id", "0", "--out", str(tmp_path / "out"), *flags])
+
+    # Assert
+    assert message in str(exit_.value.code) and not (tmp_path / "out").exists()
+
+
+def test_well_formed_addresses_pass():
+    from dfedrw.peer.cli import _host_port
+
+    assert _host_port("hostA:7000") == ("hostA", 7000) and _host_port("[::1]:7000") == ("::1", 7000)
+    assert _host_port("client-3:50051") == ("client-3", 50051) and _host_port("host:0") is None
