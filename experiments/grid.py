@@ -89,10 +89,10 @@ def load_grid(path: str | Path) -> Grid:
     """Read and check a grid file (the module docstring describes the format)."""
     path = Path(path).resolve()
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not TOML: dropped
     except FileNotFoundError:
         raise SweepError(f"grid file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SweepError(f"{path}: not valid TOML: {exc}") from None
     for key in raw:
         if key not in GRID_KEYS:

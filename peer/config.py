@@ -514,10 +514,10 @@ def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ())
     """Read a scenario TOML file (the built-in default when ``path`` is None) and apply overrides."""
     source = Path(path) if path else DEFAULT_SCENARIO
     try:
-        raw = tomllib.loads(source.read_text())
+        raw = tomllib.loads(source.read_text(encoding="utf-8-sig"))  # a byte-order mark is not TOML: dropped
     except FileNotFoundError:
         raise ScenarioError(f"scenario file not found: {source}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
     return scenario_from_dict(apply_overrides(raw, overrides))
 

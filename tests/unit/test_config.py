@@ -415,3 +415,14 @@ def test_a_class_setting_the_class_refuses_is_one_line_naming_the_table(monkeypa
     monkeypatch.syspath_prepend(str(PLUGINS))
     with pytest.raises(ScenarioError, match=r'^\[data\."mylab_plugins:Blobs"\]: Blobs: classes must be an integer >= 2, got 1$'):
         load_scenario(PLUGINS / "kinds.toml", ['data."mylab_plugins:Blobs".classes=1'])
+
+
+def test_a_byte_order_mark_is_dropped_and_a_file_not_utf8_is_one_line_naming_it(tmp_path):
+    # Prepare
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbfrounds = 3\n")
+    (tmp_path / "binary.toml").write_bytes(b"rounds = \xd8\xff\n")
+
+    # Execute, Assert
+    assert load_scenario(tmp_path / "bom.toml").rounds == 3
+    with pytest.raises(ScenarioError, match=r"binary.toml: not valid TOML: 'utf-8' codec can't decode"):
+        load_scenario(tmp_path / "binary.toml")
