@@ -78,7 +78,8 @@ class RoundLog:
             kept = path.with_name(f"{path.name}.{n}")
             os.replace(path, kept)
             log.warning("client %d: %s holds an earlier run's rounds; moved to %s", client_id, path, kept.name)
-        self._file = path.open("x", encoding="utf-8")
+        # A new file; an empty one (left by a run killed before its first round) holds nothing to keep.
+        self._file = path.open("w" if path.exists() and path.stat().st_size == 0 else "x", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")

@@ -82,6 +82,11 @@ def test_a_fresh_or_empty_folder_is_accepted(tmp_path):
     (tmp_path / "peers" / "0.jsonl").write_text("")  # opened, nothing written yet
     check_fresh_out_dir(tmp_path, range(3))
 
+    log = RoundLog(tmp_path, 0)  # and a run there writes its round log over the empty one
+    log.write({"round": 0, "weights": {}})
+    log.close()
+    assert [r["round"] for r in read_rounds(tmp_path, 0)] == [0] and not (tmp_path / "peers" / "0.jsonl.1").exists()
+
 
 @pytest.mark.parametrize(
     "summary, what",
