@@ -213,7 +213,7 @@ def export_sweep(src: str | Path, dest: str | Path) -> tuple[int, list[str]]:
     or an earlier export: :func:`check_export_dest`) is replaced wholesale, so an export is
     exactly the sweep's current state.
     """
-    src, dest = Path(src), Path(dest)
+    src, dest = Path(src), Path(dest).absolute()  # absolute: "." has no name to put ".exporting" after
     sweep = read_sweep(src)
     check_export_dest(src, dest)
     tmp = dest.with_name(dest.name + ".exporting")

@@ -229,6 +229,8 @@ class NetworkConfig:
             raise ScenarioError(f"[network.{toml_key(self.transport)}]: {' '.join(str(exc).split())}") from None
         check_in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
         check_choice_of("network.tls", self.tls, ("mutual", "off"))
+        if not self.host or any(c.isspace() or c in "/[]" for c in self.host):
+            raise ScenarioError(f"network.host={self.host!r}: expected an address or host name to listen on, e.g. 127.0.0.1, 0.0.0.0 or ::1")
         check_in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
         check_in_range("network.round_window", self.round_window, 1, 1000)
         check_in_range("network.max_missed_rounds", self.max_missed_rounds, 1, 1_000_000)

@@ -41,6 +41,7 @@ CASES = [
     ("rule-setting-out-of-range", ["aggregation.rule=centered_clipping", "aggregation.centered_clipping.tau=-1"], "aggregation.centered_clipping.tau"),
     ("attack-std-zero", ["attack.std=0"], "attack.std"),
     ("bad-partition", ["data.partition=dirichlet:x"], "data.partition"),
+    ("host-with-spaces", ["network.host='not a host'"], "network.host"),
     ("unknown-key", ["topology.rhoo=0.5"], "topology.rhoo"),
     ("unknown-plugin-module", ["attack.name=dfedrw_nosuch_module:Attack"], "attack.name"),
     ("plugin-module-fails-import", ["attack.name=dfedrw_brokenplug:Attack"], "attack.name"),
