@@ -118,6 +118,13 @@ def render_readme(text: str) -> str:
             raise ValueError(f"marker registry:{kind}: no such registry; use {', '.join(REGISTRIES)}")
         return f"{match.group(1)}{render_markdown(kind)}\n{match.group(4)}"
 
+    opened = re.findall(r"^<!-- registry:(\w+) -->$", text, re.M)  # markers are lines of their own
+    closed = re.findall(r"^<!-- /registry:(\w+) -->$", text, re.M)
+    if not opened:
+        raise ValueError("no <!-- registry:KIND --> marker: nothing to rewrite (the project's tables are in docs/reference.md)")
+    if sorted(opened) != sorted(closed):
+        unclosed = sorted(set(opened) - set(closed)) or sorted(set(closed) - set(opened)) or opened
+        raise ValueError(f"registry markers without their pair: {', '.join(unclosed)} (each <!-- registry:KIND --> ends at <!-- /registry:KIND -->)")
     return _MARKER.sub(replace, text)
 
 

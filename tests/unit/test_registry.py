@@ -274,6 +274,27 @@ def test_reference_page_registry_tables_are_what_the_registries_render():
     assert render_readme(page) == page, "docs/reference.md tables are stale: run `dfedrw list --readme docs/reference.md`"
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("# notes\nno tables here\n", "no <!-- registry:KIND --> marker"),
+        ("<!-- registry:rules -->\nold\n", "markers without their pair: rules"),
+    ],
+)
+def test_a_page_without_a_whole_pair_of_markers_is_refused_not_called_up_to_date(text, message, tmp_path, capsys):
+    # Prepare
+    from dfedrw.experiments.cli import main
+
+    page = tmp_path / "page.md"
+    page.write_text(text)
+
+    # Execute
+    code = main(["list", "--readme", str(page)])
+
+    # Assert
+    assert code == 2 and message in capsys.readouterr().err and page.read_text() == text
+
+
 def test_dfedrw_list_prints_names_settings_and_summaries(capsys):
     from dfedrw.experiments.cli import main
 
