@@ -382,6 +382,11 @@ def cmd_peer(args) -> int:
     """``dfedrw peer`` (and ``-m dfedrw.launch.torchrun``): under torchrun (no --id, RANK and WORLD_SIZE
     set) this rank's client, addresses through torchrun's store; otherwise the client alone."""
     if not peer_cli.under_torchrun(args):
+        if args.id is None and args.scenario is not None:
+            raise SystemExit(
+                "dfedrw.launch.torchrun: RANK and WORLD_SIZE are not set: start it under torchrun "
+                "(torchrun --standalone --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE), or give --id for one client"
+            )
         return peer_cli.cmd_peer(args)
     if args.scenario is None:
         raise SystemExit("dfedrw peer: --scenario is required (or DFEDRW_SCENARIO)")

@@ -73,3 +73,18 @@ def test_well_formed_addresses_pass():
 
     assert _host_port("hostA:7000") == ("hostA", 7000) and _host_port("[::1]:7000") == ("::1", 7000)
     assert _host_port("client-3:50051") == ("client-3", 50051) and _host_port("host:0") is None
+
+
+def test_the_torchrun_entry_point_outside_torchrun_says_how_to_start_it(monkeypatch):
+    # Prepare
+    from dfedrw.launch.torchrun import main as torchrun_main
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    # Execute
+    with pytest.raises(SystemExit) as exit_:
+        torchrun_main(["--scenario", "s.toml"])
+
+    # Assert
+    assert "RANK and WORLD_SIZE are not set: start it under torchrun" in str(exit_.value.code)
