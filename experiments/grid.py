@@ -104,8 +104,17 @@ def load_grid(path: str | Path) -> Grid:
             raise SweepError(f"{path}: base must be a path string, got {raw['base']!r}")
         base = (path.parent / raw["base"]).resolve()
         if not base.is_file():
-            raise SweepError(f"{path}: base scenario file not found: {base}")
+            raise SweepError(f"{path}: base scenario file {'is a folder' if base.is_dir() else 'not found'}: {base}")
     fixed = _string_list(f"{path}: set", raw.get("set", []))
+    fixed_keys: dict[str, str] = {}
+    for entry in fixed:
+        try:
+            key = ".".join(parse_override(entry)[0])
+        except ValueError:
+            continue  # a malformed entry is refused, naming it, when the points are resolved
+        if key in fixed_keys:
+            raise SweepError(f"{path}: set gives {key} twice ({fixed_keys[key]!r} and {entry!r}); keep one")
+        fixed_keys[key] = entry
 
     axes: list[Axis] = []
     plain = raw.get("axes", {})
@@ -114,6 +123,8 @@ def load_grid(path: str | Path) -> Grid:
     for name, values in plain.items():
         if not isinstance(values, list) or not values:
             raise SweepError(f"{path}: axis '{name}' needs a non-empty list of values, got {values!r}")
+        if name in fixed_keys:
+            raise SweepError(f"{path}: {name} is an axis and is also in set ({fixed_keys[name]!r}), which the axis overrides at every point; drop one")
         entries = []
         for v in values:
             if not isinstance(v, (str, int, float, bool)):
