@@ -246,7 +246,12 @@ def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Pa
     from dfedrw.peer.results import check_fresh_out_dir
     from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
 
-    scenarios = [load_scenario(request) for request, _ in jobs]
+    scenarios = []
+    for request, _ in jobs:
+        try:
+            scenarios.append(load_scenario(request))
+        except ValueError as exc:  # which of the batch's files
+            raise ValueError(f"{request}: {exc}") if str(request) not in str(exc) else exc from None
     boards = [None if tensorboard is None else Path(tensorboard) / Path(out).name for _, out in jobs]
     if tensorboard is not None:
         require_tensorboard()
