@@ -94,6 +94,8 @@ def load_grid(path: str | Path) -> Grid:
         raise SweepError(f"grid file not found: {path}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SweepError(f"{path}: not valid TOML: {exc}") from None
+    if not raw:
+        raise SweepError(f"{path}: an empty grid; give it a base, set, [axes] or [[variants.NAME]] (see `dfedrw sweep --help`)")
     for key in raw:
         if key not in GRID_KEYS:
             raise SweepError(f"{path}: unknown key '{key}'; valid keys: {', '.join(GRID_KEYS)}")

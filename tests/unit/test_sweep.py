@@ -100,6 +100,7 @@ set = ["aggregation.temprature=0.1"]
     "body, words",
     [
         ('sett = ["rounds=1"]\n', ["unknown key 'sett'", "base, set, axes"]),
+        ("# nothing yet\n", ["an empty grid"]),
         ('[axes]\nseed = []\n', ["axis 'seed'", "non-empty list"]),
         ('[axes]\nseed = [{a = 1}]\n', ["axis 'seed'", "string, number or boolean"]),
         ('[axes]\nseed = [1, 1]\n', ["'1' twice"]),
