@@ -82,7 +82,7 @@ def add_commands(sub) -> None:
 
     ex = sub.add_parser("export", help="copy a sweep's results in compact form (summary, scenario, curves, mean weights per run)")
     ex.add_argument("sweep", type=Path, metavar="SWEEP_DIR", help="folder written by `dfedrw sweep`")
-    ex.add_argument("--out", type=folder_path, required=True, metavar="DIR", help="destination (replaced); `dfedrw report DIR` reads it like the sweep")
+    ex.add_argument("--out", type=folder_path, required=True, metavar="DIR", help="destination: a new or empty folder, or an earlier export (replaced); `dfedrw report DIR` reads it like the sweep")
     ex.set_defaults(func=cmd_export)
 
 

@@ -180,6 +180,7 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
     threads = torch.get_num_threads()
     torch.set_num_threads(sc.engine.threads)
     interrupted = False
+    loop_start, cpu_start = time.monotonic(), time.process_time()
     try:
         for run in runs:
             run.begin()
