@@ -108,15 +108,12 @@ def load_grid(path: str | Path) -> Grid:
         if not base.is_file():
             raise SweepError(f"{path}: base scenario file {'is a folder' if base.is_dir() else 'not found'}: {base}")
     fixed = _string_list(f"{path}: set", raw.get("set", []))
-    fixed_keys: dict[str, str] = {}
+    fixed_keys: dict[str, str] = {}  # key -> its entry in set (the last, as --set takes them)
     for entry in fixed:
         try:
-            key = ".".join(parse_override(entry)[0])
+            fixed_keys[".".join(parse_override(entry)[0])] = entry
         except ValueError:
             continue  # a malformed entry is refused, naming it, when the points are resolved
-        if key in fixed_keys:
-            raise SweepError(f"{path}: set gives {key} twice ({fixed_keys[key]!r} and {entry!r}); keep one")
-        fixed_keys[key] = entry
 
     axes: list[Axis] = []
     plain = raw.get("axes", {})

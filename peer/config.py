@@ -59,7 +59,7 @@ from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.transports import TRANSPORT_REGISTRY
 from dfedrw.peer.config_checks import (
-    MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, check_choice_of, check_in_range, coerce_value,
+    MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_EDGES, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, check_choice_of, check_in_range, coerce_value,
 )
 
 
@@ -154,6 +154,14 @@ class TopologyConfig:
         if self.num_clients > MAX_CLIENTS:
             raise ScenarioError(
                 f"topology.honest + topology.byzantine = {self.num_clients} clients; at most {MAX_CLIENTS:_}"
+            )
+        density = {"erdos_renyi": self.rho, "complete": 1.0}.get(self.kind)
+        if density is not None and density * self.num_clients * (self.num_clients - 1) / 2 > MAX_EDGES:
+            edges = density * self.num_clients * (self.num_clients - 1) / 2
+            raise ScenarioError(
+                f"topology.kind={self.kind!r} with {self.num_clients:_} clients{f' and rho={self.rho}' if self.kind == 'erdos_renyi' else ''} "
+                f"has about {edges:.2g} edges, each a model sent both ways every round; at most {MAX_EDGES:.0e}: "
+                "use a sparse graph: topology.kind = \"ring\", or \"erdos_renyi\" with a small topology.rho"
             )
         if not self.file and any(p.name == "file" and p.default is Setting.REQUIRED for p in TOPOLOGY_REGISTRY.parameters(self.kind)):
             raise ScenarioError(f"topology.kind={self.kind!r} needs topology.file (an edge-list path)")

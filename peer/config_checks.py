@@ -34,6 +34,10 @@ def check_in_range(key: str, value: float, lo: float, hi: float, *, open_lo: boo
 # thousand is already far past what one machine or a compose cluster can hold; the batched
 # engine, whose memory grows with clients x parameters only, goes to tens of thousands.
 MAX_CLIENTS = 65_536
+# Edges of a drawn graph (each a model sent both ways every round). Past this a dense graph of
+# many clients (Erdos-Renyi at the default rho, or complete) is not a run that ends: drawing it
+# alone takes minutes and gigabytes.
+MAX_EDGES = 10_000_000
 
 
 MAX_ROUNDS = 10_000_000

@@ -42,6 +42,7 @@ CASES = [
     ("attack-std-zero", ["attack.std=0"], "attack.std"),
     ("bad-partition", ["data.partition=dirichlet:x"], "data.partition"),
     ("host-with-spaces", ["network.host='not a host'"], "network.host"),
+    ("dense-graph-of-many-clients", ["topology.honest=65000"], "topology.kind='erdos_renyi' with 65_001 clients and rho=0.7"),
     ("unknown-key", ["topology.rhoo=0.5"], "topology.rhoo"),
     ("unknown-plugin-module", ["attack.name=dfedrw_nosuch_module:Attack"], "attack.name"),
     ("plugin-module-fails-import", ["attack.name=dfedrw_brokenplug:Attack"], "attack.name"),

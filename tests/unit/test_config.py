@@ -166,9 +166,14 @@ def _override(key, value):
     return f"{key}={value!r}" if math.isfinite(value) else f"{key}={'nan' if math.isnan(value) else 'inf'}"
 
 
+def _graph_for(key):
+    """Client counts up to the limit load on a sparse graph (a dense one of that many is refused)."""
+    return ["topology.kind='ring'"] if key.startswith("topology.") else []
+
+
 @pytest.mark.parametrize("key, value", [(k, v) for k, inside, _ in RANGES for v in inside])
 def test_values_inside_the_range_load(key, value):
-    s = load_scenario(None, [_override(key, value)])
+    s = load_scenario(None, [*_graph_for(key), _override(key, value)])
     section, _, name = key.rpartition(".")
     assert getattr(getattr(s, section) if section else s, name) == value
 
@@ -204,9 +209,22 @@ def test_partition_parameters_are_bounded(partition):
 
 
 def test_clients_are_bounded_in_total():
-    assert load_scenario(None, ["topology.honest=65534", "topology.byzantine=2"]).num_clients == 65_536
+    assert load_scenario(None, ["topology.kind='ring'", "topology.honest=65534", "topology.byzantine=2"]).num_clients == 65_536
     with pytest.raises(ScenarioError, match=r"topology.honest \+ topology.byzantine = 65537 clients; at most 65_536"):
-        load_scenario(None, ["topology.honest=65535", "topology.byzantine=2"])
+        load_scenario(None, ["topology.kind='ring'", "topology.honest=65535", "topology.byzantine=2"])
+
+
+@pytest.mark.parametrize(
+    ("dense", "sparse"),
+    [
+        (["topology.honest=5400"], ["topology.honest=5400", "topology.rho=0.01"]),  # 0.7 x 5402 x 5401 / 2 > 1e7 edges
+        (["topology.kind='complete'", "topology.honest=4500"], ["topology.kind='ring'", "topology.honest=4500"]),
+    ],
+)
+def test_a_dense_graph_of_many_clients_is_refused_and_a_sparse_one_loads(dense, sparse):
+    with pytest.raises(ScenarioError, match=r"^topology.kind='(erdos_renyi|complete)' with .* clients.*edges.*use a sparse graph"):
+        load_scenario(None, dense)
+    assert load_scenario(None, sparse).num_clients > 4500
 
 
 def test_per_client_overrides_are_range_checked():
@@ -289,7 +307,7 @@ SUM_BOUNDED = {"topology.byzantine", "topology.honest"}
 def test_any_number_loads_only_inside_its_range(key, value):
     lo, hi = BOUNDS[key]
     try:
-        s = load_scenario(None, [_override(key, value)])
+        s = load_scenario(None, [*_graph_for(key), _override(key, value)])
     except ScenarioError as err:
         over_the_sum = key in SUM_BOUNDED and str(err).startswith("topology.honest + topology.byzantine = ") and value > hi
         assert (str(err).startswith(f"{key}=") or over_the_sum) and "\n" not in str(err)

@@ -110,7 +110,6 @@ set = ["aggregation.temprature=0.1"]
         ('set = ["rounds"]\n', ["key=value"]),
         ('base = "nope.toml"\n', ["base scenario file not found"]),
         ('base = "."\n', ["base scenario file is a folder"]),
-        ('set = ["rounds=1", "rounds=2"]\n', ["set gives rounds twice", "'rounds=1' and 'rounds=2'"]),
         ('set = ["seed=7"]\n[axes]\nseed = [1, 2]\n', ["seed is an axis and is also in set ('seed=7')"]),
         ('[axes]\nseed = [1]\n[report]\nkind = "speed"\n', ["report.kind", "fairness, byzantine"]),
         ('[axes]\nseed = [1]\nrounds = [1, 2]\n[report]\nrows = []\ncolumns = "seed"\n', ["report.columns", "rounds"]),
