@@ -134,19 +134,32 @@ def read_rounds(out_dir: Path, client_id: int) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):  # a line that is not a record (only a client's own folder holds it) is not one
+            records.append(record)
     return records
 
 
 def read_final(out_dir: Path, client_id: int) -> dict[str, Any] | None:
+    """A client's final record, or None when it has none, or none that can be read: a file that is
+    not a JSON object is reported and read as no record (a client that did not finish), never
+    trusted: under compose each client writes its own folder, a Byzantine one included."""
     path = Path(out_dir) / "peers" / f"{client_id}.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        final = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        log.warning("%s: not a client's final record (%s); read as none", path, exc)
+        return None
+    if not isinstance(final, dict):
+        log.warning("%s: not a client's final record (a JSON %s); read as none", path, type(final).__name__)
+        return None
+    return final
 
 
 def _isolated(records: list[dict[str, Any]]) -> bool:

@@ -138,3 +138,20 @@ def test_a_round_log_flushes_each_record_or_at_most_every_flush_seconds(tmp_path
     lazy.close()
     eager.close()
     assert [x["round"] for x in read_rounds(tmp_path / "b", 0)] == [0, 1, 2, 3, 4]
+
+
+def test_a_final_record_or_round_line_that_is_not_a_record_counts_as_none(tmp_path):
+    # Prepare: honest 0 and 1 finished; client 2 (Byzantine: under compose it writes its own
+    # folder as it likes) left a final file of garbage and round lines that are not records
+    write_peer(tmp_path, 0, "honest", 80.0, 70.0, [{0: 0.5, 2: 0.5}])
+    write_peer(tmp_path, 1, "honest", 60.0, 50.0, [{1: 1.0}])
+    (tmp_path / "peers" / "2.json").write_bytes(b"\xd8{garbage")
+    (tmp_path / "peers" / "2.jsonl").write_text('[1, 2]\n"text"\n{"round": 0, "weights": {}}\n')
+
+    # Execute
+    roles = {0: "honest", 1: "honest", 2: "byzantine"}
+    summary = summarize(tmp_path, roles=roles, pids=dict.fromkeys(roles, 1), exit_codes=dict.fromkeys(roles, 0), rounds=1, wall_seconds=0)
+
+    # Assert
+    assert summary["failed_peers"] == [2] and summary["peers"]["2"]["rounds_done"] == 1
+    assert summary["honest_mean_accuracy"] == pytest.approx(70.0) and summary["byzantine_weight_share"] == pytest.approx(0.25)
