@@ -57,6 +57,8 @@ def check_fresh_event_dir(log_dir: Path, client_ids: Iterable[int], *, mean: boo
     """Raise FileExistsError when the folders a run would write under ``log_dir`` (the clients'
     and, with ``mean``, the honest mean's) already hold event files: TensorBoard would draw two
     runs as one."""
+    if Path(log_dir).exists() and not Path(log_dir).is_dir():
+        raise NotADirectoryError(f"--tensorboard {log_dir} is not a folder")
     folders = [client_dir(log_dir, k) for k in client_ids] + ([Path(log_dir) / MEAN_DIR] if mean else [])
     found = [f.name for f in folders if f.is_dir() and any(f.glob("events.out.tfevents.*"))]
     if found:

@@ -111,6 +111,9 @@ def test_a_folder_with_event_files_of_an_earlier_run_is_refused(tmp_path):
     with pytest.raises(FileExistsError, match="earlier run.*honest-mean.*choose another --tensorboard"):
         check_fresh_event_dir(tmp_path, range(4))
     check_fresh_event_dir(tmp_path, range(4), mean=False)  # a torchrun rank other than 0 writes no mean
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match="--tensorboard .*afile is not a folder"):
+        check_fresh_event_dir(tmp_path / "afile", range(4))
 
 
 def test_without_the_package_the_error_names_the_extra(monkeypatch):
