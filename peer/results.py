@@ -102,6 +102,8 @@ def check_fresh_out_dir(out_dir: Path, client_ids: Iterable[int]) -> None:
     or interrupted) or a round log of one of ``client_ids`` (a run that was killed before its
     summary). Results of two runs in one folder would be mixed up."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is not a folder")
     summary = out / "summary.json"
     if summary.exists():
         try:

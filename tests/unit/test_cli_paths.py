@@ -44,7 +44,7 @@ def test_a_folder_given_as_the_scenario_or_a_file_as_the_results_folder_is_one_l
         # Assert
         err = capsys.readouterr().err
         last = err.strip().splitlines()[-1]
-        assert code == 2 and "Traceback" not in err and last.startswith("dfedrw: [Errno") and str(tmp_path) in last, (command, err)
+        assert code == 2 and "Traceback" not in err and last.startswith("dfedrw: ") and str(tmp_path) in last, (command, err)
 
 
 @pytest.mark.parametrize(

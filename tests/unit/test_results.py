@@ -78,6 +78,9 @@ def test_a_client_started_again_moves_the_earlier_round_log_aside(tmp_path):
 
 def test_a_fresh_or_empty_folder_is_accepted(tmp_path):
     check_fresh_out_dir(tmp_path / "missing", range(3))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match="--out .*afile is not a folder"):
+        check_fresh_out_dir(tmp_path / "afile", range(3))
     (tmp_path / "peers").mkdir()
     (tmp_path / "peers" / "0.jsonl").write_text("")  # opened, nothing written yet
     check_fresh_out_dir(tmp_path, range(3))
