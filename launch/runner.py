@@ -53,6 +53,14 @@ def run_scenario(
             "torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
         )
     console = console or Console(stderr=True)
+    if certs is not None:
+        unused = (
+            "the batched engine holds no certificates" if scenario.engine.name == "batched"
+            else "client threads hold no certificates" if placement != "processes"
+            else "network.tls = 'off'" if scenario.network.tls == "off" else None
+        )
+        if unused:
+            console.print(f"[yellow]--certs {certs} is not used: {unused}[/yellow]")
     if scenario.engine.name == "batched":
         from dfedrw.launch.batched import run_batched
 
