@@ -251,8 +251,10 @@ def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Pa
     for request, _ in jobs:
         try:
             scenarios.append(load_scenario(request))
-        except ValueError as exc:  # which of the batch's files
-            raise ValueError(f"{request}: {exc}") if str(request) not in str(exc) else exc from None
+        except ValueError as exc:
+            if str(request) in str(exc):
+                raise
+            raise ValueError(f"{request}: {exc}") from None  # which of the batch's files
     boards = [None if tensorboard is None else Path(tensorboard) / Path(out).name for _, out in jobs]
     if tensorboard is not None:
         require_tensorboard()

@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dfedrw.peer.rendezvous import host_port
+
 # Environment variable that carries a client's secret (never its command line: /proc/PID/cmdline
 # is readable by every user).
 TOKEN_ENV = "DFEDRW_LINK_TOKEN"
@@ -64,10 +66,7 @@ def _is_text(x: Any) -> bool:
 
 def _is_address(x: Any) -> bool:
     """host:port as the gRPC transport prints it (an IPv6 host in brackets)."""
-    if not _is_text(x) or any(c.isspace() for c in x):
-        return False
-    host, sep, port = x.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+    return _is_text(x) and not any(c.isspace() for c in x) and host_port(x) is not None
 
 
 def _optional(msg: dict[str, Any], key: str, check) -> bool:

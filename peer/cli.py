@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dfedrw.peer.config import ScenarioError, load_scenario
 from dfedrw.peer.data import DatasetUnavailable
+from dfedrw.peer.rendezvous import host_port
 from dfedrw.peer.tensorboard import INSTALL, TensorBoardUnavailable
 
 
@@ -48,22 +49,12 @@ def without_flag_variables(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in environ.items() if name not in FLAG_VARIABLES}
 
 
-def _host_port(text: str) -> tuple[str, int] | None:
-    """(host, port) of ``HOST:PORT`` (``[IPv6]:PORT`` too) with a port in 1..65535, else None."""
-    host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or any(c.isspace() for c in host) or not port.isdigit() or not 1 <= int(port) <= 65535:
-        return None
-    return host, int(port)
-
-
 def _parse_peers(items: list[str]) -> dict[int, str]:
     book: dict[int, str] = {}
     for item in items:
         for part in filter(None, item.split(",")):
             key, sep, addr = part.partition("=")
-            if not sep or not key.strip().isdigit() or _host_port(addr.strip()) is None:
+            if not sep or not key.strip().isdigit() or host_port(addr.strip()) is None:
                 raise SystemExit(f"dfedrw: bad --peer {part!r}; expected ID=HOST:PORT with a port in 1..65535")
             book[int(key)] = addr.strip()
     return book
@@ -73,7 +64,7 @@ def _check_endpoints(args: argparse.Namespace) -> None:
     """The launcher's endpoint and the listening port, checked before anything starts."""
     if not 0 <= args.listen_port <= 65535:
         raise SystemExit(f"dfedrw peer: --listen-port {args.listen_port}: must be in 0..65535 (0: any free port)")
-    if args.rendezvous and not (args.rendezvous.startswith("tcp://") and _host_port(args.rendezvous[len("tcp://"):])):
+    if args.rendezvous and not (args.rendezvous.startswith("tcp://") and host_port(args.rendezvous[len("tcp://"):])):
         raise SystemExit(f"dfedrw peer: --rendezvous {args.rendezvous!r}: expected tcp://HOST:PORT, as a launcher gives it")
 
 

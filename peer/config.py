@@ -155,9 +155,9 @@ class TopologyConfig:
             raise ScenarioError(
                 f"topology.honest + topology.byzantine = {self.num_clients} clients; at most {MAX_CLIENTS:_}"
             )
-        density = {"erdos_renyi": self.rho, "complete": 1.0}.get(self.kind)
-        if density is not None and density * self.num_clients * (self.num_clients - 1) / 2 > MAX_EDGES:
-            edges = density * self.num_clients * (self.num_clients - 1) / 2
+        density = {"erdos_renyi": self.rho, "complete": 1.0}.get(self.kind, 0.0)
+        edges = density * self.num_clients * (self.num_clients - 1) / 2  # expected; 0 for the kinds not listed
+        if edges > MAX_EDGES:
             raise ScenarioError(
                 f"topology.kind={self.kind!r} with {self.num_clients:_} clients{f' and rho={self.rho}' if self.kind == 'erdos_renyi' else ''} "
                 f"has about {edges:.2g} edges, each a model sent both ways every round; at most {MAX_EDGES:.0e}: "

@@ -19,6 +19,17 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 
+def host_port(text: str) -> tuple[str, int] | None:
+    """(host, port) of a client's address ``HOST:PORT`` (``[IPv6]:PORT`` too) with a port in
+    1..65535 and no space in the host, else None."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or any(c.isspace() for c in host) or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return None
+    return host, int(port)
+
+
 class Rendezvous(Protocol):
     def exchange(self, client_id: int, address: str, neighbours: Iterable[int], timeout: float) -> dict[int, str]: ...
 
