@@ -13,6 +13,9 @@ scoring products' share (the floor: each of their clients scores its candidates 
     python bench/grid_methods.py --grid examples/grids/paper_byzantine_fmnist.toml
     python bench/grid_methods.py --grid examples/grids/paper_fairness_fmnist.toml --per 4 --rounds 200
 
+``--only VALUE`` measures only that value of the axis (repeat for more); the total is then
+theirs alone.
+
 ``--set KEY=VALUE`` changes every measured run (after the grid's own settings). With
 ``--set data.name=digits`` the model has 650 parameters instead of Fashion-MNIST's 7,850 (and
 the data sets are smaller), so the figures are mostly what does not grow with the model: the
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=2, help="cores the sweep runs on, for the wall time (default 2)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                         help="a scenario setting for every measured run, e.g. data.name=digits (repeat)")
+    parser.add_argument("--only", action="append", default=[], metavar="VALUE",
+                        help="measure only this value of the axis (repeat); the grid's total then counts only these")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.per < 1 or args.rounds < 1 or args.cores < 1:
@@ -76,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.axis not in point.labels:
                 parser.error(f"{args.grid}: no axis {args.axis!r} (axes: {', '.join(point.labels)})")
             by_value[point.labels[args.axis]].append(run)
+        unknown = sorted(set(args.only) - set(by_value))
+        if unknown:
+            parser.error(f"--only: no value {', '.join(map(repr, unknown))} of {args.axis!r} (values: {', '.join(by_value)})")
+        if args.only:
+            by_value = {value: runs for value, runs in by_value.items() if value in args.only}
         try:
             changed(next(iter(plan.runs.values())).scenario, 1)
         except ValueError as exc:
