@@ -63,7 +63,7 @@ __all__ = [
     "scenario_dataset",
 ]
 
-DATASET_REGISTRY = Registry("dataset", "dfedrw.datasets", required=("load",), supplied=("data_dir",))
+DATASET_REGISTRY = Registry("dataset", "dfedrw.datasets", required=("load",), supplied=("data_dir",), calls={"load": ()})
 """The data sets by name; settings in a scenario's ``[data.NAME]``, ``data_dir`` from ``data.dir``."""
 
 # role -> file stem; the same names for MNIST and Fashion-MNIST.

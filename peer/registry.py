@@ -94,6 +94,31 @@ def _defines(cls: type, method: str) -> bool:
     return any(method in vars(k) for k in cls.__mro__ if k not in (object, type))
 
 
+def _takes(method: Any, count: int) -> bool:
+    """Whether ``method`` (as found on a class: ``self`` first) accepts ``count`` positional
+    arguments after ``self``. True where its signature cannot be read (it is then called as it is)."""
+    if isinstance(method, (staticmethod, classmethod)) or not callable(method):
+        return True
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*([None] * (count + 1)))
+    except TypeError:
+        return False
+    return True
+
+
+def _signature_text(method: Any) -> str:
+    """``method``'s parameters by name, ``(self, inputs)``: what a message shows."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return "(...)"
+    return str(inspect.Signature([p.replace(annotation=inspect.Parameter.empty, default=inspect.Parameter.empty) for p in parameters]))
+
+
 class Registry(Mapping[str, type]):
     """Name -> class for one kind of pluggable piece, with its settings read off the constructor.
 
@@ -117,6 +142,7 @@ class Registry(Mapping[str, type]):
         required: Iterable[str] = ("__call__",),
         supplied: Iterable[str] = SUPPLIED,
         functions: bool = False,
+        calls: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.kind = kind
         self.group = group
@@ -129,6 +155,9 @@ class Registry(Mapping[str, type]):
         # Whether a plain function (a builder: its result is what the kind builds) may stand
         # where a class does.
         self._functions = functions
+        # How the running system calls a class's methods: method -> the names of the
+        # positional arguments it passes (a class whose method cannot take them is refused).
+        self._calls = dict(calls or {})
         self._classes: dict[str, type] = {}
         self._imported = False
         self._plugins: dict[str, importlib.metadata.EntryPoint] | None = None
@@ -156,6 +185,13 @@ class Registry(Mapping[str, type]):
             raise ValueError(f"{self.kind} {name!r}: {cls!r} is not {what}")
         if self._required and not any(_defines(cls, method) for method in self._required):
             raise ValueError(f"{self.kind} {name!r}: class {cls.__qualname__} has no {' or '.join(self._required)} method")
+        for method, arguments in self._calls.items():
+            if _defines(cls, method) and not _takes(inspect.getattr_static(cls, method), len(arguments)):
+                kind = f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind}"
+                raise ValueError(
+                    f"{self.kind} {name!r}: {cls.__qualname__}.{method}{_signature_text(inspect.getattr_static(cls, method))} cannot be "
+                    f"called as {kind}'s {method}({', '.join(arguments)}); is {cls.__qualname__} {kind}?"
+                )
 
     def _import_builtins(self) -> None:
         if not self._imported:

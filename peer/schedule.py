@@ -55,7 +55,8 @@ def receive_window(round_window: int, schedule: str) -> int:
     return round_window * SCHEDULE_WINDOW_FACTOR if schedule else round_window
 
 SCHEDULE_REGISTRY = Registry(
-    "schedule", "dfedrw.schedules", required=("graph_at",), supplied=("num_clients", "byzantine", "seed", "rho", "base")
+    "schedule", "dfedrw.schedules", required=("graph_at",), supplied=("num_clients", "byzantine", "seed", "rho", "base"),
+    calls={"graph_at": ("round_",)},
 )
 """The schedules by name; settings in a scenario's ``[topology.schedule_params.NAME]``."""
 

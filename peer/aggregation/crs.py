@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 
-CRS_REGISTRY = Registry("crs", "dfedrw.crs")
+CRS_REGISTRY = Registry("crs", "dfedrw.crs", calls={"__call__": ("scores",)})
 """The CRSs by name; settings in a scenario's ``[aggregation.crs_params.NAME]``."""
 
 

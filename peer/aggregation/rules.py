@@ -54,7 +54,7 @@ __all__ = [
 # the types below); the registry imports every module of the package on first use, so it is
 # complete whenever it is read. ``modules`` only orders the listing.
 RULE_REGISTRY = Registry(
-    "rule", "dfedrw.rules", package=__package__,
+    "rule", "dfedrw.rules", package=__package__, calls={"__call__": ("inputs",)},
     modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "robust", "gossip")),
 )
 """The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""

@@ -39,7 +39,7 @@ Evaluate = Callable[[torch.Tensor], Mapping[str, torch.Tensor]]
 """``evaluate(candidates [C, D]) -> {"accuracy": Tensor[C], "loss": Tensor[C]}``."""
 
 
-TPM_REGISTRY = Registry("tpm", "dfedrw.tpms")
+TPM_REGISTRY = Registry("tpm", "dfedrw.tpms", calls={"__call__": ("candidates", "evaluate")})
 """The TPMs by name; settings in a scenario's ``[aggregation.tpm_params.NAME]``."""
 
 

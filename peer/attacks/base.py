@@ -62,6 +62,7 @@ ATTACK_REGISTRY = Registry(
         f"dfedrw.peer.attacks.{m}" for m in ("classic", "optimized", "dissensus", "behaviour", "reweighting", "poisoning")
     ),
     required=("__call__", "plan"),
+    calls={"__call__": ("received", "receiver", "generator"), "plan": ("view", "generator")},
 )
 """The attacks by name; settings in a scenario's ``[attack.NAME]``."""
 

@@ -75,6 +75,72 @@ def test_import_path_errors_are_one_line_naming_the_value():
         assert message.startswith(f"aggregation.rule='{value}': ") and words in message and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        # A class of another kind, named where this kind is asked for: refused at load, not by a
+        # TypeError mid-run.
+        ("attack.name", "dfedrw.peer.aggregation.coordinate:Median",
+         "Median.__call__(self, inputs) cannot be called as an attack's __call__(received, receiver, generator); is Median an attack?"),
+        ("aggregation.rule", "dfedrw.peer.attacks.classic:SignFlip",
+         "SignFlip.__call__(self, received, receiver, generator) cannot be called as a rule's __call__(inputs)"),
+        ("aggregation.tpm", "dfedrw.peer.aggregation.crs:Softmax", "cannot be called as a tpm's __call__(candidates, evaluate)"),
+        ("aggregation.crs", "dfedrw.peer.aggregation.tpm:Loss", "cannot be called as a crs's __call__(scores)"),
+    ],
+)
+def test_a_class_of_another_kind_is_refused_at_load_in_one_line(key, value, words):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(None, [f"{key}='{value}'"])
+    assert str(err.value).startswith(f"{key}='{value}': ") and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_methods_are_checked_against_how_the_kind_calls_them():
+    registry = Registry("attack", "dfedrw.test-nothing", required=("__call__", "plan"),
+                        calls={"__call__": ("received", "receiver", "generator"), "plan": ("view", "generator")})
+
+    class Flexible:  # defaults, *args and a plan alone all take the call
+        def __call__(self, received, receiver=0, *rest, generator=None):
+            return received
+
+    class Planner:
+        def plan(self, view, generator):
+            return view
+
+    class Sloppy:
+        def __call__(self, *args, **kwargs):
+            return None
+
+    for cls in (Flexible, Planner, Sloppy):
+        assert registry.register(cls.__name__.lower())(cls) is cls
+
+    class TooFew:
+        def __call__(self, received):
+            return received
+
+    class TooMany:
+        def plan(self, view, generator, extra):
+            return view
+
+    class KeywordOnly:
+        def __call__(self, *, received, receiver, generator):
+            return received
+
+    for cls, method in ((TooFew, "__call__"), (TooMany, "plan"), (KeywordOnly, "__call__")):
+        with pytest.raises(ValueError, match=rf"{cls.__name__}\.{method}\(.*\) cannot be called as an attack's {method}\("):
+            registry.register(cls.__name__.lower())(cls)
+    assert "toofew" not in registry and registry.names() == ["flexible", "planner", "sloppy"]
+
+
+def test_every_built_in_class_takes_its_kinds_calls():
+    # A registry checks each class as it registers: every built-in of every kind loads. The
+    # kinds whose classes the system calls say how; models, topologies (builders) and
+    # transports (a placement) have no method to check.
+    checked = {kind for kind, registry in REGISTRIES.items() if registry._calls}
+    assert checked == {"rules", "tpms", "crs", "attacks", "datasets", "schedules"}
+    for registry in REGISTRIES.values():
+        assert all(registry.resolve(name) for name in registry.names())
+
+
 def test_a_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "broken_lab.py").write_text("raise RuntimeError('half-written\\nmodule')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
