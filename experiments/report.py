@@ -133,7 +133,9 @@ def normalize_report_spec(
     for r in rows:
         if r not in axes or r == SEED_AXIS or r == columns:
             choices = ", ".join(a for a in free if a != columns)
-            raise ReportError(f"report.rows: {r!r} is not a row axis; choose from: {choices}")
+            why = f"it is the columns' axis (report.columns = {columns!r})" if r == columns else "it is not a row axis"
+            what = f"choose from: {choices}" if choices else "the grid has no other axis for the rows: leave report.rows out (one row)"
+            raise ReportError(f"report.rows: {r!r}: {why}; {what}")
     if len(set(rows)) != len(rows):
         raise ReportError(f"report.rows={rows!r} names an axis twice")
     for a, labels in axes.items():

@@ -258,7 +258,9 @@ def test_merging_sweeps_with_different_report_specs_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "raw, words",
     [
-        ({"rows": ["method"]}, ["report.rows", "'method' is not a row axis", "data.partition"]),  # columns default to method
+        # columns default to method
+        ({"rows": ["method"]}, ["report.rows: 'method': it is the columns' axis (report.columns = 'method')", "choose from: data.partition"]),
+        ({"rows": ["lr"]}, ["report.rows: 'lr': it is not a row axis", "choose from: data.partition"]),
         ({"columns": "method", "rows": []}, ["axis 'data.partition' has 2 values", "report.rows"]),
         ({"colums": "method"}, ["report.colums", "kind, metric, rows, columns"]),
         ({"columns": "seed"}, ["report.columns", "data.partition, method"]),
@@ -272,6 +274,15 @@ def test_report_spec_errors_name_the_key_and_choices(raw, words):
         normalize_report_spec(raw, FAIR_AXES)
     for w in words:
         assert w in str(err.value)
+
+
+def test_rows_naming_the_only_axis_say_to_leave_rows_out():
+    with pytest.raises(ReportError) as err:
+        normalize_report_spec({"rows": ["method"]}, {"seed": FAIR_AXES["seed"], "method": FAIR_AXES["method"]})
+    assert str(err.value) == (
+        "report.rows: 'method': it is the columns' axis (report.columns = 'method'); "
+        "the grid has no other axis for the rows: leave report.rows out (one row)"
+    )
 
 
 def test_report_spec_defaults():
