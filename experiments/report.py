@@ -576,6 +576,12 @@ def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, 
     paper values or worst_case.csv for robustness) and the plots to ``out_dir`` (default: the
     first folder's ``report/``); returns the files written."""
     table = load_results(dirs)
+    if not any(cell.runs for cell in table.cells.values()):
+        first = f"; the first, {table.missing[0].run}: {table.missing[0].state}" if table.missing else ""
+        raise ReportError(
+            f"{', '.join(map(str, dirs))}: no finished run to report ({len(table.missing)} runs not finished{first}); "
+            "run or resume the sweep first (`dfedrw sweep GRID --out DIR`)"
+        )
     out = Path(out_dir) if out_dir is not None else Path(dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -306,6 +306,20 @@ def test_cli_report_writes_the_files_and_bad_folder_is_one_line(tmp_path, capsys
     assert "\n" not in err and "no sweep.json" in err
 
 
+def test_a_sweep_with_no_finished_run_is_refused_and_nothing_is_written(tmp_path, capsys):
+    root = make_fairness(tmp_path / "s")
+    for summary in (root / "runs").glob("*/summary.json"):
+        summary.unlink()
+
+    assert main(["report", str(root), "--no-plots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{root}: no finished run to report (8 runs not finished; the first, runs/" in err
+    assert "run or resume the sweep first" in err and not (root / "report").exists()
+    # One finished run is enough for a table (the others listed as missing).
+    make_fairness(tmp_path / "t")
+    assert main(["report", str(tmp_path / "t"), "--no-plots"]) == 0
+
+
 # --------------------------------------------------------------------------- plots
 
 
