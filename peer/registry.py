@@ -125,7 +125,9 @@ class Registry(Mapping[str, type]):
     ``kind`` ("rule", "tpm", "crs", "attack", "dataset", "model", "topology", "transport") words
     the messages; ``group`` is the entry-point group of installed plugins; ``supplied``: the
     names the running system gives (:data:`SUPPLIED` unless the kind says otherwise);
-    ``functions``: a builder function may be registered as well as a class. ``package``: on first use every module of this package is
+    ``functions``: a builder function may be registered as well as a class; ``calls``: how the
+    running system calls a class's methods (method -> the names of the positional arguments it
+    passes), checked against each class's signature when it registers or is named. ``package``: on first use every module of this package is
     imported, so that every built-in class has registered itself with its decorator, wherever
     it lives (a new module needs no list); ``modules``: the order in which their classes are
     listed (modules not named come after, by name). As a ``Mapping`` it holds the built-in and
