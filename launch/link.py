@@ -66,7 +66,7 @@ def _is_text(x: Any) -> bool:
 
 def _is_address(x: Any) -> bool:
     """host:port as the gRPC transport prints it (an IPv6 host in brackets)."""
-    return _is_text(x) and not any(c.isspace() for c in x) and host_port(x) is not None
+    return _is_text(x) and host_port(x) is not None  # no space in the host, a port in range
 
 
 def _optional(msg: dict[str, Any], key: str, check) -> bool:

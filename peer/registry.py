@@ -188,10 +188,13 @@ class Registry(Mapping[str, type]):
         if self._required and not any(_defines(cls, method) for method in self._required):
             raise ValueError(f"{self.kind} {name!r}: class {cls.__qualname__} has no {' or '.join(self._required)} method")
         for method, arguments in self._calls.items():
-            if _defines(cls, method) and not _takes(inspect.getattr_static(cls, method), len(arguments)):
+            if not _defines(cls, method):
+                continue
+            found = inspect.getattr_static(cls, method)
+            if not _takes(found, len(arguments)):
                 kind = f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind}"
                 raise ValueError(
-                    f"{self.kind} {name!r}: {cls.__qualname__}.{method}{_signature_text(inspect.getattr_static(cls, method))} cannot be "
+                    f"{self.kind} {name!r}: {cls.__qualname__}.{method}{_signature_text(found)} cannot be "
                     f"called as {kind}'s {method}({', '.join(arguments)}); is {cls.__qualname__} {kind}?"
                 )
 
