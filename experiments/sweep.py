@@ -55,7 +55,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +64,7 @@ from typing import Any, TextIO
 from rich.console import Console
 
 from dfedrw.peer.results import write_json_atomic
+from dfedrw.peer.unused import unused_settings
 from dfedrw.experiments.record import write_record
 from dfedrw.experiments.grid import SweepError, load_grid
 from dfedrw.experiments.sweep_board import SweepBoard, seconds_text
@@ -361,6 +362,7 @@ def run_sweep(
     grid = load_grid(grid_path)
     plan = plan_sweep(grid, out_dir, check_runnable=check_runnable and not dry_run)
     _check_same_grid(plan)
+    _warn_unused(plan, console)
     result = SweepResult(plan.out_dir, total=len(plan.runs))
     if dry_run:
         print_plan(plan)
@@ -368,6 +370,14 @@ def run_sweep(
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(plan.out_dir):
         return _run_plan(plan, jobs, console, result, batch=batch, tensorboard=tensorboard)
+
+
+def _warn_unused(plan: Plan, console: Console) -> None:
+    """A line for each setting the grid's runs will not use (peer/unused.py), with how many
+    runs it concerns: a grid's variants often share settings only some of them read."""
+    counts = Counter(line for run in plan.runs.values() for line in unused_settings(run.scenario))
+    for line, count in counts.items():
+        console.print(f"warning: {count} of {len(plan.runs)} runs: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _check_same_grid(plan: Plan) -> None:

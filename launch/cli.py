@@ -25,7 +25,16 @@ from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, folder_path, new_parser, under_torchrun
 from dfedrw.launch.procs import stop_on_signals  # noqa: F401 - re-exported: the experiments' command line uses it
 from dfedrw.launch.forkserver import START_METHODS
-from dfedrw.peer.config import ENGINES, load_scenario
+from dfedrw.peer.config import ENGINES, Scenario, load_scenario
+from dfedrw.peer.unused import unused_settings
+
+
+def load_told(path: Path | None, sets: list[str]) -> Scenario:
+    """The scenario, after a warning line on stderr for each setting its run will not use."""
+    scenario = load_scenario(path, sets)
+    for line in unused_settings(scenario):
+        print(f"warning: {line}", file=sys.stderr)
+    return scenario
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -35,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dfedrw.launch.runner import run_scenario
 
     stop_on_signals()
-    scenario = load_scenario(args.scenario, [*args.set, *([f"engine.name={args.engine}"] if args.engine else [])])
+    scenario = load_told(args.scenario, [*args.set, *([f"engine.name={args.engine}"] if args.engine else [])])
     console = Console(stderr=True)
     out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs, tensorboard=args.tensorboard, start=args.start)
     print_summary(summary, Console())
@@ -80,7 +89,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
     from dfedrw.launch.compose_plan import ComposeOptions
 
     options = ComposeOptions(image=args.image, base_image=args.base_image, port=args.port, offline=args.offline, user=args.user)
-    folder = write_compose(load_scenario(args.scenario, args.set), args.out, options)
+    folder = write_compose(load_told(args.scenario, args.set), args.out, options)
     byzantine = [s.name for s in folder.services if s.byzantine]
     print(f"{len(folder.services)} client services (Byzantine: {', '.join(byzantine) or 'none'}) in {folder.out_dir}, run as user {options.run_as[0]}:{options.run_as[1]}")
     if folder.run_id is not None:

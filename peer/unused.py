@@ -1,0 +1,78 @@
+"""Settings a scenario gives that its run will not use: an attack with no Byzantine client to
+run it, a TPM or CRS for clients whose rule scores no neighbour, a hidden width for a model
+without a hidden layer, and the like. Each is a value a user wrote expecting an effect; the
+run goes on without it, so the launchers say so in one line each (``dfedrw run``, ``compose``,
+``sweep``) instead of refusing. Settings tables of classes not in use (``[attack.alie]`` while
+``attack.name = "gaussian"``) are not listed: a scenario or grid keeps those for its variants.
+"""
+
+from __future__ import annotations
+
+from dfedrw.peer.config import DataConfig, Scenario, TopologyConfig, TrainConfig
+from dfedrw.peer.config_aggregation import AggregationConfig
+from dfedrw.peer.config_tables import KIND_REGISTRY
+
+# A value equal to its field's default may never have been written: only other values count.
+
+
+def unused_settings(scenario: Scenario) -> list[str]:
+    """One line for each setting of ``scenario`` that its run will not use, in key order."""
+    return [*_attack(scenario), *_aggregation(scenario), *_train(scenario), *_topology(scenario), *_data(scenario)]
+
+
+def _attack(sc: Scenario) -> list[str]:
+    if sc.topology.byzantine:
+        return []
+    given = [*([f"attack.name={sc.attack.name!r}"] if sc.attack.name != "none" else []), *(["attack.colluding=true"] if sc.attack.colluding else [])]
+    if not given:
+        return []
+    return [f"{' and '.join(given)} not used: topology.byzantine=0, no Byzantine client runs an attack (set attack.name='none' to say so)"]
+
+
+def _aggregation(sc: Scenario) -> list[str]:
+    """The TPM, CRS and assumed_byzantine settings when no client's rule reads them (a
+    ``[peers.K.aggregation]`` config inherits what it does not set from ``[aggregation]``)."""
+    configs = list(dict.fromkeys(sc.aggregation_for(k) for k in range(sc.num_clients)))
+    rules = KIND_REGISTRY["rule"]
+    top = sc.aggregation
+    names = ", ".join(dict.fromkeys(repr(cfg.rule) for cfg in configs))
+    out = []
+    for kinds in (("tpm", "crs"), ("num_byzantine",)):
+        unread = [kind for kind in kinds if not any(rules.takes(cfg.rule, kind) for cfg in configs)]
+        given: list[str] = []
+        for cfg in configs:
+            for kind in unread:
+                setting = "assumed_byzantine" if kind == "num_byzantine" else kind
+                value = getattr(cfg, setting)
+                if value != getattr(AggregationConfig, setting):
+                    prefix = top.prefix if value == getattr(top, setting) else cfg.prefix
+                    given.append(f"{prefix}.{setting}={value!r}")
+                if kind != "num_byzantine":
+                    given += [cfg.key(kind, name) for name in cfg.tables(kind)]
+        if given:
+            what = "is told a number of Byzantine neighbours" if kinds == ("num_byzantine",) else f"takes a {' or '.join(k.upper() for k in unread)}"
+            out.append(f"{', '.join(dict.fromkeys(given))} not used: no client's rule ({names}) {what}")
+    return out
+
+
+def _train(sc: Scenario) -> list[str]:
+    if sc.train.hidden != TrainConfig.hidden and not KIND_REGISTRY["model"].takes(sc.train.model, "hidden"):
+        return [f"train.hidden={sc.train.hidden} not used: train.model={sc.train.model!r} has no hidden width"]
+    return []
+
+
+def _topology(sc: Scenario) -> list[str]:
+    topo = sc.topology
+    if topo.rho == TopologyConfig.rho or KIND_REGISTRY["topology"].takes(topo.kind, "rho"):
+        return []
+    if topo.schedule and KIND_REGISTRY["schedule"].takes(topo.schedule, "rho"):
+        return []
+    by = f"topology.kind={topo.kind!r}" + (f" or topology.schedule={topo.schedule!r}" if topo.schedule else "")
+    return [f"topology.rho={topo.rho} not used: {by} draws no edge with a probability"]
+
+
+def _data(sc: Scenario) -> list[str]:
+    data = sc.data
+    if data.labelskew_assign != DataConfig.labelskew_assign and not data.partition.startswith("labelskew:"):
+        return [f"data.labelskew_assign={data.labelskew_assign!r} not used: data.partition={data.partition!r} is not labelskew:H"]
+    return []
