@@ -141,7 +141,7 @@ def multi_krum(rule, batch, finite, dtype):
 
 
 def flame(rule, batch, finite, dtype):
-    from dfedrw.peer.aggregation.robust import _largest_cluster, _noise_seed
+    from dfedrw.peer.aggregation.flame import _largest_cluster, _noise_seed
 
     rules = batch.rules or (rule,) * len(batch)
     out = []

@@ -10,7 +10,7 @@ the models its neighbours sent, and returns an :class:`~peer.aggregation.rules.A
 * :class:`CSPlusRG` (Gaucher, Dieuleveut and Hendrikx 2025): ClippedGossip's step with a
   radius that clips the ``2b`` furthest neighbours, for a near-optimal breakdown point.
 
-Unlike most rules in :mod:`peer.aggregation.robust`, which came from server-based federated
+Unlike most baselines (those :mod:`peer.aggregation.robust` lists), which came from server-based federated
 learning, these three were designed for decentralized learning: with no trusted aggregate to
 compare against, each client measures its neighbours against its own model (the distance from
 it; for UBAR also the loss compared with its own, on its own data).

@@ -16,7 +16,7 @@ from dfedrw.launch.batched import rule_groups, run_together, train_together
 from dfedrw.launch.batched_run import BatchedRun, engine_device
 from dfedrw.peer.training import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, Flame, RoundBatch
-from dfedrw.peer.aggregation.robust import QFDFL
+from dfedrw.peer.aggregation.qfdfl import QFDFL
 from dfedrw.peer.aggregation.crs import make_crs
 from dfedrw.peer.aggregation.tpm import make_tpm
 from dfedrw.peer.data import Dataset

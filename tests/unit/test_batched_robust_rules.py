@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
 from dfedrw.peer.aggregation.coordinate import signed_zero_columns, sorted_columns, sorting_network
 from dfedrw.peer.aggregation.distance import pooled_squared_distances
-from dfedrw.peer.aggregation.robust import hdbscan_labels
+from dfedrw.peer.aggregation.flame import hdbscan_labels
 
 NAN, INF = float("nan"), float("inf")
 
@@ -376,7 +376,7 @@ def test_small_hdbscan_steps_give_the_estimators_labels(seed, count, blobs, metr
     # their distances all different so that the Python steps run (not scikit-learn's)
     from sklearn.cluster import HDBSCAN
 
-    from dfedrw.peer.aggregation.robust import _small_hdbscan_labels
+    from dfedrw.peer.aggregation.flame import _small_hdbscan_labels
 
     generator = np.random.default_rng(seed)
     centres = generator.standard_normal((blobs, 4)) * 3

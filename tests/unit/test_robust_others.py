@@ -1,4 +1,4 @@
-"""Unit tests for the other baseline rules of peer.aggregation.robust: Flame, BALANCE, q-FDFL,
+"""Unit tests for the other baseline rules (peer.aggregation.flame, .robust, .qfdfl): Flame, BALANCE, q-FDFL,
 accuracy above the mean, centered clipping.
 
 Every expected value is worked out by hand in the comments next to it.
