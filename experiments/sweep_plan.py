@@ -15,6 +15,7 @@ from typing import Any
 import tomli_w
 from dfedrw.peer.config import Scenario, ScenarioError, load_scenario, scenario_changes, scenario_from_dict, scenario_to_dict
 from dfedrw.experiments.grid import Grid, Point, SweepError, expand
+from dfedrw.experiments.report_spec import normalize_report_spec
 
 # The layout of a sweep folder (see experiments.sweep).
 SWEEP_FILE = "sweep.json"
@@ -104,8 +105,6 @@ def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False)
     anything runs. An existing folder whose name ends in the same hash is reused whatever its
     slug, so reordering the grid does not orphan finished runs.
     """
-    from dfedrw.experiments.report import normalize_report_spec
-
     out_dir = Path(out_dir).resolve()
     report = normalize_report_spec(grid.report, grid.axis_labels(), required=grid.report is not None)
     points = expand(grid)

@@ -3,7 +3,7 @@ the report tests share."""
 
 import json
 
-from dfedrw.experiments.report import normalize_report_spec
+from dfedrw.experiments.report_spec import normalize_report_spec
 
 
 def write_run(root, name, metrics, peers=None, rounds=None):
