@@ -91,6 +91,7 @@ def search_gamma(fits, gamma_init: float, tau: float) -> float:
 
 _PERTURBATIONS = ("unit_vector", "std", "sign")
 _RELATIVE_TO = ("reference", "zero")
+_MIN_SUM_BOUNDS = ("max", "min")
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,10 @@ class MinSum(_Optimised):
     its summed squared distance to the benign models is no larger than a benign model's.
     ``B``, ``p``, ``relative_to``, the fallbacks and the note as for :class:`MinMax`.
 
+    ``bound``: ``"max"`` (default) is the bound above, as the paper writes it; ``"min"`` takes
+    ``min_i`` instead, as the authors' released code (and the libraries built from it) does:
+    no larger than the *least* outlying benign model's sum, a smaller ``gamma``.
+
     Source: Shejwalkar and Houmansadr, "Manipulating the Byzantine: Optimizing Model Poisoning
     Attacks and Defenses for Federated Learning", NDSS 2021 (AGR-agnostic Min-Sum attack;
     search: Algorithm 1).
@@ -221,8 +226,15 @@ class MinSum(_Optimised):
         message = crafted.messages[view.receivers[0]]
     """
 
+    bound: str = "max"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("MinSum", "bound", self.bound, _MIN_SUM_BOUNDS)
+
     def _fits(self, offsets, p, pairwise):
-        bound = float(pairwise.sum(dim=1).max())
+        sums = pairwise.sum(dim=1)
+        bound = float(sums.max() if self.bound == "max" else sums.min())
         distances = _squared_distances(offsets, p)
         return lambda gamma: float(distances(gamma).sum()) <= bound
 

@@ -100,6 +100,30 @@ def test_min_sum_std_hand_computed():
     assert torch.allclose(crafted.messages[1], torch.tensor([2 / 3 - C * gamma] * 2), atol=1e-6)
 
 
+def test_min_sum_min_bound_hand_computed():
+    # Prepare: as above with the released code's bound, min_i sum_j ||b_i - b_j||^2 = 8 (at the
+    # origin): 6 t^2 + 16/3 <= 8 -> t = 2/3.
+    expected_gamma = (2 / 3) / C  # ~= 0.57735
+
+    # Execute
+    crafted = craft_round(MinSum(bound="min"), view_of(TRIANGLE), seeded())
+
+    # Assert: a smaller step than the paper's bound gives (0.91287)
+    gamma = crafted.note["gamma"]
+    assert expected_gamma - 2 * TAU <= gamma <= expected_gamma
+    assert torch.allclose(crafted.messages[0], torch.tensor([2 / 3 - C * gamma] * 2), atol=1e-6)
+
+
+def test_min_sum_bound_is_a_setting_of_the_scenario():
+    from dfedrw.peer.config import load_scenario
+
+    scenario = load_scenario(None, ["attack.name=min_sum", "attack.min_sum.bound=min"])
+
+    assert scenario.attack.params() == {"bound": "min"}
+    with pytest.raises(ValueError, match=r"attack.min_sum.bound='mean': MinSum: bound must be one of \['max', 'min'\]"):
+        load_scenario(None, ["attack.name=min_sum", "attack.min_sum.bound=mean"])
+
+
 def test_min_max_unit_vector_reverses_the_update_from_the_reference():
     # Prepare: models (1,1), (3,1), last round's mean (0,1): update u = (2,1) - (0,1) = (2,0),
     # p = (-1, 0); message (2 - g, 1) is |1 - g| and 1 + g from the models; 1 + g <= 2 -> g = 1.
@@ -189,7 +213,7 @@ def test_found_gamma_meets_the_condition_and_a_slightly_larger_one_fails(seed, c
     benign = models.float().double()
     pairwise = torch.cdist(benign, benign)
 
-    for attack in (MinMax(perturbation=perturbation), MinSum(perturbation=perturbation)):
+    for attack in (MinMax(perturbation=perturbation), MinSum(perturbation=perturbation), MinSum(perturbation=perturbation, bound="min")):
         # Execute
         crafted = attack.plan(view, seeded())
         gamma = crafted.note["gamma"]
@@ -198,8 +222,10 @@ def test_found_gamma_meets_the_condition_and_a_slightly_larger_one_fails(seed, c
 
         # Assert: the message (float32) meets the condition up to its rounding ...
         distances = torch.linalg.vector_norm(message - benign, dim=1)
+        sums = pairwise.pow(2).sum(dim=1)
+        bound = float(sums.min() if getattr(attack, "bound", "max") == "min" else sums.max())
         if isinstance(attack, MinSum):
-            assert float(distances.pow(2).sum()) <= float(pairwise.pow(2).sum(dim=1).max()) * (1 + 1e-5) + 1e-6
+            assert float(distances.pow(2).sum()) <= bound * (1 + 1e-5) + 1e-6
         else:
             assert float(distances.max()) <= float(pairwise.max()) * (1 + 1e-5) + 1e-6
         # ... and the search stopped within tau of the boundary (a search that never left
@@ -208,7 +234,7 @@ def test_found_gamma_meets_the_condition_and_a_slightly_larger_one_fails(seed, c
             beyond = benign.mean(dim=0) + (gamma + 4 * TAU) * direction
             far = torch.linalg.vector_norm(beyond - benign, dim=1)
             if isinstance(attack, MinSum):
-                assert float(far.pow(2).sum()) > float(pairwise.pow(2).sum(dim=1).max()) * (1 - 1e-6)
+                assert float(far.pow(2).sum()) > bound * (1 - 1e-6)
             else:
                 assert float(far.max()) > float(pairwise.max()) * (1 - 1e-6)
 
@@ -228,6 +254,13 @@ def test_found_gamma_meets_the_condition_and_a_slightly_larger_one_fails(seed, c
 def test_min_max_min_sum_refuse_bad_settings(cls, kwargs, message):
     with pytest.raises(ValueError, match=message):
         cls(**kwargs)
+
+
+def test_min_sum_refuses_a_bound_it_does_not_know_and_min_max_has_none():
+    with pytest.raises(ValueError, match=r"MinSum: bound must be one of \['max', 'min'\], got 'mean'"):
+        MinSum(bound="mean")
+    with pytest.raises(TypeError):
+        MinMax(bound="min")
 
 
 # ---------------------------------------------------------------- Fang et al.
