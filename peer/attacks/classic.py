@@ -230,14 +230,17 @@ class IPM:
     """Inner product manipulation: send the benign mean reversed and shrunk by epsilon.
 
     ``message = -epsilon * mean(received)``, default ``epsilon = 0.1``; silent (None) if
-    nothing was received. A small epsilon keeps the message close to the benign models (so
-    distance-based rules such as Krum or the median let it through) while making its inner
-    product with the true mean negative.
+    nothing was received. On gradients, which are small, a small epsilon keeps the message
+    close to the benign ones (distance-based rules such as Krum or the median let it through)
+    while its inner product with the true mean is negative. On models, as here, the message
+    lies about ``(1 + epsilon) ||mean||`` from the benign models, far outside their spread:
+    distance-based rules drop it, and it harms the rules that do not measure distance.
 
     Source: Xie, Koyejo and Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD by Inner
     Product Manipulation", UAI 2019 (PMLR 115, 2020), where the Byzantine workers send
-    ``-epsilon`` times the mean of the correct gradients; here, as for the sign-flip attack,
-    applied to the models a client received.
+    ``-epsilon`` times the mean of the correct gradients; here, as for the sign-flip attack and
+    as in He, Karimireddy and Jaggi's decentralized experiments (ClippedGossip, 2022), applied
+    to the models a client received.
 
     THREAT MODEL: knows only the models its neighbours sent it this round; no collusion;
     deterministic, every receiver gets the same message; does not know the receiver's own

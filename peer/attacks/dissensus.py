@@ -33,7 +33,8 @@ class Dissensus:
     ``k``'s honest neighbours, whom it cannot see. ``r_k`` by ``scale``:
     ``"neighbour_counts"`` (default): ``|O_k| / |C|``, ``C`` the colluders (just itself when
     alone), its estimate of (``k``'s honest neighbours) / (``k``'s Byzantine neighbours);
-    ``"none"``: 1.
+    ``"none"``: 1. Attackers acting alone each count only themselves, so a receiver next to
+    two of them is pushed by both, twice the push of the formula below; colluders divide it.
 
     Why: He, Karimireddy and Jaggi's attacker sends good worker ``i`` the value
     ``x_i - epsilon * sum_{k in H_i} W_ik (x_k - x_i) / sum_{b in B_i} W_ib`` (``H_i``/``B_i``:
