@@ -86,7 +86,7 @@ class DataConfig:
         check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
         p = self.partition
         kind, _, arg = p.partition(":")
-        if kind == "iid" and not arg:
+        if kind == "iid" and arg in ("", "balanced"):
             pass
         elif kind == "dirichlet" and arg:
             try:
@@ -100,7 +100,7 @@ class DataConfig:
                 raise ScenarioError(f"data.partition={p!r}: labelskew:H needs an integer H in [1, 1_000_000]")
         else:
             raise ScenarioError(
-                f"data.partition={p!r} is not valid; use iid, dirichlet:ALPHA or labelskew:H"
+                f"data.partition={p!r} is not valid; use iid, iid:balanced, dirichlet:ALPHA or labelskew:H"
             )
         check_in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
         # Capped by the test set's size when drawn; the bound only refuses nonsense.

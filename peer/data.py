@@ -32,7 +32,7 @@ __all__ = [
     "read_idx",
 ]
 
-PARTITION_FORMS = ("iid", "dirichlet:ALPHA (ALPHA > 0)", "labelskew:H (1 <= H <= num_classes)")
+PARTITION_FORMS = ("iid", "iid:balanced", "dirichlet:ALPHA (ALPHA > 0)", "labelskew:H (1 <= H <= num_classes)")
 
 # IDX type code -> big-endian numpy dtype (format by LeCun et al., the MNIST page).
 _IDX_DTYPES: dict[int, np.dtype] = {
@@ -143,10 +143,11 @@ def _partition_error(spec: object, why: str) -> ValueError:
     return ValueError(f"bad partition spec {spec!r}: {why}; valid forms: {', '.join(PARTITION_FORMS)}")
 
 
-def parse_partition(spec: str) -> tuple[str, float | int | None]:
+def parse_partition(spec: str) -> tuple[str, float | int | str | None]:
     """Parse a partition spec into ``(kind, parameter)``.
 
-    ``"iid"`` -> ``("iid", None)``; ``"dirichlet:0.1"`` -> ``("dirichlet", 0.1)``;
+    ``"iid"`` -> ``("iid", None)``; ``"iid:balanced"`` -> ``("iid", "balanced")``;
+    ``"dirichlet:0.1"`` -> ``("dirichlet", 0.1)``;
     ``"labelskew:4"`` -> ``("labelskew", 4)``. Anything else raises ValueError listing the
     valid forms. The upper bound of H is checked by :func:`partition`, which knows the labels.
     """
@@ -155,6 +156,8 @@ def parse_partition(spec: str) -> tuple[str, float | int | None]:
     text = spec.strip().lower()
     if text == "iid":
         return "iid", None
+    if text == "iid:balanced":
+        return "iid", "balanced"
     kind, sep, arg = text.partition(":")
     if not sep:
         raise _partition_error(spec, "unknown form")
@@ -185,6 +188,23 @@ def _partition_iid(n: int, num_clients: int, rng: np.random.Generator) -> list[n
     per_client = n // num_clients
     order = rng.permutation(n)[: per_client * num_clients]
     return _sorted_int64(np.split(order, num_clients))
+
+
+def _partition_iid_balanced(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    classes = np.unique(labels)
+    counts = {int(c): int((labels == c).sum()) for c in classes}
+    short = [c for c, n in counts.items() if n < num_clients]
+    if short:
+        raise _partition_error(
+            "iid:balanced", f"class {short[0]} has {counts[short[0]]} samples, fewer than the {num_clients} clients; use iid"
+        )
+    shards: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in classes:
+        members = rng.permutation(np.flatnonzero(labels == c))
+        per_client = members.size // num_clients
+        for k in range(num_clients):
+            shards[k].append(members[k * per_client : (k + 1) * per_client])
+    return _sorted_int64([np.concatenate(s) for s in shards])
 
 
 def _partition_dirichlet(
@@ -263,6 +283,8 @@ def partition(
     """Split sample indices among ``num_clients`` clients according to ``spec``.
 
     - ``iid``: seeded shuffle cut into equal parts; the remainder ``n % num_clients`` is dropped.
+    - ``iid:balanced``: every client the same number of samples of each class, ``n_c //
+      num_clients`` of class ``c`` (seeded); the remainders are dropped.
     - ``dirichlet:ALPHA``: per class, proportions ~ Dir(ALPHA) over clients split that class's
       samples; redrawn (at most :data:`DIRICHLET_MAX_TRIES` times) until every client has at
       least ``min(10, n // num_clients)`` samples.
@@ -284,6 +306,8 @@ def partition(
     kind, param = parse_partition(spec)
     rng = np.random.default_rng(seed)
     if kind == "iid":
+        if param == "balanced":
+            return _partition_iid_balanced(labels, int(num_clients), rng)
         return _partition_iid(labels.shape[0], int(num_clients), rng)
     if kind == "dirichlet":
         return _partition_dirichlet(labels, int(num_clients), float(param), rng)

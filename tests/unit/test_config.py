@@ -35,7 +35,8 @@ def test_overrides_are_typed_by_toml_and_dotted():
         ("data.name=cifar", ["data.name", "unknown dataset 'cifar'; valid choices: ['digits', 'fashion-mnist', 'mnist']"]),
         ("aggregation.crs=median", ["aggregation.crs", "softmax", "loss_clip_mean"]),
         ("data.partition=dirichlet:-1", ["dirichlet:ALPHA"]),
-        ("data.partition=labelskew", ["iid, dirichlet:ALPHA or labelskew:H"]),
+        ("data.partition=labelskew", ["iid, iid:balanced, dirichlet:ALPHA or labelskew:H"]),
+        ("data.partition='iid:stratified'", ["iid, iid:balanced, dirichlet:ALPHA or labelskew:H"]),
         ("train.lr=-1", ["train.lr"]),
         ("rounds=ten", ["rounds", "integer"]),
         ("topology.byzantine=2", []),  # valid with the default attack

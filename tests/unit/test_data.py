@@ -186,7 +186,7 @@ def balanced_labels(per_class: int = 100, num_classes: int = 10) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "spec, expected",
-    [("iid", ("iid", None)), ("dirichlet:0.1", ("dirichlet", 0.1)), ("Dirichlet:1", ("dirichlet", 1.0)),
+    [("iid", ("iid", None)), ("iid:balanced", ("iid", "balanced")), ("dirichlet:0.1", ("dirichlet", 0.1)), ("Dirichlet:1", ("dirichlet", 1.0)),
      ("labelskew:4", ("labelskew", 4))],
 )
 def test_parse_partition_accepts_valid_forms(spec, expected):
@@ -194,13 +194,13 @@ def test_parse_partition_accepts_valid_forms(spec, expected):
 
 
 @pytest.mark.parametrize("spec", ["", "noniid", "dirichlet", "dirichlet:0", "dirichlet:-1", "dirichlet:nan",
-                                  "dirichlet:x", "labelskew:0", "labelskew:2.5", "labelskew:", "iid:3"])
+                                  "dirichlet:x", "labelskew:0", "labelskew:2.5", "labelskew:", "iid:3", "iid:stratified"])
 def test_parse_partition_rejects_bad_specs_listing_valid_forms(spec):
-    with pytest.raises(ValueError, match=r"valid forms: iid, dirichlet:ALPHA.*labelskew:H"):
+    with pytest.raises(ValueError, match=r"valid forms: iid, iid:balanced, dirichlet:ALPHA.*labelskew:H"):
         parse_partition(spec)
 
 
-@pytest.mark.parametrize("spec", ["iid", "dirichlet:0.5", "labelskew:3"])
+@pytest.mark.parametrize("spec", ["iid", "iid:balanced", "dirichlet:0.5", "labelskew:3"])
 def test_partitions_are_disjoint_sorted_int64_and_deterministic(spec):
     # Prepare
     labels = balanced_labels()
@@ -226,6 +226,28 @@ def test_iid_gives_equal_sizes_and_drops_only_the_remainder():
     # Assert
     assert [len(p) for p in parts] == [14] * 7
     assert len(np.concatenate(parts)) == 100 - 100 % 7
+
+
+def test_iid_balanced_gives_every_client_the_same_count_of_each_class():
+    # Prepare: classes of unequal sizes (30, 31, ..., 39 samples), shuffled
+    labels = np.random.default_rng(0).permutation(np.concatenate([np.full(30 + c, c) for c in range(10)]))
+
+    # Execute
+    parts = partition(labels, 7, "iid:balanced", seed=1)
+
+    # Assert: client k holds (30 + c) // 7 samples of class c, for every k; the rest unused
+    counts = np.array([np.bincount(labels[p], minlength=10) for p in parts])
+    assert (counts == [(30 + c) // 7 for c in range(10)]).all()
+    # ... while the plain shuffle varies its clients' class counts
+    plain = np.array([np.bincount(labels[p], minlength=10) for p in partition(labels, 7, "iid", seed=1)])
+    assert (plain != plain[0]).any()
+
+
+def test_iid_balanced_refuses_a_class_smaller_than_the_clients():
+    labels = np.concatenate([np.zeros(50, dtype=np.int64), np.ones(3, dtype=np.int64)])
+
+    with pytest.raises(ValueError, match=r"iid:balanced.*class 1 has 3 samples, fewer than the 5 clients; use iid"):
+        partition(labels, 5, "iid:balanced", seed=0)
 
 
 def test_dirichlet_covers_every_sample():
