@@ -49,6 +49,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -79,6 +80,27 @@ from dfedrw.experiments.sweep_plan import (
 _INT_GRACE = 10.0
 _TERM_GRACE = 5.0
 _POLL = 0.2
+# Seconds between reads of the running processes' progress from their logs.
+_PROGRESS_EVERY = 5.0
+# The last line of a run's or a batch's log saying how far its rounds have come.
+_ROUND_LINE = re.compile(rb"^round (\d+)/(\d+)\s*$", re.MULTILINE)
+
+
+def rounds_done(log: Path) -> float | None:
+    """The fraction of its rounds a running process has done, from the last ``round R/N`` line
+    in the end of its log (the batched engine prints one every 2 % of the rounds); None
+    where it printed none."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            tail = fh.read()
+    except OSError:
+        return None
+    found = _ROUND_LINE.findall(tail)
+    if not found:
+        return None
+    done, total = (int(x) for x in found[-1])
+    return done / total if total > 0 else None
 # How often (seconds) a sitting's time is saved to sweep.json besides at each finished run.
 _CHECKPOINT_EVERY = 60.0
 _LOG_TAIL_LINES = 20
@@ -201,6 +223,7 @@ def _execute(
     queue = deque(plan_batches(runs, jobs, batch))
     running: list[_Job] = []
     env = _child_env()
+    next_progress = time.monotonic()
     try:
         while queue or running:
             while queue and len(running) < jobs:
@@ -224,9 +247,10 @@ def _execute(
                 )
                 for run in group:
                     (run.folder / PID_FILE).write_text(str(proc.pid))
-                running.append(_Job(group, proc, log, time.monotonic()))
+                job = _Job(group, proc, log, time.monotonic())
+                running.append(job)
                 for run in group:
-                    board.started(run)
+                    board.started(run, id(job))
             for job in list(running):
                 rc = job.proc.poll()
                 if rc is None:
@@ -261,6 +285,13 @@ def _execute(
                     for run in retry:
                         _clear(run, tensorboard)
                     queue.extend([run] for run in retry)
+            now = time.monotonic()
+            if now >= next_progress:
+                next_progress = now + _PROGRESS_EVERY
+                for job in running:
+                    fraction = rounds_done(job.runs[0].folder / LOG_FILE)
+                    if fraction is not None:
+                        board.progress(id(job), fraction)
             board.refresh()
             on_tick()
             if running:

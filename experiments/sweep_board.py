@@ -1,9 +1,9 @@
 """A sweep's live board: runs done, running, skipped and failed, with an ETA from the runs
-finished so far."""
+finished so far and from how far the running processes have come."""
 
 from __future__ import annotations
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from dfedrw.experiments.sweep_plan import PlannedRun
@@ -24,9 +24,14 @@ class SweepBoard:
         self.running = 0
         self.to_run = total - skipped
         self.jobs = max(1, jobs)
-        # Run times for the ETA: the runs finished in earlier sittings and in this one.
+        # Run times for the ETA: the runs finished in earlier sittings and in this one, each a
+        # run's share of its process's wall time (a batch's time over its runs).
         self._seconds: list[float] = list(prior_seconds)
-        self._started: dict[str, float] = {}
+        # The running processes ("jobs": one run, or a batch of runs): when each started, its
+        # runs, and how far it has come (a fraction of its rounds, where it says).
+        self._jobs: dict[Hashable, tuple[float, set[str]]] = {}
+        self._job_of: dict[str, Hashable] = {}
+        self._fraction: dict[Hashable, float] = {}
         self.interactive = console.is_terminal
         self._heartbeat = heartbeat
         self._start = time.monotonic()
@@ -50,30 +55,60 @@ class SweepBoard:
         return time.monotonic() - self._start
 
     def eta(self) -> str:
-        """Remaining work over the parallelism: the runs not started take the mean run time
-        each, a running one what is left of the mean (nothing once it is past it)."""
+        """Remaining work over the parallelism, in process-seconds: a running process has left
+        what its progress says (its elapsed time scaled by the rounds to go) or, without one,
+        what is left of the mean run time for each of its runs (nothing once past it); each
+        run not started takes the mean run time, or, before any run has finished, what the
+        running processes' progress predicts per run."""
         remaining = self.to_run - self.done - self.failed
         if remaining <= 0:
             return "0s"
-        if not self._seconds:
-            return "?"
-        mean = sum(self._seconds) / len(self._seconds)
         now = time.monotonic()
-        left_running = [max(mean - (now - t), 0.0) for t in self._started.values()]
-        work = (remaining - len(left_running)) * mean + sum(left_running)
+        predicted: list[float] = []  # per-run times the running processes' progress predicts
+        for job, (start, runs) in self._jobs.items():
+            fraction = self._fraction.get(job, 0.0)
+            if fraction >= _MIN_FRACTION:
+                predicted.append((now - start) / fraction / len(runs))
+        seconds = self._seconds or predicted
+        if not seconds:
+            return "?"
+        mean = sum(seconds) / len(seconds)
+        left_running = []
+        for job, (start, runs) in self._jobs.items():
+            elapsed = now - start
+            fraction = self._fraction.get(job, 0.0)
+            left = elapsed * (1 - fraction) / fraction if fraction >= _MIN_FRACTION else max(mean * len(runs) - elapsed, 0.0)
+            left_running.append(left)
+        queued = remaining - sum(len(runs) for _, runs in self._jobs.values())
+        work = queued * mean + sum(left_running)
         if work <= 0:
+            if self._jobs and all(self._fraction.get(job, 0.0) >= 1.0 for job in self._jobs):
+                return "0s"  # every round done: the processes are writing their results
             return "?"  # only runs already past the mean run time are left: no telling when
         return seconds_text(max(work / self.jobs, max(left_running, default=0.0)))
 
+    def progress(self, job: Hashable, fraction: float) -> None:
+        """Process ``job`` (see :meth:`started`) has done ``fraction`` of its rounds."""
+        if job in self._jobs:
+            self._fraction[job] = min(max(fraction, 0.0), 1.0)
+
     def info(self) -> str:
-        return f"done {self.done} · skipped {self.skipped} · running {self.running} · failed {self.failed}"
+        known = [self._fraction[j] for j in self._jobs if j in self._fraction]
+        at = f" ({round(100 * sum(known) / len(known))} % of their rounds)" if known else ""
+        return f"done {self.done} · skipped {self.skipped} · running {self.running}{at} · failed {self.failed}"
 
     def line(self, text: str) -> None:
         self.console.print(f"[{self.elapsed():7.1f}s] {text}", highlight=False, markup=False, soft_wrap=True)
 
-    def started(self, run: PlannedRun) -> None:
+    def started(self, run: PlannedRun, job: Hashable | None = None) -> None:
+        """``run`` has started, in process ``job`` (the runs of a batch share one; by default
+        a process of its own)."""
         self.running += 1
-        self._started[run.key] = time.monotonic()
+        job = run.key if job is None else job
+        start, runs = self._jobs.get(job, (time.monotonic(), set()))
+        runs.add(run.key)
+        self._jobs[job] = (start, runs)
+        self._job_of[run.key] = job
         if not self.interactive:
             self.line(f"start {run.name} ({run.scenario.engine.name} engine)")
 
@@ -81,7 +116,13 @@ class SweepBoard:
         """``seconds``: the run's share of its process's time (a batch's time over its runs).
         ``retried``: its batch failed before it finished; it is queued to run alone."""
         self.running -= 1
-        self._started.pop(run.key, None)
+        job = self._job_of.pop(run.key, None)
+        if job is not None:
+            runs = self._jobs[job][1]
+            runs.discard(run.key)
+            if not runs:
+                del self._jobs[job]
+                self._fraction.pop(job, None)
         if retried:
             if not self.interactive:
                 self.line(f"retry {run.name} alone (its batch failed)")
@@ -103,6 +144,10 @@ class SweepBoard:
         if not self.interactive and now >= self._next_beat:
             self._next_beat = now + self._heartbeat
             self.line(f"{n}/{self.total} · {self.info()} · ETA {self.eta()}")
+
+
+# The least progress a process must report before its time is scaled up from it.
+_MIN_FRACTION = 0.02
 
 
 def seconds_text(s: float) -> str:

@@ -268,7 +268,8 @@ def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Pa
     runs = [BatchedRun(scenario, out, tensorboard=board) for scenario, (_, out), board in zip(scenarios, jobs, boards, strict=True)]
     rounds = scenarios[0].rounds
     console.print(f"batched engine: {len(runs)} runs as one batch, {sum(len(r.honest) for r in runs)} honest clients on {runs[0].device}")
-    every = max(1, rounds // 10)
+    # Every 2 % of the rounds: the sweep reads the last of these lines for its ETA.
+    every = max(1, rounds // 50)
     summaries = run_together(runs, lambda r: (r + 1) % every == 0 and console.print(f"round {r + 1}/{rounds}"))
     for run in runs:
         if run.tensorboard is not None:

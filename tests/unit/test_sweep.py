@@ -232,6 +232,69 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
     assert board.eta() == "0s"
 
 
+def test_eta_of_batches_scales_their_progress_before_any_run_has_finished(monkeypatch):
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    clock = [0.0]
+    monkeypatch.setattr(sweep_board, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    engine = SimpleNamespace(engine=SimpleNamespace(name="batched"))
+    run = lambda k: SimpleNamespace(key=k, name=k, scenario=engine)  # noqa: E731
+    board = sweep_board.SweepBoard(Console(file=io.StringIO()), 12, 0, jobs=2)
+    for k in "abcd":
+        board.started(run(k), "first")
+    for k in "efgh":
+        board.started(run(k), "second")
+    clock[0] = 100.0
+    assert board.eta() == "?"  # no run finished and no progress said yet
+    board.progress("first", 0.25)
+    board.progress("second", 0.5)
+    board.progress("nobody", 0.9)  # a process that is not running: ignored
+
+    # first: 300 s left, 100 s a run; second: 100 s left, 50 s a run; the 4 queued runs take
+    # their mean, 75 s each: (300 + 100 + 4 x 75) / 2
+    assert board.eta() == "5m50s"
+    assert "running 8 (38 % of their rounds)" in board.info()
+
+    for k in "efgh":
+        board.finished(run(k), True, 50.0)  # the second batch: 200 s over its 4 runs
+    # the runs' own times now: (300 left of the first + 4 queued x 50) / 2, and no less than
+    # the 300 s the first batch still needs
+    assert board.eta() == "5m00s"
+    assert "running 4 (25 % of their rounds)" in board.info()
+    board.progress("first", 1.0)
+    for k in "ijkl":
+        board.started(run(k), "third")
+        board.progress("third", 1.0)
+    assert board.eta() == "0s"  # every round done, nothing queued: only results to write
+
+
+def test_rounds_done_reads_the_last_round_line_of_a_log(tmp_path):
+    log = tmp_path / "run.log"
+    assert sweep.rounds_done(log) is None  # no log yet
+    log.write_text("batched engine: 3 runs as one batch\n")
+    assert sweep.rounds_done(log) is None
+    log.write_text("batched engine: 3 runs as one batch\n" + "".join(f"round {r}/3000\n" for r in range(60, 1260, 60)) + "a round 2999/3000 said mid-line\n")
+    assert sweep.rounds_done(log) == 1200 / 3000
+    with log.open("a") as fh:
+        fh.write("x" * 10_000 + "\nround 1500/3000\n")  # only the end is read
+    assert sweep.rounds_done(log) == 0.5
+
+
+def test_a_resumed_sweep_counts_a_batched_run_by_its_share_of_the_batch(tmp_path):
+    head, other, alone = (tmp_path / name for name in ("head", "other", "alone"))
+    for folder in (head, other, alone):
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({"wall_seconds": 120.0}))
+    (head / "run.log").write_text("batched engine: 12 runs as one batch, 120 honest clients on cpu\nround 60/3000\n")
+    (other / "run.log").write_text("run in a batch of 12 runs; its log: ../head/run.log\n")
+    (alone / "run.log").write_text("batched engine, 10 + 0 clients on cpu\n")
+
+    assert [run_seconds(f) for f in (head, other, alone)] == [10.0, 10.0, 120.0]
+
+
 def test_a_resumed_sweep_takes_its_first_eta_from_the_finished_runs(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
