@@ -9,6 +9,7 @@ run goes on without it, so the launchers say so in one line each (``dfedrw run``
 from __future__ import annotations
 
 from dfedrw.peer.config import DataConfig, Scenario, TopologyConfig, TrainConfig
+from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.config_aggregation import AggregationConfig
 from dfedrw.peer.config_tables import KIND_REGISTRY
 
@@ -23,34 +24,45 @@ def unused_settings(scenario: Scenario) -> list[str]:
 def _attack(sc: Scenario) -> list[str]:
     if sc.topology.byzantine:
         return []
-    given = [*([f"attack.name={sc.attack.name!r}"] if sc.attack.name != "none" else []), *(["attack.colluding=true"] if sc.attack.colluding else [])]
-    if not given:
+    given = {
+        f"attack.name={sc.attack.name!r}": "attack.name='none'",
+        "attack.colluding=true": "attack.colluding=false",
+    }
+    told = [(what, hint) for (what, hint), on in zip(given.items(), (sc.attack.name != "none", sc.attack.colluding)) if on]
+    if not told:
         return []
-    return [f"{' and '.join(given)} not used: topology.byzantine=0, no Byzantine client runs an attack (set attack.name='none' to say so)"]
+    return [
+        f"{' and '.join(w for w, _ in told)} not used: topology.byzantine=0, no Byzantine client runs an attack "
+        f"(set {' and '.join(h for _, h in told)} to say so)"
+    ]
 
 
 def _aggregation(sc: Scenario) -> list[str]:
     """The TPM, CRS and assumed_byzantine settings when no client's rule reads them (a
-    ``[peers.K.aggregation]`` config inherits what it does not set from ``[aggregation]``)."""
+    ``[peers.K.aggregation]`` config inherits what it does not set from ``[aggregation]``;
+    each setting is named by the key that wrote it)."""
     configs = list(dict.fromkeys(sc.aggregation_for(k) for k in range(sc.num_clients)))
-    rules = KIND_REGISTRY["rule"]
     top = sc.aggregation
     names = ", ".join(dict.fromkeys(repr(cfg.rule) for cfg in configs))
+    scores = any(takes_tpm_and_crs(cfg.rule) for cfg in configs)
+    told = any(KIND_REGISTRY["rule"].takes(cfg.rule, "num_byzantine") for cfg in configs)
     out = []
-    for kinds in (("tpm", "crs"), ("num_byzantine",)):
-        unread = [kind for kind in kinds if not any(rules.takes(cfg.rule, kind) for cfg in configs)]
+    for settings, unread, what in (
+        (("tpm", "crs"), not scores, "takes a TPM or CRS"),
+        (("assumed_byzantine",), not told, "is told a number of Byzantine neighbours"),
+    ):
+        if not unread:
+            continue
         given: list[str] = []
         for cfg in configs:
-            for kind in unread:
-                setting = "assumed_byzantine" if kind == "num_byzantine" else kind
+            for setting in settings:
                 value = getattr(cfg, setting)
                 if value != getattr(AggregationConfig, setting):
                     prefix = top.prefix if value == getattr(top, setting) else cfg.prefix
                     given.append(f"{prefix}.{setting}={value!r}")
-                if kind != "num_byzantine":
-                    given += [cfg.key(kind, name) for name in cfg.tables(kind)]
+                if setting in ("tpm", "crs"):
+                    given += [cfg.key(setting, name, key) for name, table in cfg.tables(setting).items() for key in table]
         if given:
-            what = "is told a number of Byzantine neighbours" if kinds == ("num_byzantine",) else f"takes a {' or '.join(k.upper() for k in unread)}"
             out.append(f"{', '.join(dict.fromkeys(given))} not used: no client's rule ({names}) {what}")
     return out
 
@@ -68,7 +80,7 @@ def _topology(sc: Scenario) -> list[str]:
     if topo.schedule and KIND_REGISTRY["schedule"].takes(topo.schedule, "rho"):
         return []
     by = f"topology.kind={topo.kind!r}" + (f" or topology.schedule={topo.schedule!r}" if topo.schedule else "")
-    return [f"topology.rho={topo.rho} not used: {by} draws no edge with a probability"]
+    return [f"topology.rho={topo.rho} not used: {by} does not read topology.rho"]
 
 
 def _data(sc: Scenario) -> list[str]:

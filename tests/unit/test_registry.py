@@ -75,6 +75,15 @@ def test_import_path_errors_are_one_line_naming_the_value():
         assert message.startswith(f"aggregation.rule='{value}': ") and words in message and "\n" not in message
 
 
+def test_rules_that_moved_module_are_found_under_their_old_path():
+    from dfedrw.peer.aggregation import flame, qfdfl
+    from dfedrw.peer.aggregation.robust import QFDFL, Flame, hdbscan_labels
+
+    assert (Flame, QFDFL, hdbscan_labels) == (flame.Flame, qfdfl.QFDFL, flame.hdbscan_labels)
+    scenario = load_scenario(None, ["aggregation.rule='dfedrw.peer.aggregation.robust:QFDFL'"])
+    assert scenario.aggregation.rule == "dfedrw.peer.aggregation.robust:QFDFL"
+
+
 @pytest.mark.parametrize(
     ("key", "value", "words"),
     [

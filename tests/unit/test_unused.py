@@ -36,9 +36,14 @@ def test_an_attack_without_byzantine_clients_is_named_with_what_to_set():
     assert unused("topology.byzantine=0") == [
         "attack.name='gaussian' not used: topology.byzantine=0, no Byzantine client runs an attack (set attack.name='none' to say so)"
     ]
-    assert unused("topology.byzantine=0", "attack.name=decoy_stealth", "attack.colluding=true")[0].startswith(
-        "attack.name='decoy_stealth' and attack.colluding=true not used: topology.byzantine=0"
-    )
+    assert unused("topology.byzantine=0", "attack.name=decoy_stealth", "attack.colluding=true") == [
+        "attack.name='decoy_stealth' and attack.colluding=true not used: topology.byzantine=0, no Byzantine client "
+        "runs an attack (set attack.name='none' and attack.colluding=false to say so)"
+    ]
+    # the attack is already none: only colluding is left to unset
+    assert unused("topology.byzantine=0", "attack.name=none", "attack.colluding=true") == [
+        "attack.colluding=true not used: topology.byzantine=0, no Byzantine client runs an attack (set attack.colluding=false to say so)"
+    ]
 
 
 def test_tpm_and_crs_settings_for_rules_that_score_no_neighbour_are_named_in_one_line():
@@ -47,7 +52,7 @@ def test_tpm_and_crs_settings_for_rules_that_score_no_neighbour_are_named_in_one
         "aggregation.tpm_params.combined.loss=0.3",
     )
     assert lines == [
-        "aggregation.tpm_params.combined, aggregation.crs='softmax', aggregation.crs_params.softmax not used: "
+        "aggregation.tpm_params.combined.loss, aggregation.crs='softmax', aggregation.crs_params.softmax.temperature not used: "
         "no client's rule ('median') takes a TPM or CRS"
     ]
 
@@ -58,12 +63,21 @@ def test_a_client_override_is_named_by_its_own_key():
     ]
 
 
+def test_an_inherited_table_and_a_flat_key_are_named_by_the_key_that_wrote_them():
+    # client 2 inherits [aggregation]'s softmax table: it is named where it was written
+    lines = unused("aggregation.rule=median", "aggregation.crs_params.softmax.temperature=0.5", "peers.2.aggregation.rule=krum")
+    assert lines == ["aggregation.crs_params.softmax.temperature not used: no client's rule ('median', 'krum') takes a TPM or CRS"]
+    # an earlier version's flat key is named as written
+    lines = unused("aggregation.rule=median", "aggregation.temperature=0.5")
+    assert lines == ["aggregation.temperature not used: no client's rule ('median') takes a TPM or CRS"]
+
+
 def test_the_other_settings_a_run_would_not_read():
     assert unused("aggregation.rule=dfedavg", "aggregation.assumed_byzantine=1") == [
         "aggregation.assumed_byzantine=1 not used: no client's rule ('dfedavg') is told a number of Byzantine neighbours"
     ]
     assert unused("train.hidden=8") == ["train.hidden=8 not used: train.model='softmax_regression' has no hidden width"]
-    assert unused("topology.kind=ring", "topology.rho=0.5") == ["topology.rho=0.5 not used: topology.kind='ring' draws no edge with a probability"]
+    assert unused("topology.kind=ring", "topology.rho=0.5") == ["topology.rho=0.5 not used: topology.kind='ring' does not read topology.rho"]
     assert unused("data.labelskew_assign=random") == ["data.labelskew_assign='random' not used: data.partition='iid' is not labelskew:H"]
 
 
