@@ -32,6 +32,7 @@ class SweepBoard:
         self._jobs: dict[Hashable, tuple[float, set[str]]] = {}
         self._job_of: dict[str, Hashable] = {}
         self._fraction: dict[Hashable, float] = {}
+        self._first: dict[Hashable, tuple[float, float]] = {}  # (when, fraction) of its first progress line
         self.interactive = console.is_terminal
         self._heartbeat = heartbeat
         self._start = time.monotonic()
@@ -56,29 +57,27 @@ class SweepBoard:
 
     def eta(self) -> str:
         """Remaining work over the parallelism, in process-seconds: a running process has left
-        what its progress says (its elapsed time scaled by the rounds to go) or, without one,
-        what is left of the mean run time for each of its runs (nothing once past it); each
-        run not started takes the mean run time, or, before any run has finished, what the
-        running processes' progress predicts per run."""
+        what its progress says (its rounds to go at the pace between its first progress line
+        and its last, so that its start-up is not scaled up with its rounds) or, without two
+        lines apart, what is left of the mean run time for each of its runs (nothing once past
+        it); each run not started takes the mean run time, or, before any run has finished,
+        the time the running processes' pace predicts per run."""
         remaining = self.to_run - self.done - self.failed
         if remaining <= 0:
             return "0s"
         now = time.monotonic()
-        predicted: list[float] = []  # per-run times the running processes' progress predicts
-        for job, (start, runs) in self._jobs.items():
-            fraction = self._fraction.get(job, 0.0)
-            if fraction >= _MIN_FRACTION:
-                predicted.append((now - start) / fraction / len(runs))
+        paced = {job: self._pace(job, now) for job in self._jobs}
+        # per-run times the running processes' pace predicts: start-up and the rounds before
+        # the first line as they went, the rest at the pace
+        predicted = [pace[1] / len(self._jobs[job][1]) for job, pace in paced.items() if pace]
         seconds = self._seconds or predicted
         if not seconds:
             return "?"
         mean = sum(seconds) / len(seconds)
         left_running = []
         for job, (start, runs) in self._jobs.items():
-            elapsed = now - start
-            fraction = self._fraction.get(job, 0.0)
-            left = elapsed * (1 - fraction) / fraction if fraction >= _MIN_FRACTION else max(mean * len(runs) - elapsed, 0.0)
-            left_running.append(left)
+            pace = paced[job]
+            left_running.append(pace[0] if pace else max(mean * len(runs) - (now - start), 0.0))
         queued = remaining - sum(len(runs) for _, runs in self._jobs.values())
         work = queued * mean + sum(left_running)
         if work <= 0:
@@ -87,10 +86,26 @@ class SweepBoard:
             return "?"  # only runs already past the mean run time are left: no telling when
         return seconds_text(max(work / self.jobs, max(left_running, default=0.0)))
 
+    def _pace(self, job: Hashable, now: float) -> tuple[float, float] | None:
+        """(seconds left, seconds in all) of process ``job`` from its progress, or None while
+        its first and last progress lines are less than ``_MIN_FRACTION`` of its rounds apart."""
+        fraction = self._fraction.get(job)
+        if fraction is None:
+            return None
+        start = self._jobs[job][0]
+        if fraction >= 1.0:
+            return 0.0, now - start
+        first_at, first = self._first[job]
+        if fraction - first < _MIN_FRACTION:
+            return None
+        per_fraction = (now - first_at) / (fraction - first)
+        return per_fraction * (1.0 - fraction), (first_at - start) + per_fraction * (1.0 - first)
+
     def progress(self, job: Hashable, fraction: float) -> None:
         """Process ``job`` (see :meth:`started`) has done ``fraction`` of its rounds."""
         if job in self._jobs:
             self._fraction[job] = min(max(fraction, 0.0), 1.0)
+            self._first.setdefault(job, (time.monotonic(), self._fraction[job]))
 
     def info(self) -> str:
         known = [self._fraction[j] for j in self._jobs if j in self._fraction]
@@ -123,6 +138,7 @@ class SweepBoard:
             if not runs:
                 del self._jobs[job]
                 self._fraction.pop(job, None)
+                self._first.pop(job, None)
         if retried:
             if not self.interactive:
                 self.line(f"retry {run.name} alone (its batch failed)")
@@ -146,7 +162,8 @@ class SweepBoard:
             self.line(f"{n}/{self.total} · {self.info()} · ETA {self.eta()}")
 
 
-# The least progress a process must report before its time is scaled up from it.
+# The least progress between a process's first and last progress lines before its pace is
+# taken from them.
 _MIN_FRACTION = 0.02
 
 

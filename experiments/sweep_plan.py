@@ -182,28 +182,30 @@ def still_running(folder: Path) -> int | None:
 def run_seconds(folder: Path) -> float | None:
     """A finished run's share of its process's wall time, if its summary is readable: the wall
     time the summary records, over the runs of its batch (which its log's first line names:
-    each run of a batch records the batch's wall time)."""
+    each run of a batch records the batch's wall time); None without a readable log, which
+    would leave the share unknown."""
     try:
         seconds = json.loads((folder / "summary.json").read_text(encoding="utf-8")).get("wall_seconds")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
         return None
-    return float(seconds) / _batch_size(folder / LOG_FILE)
+    size = _batch_size(folder / LOG_FILE)
+    return None if size is None else float(seconds) / size
 
 
 # Where a batch's log begins (the batched engine's line) and its other runs' logs (the sweep's).
 _BATCH_LINE = re.compile(r"^(?:batched engine: (\d+) runs as one batch|run in a batch of (\d+) runs)", re.MULTILINE)
 
 
-def _batch_size(log: Path) -> int:
+def _batch_size(log: Path) -> int | None:
     """How many runs shared the process that ran this one, from the start of its log (1 where
-    it does not say)."""
+    it does not say; None without a readable log)."""
     try:
         with log.open("rb") as fh:
             head = fh.read(4096).decode("utf-8", errors="replace")
     except OSError:
-        return 1
+        return None
     found = _BATCH_LINE.search(head)
     return max(1, int(found.group(1) or found.group(2))) if found else 1
 

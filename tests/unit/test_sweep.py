@@ -232,7 +232,7 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
     assert board.eta() == "0s"
 
 
-def test_eta_of_batches_scales_their_progress_before_any_run_has_finished(monkeypatch):
+def test_eta_of_batches_takes_their_pace_before_any_run_has_finished(monkeypatch):
     import io
     from types import SimpleNamespace
 
@@ -247,22 +247,28 @@ def test_eta_of_batches_scales_their_progress_before_any_run_has_finished(monkey
         board.started(run(k), "first")
     for k in "efgh":
         board.started(run(k), "second")
-    clock[0] = 100.0
+    clock[0] = 40.0
     assert board.eta() == "?"  # no run finished and no progress said yet
+    board.progress("first", 0.05)  # 40 s for start-up and the first rounds
+    board.progress("second", 0.1)
+    board.progress("nobody", 0.9)  # a process that is not running: ignored
+    assert board.eta() == "?"  # one line each: no pace yet
+    clock[0] = 100.0
     board.progress("first", 0.25)
     board.progress("second", 0.5)
-    board.progress("nobody", 0.9)  # a process that is not running: ignored
 
-    # first: 300 s left, 100 s a run; second: 100 s left, 50 s a run; the 4 queued runs take
-    # their mean, 75 s each: (300 + 100 + 4 x 75) / 2
-    assert board.eta() == "5m50s"
+    # first: 300 s a whole at its pace, 225 s left, 40 + 0.95 x 300 = 325 s in all (81.25 a
+    # run); second: 150 s a whole, 75 s left, 175 s in all (43.75 a run); the 4 queued runs
+    # take their mean, 62.5 s each: (225 + 75 + 4 x 62.5) / 2. Scaling the elapsed time by the
+    # rounds done would count the start-up again for every share of the rounds: 5m50s.
+    assert board.eta() == "4m35s"
     assert "running 8 (38 % of their rounds)" in board.info()
 
     for k in "efgh":
         board.finished(run(k), True, 50.0)  # the second batch: 200 s over its 4 runs
-    # the runs' own times now: (300 left of the first + 4 queued x 50) / 2, and no less than
-    # the 300 s the first batch still needs
-    assert board.eta() == "5m00s"
+    # the runs' own times now: (225 left of the first + 4 queued x 50) / 2, and no less than
+    # the 225 s the first batch still needs
+    assert board.eta() == "3m45s"
     assert "running 4 (25 % of their rounds)" in board.info()
     board.progress("first", 1.0)
     for k in "ijkl":
@@ -293,6 +299,8 @@ def test_a_resumed_sweep_counts_a_batched_run_by_its_share_of_the_batch(tmp_path
     (alone / "run.log").write_text("batched engine, 10 + 0 clients on cpu\n")
 
     assert [run_seconds(f) for f in (head, other, alone)] == [10.0, 10.0, 120.0]
+    (other / "run.log").unlink()
+    assert run_seconds(other) is None  # its share of a batch can no longer be told
 
 
 def test_a_resumed_sweep_takes_its_first_eta_from_the_finished_runs(tmp_path):
@@ -300,6 +308,7 @@ def test_a_resumed_sweep_takes_its_first_eta_from_the_finished_runs(tmp_path):
     folder.mkdir()
     assert run_seconds(folder) is None
     (folder / "summary.json").write_text(json.dumps({"wall_seconds": 81.5}))
+    (folder / "run.log").write_text("batched engine, 10 + 0 clients on cpu\n")
     assert run_seconds(folder) == 81.5
     (folder / "summary.json").write_text("[1, 2]")
     assert run_seconds(folder) is None
