@@ -24,11 +24,11 @@ def unused_settings(scenario: Scenario) -> list[str]:
 def _attack(sc: Scenario) -> list[str]:
     if sc.topology.byzantine:
         return []
-    given = {
-        f"attack.name={sc.attack.name!r}": "attack.name='none'",
-        "attack.colluding=true": "attack.colluding=false",
-    }
-    told = [(what, hint) for (what, hint), on in zip(given.items(), (sc.attack.name != "none", sc.attack.colluding)) if on]
+    told = []  # (the setting given, what to set instead)
+    if sc.attack.name != "none":
+        told.append((f"attack.name={sc.attack.name!r}", "attack.name='none'"))
+    if sc.attack.colluding:
+        told.append(("attack.colluding=true", "attack.colluding=false"))
     if not told:
         return []
     return [
@@ -79,8 +79,9 @@ def _topology(sc: Scenario) -> list[str]:
         return []
     if topo.schedule and KIND_REGISTRY["schedule"].takes(topo.schedule, "rho"):
         return []
-    by = f"topology.kind={topo.kind!r}" + (f" or topology.schedule={topo.schedule!r}" if topo.schedule else "")
-    return [f"topology.rho={topo.rho} not used: {by} does not read topology.rho"]
+    if topo.schedule:
+        return [f"topology.rho={topo.rho} not used: neither topology.kind={topo.kind!r} nor topology.schedule={topo.schedule!r} reads it"]
+    return [f"topology.rho={topo.rho} not used: topology.kind={topo.kind!r} does not read it"]
 
 
 def _data(sc: Scenario) -> list[str]:

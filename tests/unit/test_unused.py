@@ -77,7 +77,10 @@ def test_the_other_settings_a_run_would_not_read():
         "aggregation.assumed_byzantine=1 not used: no client's rule ('dfedavg') is told a number of Byzantine neighbours"
     ]
     assert unused("train.hidden=8") == ["train.hidden=8 not used: train.model='softmax_regression' has no hidden width"]
-    assert unused("topology.kind=ring", "topology.rho=0.5") == ["topology.rho=0.5 not used: topology.kind='ring' does not read topology.rho"]
+    assert unused("topology.kind=ring", "topology.rho=0.5") == ["topology.rho=0.5 not used: topology.kind='ring' does not read it"]
+    assert unused("topology.kind=ring", "topology.schedule=edge_failures", "topology.rho=0.5") == [
+        "topology.rho=0.5 not used: neither topology.kind='ring' nor topology.schedule='edge_failures' reads it"
+    ]
     assert unused("data.labelskew_assign=random") == ["data.labelskew_assign='random' not used: data.partition='iid' is not labelskew:H"]
 
 
