@@ -4,6 +4,9 @@ without a hidden layer, and the like. Each is a value a user wrote expecting an 
 run goes on without it, so the launchers say so in one line each (``dfedrw run``, ``compose``,
 ``sweep``) instead of refusing. Settings tables of classes not in use (``[attack.alie]`` while
 ``attack.name = "gaussian"``) are not listed: a scenario or grid keeps those for its variants.
+TPM and CRS tables are the exception: when no client's rule scores its neighbours, no TPM or
+CRS is read at all, so every TPM and CRS setting given is listed, tables of classes not in use
+included.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _aggregation(sc: Scenario) -> list[str]:
     """The TPM, CRS and assumed_byzantine settings when no client's rule reads them (a
     ``[peers.K.aggregation]`` config inherits what it does not set from ``[aggregation]``;
     each setting is named by the key that wrote it)."""
-    configs = list(dict.fromkeys(sc.aggregation_for(k) for k in range(sc.num_clients)))
+    configs = [sc.aggregation_for(k) for k in range(sc.num_clients)]
     top = sc.aggregation
     names = ", ".join(dict.fromkeys(repr(cfg.rule) for cfg in configs))
     scores = any(takes_tpm_and_crs(cfg.rule) for cfg in configs)
@@ -54,11 +57,12 @@ def _aggregation(sc: Scenario) -> list[str]:
         if not unread:
             continue
         given: list[str] = []
-        for cfg in configs:
+        for k, cfg in enumerate(configs):
+            written = sc.peers.get(k) or {}  # the keys client k's override wrote itself
             for setting in settings:
                 value = getattr(cfg, setting)
                 if value != getattr(AggregationConfig, setting):
-                    prefix = top.prefix if value == getattr(top, setting) else cfg.prefix
+                    prefix = cfg.prefix if setting in written else top.prefix
                     given.append(f"{prefix}.{setting}={value!r}")
                 if setting in ("tpm", "crs"):
                     given += [cfg.key(setting, name, key) for name, table in cfg.tables(setting).items() for key in table]

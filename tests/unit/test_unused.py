@@ -63,6 +63,29 @@ def test_a_client_override_is_named_by_its_own_key():
     ]
 
 
+def test_a_client_override_equal_to_the_top_value_is_named_by_both_keys():
+    # client 3's config equals [aggregation]'s, but both keys were written
+    assert unused("aggregation.rule=median", "aggregation.tpm=accuracy", "peers.3.aggregation.tpm=accuracy") == [
+        "aggregation.tpm='accuracy', peers.3.aggregation.tpm='accuracy' not used: no client's rule ('median') takes a TPM or CRS"
+    ]
+
+
+def test_an_inherited_table_a_client_overrides_is_named_by_each_key():
+    lines = unused(
+        "aggregation.rule=median", "aggregation.crs_params.softmax.temperature=0.5", "peers.1.aggregation.crs_params.softmax.temperature=0.5",
+    )
+    assert lines == [
+        "aggregation.crs_params.softmax.temperature, peers.1.aggregation.crs_params.softmax.temperature not used: "
+        "no client's rule ('median') takes a TPM or CRS"
+    ]
+
+
+def test_a_tpm_table_of_a_class_not_in_use_is_listed_when_no_rule_scores():
+    assert unused("aggregation.rule=median", "aggregation.tpm_params.combined.loss=0.3") == [
+        "aggregation.tpm_params.combined.loss not used: no client's rule ('median') takes a TPM or CRS"
+    ]
+
+
 def test_an_inherited_table_and_a_flat_key_are_named_by_the_key_that_wrote_them():
     # client 2 inherits [aggregation]'s softmax table: it is named where it was written
     lines = unused("aggregation.rule=median", "aggregation.crs_params.softmax.temperature=0.5", "peers.2.aggregation.rule=krum")
