@@ -219,8 +219,9 @@ class AccuracyAboveMean:
         return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights), scores)
 
 
-# Names this module held before Flame and q-FDFL got modules of their own: an import or a
-# ``module:Class`` plugin name that uses the old path still finds them. Looked up on first use,
+# Names this module held before Flame and q-FDFL got modules of their own: an explicit import
+# (``from ...robust import Flame``, not ``import *``) or a ``module:Class`` plugin name that
+# uses the old path still finds them. Looked up on first use,
 # so that importing this module registers its own rules only, in the registry's module order.
 _MOVED = {
     **dict.fromkeys(("Flame", "FLAME_CLUSTER_ON", "cosine_distances", "hdbscan_labels"), "flame"),
