@@ -32,7 +32,9 @@ class SweepBoard:
         self._jobs: dict[Hashable, tuple[float, set[str]]] = {}
         self._job_of: dict[str, Hashable] = {}
         self._fraction: dict[Hashable, float] = {}
-        self._first: dict[Hashable, tuple[float, float]] = {}  # (when, fraction) of its first progress line
+        # (when, fraction) of its first progress line, and of the last that moved the fraction
+        self._first: dict[Hashable, tuple[float, float]] = {}
+        self._last: dict[Hashable, tuple[float, float]] = {}
         self.interactive = console.is_terminal
         self._heartbeat = heartbeat
         self._start = time.monotonic()
@@ -58,7 +60,7 @@ class SweepBoard:
     def eta(self) -> str:
         """Remaining work over the parallelism, in process-seconds: a running process has left
         what its progress says (its rounds to go at the pace between its first progress line
-        and its last, so that its start-up is not scaled up with its rounds) or, without two
+        and its last, less the time since that last line, so that its start-up is not scaled up with its rounds) or, without two
         lines apart, what is left of the mean run time for each of its runs (nothing once past
         it); each run not started takes the mean run time, or, before any run has finished,
         the time the running processes' pace predicts per run."""
@@ -96,16 +98,23 @@ class SweepBoard:
         if fraction >= 1.0:
             return 0.0, now - start
         first_at, first = self._first[job]
-        if fraction - first < _MIN_FRACTION:
+        last_at, last = self._last[job]
+        if last - first < _MIN_FRACTION - 1e-9:
             return None
-        per_fraction = (now - first_at) / (fraction - first)
-        return per_fraction * (1.0 - fraction), (first_at - start) + per_fraction * (1.0 - first)
+        # the pace between the two lines; the time since the last line is spent on what is left
+        per_fraction = (last_at - first_at) / (last - first)
+        left = max(per_fraction * (1.0 - last) - (now - last_at), 0.0)
+        return left, (first_at - start) + per_fraction * (1.0 - first)
 
     def progress(self, job: Hashable, fraction: float) -> None:
         """Process ``job`` (see :meth:`started`) has done ``fraction`` of its rounds."""
-        if job in self._jobs:
-            self._fraction[job] = min(max(fraction, 0.0), 1.0)
-            self._first.setdefault(job, (time.monotonic(), self._fraction[job]))
+        if job not in self._jobs:
+            return
+        fraction, now = min(max(fraction, 0.0), 1.0), time.monotonic()
+        self._first.setdefault(job, (now, fraction))
+        if fraction != self._fraction.get(job):  # a line read again does not move the pace's end
+            self._last[job] = (now, fraction)
+        self._fraction[job] = fraction
 
     def info(self) -> str:
         known = [self._fraction[j] for j in self._jobs if j in self._fraction]
@@ -139,6 +148,7 @@ class SweepBoard:
                 del self._jobs[job]
                 self._fraction.pop(job, None)
                 self._first.pop(job, None)
+                self._last.pop(job, None)
         if retried:
             if not self.interactive:
                 self.line(f"retry {run.name} alone (its batch failed)")

@@ -277,6 +277,38 @@ def test_eta_of_batches_takes_their_pace_before_any_run_has_finished(monkeypatch
     assert board.eta() == "0s"  # every round done, nothing queued: only results to write
 
 
+def test_eta_takes_the_pace_up_to_the_last_progress_line_and_a_single_line_gives_no_pace(monkeypatch):
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    clock = [0.0]
+    monkeypatch.setattr(sweep_board, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    engine = SimpleNamespace(engine=SimpleNamespace(name="batched"))
+    run = lambda k: SimpleNamespace(key=k, name=k, scenario=engine)  # noqa: E731
+    board = sweep_board.SweepBoard(Console(file=io.StringIO()), 8, 0, jobs=2, prior_seconds=[100.0])
+    for k in "ab":
+        board.started(run(k), "paced")
+    for k in "cd":
+        board.started(run(k), "single")
+    clock[0] = 20.0
+    board.progress("paced", 0.1)
+    board.progress("single", 0.3)
+    clock[0] = 60.0
+    board.progress("paced", 0.5)
+    clock[0] = 90.0
+    board.progress("paced", 0.5)  # the same line read again
+    board.progress("single", 0.3)
+
+    # paced: 100 s a whole from its two lines, 50 s left at 60 s, 20 s at 90 s; single: one
+    # line, so its 2 runs take the mean, 200 s, less its 90 s; 4 queued runs x 100 s:
+    # (20 + 110 + 400) / 2. Taking the pace up to now instead would give 87.5 s left: 4m59s.
+    assert board.eta() == "4m25s"
+    clock[0] = 200.0  # past what the pace predicts: nothing left of it, not less
+    assert board.eta() == "3m20s"  # (0 + 0 + 400) / 2
+
+
 def test_rounds_done_reads_the_last_round_line_of_a_log(tmp_path):
     log = tmp_path / "run.log"
     assert sweep.rounds_done(log) is None  # no log yet
