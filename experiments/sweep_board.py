@@ -60,9 +60,9 @@ class SweepBoard:
     def eta(self) -> str:
         """Remaining work over the parallelism, in process-seconds: a running process has left
         what its progress says (its rounds to go at the pace between its first progress line
-        and its last, less the time since that last line, so that its start-up is not scaled up with its rounds) or, without two
-        lines apart, what is left of the mean run time for each of its runs (nothing once past
-        it); each run not started takes the mean run time, or, before any run has finished,
+        and its last, less the time since that last line, so that its start-up is not scaled
+        up with its rounds) or, without two lines apart, what is left of the mean run time for
+        each of its runs (nothing once past it); each run not started takes the mean run time, or, before any run has finished,
         the time the running processes' pace predicts per run."""
         remaining = self.to_run - self.done - self.failed
         if remaining <= 0:

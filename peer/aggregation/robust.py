@@ -221,8 +221,8 @@ class AccuracyAboveMean:
 
 # Names this module held before Flame and q-FDFL got modules of their own: an explicit import
 # (``from ...robust import Flame``, not ``import *``) or a ``module:Class`` plugin name that
-# uses the old path still finds them. Looked up on first use,
-# so that importing this module registers its own rules only, in the registry's module order.
+# uses the old path still finds them. Looked up on first use, so that importing this module
+# registers its own rules only, in the registry's module order.
 _MOVED = {
     **dict.fromkeys(("Flame", "FLAME_CLUSTER_ON", "cosine_distances", "hdbscan_labels"), "flame"),
     "QFDFL": "qfdfl",

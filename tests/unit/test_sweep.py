@@ -196,17 +196,19 @@ def test_cli_bad_grid_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 # -- ETA ---------------------------------------------------------------------------------------
-def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
-    import io
+def fake_clock_and_runs(monkeypatch):
+    """A clock the test sets (``clock[0]``) in place of the board's, and a maker of runs."""
     from types import SimpleNamespace
-
-    from rich.console import Console
 
     clock = [0.0]
     monkeypatch.setattr(sweep_board, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     engine = SimpleNamespace(engine=SimpleNamespace(name="batched"))
-    run = lambda k: SimpleNamespace(key=k, name=k, scenario=engine)  # noqa: E731
-    quiet = Console(file=io.StringIO())
+    return clock, lambda k: SimpleNamespace(key=k, name=k, scenario=engine)
+
+
+def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
+    clock, run = fake_clock_and_runs(monkeypatch)
+    quiet = quiet_console()
 
     assert sweep_board.SweepBoard(quiet, 12, 2, jobs=2).eta() == "?"  # nothing to go by yet
     board = sweep_board.SweepBoard(quiet, 12, 2, jobs=2, prior_seconds=[90.0, 110.0])
@@ -233,16 +235,8 @@ def test_eta_counts_the_work_left_over_the_parallelism(monkeypatch):
 
 
 def test_eta_of_batches_takes_their_pace_before_any_run_has_finished(monkeypatch):
-    import io
-    from types import SimpleNamespace
-
-    from rich.console import Console
-
-    clock = [0.0]
-    monkeypatch.setattr(sweep_board, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    engine = SimpleNamespace(engine=SimpleNamespace(name="batched"))
-    run = lambda k: SimpleNamespace(key=k, name=k, scenario=engine)  # noqa: E731
-    board = sweep_board.SweepBoard(Console(file=io.StringIO()), 12, 0, jobs=2)
+    clock, run = fake_clock_and_runs(monkeypatch)
+    board = sweep_board.SweepBoard(quiet_console(), 12, 0, jobs=2)
     for k in "abcd":
         board.started(run(k), "first")
     for k in "efgh":
@@ -278,16 +272,8 @@ def test_eta_of_batches_takes_their_pace_before_any_run_has_finished(monkeypatch
 
 
 def test_eta_takes_the_pace_up_to_the_last_progress_line_and_a_single_line_gives_no_pace(monkeypatch):
-    import io
-    from types import SimpleNamespace
-
-    from rich.console import Console
-
-    clock = [0.0]
-    monkeypatch.setattr(sweep_board, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    engine = SimpleNamespace(engine=SimpleNamespace(name="batched"))
-    run = lambda k: SimpleNamespace(key=k, name=k, scenario=engine)  # noqa: E731
-    board = sweep_board.SweepBoard(Console(file=io.StringIO()), 8, 0, jobs=2, prior_seconds=[100.0])
+    clock, run = fake_clock_and_runs(monkeypatch)
+    board = sweep_board.SweepBoard(quiet_console(), 8, 0, jobs=2, prior_seconds=[100.0])
     for k in "ab":
         board.started(run(k), "paced")
     for k in "cd":
