@@ -2,17 +2,13 @@
 
 A run folder holds each client's per-round JSONL (megabytes for 3000 rounds). The report needs
 only a little of it: the honest mean accuracy at each evaluation round and the mean weight each
-honest client gave each sender. ``record.json`` keeps exactly that, next to ``summary.json``::
-
-    {"version": 1,
-     "curves": {"accuracy": [[round, mean], ...], "global_accuracy": [[round, mean], ...]},
-     "weights": {"receivers": [ids], "senders": [ids], "matrix": [[weight or null, ...], ...]}}
-
-``null`` in the matrix: that receiver never got a model from that sender (not a neighbour).
-``dfedrw sweep`` writes it when a run finishes; :func:`run_record` builds it from the JSONL
-when it is absent. ``dfedrw export SWEEP --out DIR`` copies a sweep as ``sweep.json`` plus
-``runs/<run>/{summary.json, scenario.toml, record.json}`` for each finished run: small enough
-to commit, and ``dfedrw report DIR`` gives the same tables and plots from it as from the sweep.
+honest client gave each sender. ``record.json`` keeps exactly that, next to ``summary.json``
+(its layout: :class:`~dfedrw.peer.results.RecordBuilder`). Every run writes it with its summary,
+from the same read of the round logs; :func:`run_record` builds it from the JSONL where it is
+absent (a folder written before runs wrote it). ``dfedrw export SWEEP --out DIR`` copies a
+sweep as ``sweep.json`` plus ``runs/<run>/{summary.json, scenario.toml, record.json}`` for each
+finished run: small enough to commit, and ``dfedrw report DIR`` gives the same tables and plots
+from it as from the sweep.
 """
 
 from __future__ import annotations
@@ -20,18 +16,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from dfedrw.peer.results import write_json_atomic
+from dfedrw.peer.results import RECORD_FILE, RECORD_VERSION, RecordBuilder, write_json_atomic
 
-RECORD_FILE = "record.json"
-RECORD_VERSION = 1
 NOT_STARTED = "not started"  # the state of a run whose folder does not exist (yet)
-CURVE_KEYS = ("accuracy", "global_accuracy")
 EXPORTED_FILES = ("summary.json", "scenario.toml", RECORD_FILE)
 
 
@@ -57,38 +49,12 @@ def _lines(folder: Path, client: int) -> Iterator[dict[str, Any]]:
 
 
 def build_record(folder: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """Read the clients' JSONL files of a run folder once and reduce them to the record."""
+    """Read the honest clients' JSONL files of a run folder once and reduce them to the record."""
     receivers = peer_ids(summary, "honest")
-    senders = peer_ids(summary)
-    col = {s: j for j, s in enumerate(senders)}
-    per_round: dict[str, dict[int, list[float]]] = {key: defaultdict(list) for key in CURVE_KEYS}
-    matrix = np.full((len(receivers), len(senders)), np.nan)
-    for i, k in enumerate(receivers):
-        totals = np.zeros(len(senders))
-        seen = np.zeros(len(senders), dtype=bool)
-        rounds = 0
-        for rec in _lines(folder, k):
-            rounds += 1
-            for key in CURVE_KEYS:
-                value = rec.get(key)
-                if value is not None:
-                    per_round[key][int(rec["round"])].append(float(value))
-            for s, w in (rec.get("weights") or {}).items():
-                j = col.get(int(s))
-                if j is not None:
-                    totals[j] += float(w)
-                    seen[j] = True
-        if rounds:
-            matrix[i, seen] = totals[seen] / rounds
-    return {
-        "version": RECORD_VERSION,
-        "curves": {key: [[r, float(np.mean(v))] for r, v in sorted(per_round[key].items())] for key in CURVE_KEYS},
-        "weights": {
-            "receivers": receivers,
-            "senders": senders,
-            "matrix": [[None if np.isnan(x) else float(x) for x in row] for row in matrix],
-        },
-    }
+    builder = RecordBuilder(receivers, peer_ids(summary))
+    for k in receivers:
+        builder.add(k, _lines(folder, k))
+    return builder.result()
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:

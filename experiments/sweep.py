@@ -66,7 +66,7 @@ from rich.console import Console
 
 from dfedrw.peer.results import write_json_atomic
 from dfedrw.peer.unused import unused_settings
-from dfedrw.experiments.record import write_record
+from dfedrw.experiments.record import read_record, write_record
 from dfedrw.experiments.grid import SweepError, load_grid
 from dfedrw.experiments.sweep_board import SweepBoard, seconds_text
 from dfedrw.experiments.sweep_plan import (
@@ -513,10 +513,12 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
             save()
 
     def on_done(run: PlannedRun) -> None:
-        # The compact record (curves, mean weights) that the report and `dfedrw export` read;
-        # without it they rebuild it from the per-round files, so a failure here is not fatal.
+        # The compact record (curves, mean weights) that the report and `dfedrw export` read:
+        # every run writes it with its summary; built here only where it is missing (without it
+        # they rebuild it from the per-round files, so a failure here is not fatal).
         try:
-            write_record(run.folder)
+            if read_record(run.folder) is None:
+                write_record(run.folder)
         except (OSError, ValueError) as exc:
             console.print(f"run {run.name}: could not write its record.json ({exc})", markup=False, highlight=False, soft_wrap=True)
         statuses[run.key] = "done"

@@ -22,7 +22,7 @@ from dfedrw.peer.assembly import (
     attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
     move, next_reference, scenario_plausible,
 )
-from dfedrw.peer.datacache import training_set
+from dfedrw.peer.datacache import test_set, training_set
 from dfedrw.peer.datasets import scenario_dataset
 from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.registry import settings_of
@@ -82,11 +82,11 @@ class BatchedRun:
         self.honest = sorted(topo.honest())
         self.byzantine = sorted(topo.byzantine)
         self.row = {k: i for i, k in enumerate(self.honest)}
-        # On the CPU: each client's shard and aux set (copies, a partition of the training
-        # set), the test set once. What the rounds use is moved to the device below, the test
-        # set once for all clients (each client's local test set is rows of it).
-        self.data = clients_data(sc, topo, self.honest)
-        self.test = move(self.data[self.honest[0]].global_test, self.device)
+        # On the CPU: each client's aux set (a copy) and its shard's rows of the training set,
+        # the test set once per process. What the rounds use is moved to the device below, the
+        # test set once for all clients (each client's local test set is rows of it).
+        self.data = clients_data(sc, topo, self.honest, shards=False)
+        self.test = move(test_set(scenario_dataset(sc.data)), self.device)
         features, classes = dataset_shape(sc)
         t = sc.train
         template = build_model(t.model, features, classes, hidden=t.hidden, seed=0, params=settings_of(t.model_params, t.model))
@@ -98,9 +98,7 @@ class BatchedRun:
         train = training_set(scenario_dataset(sc.data))
         self.train_x, self.train_y = train.x.to(self.device), train.y.to(self.device)
         self.shard_rows = torch.cat([self.data[k].train_index for k in self.honest]).to(self.device)
-        sizes = [len(self.data[k].train.y) for k in self.honest]
-        # The shard copies are not needed: only their rows of the training set.
-        self.data = {k: dataclasses.replace(d, train=d.train.subset([])) for k, d in self.data.items()}
+        sizes = [len(self.data[k].train_index) for k in self.honest]
         self.num_samples = dict(zip(self.honest, sizes, strict=True))
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
         self.batches = [BatchOrder(n, t.batch_size, derive_seed(sc.seed, "batches", k)) for k, n in zip(self.honest, sizes, strict=True)]

@@ -1,8 +1,10 @@
 """Build a run's ``summary.json`` from the files its clients wrote: the one place every way of
 running a scenario (local processes, in-process, torchrun, docker-compose services, clients
-started by hand) turns a results folder into a summary. Roles come from the scenario; pids,
-when the caller does not know them, from each client's final record; a client with no final
-record failed."""
+started by hand, the batched engine) turns a results folder into a summary. Roles come from the
+scenario; pids, when the caller does not know them, from each client's final record; a client
+with no final record failed. The run's compact ``record.json`` (what a sweep's report reads:
+:class:`~dfedrw.peer.results.RecordBuilder`) is written beside it, from the same read of the
+round logs."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from dfedrw.peer.transports import scenario_transport
 from dfedrw.peer.config import Scenario, load_scenario
 from dfedrw.peer.plan import scenario_graphs, scenario_topology
-from dfedrw.peer.results import read_final, read_rounds, summarize, write_json_atomic
+from dfedrw.peer.results import RECORD_FILE, RecordBuilder, read_final, read_rounds, summarize, write_json_atomic
 
 
 def collected_now() -> str:
@@ -30,7 +32,8 @@ def collect_summary(
     wall_seconds: float | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Summarize ``out_dir`` (scenario: given, or ``out_dir/scenario.toml``) and write summary.json."""
+    """Summarize ``out_dir`` (scenario: given, or ``out_dir/scenario.toml``) and write summary.json
+    and record.json."""
     out_dir = Path(out_dir)
     if scenario is None:
         scenario = load_scenario(out_dir / "scenario.toml")
@@ -41,8 +44,10 @@ def collect_summary(
         pids = {k: (f or {}).get("pid") for k, f in finals.items()}
     if wall_seconds is None:
         wall_seconds = max((f.get("wall_seconds", 0.0) for f in finals.values() if f), default=0.0)
+    record = RecordBuilder((k for k, role in roles.items() if role == "honest"), roles)
     summary = summarize(
-        out_dir, roles=roles, pids=pids, exit_codes=exit_codes or {}, rounds=scenario.rounds, wall_seconds=wall_seconds
+        out_dir, roles=roles, pids=pids, exit_codes=exit_codes or {}, rounds=scenario.rounds, wall_seconds=wall_seconds,
+        record=record,
     )
     # Whether senders were authenticated: a reader of the summary must not have to guess.
     uses_tls = scenario_transport(scenario).uses_tls
@@ -55,6 +60,8 @@ def collect_summary(
     if graphs.dynamic:
         summary["schedule"] = scenario.topology.schedule
     summary.update(extra or {})
+    # The record first: a folder with a summary is a finished run, whose record is then there too.
+    write_json_atomic(out_dir / RECORD_FILE, record.result(), indent=None)
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
 

@@ -163,21 +163,29 @@ def client_data(scenario: Scenario, topology: Topology, client_id: int) -> Clien
     return clients_data(scenario, topology, [client_id])[client_id]
 
 
-def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int]) -> dict[int, ClientData]:
+def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int], *, shards: bool = True) -> dict[int, ClientData]:
     """:func:`client_data` of several honest clients, the partition computed once. The data
-    set is mapped from the machine's data cache; only each client's rows are converted."""
+    set is mapped from the machine's data cache; only each client's rows are converted.
+    ``shards=False``: each client's shard is left unconverted (``train`` empty, ``train_index``
+    its rows), for a caller that reads the shards as rows of the training set; the auxiliary
+    sets are the same values, converted from the same rows."""
     d = scenario.data
     stored = stored_dataset(scenario_dataset(d))
     train, test = stored.train, stored.test
     honest = sorted(topology.honest())
-    shards = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
+    parts = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
     size = min(d.local_test_size, len(test))
     out = {}
     for client_id in ids:
-        rows = np.asarray(shards[honest.index(client_id)], dtype=np.int64)
-        shard = train.subset(rows)
-        aux = shard.subset(aux_indices(len(shard.y), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id)))
-        local = local_test_indices(shard.y.numpy(), test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
+        rows = np.asarray(parts[honest.index(client_id)], dtype=np.int64)
+        aux_rows = aux_indices(len(rows), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id))
+        if shards:
+            shard = train.subset(rows)
+            aux, labels = shard.subset(aux_rows), shard.y.numpy()
+        else:
+            shard, aux = train.subset(rows[:0]), train.subset(rows[aux_rows])
+            labels = train.y.numpy()[rows]
+        local = local_test_indices(labels, test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
         out[client_id] = ClientData(
             train=shard, aux=aux, test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)),
             train_index=torch.as_tensor(rows),

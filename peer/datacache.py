@@ -38,7 +38,9 @@ import torch
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.datasets import check_available, load_splits, source_key
 
-__all__ = ["CACHE_ENV", "Held", "Stored", "StoredSplit", "cache_root", "clear_stored", "stored_dataset", "training_set", "verify_stored"]
+__all__ = [
+    "CACHE_ENV", "Held", "Stored", "StoredSplit", "cache_root", "clear_stored", "stored_dataset", "test_set", "training_set", "verify_stored",
+]
 
 CACHE_ENV = "DFEDRW_CACHE_DIR"
 _FORMAT = 1
@@ -185,9 +187,11 @@ def stored_dataset(source: Any) -> Stored | Held:
 
 
 def clear_stored() -> None:
-    """Forget what this process mapped or loaded (as a new process would start)."""
+    """Forget what this process mapped, loaded or verified (as a new process would start)."""
     _STORED.clear()
+    _VERIFIED.clear()
     _training_set.cache_clear()
+    _test_set.cache_clear()
 
 
 def training_set(source: Any) -> Dataset:
@@ -202,6 +206,20 @@ def training_set(source: Any) -> Dataset:
 @functools.lru_cache(maxsize=2)
 def _training_set(source: Any) -> Dataset:
     return stored_dataset(source).train.dataset()
+
+
+def test_set(source: Any) -> Dataset:
+    """Every test row of a built data set converted, kept per process (:func:`training_set`'s
+    counterpart): the batched engine's runs of a batch share one copy."""
+    try:
+        return _test_set(source)
+    except TypeError:  # unhashable: not kept
+        return stored_dataset(source).test.dataset()
+
+
+@functools.lru_cache(maxsize=2)
+def _test_set(source: Any) -> Dataset:
+    return stored_dataset(source).test.dataset()
 
 
 def _stored(source: Any) -> Stored | Held:
@@ -231,18 +249,37 @@ def _stored(source: Any) -> Stored | Held:
     )
 
 
+# The entries this process has checked, each with its files' sizes and modification times.
+_VERIFIED: set[tuple] = set()
+
+
+def _stamp(folder: Path) -> tuple:
+    """The entry's folder with its files' sizes and modification times (nanoseconds)."""
+    stats = [(folder / name).stat() for name in ("manifest.json", *(f"{part}.u8" for part in _FILES))]
+    return (str(folder), *((st.st_size, st.st_mtime_ns) for st in stats))
+
+
 def verify_stored(source: Any) -> Stored | Held:
     """:func:`stored_dataset`, with every cache file's SHA-256 checked against its manifest
-    first; an entry that fails is built again. For a launcher, once before its clients start."""
+    first; an entry that fails is built again. For a launcher, once before its clients start;
+    an entry this process has checked already, whose files have the sizes and modification
+    times they had then, is not hashed again (a batch of runs checks its data set once)."""
     if _cacheable(source):
         check_available(source)
         folder, _ = _entry(source)
         try:
-            manifest = json.loads((folder / "manifest.json").read_text())
-            damaged = any(_digest(folder / f"{part}.u8") != manifest["files"][part]["sha256"] for part in _FILES)
-        except (OSError, ValueError, KeyError, TypeError):
-            damaged = folder.exists()
-        if damaged:
-            shutil.rmtree(folder, ignore_errors=True)
-            clear_stored()
+            stamp = _stamp(folder)
+        except OSError:
+            stamp = None
+        if stamp is None or stamp not in _VERIFIED:
+            try:
+                manifest = json.loads((folder / "manifest.json").read_text())
+                damaged = any(_digest(folder / f"{part}.u8") != manifest["files"][part]["sha256"] for part in _FILES)
+            except (OSError, ValueError, KeyError, TypeError):
+                damaged = folder.exists()
+            if damaged:
+                shutil.rmtree(folder, ignore_errors=True)
+                clear_stored()
+            elif stamp is not None:
+                _VERIFIED.add(stamp)
     return stored_dataset(source)

@@ -2,7 +2,8 @@
 
 Each client appends one JSON object per round to ``peers/<id>.jsonl`` as it goes (flushed
 every line, so a crash loses nothing already done) and writes ``peers/<id>.json`` when it
-finishes. The launcher builds ``summary.json`` from these files only, never from telemetry.
+finishes. The launcher builds ``summary.json`` from these files only, never from telemetry,
+and from the same read of them the run's compact ``record.json`` (:class:`RecordBuilder`).
 
 A results folder holds one run: the launchers refuse a folder an earlier run wrote into
 (:func:`check_fresh_out_dir`), and a client started again by hand into its own folder moves the
@@ -164,6 +165,66 @@ def read_final(out_dir: Path, client_id: int) -> dict[str, Any] | None:
     return final
 
 
+RECORD_FILE = "record.json"
+RECORD_VERSION = 1
+CURVE_KEYS = ("accuracy", "global_accuracy")
+
+
+class RecordBuilder:
+    """A run's compact record (``record.json``): the honest mean of each curve in ``CURVE_KEYS``
+    at each round that has it, and the mean weight each honest client (``receivers``) gave each
+    client (``senders``) over its rounds, ``None`` where it never weighed that sender::
+
+        {"version": 1,
+         "curves": {"accuracy": [[round, mean], ...], "global_accuracy": [[round, mean], ...]},
+         "weights": {"receivers": [ids], "senders": [ids], "matrix": [[weight or null, ...], ...]}}
+
+    Fed one receiver's round records at a time (:meth:`add`), in the receivers' order, so that a
+    caller reading each client's log once (:func:`summarize`) builds it from that read."""
+
+    def __init__(self, receivers: Iterable[int], senders: Iterable[int]) -> None:
+        self.receivers = sorted(receivers)
+        self.senders = sorted(senders)
+        self._col = {s: j for j, s in enumerate(self.senders)}
+        self._per_round: dict[str, dict[int, list[float]]] = {key: {} for key in CURVE_KEYS}
+        self._matrix = np.full((len(self.receivers), len(self.senders)), np.nan)
+        self._added: set[int] = set()
+
+    def add(self, receiver: int, records: Iterable[dict[str, Any]]) -> None:
+        """One receiver's round records (each receiver once, in ascending id order)."""
+        i = self.receivers.index(receiver)
+        if receiver in self._added or any(r > receiver for r in self._added):
+            raise ValueError(f"RecordBuilder.add: receiver {receiver} out of order (each once, in ascending order)")
+        self._added.add(receiver)
+        totals = np.zeros(len(self.senders))
+        seen = np.zeros(len(self.senders), dtype=bool)
+        rounds = 0
+        for rec in records:
+            rounds += 1
+            for key in CURVE_KEYS:
+                value = rec.get(key)
+                if value is not None:
+                    self._per_round[key].setdefault(int(rec["round"]), []).append(float(value))
+            for s, w in (rec.get("weights") or {}).items():
+                j = self._col.get(int(s))
+                if j is not None:
+                    totals[j] += float(w)
+                    seen[j] = True
+        if rounds:
+            self._matrix[i, seen] = totals[seen] / rounds
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "version": RECORD_VERSION,
+            "curves": {key: [[r, float(np.mean(v))] for r, v in sorted(self._per_round[key].items())] for key in CURVE_KEYS},
+            "weights": {
+                "receivers": list(self.receivers),
+                "senders": list(self.senders),
+                "matrix": [[None if np.isnan(x) else float(x) for x in row] for row in self._matrix],
+            },
+        }
+
+
 def _isolated(records: list[dict[str, Any]]) -> bool:
     """True when, over the last tenth of its rounds, a client aggregated its own model only."""
     if not records:
@@ -180,8 +241,10 @@ def summarize(
     exit_codes: dict[int, int | None],
     rounds: int,
     wall_seconds: float,
+    record: RecordBuilder | None = None,
 ) -> dict[str, Any]:
-    """Build the run summary from the files the clients wrote."""
+    """Build the run summary from the files the clients wrote; ``record``, when given, is fed
+    each honest client's round records from the same read."""
     byzantine = {k for k, r in roles.items() if r == "byzantine"}
     peers: dict[str, Any] = {}
     failed: list[int] = []
@@ -196,6 +259,8 @@ def summarize(
         if not ok:
             failed.append(k)
         records = read_rounds(out_dir, k)
+        if record is not None and roles[k] == "honest":
+            record.add(k, records)
         entry: dict[str, Any] = {
             "role": roles[k],
             "pid": pids.get(k),

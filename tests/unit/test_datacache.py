@@ -120,6 +120,31 @@ def test_a_damaged_entry_is_found_and_built_again(cache, idx_dir, damage):
     assert manifest["files"]["train_x"]["shape"] == [12, 784]
 
 
+def test_an_entry_is_hashed_once_per_process_until_its_files_change(cache, idx_dir, monkeypatch):
+    # Prepare: count the files hashed
+    hashed = []
+    digest = datacache._digest
+    monkeypatch.setattr(datacache, "_digest", lambda path: hashed.append(path.name) or digest(path))
+    train, _ = load_dataset("mnist", idx_dir)
+    folder = verify_stored("mnist", idx_dir).folder  # built: its files hashed as they are written
+    hashed.clear()
+
+    # Execute: a batch of runs verifies its data set once per run
+    verify_stored("mnist", idx_dir)
+    verify_stored("mnist", idx_dir)
+    first = list(hashed)
+    data = bytearray((folder / "train_x.u8").read_bytes())
+    data[5] ^= 0xFF
+    (folder / "train_x.u8").write_bytes(bytes(data))
+    os.utime(folder / "train_x.u8", ns=(1, 1))  # another modification time, as a rewrite gives
+    stored = verify_stored("mnist", idx_dir)
+
+    # Assert: checked once, then again when a file changed (and the damage found)
+    assert sorted(first) == ["test_x.u8", "test_y.u8", "train_x.u8", "train_y.u8"]
+    assert len(hashed) > len(first)
+    assert_same(stored.train.dataset(), train)
+
+
 def test_a_size_mismatch_is_caught_without_hashing(cache, idx_dir):
     # Prepare: a truncated file, opened by a process that does not verify digests
     train, _ = load_dataset("mnist", idx_dir)

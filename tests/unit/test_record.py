@@ -156,3 +156,32 @@ def test_a_sweep_json_of_the_wrong_shape_is_one_line(text, tmp_path, capsys):
     # Assert
     err = capsys.readouterr().err
     assert code == 2 and "sweep.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_run_writes_the_record_a_rebuild_from_its_round_logs_gives(small_scenario, tmp_path):
+    """collect_summary writes record.json from the read that builds the summary: the bytes
+    write_record writes from the round logs afterwards."""
+    from dfedrw.launch.batched import run_together
+    from dfedrw.launch.batched_run import BatchedRun
+
+    scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=5", "engine.name=batched")
+    summary = run_together([BatchedRun(scenario, tmp_path)])[0]
+    written = (tmp_path / "record.json").read_bytes()
+    record = json.loads(written)
+    honest = sorted(int(k) for k, p in summary["peers"].items() if p["role"] == "honest")
+    assert record["weights"]["receivers"] == honest and record["weights"]["senders"] == list(range(5))
+    assert [r for r, _ in record["curves"]["global_accuracy"]] == [4, 9, 14, 19]
+    (tmp_path / "record.json").unlink()
+    write_record(tmp_path)
+    assert (tmp_path / "record.json").read_bytes() == written
+
+
+def test_the_record_builder_takes_each_receiver_once_in_order():
+    from dfedrw.peer.results import RecordBuilder
+
+    builder = RecordBuilder([0, 2], [0, 1, 2])
+    builder.add(2, [{"round": 0, "weights": {"2": 1.0}}])
+    with pytest.raises(ValueError, match="out of order"):
+        builder.add(0, [])
+    with pytest.raises(ValueError, match="out of order"):
+        builder.add(2, [])

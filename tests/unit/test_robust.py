@@ -467,24 +467,33 @@ def test_krum_and_multi_krum_stay_inside_honest_range(data, multi):
 def test_geometric_median_stays_near_the_honest_rows(data):
     # The geometric median can leave the honest coordinate-wise box (honest (0, +-10),
     # (0, +-20) and an outlier (-1000, 0) pull it to x = -3.5), so the guarantee checked is
-    # the breakdown bound: for |H| > |B|, from sum ||m - x_i|| <= sum ||mu - x_i|| and the
-    # triangle inequality, ||m - mu|| <= 2 sum_H ||mu - x_i|| / (|H| - |B|), mu = honest mean.
+    # the breakdown bound. For any point m, with mu the honest mean, S = sum_H ||mu - x_i||
+    # and f the objective sum ||m - x_i||, the triangle inequality gives
+    # f(m) - f(mu) >= (|H| - |B|) ||m - mu|| - 2 S, so ||m - mu|| <= (2 S + f(m) - f(mu)) / (|H| - |B|).
+    # The iterations stop once the objective moves by at most tol times itself, which says
+    # little about how far the minimiser still is when outliers dominate the objective (one
+    # dimension, six honest rows at 0, one at 0.6875 and an outlier at 448696: they stop at
+    # 0.566, the last step having moved the objective by 0.37 of 448699), so the bound takes
+    # f(m) as the rule leaves it, and the rule is held to descending from its start, the mean.
     # Prepare
     honest, rows, num_byzantine = honest_and_outliers(data, FAR)
     honest = honest.float().double()
+    rows = rows.float().double()
 
     rule = GeometricMedian()
 
     # Execute
     model = run_rule(rule, rows)
 
-    # Assert: the iterations stop once the objective moves by at most tol times itself, so
-    # the solution may be off the exact minimiser by about that much objective (which the
-    # outliers dominate); 1e-5 covers the float32 output.
+    # Assert (1e-5 and 1e-6 of the objective: the float32 output's rounding)
+    def objective(point):
+        return float(torch.linalg.vector_norm(rows - point, dim=1).sum())
+
+    reached = objective(model)
+    assert reached <= objective(rows.mean(dim=0)) * (1 + 1e-6) + 1e-5
     centre = honest.mean(dim=0)
     spread = float(torch.linalg.vector_norm(honest - centre, dim=1).sum())
-    objective = float(torch.linalg.vector_norm(rows.float().double() - model, dim=1).sum())
     margin = honest.shape[0] - num_byzantine
-    bound = (2 * spread + rule.tol * objective) / margin
-    assert float(torch.linalg.vector_norm(model - centre)) <= bound + 1e-5
+    bound = (2 * spread + max(0.0, reached - objective(centre))) / margin
+    assert float(torch.linalg.vector_norm(model - centre)) <= bound + 1e-5 + 1e-6 * reached / margin
 

@@ -173,6 +173,22 @@ def test_a_folder_holding_another_scenario_is_left_alone_and_reported(tmp_path, 
     assert fake_run() == [] and (run.folder / "summary.json").exists()
 
 
+@pytest.mark.parametrize("mode", ["", "record"])
+def test_the_sweep_builds_a_runs_record_only_where_the_run_wrote_none(tmp_path, fake_run, monkeypatch, mode):
+    from dfedrw.experiments.record import read_record
+
+    monkeypatch.setenv("FAKE_MODE", mode)
+    grid_path = write_grid(tmp_path, FAST + "[axes]\nseed = [43, 44]\n")
+
+    result = run_sweep(grid_path, tmp_path / "out", console=quiet_console(), check_runnable=False)
+
+    assert result.exit_code == 0 and len(fake_run()) == 2
+    records = [read_record(run.folder) for run in plan_sweep(load_grid(grid_path), tmp_path / "out").runs.values()]
+    # the run's own record kept as it wrote it; else one built from its (here absent) round logs
+    expected = {"accuracy": [[0, 42.0]]} if mode else {"accuracy": [], "global_accuracy": []}
+    assert [r["curves"] for r in records] == [expected, expected]
+
+
 def test_dry_run_prints_points_and_folders_and_runs_nothing(tmp_path, fake_run, capsys):
     grid_path = write_grid(tmp_path, GRID)
 
