@@ -326,23 +326,23 @@ class BatchedRun:
     @torch.no_grad()
     def accuracies(self) -> dict[int, dict[str, float]]:
         """Each honest client's local and global test accuracy (percent), as a client measures
-        it. The global test set is the same for all: it goes through the model once for a
-        block of clients (blocks bounded so the logits stay under ~64 M values)."""
+        it. The global test set goes through the model once for a block of clients (blocks
+        bounded so the logits stay under ~64 M values), and a client's local test set is rows
+        of it: its local accuracy is read from the same predictions."""
         out: dict[int, dict[str, float]] = {k: {} for k in self.honest}
         test = self.test
-        for k in self.honest:
-            rows = self.data[k].local_test_index.to(self.device)
-            logits = self.model.logits(self.models[self.row[k]], test.x[rows])
-            out[k]["accuracy"] = 100.0 * float((logits.argmax(1) == test.y[rows]).float().mean())
         widest = max(self.scenario.train.hidden, test.num_classes)  # values per sample in the largest layer output
         block = max(1, (64 << 20) // max(1, len(test.y) * widest))
         for lo in range(0, len(self.honest), block):
             # Classes first [C, K, N]: the layout the product writes fastest and the class
             # maximum reads fastest (as the scoring); max(dim).indices is argmax.
             logits = self.model.class_first_logits(self.models[lo : lo + block], test.x)
-            correct = (logits.max(1).indices == test.y).float().mean(1).tolist()
-            for k, acc in zip(self.honest[lo : lo + block], correct, strict=True):
-                out[k]["global_accuracy"] = 100.0 * acc
+            hits = logits.max(1).indices == test.y  # [C, N]
+            correct = hits.float().mean(1).tolist()
+            for i, k in enumerate(self.honest[lo : lo + block]):
+                rows = self.data[k].local_test_index.to(self.device)
+                out[k]["accuracy"] = 100.0 * float(hits[i].index_select(0, rows).float().mean())
+                out[k]["global_accuracy"] = 100.0 * correct[i]
         return out
 
     # -- the run -----------------------------------------------------------------------------
