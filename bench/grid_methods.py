@@ -24,7 +24,17 @@ arithmetic, which does.
 
 CPU time (``time.process_time``), not wall time: on a shared machine a value measured while
 another process held a core would be charged for the wait. Torch runs single-threaded, as in a
-sweep's children. Noise between two invocations on a shared machine is a few percent.
+sweep's children. Noise between two invocations on a shared machine is a few percent, and a
+machine's speed drifts by more than that within the hour.
+
+``--vs REF`` compares this checkout with the commit ``REF``, one after the other on this
+machine: the bench runs ``--pairs`` times in each (alternated, this/REF then REF/this, each a
+fresh process with the same arguments), REF's from a temporary ``git worktree`` with its own
+bench script and code, and the figures and their ratios are printed per pair, with the
+median ratio of the grid's CPU seconds. A change is judged by that ratio, which holds where
+the machine's speed does not::
+
+    python bench/grid_methods.py --vs 628205f --per 4 --rounds 200
 """
 
 from __future__ import annotations
@@ -55,9 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="VALUE",
                         help="measure only this value of the axis (repeat); the grid's total then counts only these")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    parser.add_argument("--vs", metavar="REF", default=None, help="compare with this commit (see the docstring)")
+    parser.add_argument("--pairs", type=int, default=2, help="with --vs: runs in each checkout, alternated (default 2)")
     args = parser.parse_args(argv)
-    if args.per < 1 or args.rounds < 1 or args.cores < 1:
-        parser.error("--per, --rounds and --cores must be at least 1")
+    if args.per < 1 or args.rounds < 1 or args.cores < 1 or args.pairs < 1:
+        parser.error("--per, --rounds, --cores and --pairs must be at least 1")
+    if args.vs is not None:
+        return compare(args, parser)
 
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
@@ -121,6 +135,85 @@ def main(argv: list[str] | None = None) -> int:
                                              "grid_cpu_seconds": round(total), "scoring_cpu_seconds": round(floor),
                                              "wall_seconds_on_cores": round(wall), "cores": args.cores}, indent=2) + "\n")
     finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def _bench_args(args, grid: Path) -> list[str]:
+    out = ["--grid", str(grid), "--axis", args.axis, "--per", str(args.per), "--rounds", str(args.rounds), "--cores", str(args.cores)]
+    for value in args.sets:
+        out += ["--set", value]
+    for value in args.only:
+        out += ["--only", value]
+    return out
+
+
+def compare(args, parser) -> int:
+    """``--vs REF``: the bench in this checkout and in a worktree of REF, alternated."""
+    import os
+    import statistics
+    import subprocess
+
+    def git(*words: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(REPO), *words], capture_output=True, text=True)
+
+    found = git("rev-parse", "--verify", "--quiet", f"{args.vs}^{{commit}}")
+    if found.returncode != 0:
+        parser.error(f"--vs: no commit {args.vs!r} in {REPO}")
+    commit = found.stdout.strip()
+    grid = args.grid.resolve()
+    work = Path(tempfile.mkdtemp(prefix="grid-vs-"))
+    tree = work / "tree"
+    try:
+        added = git("worktree", "add", "--detach", str(tree), commit)
+        if added.returncode != 0:
+            parser.error(f"--vs: git worktree add failed: {added.stderr.strip()}")
+        # REF's code under the import name the package installs as: a folder on PYTHONPATH
+        # holding a link named dfedrw to the worktree (ahead of this checkout's install).
+        (work / "path").mkdir()
+        (work / "path" / "dfedrw").symlink_to(tree)
+        ref_env = {**os.environ, "PYTHONPATH": str(work / "path")}
+        try:  # the grid as REF has it, when it has it (its own scenario files and keys)
+            ref_grid = tree / grid.relative_to(REPO)
+        except ValueError:
+            ref_grid = grid
+        if not ref_grid.is_file():
+            ref_grid = grid
+        sides = {
+            "this": ([sys.executable, str(Path(__file__).resolve()), *_bench_args(args, grid)], None, REPO),
+            "ref": ([sys.executable, str(tree / "bench" / "grid_methods.py"), *_bench_args(args, ref_grid)], ref_env, work),
+        }
+        print(f"this checkout against {args.vs} ({commit[:12]}): {args.pairs} pair(s), alternated", flush=True)
+        totals: dict[str, list[float]] = {"this": [], "ref": []}
+        methods: dict[str, dict[str, list[float]]] = {"this": {}, "ref": {}}
+        for i in range(args.pairs):
+            for side in ("this", "ref") if i % 2 == 0 else ("ref", "this"):
+                command, env, cwd = sides[side]
+                out = work / f"{side}-{i}.json"
+                done = subprocess.run([*command, "--json", str(out)], env=env, cwd=cwd, capture_output=True, text=True)
+                if done.returncode != 0 or not out.is_file():
+                    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+                    print(f"the bench failed in {'this checkout' if side == 'this' else args.vs} (exit {done.returncode}):\n{tail}", file=sys.stderr)
+                    return 1
+                figures = json.loads(out.read_text())
+                totals[side].append(figures["grid_cpu_seconds"])
+                for row in figures["values"]:
+                    methods[side].setdefault(row["value"], []).append(row["ms_per_run_round"])
+                print(f"pair {i + 1}: {'this' if side == 'this' else args.vs:>12}  grid {figures['grid_cpu_seconds']:7.0f} CPU s", flush=True)
+            print(f"pair {i + 1}: this / {args.vs} = {_ratio(totals['this'][-1], totals['ref'][-1]):.3f}", flush=True)
+        print(f"{'ms per run and round (median)':32} {'this':>8} {args.vs:>12} {'ratio':>7}")
+        for value in methods["this"]:
+            mine, theirs = statistics.median(methods["this"][value]), statistics.median(methods["ref"].get(value, [float("nan")]))
+            print(f"{value:32} {mine:8.2f} {theirs:12.2f} {_ratio(mine, theirs):7.3f}")
+        ratios = [_ratio(a, b) for a, b in zip(totals["this"], totals["ref"], strict=True)]
+        print(f"grid CPU s, this / {args.vs}: {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
+    finally:
+        git("worktree", "remove", "--force", str(tree))
+        git("worktree", "prune")
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
