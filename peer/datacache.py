@@ -190,36 +190,31 @@ def clear_stored() -> None:
     """Forget what this process mapped, loaded or verified (as a new process would start)."""
     _STORED.clear()
     _VERIFIED.clear()
-    _training_set.cache_clear()
-    _test_set.cache_clear()
+    _split.cache_clear()
 
 
 def training_set(source: Any) -> Dataset:
     """Every training row of a built data set converted (float32 features, int64 labels), kept
     per process: the batched engine indexes one copy for all the runs of a batch."""
-    try:
-        return _training_set(source)
-    except TypeError:  # unhashable: not kept
-        return stored_dataset(source).train.dataset()
-
-
-@functools.lru_cache(maxsize=2)
-def _training_set(source: Any) -> Dataset:
-    return stored_dataset(source).train.dataset()
+    return _converted(source, "train")
 
 
 def test_set(source: Any) -> Dataset:
-    """Every test row of a built data set converted, kept per process (:func:`training_set`'s
-    counterpart): the batched engine's runs of a batch share one copy."""
+    """Every test row of a built data set converted, kept per process: the batched engine's
+    runs of a batch share one copy."""
+    return _converted(source, "test")
+
+
+def _converted(source: Any, split: str) -> Dataset:
     try:
-        return _test_set(source)
+        return _split(source, split)
     except TypeError:  # unhashable: not kept
-        return stored_dataset(source).test.dataset()
+        return getattr(stored_dataset(source), split).dataset()
 
 
-@functools.lru_cache(maxsize=2)
-def _test_set(source: Any) -> Dataset:
-    return stored_dataset(source).test.dataset()
+@functools.lru_cache(maxsize=4)  # both splits of two data sets
+def _split(source: Any, split: str) -> Dataset:
+    return getattr(stored_dataset(source), split).dataset()
 
 
 def _stored(source: Any) -> Stored | Held:
