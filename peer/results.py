@@ -201,10 +201,11 @@ class RecordBuilder:
         rounds = 0
         for rec in records:
             rounds += 1
+            round_ = rec.get("round")
             for key in CURVE_KEYS:
                 value = rec.get(key)
-                if value is not None:
-                    self._per_round[key].setdefault(int(rec["round"]), []).append(float(value))
+                if value is not None and isinstance(round_, int):
+                    self._per_round[key].setdefault(round_, []).append(float(value))
             for s, w in (rec.get("weights") or {}).items():
                 j = self._col.get(int(s))
                 if j is not None:
