@@ -199,3 +199,21 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     assert datacache.cache_root() == tmp_path / "xdg" / "dfedrw"
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
     assert datacache.cache_root() == tmp_path / "mine"
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet:0.5"])
+def test_clients_data_without_shards_gives_the_same_aux_sets_and_rows(small_scenario, partition):
+    """What the batched engine takes (shards=False): no shard converted, every other set the
+    same values as a client's own."""
+    from dfedrw.peer.assembly import clients_data
+    from dfedrw.peer.plan import scenario_topology
+
+    scenario = small_scenario("topology.honest=5", f"data.partition={partition}")
+    topology = scenario_topology(scenario)
+    ids = sorted(topology.honest())
+    full, lean = clients_data(scenario, topology, ids), clients_data(scenario, topology, ids, shards=False)
+    for k in ids:
+        assert len(lean[k].train.y) == 0 and torch.equal(lean[k].train_index, full[k].train_index)
+        assert_same(lean[k].aux, full[k].aux)
+        assert torch.equal(lean[k].local_test_index, full[k].local_test_index)
+        assert torch.equal(full[k].train.x, datacache.training_set(build_dataset("digits", None, None)).x[full[k].train_index])
