@@ -188,14 +188,15 @@ class RecordBuilder:
         self._col = {s: j for j, s in enumerate(self.senders)}
         self._per_round: dict[str, dict[int, list[float]]] = {key: {} for key in CURVE_KEYS}
         self._matrix = np.full((len(self.receivers), len(self.senders)), np.nan)
-        self._added: set[int] = set()
+        self._row = {r: i for i, r in enumerate(self.receivers)}
+        self._last: int | None = None  # the receiver added last
 
     def add(self, receiver: int, records: Iterable[dict[str, Any]]) -> None:
         """One receiver's round records (each receiver once, in ascending id order)."""
-        i = self.receivers.index(receiver)
-        if receiver in self._added or any(r > receiver for r in self._added):
+        i = self._row[receiver]
+        if self._last is not None and receiver <= self._last:
             raise ValueError(f"RecordBuilder.add: receiver {receiver} out of order (each once, in ascending order)")
-        self._added.add(receiver)
+        self._last = receiver
         totals = np.zeros(len(self.senders))
         seen = np.zeros(len(self.senders), dtype=bool)
         rounds = 0
