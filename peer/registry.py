@@ -36,6 +36,7 @@ allowed. They raise ``ValueError`` (never ``assert``, which ``python -O`` strips
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import importlib.metadata
@@ -430,9 +431,12 @@ def _threat_text(cls: Any) -> str | None:
     return describe() if callable(describe) else None
 
 
-def _keyword_parameters(cls: Any) -> list[inspect.Parameter]:
+@functools.lru_cache(maxsize=1024)
+def _keyword_parameters(cls: Any) -> tuple[inspect.Parameter, ...]:
+    """The keyword parameters of ``cls``'s constructor. Read once per class: loading a scenario
+    builds and checks dozens of pieces, and ``inspect.signature`` was most of that time."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p for p in inspect.signature(cls).parameters.values() if p.kind in kinds]
+    return tuple(p for p in inspect.signature(cls).parameters.values() if p.kind in kinds)
 
 
 def _one_line(exc: BaseException) -> str:
