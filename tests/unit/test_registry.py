@@ -63,27 +63,28 @@ def test_a_class_signature_is_read_once_and_each_class_keeps_its_own(monkeypatch
     import inspect
 
     registry = Registry("rule", "dfedrw.test-nothing")
+
+    @registry.register("first")
+    class First:
+        def __init__(self, alpha: float = 1.0):
+            self.alpha = alpha
+
+        def __call__(self, inputs):
+            return inputs
+
+    @registry.register("second")
+    class Second(First):
+        def __init__(self, beta: int = 2):
+            self.beta = beta
+
     read = []
     real = inspect.signature
     monkeypatch.setattr(inspect, "signature", lambda obj, *a, **kw: (read.append(obj), real(obj, *a, **kw))[1])
-
-    def rule(name: str, **defaults):
-        def __init__(self, **kwargs):
-            self.kwargs = kwargs
-
-        __init__.__signature__ = inspect.Signature(
-            [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-            + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v) for k, v in defaults.items()]
-        )
-        return registry.register(name)(type(name.title(), (), {"__init__": __init__, "__call__": lambda self, inputs: inputs}))
-
-    first, second = rule("first", alpha=1.0), rule("second", beta=2)
-    read.clear()
     for _ in range(3):
         assert [(s.name, s.default) for s in registry.settings("first")] == [("alpha", 1.0)]
         assert [(s.name, s.default) for s in registry.settings("second")] == [("beta", 2)]
-        assert registry.build("first", {"alpha": 3.0}).kwargs == {"alpha": 3.0}
-    assert sorted(map(id, read)) == sorted([id(first), id(second)])
+        assert registry.build("first", {"alpha": 3.0}).alpha == 3.0
+    assert sorted(map(id, read)) == sorted([id(First), id(Second)])
 
 
 def test_import_path_errors_are_one_line_naming_the_value():
