@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +15,7 @@ import torch
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, finite_rows
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, finite_by_id, keep_own, keep_own_pooled, package_for, pooled_order
-from dfedrw.peer.aggregation.distance import pooled_dot_products
+from dfedrw.peer.aggregation.distance import gram
 
 __all__ = ["Flame"]
 
@@ -312,19 +312,13 @@ class Flame:
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         reference = inputs.vectors[0] if inputs.reference is None else inputs.reference
-        finite = finite_by_id(inputs)
-        model_dots = None
-        if self.cluster_on == "models":
-            count = len(finite.ids)
-            model_dots = pooled_dot_products(finite.rows, [(i, j) for i in range(count) for j in range(i, count)])
-        aggregate = self._aggregate(finite, inputs.ids, reference, inputs.round, None, model_dots, tuple(range(len(finite.ids))))
+        aggregate = self._aggregate(finite_by_id(inputs), inputs.ids, reference, inputs.round, None)
         return keep_own(inputs) if aggregate is None else aggregate
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
         """Every client's round as its own rule's :meth:`__call__` takes it (``batch.rules``:
         Flames of one :meth:`batch_group`, each with its seed), bit for bit: the same arithmetic
-        on tensors of the same shapes (each dot product of two models summed on its own, so
-        computed once for all the clients holding both), the rows widened to float64 once, the
+        on tensors of the same shapes, the rows widened to float64 once for all the clients, the
         pool checked for finite rows once and no per-client inputs built."""
         finite = batch.finite().tolist()
         references_finite = None if batch.references is None else finite_rows(batch.references).tolist()
@@ -332,10 +326,6 @@ class Flame:
         used = sorted({row for order in orders for row in order.pooled})
         place = {row: i for i, row in enumerate(used)}
         wide = batch.vectors.index_select(0, torch.tensor(used, dtype=torch.long, device=batch.vectors.device)).to(torch.float64) if used else None
-        model_dots = None
-        if self.cluster_on == "models":
-            pairs = {(min(a, b), max(a, b)) for order in orders for a in order.pooled for b in order.pooled}
-            model_dots = pooled_dot_products(batch.vectors, sorted(pairs), (place, wide)) if pairs else {}
         out = []
         for c, (rows, order) in enumerate(zip(batch.rows, orders, strict=True)):
             if batch.references is None:
@@ -345,18 +335,16 @@ class Flame:
             picked = wide.index_select(0, torch.tensor([place[r] for r in order.pooled], dtype=torch.long, device=wide.device)) if order.pooled else batch.vectors.new_empty(0, batch.vectors.shape[1], dtype=torch.float64)
             candidates = FiniteCandidates(ids=order.ids, rows=picked, own=order.own, positions=order.positions)
             rule = self if batch.rules is None else batch.rules[c]
-            aggregate = rule._aggregate(candidates, batch.ids[c], reference, batch.round, reference_finite, model_dots, order.pooled)
+            aggregate = rule._aggregate(candidates, batch.ids[c], reference, batch.round, reference_finite)
             out.append(keep_own_pooled(batch, c) if aggregate is None else aggregate)
         return out
 
     def _aggregate(
         self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int, reference_finite: bool | None,
-        model_dots: Mapping[tuple[int, int], float] | None, keys: Sequence[int],
     ) -> Aggregate | None:
         """The client's aggregate (``ids``: its candidates' senders, own first); None when it
         keeps its own model. ``reference_finite``: whether ``reference`` is, when the caller
-        knows; ``model_dots``: the candidates' dot products (clustering on models), by
-        ``keys[i]`` of candidate ``i``, the smaller key first."""
+        knows."""
         count = len(finite.ids)
         reference = reference.to(device=finite.rows.device, dtype=torch.float64)
         if reference_finite is None:
@@ -364,21 +352,16 @@ class Flame:
         if count == 0 or not reference_finite:
             return None
         updates = finite.rows - reference
-        # Each update's squared norm, and (clustering on updates) each pair's product, summed
-        # row by row as the models' are.
-        update_dots = pooled_dot_products(updates, [(i, j) for i in range(count) for j in range(i, count)]) if (
-            self.cluster_on == "updates" and count >= 3) else {(i, i): v for i, v in enumerate((updates * updates).sum(dim=1).tolist())}
-        norms = [math.sqrt(update_dots[(i, i)]) for i in range(count)]
+        # Each update's norm, its squares summed row by row.
+        norms = [math.sqrt(v) for v in (updates * updates).sum(dim=1).tolist()]
         if count < 3:
             accepted = [True] * count
         else:
             default = count // 2 + 1
             size = default if self.min_cluster_size is None else self.min_cluster_size
-            if self.cluster_on == "updates" or model_dots is None:
-                distances = cosine_distances(count, lambda i, j: update_dots[(i, j)])
-            else:
-                distances = cosine_distances(count, lambda i, j: model_dots[(min(keys[i], keys[j]), max(keys[i], keys[j]))])
-            accepted = _largest_cluster(distances, size)
+            # The cosine distances of what is clustered, from its Gram matrix (one product).
+            dots = gram(updates if self.cluster_on == "updates" else finite.rows)
+            accepted = _largest_cluster(cosine_distances(count, lambda i, j: dots[i][j]), size)
 
         ordered = sorted(norms)
         bound = (ordered[(count - 1) // 2] + ordered[count // 2]) / 2  # the median (two middle values: their mean)

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
 from dfedrw.peer.aggregation.coordinate import signed_zero_columns, sorted_columns, sorting_network
-from dfedrw.peer.aggregation.distance import pooled_squared_distances
 from dfedrw.peer.aggregation.flame import hdbscan_labels
 
 NAN, INF = float("nan"), float("inf")
@@ -233,47 +232,6 @@ def test_batched_krum_with_threads_and_a_large_model_gives_what_its_own_call_giv
                 assert_same(aggregate, MultiKrum(1)(batch.one(c)), c)
         finally:
             torch.set_num_threads(threads)
-
-
-@settings(max_examples=40, deadline=None)
-@given(count=st.integers(1, 24), dim=st.integers(1, 30), seed=st.integers(0, 2**16), copies=st.booleans())
-def test_pooled_distances_are_the_pairwise_ones(count, dim, seed, copies):
-    # Prepare
-    from dfedrw.peer.aggregation.distance import pairwise_squared_distances
-
-    vectors = torch.randn(count, dim, generator=torch.Generator().manual_seed(seed))
-    if copies and count > 2:
-        vectors[count - 1] = vectors[0]
-    pairs = [(a, b) for a in range(count) for b in range(a + 1, count) if (a * 7 + b * 3 + seed) % 4]
-
-    # Execute
-    measured = pooled_squared_distances(vectors, pairs)
-
-    # Assert: the entries of the per-client matrix, bit for bit
-    expected = pairwise_squared_distances(vectors.to(torch.float64))
-    assert set(measured) == set(pairs)
-    for a, b in pairs:
-        assert measured[(a, b)] == expected[a, b].item()
-
-
-@settings(max_examples=40, deadline=None)
-@given(count=st.integers(2, 16), dim=st.integers(1, 30), seed=st.integers(0, 2**16))
-def test_pooled_pair_values_from_rows_the_caller_widened_are_the_same(count, dim, seed):
-    # Prepare: pairs among some rows, and every row widened by the caller (a superset of the
-    # paired rows, so positions differ from those the functions would give)
-    from dfedrw.peer.aggregation.distance import pooled_dot_products
-
-    vectors = torch.randn(count, dim, generator=torch.Generator().manual_seed(seed))
-    pairs = [(a, b) for a in range(count) for b in range(a + 1, count) if (a * 5 + b + seed) % 3]
-    dots = [(a, b) for a in range(count) for b in range(a, count) if (a + b * 3 + seed) % 4]
-    widened = ({row: row for row in range(count)}, vectors.to(torch.float64))
-
-    # Execute
-    distances, products = pooled_squared_distances(vectors, pairs, widened), pooled_dot_products(vectors, dots, widened)
-
-    # Assert: bit for bit what each function gives from its own widening
-    assert distances == pooled_squared_distances(vectors, pairs)
-    assert products == pooled_dot_products(vectors, dots)
 
 
 @pytest.mark.parametrize("width", [7, 65_535, 65_536])

@@ -157,23 +157,73 @@ KRUM_ROWS = [[0, 0], [2, 0], [0, 3], [1, 1], [10, 10]]
 
 @settings(max_examples=30, deadline=None)
 @given(count=st.integers(1, 12), dim=st.integers(1, 40), seed=st.integers(0, 2**16), copies=st.booleans())
-def test_pairwise_distances_are_exact_symmetric_and_zero_for_copies(count, dim, seed, copies):
-    # Prepare: random rows, optionally with row 0 repeated at the end (a copied model)
-    rows = torch.randn(count, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+def test_pairwise_distances_are_close_symmetric_and_zero_for_copies(count, dim, seed, copies):
+    # Prepare: random float32 models widened, optionally with row 0 repeated at the end (a copied model)
+    rows = torch.randn(count, dim, generator=torch.Generator().manual_seed(seed)).to(torch.float64)
     if copies:
         rows = torch.cat([rows, rows[:1]])
 
     # Execute
     distances = pairwise_squared_distances(rows)
 
-    # Assert: each entry is the squared norm of the difference, the matrix exactly symmetric,
-    # and a copy is at distance exactly 0
+    # Assert: each entry the squared norm of the difference to the product's rounding (a few
+    # ulps of the squared norms), the matrix exactly symmetric, never negative, and a copy at
+    # distance exactly 0
     expected = ((rows[:, None, :] - rows[None, :, :]) ** 2).sum(dim=2)
-    assert torch.allclose(distances, expected, rtol=1e-12, atol=0)
+    norms = (rows * rows).sum(dim=1)
+    bound = 64 * dim * 2.0**-53 * (norms[:, None] + norms[None, :])
+    assert bool(((distances - expected).abs() <= bound).all())
     assert torch.equal(distances, distances.T)
     assert bool((distances.diagonal() == 0).all())
+    assert bool((distances >= 0).all())
     if copies:
         assert distances[0, -1] == 0
+
+
+def test_pairwise_distances_of_a_hand_computed_case():
+    # Prepare: the docstring's example, and two copies beside a third point
+    rows = torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=torch.float64)
+    copies = torch.tensor([[0.1, 0.7, 1e3], [0.1, 0.7, 1e3], [0.3, 0.7, 1e3]], dtype=torch.float32).to(torch.float64)
+
+    # Execute
+    distances = pairwise_squared_distances(rows)
+    of_copies = pairwise_squared_distances(copies)
+
+    # Assert: 3-4-5; the copies exactly 0 apart although their norms are a million times their
+    # distance to the third point (which the product leaves only roughly right)
+    assert distances.tolist() == [[0.0, 25.0], [25.0, 0.0]]
+    assert of_copies[0, 1] == 0 and of_copies[1, 0] == 0
+    assert abs(of_copies[0, 2].item() - (0.3 - 0.1) ** 2) < 1e-6
+
+
+def test_gram_gives_the_dot_products():
+    # Prepare
+    from dfedrw.peer.aggregation.distance import gram
+
+    rows = torch.randn(9, 7850, generator=torch.Generator().manual_seed(4)).to(torch.float64)
+
+    # Execute
+    products = torch.tensor(gram(rows), dtype=torch.float64)
+
+    # Assert
+    assert torch.allclose(products, (rows[:, None, :] * rows[None, :, :]).sum(dim=2), rtol=1e-12, atol=1e-9)
+
+
+def test_distances_measured_from_a_nearby_row_keep_their_precision():
+    # Prepare: models far from 0 (norm ~900) and about 1e-3 apart, as trained models late in a run
+    generator = torch.Generator().manual_seed(5)
+    centre = torch.randn(1, 7850, generator=generator, dtype=torch.float64) * 10
+    rows = (centre + 1e-5 * torch.randn(6, 7850, generator=generator, dtype=torch.float64)).float().to(torch.float64)
+    exact = ((rows[:, None, :] - rows[None, :, :]) ** 2).sum(dim=2)
+
+    # Execute
+    from_zero, from_row = pairwise_squared_distances(rows), pairwise_squared_distances(rows, origin=2)
+
+    # Assert: from the first row of the group the distances hold to 1e-9 of themselves; from 0
+    # they are off by much more than that (the product's rounding of norms a million times larger)
+    off = (exact > 0)
+    assert bool(((from_row - exact).abs()[off] <= 1e-9 * exact[off]).all())
+    assert bool(((from_zero - exact).abs()[off] > 1e-9 * exact[off]).any())
 
 
 def test_krum_picks_lowest_score():
