@@ -36,7 +36,7 @@ from dfedrw.launch.collect import write_tensorboard_mean
 from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.config import Scenario
-from dfedrw.peer.training import ManyEvaluator
+from dfedrw.peer.training import ManyEvaluator, softmax_regression_grads
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -110,12 +110,18 @@ def train_together(runs: list[BatchedRun]) -> list[list[float]]:
             else:
                 x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
                 y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
-            models = (torch.cat([runs[i].models for i in members]) if len(members) > 1 else runs[members[0]].models).detach().requires_grad_()
-            logits = runs[members[0]].model.class_first_logits(models, x)  # [count, classes, batch]
-            per = F.cross_entropy(logits, y, reduction="none")  # [count, batch]
+            models = (torch.cat([runs[i].models for i in members]) if len(members) > 1 else runs[members[0]].models).detach()
             weight = picks[members[0]][1]
-            losses = per.mean(1) if weight is None else (per * weight).sum(1)
-            (grads,) = torch.autograd.grad(losses.sum(), models)
+            # Softmax regression: its gradient composed without autograd (the same values).
+            step = softmax_regression_grads(runs[members[0]].model, models, x, y, weight)
+            if step is None:
+                models.requires_grad_()
+                logits = runs[members[0]].model.class_first_logits(models, x)  # [count, classes, batch]
+                per = F.cross_entropy(logits, y, reduction="none")  # [count, batch]
+                losses = per.mean(1) if weight is None else (per * weight).sum(1)
+                (grads,) = torch.autograd.grad(losses.sum(), models)
+            else:
+                losses, grads = step
             stepped = models.detach().add_(grads, alpha=-t.lr)
             values = losses.tolist()
             start = 0
