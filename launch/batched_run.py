@@ -111,8 +111,6 @@ class BatchedRun:
         self.told_most = dict.fromkeys(self.honest, 0)
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
-        # Each client's auxiliary set as its evaluator holds it (the first copy is let go).
-        self.data = {k: dataclasses.replace(d, aux=self.aux[k].data) if k in self.aux else d for k, d in self.data.items()}
         self.attacks = {b: client_attack(sc, topo, b) for b in self.byzantine}
         self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
         # Colluding Byzantine clients pool what they received: here the pool is rows of the models.

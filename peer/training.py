@@ -106,10 +106,7 @@ class VectorEvaluator:
         import copy
 
         self.model = FlatModel(copy.deepcopy(template), data.x.device)
-        # The features held transposed ([features, n], contiguous), ``data.x`` a view of them:
-        # the first layer's product reads them in that layout about 10 % faster (the scoring
-        # is most of a reweighting client's arithmetic), and the rows are not held twice.
-        self.data = Dataset(x=data.x.t().contiguous().t(), y=data.y, num_classes=data.num_classes)
+        self.data = data
 
     @torch.no_grad()
     def __call__(self, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
