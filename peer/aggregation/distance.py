@@ -20,9 +20,10 @@ from dfedrw.peer.aggregation.candidates import (
     FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order,
 )
 
-# Pairs whose Gram-derived squared distance is at most this share of their squared norms are
-# compared element by element: the product's rounding (about D * 2^-53 of the norms) could
-# leave two identical models a hair apart, or below zero.
+# A pair whose squared distance from the Gram matrix is at most this share of the two rows'
+# squared norms is measured from its difference: the product's rounding, about D * 2^-53 of
+# the norms, would be a large part of it (and could leave two identical models a hair apart,
+# or below zero).
 _NEAR = 1e-9
 
 
@@ -38,51 +39,53 @@ def pairwise_squared_distances(rows: torch.Tensor, origin: int | None = None) ->
     """``d[i, j] = ||w_i - w_j||^2`` (float64 [F, F] on the CPU) as ``|x_i|^2 + |x_j|^2 - 2 x_i .
     x_j`` from the :func:`gram` of ``x_i = w_i - w_origin`` (``origin``: the index of a row to
     measure from, such as the client's own model; None: from 0): exactly symmetric, a zero
-    diagonal, never negative, and exactly 0 for two identical rows (pairs the product leaves
-    within ``_NEAR`` of zero are compared element by element). Elsewhere off from the exact
-    value by about ``D * 2^-53`` of ``|x_i|^2 + |x_j|^2``: measured from a model near the
-    others, a small share of their distance.
+    diagonal, never negative. A pair the product leaves within ``_NEAR`` of the two squared
+    norms is measured from its difference instead: exactly 0 for two identical rows. The others
+    are off by about ``D * 2^-53`` of ``|x_i|^2 + |x_j|^2``, under ``1e-9`` of the distance.
 
     For ``rows = [[0, 0], [3, 4]]``: ``[[0, 25], [25, 0]]``.
     """
-    products = gram(rows if origin is None else rows - rows[origin])
+    distances = _squared_distances(rows, origin)
+    return torch.tensor(distances, dtype=torch.float64).view(len(distances), len(distances))
+
+
+def _squared_distances(rows: torch.Tensor, origin: int | None) -> list[list[float]]:
+    """:func:`pairwise_squared_distances` as rows of Python floats: a few dozen pairs, for which
+    Python's floats (IEEE doubles, as float64 tensors) beat a dozen tensor calls."""
+    shifted = rows if origin is None else rows - rows[origin]
+    products = gram(shifted)
     count = len(products)
-    values = [0.0] * (count * count)
-    # A few dozen pairs: Python floats (IEEE doubles, as float64 tensors) beat a dozen tensor calls.
+    distances = [[0.0] * count for _ in range(count)]
     for i in range(count):
         row, norm = products[i], products[i][i]
         for j in range(i + 1, count):
             other = products[j][j]
             value = norm + other - 2.0 * row[j]
             if value <= _NEAR * (norm + other):
-                value = 0.0 if torch.equal(rows[i], rows[j]) else max(value, 0.0)
-            values[i * count + j] = values[j * count + i] = value
-    return torch.tensor(values, dtype=torch.float64).view(count, count)
-
-
-def _krum_scores(rows: torch.Tensor, num_byzantine: int, origin: int | None) -> torch.Tensor:
-    """Krum score per row: sum of squared distances to its ``C - f - 2`` nearest others
-    (measured from row ``origin``: :func:`pairwise_squared_distances`)."""
-    count = rows.shape[0]
-    # At least one neighbour (a score of 0 for everybody would make the choice arbitrary),
-    # and no more than there are other candidates.
-    neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
-    distances = pairwise_squared_distances(rows, origin).fill_diagonal_(math.inf)
-    return distances.sort(dim=1).values[:, :neighbours].sum(dim=1)
+                if torch.equal(rows[i], rows[j]):
+                    value = 0.0
+                else:
+                    difference = shifted[i] - shifted[j]
+                    value = float(difference @ difference)
+            distances[i][j] = distances[j][i] = value
+    return distances
 
 
 def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int) -> torch.Tensor:
     """Uniform weights (CPU [F]) on the ``keep`` lowest Krum scores, ties to the lower id; the
-    distances measured from the client's own model (the first row where it is not finite)."""
+    distances measured from the client's own model (the first row where it is not finite).
+
+    Krum score of row ``i``: the sum of its squared distances to its ``C - f - 2`` nearest
+    others (at least one, at most ``C - 1``: a score of 0 for everybody would make the choice
+    arbitrary), summed exactly rounded (``math.fsum``), so no order of the terms enters it."""
     count = len(finite.ids)
-    weights = torch.zeros(count, dtype=torch.float64)
     if count == 1:
-        weights[0] = 1.0
-        return weights
-    scores = _krum_scores(finite.rows, num_byzantine, 0 if finite.own is None else finite.own)
-    chosen = scores.sort(stable=True).indices[:keep]
-    weights[chosen] = 1.0 / keep
-    return weights
+        return torch.ones(1, dtype=torch.float64)
+    distances = _squared_distances(finite.rows, 0 if finite.own is None else finite.own)
+    neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
+    scores = [math.fsum(sorted(row[:i] + row[i + 1 :])[:neighbours]) for i, row in enumerate(distances)]
+    chosen = set(sorted(range(count), key=lambda i: (scores[i], i))[:keep])
+    return torch.tensor([1.0 / keep if i in chosen else 0.0 for i in range(count)], dtype=torch.float64)
 
 
 def _krum_batched(batch: RoundBatch, settings: Callable[[int, int], tuple[int, int]]) -> list[Aggregate]:

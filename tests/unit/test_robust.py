@@ -209,21 +209,27 @@ def test_gram_gives_the_dot_products():
     assert torch.allclose(products, (rows[:, None, :] * rows[None, :, :]).sum(dim=2), rtol=1e-12, atol=1e-9)
 
 
-def test_distances_measured_from_a_nearby_row_keep_their_precision():
-    # Prepare: models far from 0 (norm ~900) and about 1e-3 apart, as trained models late in a run
+def test_distances_of_models_near_each_other_and_far_from_zero_keep_their_precision():
+    # Prepare: models far from 0 (norm ~900) and about 1e-3 apart, as trained models late in a
+    # run, and a copy of one of them
     generator = torch.Generator().manual_seed(5)
     centre = torch.randn(1, 7850, generator=generator, dtype=torch.float64) * 10
-    rows = (centre + 1e-5 * torch.randn(6, 7850, generator=generator, dtype=torch.float64)).float().to(torch.float64)
-    exact = ((rows[:, None, :] - rows[None, :, :]) ** 2).sum(dim=2)
+    rows = (centre + 1e-5 * torch.randn(6, 7850, generator=generator, dtype=torch.float64)).float()
+    rows = torch.cat([rows, rows[1:2]]).to(torch.float64)
+    wide = rows
+    exact = ((wide[:, None, :] - wide[None, :, :]) ** 2).sum(dim=2)
 
     # Execute
     from_zero, from_row = pairwise_squared_distances(rows), pairwise_squared_distances(rows, origin=2)
 
-    # Assert: from the first row of the group the distances hold to 1e-9 of themselves; from 0
-    # they are off by much more than that (the product's rounding of norms a million times larger)
-    off = (exact > 0)
-    assert bool(((from_row - exact).abs()[off] <= 1e-9 * exact[off]).all())
-    assert bool(((from_zero - exact).abs()[off] > 1e-9 * exact[off]).any())
+    # Assert: measured from 0 (norms a million times the distances) or from one of them, each
+    # distance holds to 1e-9 of itself (the pairs the product cannot resolve are measured from
+    # their difference), and the copy is exactly 0 away
+    tolerance = 1e-9
+    off = exact > 0
+    for measured in (from_zero, from_row):
+        assert bool(((measured - exact).abs()[off] <= tolerance * exact[off]).all())
+        assert measured[1, 6] == 0 and measured[6, 1] == 0
 
 
 def test_krum_picks_lowest_score():
