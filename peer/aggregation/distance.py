@@ -73,7 +73,8 @@ def _squared_distances(rows: torch.Tensor, origin: int | None) -> list[list[floa
 
 def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int) -> torch.Tensor:
     """Uniform weights (CPU [F]) on the ``keep`` lowest Krum scores, ties to the lower id; the
-    distances measured from the client's own model (the first row where it is not finite).
+    distances measured from the client's own model (from the first finite candidate where the
+    own model is not finite).
 
     Krum score of row ``i``: the sum of its squared distances to its ``C - f - 2`` nearest
     others (at least one, at most ``C - 1``: a score of 0 for everybody would make the choice
