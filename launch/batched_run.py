@@ -352,7 +352,8 @@ class BatchedRun:
         (out / "logs").mkdir(parents=True, exist_ok=True)
         dump_scenario(self.scenario, out / "scenario.toml")
         self.logs = {
-            k: RoundLog(out, k, flush_seconds=1.0, tensorboard=self.tensorboard, byzantine=self.byzantine) for k in range(self.topology.num_clients)
+            k: RoundLog(out, k, flush_seconds=1.0, tensorboard=self.tensorboard, byzantine=self.byzantine, digest=True)
+            for k in range(self.topology.num_clients)
         }
         self.last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
 
@@ -407,7 +408,7 @@ class BatchedRun:
         n = self.topology.num_clients
         return collect_summary(
             self.out_dir, self.scenario, pids=dict.fromkeys(range(n), os.getpid()), exit_codes=dict.fromkeys(range(n), 130 if interrupted else 0),
-            wall_seconds=wall,
+            wall_seconds=wall, digests={k: log.digest for k, log in self.logs.items()},
             extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device)},
         )
 

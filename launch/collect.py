@@ -15,7 +15,7 @@ from typing import Any
 from dfedrw.peer.transports import scenario_transport
 from dfedrw.peer.config import Scenario, load_scenario
 from dfedrw.peer.plan import scenario_graphs, scenario_topology
-from dfedrw.peer.results import RECORD_FILE, RecordBuilder, read_final, read_rounds, summarize, write_json_atomic
+from dfedrw.peer.results import RECORD_FILE, RecordBuilder, RoundDigest, read_final, read_rounds, summarize, write_json_atomic
 
 
 def collected_now() -> str:
@@ -31,9 +31,11 @@ def collect_summary(
     exit_codes: dict[int, int | None] | None = None,
     wall_seconds: float | None = None,
     extra: dict[str, Any] | None = None,
+    digests: dict[int, RoundDigest] | None = None,
 ) -> dict[str, Any]:
     """Summarize ``out_dir`` (scenario: given, or ``out_dir/scenario.toml``) and write summary.json
-    and record.json."""
+    and record.json; ``digests``: every client's :class:`~dfedrw.peer.results.RoundDigest`, kept
+    as its round log was written, read instead of the round logs."""
     out_dir = Path(out_dir)
     if scenario is None:
         scenario = load_scenario(out_dir / "scenario.toml")
@@ -47,7 +49,7 @@ def collect_summary(
     record = RecordBuilder((k for k, role in roles.items() if role == "honest"), roles)
     summary = summarize(
         out_dir, roles=roles, pids=pids, exit_codes=exit_codes or {}, rounds=scenario.rounds, wall_seconds=wall_seconds,
-        record=record,
+        record=record, digests=digests,
     )
     # Whether senders were authenticated: a reader of the summary must not have to guess.
     uses_tls = scenario_transport(scenario).uses_tls

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,12 @@ class RoundLog:
         flush_seconds: float = 0.0,
         tensorboard: Path | None = None,
         byzantine: Collection[int] = (),
+        digest: bool = False,
     ) -> None:
+        # ``digest``: also keep what the run's summary and record read of this log
+        # (:class:`RoundDigest`, ``self.digest``), so that a launcher in this process builds them
+        # without reading the log back (the batched engine).
+        self.digest = RoundDigest(byzantine) if digest else None
         # A record reaches the file at once (a client process may be killed any moment), or,
         # with ``flush_seconds``, at most that long after it was written (the batched engine,
         # which writes every client's record each round and cannot resume anyway).
@@ -84,6 +89,8 @@ class RoundLog:
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
+        if self.digest is not None:
+            self.digest.add(record)
         if self._scalars is not None:
             self._scalars.write(record)
         if self.flush_seconds <= 0 or time.monotonic() - self._flushed >= self.flush_seconds:
@@ -170,6 +177,52 @@ RECORD_VERSION = 1
 CURVE_KEYS = ("accuracy", "global_accuracy")
 
 
+class RoundDigest:
+    """What :func:`summarize` and :class:`RecordBuilder` read of one client's round records, fed
+    one record at a time in round order (:meth:`add`): how many there are, each one's weight on
+    Byzantine senders (``byzantine``: their ids), whether it weighed at most one sender, the
+    curves' values by round, and each sender's weights summed in round order. Built from a log
+    read back (:meth:`of`) or as a :class:`RoundLog` writes it: the same values either way (a
+    record's floats come back from JSON unchanged), so the summary and record are the same bytes."""
+
+    def __init__(self, byzantine: Collection[int] = ()) -> None:
+        self.byzantine = frozenset(byzantine)
+        self.rounds = 0
+        self.byzantine_shares: list[float] = []  # per record, when there are Byzantine ids
+        self.alone: list[bool] = []  # per record: at most one sender weighed
+        self.curves: dict[str, list[tuple[int, float]]] = {key: [] for key in CURVE_KEYS}
+        self.weight_sums: dict[int, float] = {}  # sender -> its weights summed over the records
+
+    @classmethod
+    def of(cls, records: Iterable[dict[str, Any]], byzantine: Collection[int] = ()) -> "RoundDigest":
+        digest = cls(byzantine)
+        for record in records:
+            digest.add(record)
+        return digest
+
+    def add(self, rec: dict[str, Any]) -> None:
+        self.rounds += 1
+        round_ = rec.get("round")
+        for key in CURVE_KEYS:
+            value = rec.get(key)
+            if value is not None and isinstance(round_, int):
+                self.curves[key].append((round_, float(value)))
+        w = rec.get("weights") or {}
+        self.alone.append(len(w) <= 1)
+        sums = self.weight_sums
+        for s, v in w.items():
+            sender = int(s)
+            sums[sender] = sums.get(sender, 0.0) + float(v)
+        if self.byzantine:
+            self.byzantine_shares.append(sum(v for s, v in w.items() if int(s) in self.byzantine))
+
+    def isolated(self) -> bool:
+        """True when, over the last tenth of its rounds, the client aggregated its own model only."""
+        if not self.alone:
+            return False
+        return all(self.alone[-max(1, len(self.alone) // 10):])
+
+
 class RecordBuilder:
     """A run's compact record (``record.json``): the honest mean of each curve in ``CURVE_KEYS``
     at each round that has it, and the mean weight each honest client (``receivers``) gave each
@@ -191,29 +244,22 @@ class RecordBuilder:
         self._row = {r: i for i, r in enumerate(self.receivers)}
         self._last: int | None = None  # the receiver added last
 
-    def add(self, receiver: int, records: Iterable[dict[str, Any]]) -> None:
-        """One receiver's round records (each receiver once, in ascending id order)."""
+    def add(self, receiver: int, records: "Iterable[dict[str, Any]] | RoundDigest") -> None:
+        """One receiver's round records, or their :class:`RoundDigest` (each receiver once, in
+        ascending id order)."""
         i = self._row[receiver]
         if self._last is not None and receiver <= self._last:
             raise ValueError(f"RecordBuilder.add: receiver {receiver} out of order (each once, in ascending order)")
         self._last = receiver
-        totals = np.zeros(len(self.senders))
-        seen = np.zeros(len(self.senders), dtype=bool)
-        rounds = 0
-        for rec in records:
-            rounds += 1
-            round_ = rec.get("round")
-            for key in CURVE_KEYS:
-                value = rec.get(key)
-                if value is not None and isinstance(round_, int):
-                    self._per_round[key].setdefault(round_, []).append(float(value))
-            for s, w in (rec.get("weights") or {}).items():
-                j = self._col.get(int(s))
+        digest = records if isinstance(records, RoundDigest) else RoundDigest.of(records)
+        for key in CURVE_KEYS:
+            for round_, value in digest.curves[key]:
+                self._per_round[key].setdefault(round_, []).append(value)
+        if digest.rounds:
+            for sender, total in digest.weight_sums.items():
+                j = self._col.get(sender)
                 if j is not None:
-                    totals[j] += float(w)
-                    seen[j] = True
-        if rounds:
-            self._matrix[i, seen] = totals[seen] / rounds
+                    self._matrix[i, j] = total / digest.rounds
 
     def result(self) -> dict[str, Any]:
         return {
@@ -227,14 +273,6 @@ class RecordBuilder:
         }
 
 
-def _isolated(records: list[dict[str, Any]]) -> bool:
-    """True when, over the last tenth of its rounds, a client aggregated its own model only."""
-    if not records:
-        return False
-    tail = records[-max(1, len(records) // 10):]
-    return all(len(r.get("weights") or {}) <= 1 for r in tail)
-
-
 def summarize(
     out_dir: Path,
     *,
@@ -244,9 +282,12 @@ def summarize(
     rounds: int,
     wall_seconds: float,
     record: RecordBuilder | None = None,
+    digests: Mapping[int, RoundDigest] | None = None,
 ) -> dict[str, Any]:
     """Build the run summary from the files the clients wrote; ``record``, when given, is fed
-    each honest client's round records from the same read."""
+    each honest client's round records from the same read. ``digests``: each client's
+    :class:`RoundDigest` kept as its round log was written (by :class:`RoundLog` in this
+    process), read instead of the round logs: the same summary."""
     byzantine = {k for k, r in roles.items() if r == "byzantine"}
     peers: dict[str, Any] = {}
     failed: list[int] = []
@@ -260,15 +301,15 @@ def summarize(
         ok = final is not None and final.get("completed") and exit_codes.get(k) in (0, None)
         if not ok:
             failed.append(k)
-        records = read_rounds(out_dir, k)
+        digest = digests[k] if digests is not None else RoundDigest.of(read_rounds(out_dir, k), byzantine)
         if record is not None and roles[k] == "honest":
-            record.add(k, records)
+            record.add(k, digest)
         entry: dict[str, Any] = {
             "role": roles[k],
             "pid": pids.get(k),
             "exit_code": exit_codes.get(k),
             "completed": bool(ok),
-            "rounds_done": len(records),
+            "rounds_done": digest.rounds,
             "accuracy": None,
             "global_accuracy": None,
             "rejected_messages": None,
@@ -285,7 +326,7 @@ def summarize(
             entry["rounds_lost"] = int(final.get("rounds_lost") or 0)
         if entry["restarts"]:
             restarted.append(k)
-        if roles[k] == "honest" and _isolated(records):
+        if roles[k] == "honest" and digest.isolated():
             # Completed, but alone: it heard from no neighbour at the end (e.g. its host was cut
             # off). Its accuracy is that of a model trained on its own data only.
             isolated.append(k)
@@ -294,9 +335,7 @@ def summarize(
             accs.append(final["accuracy"])
             gaccs.append(final["global_accuracy"])
         if roles[k] == "honest" and byzantine:
-            for rec in records:
-                w = rec.get("weights") or {}
-                shares.append(sum(v for s, v in w.items() if int(s) in byzantine))
+            shares.extend(digest.byzantine_shares)
 
     def stat(fn, xs):
         return float(fn(np.asarray(xs))) if xs else None

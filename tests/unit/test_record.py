@@ -185,3 +185,49 @@ def test_the_record_builder_takes_each_receiver_once_in_order():
         builder.add(0, [])
     with pytest.raises(ValueError, match="out of order"):
         builder.add(2, [])
+
+
+def test_a_batched_runs_summary_comes_from_what_its_logs_kept_and_equals_one_read_back(small_scenario, tmp_path, monkeypatch):
+    """The batched engine builds summary.json and record.json from each round log's digest, kept
+    as the records were written, without reading the logs back: the same bytes as a summary
+    built from the files afterwards."""
+    from dfedrw.launch import collect
+    from dfedrw.launch.batched import run_together
+    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.peer import results
+
+    scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=5", "engine.name=batched")
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the round logs were read back")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(results, "read_rounds", no_reading)
+        summary = run_together([BatchedRun(scenario, tmp_path)])[0]
+    written = {name: (tmp_path / name).read_bytes() for name in ("summary.json", "record.json")}
+    assert summary["byzantine_weight_share"] is not None and all(p["rounds_done"] == scenario.rounds for p in summary["peers"].values())
+    keep = ("interrupted", "launcher_pid", "transport", "tls", "device")
+    rebuilt = collect.collect_summary(
+        tmp_path, scenario, pids={int(k): p["pid"] for k, p in summary["peers"].items()},
+        exit_codes={int(k): p["exit_code"] for k, p in summary["peers"].items()}, wall_seconds=summary["wall_seconds"],
+        extra={key: summary[key] for key in keep},
+    )
+    assert rebuilt == summary
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+
+
+def test_a_round_digest_is_what_summarize_reads_of_the_records():
+    from dfedrw.peer.results import RoundDigest
+
+    records = [
+        {"round": 0, "weights": {"0": 0.5, "3": 0.5}},
+        {"round": 1, "weights": {"0": 0.25, "1": 0.25, "3": 0.5}, "accuracy": 50.0, "global_accuracy": 40.0},
+        {"round": 2, "weights": {"0": 1.0}},
+    ]
+    digest = RoundDigest.of(records, byzantine=[3])
+    assert digest.rounds == 3
+    assert digest.byzantine_shares == [0.5, 0.5, 0]
+    assert digest.weight_sums == {0: 1.75, 3: 1.0, 1: 0.25}
+    assert digest.curves == {"accuracy": [(1, 50.0)], "global_accuracy": [(1, 40.0)]}
+    assert digest.isolated()  # the last tenth of its rounds (one) weighed only itself
+    assert not RoundDigest.of(records[:2]).isolated() and not RoundDigest().isolated()
