@@ -192,6 +192,7 @@ class RoundDigest:
         self.alone: list[bool] = []  # per record: at most one sender weighed
         self.curves: dict[str, list[tuple[int, float]]] = {key: [] for key in CURVE_KEYS}
         self.weight_sums: dict[int, float] = {}  # sender -> its weights summed over the records
+        self._ids: dict[str, int] = {}  # a record's sender key -> the sender's id
 
     @classmethod
     def of(cls, records: Iterable[dict[str, Any]], byzantine: Collection[int] = ()) -> "RoundDigest":
@@ -203,18 +204,24 @@ class RoundDigest:
     def add(self, rec: dict[str, Any]) -> None:
         self.rounds += 1
         round_ = rec.get("round")
-        for key in CURVE_KEYS:
-            value = rec.get(key)
-            if value is not None and isinstance(round_, int):
-                self.curves[key].append((round_, float(value)))
+        if isinstance(round_, int):
+            for key in CURVE_KEYS:
+                value = rec.get(key)
+                if value is not None:
+                    self.curves[key].append((round_, float(value)))
         w = rec.get("weights") or {}
         self.alone.append(len(w) <= 1)
-        sums = self.weight_sums
+        sums, ids, byzantine = self.weight_sums, self._ids, self.byzantine
+        share = 0  # as sum() adds them: from int 0, in the record's order
         for s, v in w.items():
-            sender = int(s)
+            sender = ids.get(s)
+            if sender is None:
+                sender = ids[s] = int(s)
             sums[sender] = sums.get(sender, 0.0) + float(v)
-        if self.byzantine:
-            self.byzantine_shares.append(sum(v for s, v in w.items() if int(s) in self.byzantine))
+            if sender in byzantine:
+                share = share + v
+        if byzantine:
+            self.byzantine_shares.append(share)
 
     def isolated(self) -> bool:
         """True when, over the last tenth of its rounds, the client aggregated its own model only."""
