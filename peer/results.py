@@ -180,7 +180,7 @@ CURVE_KEYS = ("accuracy", "global_accuracy")
 class RoundDigest:
     """What :func:`summarize` and :class:`RecordBuilder` read of one client's round records, fed
     one record at a time in round order (:meth:`add`): how many there are, each one's weight on
-    Byzantine senders (``byzantine``: their ids), whether it weighed at most one sender, the
+    Byzantine senders (``byzantine``: their ids), how many of the last weighed at most one sender, the
     curves' values by round, and each sender's weights summed in round order. Built from a log
     read back (:meth:`of`) or as a :class:`RoundLog` writes it: the same values either way (a
     record's floats come back from JSON unchanged), so the summary and record are the same bytes."""
@@ -189,7 +189,7 @@ class RoundDigest:
         self.byzantine = frozenset(byzantine)
         self.rounds = 0
         self.byzantine_shares: list[float] = []  # per record, when there are Byzantine ids
-        self.alone: list[bool] = []  # per record: at most one sender weighed
+        self.trailing_alone = 0  # how many of the last records in a row weighed at most one sender
         self.curves: dict[str, list[tuple[int, float]]] = {key: [] for key in CURVE_KEYS}
         self.weight_sums: dict[int, float] = {}  # sender -> its weights summed over the records
         self._ids: dict[str, int] = {}  # a record's sender key -> the sender's id
@@ -210,7 +210,7 @@ class RoundDigest:
                 if value is not None:
                     self.curves[key].append((round_, float(value)))
         w = rec.get("weights") or {}
-        self.alone.append(len(w) <= 1)
+        self.trailing_alone = self.trailing_alone + 1 if len(w) <= 1 else 0
         sums, ids, byzantine = self.weight_sums, self._ids, self.byzantine
         share = 0  # as sum() adds them: from int 0, in the record's order
         for s, v in w.items():
@@ -225,9 +225,7 @@ class RoundDigest:
 
     def isolated(self) -> bool:
         """True when, over the last tenth of its rounds, the client aggregated its own model only."""
-        if not self.alone:
-            return False
-        return all(self.alone[-max(1, len(self.alone) // 10):])
+        return self.rounds > 0 and self.trailing_alone >= max(1, self.rounds // 10)
 
 
 class RecordBuilder:
@@ -308,7 +306,12 @@ def summarize(
         ok = final is not None and final.get("completed") and exit_codes.get(k) in (0, None)
         if not ok:
             failed.append(k)
-        digest = digests[k] if digests is not None else RoundDigest.of(read_rounds(out_dir, k), byzantine)
+        if digests is None:
+            digest = RoundDigest.of(read_rounds(out_dir, k), byzantine)
+        else:
+            digest = digests[k]
+            if digest.byzantine != byzantine:
+                raise ValueError(f"client {k}'s round digest counts Byzantine weight for {sorted(digest.byzantine)}, the run's Byzantine clients are {sorted(byzantine)}")
         if record is not None and roles[k] == "honest":
             record.add(k, digest)
         entry: dict[str, Any] = {
