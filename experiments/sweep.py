@@ -64,6 +64,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
+from dfedrw.launch.forkserver import ForkedProcess, ForkServer, fork_available
 from dfedrw.peer.results import write_json_atomic
 from dfedrw.peer.unused import unused_settings
 from dfedrw.experiments.record import read_record, write_record
@@ -123,10 +124,22 @@ def child_command(request: Path, folder: Path) -> list[str]:
     return [sys.executable, "-m", "dfedrw.launch.cli", "run", str(request), "--out", str(folder)]
 
 
+def batch_arguments(runs: Sequence[PlannedRun]) -> list[str]:
+    """The arguments of ``python -m dfedrw.launch.batched`` that run ``runs`` as one batch."""
+    return [x for run in runs for x in ("--run", str(run.folder / REQUEST_FILE), str(run.folder))]
+
+
 def batch_command(runs: Sequence[PlannedRun]) -> list[str]:
     """The command that runs several scenarios of the batched engine as one batch of runs."""
-    pairs = [x for run in runs for x in ("--run", str(run.folder / REQUEST_FILE), str(run.folder))]
-    return [sys.executable, "-m", "dfedrw.launch.batched", *pairs]
+    return [sys.executable, "-m", "dfedrw.launch.batched", *batch_arguments(runs)]
+
+
+def batch_server(env: dict[str, str]) -> ForkServer | None:
+    """Where the sweep forks its batches from: a fork server with the batched engine imported
+    (:mod:`dfedrw.launch.forkserver`), so that a batch does not spend its first two seconds
+    importing torch and the engine, and ends without tearing an interpreter down. None where
+    ``os.fork`` is missing: each batch is then a fresh ``python -m dfedrw.launch.batched``."""
+    return ForkServer(sys.executable, env, entry="batched") if fork_available() else None
 
 
 def _child_env() -> dict[str, str]:
@@ -178,8 +191,8 @@ class SweepResult:
 @dataclass
 class _Job:
     runs: list[PlannedRun]
-    proc: subprocess.Popen
-    log: Any
+    proc: subprocess.Popen | ForkedProcess
+    log: Any  # the open log file of a subprocess; None for a forked batch (it opened its own)
     start: float
 
 
@@ -204,7 +217,8 @@ def _stop(jobs: Sequence[_Job]) -> None:
             if j.proc.poll() is None:
                 j.proc.kill()
             j.proc.wait()
-            j.log.close()
+            if j.log is not None:
+                j.log.close()
 
 
 def _execute(
@@ -223,6 +237,7 @@ def _execute(
     queue = deque(plan_batches(runs, jobs, batch))
     running: list[_Job] = []
     env = _child_env()
+    server: ForkServer | None | bool = None  # started at the first batch; False: none (start each batch afresh)
     next_progress = time.monotonic()
     try:
         while queue or running:
@@ -234,17 +249,29 @@ def _execute(
                 head = group[0]
                 for run in group[1:]:
                     (run.folder / LOG_FILE).write_text(f"run in a batch of {len(group)} runs; its log: ../{head.name}/{LOG_FILE}\n", encoding="utf-8")
-                log = (head.folder / LOG_FILE).open("wb")
-                command = child_command(head.folder / REQUEST_FILE, head.folder) if len(group) == 1 else batch_command(group)
-                if tensorboard is not None:
-                    # `dfedrw run` writes where it is told; a batch puts each run in DIR/<its folder name> itself.
-                    command += ["--tensorboard", str(Path(tensorboard) / head.name) if len(group) == 1 else str(tensorboard)]
-                proc = subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                    # Its own session: a Ctrl-C at the terminal reaches only the sweep, which
-                    # then stops each child in order.
-                    start_new_session=True,
-                )
+                # `dfedrw run` writes where it is told; a batch puts each run in DIR/<its folder name> itself.
+                board_flag = [] if tensorboard is None else ["--tensorboard", str(Path(tensorboard) / head.name) if len(group) == 1 else str(tensorboard)]
+                proc, log = None, None
+                if len(group) > 1 and server is not False:
+                    try:
+                        if server is None:
+                            server = batch_server(env) or False
+                        if server:
+                            proc = server.start(batch_arguments(group) + board_flag, env, head.folder / LOG_FILE)
+                    except (OSError, RuntimeError) as exc:
+                        board.console.print(f"could not fork a batch ({exc}); starting each batch as a new process", markup=False, highlight=False, soft_wrap=True)
+                        if server:
+                            server.close()
+                        server = False
+                if proc is None:
+                    log = (head.folder / LOG_FILE).open("wb")
+                    command = child_command(head.folder / REQUEST_FILE, head.folder) if len(group) == 1 else batch_command(group)
+                    proc = subprocess.Popen(
+                        command + board_flag, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                        # Its own session: a Ctrl-C at the terminal reaches only the sweep, which
+                        # then stops each child in order (a forked batch has its own session too).
+                        start_new_session=True,
+                    )
                 for run in group:
                     (run.folder / PID_FILE).write_text(str(proc.pid))
                 job = _Job(group, proc, log, time.monotonic())
@@ -256,7 +283,8 @@ def _execute(
                 if rc is None:
                     continue
                 running.remove(job)
-                job.log.close()
+                if job.log is not None:
+                    job.log.close()
                 seconds = (time.monotonic() - job.start) / len(job.runs)
                 head_log = job.runs[0].folder / LOG_FILE
                 retry = []
@@ -300,6 +328,9 @@ def _execute(
         board.console.print("interrupted: stopping the running runs (finished runs are kept)", markup=False, soft_wrap=True)
         _stop(running)
         raise
+    finally:
+        if server:
+            server.close()
 
 
 def _clear(run: PlannedRun, tensorboard: Path | None) -> None:

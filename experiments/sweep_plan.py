@@ -161,9 +161,11 @@ def run_state(folder: Path, scenario: Scenario) -> str:
 
 
 def still_running(folder: Path) -> int | None:
-    """The PID of a ``dfedrw run`` still working in ``folder`` (left by a sweep that was killed
-    without stopping its children), else None. A recycled PID is told apart by its command
-    line (which names the run folder) where /proc shows it."""
+    """The PID of a ``dfedrw run`` or batch still working in ``folder`` (left by a sweep that was
+    killed without stopping its children), else None. A recycled PID is told apart by its
+    command line where /proc shows it: it names the run folder, or it is the fork server's
+    (a batch forked from one, :func:`~dfedrw.experiments.sweep.batch_server`, keeps the
+    server's command line)."""
     from dfedrw.launch.procs import pid_alive
 
     try:
@@ -176,7 +178,7 @@ def still_running(folder: Path) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return pid  # no /proc here: alive is all we can tell
-    return pid if folder.name in cmdline else None
+    return pid if folder.name in cmdline or "dfedrw.launch.forkserver" in cmdline else None
 
 
 def run_seconds(folder: Path) -> float | None:
@@ -211,13 +213,19 @@ def _batch_size(log: Path) -> int | None:
 
 
 DEFAULT_BATCH = 16  # runs per batch (`dfedrw sweep --batch`)
+TAPER_FROM = 4  # batches per job from which the last ones are cut smaller (plan_batches)
 
 
 def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list[PlannedRun]]:
     """The runs as the sweep hands them out: runs of the batched engine that share a
     :func:`~dfedrw.launch.batched.batch_key` (model, training, rounds, device) go in batches of
     at most ``batch``, split evenly into a multiple of ``jobs`` batches where there are enough
-    runs, so that every job has work to the end; every other run alone. Grid order is kept within a batch."""
+    runs, so that every job has work to the end; every other run alone. Grid order is kept within a batch.
+
+    Where each job has at least :data:`TAPER_FROM` batches, the last ``jobs`` batches are cut in
+    halves and the last ``jobs`` halves in halves again: the jobs then end within about a
+    quarter of a batch of each other, not up to a whole batch apart, as batches of the same
+    size take different times (their rules and attacks differ)."""
     from dfedrw.launch.batched import batch_key
 
     groups: dict[Any, list[PlannedRun]] = {}
@@ -233,9 +241,18 @@ def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list
             count = -(-count // jobs) * jobs  # a multiple of the jobs: no job left alone at the end
         # Exactly ``count`` batches, their sizes one apart (304 runs in 20 batches: 4 of 16 and
         # 16 of 15, not 19 of 16 with the last one alone).
-        size, larger = divmod(len(members), count)
-        bounds = [0]
-        for i in range(count):
-            bounds.append(bounds[-1] + size + (1 if i < larger else 0))
-        out[:0] = [members[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+        batches = _even_parts(members, count)
+        if count >= TAPER_FROM * jobs:
+            for _ in range(2):
+                batches[-jobs:] = [half for b in batches[-jobs:] for half in _even_parts(b, min(2, len(b)))]
+        out[:0] = batches
     return out
+
+
+def _even_parts(members: Sequence[PlannedRun], count: int) -> list[list[PlannedRun]]:
+    """``members`` in ``count`` consecutive parts whose sizes are at most one apart, larger first."""
+    size, larger = divmod(len(members), count)
+    bounds = [0]
+    for i in range(count):
+        bounds.append(bounds[-1] + size + (1 if i < larger else 0))
+    return [list(members[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]

@@ -10,12 +10,17 @@ child does not write to, and so copy, the pages it shares with the server), and 
 child per request. A child starts in well under a tenth of a second, and the pages it has not
 written stay shared with the server and every other client.
 
+A sweep starts its batches of runs of the batched engine (``python -m dfedrw.launch.batched``)
+the same way, from a server that has the batched engine imported (:data:`ENTRIES`): each batch
+is still a process of its own, so a crash ends only that batch.
+
 Requests and replies are JSON lines over the server's stdin and stdout (never pickle):
 
-* ``{"tag": N, "argv": [...], "env": {...}, "log": PATH, "cwd": PATH}`` -> the server forks;
-  the child starts a new session, takes exactly ``env`` as its environment, writes stdout and
-  stderr to ``log`` and runs ``dfedrw peer ARGV``; the reply is ``{"tag": N, "pid": PID}``
-  (or ``{"tag": N, "error": "..."}``);
+* ``{"tag": N, "argv": [...], "env": {...}, "log": PATH, "cwd": PATH}`` (and, optionally,
+  ``"entry": NAME``, one of :data:`ENTRIES`; ``"peer"`` where it is missing) -> the server
+  forks; the child starts a new session, takes exactly ``env`` as its environment, writes
+  stdout and stderr to ``log`` and runs the entry's ``main`` on ARGV (``dfedrw peer ARGV``);
+  the reply is ``{"tag": N, "pid": PID}`` (or ``{"tag": N, "error": "..."}``);
 * when a child ends: ``{"exited": PID, "code": C}`` (C as ``subprocess.Popen.returncode``:
   negative for a signal).
 
@@ -34,6 +39,7 @@ import gc
 import importlib
 import json
 import os
+import pkgutil
 import select
 import signal
 import subprocess
@@ -44,12 +50,24 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PRELOAD", "START_METHODS", "ForkServer", "ForkedProcess", "client_env", "fork_available", "may_fork_clients", "prestart", "serve", "take_prestarted"]
+__all__ = ["ENTRIES", "PRELOAD", "START_METHODS", "ForkServer", "ForkedProcess", "client_env", "fork_available", "may_fork_clients", "prestart", "serve", "take_prestarted"]
 
 # How client processes start: forked from this module's server, or each a fresh interpreter.
 START_METHODS = ("fork", "spawn")
 # What a client process imports; the server imports it once for all of them.
 PRELOAD = ("torch", "numpy", "dfedrw.peer.cli", "dfedrw.peer.node", "dfedrw.peer.datacache", "dfedrw.peer.transport.grpc_transport")
+# What a forked child can run: the module whose ``main(argv)`` it calls, the words put before
+# the request's argv, and what a server started for that entry imports first (``P.*``: the
+# package P and each of its modules).
+ENTRIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "peer": ("dfedrw.peer.cli", ("peer",), PRELOAD),
+    "batched": (
+        "dfedrw.launch.batched", (),
+        ("torch", "numpy", "statistics", "dfedrw.launch.batched", "dfedrw.launch.batched_run", "dfedrw.launch.preflight", "dfedrw.launch.procs",
+         "dfedrw.peer.cli", "dfedrw.peer.config", "dfedrw.peer.results", "dfedrw.peer.datacache", "dfedrw.peer.tensorboard",
+         "dfedrw.peer.aggregation.*", "dfedrw.peer.attacks.*"),
+    ),
+}
 _GRACE = 5.0
 
 
@@ -93,10 +111,10 @@ def _child(request: dict[str, Any], keep: tuple[int, ...]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        sys.argv = ["dfedrw", "peer", *request["argv"]]
-        from dfedrw.peer.cli import main
-
-        code = main(["peer", *request["argv"]])
+        module, words, _ = ENTRIES[request.get("entry", "peer")]
+        main = importlib.import_module(module).main
+        sys.argv = ["dfedrw", *words, *request["argv"]]
+        code = main([*words, *request["argv"]]) if words else main(list(request["argv"]))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:
@@ -119,9 +137,10 @@ def _checked(request: Any) -> None:
         and isinstance(request.get("argv"), list) and all(isinstance(a, str) for a in request["argv"])
         and isinstance(request.get("env"), dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in request["env"].items())
         and isinstance(request.get("log"), str) and isinstance(request.get("cwd"), str)
+        and isinstance(request.get("entry", "peer"), str) and request.get("entry", "peer") in ENTRIES
     )
     if not ok:
-        raise ValueError("a request is {tag: int, argv: [str], env: {str: str}, log: str, cwd: str}")
+        raise ValueError(f"a request is {{tag: int, argv: [str], env: {{str: str}}, log: str, cwd: str}} and, optionally, entry: one of {', '.join(ENTRIES)}")
 
 
 def _reply(message: dict[str, Any]) -> None:
@@ -131,9 +150,12 @@ def _reply(message: dict[str, Any]) -> None:
 
 
 def serve(preload: tuple[str, ...] = PRELOAD) -> int:
-    """The fork server's loop (see the module docstring)."""
+    """The fork server's loop (see the module docstring), with the modules ``preload`` imported."""
     for name in preload:
-        importlib.import_module(name)
+        module = importlib.import_module(name.removesuffix(".*"))
+        if name.endswith(".*"):
+            for info in pkgutil.iter_modules(module.__path__, f"{module.__name__}."):
+                importlib.import_module(info.name)
     gc.collect()
     gc.freeze()
     wake_r, wake_w = os.pipe()
@@ -206,10 +228,13 @@ def _signal(pid: int, sig: int) -> None:
 class ForkServer:
     """A running fork server (started at once; it imports while the launcher goes on)."""
 
-    def __init__(self, python: str, env: dict[str, str], *, log: Path | None = None) -> None:
+    def __init__(self, python: str, env: dict[str, str], *, log: Path | None = None, entry: str = "peer") -> None:
+        if entry not in ENTRIES:
+            raise ValueError(f"no fork server entry {entry!r}; there are: {', '.join(ENTRIES)}")
         self.python = python
+        self.entry = entry  # what it has imported, and what its children run
         self.proc = subprocess.Popen(
-            [python, "-m", "dfedrw.launch.forkserver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [python, "-m", "dfedrw.launch.forkserver", entry], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env, start_new_session=True,
         )
         self.pid = self.proc.pid
@@ -257,20 +282,22 @@ class ForkServer:
             self._log_file.flush()
 
     def start(self, argv: list[str], env: dict[str, str], log: Path, *, timeout: float = 120.0) -> ForkedProcess:
-        """Fork one client running ``dfedrw peer ARGV`` with environment ``env``, output to ``log``."""
+        """Fork one child running the server's entry on ``argv`` (a client: ``dfedrw peer ARGV``)
+        with environment ``env``, output to ``log``."""
         with self._cond:
             self._tag += 1
             tag = self._tag
-        request = {"tag": tag, "argv": argv, "env": env, "log": str(log), "cwd": os.getcwd()}
+        what = "client" if self.entry == "peer" else "process"
+        request = {"tag": tag, "entry": self.entry, "argv": argv, "env": env, "log": str(log), "cwd": os.getcwd()}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         with self._cond:
             if not self._cond.wait_for(lambda: tag in self._started or self._gone, timeout):
-                raise RuntimeError(f"the fork server (pid {self.pid}) did not start a client within {timeout:.0f} s")
+                raise RuntimeError(f"the fork server (pid {self.pid}) did not start a {what} within {timeout:.0f} s")
             reply = self._started.pop(tag, None)
         if reply is None or "pid" not in reply:
             why = reply["error"] if reply else f"it exited ({self._last_words()})"
-            raise RuntimeError(f"the fork server could not start a client: {why}")
+            raise RuntimeError(f"the fork server could not start a {what}: {why}")
         return ForkedProcess(self, int(reply["pid"]))
 
     def _last_words(self) -> str:
@@ -385,5 +412,14 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+def _main(argv: list[str]) -> int:
+    """``python -m dfedrw.launch.forkserver [ENTRY]``: serve, with ENTRY's modules imported."""
+    entry = argv[0] if argv else "peer"
+    if len(argv) > 1 or entry not in ENTRIES:
+        print(f"usage: python -m dfedrw.launch.forkserver [{'|'.join(ENTRIES)}]", file=sys.stderr)
+        return 2
+    return serve(ENTRIES[entry][2])
+
+
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(_main(sys.argv[1:]))

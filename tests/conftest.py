@@ -47,6 +47,8 @@ def fake_run(tmp_path, monkeypatch):
         sweep, "batch_command",
         lambda runs: [sys.executable, str(script), *(str(x) for r in runs for x in (r.folder / sweep.REQUEST_FILE, r.folder))],
     )
+    # Batches as subprocesses running the stand-in, not forked from a server of the real engine.
+    monkeypatch.setattr(sweep, "batch_server", lambda env: None)
     return lambda: calls.read_text().split()
 
 

@@ -2,6 +2,7 @@
 that fails (its runs retried alone), a batch interrupted (resumed), and a real grid run in
 batches giving what it gives run by run."""
 
+import dataclasses
 import json
 import os
 
@@ -34,6 +35,16 @@ def test_runs_of_one_shape_go_in_even_batches_and_others_alone(tmp_path):
     assert sorted(len(b) for b in plan_batches(seven, jobs=3, batch=2)) == [1, 1, 1, 1, 1, 2]
     assert [r.key for b in plan_batches(seven, jobs=3, batch=2) for r in b] == [r.key for r in seven]
     assert all(len(b) == 1 for b in plan_batches(runs, jobs=2, batch=1))
+
+    # 40 runs for 2 jobs in at most 5 a batch: 8 batches, 4 a job; the last 2 cut in halves,
+    # the last 2 halves in halves again.
+    forty = runs + [dataclasses.replace(r, key=f"{r.key}-{i}") for i in (1, 2) for r in runs[:12]]
+    forty = [dataclasses.replace(r, scenario=runs[0].scenario) for r in forty]
+    tapered = plan_batches(forty, jobs=2, batch=5)
+    assert [len(b) for b in tapered] == [5, 5, 5, 5, 5, 5, 3, 2, 2, 1, 1, 1]
+    assert [r.key for b in tapered for r in b] == [r.key for r in forty]
+    # 3 batches a job: no cut.
+    assert [len(b) for b in plan_batches(forty[:30], jobs=2, batch=5)] == [5, 5, 5, 5, 5, 5]
 
     clients = [r for r in plan_sweep(load_grid(write_grid(tmp_path, GRID.replace('"eval.every=0"', '"eval.every=0", "engine.name=clients"'), "c.toml")), tmp_path / "c").runs.values()]
     assert all(len(b) == 1 for b in plan_batches(clients, jobs=2, batch=16))

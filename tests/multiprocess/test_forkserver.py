@@ -15,6 +15,7 @@ from dfedrw.launch.forkserver import ForkServer, fork_available
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.config import dump_scenario
 from tests.helpers import quiet_console, wait_for
+from tests.support.parity import differences
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not fork_available(), reason="no os.fork here")]
 
@@ -117,3 +118,59 @@ def test_forked_and_spawned_clients_compute_the_same_run(small_scenario, tmp_pat
     assert all(s["failed_peers"] == [] for s in summaries.values())
     assert figures(tmp_path / "fork") == figures(tmp_path / "spawn")
     assert summaries["fork"]["honest_mean_accuracy"] == summaries["spawn"]["honest_mean_accuracy"]
+
+
+def _batch_requests(small_scenario, tmp_path, name, *overrides):
+    """Two small scenarios of the batched engine (seeds 1 and 2) as ``--run REQUEST OUT`` pairs."""
+    argv = []
+    for seed in (1, 2):
+        request = tmp_path / f"{name}-{seed}.toml"
+        dump_scenario(small_scenario("engine.name=batched", "attack.name=gaussian", f"seed={seed}", *overrides), request)
+        argv += ["--run", str(request), str(tmp_path / name / str(seed))]
+    return argv
+
+
+def test_a_forked_batch_computes_what_a_new_process_computes(small_scenario, tmp_path):
+    # Prepare
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    server = ForkServer(sys.executable, env, entry="batched")
+
+    # Execute
+    try:
+        forked = server.start(_batch_requests(small_scenario, tmp_path, "fork", "eval.every=5"), env, tmp_path / "fork.log")
+        assert forked.wait(timeout=300) == 0
+    finally:
+        server.close()
+    spawned = subprocess.run(
+        [sys.executable, "-m", "dfedrw.launch.batched", *_batch_requests(small_scenario, tmp_path, "spawn", "eval.every=5")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+
+    # Assert
+    assert spawned.returncode == 0, spawned.stderr
+    assert "2 runs as one batch" in (tmp_path / "fork.log").read_text()
+    for seed in ("1", "2"):
+        assert differences(tmp_path / "fork" / seed, tmp_path / "spawn" / seed) == [], seed
+
+
+def test_a_forked_batch_stops_on_sigint_like_a_new_process(small_scenario, tmp_path):
+    # Prepare: a batch long enough to be stopped while it runs
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    server = ForkServer(sys.executable, env, entry="batched")
+    try:
+        proc = server.start(_batch_requests(small_scenario, tmp_path, "b", "rounds=100000"), env, tmp_path / "b.log")
+        log = tmp_path / "b.log"
+        wait_for(lambda: log.exists() and "runs as one batch" in log.read_text(), 120, "the batch to begin")
+
+        # Execute
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    finally:
+        server.close()
+
+    # Assert: it stopped as `python -m dfedrw.launch.batched` does, its runs unfinished
+    assert code == 130
+    assert "interrupted" in (tmp_path / "b.log").read_text()
+    for seed in ("1", "2"):
+        summary = tmp_path / "b" / seed / "summary.json"
+        assert not summary.exists() or json.loads(summary.read_text())["interrupted"]

@@ -11,6 +11,7 @@ GOOD = {"tag": 1, "argv": ["--id", "3"], "env": {"A": "b"}, "log": "/tmp/x.log",
 
 def test_a_well_formed_request_passes():
     _checked(GOOD)
+    _checked({**GOOD, "entry": "batched"})
 
 
 @pytest.mark.parametrize(
@@ -18,6 +19,7 @@ def test_a_well_formed_request_passes():
     [
         [], "run", {**GOOD, "tag": "1"}, {**GOOD, "argv": "--id 3"}, {**GOOD, "argv": ["--id", 3]},
         {**GOOD, "env": {"A": 1}}, {**GOOD, "env": [["A", "b"]]}, {**GOOD, "log": None}, {k: v for k, v in GOOD.items() if k != "cwd"},
+        {**GOOD, "entry": "os.system"}, {**GOOD, "entry": None}, {**GOOD, "entry": ["peer"]},
     ],
 )
 def test_a_malformed_request_is_refused(bad):
