@@ -3,10 +3,12 @@ that fails (its runs retried alone), a batch interrupted (resumed), and a real g
 batches giving what it gives run by run."""
 
 import dataclasses
+import io
 import json
 import os
 
 import pytest
+from rich.console import Console
 
 from dfedrw.experiments import sweep
 from dfedrw.experiments.grid import load_grid
@@ -110,3 +112,26 @@ def test_a_grid_in_batches_gives_what_it_gives_run_by_run(tmp_path):
     logs = [(tmp_path / "together" / "runs" / name / "run.log").read_text() for name in runs]
     assert sum("4 runs as one batch" in text for text in logs) == 1
     assert sum("run in a batch of 4 runs" in text for text in logs) == 3
+
+
+def test_a_batch_that_cannot_be_forked_runs_as_a_new_process(tmp_path, fake_run, monkeypatch):
+    # Prepare: a fork server that refuses every batch
+    closed = []
+
+    class Refusing:
+        def start(self, argv, env, log):
+            raise RuntimeError("the fork server could not start a process: it exited (no output)")
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(sweep, "batch_server", lambda env: Refusing())
+    console = Console(file=io.StringIO(), width=200)
+
+    # Execute
+    result = run_sweep(write_grid(tmp_path, GRID), tmp_path / "out", jobs=1, batch=4, console=console, check_runnable=False)
+
+    # Assert: the two batches ran as new processes (the stand-in), the server closed once
+    assert (result.done, result.failures) == (8, [])
+    assert len(fake_run()) == 8 and closed == [True]
+    assert "could not fork a batch (the fork server could not start a process" in console.file.getvalue()
