@@ -188,6 +188,38 @@ class SweepResult:
         return 1 if self.failures else 0
 
 
+class _BatchForker:
+    """Forks a sweep's batches from one fork server (:func:`batch_server`, started at the first
+    batch). Where there is none, or it fails to start or fork one, it forks nothing more and
+    :meth:`start` returns None: each batch is then a new process."""
+
+    def __init__(self, env: dict[str, str], console: Console) -> None:
+        self.env, self.console = env, console
+        self.server: ForkServer | None = None
+        self.off = False
+
+    def start(self, argv: list[str], log: Path) -> ForkedProcess | None:
+        if self.off:
+            return None
+        try:
+            if self.server is None:
+                self.server = batch_server(self.env)
+                self.off = self.server is None
+                if self.off:
+                    return None
+            return self.server.start(argv, self.env, log)
+        except (OSError, RuntimeError) as exc:
+            self.console.print(f"could not fork a batch ({exc}); starting each batch as a new process", markup=False, highlight=False, soft_wrap=True)
+            self.close()
+            self.off = True
+            return None
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
 @dataclass
 class _Job:
     runs: list[PlannedRun]
@@ -237,7 +269,7 @@ def _execute(
     queue = deque(plan_batches(runs, jobs, batch))
     running: list[_Job] = []
     env = _child_env()
-    server: ForkServer | None | bool = None  # started at the first batch; False: none (start each batch afresh)
+    forker = _BatchForker(env, board.console)
     next_progress = time.monotonic()
     try:
         while queue or running:
@@ -251,18 +283,8 @@ def _execute(
                     (run.folder / LOG_FILE).write_text(f"run in a batch of {len(group)} runs; its log: ../{head.name}/{LOG_FILE}\n", encoding="utf-8")
                 # `dfedrw run` writes where it is told; a batch puts each run in DIR/<its folder name> itself.
                 board_flag = [] if tensorboard is None else ["--tensorboard", str(Path(tensorboard) / head.name) if len(group) == 1 else str(tensorboard)]
-                proc, log = None, None
-                if len(group) > 1 and server is not False:
-                    try:
-                        if server is None:
-                            server = batch_server(env) or False
-                        if server:
-                            proc = server.start(batch_arguments(group) + board_flag, env, head.folder / LOG_FILE)
-                    except (OSError, RuntimeError) as exc:
-                        board.console.print(f"could not fork a batch ({exc}); starting each batch as a new process", markup=False, highlight=False, soft_wrap=True)
-                        if server:
-                            server.close()
-                        server = False
+                proc = forker.start(batch_arguments(group) + board_flag, head.folder / LOG_FILE) if len(group) > 1 else None
+                log = None
                 if proc is None:
                     log = (head.folder / LOG_FILE).open("wb")
                     command = child_command(head.folder / REQUEST_FILE, head.folder) if len(group) == 1 else batch_command(group)
@@ -329,8 +351,7 @@ def _execute(
         _stop(running)
         raise
     finally:
-        if server:
-            server.close()
+        forker.close()
 
 
 def _clear(run: PlannedRun, tensorboard: Path | None) -> None:

@@ -48,9 +48,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["ENTRIES", "PRELOAD", "START_METHODS", "ForkServer", "ForkedProcess", "client_env", "fork_available", "may_fork_clients", "prestart", "serve", "take_prestarted"]
+__all__ = ["ENTRIES", "PRELOAD", "Entry", "START_METHODS", "ForkServer", "ForkedProcess", "client_env", "fork_available", "may_fork_clients", "prestart", "serve", "take_prestarted"]
 
 # How client processes start: forked from this module's server, or each a fresh interpreter.
 START_METHODS = ("fork", "spawn")
@@ -59,9 +59,15 @@ PRELOAD = ("torch", "numpy", "dfedrw.peer.cli", "dfedrw.peer.node", "dfedrw.peer
 # What a forked child can run: the module whose ``main(argv)`` it calls, the words put before
 # the request's argv, and what a server started for that entry imports first (``P.*``: the
 # package P and each of its modules).
-ENTRIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "peer": ("dfedrw.peer.cli", ("peer",), PRELOAD),
-    "batched": (
+class Entry(NamedTuple):
+    module: str
+    words: tuple[str, ...]
+    preload: tuple[str, ...]
+
+
+ENTRIES: dict[str, Entry] = {
+    "peer": Entry("dfedrw.peer.cli", ("peer",), PRELOAD),
+    "batched": Entry(
         "dfedrw.launch.batched", (),
         ("torch", "numpy", "statistics", "dfedrw.launch.batched", "dfedrw.launch.batched_run", "dfedrw.launch.preflight", "dfedrw.launch.procs",
          "dfedrw.peer.cli", "dfedrw.peer.config", "dfedrw.peer.results", "dfedrw.peer.datacache", "dfedrw.peer.tensorboard",
@@ -111,10 +117,10 @@ def _child(request: dict[str, Any], keep: tuple[int, ...]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        module, words, _ = ENTRIES[request.get("entry", "peer")]
-        main = importlib.import_module(module).main
-        sys.argv = ["dfedrw", *words, *request["argv"]]
-        code = main([*words, *request["argv"]]) if words else main(list(request["argv"]))
+        entry = ENTRIES[request.get("entry", "peer")]
+        argv = [*entry.words, *request["argv"]]
+        sys.argv = ["dfedrw", *argv]
+        code = importlib.import_module(entry.module).main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:
@@ -418,7 +424,7 @@ def _main(argv: list[str]) -> int:
     if len(argv) > 1 or entry not in ENTRIES:
         print(f"usage: python -m dfedrw.launch.forkserver [{'|'.join(ENTRIES)}]", file=sys.stderr)
         return 2
-    return serve(ENTRIES[entry][2])
+    return serve(ENTRIES[entry].preload)
 
 
 if __name__ == "__main__":
