@@ -20,7 +20,7 @@ from dfedrw.peer.assembly import attack_generator, byzantine_claims, byzantine_r
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.plan import derive_seed
 from dfedrw.peer.transport.inbox import Inbox
-from dfedrw.peer.transport.serde import encode
+from dfedrw.peer.transport.serde import message_out
 
 log = logging.getLogger("dfedrw.peer.node")
 
@@ -91,8 +91,9 @@ class ByzantineRounds:
             liveness.update(self.inbox, expected, got)
             senders = tuple(k for k in sorted(got) if k not in byzantine)
             honest_msgs = [got[k] for k in senders]
+            # The round's matrix itself when every model was decoded into its row, else a stack.
             received = (
-                torch.stack([m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
+                self.inbox.stacked(r, [m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
             )
             claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
             pooled = self.collusion.exchange(r, senders, received, sc.network.round_timeout) if self.collusion is not None else None
@@ -102,11 +103,15 @@ class ByzantineRounds:
             )
             crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
             reference = next_reference(attack, view)
+            # Done with what it received this round: only the crafted messages are held now.
+            self.inbox.close(r)
+            received_from = sorted(got)
+            del view, received, honest_msgs, got
             # Copies labelled with other rounds go first: a receiver takes the round's own message
             # last, so it is still running (and counts what it does with them) when they arrive.
             for k, labelled in crafted.extra.items():
                 for label, extra in labelled:
-                    chunks = encode(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
+                    chunks = message_out(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
                     self.transport.send(k, chunks)
             silent = 0
             for k in targets:
@@ -116,16 +121,18 @@ class ByzantineRounds:
                     continue
                 self.transport.send(
                     k,
-                    encode(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
+                    message_out(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
                 )
             silent_before = silent > 0
             record = byzantine_record(
-                r, sorted(got), silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
+                r, received_from, silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
                 pooled_from=list(pooled.used) if pooled is not None else None,
             )
             self.results.write(self._with_round_graph(record, r))
             self.link.send({"type": "round", "id": self.id, "round": r})
             if self._checkpoint_due(r):
                 self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
+            # The transport holds what it has still to send, and lets each message go once sent.
+            crafted = message = extra = chunks = None
             r += 1
         return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at)}

@@ -7,7 +7,7 @@ colluder
 1. waits for its honest neighbours' round-r models, as every Byzantine client does;
 2. sends every other colluder not presumed gone one *pool message*: round r, the sorted ids of
    the honest senders it heard (``origins``) and their models in that order
-   (:func:`~dfedrw.peer.transport.serde.encode_pool`);
+   (:func:`~dfedrw.peer.transport.serde.pool_out`);
 3. waits, until the round deadline, for the round-r pool of every other colluder not presumed
    gone;
 4. takes the union by origin (:func:`pool_union`): ``pool_senders = sorted(union)``, each
@@ -40,7 +40,7 @@ import torch
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.inbox import RoundWaiting
-from dfedrw.peer.transport.serde import Plausible, PoolMessage, TensorSpec, WireError, decode_pool, encode_pool, pool_bytes
+from dfedrw.peer.transport.serde import Plausible, PoolMessage, TensorSpec, WireError, decode_pool, pool_bytes, pool_out
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,11 @@ class Collusion:
     def accept(self, header: pb.ModelHeader, payload: bytes, wire_bytes: int) -> tuple[bool, str]:
         """Check and keep one pool from a colluder; raises :class:`WireError` for a malformed one
         (the client counts it as for any message)."""
-        msg = decode_pool(header, payload, self.specs, wire_bytes, self.plausible, num_clients=self.num_clients)
+        return self.keep(decode_pool(header, payload, self.specs, wire_bytes, self.plausible, num_clients=self.num_clients))
+
+    def keep(self, msg: PoolMessage) -> tuple[bool, str]:
+        """Keep a pool that passed its wire checks (:func:`decode_pool`, or the client's intake
+        decoding it chunk by chunk); raises :class:`WireError` for one naming a colluder."""
         if any(k in self.colluders for k in msg.origins):
             # A pool holds honest models only: a colluder's id there is no model anyone sent.
             raise WireError("colluder_origin", f"a pool from {msg.sender} names a colluder as an origin")
@@ -252,7 +256,8 @@ class Collusion:
         colluder not presumed gone (to one presumed gone every ``probe_every`` rounds), wait
         until ``timeout`` for theirs, and return the union."""
         self.store.advance(round_)
-        chunks = encode_pool(self.own_id, round_, senders, received, self.specs, chunk_bytes=self.chunk_bytes)
+        self._last = None  # the last round's pool: nobody waits for it any more
+        chunks = pool_out(self.own_id, round_, senders, received, self.specs, chunk_bytes=self.chunk_bytes)
         self._last = (round_, chunks)
         gone = self.store.gone()
         for k in self.peers:

@@ -55,8 +55,9 @@ def build_model(
 
 
 def get_vector(model: nn.Module) -> torch.Tensor:
-    """A copy of the model's parameters as one flat vector, on the CPU wherever the model is."""
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().to("cpu", copy=True)
+    """A copy of the model's parameters as one flat vector, on the CPU wherever the model is
+    (one copy: the concatenation is a new tensor, moved only from another device)."""
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu()
 
 
 def set_vector(model: nn.Module, vector: torch.Tensor) -> None:

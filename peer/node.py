@@ -34,6 +34,7 @@ from dfedrw.peer.assembly import client_attack, client_data, client_identity, cl
 from dfedrw.peer.byzantine_loop import ByzantineRounds, Liveness, loop_times
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
+from dfedrw.peer.intake import ModelIntake
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
 from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, scenario_topology, told_byzantine
@@ -43,11 +44,11 @@ from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezv
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.telemetry import LauncherLink, NullLink
-from dfedrw.peer.transports import scenario_transport
+from dfedrw.peer.transports import scenario_model_specs, scenario_transport
 from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.inbox import Inbox
-from dfedrw.peer.transport.serde import WireError, decode, encode, join_chunks, model_specs
+from dfedrw.peer.transport.serde import message_out, model_specs
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +93,16 @@ class Client(Rejoining, ByzantineRounds):
         self.link = link or NullLink()
         net = scenario.network
         self.transport = transport
+        self.plausible = scenario_plausible(scenario)
+        # A Byzantine client trains nothing: it needs only the model's layout (from a model on
+        # the meta device, which holds no values).
+        self.model = initial_model(scenario, client_id) if self.role == "honest" else None
+        self.specs = model_specs(self.model) if self.model is not None else scenario_model_specs(scenario)
         self.inbox = Inbox(
             client_id, self.neighbours, self.topology.num_clients, receive_window(net.round_window, scenario.topology.schedule),
             senders_at=self.graphs.senders_at(client_id) if self.graphs.dynamic else None,
+            model_size=sum(s.numel for s in self.specs), rows_at=self._candidate_rows,
         )
-        self.plausible = scenario_plausible(scenario)
-        self.model = initial_model(scenario, client_id)
-        self.specs = model_specs(self.model)
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
         # A colluding Byzantine client exchanges pools with the other colluders (graph
         # neighbours or not), whom it reaches besides its neighbours.
@@ -112,6 +116,7 @@ class Client(Rejoining, ByzantineRounds):
             )
             self.max_bytes = min(net.max_message_bytes, max(self.max_bytes, self.collusion.max_bytes))
         self.contacts = (*self.neighbours, *(k for k in colluders if k != client_id and k not in self.neighbours))
+        self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self._after_offer)
         self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
         self.fingerprint = scenario_fingerprint(scenario)
         # A checkpoint of this client in its results folder: it was killed, and resumes.
@@ -153,54 +158,33 @@ class Client(Rejoining, ByzantineRounds):
         ``sender`` is the id the transport authenticated (None: it authenticates nobody).
 
         Returns (accepted, reason, this client's round): the sender drops what it still has
-        queued for earlier rounds."""
-        return (*self._accept(chunks, sender), self.inbox.round)
+        queued for earlier rounds. (Transports that hand messages over as they arrive use
+        :attr:`intake`'s ``begin``.)"""
+        return self.intake(chunks, sender)
 
-    def _accept(self, chunks, sender: int | None) -> tuple[bool, str]:
-        # Every message ends in one counter (accepted, stale or a rejection reason) and at most a
-        # rate-limited log line: a peer can send bad messages as fast as it likes.
-        try:
-            pools = self.collusion.peers if self.collusion is not None else ()
-            if sender is not None and sender not in pools:
-                # A stranger is turned away before its bytes are even joined.
-                refused = self.inbox.screen(sender)
-                if refused is not None:
-                    return refused
-            header, payload, wire = join_chunks(chunks, self.max_bytes)
-            if sender is not None and header.sender != sender:
-                # The sender is who its certificate says, never who the message says.
-                return self.inbox.reject("impersonation", f"client {sender} claimed to be {header.sender}")
-            if header.sender in pools:
-                # Colluders send each other pools only, never models.
-                return self.collusion.accept(header, payload, wire)
-            # Screened before decoding so a stranger costs no tensor work (under a schedule, one
-            # that does not send to this client in the message's round too).
-            refused = self.inbox.screen(header.sender, header.round)
-            if refused is not None:
-                return refused
-            msg = decode(header, payload, self.specs, wire, self.plausible)
-        except WireError as exc:
-            return self.inbox.reject(exc.reason, exc.detail)
-        except Exception as exc:  # noqa: BLE001 - a message no check foresaw is still only rejected
-            return self.inbox.reject("malformed", type(exc).__name__)
-        was_gone = msg.sender in self.inbox.gone()
-        accepted, reason = self.inbox.offer(msg)
+    def _candidate_rows(self, r: int) -> tuple[int, ...]:
+        """The senders whose round-``r`` models are rows of the round's matrix, in the order the
+        round uses them: by id (a Byzantine client: its honest senders, the models it crafts from)."""
+        senders = self.graphs.senders_to(self.id, r)
+        return tuple(sorted(k for k in senders if self.role == "honest" or k not in self.topology.byzantine))
+
+    def _after_offer(self, sender: int, round_: int, accepted: bool, reason: str, was_gone: bool) -> None:
+        """A model message reached the inbox: a neighbour presumed gone that sent one is back."""
         if accepted and was_gone:
-            self._rearmed.discard(msg.sender)
-            self._on_back(msg.sender, msg.round)
+            self._rearmed.discard(sender)
+            self._on_back(sender, round_)
         elif (
-            was_gone and reason == "stale_round" and msg.sender not in self._rearmed
-            and msg.round >= self.inbox.round - self.scenario.network.round_window
+            was_gone and reason == "stale_round" and sender not in self._rearmed
+            and round_ >= self.inbox.round - self.scenario.network.round_window
         ):
             # A neighbour presumed gone that is only a few rounds behind (e.g. it restarted and
             # is catching up, and this client passed the round it came back at just before
             # its message arrived): waited for again from the next round, which it reaches
             # quickly. Once per absence, so a client that is merely slow costs at most
             # max_missed_rounds deadlines more.
-            self._rearmed.add(msg.sender)
-            self.inbox.set_gone(msg.sender, False)
-            self._on_back(msg.sender, self.inbox.round + 1)
-        return accepted, reason
+            self._rearmed.add(sender)
+            self.inbox.set_gone(sender, False)
+            self._on_back(sender, self.inbox.round + 1)
 
     def _on_reachability(self, peer: int, state: str) -> None:
         if self.collusion is not None:
@@ -257,7 +241,7 @@ class Client(Rejoining, ByzantineRounds):
         if not self._prepared:
             self.prepare()
             self._prepared = True
-        self.address = self.transport.start(self.deliver)
+        self.address = self.transport.start(self.intake)
         return self.address
 
     def connect(self, addresses: Mapping[int, str]) -> None:
@@ -354,11 +338,13 @@ class Client(Rejoining, ByzantineRounds):
         self._check_stop()
         r = self._catch_up(r)
         self.inbox.advance(r)
+        if self._last_sent is not None and self._last_sent[0] < r:
+            self._last_sent = None  # nobody waits for a model of a round past: let it go
         self._note_round(r)
         return r, self.transport.bytes_sent, self.inbox.bytes_received
 
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
-        chunks = encode(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
+        chunks = message_out(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
         self._last_sent = (round_, chunks)
         gone = self.inbox.gone()
         for k in to:
@@ -371,6 +357,15 @@ class Client(Rejoining, ByzantineRounds):
             if k in gone and k not in self._shut_out and round_ % _PROBE_EVERY:
                 continue
             self.transport.send(k, chunks)
+
+    def _flatten(self) -> torch.Tensor | None:
+        """On the CPU: make the model's parameters views of one flat vector (their values as
+        they are) and return it; elsewhere None."""
+        if self.device.type != "cpu":
+            return None
+        flat = get_vector(self.model)
+        set_vector(self.model, flat)
+        return flat
 
     def _rule_at(self, r: int, senders: tuple[int, ...]) -> tuple[Any, int | None]:
         """The rule of round ``r`` and, under a schedule, what it is told: the Byzantine
@@ -407,11 +402,14 @@ class Client(Rejoining, ByzantineRounds):
         log_every = max(1, sc.rounds // 20)
         r = self._rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
         first_after_resume = self.resumed is not None
+        # On the CPU the parameters are views of one flat vector (set_vector makes them so):
+        # after the local step that vector is the model to send, no copy of it needed.
+        flat = self._flatten()
         while r < sc.rounds:
             r, sent0, recv0 = self._begin_round(r)
             reference = get_vector(self.model)
             loss = trainer.step()
-            own = get_vector(self.model)
+            own = flat if flat is not None else get_vector(self.model)
             senders = self.graphs.senders_to(self.id, r)
             self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)
             expected = self._expected(r, frozenset(senders))
@@ -432,9 +430,12 @@ class Client(Rejoining, ByzantineRounds):
                 log.warning("client %d: round %d: took its neighbours' median model in place of its stale one", self.id, r)
             elif r == self._stale_round:
                 self._stale_round = r + 1  # no neighbour model this round: try again in the next
-            vectors = torch.stack([own, *(got[k].vector for k in ids[1:])])
+            # The candidates: the round's matrix itself when every received model was decoded
+            # into its row (own model copied into row 0), else a stack of them.
+            vectors = self.inbox.stacked(r, [got[k].vector for k in ids[1:]], own)
             sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
             losses = (loss, *(got[k].train_loss for k in ids[1:]))
+            missing = sorted(expected - got.keys())
             rule, told = self._rule_at(r, senders)
             agg = rule(
                 RoundInputs(
@@ -442,22 +443,31 @@ class Client(Rejoining, ByzantineRounds):
                     total_rounds=sc.rounds, declared_losses=losses, reference=reference,
                 )
             )
-            set_vector(self.model, agg.model)
+            model, weights, scores = agg.model, agg.weights, agg.scores
+            if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
+                # A rule that kept a candidate as it is: the parameters must not hold on to
+                # the whole matrix of the round.
+                model = model.clone()
+            set_vector(self.model, model)
+            # Done with the round's models: let them go before evaluating and checkpointing.
+            self.inbox.close(r)
+            flat = model if flat is not None else None
+            del vectors, got, agg, reference, own
             record: dict[str, Any] = {
                 "round": r,
                 "train_loss": loss,
-                "weights": {str(k): round(float(w), 6) for k, w in agg.weights.items()},
+                "weights": {str(k): round(float(w), 6) for k, w in weights.items()},
                 "bytes_sent": self.transport.bytes_sent - sent0,
                 "bytes_received": self.inbox.bytes_received - recv0,
-                "missing": sorted(expected - got.keys()),
+                "missing": missing,
             }
             if first_after_resume:
                 record["resumed_from"] = self.resumed.round
                 first_after_resume = False
             if adopted:
                 record["took_neighbours_model"] = True
-            if agg.scores is not None:
-                record["scores"] = {str(k): finite_or_none(v) for k, v in agg.scores.items()}
+            if scores is not None:
+                record["scores"] = {str(k): finite_or_none(v) for k, v in scores.items()}
             self._with_round_graph(record, r, told)
             every = sc.eval.every
             if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
@@ -474,7 +484,9 @@ class Client(Rejoining, ByzantineRounds):
                 log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
             if self._checkpoint_due(r):
                 generators, arrays, pos = trainer.state()
-                self._save_checkpoint(r, generators=generators, arrays=arrays, vector=get_vector(self.model).numpy(), trainer_pos=pos)
+                # The model's parameters are views of the aggregate: saved as it is, not copied.
+                self._save_checkpoint(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+            del model
             r += 1
         return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 import torch
 from dfedrw.peer.checkpoint import Checkpoint, save_checkpoint
-from dfedrw.peer.transport.serde import encode
+from dfedrw.peer.transport.serde import message_out
 
 log = logging.getLogger("dfedrw.peer.node")
 
@@ -72,7 +72,7 @@ class Rejoining:
         if rounds is None:
             return {}
         rounds.clear()
-        chunks = encode(self.id, hello_round, vector, self.specs, num_samples=num_samples, train_loss=float("nan"), chunk_bytes=self.scenario.network.chunk_bytes)
+        chunks = message_out(self.id, hello_round, vector, self.specs, num_samples=num_samples, train_loss=float("nan"), chunk_bytes=self.scenario.network.chunk_bytes)
         # Those it sends to in that round (a fixed graph: its neighbours): a receiver checks the
         # sender against the round's graph.
         asked = [k for k in self.graphs.receivers_of(self.id, hello_round) if k not in self.topology.byzantine or self.role == "honest"]

@@ -1,8 +1,10 @@
 """Framing on a gRPC call: a stream of chunks cut into messages at their header chunks (each
-message bounded before it is joined), and one message's verdict as a reply."""
+message bounded as it arrives), each message handed on chunk by chunk, and one message's
+verdict as a reply."""
 
 from __future__ import annotations
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
 from dfedrw.peer.transport.base import Deliver
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 
@@ -17,70 +19,114 @@ def handle_push(chunks: Iterable[pb.ModelChunk], deliver: Deliver, sender: int |
     return pb.PushReply(accepted=accepted, reason=reason, round=round_)
 
 
-class MessageSplitter:
-    """Cuts an ``Exchange`` call into messages, one chunk at a time: a header chunk starts one,
-    and it is complete when its data reaches ``header.total_bytes``. A data chunk outside a
-    message comes out on its own (the receiver rejects it: no header); a message whose header
-    declares more than ``max_bytes`` comes out at once (rejected: too large) and its data is
-    skipped; a message cut short by the next header or the end of the call, or one that
-    reaches ``max_chunks`` chunks before its data is complete, comes out as it is (rejected:
-    size mismatch), and in the last case its remaining chunks are skipped. So a message never
-    holds more than ``max_bytes`` of data plus one chunk, in at most ``max_chunks`` chunks
-    (a parsed chunk costs about half a kilobyte of memory even when it carries nothing). One
-    message out, one reply back: the sender counts on it."""
+class Assembly(Protocol):
+    """One message as its chunks arrive: :meth:`add` each chunk after the first (which began
+    it), then :meth:`end` gives what the message comes to (a verdict, the chunks, ...)."""
 
-    def __init__(self, max_bytes: int, max_chunks: int | None = None) -> None:
+    def add(self, chunk: Any) -> None: ...
+
+    def end(self) -> Any: ...
+
+
+class Collected:
+    """A message's chunks in a list: what :meth:`end` gives."""
+
+    def __init__(self, first: Any) -> None:
+        self.chunks = [first]
+
+    def add(self, chunk: Any) -> None:
+        self.chunks.append(chunk)
+
+    def end(self) -> list:
+        return self.chunks
+
+
+class _Whole:
+    """A message for a ``deliver`` that takes whole messages: collected, then delivered."""
+
+    def __init__(self, deliver: Deliver, first: Any, sender: int | None) -> None:
+        self.deliver, self.sender, self.chunks = deliver, sender, [first]
+
+    def add(self, chunk: Any) -> None:
+        self.chunks.append(chunk)
+
+    def end(self) -> tuple[bool, str, int]:
+        return self.deliver(self.chunks, self.sender)
+
+
+def message_begin(deliver: Deliver) -> Callable[[Any, int | None], Assembly]:
+    """How a transport hands ``deliver`` a message as it arrives: its ``begin(first chunk,
+    sender)`` where it has one (a client decodes each chunk into place as it comes), else the
+    chunks collected and delivered whole once the message is complete."""
+    begin = getattr(deliver, "begin", None)
+    if begin is not None:
+        return begin
+    return lambda first, sender: _Whole(deliver, first, sender)
+
+
+class MessageSplitter:
+    """Cuts an ``Exchange`` call into messages, one chunk at a time: a header chunk begins one
+    (``begin(chunk)``, an :class:`Assembly`), each data chunk goes to the message it continues,
+    and a message is complete when its data reaches ``header.total_bytes``: :meth:`feed`
+    returns what its :meth:`~Assembly.end` gives. A data chunk outside a message is a message on
+    its own (the receiver rejects it: no header); a message whose header declares more than
+    ``max_bytes`` ends at once (rejected: too large) and its data is skipped; a message cut
+    short by the next header or the end of the call, or one that reaches ``max_chunks`` chunks
+    before its data is complete, ends as it is (rejected: size mismatch), and in the last case
+    its remaining chunks are skipped. So no message takes in more than ``max_bytes`` of data
+    plus one chunk, in at most ``max_chunks`` chunks (a parsed chunk costs about half a
+    kilobyte of memory even when it carries nothing). One message out, one reply back: the
+    sender counts on it. ``begin`` defaults to :class:`Collected` (the messages come out as
+    lists of chunks)."""
+
+    def __init__(self, max_bytes: int, max_chunks: int | None = None, begin: Callable[[Any], Assembly] = Collected) -> None:
         self.max_bytes = max_bytes
         self.max_chunks = max_chunks if max_chunks is not None else 16 + max_bytes // 4096
-        self.current: list[pb.ModelChunk] = []
-        self.need = self.have = 0
+        self.begin = begin
+        self.current: Assembly | None = None
+        self.count = self.need = self.have = 0
         self.skipping = False
 
-    def feed(self, chunk: pb.ModelChunk) -> list[list[pb.ModelChunk]]:
-        """The messages this chunk completes (none, one, or two when it cuts one short)."""
+    def _end(self) -> Any:
+        current, self.current = self.current, None
+        return current.end()
+
+    def feed(self, chunk: Any) -> list:
+        """What the messages this chunk completes come to (none, one, or two when it cuts one
+        short)."""
         out = []
         if chunk.HasField("header"):
-            if self.current:
-                out.append(self.current)
-            self.current, self.need, self.have = [chunk], chunk.header.total_bytes, len(chunk.data)
+            if self.current is not None:
+                out.append(self._end())
+            self.current, self.count = self.begin(chunk), 1
+            self.need, self.have = chunk.header.total_bytes, len(chunk.data)
             self.skipping = self.need > self.max_bytes
             if self.skipping:
-                out.append(self.current)
-                self.current = []
+                out.append(self._end())
                 return out
         elif self.skipping:
             return out
-        elif not self.current:
-            return [[chunk]]
+        elif self.current is None:
+            return [self.begin(chunk).end()]
         else:
-            self.current.append(chunk)
+            self.current.add(chunk)
+            self.count += 1
             self.have += len(chunk.data)
         if self.have >= self.need:
-            out.append(self.current)
-            self.current = []
-        elif len(self.current) >= self.max_chunks:
-            out.append(self.current)  # too many chunks for its size: the rest is skipped
-            self.current = []
+            out.append(self._end())
+        elif self.count >= self.max_chunks:
+            out.append(self._end())  # too many chunks for its size: the rest is skipped
             self.skipping = True
         return out
 
-    def end(self) -> list[list[pb.ModelChunk]]:
+    def end(self) -> list:
         """What is left when the call ends: a message cut short, if any."""
-        out, self.current = ([self.current] if self.current else []), []
-        return out
+        return [self._end()] if self.current is not None else []
 
 
 def split_messages(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> Iterator[list[pb.ModelChunk]]:
-    """The messages of a call's chunks (see :class:`MessageSplitter`)."""
+    """The messages of a call's chunks, as lists (see :class:`MessageSplitter`)."""
     splitter = MessageSplitter(max_bytes)
     for chunk in chunks:
         yield from splitter.feed(chunk)
     yield from splitter.end()
-
-
-async def call_messages(chunks: AsyncIterator[pb.ModelChunk], splitter: MessageSplitter) -> AsyncIterator[list[pb.ModelChunk]]:
-    async for chunk in chunks:
-        for message in splitter.feed(chunk):
-            yield message
-    for message in splitter.end():
-        yield message

@@ -3,7 +3,10 @@
 Each sender has its own call slots and message rate bound (:class:`CallLimits`); idle calls
 are ended; a sender that is not a neighbour, unknown, or claiming another's id has its call
 ended at once. The servicer is thin: it cuts a call into messages, hands each to the client's
-``deliver`` callback, and turns the verdict into a reply."""
+``deliver`` callback chunk by chunk as it arrives (its ``begin``, see
+:func:`~dfedrw.peer.transport.framing.message_begin`), and turns the verdict into a reply.
+Chunks are read off the wire by :func:`~dfedrw.peer.transport.serde.parse_chunk`: a data chunk's
+bytes are not copied before the receiver decodes them into place (:func:`add_peer_servicer`)."""
 
 from __future__ import annotations
 import asyncio
@@ -17,8 +20,9 @@ import grpc
 from dfedrw.peer.transport.base import Deliver
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
-from dfedrw.peer.transport.framing import MessageSplitter, call_messages, handle_push
+from dfedrw.peer.transport.framing import MessageSplitter, handle_push, message_begin
 from dfedrw.peer.transport.grpc_tls import authenticated_sender
+from dfedrw.peer.transport.serde import parse_chunk
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +120,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         on_shut_out: Callable[[int], None] | None = None,
     ) -> None:
         self._deliver = deliver
+        self._begin_message = message_begin(deliver)
         # Told the id of an authenticated sender when it is shut out (its messages cannot
         # arrive until the time is up, so the client need not wait for them).
         self._on_shut_out = on_shut_out or (lambda sender: None)
@@ -291,26 +296,52 @@ class PeerServicer(pb_grpc.PeerServicer):
                 return
             yield chunk
 
-    def _handle(self, caller: _Caller, message: list[pb.ModelChunk], sender: int | None) -> pb.PushReply | None:
-        """The reply to one message; None when its sender is blocked now (end the call)."""
+    def _admit(self, caller: _Caller) -> tuple[bool, pb.PushReply | None]:
+        """Whether a message of the caller's is read: (True, None); else (False, the reply it
+        gets unread: ``rate_limited``, or None when its sender is blocked now: end the call)."""
         if self._blocked(caller):
-            return None
+            return False, None
         if not self._spend(caller):
             if self._blocked(caller):
-                return None
+                return False, None
             self.refused["rate_limited"] += 1
-            return pb.PushReply(accepted=False, reason="rate_limited", round=self._round)
-        reply = handle_push(message, self._deliver, sender)
-        if reply.round > self._round:
-            self._round = reply.round
-        return reply
+            return False, pb.PushReply(accepted=False, reason="rate_limited", round=self._round)
+        return True, None
+
+    def _reply(self, verdict: tuple[bool, str, int]) -> pb.PushReply:
+        accepted, reason, round_ = verdict
+        if round_ > self._round:
+            self._round = round_
+        return pb.PushReply(accepted=accepted, reason=reason, round=round_)
+
+    def _handle(self, caller: _Caller, message: list[pb.ModelChunk], sender: int | None) -> pb.PushReply | None:
+        """The reply to one whole message; None when its sender is blocked now (end the call)."""
+        admitted, unread = self._admit(caller)
+        return self._reply(self._deliver(message, sender)) if admitted else unread
+
+    def _begin(self, caller: _Caller, first: pb.ModelChunk, sender: int | None) -> "_Incoming | _Unread":
+        """A message of the caller's that begins with ``first``: handed to the client chunk by
+        chunk as it arrives, or (past its rate bound) skipped and answered unread."""
+        admitted, unread = self._admit(caller)
+        return _Incoming(self, self._begin_message(first, sender)) if admitted else _Unread(unread)
+
+    def _splitter(self, caller: _Caller, sender: int | None) -> MessageSplitter:
+        return MessageSplitter(self._max_bytes, self._max_chunks, begin=lambda first: self._begin(caller, first, sender))
 
     # -- the calls -----------------------------------------------------------------------
-    async def _one(self, caller: _Caller, messages: AsyncIterator[list[pb.ModelChunk]], sender: int | None, context) -> pb.PushReply:
-        message: list[pb.ModelChunk] = []
-        async for message in messages:
-            break  # one message a call: what follows it is not read
-        reply = self._handle(caller, message, sender)
+    async def _one(self, caller: _Caller, chunks: AsyncIterator[pb.ModelChunk], sender: int | None, context) -> pb.PushReply:
+        """The reply to the call's first message: what follows it is not read."""
+        splitter = self._splitter(caller, sender)
+        replies: list[pb.PushReply | None] = []
+        began = False
+        async for chunk in chunks:
+            began = True
+            replies = splitter.feed(chunk)
+            if replies:
+                break
+        else:
+            replies = splitter.end() if began else [self._handle(caller, [], sender)]
+        reply = replies[0]
         if reply is None:
             await self._refuse(context, "blocked")
         return reply
@@ -323,8 +354,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         except _Refused as refused:
             return await self._turn_away(caller, context, refused.reason)
         try:
-            splitter = MessageSplitter(self._max_bytes, self._max_chunks)
-            return await self._one(caller, call_messages(self._chunks(request_iterator, context), splitter), sender, context)
+            return await self._one(caller, self._chunks(request_iterator, context), sender, context)
         except asyncio.CancelledError:
             await self._ended(context)
         finally:
@@ -356,26 +386,83 @@ class PeerServicer(pb_grpc.PeerServicer):
             await self._turn_away(caller, context, refused.reason)
             return
         try:
-            splitter = MessageSplitter(self._max_bytes, self._max_chunks)
-            async for message in call_messages(self._chunks(request_iterator, context), splitter):
-                reply = self._handle(caller, message, sender)
-                if reply is None:
-                    await self._refuse(context, "blocked")
+            splitter = self._splitter(caller, sender)
+            async for chunk in self._chunks(request_iterator, context):
+                if not await self._answer(splitter.feed(chunk), context):
                     return
-                # Written here, not yielded: every wait of the call is then in this handler,
-                # where it can be timed (a caller that reads no replies holds the call as one
-                # that sends nothing does) and ended with a status.
-                try:
-                    async with asyncio.timeout(self.limits.idle_call_timeout):
-                        await context.write(reply)
-                except TimeoutError:
-                    await self._refuse(context, "idle")
-                if reply.reason in _END_CALL:
-                    return  # a stranger or an impostor does not get to keep a call open here
+            await self._answer(splitter.end(), context)
         except asyncio.CancelledError:
             await self._ended(context)
         finally:
             self._close(caller, "exchange", task)
+
+
+    async def _answer(self, replies: list[pb.PushReply | None], context) -> bool:
+        """Write the replies of the messages a chunk completed; False once the call is to end."""
+        for reply in replies:
+            if reply is None:
+                await self._refuse(context, "blocked")
+                return False
+            # Written here, not yielded: every wait of the call is then in this handler,
+            # where it can be timed (a caller that reads no replies holds the call as one
+            # that sends nothing does) and ended with a status.
+            try:
+                async with asyncio.timeout(self.limits.idle_call_timeout):
+                    await context.write(reply)
+            except TimeoutError:
+                await self._refuse(context, "idle")
+            if reply.reason in _END_CALL:
+                return False  # a stranger or an impostor does not get to keep a call open here
+        return True
+
+
+class _Incoming:
+    """A message being handed to the client as it arrives; its end is the reply."""
+
+    __slots__ = ("servicer", "assembly")
+
+    def __init__(self, servicer: PeerServicer, assembly) -> None:
+        self.servicer, self.assembly = servicer, assembly
+
+    def add(self, chunk) -> None:
+        self.assembly.add(chunk)
+
+    def end(self) -> pb.PushReply:
+        return self.servicer._reply(self.assembly.end())
+
+
+class _Unread:
+    """A message skipped unread: its end is the reply it was given at its start (None: its
+    sender is blocked; the call ends)."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: pb.PushReply | None) -> None:
+        self.reply = reply
+
+    def add(self, chunk) -> None:
+        pass
+
+    def end(self) -> pb.PushReply | None:
+        return self.reply
+
+
+def add_peer_servicer(servicer: PeerServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` on ``server`` for the ``Peer`` service, as the generated
+    ``add_PeerServicer_to_server`` does, but with each request chunk read by
+    :func:`~dfedrw.peer.transport.serde.parse_chunk` (a data chunk a view of the received
+    bytes, not a protobuf copy of them)."""
+    reply = pb.PushReply.SerializeToString
+    handlers = {
+        "PushOne": grpc.unary_unary_rpc_method_handler(servicer.PushOne, request_deserializer=parse_chunk, response_serializer=reply),
+        "Push": grpc.stream_unary_rpc_method_handler(servicer.Push, request_deserializer=parse_chunk, response_serializer=reply),
+        "Exchange": grpc.stream_stream_rpc_method_handler(servicer.Exchange, request_deserializer=parse_chunk, response_serializer=reply),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+SERVICE = "peer.transport.pb.Peer"
 
 
 _REFUSALS = {

@@ -1,6 +1,7 @@
 """The sending side of the gRPC transport: one long-lived call per neighbour, one message at a time
 (the next goes once the receiver's reply to the previous one came back), a bounded queue per
-neighbour, and what is left unsent."""
+neighbour, and what is left unsent. Chunks go out as the bytes :class:`~.serde.WireMessage`
+cuts from the sender's tensor (the call's serializer passes them through)."""
 
 from __future__ import annotations
 import asyncio
@@ -10,12 +11,14 @@ from collections import deque
 from typing import TYPE_CHECKING
 import grpc
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
+from dfedrw.peer.transport.serde import serialized_chunks, wire_round, wire_size
 
 if TYPE_CHECKING:
     from dfedrw.peer.transport.grpc_transport import GrpcTransport
 
 log = logging.getLogger(__name__)
+
+EXCHANGE = "/peer.transport.pb.Peer/Exchange"
 
 
 class Sender:
@@ -38,13 +41,18 @@ class Sender:
     """
 
     MAX_QUEUED = 4
+    # Bytes of model the queue holds (always at least the newest message): four messages of up
+    # to 16 MiB, one of a 44 MB model. Each queued message is a model the client still holds.
+    MAX_QUEUED_BYTES = 64 << 20
 
     def __init__(self, peer: int, channel: grpc.aio.Channel, transport: "GrpcTransport") -> None:
         self.peer = peer
-        self.stub = pb_grpc.PeerStub(channel)
+        # Exchange with chunks written as bytes (serialized_chunks) and replies parsed.
+        self.exchange = channel.stream_stream(EXCHANGE, request_serializer=None, response_deserializer=pb.PushReply.FromString)
         self.transport = transport
         self.lock = threading.Lock()  # guards the queue, shared with the round loop's thread
         self.queue: deque[list[pb.ModelChunk]] = deque()  # each message starts with its header chunk
+        self.queued_bytes = 0
         self.in_flight = False  # a message awaits its reply
         self.skipped_stale = 0  # queued messages for rounds the receiver had already passed
         self.closed = False
@@ -53,15 +61,26 @@ class Sender:
         self.idle_waiters: list[asyncio.Future] = []
         self.task = self.loop.create_task(self._run(), name=f"send-{peer}")
 
-    def put(self, chunks: list[pb.ModelChunk]) -> bool:
-        """Queue one message (from any thread); True when the oldest queued one was dropped."""
+    def put(self, chunks: list[pb.ModelChunk]) -> int:
+        """Queue one message (from any thread); returns how many of the oldest queued ones it
+        pushed out (past ``MAX_QUEUED`` messages or ``MAX_QUEUED_BYTES``)."""
+        size = wire_size(chunks)
+        dropped = 0
         with self.lock:
-            dropped = len(self.queue) >= self.MAX_QUEUED
-            if dropped:
-                self.queue.popleft()
+            while self.queue and (len(self.queue) >= self.MAX_QUEUED or self.queued_bytes + size > self.MAX_QUEUED_BYTES):
+                self.queued_bytes -= wire_size(self.queue.popleft())
+                dropped += 1
             self.queue.append(chunks)
+            self.queued_bytes += size
         self.loop.call_soon_threadsafe(self.wake.set)
         return dropped
+
+    def _take(self) -> list[pb.ModelChunk]:
+        """The oldest queued message, now in flight (with the lock held)."""
+        self.in_flight = True
+        chunks = self.queue.popleft()
+        self.queued_bytes -= wire_size(chunks)
+        return chunks
 
     async def wait_idle(self) -> None:
         """Until every queued message was answered or lost."""
@@ -74,6 +93,7 @@ class Sender:
         self.closed = True
         with self.lock:
             self.queue.clear()
+            self.queued_bytes = 0
         self.task.cancel()
         self._settle()
 
@@ -93,8 +113,7 @@ class Sender:
         while True:
             with self.lock:
                 if self.queue:
-                    self.in_flight = True
-                    return self.queue.popleft()
+                    return self._take()
             self._settle()
             self.wake.clear()  # a put() after the check above sets it again: its wake-up comes later
             await self.wake.wait()
@@ -116,7 +135,7 @@ class Sender:
         A call the receiver ended while nothing was in flight (it ends calls idle for
         ``idle_call_timeout``), or one idle here for half that, is let go between messages:
         the next message opens a new call and is not lost."""
-        call = self.stub.Exchange()
+        call = self.exchange()
         ended = self.loop.create_task(call.code())
         chunks: list[pb.ModelChunk] | None = first
         try:
@@ -148,8 +167,7 @@ class Sender:
                 if ended.done():
                     return None
                 if self.queue:
-                    self.in_flight = True
-                    return self.queue.popleft()
+                    return self._take()
             self._settle()
             self.wake.clear()  # a put() after the check above sets it again
             left = deadline - self.loop.time()
@@ -163,15 +181,15 @@ class Sender:
 
     @staticmethod
     async def _send(call, chunks: list[pb.ModelChunk]):
-        for chunk in chunks:
-            await call.write(chunk)
+        for data in serialized_chunks(chunks):
+            await call.write(data)
         return await call.read()
 
     def _on_reply(self, reply: pb.PushReply) -> None:
         with self.lock:
             self.in_flight = False
-            while self.queue and self.queue[0][0].header.round < reply.round:
-                self.queue.popleft()  # queued in round order: the oldest go first
+            while self.queue and wire_round(self.queue[0]) < reply.round:
+                self.queued_bytes -= wire_size(self.queue.popleft())  # queued in round order: the oldest go first
                 self.skipped_stale += 1
         self.transport.peer_replies[self.peer] = (reply.round, reply.accepted, reply.reason)
         self.transport._on_reachability(self.peer, "reachable")

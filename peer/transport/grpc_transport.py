@@ -39,12 +39,12 @@ import grpc
 from dfedrw.peer.identity import ClientIdentity
 from dfedrw.peer.transport.base import Deliver, Reachability
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.framing import FRAMING
-from dfedrw.peer.transport.grpc_admission import CallLimits, PeerServicer
+from dfedrw.peer.transport.grpc_admission import CallLimits, PeerServicer, add_peer_servicer
 from dfedrw.peer.transport.grpc_io import io_loop, on_loop
 from dfedrw.peer.transport.grpc_sender import Sender
 from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options, server_credentials
+from dfedrw.peer.transport.serde import wire_size
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,6 @@ class GrpcTransport:
         self._servicer: PeerServicer | None = None
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._senders: dict[int, Sender] = {}
-        self._sized: tuple[list[pb.ModelChunk] | None, int] = (None, 0)
         self._on_reachability: Reachability = lambda peer, state: None
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
@@ -142,7 +141,7 @@ class GrpcTransport:
                 limits=self.limits, max_chunks=self._max_chunks,
                 on_shut_out=lambda sender: self._on_reachability(sender, "shut_out"),
             )
-            pb_grpc.add_PeerServicer_to_server(self._servicer, server)
+            add_peer_servicer(self._servicer, server)
             try:
                 if self.identity is None:
                     bound = server.add_insecure_port(address)
@@ -272,14 +271,9 @@ class GrpcTransport:
         sender = self._senders.get(to)
         if sender is None:  # never connected (no address): nothing to send to
             return
-        # The round loop sends one message object to every neighbour: size it once.
-        last, size = self._sized
-        if last is not chunks:
-            size = sum(c.ByteSize() for c in chunks)
-            self._sized = (chunks, size)
-        if sender.put(chunks):
-            self.dropped += 1
-        self.bytes_sent += size
+        # A WireMessage knows its size (the round loop sends one to every neighbour).
+        self.dropped += sender.put(chunks)
+        self.bytes_sent += wire_size(chunks)
 
     def flush(self, timeout: float) -> None:
         """Wait until every queued message was sent (or failed), at most ``timeout`` seconds."""
@@ -302,7 +296,6 @@ class GrpcTransport:
         if servicer is not None:
             self._refused_before.update(servicer.refused)
         self._senders, self._channels, self._server, self._servicer = {}, {}, None, None
-        self._sized = (None, 0)
 
         async def close(senders, channels, server, servicer) -> None:
             for sender in senders:

@@ -14,6 +14,17 @@ only in the rounds the schedule gives it the edge, and at most one per round.
 Only an accepted message (for the current round or the window ahead) marks a neighbour
 presumed gone as alive again. A stale one does not: anyone who can send in a dead client's
 name could otherwise keep its neighbours waiting for it every round.
+
+Held models. A message that arrives in chunks gets its place here when its header arrives
+(:meth:`Inbox.reserve`): a :class:`Slot` with the buffer its payload is decoded into. A
+round's buffers are the rows of one matrix (row 0 for the client's own model, then one row per
+sender of the round, in id order), so that the round's candidates go to the aggregation rule as
+that matrix, not as a copy (:meth:`Inbox.stacked`). The inbox holds at most ``capacity``
+received models, kept or reserved (by default one per neighbour and round of the window: what
+an honest network can fill); a message beyond is rejected as ``inbox_full``, counted. A round
+the client is done with (:meth:`Inbox.close`) lets its models go at once; a message for it that
+comes later is counted as it always was but not kept, and one still arriving for a round the
+client moved past lets go of its buffer (it will be stale).
 """
 
 from __future__ import annotations
@@ -22,8 +33,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+import torch
 
 from dfedrw.peer.transport.ratelog import RateLimitedLog
 from dfedrw.peer.transport.serde import ModelMessage
@@ -82,21 +95,53 @@ class RoundWaiting:
             self._cond.notify_all()
 
 
+class Slot:
+    """A message whose header the inbox took, while its payload arrives: its sender, its round
+    and the buffer the payload goes into (None: it is not kept, or was let go). ``on_release``
+    is called (with the lock held) when the inbox lets go of the buffer before the message is
+    complete."""
+
+    __slots__ = ("sender", "round", "buffer", "on_release")
+
+    def __init__(self, sender: int, round_: int, buffer: torch.Tensor | None) -> None:
+        self.sender, self.round, self.buffer = sender, round_, buffer
+        self.on_release: Callable[[], None] | None = None
+
+    def release(self) -> None:
+        self.buffer = None
+        if self.on_release is not None:
+            self.on_release()
+
+
 class Inbox(RoundWaiting):
     """``neighbours``: every client that may send to this one; ``senders_at`` (a schedule's):
-    round -> those that send to it in that round (None: all of ``neighbours``, every round)."""
+    round -> those that send to it in that round (None: all of ``neighbours``, every round).
+    ``model_size``: the float32 values of a model (the buffers :meth:`reserve` gives);
+    ``rows_at``: round -> the senders whose models go into that round's matrix, in row order
+    (None: every neighbour, in id order); ``capacity``: the most received models held (default
+    ``(window + 1) * len(neighbours)``)."""
 
     def __init__(
         self, own_id: int, neighbours: Iterable[int], num_clients: int, window: int, *, log_interval: float = 10.0,
-        senders_at: Callable[[int], Iterable[int]] | None = None,
+        senders_at: Callable[[int], Iterable[int]] | None = None, model_size: int = 0,
+        rows_at: Callable[[int], Sequence[int]] | None = None, capacity: int | None = None,
     ) -> None:
         self.own_id = own_id
         self.neighbours = frozenset(neighbours)
         self.senders_at = senders_at
         self.num_clients = num_clients
         self.window = window
+        self.model_size = model_size
+        self.rows_at = rows_at if rows_at is not None else (lambda r, rows=tuple(sorted(self.neighbours)): rows)
+        self.capacity = (window + 1) * len(self.neighbours) if capacity is None else capacity
         self._round = 0
         self._buffer: dict[int, dict[int, ModelMessage]] = {}
+        self._pending: dict[tuple[int, int], Slot] = {}
+        # Each round's matrix of candidates (row 0: the own model) and the row of each sender.
+        self._matrices: dict[int, tuple[torch.Tensor, dict[int, int]]] = {}
+        # Rounds the client is done with (close()): who sent for them, so a second copy is
+        # still a duplicate; what comes for them is counted, not kept.
+        self._closed: dict[int, set[int]] = {}
         # Neighbours not waited for: unreachable, or silent for too many deadlines in a row.
         self._gone: set[int] = set()
         self._cond = threading.Condition()
@@ -130,53 +175,86 @@ class Inbox(RoundWaiting):
 
         Cheap, so a transport can call it before decoding any tensor bytes.
         """
+        refused = self.screened(sender, round_)
+        return None if refused is None else self.reject(*refused)
+
+    def screened(self, sender: int, round_: int | None = None) -> tuple[str, str] | None:
+        """What :meth:`screen` would reject (reason, detail), without counting it."""
         if not 0 <= sender < self.num_clients:
-            return self.reject("unknown_sender", f"sender {sender}")
+            return "unknown_sender", f"sender {sender}"
         if sender not in self.neighbours:
-            return self.reject("not_neighbour", f"sender {sender}")
+            return "not_neighbour", f"sender {sender}"
         if round_ is not None and self.senders_at is not None and self._round <= round_ <= self._round + self.window:
             if sender not in self.senders_at(round_):
-                return self.reject("not_neighbour", f"sender {sender} in round {round_}")
+                return "not_neighbour", f"sender {sender} in round {round_}"
         return None
 
+    # -- the verdict on a round and sender ---------------------------------------------------
+    def _outcome(self, sender: int, round_: int) -> str | None:
+        """Why a message of ``sender`` for ``round_`` cannot be kept now, or None (lock held)."""
+        if round_ < self._round:
+            # Not a sign of life by itself: only a message it can be waited for again (in
+            # the window) is; the client re-arms a neighbour for a late one at most once per
+            # absence (see the client's intake).
+            return "stale"
+        if round_ > self._round + self.window:
+            return "future"
+        if self.senders_at is not None and sender not in self.senders_at(round_):
+            # Checked here, under the lock, for every message buffered: the round may
+            # have moved on since the sender was screened.
+            return "not_neighbour"
+        if sender in self._buffer.get(round_, ()) or sender in self._closed.get(round_, ()) or (round_, sender) in self._pending:
+            return "duplicate"
+        if round_ not in self._closed and self._held() >= self.capacity:
+            return "inbox_full"
+        return None
+
+    def _held(self) -> int:
+        """Received models held now: kept, or being received into a buffer (lock held)."""
+        return sum(len(m) for m in self._buffer.values()) + sum(1 for s in self._pending.values() if s.buffer is not None)
+
+    def held(self) -> int:
+        with self._cond:
+            return self._held()
+
+    def settle(self, outcome: str | None, sender: int, round_: int) -> tuple[bool, str]:
+        """Count a message that :meth:`reserve` (or :meth:`offer`) judged: None accepted, else
+        what the outcome says (a stale one is dropped, the others rejected)."""
+        if outcome is None:
+            return True, ""
+        if outcome == "stale":
+            return self.drop_stale(sender, round_)
+        if outcome == "future":
+            return self.reject("future_round", f"round {round_} > {self._round}+{self.window} from {sender}")
+        if outcome == "not_neighbour":
+            return self.reject("not_neighbour", f"sender {sender} in round {round_}")
+        if outcome == "duplicate":
+            return self.reject("duplicate", f"second round-{round_} message from {sender}")
+        return self.reject("inbox_full", f"round-{round_} message from {sender}: {self.capacity} models held already")
+
+    def _keep(self, msg: ModelMessage) -> None:
+        """Count ``msg`` in and keep it, unless its round is closed (lock held)."""
+        closed = self._closed.get(msg.round)
+        if closed is not None:
+            closed.add(msg.sender)
+        else:
+            self._buffer.setdefault(msg.round, {})[msg.sender] = msg
+        self.bytes_received += msg.nbytes
+        self.accepted += 1
+        self._gone.discard(msg.sender)
+        self._wake_if_complete()
+
+    # -- whole messages -----------------------------------------------------------------------
     def offer(self, msg: ModelMessage) -> tuple[bool, str]:
         """Buffer ``msg`` if it is acceptable; returns (accepted, reason)."""
         refused = self.screen(msg.sender)
         if refused is not None:
             return refused
         with self._cond:
-            current = self._round
-            if msg.round < current:
-                # Not a sign of life by itself: only a message it can be waited for again (in
-                # the window) is; the client re-arms a neighbour for a late one at most once per
-                # absence (see the client's _accept).
-                outcome = "stale"
-            elif msg.round > current + self.window:
-                outcome = "future"
-            elif self.senders_at is not None and msg.sender not in self.senders_at(msg.round):
-                # Checked here, under the lock, for every message buffered: the round may
-                # have moved on since the sender was screened.
-                outcome = "not_neighbour"
-            else:
-                slot = self._buffer.setdefault(msg.round, {})
-                outcome = "duplicate" if msg.sender in slot else "buffered"
-                if outcome == "buffered":
-                    slot[msg.sender] = msg
-                    self.bytes_received += msg.nbytes
-                    self.accepted += 1
-                    self._gone.discard(msg.sender)
-                    self._wake_if_complete()
-        if outcome == "stale":
-            return self.drop_stale(msg.sender, msg.round)
-        if outcome == "future":
-            return self.reject(
-                "future_round", f"round {msg.round} > {current}+{self.window} from {msg.sender}"
-            )
-        if outcome == "not_neighbour":
-            return self.reject("not_neighbour", f"sender {msg.sender} in round {msg.round}")
-        if outcome == "duplicate":
-            return self.reject("duplicate", f"second round-{msg.round} message from {msg.sender}")
-        return True, ""
+            outcome = self._outcome(msg.sender, msg.round)
+            if outcome is None:
+                self._keep(msg)
+        return self.settle(outcome, msg.sender, msg.round)
 
     def drop_stale(self, sender: int, round_: int) -> tuple[bool, str]:
         """Count a message for a round already passed: late, not malicious (the deadline for
@@ -194,15 +272,83 @@ class Inbox(RoundWaiting):
             self.bytes_received += nbytes
             self.accepted += 1
 
+    # -- messages in chunks ---------------------------------------------------------------------
+    def reserve(self, sender: int, round_: int) -> Slot | str:
+        """A place for the message of ``sender`` for ``round_`` whose header just arrived, with
+        the buffer its payload goes into (a row of the round's matrix when the sender has one),
+        or why it cannot be kept (an outcome for :meth:`settle`, not counted yet: the message
+        may fail a check first). Give the slot back with :meth:`fill` or :meth:`release`."""
+        with self._cond:
+            outcome = self._outcome(sender, round_)
+            if outcome is not None:
+                return outcome
+            slot = Slot(sender, round_, None if round_ in self._closed else self._buffer_for(sender, round_))
+            self._pending[(round_, sender)] = slot
+            return slot
+
+    def _buffer_for(self, sender: int, round_: int) -> torch.Tensor:
+        matrix = self._matrices.get(round_)
+        if matrix is None:
+            rows = self.rows_at(round_)
+            # Pages of rows nobody writes are never touched: a missing sender costs nothing.
+            matrix = (torch.empty(1 + len(rows), self.model_size, dtype=torch.float32), {k: 1 + i for i, k in enumerate(rows)})
+            self._matrices[round_] = matrix
+        row = matrix[1].get(sender)
+        return matrix[0][row] if row is not None else torch.empty(self.model_size, dtype=torch.float32)
+
+    def fill(self, slot: Slot, msg: ModelMessage) -> tuple[bool, str]:
+        """The message of ``slot`` arrived whole and passed its checks: keep it (its round may
+        have passed meanwhile: then it is stale)."""
+        with self._cond:
+            self._pending.pop((slot.round, slot.sender), None)
+            outcome = "stale" if msg.round < self._round else None
+            if outcome is None:
+                self._keep(msg)
+        return self.settle(outcome, msg.sender, msg.round)
+
+    def release(self, slot: Slot) -> None:
+        """The message of ``slot`` failed a check: its place and buffer are let go."""
+        with self._cond:
+            self._pending.pop((slot.round, slot.sender), None)
+            slot.buffer = None
+
+    def stacked(self, round_: int, vectors: Sequence[torch.Tensor], own: torch.Tensor | None = None) -> torch.Tensor:
+        """``torch.stack([own, *vectors])`` (``vectors`` alone when ``own`` is None): the
+        round's matrix itself, ``own`` copied into its row 0, when ``vectors`` are its rows
+        1..n in order (each received model decoded into its row, no sender missing before the
+        last); else a new stack."""
+        with self._cond:
+            matrix = self._matrices.get(round_)
+        if matrix is not None and vectors:
+            rows = matrix[0]
+            if len(vectors) < len(rows) and all(v.data_ptr() == rows[i + 1].data_ptr() and v.shape == rows[i + 1].shape for i, v in enumerate(vectors)):
+                if own is None:
+                    return rows[1 : 1 + len(vectors)]
+                rows[0].copy_(own)
+                return rows[: 1 + len(vectors)]
+        return torch.stack([own, *vectors] if own is not None else list(vectors))
+
+    def close(self, round_: int) -> None:
+        """The client is done with ``round_``: its models are let go now (a message that comes
+        for it later is counted as before, and not kept)."""
+        with self._cond:
+            self._closed[round_] = set(self._buffer.pop(round_, {}))
+            self._matrices.pop(round_, None)
+
     def _arrived(self, round_: int) -> dict[int, ModelMessage]:
         return self._buffer.get(round_, {})
 
     def advance(self, round_: int) -> None:
-        """Move to ``round_``: older buffered rounds are dropped (they are stale now)."""
+        """Move to ``round_``: older buffered rounds are dropped (they are stale now), and
+        messages still arriving for them let go of their buffers."""
         with self._cond:
             self._round = round_
-            for r in [r for r in self._buffer if r < round_]:
-                del self._buffer[r]
+            for table in (self._buffer, self._matrices, self._closed):
+                for r in [r for r in table if r < round_]:
+                    del table[r]
+            for slot in self._pending.values():
+                if slot.round < round_ and slot.buffer is not None:
+                    slot.release()
 
     def total_rejected(self) -> int:
         with self._cond:

@@ -12,14 +12,23 @@ A *pool message* (:func:`encode_pool`, :func:`decode_pool`) is what colluding By
 clients send each other: the honest models one of them received in a round, back to back,
 with ``origins`` naming whose each is. It gets every check a model message gets, per model.
 A model message never names origins: :func:`decode` rejects one that does (``pool_message``).
+
+No model is copied on its way to the wire or off it. :func:`message_out` wraps the sender's
+own tensor in a :class:`WireMessage`, whose chunks are cut from that tensor's bytes when the
+transport writes them (one chunk at a time); a receiver checks a message's header first and
+then decodes each chunk straight into a buffer sized once from that header
+(:class:`PayloadDecoder`: each chunk copied into place, the checksum and the values checked as
+the chunks come), and a gRPC server reads a data chunk as a view of the bytes it received
+(:func:`parse_chunk`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,7 +121,7 @@ class ModelMessage:
     train_loss: float = float("nan")  # declared by the sender; NaN when absent or out of range
 
 
-def _header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: bytes, **fields) -> pb.ModelHeader:
+def _header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: memoryview, **fields) -> pb.ModelHeader:
     """The header of a message whose payload is ``payload``, laid out as ``specs``."""
     return pb.ModelHeader(
         sender=sender, round=round_, tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
@@ -120,13 +129,116 @@ def _header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: byte
     )
 
 
-def _chunked(header: pb.ModelHeader, payload: bytes, chunk_bytes: int) -> list:
-    """The Push chunks of a message: the header rides on the first."""
-    view = memoryview(payload)
-    chunks = [pb.ModelChunk(header=header, data=bytes(view[:chunk_bytes]))]
-    for start in range(chunk_bytes, len(payload), chunk_bytes):
-        chunks.append(pb.ModelChunk(data=bytes(view[start : start + chunk_bytes])))
-    return chunks
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_size(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+# Tags of ModelChunk's fields on the wire: header (1) and data (2) length-delimited, offset (3) a varint.
+_HEADER_TAG, _DATA_TAG, _OFFSET_TAG = b"\x0a", b"\x12", 0x18
+
+
+def _payload_view(values: torch.Tensor) -> memoryview:
+    """The little-endian float32 bytes of ``values`` as a view (a copy only where the tensor is
+    not already contiguous float32 or the machine is big-endian)."""
+    array = values.detach().to(torch.float32).contiguous().numpy()
+    if sys.byteorder != "little":
+        array = array.astype("<f4")
+    # A flat view (an empty array's shape has a 0 that a cast refuses).
+    return memoryview(array.reshape(-1)).cast("B")
+
+
+class WireMessage(Sequence):
+    """One message ready to send: its header and the sender's tensor, whose bytes are the
+    payload (not copied). Its chunks are what :func:`encode` returns, built when asked:
+    :meth:`wire_chunks` gives each one's protobuf bytes (the one copy of the model a transport
+    makes, one chunk at a time), indexing gives each as a ``ModelChunk``. The first chunk holds
+    the header and the first ``chunk_bytes`` of the payload, every other one the next
+    ``chunk_bytes`` and its ``offset``. The tensor must not change while the message may still
+    be sent (a client sends a model it made for the purpose and never writes to again)."""
+
+    def __init__(self, header: pb.ModelHeader, payload: memoryview, chunk_bytes: int) -> None:
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        self.header = header
+        self.round = header.round
+        self._payload = payload
+        self.chunk_bytes = chunk_bytes
+        self._header_bytes = header.SerializeToString()
+        self._count = max(1, math.ceil(len(payload) / chunk_bytes))
+        self.payload_bytes = len(payload)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _span(self, i: int) -> tuple[int, int]:
+        start = i * self.chunk_bytes
+        return start, min(start + self.chunk_bytes, len(self._payload))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        start, end = self._span(i)
+        data = bytes(self._payload[start:end])
+        return pb.ModelChunk(header=self.header, data=data) if i == 0 else pb.ModelChunk(data=data, offset=start)
+
+    def _chunk_size(self, i: int) -> int:
+        start, end = self._span(i)
+        n = end - start
+        size = 1 + _varint_size(n) + n if n else 0
+        if i == 0:
+            return 1 + _varint_size(len(self._header_bytes)) + len(self._header_bytes) + size
+        return size + 1 + _varint_size(start)
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """Bytes on the wire: the sum of the chunks' serialized sizes."""
+        return sum(self._chunk_size(i) for i in range(self._count))
+
+    def wire_chunks(self) -> Iterator[bytes]:
+        """Each chunk's protobuf bytes (``ModelChunk.SerializeToString`` of :meth:`__getitem__`),
+        made as it is asked for."""
+        for i in range(self._count):
+            start, end = self._span(i)
+            data = self._payload[start:end]
+            parts: list = []
+            if i == 0:
+                parts += [_HEADER_TAG, _varint(len(self._header_bytes)), self._header_bytes]
+            if end > start:
+                parts += [_DATA_TAG, _varint(end - start), data]
+            if i > 0:
+                parts += [bytes((_OFFSET_TAG,)), _varint(start)]
+            yield b"".join(parts)
+
+
+def message_out(
+    sender: int,
+    round_: int,
+    vector: torch.Tensor,
+    specs: Sequence[TensorSpec],
+    *,
+    num_samples: int = 1,
+    train_loss: float = float("nan"),
+    chunk_bytes: int = 1 << 20,
+) -> WireMessage:
+    """A flat model as a message to send (its bytes not copied; see :class:`WireMessage`)."""
+    payload = _payload_view(vector)
+    expected = sum(s.nbytes for s in specs)
+    if len(payload) != expected:
+        raise ValueError(f"vector has {len(payload)} bytes, the model layout needs {expected}")
+    return WireMessage(_header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss), payload, chunk_bytes)
 
 
 def encode(
@@ -139,17 +251,188 @@ def encode(
     train_loss: float = float("nan"),
     chunk_bytes: int = 1 << 20,
 ) -> list[pb.ModelChunk]:
-    """Split a flat model into Push chunks; the header rides on the first chunk."""
-    payload = vector.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
-    expected = sum(s.nbytes for s in specs)
-    if len(payload) != expected:
-        raise ValueError(f"vector has {len(payload)} bytes, the model layout needs {expected}")
-    header = _header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss)
-    return _chunked(header, payload, chunk_bytes)
+    """Split a flat model into Push chunks; the header rides on the first (the chunks of
+    :func:`message_out`, as protobuf messages)."""
+    return list(message_out(sender, round_, vector, specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=chunk_bytes))
+
+
+def wire_size(chunks: Sequence) -> int:
+    """Bytes a message takes on the wire."""
+    return chunks.nbytes if isinstance(chunks, WireMessage) else sum(c.ByteSize() for c in chunks)
+
+
+def wire_round(chunks: Sequence) -> int:
+    """The round a message's header names (its first chunk's)."""
+    return chunks.round if isinstance(chunks, WireMessage) else chunks[0].header.round
+
+
+def serialized_chunks(chunks: Sequence) -> Iterator[bytes]:
+    """A message's chunks as protobuf bytes."""
+    return chunks.wire_chunks() if isinstance(chunks, WireMessage) else (c.SerializeToString() for c in chunks)
+
+
+# ----------------------------------------------------------------------------------- receiving
+
+
+class DataChunk:
+    """A chunk after a message's first, as :func:`parse_chunk` reads it off the wire: its
+    ``data`` a view of the received bytes, its ``offset`` (None when the sender set none). It
+    answers the questions a receiver asks a ``ModelChunk`` (``HasField``, ``ByteSize``) as the
+    protobuf message of the same bytes would; it has no header."""
+
+    __slots__ = ("data", "offset", "_size")
+
+    def __init__(self, data: memoryview, offset: int | None, size: int) -> None:
+        self.data, self.offset, self._size = data, offset, size
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 - the protobuf method's name
+        return name == "offset" and self.offset is not None
+
+    def ByteSize(self) -> int:  # noqa: N802 - the protobuf method's name
+        return self._size
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int] | None:
+    """(value, position after it) of the varint at ``pos``; None when there is none there or it
+    takes more than nine bytes (63 bits: every length and offset a message can have)."""
+    value = shift = 0
+    for i in range(pos, min(pos + 9, len(raw))):
+        byte = raw[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i + 1
+        shift += 7
+    return None
+
+
+def parse_chunk(raw: bytes) -> pb.ModelChunk | DataChunk:
+    """A received chunk from its bytes. A data chunk as senders write it (the data field, then
+    at most an offset, nothing else) is read as a :class:`DataChunk` viewing ``raw``: no copy
+    of its data. Anything else (a header chunk, other encodings of the same fields) is parsed
+    by protobuf, with protobuf's meaning."""
+    if raw[:1] == _DATA_TAG:
+        length = _read_varint(raw, 1)
+        if length is not None:
+            n, start = length
+            end = start + n
+            if end == len(raw):
+                return DataChunk(memoryview(raw)[start:end], None, len(raw))
+            if end < len(raw) and raw[end] == _OFFSET_TAG:
+                offset = _read_varint(raw, end + 1)
+                if offset is not None and offset[1] == len(raw):
+                    return DataChunk(memoryview(raw)[start:end], offset[0], len(raw))
+    return pb.ModelChunk.FromString(raw)
+
+
+_FLOAT32 = WIRE_DTYPES["float32"]
+
+
+class PayloadDecoder:
+    """One message's payload as its chunks arrive, written into ``buffer`` (a flat tensor of
+    exactly the declared ``total_bytes``, allocated once by the receiver), or only checked
+    when there is none (a message the receiver will not keep still gets its verdict).
+
+    :meth:`add` places each chunk where the data before it ended, after checking it starts
+    there (its ``offset``, when the sender gave one) and fits in what the header declared; the
+    CRC-32 and, with ``plausible``, the smallest and largest float32 value are updated from the
+    chunk as it passes (vectorised on its bytes: no loop over values). :meth:`finish` checks
+    that the whole payload came, :meth:`verify` the checksum and the values. Each raises
+    :class:`WireError`: ``chunk_out_of_order`` / ``chunk_overlap`` (an offset past or before
+    where the data so far ends), ``size_mismatch`` (longer or shorter than declared),
+    ``bad_checksum``, ``non_finite``, ``implausible``. With ``crc32`` None (a message whose
+    verdict is known already) only its size is followed."""
+
+    def __init__(self, total_bytes: int, crc32: int | None, plausible: Plausible | None = None, buffer: torch.Tensor | None = None) -> None:
+        self.total_bytes = total_bytes
+        self.crc32 = crc32
+        self.plausible = plausible
+        self.have = 0
+        self._crc = 0
+        self._into: tuple[torch.Tensor, memoryview] | None = None
+        if buffer is not None:
+            into = _payload_view(buffer)
+            if len(into) != total_bytes:
+                raise ValueError(f"a buffer of {len(into)} bytes for a payload of {total_bytes}")
+            if buffer.data_ptr() != buffer.contiguous().data_ptr():
+                raise ValueError("the buffer must be a contiguous float32 tensor")
+            self._into = (buffer, into)
+        self._carry = b""  # the bytes of a value cut by a chunk boundary
+        self._values = 0
+        self._low = math.inf
+        self._high = -math.inf
+        self._nan = False
+
+    @property
+    def tensor(self) -> torch.Tensor | None:
+        """The buffer the payload went into (None: it was not kept)."""
+        into = self._into
+        return None if into is None else into[0]
+
+    def drop_buffer(self) -> None:
+        """Stop keeping the payload (from any thread): the buffer is let go now; the chunks that
+        follow are still checked."""
+        self._into = None
+
+    def add(self, data, offset: int | None = None) -> None:
+        start, n = self.have, len(data)
+        if offset is not None and offset != start:
+            reason = "chunk_out_of_order" if offset > start else "chunk_overlap"
+            raise WireError(reason, f"a chunk at offset {offset}, the data so far ends at {start}")
+        if start + n > self.total_bytes:
+            raise WireError("size_mismatch", f"stream longer than the declared {self.total_bytes} bytes")
+        into = self._into
+        if into is not None:
+            into[1][start : start + n] = data
+        if self.crc32 is not None:
+            self._crc = zlib.crc32(data, self._crc)
+        if self.plausible is not None:
+            self._check(memoryview(data))
+        self.have = start + n
+
+    def _check(self, data: memoryview) -> None:
+        if self._carry:
+            need = 4 - len(self._carry)
+            self._carry += bytes(data[:need])
+            data = data[need:]
+            if len(self._carry) < 4:
+                return
+            self._extremes(np.frombuffer(self._carry, dtype=_FLOAT32))
+            self._carry = b""
+        whole = len(data) - len(data) % 4
+        if whole:
+            self._extremes(np.frombuffer(data[:whole], dtype=_FLOAT32))
+        self._carry = bytes(data[whole:])
+
+    def _extremes(self, values: np.ndarray) -> None:
+        # min/max propagate NaN: one pass each finds a non-finite value and the range.
+        low, high = float(values.min()), float(values.max())
+        self._values += len(values)
+        if math.isnan(low) or math.isnan(high):
+            self._nan = True
+        else:
+            self._low, self._high = min(self._low, low), max(self._high, high)
+
+    def finish(self) -> None:
+        if self.have != self.total_bytes:
+            raise WireError("size_mismatch", f"got {self.have} bytes, header declared {self.total_bytes}")
+
+    def verify(self) -> None:
+        if self.crc32 is not None and self._crc != self.crc32:
+            raise WireError("bad_checksum", "payload CRC-32 does not match the header")
+        if self.plausible is None:
+            return
+        if self._nan:
+            low = high = math.nan
+        else:
+            low, high = (self._low, self._high) if self._values else (0.0, 0.0)
+        error = self.plausible.values_error(low, high)
+        if error is not None:
+            raise error
 
 
 def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.ModelHeader, bytes, int]:
-    """Reassemble a Push stream: (header, payload, bytes on the wire).
+    """Reassemble a Push stream: (header, payload, bytes on the wire). For tools and tests: a
+    client decodes each chunk into place (:class:`PayloadDecoder`).
 
     Stops reading as soon as the stream exceeds ``max_bytes`` or the size the header declared,
     so an oversized stream costs the receiver at most that much memory.
@@ -161,15 +444,11 @@ def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.Mod
     for i, chunk in enumerate(chunks):
         wire += chunk.ByteSize()
         if i == 0:
-            if not chunk.HasField("header"):
-                raise WireError("no_header", "the first chunk carries no header")
-            header = chunk.header
-            if not header.HasField("sender"):
-                raise WireError("no_sender", "the header names no sender")
-            if header.total_bytes > max_bytes:
-                raise WireError("too_large", f"{header.total_bytes} bytes > limit {max_bytes}")
+            header = first_header(chunk, max_bytes)
         elif chunk.HasField("header"):
             raise WireError("bad_chunk", "a header appeared after the first chunk")
+        elif chunk.HasField("offset") and chunk.offset != size:
+            raise WireError("chunk_out_of_order" if chunk.offset > size else "chunk_overlap", f"a chunk at offset {chunk.offset}, the data so far ends at {size}")
         size += len(chunk.data)
         if size > header.total_bytes:
             raise WireError("size_mismatch", f"stream longer than the declared {header.total_bytes} bytes")
@@ -179,6 +458,47 @@ def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.Mod
     if size != header.total_bytes:
         raise WireError("size_mismatch", f"got {size} bytes, header declared {header.total_bytes}")
     return header, b"".join(parts), wire
+
+
+def first_header(chunk, max_bytes: int) -> pb.ModelHeader:
+    """The header a message's first chunk carries, if it names a sender and declares at most
+    ``max_bytes``; raises :class:`WireError` (``no_header``, ``no_sender``, ``too_large``)."""
+    if not chunk.HasField("header"):
+        raise WireError("no_header", "the first chunk carries no header")
+    header = chunk.header
+    if not header.HasField("sender"):
+        raise WireError("no_sender", "the header names no sender")
+    if header.total_bytes > max_bytes:
+        raise WireError("too_large", f"{header.total_bytes} bytes > limit {max_bytes}")
+    return header
+
+
+def check_model_header(header: pb.ModelHeader, specs: Sequence[TensorSpec], plausible: Plausible = Plausible()) -> None:
+    """What a model message's header must say for its payload to be read: a sender, tensor
+    specs equal to the receiver's model, no origins, the model's size, a plausible sample
+    count. Raises :class:`WireError`."""
+    _check_layout(header, specs)
+    if header.origins:
+        # A colluders' pool is never a neighbour's model (see decode_pool).
+        raise WireError("pool_message", f"a pool of {len(header.origins)} models where a model was expected")
+    expected = sum(s.nbytes for s in specs)
+    if header.total_bytes != expected:
+        raise WireError("size_mismatch", f"{header.total_bytes} bytes, expected {expected}")
+    error = plausible.samples_error(header.num_samples)
+    if error is not None:
+        raise error
+
+
+def model_message(header: pb.ModelHeader, vector: torch.Tensor, wire_bytes: int, plausible: Plausible) -> ModelMessage:
+    """The message a header passed by :func:`check_model_header` and its checked payload make."""
+    return ModelMessage(
+        sender=header.sender,
+        round=header.round,
+        vector=vector,
+        num_samples=header.num_samples,
+        nbytes=wire_bytes,
+        train_loss=plausible.train_loss(header.train_loss),
+    )
 
 
 def decode(
@@ -194,25 +514,10 @@ def decode(
     byte size, checksum, a non-finite value, a value or a declared sample count outside
     ``plausible``. Text from the message goes into an error only through :func:`quote`.
     """
-    _check_layout(header, specs)
-    if header.origins:
-        # A colluders' pool is never a neighbour's model (see decode_pool).
-        raise WireError("pool_message", f"a pool of {len(header.origins)} models where a model was expected")
-    expected = sum(s.nbytes for s in specs)
-    if header.total_bytes != expected or len(payload) != expected:
-        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected}")
-    error = plausible.samples_error(header.num_samples)
-    if error is not None:
-        raise error
-    vector = _checked_values(header, payload, plausible)
-    return ModelMessage(
-        sender=header.sender,
-        round=header.round,
-        vector=vector,
-        num_samples=header.num_samples,
-        nbytes=wire_bytes,
-        train_loss=plausible.train_loss(header.train_loss),
-    )
+    check_model_header(header, specs, plausible)
+    if len(payload) != header.total_bytes:
+        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {header.total_bytes}")
+    return model_message(header, _checked_values(header, payload, plausible), wire_bytes, plausible)
 
 
 def _check_layout(header: pb.ModelHeader, specs: Sequence[TensorSpec]) -> None:
@@ -232,15 +537,11 @@ def _check_layout(header: pb.ModelHeader, specs: Sequence[TensorSpec]) -> None:
 
 def _checked_values(header: pb.ModelHeader, payload: bytes, plausible: Plausible) -> torch.Tensor:
     """The payload as a flat float32 tensor once its checksum and values passed."""
-    if zlib.crc32(payload) != header.crc32:
-        raise WireError("bad_checksum", "payload CRC-32 does not match the header")
-    array = np.frombuffer(payload, dtype=WIRE_DTYPES["float32"])
-    # min/max propagate NaN, so one pass each finds both a non-finite and an out-of-range value.
-    low, high = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
-    error = plausible.values_error(low, high)
-    if error is not None:
-        raise error
-    return torch.from_numpy(array.astype(np.float32, copy=True))
+    vector = torch.empty(len(payload) // _FLOAT32.itemsize, dtype=torch.float32)
+    decoder = PayloadDecoder(len(payload), header.crc32, plausible, vector)
+    decoder.add(payload)
+    decoder.verify()
+    return vector
 
 
 @dataclass(frozen=True)
@@ -254,6 +555,29 @@ class PoolMessage:
     nbytes: int = 0  # size on the wire, for accounting
 
 
+def pool_out(
+    sender: int,
+    round_: int,
+    origins: Sequence[int],
+    vectors: torch.Tensor,
+    specs: Sequence[TensorSpec],
+    *,
+    chunk_bytes: int = 1 << 20,
+) -> WireMessage:
+    """A pool as a message to send: ``vectors [len(origins), D]`` back to back (not copied),
+    ``origins`` in the header, whose tensor specs describe one model. Declares no size and no
+    loss (a pool is not a model of its sender's)."""
+    origins = [int(k) for k in origins]
+    if len(set(origins)) != len(origins):
+        raise ValueError(f"pool origins must be distinct, got {origins}")
+    model_bytes = sum(s.nbytes for s in specs)
+    rows = vectors.detach().to(torch.float32).reshape(len(origins), -1) if origins else vectors.new_empty(0, 0)
+    payload = _payload_view(rows)
+    if len(payload) != model_bytes * len(origins):
+        raise ValueError(f"a pool of {len(origins)} models has {len(payload)} bytes, the model layout needs {model_bytes} each")
+    return WireMessage(_header(sender, round_, specs, payload, origins=origins), payload, chunk_bytes)
+
+
 def encode_pool(
     sender: int,
     round_: int,
@@ -263,24 +587,43 @@ def encode_pool(
     *,
     chunk_bytes: int = 1 << 20,
 ) -> list[pb.ModelChunk]:
-    """A pool as Push chunks: ``vectors [len(origins), D]`` back to back, ``origins`` in the
-    header, whose tensor specs describe one model. Declares no size and no loss (a pool is not
-    a model of its sender's)."""
-    origins = [int(k) for k in origins]
-    if len(set(origins)) != len(origins):
-        raise ValueError(f"pool origins must be distinct, got {origins}")
-    model_bytes = sum(s.nbytes for s in specs)
-    rows = vectors.detach().to(torch.float32).reshape(len(origins), -1) if origins else vectors.new_empty(0, 0)
-    payload = rows.contiguous().numpy().astype("<f4", copy=False).tobytes()
-    if len(payload) != model_bytes * len(origins):
-        raise ValueError(f"a pool of {len(origins)} models has {len(payload)} bytes, the model layout needs {model_bytes} each")
-    header = _header(sender, round_, specs, payload, origins=origins)
-    return _chunked(header, payload, chunk_bytes)
+    """:func:`pool_out`'s chunks as protobuf messages."""
+    return list(pool_out(sender, round_, origins, vectors, specs, chunk_bytes=chunk_bytes))
 
 
 def pool_bytes(specs: Sequence[TensorSpec], num_clients: int) -> int:
     """The largest pool payload: one model of each client."""
     return num_clients * sum(s.nbytes for s in specs)
+
+
+def check_pool_header(header: pb.ModelHeader, specs: Sequence[TensorSpec], *, num_clients: int) -> tuple[int, ...]:
+    """The origins of a pool whose header may be read (see :func:`decode_pool`); raises
+    :class:`WireError`."""
+    _check_layout(header, specs)
+    count = len(header.origins)
+    if count > num_clients:
+        raise WireError("too_many_origins", f"{count} origins, at most {num_clients} clients")
+    origins = tuple(int(k) for k in header.origins)
+    if any(k >= num_clients for k in origins):
+        raise WireError("unknown_origin", f"origin {max(origins)} outside 0..{num_clients - 1}")
+    if len(set(origins)) != count:
+        raise WireError("duplicate_origin", "an origin is named twice")
+    expected = count * sum(s.nbytes for s in specs)
+    if header.total_bytes != expected:
+        raise WireError("size_mismatch", f"{header.total_bytes} bytes, expected {expected} for {count} models")
+    return origins
+
+
+def pool_message(header: pb.ModelHeader, origins: tuple[int, ...], vectors: torch.Tensor, specs: Sequence[TensorSpec], wire_bytes: int) -> PoolMessage:
+    """The pool a header passed by :func:`check_pool_header` and its checked payload make."""
+    count = len(origins)
+    return PoolMessage(
+        sender=header.sender,
+        round=header.round,
+        origins=origins,
+        vectors=vectors.view(count, -1) if count else vectors.view(0, sum(s.numel for s in specs)),
+        nbytes=wire_bytes,
+    )
 
 
 def decode_pool(
@@ -299,23 +642,7 @@ def decode_pool(
     (``unknown_origin``), an origin named twice (``duplicate_origin``); a byte size other than
     one model per origin; a checksum mismatch; a non-finite or implausible value in any model.
     An empty pool (no origins, no payload) is valid: its sender received nothing."""
-    _check_layout(header, specs)
-    count = len(header.origins)
-    if count > num_clients:
-        raise WireError("too_many_origins", f"{count} origins, at most {num_clients} clients")
-    origins = tuple(int(k) for k in header.origins)
-    if any(k >= num_clients for k in origins):
-        raise WireError("unknown_origin", f"origin {max(origins)} outside 0..{num_clients - 1}")
-    if len(set(origins)) != count:
-        raise WireError("duplicate_origin", "an origin is named twice")
-    expected = count * sum(s.nbytes for s in specs)
-    if header.total_bytes != expected or len(payload) != expected:
-        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {expected} for {count} models")
-    vectors = _checked_values(header, payload, plausible)
-    return PoolMessage(
-        sender=header.sender,
-        round=header.round,
-        origins=origins,
-        vectors=vectors.view(count, -1) if count else vectors.view(0, sum(s.numel for s in specs)),
-        nbytes=wire_bytes,
-    )
+    origins = check_pool_header(header, specs, num_clients=num_clients)
+    if len(payload) != header.total_bytes:
+        raise WireError("size_mismatch", f"{len(payload)} bytes, expected {header.total_bytes} for {len(origins)} models")
+    return pool_message(header, origins, _checked_values(header, payload, plausible), specs, wire_bytes)

@@ -449,7 +449,7 @@ def test_a_message_of_empty_chunks_holds_at_most_max_chunks():
     for chunk in [header] + [empty] * 100 + encode(1, 1, vec(1), SPECS, chunk_bytes=16):
         out.extend(splitter.feed(chunk))
     assert [len(m) for m in out] == [8, 4]  # the first cut at 8 chunks, its rest skipped
-    assert len(splitter.current) == 0
+    assert splitter.current is None  # nothing held: the next message began and ended
     with pytest.raises(WireError, match="size_mismatch"):
         join_chunks(iter(out[0]), 1000)
 

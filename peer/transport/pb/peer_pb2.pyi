@@ -37,12 +37,14 @@ class ModelHeader(_message.Message):
     def __init__(self, sender: _Optional[int] = ..., round: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., origins: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
-    __slots__ = ("header", "data")
+    __slots__ = ("header", "data", "offset")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     header: ModelHeader
     data: bytes
-    def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    offset: int
+    def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("accepted", "reason", "round")
