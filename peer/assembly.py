@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dfedrw.peer.aggregation.columns import mean_rows
 from dfedrw.peer.attacks import AttackerData, AttackView
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import Dataset, aux_indices, local_test_indices, partition
@@ -205,7 +206,7 @@ def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: tor
 def known_mean(view: AttackView) -> torch.Tensor | None:
     """The mean of the honest models ``view`` knew (the next round's ``reference``), float64."""
     _, known = view.known()
-    return known.to(torch.float64).mean(dim=0) if len(known) else None
+    return mean_rows(known) if len(known) else None
 
 
 def next_reference(attack: Any, view: AttackView) -> torch.Tensor | None:

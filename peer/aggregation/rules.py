@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from dfedrw.peer.aggregation.columns import column_blocks, in_blocks, weighted_rows
 from dfedrw.peer.aggregation.crs import CRS, ReweightingStrategy, make_crs
 from dfedrw.peer.registry import Registry, check_choice, check_int
 from dfedrw.peer.aggregation.tpm import TPM, make_tpm
@@ -309,17 +310,27 @@ _DENSE_COMBINE = 1 << 16  # entries of the [clients, rows] weight matrix below w
 
 
 def finite_rows(vectors: torch.Tensor) -> torch.Tensor:
-    """Boolean CPU mask [C]: True where the whole row is finite."""
-    return torch.isfinite(vectors).all(dim=1).cpu()
+    """Boolean CPU mask [C]: True where the whole row is finite (a big model's a block of
+    coordinates at a time: no mask as large as the candidates)."""
+    if vectors.dim() != 2 or not in_blocks(vectors.shape[1]):
+        return torch.isfinite(vectors).all(dim=1).cpu()
+    finite = torch.ones(len(vectors), dtype=torch.bool, device=vectors.device)
+    for block in column_blocks(vectors.shape[1]):
+        finite &= torch.isfinite(vectors[:, block]).all(dim=1)
+    return finite.cpu()
 
 
 def weighted_sum(vectors: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``sum_i v_i w_i`` over the rows with ``v_i > 0``, in float64, returned as float32 [D].
 
     Rows with zero weight are dropped *before* multiplying so a NaN row cannot poison the sum.
+    A big model's float64 rows are made a block of coordinates at a time (:mod:`.columns`).
     """
     weights = weights.to(dtype=torch.float64, device="cpu")
     used = weights > 0
+    if in_blocks(vectors.shape[1]):
+        index = None if bool(used.all()) else used.nonzero().squeeze(1).to(vectors.device)
+        return weighted_rows(weights[used].to(vectors.device), vectors, index)
     rows = vectors[used.to(vectors.device)].to(torch.float64)
     return (weights[used].to(vectors.device) @ rows).to(torch.float32)
 

@@ -33,6 +33,7 @@ from typing import ClassVar
 import torch
 
 from dfedrw.peer.registry import check_choice, check_int, check_real
+from dfedrw.peer.aggregation.columns import column_blocks, in_blocks, mean_rows
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, ThreatModel
 from dfedrw.peer.attacks.moments import column_std
 
@@ -60,8 +61,9 @@ def _check_received(owner: str, received: torch.Tensor, generator: torch.Generat
 
 
 def _mean(received: torch.Tensor) -> torch.Tensor:
-    # float64 so averaging many float32 models does not add its own rounding noise.
-    return received.to(torch.float64).mean(dim=0)
+    # float64 so averaging many float32 models does not add its own rounding noise (a big
+    # model's a block of coordinates at a time: no float64 copy of what was received).
+    return mean_rows(received)
 
 
 _GAUSSIAN_CENTERS = ("received_mean", "zero")
@@ -110,10 +112,21 @@ class Gaussian:
             return []
         count, dim = _check_received("Gaussian", received, generator).shape
         noise = [torch.randn(dim, generator=generator, dtype=torch.float32, device=received.device) for _ in receivers]
+        centred = self.center == "received_mean" and count > 0
+        if in_blocks(dim):
+            # A big model: each message made in place of its noise, a block of coordinates at a
+            # time, the centre too (the same steps on each coordinate as below: no float64 copy
+            # of the messages, nor of the received models or their mean).
+            for block in column_blocks(dim):
+                centre = _mean(received[:, block]) if centred else None
+                for z in noise:
+                    part = z[block].to(torch.float64).mul_(self.std)
+                    z[block] = part if centre is None else part.add_(centre)
+            return noise
         # Elementwise from here on: each row is what a call for its receiver computes
         # (std * z, then centre + that: in place, the same products and sums).
         messages = torch.stack(noise).to(torch.float64).mul_(self.std)
-        if self.center == "received_mean" and count > 0:
+        if centred:
             messages.add_(_mean(received))
         return list(messages.to(torch.float32).unbind(0))
 
