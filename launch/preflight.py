@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from dfedrw.peer.config import Scenario
+from pathlib import Path
+
+from dfedrw.peer.config import Scenario, ScenarioError
 from dfedrw.peer.datacache import verify_stored
 from dfedrw.peer.datasets import check_available, scenario_dataset
 from dfedrw.peer.assembly import client_attack, client_rule
+from dfedrw.peer.memory import run_needs
 from dfedrw.peer.plan import scenario_graphs, scenario_topology
+from dfedrw.peer.transports import scenario_model_specs
+
+# Where the memory the system can still give processes is read (Linux).
+MEMINFO = Path("/proc/meminfo")
+
+
+class NotEnoughMemory(ScenarioError):
+    """The models a run's clients would hold do not fit the memory this machine has available."""
 
 
 def preflight(scenario: Scenario) -> None:
     """Build every client's rule or attack and check the data first, so a bad setting fails
-    once, clearly, before any client starts; then build (or check, digests and all) the data
-    set's entry in the machine's data cache, which every client maps."""
+    once, clearly, before any client starts; check that the clients' models fit the memory
+    available (:func:`check_memory`); then build (or check, digests and all) the data set's
+    entry in the machine's data cache, which every client maps."""
     topology = scenario_topology(scenario)
     # A schedule is built, and its first round drawn and checked, before any client starts.
     scenario_graphs(scenario, topology).senders_to(0, 0)
@@ -21,6 +33,36 @@ def preflight(scenario: Scenario) -> None:
             client_attack(scenario, topology, k)
         else:
             client_rule(scenario, topology, k)
+    check_memory(scenario)
     source = scenario_dataset(scenario.data)
     check_available(source)
     verify_stored(source)
+
+
+def available_memory(meminfo: Path | None = None) -> int | None:
+    """Bytes the system can still give processes without swapping (``MemAvailable``), or None
+    where it does not say."""
+    try:
+        for line in (meminfo or MEMINFO).read_text().splitlines():
+            name, _, rest = line.partition(":")
+            if name == "MemAvailable":
+                value, unit = rest.split()
+                return int(value) * (1024 if unit == "kB" else 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def check_memory(scenario: Scenario, available: int | None = None) -> None:
+    """Refuse, in one line that gives the estimate, a run of client processes whose models
+    would not fit: the bound of every client (:mod:`dfedrw.peer.memory`) against
+    ``available`` bytes (default: what /proc/meminfo says is available now)."""
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    needs = run_needs(scenario, scenario_model_specs(scenario))
+    if needs.total > available:
+        raise NotEnoughMemory(
+            f"{needs.describe()}; this machine has {available / 1e9:.1f} GB available: "
+            "use fewer clients, a smaller model, fewer neighbours (topology.rho) or a smaller network.round_window"
+        )

@@ -18,6 +18,7 @@ import torch
 
 from dfedrw.peer.assembly import attack_generator, byzantine_claims, byzantine_record, next_reference
 from dfedrw.peer.attacks import AttackView, craft_round
+from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.plan import derive_seed
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import message_out
@@ -101,6 +102,7 @@ class ByzantineRounds:
                 round=r, attacker=self.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
                 **({"colluders": self.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
             )
+            release_free_heap()
             crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
             reference = next_reference(attack, view)
             # Done with what it received this round: only the crafted messages are held now.

@@ -24,9 +24,11 @@ from typing import Any
 
 import torch
 
+from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.transport.inbox import Inbox, Slot
 from dfedrw.peer.transport.serde import (
-    PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, check_pool_header, first_header, model_message, pool_message,
+    LARGE_MESSAGE, PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, check_pool_header, first_header, model_message,
+    pool_message,
 )
 
 # (sender, round, accepted, reason, sender presumed gone before) of every model message that
@@ -66,6 +68,17 @@ class ModelIntake:
                 return (*self.inbox.reject("malformed", type(exc).__name__), self.inbox.round)
             message.fail(("malformed", type(exc).__name__))
         return message.end()
+
+    def has_room(self, header) -> bool:
+        """Whether a message with ``header`` is to be read now. A large one for a later round
+        than the client's waits while the inbox holds a whole round's models already (the
+        client has all it needs for its round and is about to aggregate: meanwhile the sender
+        is held by gRPC's flow control, and the client does not hold a second round's models on
+        top of the first); anything else is read at once."""
+        inbox = self.inbox
+        if header.total_bytes <= LARGE_MESSAGE or header.round <= inbox.round:
+            return True
+        return inbox.held() < len(inbox.rows_at(inbox.round))
 
     def begin(self, first, sender: int | None = None) -> "Incoming":
         """The message that ``first`` begins, from ``sender`` (the id the transport
@@ -142,11 +155,12 @@ class Incoming:
             self.refusal = (exc.reason, exc.detail)
             return
         self.slot = inbox.reserve(header.sender, header.round)
-        buffer = self.slot.buffer if isinstance(self.slot, Slot) else None
-        self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, buffer)
         if isinstance(self.slot, Slot):
-            # The inbox lets go of the buffer if the client moves past the round meanwhile.
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, self.slot.buffer, self.slot.lock)
+            # The inbox lets go of the buffer if the client moves past the round, or takes it, meanwhile.
             self.slot.on_release = self.decoder.drop_buffer
+        else:
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible)
 
     def _take(self, chunk) -> None:
         self.decoder.add(chunk.data, chunk.offset if chunk.HasField("offset") else None)
@@ -182,6 +196,10 @@ class Incoming:
         finally:
             if isinstance(self.slot, Slot):
                 inbox.release(self.slot)  # a no-op once filled
+            if self.header is not None and self.header.total_bytes > LARGE_MESSAGE:
+                # Its chunks' buffers were freed into the heap: let the system have the pages
+                # back, or the ten models a round brings leave a hundred MB behind in it.
+                release_free_heap()
         return (*verdict, inbox.round)
 
     def _verdict(self) -> tuple[bool, str]:

@@ -35,10 +35,11 @@ from dfedrw.peer.byzantine_loop import ByzantineRounds, Liveness, loop_times
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.intake import ModelIntake
+from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
 from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, scenario_topology, told_byzantine
-from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
+from dfedrw.peer.aggregation.rules import finite_rows, takes_tpm_and_crs
 from dfedrw.peer.schedule import receive_window
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
@@ -430,6 +431,7 @@ class Client(Rejoining, ByzantineRounds):
                 log.warning("client %d: round %d: took its neighbours' median model in place of its stale one", self.id, r)
             elif r == self._stale_round:
                 self._stale_round = r + 1  # no neighbour model this round: try again in the next
+            release_free_heap()
             # The candidates: the round's matrix itself when every received model was decoded
             # into its row (own model copied into row 0), else a stack of them.
             vectors = self.inbox.stacked(r, [got[k].vector for k in ids[1:]], own)
@@ -437,10 +439,13 @@ class Client(Rejoining, ByzantineRounds):
             losses = (loss, *(got[k].train_loss for k in ids[1:]))
             missing = sorted(expected - got.keys())
             rule, told = self._rule_at(r, senders)
+            # Every received model passed the intake's check of its values: only the own
+            # model's need looking at (for a big model a pass over every candidate saved).
+            finite = (bool(finite_rows(own[None])[0]), *(True for _ in ids[1:]))
             agg = rule(
                 RoundInputs(
                     own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval,
-                    total_rounds=sc.rounds, declared_losses=losses, reference=reference,
+                    total_rounds=sc.rounds, declared_losses=losses, reference=reference, finite=finite,
                 )
             )
             model, weights, scores = agg.model, agg.weights, agg.scores

@@ -121,6 +121,8 @@ class PeerServicer(pb_grpc.PeerServicer):
     ) -> None:
         self._deliver = deliver
         self._begin_message = message_begin(deliver)
+        # Whether the client takes a message with this header now (else it is read later).
+        self._has_room = getattr(deliver, "has_room", None)
         # Told the id of an authenticated sender when it is shut out (its messages cannot
         # arrive until the time is up, so the client need not wait for them).
         self._on_shut_out = on_shut_out or (lambda sender: None)
@@ -388,6 +390,8 @@ class PeerServicer(pb_grpc.PeerServicer):
         try:
             splitter = self._splitter(caller, sender)
             async for chunk in self._chunks(request_iterator, context):
+                if self._has_room is not None and chunk.HasField("header"):
+                    await self._room_for(chunk.header)
                 if not await self._answer(splitter.feed(chunk), context):
                     return
             await self._answer(splitter.end(), context)
@@ -396,6 +400,14 @@ class PeerServicer(pb_grpc.PeerServicer):
         finally:
             self._close(caller, "exchange", task)
 
+
+    async def _room_for(self, header) -> None:
+        """Wait, before reading a message, until the client has room for it (see the client
+        intake's ``has_room``): at most half ``idle_call_timeout``, then it is read anyway. The
+        sender waits meanwhile (its one message in flight), held by gRPC's flow control."""
+        deadline = time.monotonic() + self.limits.idle_call_timeout / 2
+        while not self._has_room(header) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def _answer(self, replies: list[pb.PushReply | None], context) -> bool:
         """Write the replies of the messages a chunk completed; False once the call is to end."""

@@ -11,7 +11,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 import grpc
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.serde import serialized_chunks, wire_round, wire_size
+from dfedrw.peer.transport.serde import LARGE_MESSAGE, serialized_chunks, wire_round, wire_size
 
 if TYPE_CHECKING:
     from dfedrw.peer.transport.grpc_transport import GrpcTransport
@@ -19,6 +19,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXCHANGE = "/peer.transport.pb.Peer/Exchange"
+
+
+class _GivenUp(Exception):
+    """The message in flight was given up for a newer one (see :meth:`Sender.put`)."""
+
+
+def _settle_future(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Sender:
@@ -31,8 +40,12 @@ class Sender:
     connection's buffer, so without the wait for the reply every queued message would go there
     at once, and on a lossy link the fresh model would sit behind a backlog of ones that arrive
     stale. Here they wait in the queue, where only the newest few are kept (older ones are
-    dropped), as with a call per message. Each reply carries the receiver's round: queued
-    messages for earlier rounds would arrive stale and are dropped unsent.
+    dropped), as with a call per message: at most four, and at most ``MAX_QUEUED_BYTES`` (one
+    message of a 44 MB model). Each reply carries the receiver's round: queued messages for
+    earlier rounds would arrive stale and are dropped unsent. A large message still in flight
+    when one two rounds newer is queued is given up (see :meth:`put`). A message is held here
+    only while it is queued or in flight: so a client holds, per neighbour, at most one model
+    in flight and one queued.
 
     :meth:`put` is called from the round loop's thread; everything else runs on the gRPC event
     loop, in one task per neighbour that opens a call when there is something to send. A call
@@ -42,8 +55,9 @@ class Sender:
 
     MAX_QUEUED = 4
     # Bytes of model the queue holds (always at least the newest message): four messages of up
-    # to 16 MiB, one of a 44 MB model. Each queued message is a model the client still holds.
-    MAX_QUEUED_BYTES = 64 << 20
+    # to 16 MiB (LARGE_MESSAGE), one of a 44 MB model. Each queued message is a model the client
+    # still holds.
+    MAX_QUEUED_BYTES = 4 * LARGE_MESSAGE
 
     def __init__(self, peer: int, channel: grpc.aio.Channel, transport: "GrpcTransport") -> None:
         self.peer = peer
@@ -53,6 +67,10 @@ class Sender:
         self.lock = threading.Lock()  # guards the queue, shared with the round loop's thread
         self.queue: deque[list[pb.ModelChunk]] = deque()  # each message starts with its header chunk
         self.queued_bytes = 0
+        # The message in flight: the future that gives it up (None: none in flight), its round and size.
+        self.flight_round = 0
+        self.flight_bytes = 0
+        self.give_up: asyncio.Future | None = None
         self.in_flight = False  # a message awaits its reply
         self.skipped_stale = 0  # queued messages for rounds the receiver had already passed
         self.closed = False
@@ -62,9 +80,13 @@ class Sender:
         self.task = self.loop.create_task(self._run(), name=f"send-{peer}")
 
     def put(self, chunks: list[pb.ModelChunk]) -> int:
-        """Queue one message (from any thread); returns how many of the oldest queued ones it
-        pushed out (past ``MAX_QUEUED`` messages or ``MAX_QUEUED_BYTES``)."""
+        """Queue one message (from any thread); returns how many messages it pushed out: the
+        oldest queued ones (past ``MAX_QUEUED`` messages or ``MAX_QUEUED_BYTES``), and, for a
+        large message (``serde.LARGE_MESSAGE``), the one in flight when that is two rounds older
+        or more (its reply is that late: it would reach the receiver stale, and
+        until then it holds a model here; its call is cancelled, the next opens a new one)."""
         size = wire_size(chunks)
+        round_ = wire_round(chunks)
         dropped = 0
         with self.lock:
             while self.queue and (len(self.queue) >= self.MAX_QUEUED or self.queued_bytes + size > self.MAX_QUEUED_BYTES):
@@ -72,6 +94,14 @@ class Sender:
                 dropped += 1
             self.queue.append(chunks)
             self.queued_bytes += size
+            give_up = self.give_up
+            if give_up is not None and self.flight_round < round_ - 1 and self.flight_bytes > LARGE_MESSAGE:
+                self.give_up = None
+                dropped += 1
+            else:
+                give_up = None
+        if give_up is not None:
+            self.loop.call_soon_threadsafe(_settle_future, give_up)
         self.loop.call_soon_threadsafe(self.wake.set)
         return dropped
 
@@ -121,32 +151,37 @@ class Sender:
     async def _run(self) -> None:
         try:
             while not self.closed:
-                first = await self._next()
                 try:
-                    await self._call(first)
+                    # Handed over in a list the call empties: no frame here keeps the message
+                    # (a model) alive while the call carries the ones after it.
+                    await self._call([await self._next()])
                 except Exception:  # a bug here must not silence this neighbour for the rest of the run
                     log.exception("sending to %d failed", self.peer)
         finally:
             self._settle()  # _call cleared in_flight on its way out
 
-    async def _call(self, first: list[pb.ModelChunk]) -> None:
-        """One ``Exchange`` call: ``first`` and whatever is queued after it, until the call ends.
+    async def _call(self, first: list[list[pb.ModelChunk]]) -> None:
+        """One ``Exchange`` call: the message in ``first`` (taken out of it) and whatever is
+        queued after it, until the call ends. A message is let go as soon as its reply came.
 
         A call the receiver ended while nothing was in flight (it ends calls idle for
         ``idle_call_timeout``), or one idle here for half that, is let go between messages:
         the next message opens a new call and is not lost."""
         call = self.exchange()
         ended = self.loop.create_task(call.code())
-        chunks: list[pb.ModelChunk] | None = first
+        chunks: list[pb.ModelChunk] | None = first.pop()
         try:
             while chunks is not None:
-                reply = await asyncio.wait_for(self._send(call, chunks), self.transport.send_timeout)
+                reply = await self._in_flight(call, chunks)
+                chunks = None
                 if reply is grpc.aio.EOF:  # the receiver ended the call
                     return
                 self._on_reply(reply)
                 chunks = await self._next_on(ended)
         except TimeoutError:
             log.debug("no reply from %d in %.0f s; cancelling the call", self.peer, self.transport.send_timeout)
+        except _GivenUp:
+            log.debug("gave up a message to %d: a model two rounds newer is queued", self.peer)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             code = await call.code()
             if code == grpc.StatusCode.UNAVAILABLE:
@@ -157,6 +192,27 @@ class Sender:
             ended.cancel()
             call.cancel()  # no-op once it ended
             self.in_flight = False
+
+    async def _in_flight(self, call, chunks: list[pb.ModelChunk]):
+        """Send one message and wait for its reply, at most ``send_timeout`` seconds
+        (``TimeoutError``), or until :meth:`put` gives it up (``_GivenUp``)."""
+        give_up = self.loop.create_future()
+        with self.lock:
+            self.give_up, self.flight_round, self.flight_bytes = give_up, wire_round(chunks), wire_size(chunks)
+        sending = self.loop.create_task(self._send(call, chunks))
+        try:
+            done, _ = await asyncio.wait((sending, give_up), timeout=self.transport.send_timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not sending.done():
+                sending.cancel()
+            with self.lock:
+                if self.give_up is give_up:
+                    self.give_up = None
+        if sending in done:
+            return sending.result()
+        if give_up in done:
+            raise _GivenUp
+        raise TimeoutError
 
     async def _next_on(self, ended: asyncio.Future) -> list[pb.ModelChunk] | None:
         """The oldest queued message, to go on the open call; None (nothing taken from the

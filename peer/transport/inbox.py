@@ -97,20 +97,23 @@ class RoundWaiting:
 
 class Slot:
     """A message whose header the inbox took, while its payload arrives: its sender, its round
-    and the buffer the payload goes into (None: it is not kept, or was let go). ``on_release``
-    is called (with the lock held) when the inbox lets go of the buffer before the message is
-    complete."""
+    and the buffer its payload goes into (None: it is not kept, or was let go). Whoever writes
+    into the buffer holds ``lock`` while it does; ``on_release`` is called, with that lock held,
+    when the inbox lets go of the buffer before the message is complete (so that once
+    :meth:`release` returns nothing writes there any more)."""
 
-    __slots__ = ("sender", "round", "buffer", "on_release")
+    __slots__ = ("sender", "round", "buffer", "on_release", "lock")
 
     def __init__(self, sender: int, round_: int, buffer: torch.Tensor | None) -> None:
         self.sender, self.round, self.buffer = sender, round_, buffer
         self.on_release: Callable[[], None] | None = None
+        self.lock = threading.Lock()
 
     def release(self) -> None:
-        self.buffer = None
-        if self.on_release is not None:
-            self.on_release()
+        with self.lock:
+            self.buffer = None
+            if self.on_release is not None:
+                self.on_release()
 
 
 class Inbox(RoundWaiting):
@@ -313,27 +316,42 @@ class Inbox(RoundWaiting):
             slot.buffer = None
 
     def stacked(self, round_: int, vectors: Sequence[torch.Tensor], own: torch.Tensor | None = None) -> torch.Tensor:
-        """``torch.stack([own, *vectors])`` (``vectors`` alone when ``own`` is None): the
-        round's matrix itself, ``own`` copied into its row 0, when ``vectors`` are its rows
-        1..n in order (each received model decoded into its row, no sender missing before the
-        last); else a new stack."""
+        """``torch.stack([own, *vectors])`` (``vectors`` alone when ``own`` is None), made of
+        the round's matrix: ``vectors`` (received models of ``round_``, in id order) are rows
+        of it; those after a missing sender's row are moved up, in place, and ``own`` is copied
+        into row 0. Moving rows takes the round: it is closed (:meth:`close`, its messages'
+        vectors are not to be read any more) and messages still arriving for it let go of
+        their rows first. Vectors that are not the matrix's rows in id order are stacked anew."""
         with self._cond:
             matrix = self._matrices.get(round_)
-        if matrix is not None and vectors:
-            rows = matrix[0]
-            if len(vectors) < len(rows) and all(v.data_ptr() == rows[i + 1].data_ptr() and v.shape == rows[i + 1].shape for i, v in enumerate(vectors)):
-                if own is None:
-                    return rows[1 : 1 + len(vectors)]
-                rows[0].copy_(own)
-                return rows[: 1 + len(vectors)]
-        return torch.stack([own, *vectors] if own is not None else list(vectors))
+            rows = matrix[0] if matrix is not None else None
+            at = {rows[i].data_ptr(): i for i in range(1, len(rows))} if rows is not None and rows.shape[1] else {}
+            positions = [at.get(v.data_ptr()) if tuple(v.shape) == (self.model_size,) else None for v in vectors]
+            if not vectors or None in positions or positions != sorted(set(positions)):
+                rows = None
+            elif positions != list(range(1, 1 + len(vectors))):
+                self._close(round_)
+                for slot in [s for s in self._pending.values() if s.round == round_]:
+                    slot.release()
+                for i, p in enumerate(positions, start=1):
+                    if p != i:  # rows move up only: a row is moved before another is moved onto it
+                        rows[i].copy_(rows[p])
+        if rows is None:
+            return torch.stack([own, *vectors] if own is not None else list(vectors))
+        if own is None:
+            return rows[1 : 1 + len(vectors)]
+        rows[0].copy_(own)
+        return rows[: 1 + len(vectors)]
 
     def close(self, round_: int) -> None:
         """The client is done with ``round_``: its models are let go now (a message that comes
         for it later is counted as before, and not kept)."""
         with self._cond:
-            self._closed[round_] = set(self._buffer.pop(round_, {}))
-            self._matrices.pop(round_, None)
+            self._close(round_)
+
+    def _close(self, round_: int) -> None:
+        self._closed.setdefault(round_, set()).update(self._buffer.pop(round_, {}))
+        self._matrices.pop(round_, None)
 
     def _arrived(self, round_: int) -> dict[int, ModelMessage]:
         return self._buffer.get(round_, {})

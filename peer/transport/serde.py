@@ -24,9 +24,11 @@ the chunks come), and a gRPC server reads a data chunk as a view of the bytes it
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,11 @@ from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.ratelog import quote
 
 WIRE_DTYPES = {"float32": np.dtype("<f4")}
+
+# A message of more than this many bytes is a large one: the transport keeps fewer of them
+# queued and gives one up rather than let it hold memory (grpc_sender), and a receiver reads one
+# for a later round only while it has room (the client's intake).
+LARGE_MESSAGE = 16 << 20
 
 
 class WireError(ValueError):
@@ -342,7 +349,10 @@ class PayloadDecoder:
     ``bad_checksum``, ``non_finite``, ``implausible``. With ``crc32`` None (a message whose
     verdict is known already) only its size is followed."""
 
-    def __init__(self, total_bytes: int, crc32: int | None, plausible: Plausible | None = None, buffer: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, total_bytes: int, crc32: int | None, plausible: Plausible | None = None, buffer: torch.Tensor | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
         self.total_bytes = total_bytes
         self.crc32 = crc32
         self.plausible = plausible
@@ -356,6 +366,9 @@ class PayloadDecoder:
             if buffer.data_ptr() != buffer.contiguous().data_ptr():
                 raise ValueError("the buffer must be a contiguous float32 tensor")
             self._into = (buffer, into)
+        # Held while a chunk is copied into the buffer: whoever lets go of the buffer from
+        # another thread (drop_buffer) holds it too, so no copy is left half done.
+        self._lock = lock or contextlib.nullcontext()
         self._carry = b""  # the bytes of a value cut by a chunk boundary
         self._values = 0
         self._low = math.inf
@@ -369,8 +382,8 @@ class PayloadDecoder:
         return None if into is None else into[0]
 
     def drop_buffer(self) -> None:
-        """Stop keeping the payload (from any thread): the buffer is let go now; the chunks that
-        follow are still checked."""
+        """Stop keeping the payload (from any thread, holding the decoder's lock when it has
+        one): the buffer is let go now; the chunks that follow are still checked."""
         self._into = None
 
     def add(self, data, offset: int | None = None) -> None:
@@ -380,9 +393,10 @@ class PayloadDecoder:
             raise WireError(reason, f"a chunk at offset {offset}, the data so far ends at {start}")
         if start + n > self.total_bytes:
             raise WireError("size_mismatch", f"stream longer than the declared {self.total_bytes} bytes")
-        into = self._into
-        if into is not None:
-            into[1][start : start + n] = data
+        with self._lock:
+            into = self._into
+            if into is not None:
+                into[1][start : start + n] = data
         if self.crc32 is not None:
             self._crc = zlib.crc32(data, self._crc)
         if self.plausible is not None:
