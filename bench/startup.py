@@ -33,81 +33,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+from proc_memory import Sampler
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _memory(pid: int) -> tuple[int, int] | None:
-    """(PSS, USS) of ``pid`` in bytes, or None once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return None
-    fields = {}
-    for line in text.splitlines()[1:]:
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[-1] == "kB":
-            fields[name] = int(parts[0]) * 1024
-    return fields.get("Pss", 0), fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
-
-
-def _threads(pid: int) -> int:
-    try:
-        return len(list(Path(f"/proc/{pid}/task").iterdir()))
-    except OSError:
-        return 0
-
-
-def _descendants(root: int) -> list[int]:
-    """Every process under ``root`` (from /proc/PID/task/*/children)."""
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found.extend(children)
-            todo.extend(children)
-    return found
-
-
-class Sampler(threading.Thread):
-    """Samples the memory and threads of a launcher and its descendants twice a second."""
-
-    def __init__(self, launcher: int) -> None:
-        super().__init__(daemon=True)
-        self.launcher = launcher
-        self.samples: dict[int, list[tuple[int, int]]] = {}
-        self.threads: dict[int, int] = {}
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for pid in [self.launcher, *_descendants(self.launcher)]:
-                now = _memory(pid)
-                if now is not None:
-                    self.samples.setdefault(pid, []).append(now)
-                    self.threads[pid] = max(self.threads.get(pid, 0), _threads(pid))
-            self.stop.wait(0.5)
-
-    def typical(self, pid: int) -> tuple[int, int] | None:
-        """(PSS, USS) of ``pid`` over its life: the median of its samples. (Right after a fork
-        a client shares its pages with fewer processes than it will, so one early sample is
-        higher than what it holds; the median is what it holds while it runs.)"""
-        got = self.samples.get(pid)
-        if not got:
-            return None
-        return int(statistics.median(p for p, _ in got)), int(statistics.median(u for _, u in got))
 
 
 def one_run(dataset: str, clients: int, rounds: int, start: str, work: Path, timeout: float) -> dict:
@@ -148,9 +79,9 @@ def one_run(dataset: str, clients: int, rounds: int, start: str, work: Path, tim
         "client_uss_mb_median": round(statistics.median(uss) / 2**20, 1) if uss else None,
         "clients_sampled": len(client_memory),
         "client_threads_max": max((sampler.threads.get(p, 0) for p in pids), default=0),
-        "launcher_pss_mb": round(max((p for p, _ in sampler.samples.get(proc.pid, [(0, 0)]))) / 2**20, 1),
+        "launcher_pss_mb": round(max((m.pss for m in sampler.samples.get(proc.pid, [])), default=0) / 2**20, 1),
         # Neither the launcher nor a client: the fork server (none with spawn).
-        "fork_server_pss_mb": round(max((p for pid, got in sampler.samples.items() if pid not in pids and pid != proc.pid for p, _ in got), default=0) / 2**20, 1),
+        "fork_server_pss_mb": round(max((m.pss for pid, got in sampler.samples.items() if pid not in pids and pid != proc.pid for m in got), default=0) / 2**20, 1),
         "seconds_per_round": round(statistics.median(f["loop_seconds"] for f in finals) / rounds, 4),
         "completed": summary.get("honest_completed"), "tls": summary.get("tls"),
     }
