@@ -16,16 +16,15 @@ import torch
 from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.aggregation import Aggregate
-from dfedrw.peer.models import build_model, get_vector
+from dfedrw.peer.models import get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.assembly import (
     attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
-    move, next_reference, scenario_plausible,
+    move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.datacache import test_set, training_set
 from dfedrw.peer.datasets import scenario_dataset
-from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_graphs, scenario_topology, told_byzantine
-from dfedrw.peer.registry import settings_of
+from dfedrw.peer.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator
@@ -87,9 +86,8 @@ class BatchedRun:
         # test set once for all clients (each client's local test set is rows of it).
         self.data = clients_data(sc, topo, self.honest, shards=False)
         self.test = move(test_set(scenario_dataset(sc.data)), self.device)
-        features, classes = dataset_shape(sc)
         t = sc.train
-        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0, params=settings_of(t.model_params, t.model))
+        template = scenario_model(sc)
         self.model = FlatModel(template, self.device)
         self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
         # The training set once (shared by every run of a batch: the dataset is read once per

@@ -54,7 +54,7 @@ from dfedrw.peer.config_aggregation import (
 )
 from dfedrw.peer.config_tables import Params, SettingsTables, checked_params, parse_class_tables, resolve_class, settings_tables, toml_key
 from dfedrw.peer.datasets import build_dataset
-from dfedrw.peer.registry import Setting
+from dfedrw.peer.registry import Setting, settings_of
 from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.transports import TRANSPORT_REGISTRY
@@ -128,6 +128,25 @@ class TrainConfig:
         check_in_range("train.lr", self.lr, 0.0, MAX_MAGNITUDE, open_lo=True)
         check_in_range("train.batch_size", self.batch_size, 1, 1_000_000)
         check_in_range("train.local_steps", self.local_steps, 1, 10_000)
+
+
+def check_model(train: TrainConfig, data: DataConfig) -> None:
+    """Build the model on the meta device (no memory, no initialisation) for the data set's
+    shape, so that a model that does not fit the data fails at load time, in one line."""
+    import torch
+
+    from dfedrw.peer.datasets import input_shape_of
+    from dfedrw.peer.models import make_model
+
+    source = build_dataset(data.name, settings_of(data.params, data.name), data.dir)
+    try:
+        with torch.device("meta"):
+            make_model(
+                train.model, int(source.num_features), int(source.num_classes), hidden=train.hidden, input_shape=input_shape_of(source),
+                params=settings_of(train.model_params, train.model),
+            )
+    except ValueError as exc:
+        raise ScenarioError(f"train.model={train.model!r} with data.name={data.name!r}: {' '.join(str(exc).split())}") from None
 
 
 @dataclass(frozen=True)
@@ -330,6 +349,7 @@ class Scenario:
                 f"topology.byzantine={self.topology.byzantine} but attack.name='none'; "
                 f"choose an attack ({', '.join(ATTACK_REGISTRY.names())}) or set topology.byzantine=0"
             )
+        check_model(self.train, self.data)
         # Build every distinct rule and the attack once, with placeholders for what the running
         # system supplies, so a bad setting fails at load time, not inside client k.
         for cfg in configs:

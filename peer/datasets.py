@@ -89,6 +89,7 @@ class Digits:
 
     name: ClassVar[str] = "digits"
     num_features: ClassVar[int] = 64
+    input_shape: ClassVar[tuple[int, ...]] = (1, 8, 8)
     num_classes: ClassVar[int] = 10
     train_size: ClassVar[int] = 1437
     _TEST_FRACTION: ClassVar[float] = 0.2
@@ -126,6 +127,7 @@ class IdxDataset:
 
     name: ClassVar[str] = ""
     num_features: ClassVar[int] = 784
+    input_shape: ClassVar[tuple[int, ...]] = (1, 28, 28)
     num_classes: ClassVar[int] = 10
     train_size: ClassVar[int] = 60_000
     default_dir: ClassVar[str | None] = None
@@ -400,6 +402,23 @@ def download_idx(name: str, data_dir: str | os.PathLike, base_url: str | None = 
         finally:
             if os.path.exists(tmp_name):
                 os.remove(tmp_name)
+
+
+def input_shape_of(source: Any) -> tuple[int, ...]:
+    """The shape of one sample of a built data set: its ``input_shape`` (``(channels, height,
+    width)`` for images), checked against ``num_features``, or ``(num_features,)`` when it
+    declares none. Raises ``ValueError`` naming the set when the two disagree."""
+    features = int(source.num_features)
+    declared = getattr(source, "input_shape", None)
+    if declared is None:
+        return (features,)
+    try:
+        shape = tuple(int(n) for n in declared)
+    except (TypeError, ValueError):
+        raise ValueError(f"data set {describe(source)}: input_shape must be a tuple of positive integers, got {declared!r}") from None
+    if not shape or any(n < 1 for n in shape) or int(np.prod(shape)) != features:
+        raise ValueError(f"data set {describe(source)}: input_shape {shape} does not hold its num_features = {features} values")
+    return shape
 
 
 def source_key(source: Any) -> tuple[str, dict[str, Any]]:
