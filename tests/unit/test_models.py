@@ -95,3 +95,23 @@ def test_input_shape_is_supplied_not_set():
     assert "input_shape" in MODEL_REGISTRY.supplied("lenet5")
     with pytest.raises(ValueError, match="input_shape"):
         make_model("lenet5", 784, 10, input_shape=(1, 28, 28), params={"input_shape": (1, 28, 28)})
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 8, 8), (2, 3, 7, 9), (1, 1, 2, 2)])
+def test_the_2x2_max_pool_gives_max_pool2d_s_values(shape):
+    from dfedrw.peer.models import MaxPool2x2
+
+    x = torch.randn(*shape)
+    x[0, 0, 0, 0] = float("nan")
+    got, want = MaxPool2x2()(x), nn.functional.max_pool2d(x, 2)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_the_2x2_max_pool_passes_the_gradient_to_each_windows_unique_maximum():
+    from dfedrw.peer.models import MaxPool2x2
+
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    y = torch.randn(2, 3, 3, 3)
+    (mine,) = torch.autograd.grad((MaxPool2x2()(x) * y).sum(), x)
+    (theirs,) = torch.autograd.grad((nn.functional.max_pool2d(x, 2) * y).sum(), x)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
