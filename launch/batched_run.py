@@ -27,7 +27,7 @@ from dfedrw.peer.datasets import scenario_dataset
 from dfedrw.peer.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
-from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator
+from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator, local_step_count
 
 
 def engine_device(name: str) -> torch.device:
@@ -100,6 +100,10 @@ class BatchedRun:
         self.num_samples = dict(zip(self.honest, sizes, strict=True))
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
         self.batches = [BatchOrder(n, t.batch_size, derive_seed(sc.seed, "batches", k)) for k, n in zip(self.honest, sizes, strict=True)]
+        # Each client's local steps a round (they differ under train.local_epochs when the shards
+        # do) and its momentum buffer (a row each; None until the first step, or without momentum).
+        self.steps = [local_step_count(t.local_steps, t.local_epochs, n, t.batch_size) for n in sizes]
+        self.momentum: torch.Tensor | None = None
         self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
         # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
         # schedule each client's rule is the one told the Byzantine senders of the round.
@@ -137,20 +141,31 @@ class BatchedRun:
             self.told[k] = told
             self.told_most[k] = max(self.told_most[k], told)
 
-    def picks(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One local step's minibatch of every client: rows of the training set ``[C, B]`` and, when
-        a shard is smaller than the batch size (its batch padded), the weight of each row
-        (the padding weighs 0) else None."""
-        picks = [b.next() for b in self.batches]
+    def active_rows(self, step: int) -> torch.Tensor | None:
+        """The rows of the clients that take local step ``step`` of the round: None for all of
+        them (the usual case), else their positions (int64, on the models' device)."""
+        if all(step < n for n in self.steps):
+            return None
+        return torch.tensor([c for c, n in enumerate(self.steps) if step < n], dtype=torch.long, device=self.device)
+
+    def picks(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One local step's minibatch of every client (``rows``: of those clients only): rows of
+        the training set ``[C, B]`` and, when a shard is smaller than the batch size (its batch
+        padded), the weight of each row (the padding weighs 0) else None."""
+        which = range(len(self.batches)) if rows is None else rows.tolist()
+        picks = [self.batches[c].next() for c in which]
+        offsets = self.offsets if rows is None else self.offsets[rows]
+        if not picks:
+            return torch.empty(0, 0, dtype=torch.long, device=self.device), None
         width = max(len(p) for p in picks)
         if all(len(p) == width for p in picks):
-            return self.shard_rows[torch.stack(picks).to(self.device) + self.offsets[:, None]], None
+            return self.shard_rows[torch.stack(picks).to(self.device) + offsets[:, None]], None
         index = torch.zeros(len(picks), width, dtype=torch.long)
         weight = torch.zeros(len(picks), width)
         for i, p in enumerate(picks):
             index[i, : len(p)] = p
             weight[i, : len(p)] = 1.0 / len(p)
-        return self.shard_rows[index.to(self.device) + self.offsets[:, None]], weight.to(self.device)
+        return self.shard_rows[index.to(self.device) + offsets[:, None]], weight.to(self.device)
 
     def refused_rows(self) -> dict[int, str]:
         """Honest clients whose model this round any receiver's intake would refuse (a

@@ -114,6 +114,16 @@ class TrainConfig:
     lr: float = 0.01
     batch_size: int = 32
     local_steps: int = 1
+    # > 0: each round that many passes over the client's shard instead of local_steps.
+    local_epochs: float = 0.0
+    # SGD with momentum and weight decay as torch.optim.SGD's; the momentum buffer stays local.
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # The learning rate by round: "constant", "step" (times lr_gamma every lr_step rounds) or
+    # "cosine" (from lr down towards 0 over the rounds).
+    lr_schedule: str = "constant"
+    lr_gamma: float = 0.1
+    lr_step: int = 100
     # "shared": every client starts from the same seeded initialisation (the usual DFL set-up);
     # "per_client": each client draws its own; "zeros": all parameters start at 0.
     init: str = "shared"
@@ -128,6 +138,18 @@ class TrainConfig:
         check_in_range("train.lr", self.lr, 0.0, MAX_MAGNITUDE, open_lo=True)
         check_in_range("train.batch_size", self.batch_size, 1, 1_000_000)
         check_in_range("train.local_steps", self.local_steps, 1, 10_000)
+        check_in_range("train.local_epochs", self.local_epochs, 0.0, 1_000.0)
+        check_in_range("train.momentum", self.momentum, 0.0, 1.0, open_hi=True)
+        check_in_range("train.weight_decay", self.weight_decay, 0.0, MAX_MAGNITUDE)
+        check_choice_of("train.lr_schedule", self.lr_schedule, ("constant", "step", "cosine"))
+        check_in_range("train.lr_gamma", self.lr_gamma, 0.0, 1.0, open_lo=True)
+        check_in_range("train.lr_step", self.lr_step, 1, MAX_ROUNDS)
+
+    def lr_at(self, r: int, rounds: int) -> float:
+        """The learning rate of round ``r`` of ``rounds`` (:func:`peer.training.learning_rate`)."""
+        from dfedrw.peer.training import learning_rate
+
+        return learning_rate(self.lr, self.lr_schedule, r, rounds, gamma=self.lr_gamma, step=self.lr_step)
 
 
 def check_model(train: TrainConfig, data: DataConfig) -> None:

@@ -239,7 +239,8 @@ class Client(Rejoining, ByzantineRounds):
             t = sc.train
             self.trainer = LocalTrainer(
                 self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
-                seed=derive_seed(sc.seed, "batches", self.id),
+                seed=derive_seed(sc.seed, "batches", self.id), local_epochs=t.local_epochs, momentum=t.momentum,
+                weight_decay=t.weight_decay,
             )
             if self.resumed is not None:
                 try:
@@ -410,7 +411,7 @@ class Client(Rejoining, ByzantineRounds):
         while r < sc.rounds:
             r, sent0, recv0 = self._begin_round(r)
             reference = get_vector(self.model)
-            loss = trainer.step()
+            loss = trainer.step(sc.train.lr_at(r, sc.rounds))
             own = get_vector(self.model)
             senders = self.graphs.senders_to(self.id, r)
             self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)

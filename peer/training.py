@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,35 +50,115 @@ class BatchOrder:
         self._order, self._pos = order, pos
 
 
-class LocalTrainer:
-    """Plain SGD on a client's shard: ``step()`` takes ``local_steps`` minibatch steps, the
-    minibatches drawn by a :class:`BatchOrder`."""
+LR_SCHEDULES = ("constant", "step", "cosine")
 
-    def __init__(self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int) -> None:
+
+def learning_rate(lr: float, schedule: str, r: int, rounds: int, *, gamma: float = 0.1, step: int = 100) -> float:
+    """The learning rate of round ``r`` (0-based) of ``rounds``: ``"constant"``: ``lr``;
+    ``"step"``: ``lr * gamma ** (r // step)`` (``step = 1``: an exponential decay);
+    ``"cosine"``: ``lr * (1 + cos(pi * r / rounds)) / 2`` (Loshchilov and Hutter 2017, without
+    restarts: ``lr`` at round 0, towards 0 at the last). A Python float: every engine computes the
+    same value."""
+    if schedule == "constant":
+        return lr
+    if schedule == "step":
+        return lr * gamma ** (r // step)
+    if schedule == "cosine":
+        return lr * (1.0 + math.cos(math.pi * r / rounds)) / 2.0
+    raise ValueError(f"learning-rate schedule {schedule!r} is not valid; choose one of: {', '.join(LR_SCHEDULES)}")
+
+
+def local_step_count(local_steps: int, local_epochs: float, shard_size: int, batch_size: int) -> int:
+    """The local steps a client takes each round: ``local_steps``, or with ``local_epochs > 0``
+    as many minibatches as ``local_epochs`` passes over its shard make (``ceil(local_epochs *
+    shard_size / batch)``, the batch capped at the shard's size; at least 1)."""
+    if local_epochs <= 0:
+        return local_steps
+    batch = max(1, min(batch_size, shard_size))
+    return max(1, math.ceil(local_epochs * shard_size / batch - 1e-9))
+
+
+def sgd_update(
+    weights: torch.Tensor, grads: torch.Tensor, buffer: torch.Tensor | None, *, lr: float, momentum: float, weight_decay: float
+) -> torch.Tensor | None:
+    """One step of SGD with momentum and weight decay on ``weights`` in place, as
+    ``torch.optim.SGD`` (no dampening, no Nesterov) computes it: ``g = grad + weight_decay * w``;
+    ``buffer = g`` at the first step, else ``momentum * buffer + g``; ``w -= lr * buffer`` (``g``
+    without momentum). Elementwise: a client's parameters one tensor at a time or the batched
+    engine's rows at once give the same bits. Returns the new buffer (None without momentum)."""
+    if weight_decay:
+        grads = grads.add(weights, alpha=weight_decay)
+    if momentum:
+        buffer = grads.clone() if buffer is None else buffer.mul_(momentum).add_(grads)
+        grads = buffer
+    weights.add_(grads, alpha=-lr)
+    return buffer
+
+
+class LocalTrainer:
+    """SGD on a client's shard: ``step(lr)`` takes the round's local steps (``local_steps``, or
+    ``local_epochs`` passes over the shard: :func:`local_step_count`), the minibatches drawn by
+    a :class:`BatchOrder`, each an :func:`sgd_update` (momentum and weight decay as
+    ``torch.optim.SGD``'s; the momentum buffer stays with the client across rounds, neither
+    sent nor averaged)."""
+
+    def __init__(
+        self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int, local_epochs: float = 0.0,
+        momentum: float = 0.0, weight_decay: float = 0.0,
+    ) -> None:
         self.model = model
         self.data = data
         self.lr = lr
-        self.local_steps = local_steps
         self.batches = BatchOrder(len(data.y), batch_size, seed)
         self.batch_size = self.batches.batch_size
+        self.local_steps = local_step_count(local_steps, local_epochs, len(data.y), batch_size)
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.buffers: list[torch.Tensor] | None = None
 
     def state(self) -> tuple[dict[str, "np.ndarray"], dict[str, "np.ndarray"], int]:
-        return self.batches.state()
+        """(generator states, arrays, position): the minibatch order's, and the momentum buffer
+        (``momentum``, flat float32) once there is one, so a resumed client continues the same
+        trajectory."""
+        generators, arrays, pos = self.batches.state()
+        if self.buffers is not None:
+            arrays = {**arrays, "momentum": torch.nn.utils.parameters_to_vector(self.buffers).detach().cpu().numpy()}
+        return generators, arrays, pos
 
     def load_state(self, generators: dict, arrays: dict, pos: int) -> None:
         self.batches.load_state(generators, arrays, pos)
+        if "momentum" in arrays and self.momentum:
+            flat = torch.from_numpy(np.asarray(arrays["momentum"], dtype=np.float32).copy())
+            params = list(self.model.parameters())
+            if flat.shape != (sum(p.numel() for p in params),) or not bool(torch.isfinite(flat).all()):
+                raise ValueError("momentum buffer does not fit this model or is not finite")
+            self.buffers = [part.view_as(p).to(p.device).clone() for part, p in zip(flat.split([p.numel() for p in params]), params, strict=True)]
+        elif self.momentum:
+            raise ValueError("the checkpoint holds no momentum buffer, which train.momentum needs")
 
-    def step(self) -> float:
-        """Run the local steps; returns the mean minibatch loss (before each step)."""
+    def step(self, lr: float | None = None) -> float:
+        """Run the round's local steps at ``lr`` (default: the trainer's); returns the mean
+        minibatch loss (before each step)."""
+        lr = self.lr if lr is None else lr
         total = 0.0
+        params = list(self.model.parameters())
         for _ in range(self.local_steps):
             idx = self.batches.next()
             self.model.zero_grad(set_to_none=True)
             loss = F.cross_entropy(self.model(self.data.x[idx]), self.data.y[idx])
             loss.backward()
             with torch.no_grad():
-                for p in self.model.parameters():
-                    p.add_(p.grad, alpha=-self.lr)
+                if not self.momentum and not self.weight_decay:
+                    for p in params:
+                        p.add_(p.grad, alpha=-lr)
+                else:
+                    buffers = self.buffers or [None] * len(params)
+                    self.buffers = [
+                        sgd_update(p, p.grad, b, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
+                        for p, b in zip(params, buffers, strict=True)
+                    ]
+                    if not self.momentum:
+                        self.buffers = None
             total += float(loss.detach())
         return total / self.local_steps
 
@@ -279,6 +360,16 @@ class FlatModel:
             else:
                 h = torch.bmm(h, weight.transpose(1, 2)) if b is None else torch.baddbmm(b[:, None, :], h, weight.transpose(1, 2))
         return h
+
+    def minibatch_losses(self, vectors: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Each model's loss on its own minibatch (``x [C, B, F]``, ``y [C, B]``): the mean
+        cross-entropy, or with ``weight [C, B]`` the weighted sum. A model without a layer plan
+        computes it as a client's own step does (``F.cross_entropy`` of its logits, one model at
+        a time), so its gradient is the client's, bit for bit."""
+        if self.plan is None and weight is None and self.layout == "loop":
+            return torch.stack([F.cross_entropy(self.logits(v, x[i]), y[i]) for i, v in enumerate(vectors)])
+        per = F.cross_entropy(self.class_first_logits(vectors, x), y, reduction="none")  # [C, B]
+        return per.mean(1) if weight is None else (per * weight).sum(1)
 
     def _steps(self, vectors: torch.Tensor):
         """The plan's steps with each Linear layer's weights ``[C, out, in]`` and biases
