@@ -20,7 +20,7 @@ from dfedrw.peer.attacks import AttackerData, AttackView
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.datacache import StoredSplit, stored_dataset
-from dfedrw.peer.datasets import scenario_dataset
+from dfedrw.peer.datasets import natural_groups_error, scenario_dataset
 from dfedrw.peer.identity import ClientIdentity, load_identity
 from dfedrw.peer.models import build_model
 from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, told_byzantine
@@ -180,10 +180,15 @@ def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int], *, 
     its rows), for a caller that reads the shards as rows of the training set; the auxiliary
     sets are the same values, converted from the same rows."""
     d = scenario.data
-    stored = stored_dataset(scenario_dataset(d))
+    source = scenario_dataset(d)
+    stored = stored_dataset(source)
     train, test = stored.train, stored.test
+    if d.partition == "natural" and stored.train_groups is None:
+        raise ValueError(natural_groups_error(source))
     honest = sorted(topology.honest())
-    parts = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
+    parts = partition(
+        train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign, groups=stored.train_groups
+    )
     size = min(d.local_test_size, len(test))
     out = {}
     for client_id in ids:

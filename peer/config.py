@@ -53,7 +53,7 @@ from dfedrw.peer.config_aggregation import (
     AggregationConfig, AttackConfig, aggregation_table, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
 )
 from dfedrw.peer.config_tables import Params, SettingsTables, checked_params, parse_class_tables, resolve_class, settings_tables, toml_key
-from dfedrw.peer.datasets import build_dataset
+from dfedrw.peer.datasets import build_dataset, natural_groups_error
 from dfedrw.peer.registry import Setting, settings_of
 from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
@@ -80,7 +80,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         settings = checked_params("dataset", self.name, self.params, "data.name")
         try:
-            build_dataset(self.name, settings, self.dir)
+            source = build_dataset(self.name, settings, self.dir)
         except ValueError as exc:
             raise ScenarioError(f"[data.{toml_key(self.name)}]: {' '.join(str(exc).split())}") from None
         check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
@@ -88,6 +88,10 @@ class DataConfig:
         kind, _, arg = p.partition(":")
         if kind == "iid" and arg in ("", "balanced"):
             pass
+        elif p == "natural":
+            # A set that does not say whether it has groups is found out when it is loaded.
+            if getattr(source, "natural_groups", None) is False:
+                raise ScenarioError(natural_groups_error(source))
         elif kind == "dirichlet" and arg:
             try:
                 alpha = float(arg)
@@ -100,7 +104,7 @@ class DataConfig:
                 raise ScenarioError(f"data.partition={p!r}: labelskew:H needs an integer H in [1, 1_000_000]")
         else:
             raise ScenarioError(
-                f"data.partition={p!r} is not valid; use iid, iid:balanced, dirichlet:ALPHA or labelskew:H"
+                f"data.partition={p!r} is not valid; use iid, iid:balanced, dirichlet:ALPHA, labelskew:H or natural"
             )
         check_in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
         # Capped by the test set's size when drawn; the bound only refuses nonsense.

@@ -32,11 +32,11 @@ def test_overrides_are_typed_by_toml_and_dotted():
     [
         ("data.nmae=digits", ["data.nmae", "name, dir, partition"]),
         ("bogus=1", ["bogus", "seed, rounds"]),
-        ("data.name=cifar", ["data.name", "unknown dataset 'cifar'; valid choices: ['digits', 'fashion-mnist', 'mnist']"]),
+        ("data.name=svhn", ["data.name", "unknown dataset 'svhn'; valid choices: ['cifar10', 'cifar100', 'digits', 'fashion-mnist', 'femnist', 'mnist']"]),
         ("aggregation.crs=median", ["aggregation.crs", "softmax", "loss_clip_mean"]),
         ("data.partition=dirichlet:-1", ["dirichlet:ALPHA"]),
-        ("data.partition=labelskew", ["iid, iid:balanced, dirichlet:ALPHA or labelskew:H"]),
-        ("data.partition='iid:stratified'", ["iid, iid:balanced, dirichlet:ALPHA or labelskew:H"]),
+        ("data.partition=labelskew", ["iid, iid:balanced, dirichlet:ALPHA, labelskew:H or natural"]),
+        ("data.partition='iid:stratified'", ["iid, iid:balanced, dirichlet:ALPHA, labelskew:H or natural"]),
         ("train.lr=-1", ["train.lr"]),
         ("rounds=ten", ["rounds", "integer"]),
         ("topology.byzantine=2", []),  # valid with the default attack

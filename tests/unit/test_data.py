@@ -146,8 +146,8 @@ def test_mnist_without_directory_says_how_to_get_it():
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(ValueError, match="cifar.*" + ".*".join(DATASET_REGISTRY.names())):
-        load_dataset("cifar")
+    with pytest.raises(ValueError, match="svhn.*" + ".*".join(sorted(DATASET_REGISTRY.names()))):
+        load_dataset("svhn")
 
 
 def test_digits_loads_fixed_stratified_split():
@@ -187,16 +187,16 @@ def balanced_labels(per_class: int = 100, num_classes: int = 10) -> np.ndarray:
 @pytest.mark.parametrize(
     "spec, expected",
     [("iid", ("iid", None)), ("iid:balanced", ("iid", "balanced")), ("dirichlet:0.1", ("dirichlet", 0.1)), ("Dirichlet:1", ("dirichlet", 1.0)),
-     ("labelskew:4", ("labelskew", 4))],
+     ("labelskew:4", ("labelskew", 4)), ("natural", ("natural", None)), (" Natural ", ("natural", None))],
 )
 def test_parse_partition_accepts_valid_forms(spec, expected):
     assert parse_partition(spec) == expected
 
 
 @pytest.mark.parametrize("spec", ["", "noniid", "dirichlet", "dirichlet:0", "dirichlet:-1", "dirichlet:nan",
-                                  "dirichlet:x", "labelskew:0", "labelskew:2.5", "labelskew:", "iid:3", "iid:stratified"])
+                                  "dirichlet:x", "labelskew:0", "labelskew:2.5", "labelskew:", "iid:3", "iid:stratified", "natural:2"])
 def test_parse_partition_rejects_bad_specs_listing_valid_forms(spec):
-    with pytest.raises(ValueError, match=r"valid forms: iid, iid:balanced, dirichlet:ALPHA.*labelskew:H"):
+    with pytest.raises(ValueError, match=r"valid forms: iid, iid:balanced, dirichlet:ALPHA.*labelskew:H.*, natural$"):
         parse_partition(spec)
 
 
@@ -323,6 +323,66 @@ def test_labelskew_h_above_class_count_is_rejected():
 def test_partition_rejects_bad_client_counts(num_clients):
     with pytest.raises(ValueError, match="num_clients"):
         partition(balanced_labels(), num_clients, "iid", seed=0)
+
+
+def writer_groups(sizes: list[int], seed: int = 0) -> np.ndarray:
+    """One group index per row, ``sizes[g]`` rows of group g, the rows in a shuffled order."""
+    return np.random.default_rng(seed).permutation(np.repeat(np.arange(len(sizes)), sizes))
+
+
+def test_natural_deals_whole_groups_largest_first_to_the_emptiest_client():
+    # Prepare: groups of 5, 3, 3 and 1 rows for 2 clients. By hand: 5 -> client 0; 3 -> client 1;
+    # the other 3 -> client 1 (3 < 5); 1 -> client 0 (5 < 6): 6 rows each, whatever the seed.
+    groups = writer_groups([5, 3, 3, 1])
+    labels = np.zeros(groups.size, dtype=np.int64)
+
+    # Execute
+    parts = partition(labels, 2, "natural", seed=43, groups=groups)
+
+    # Assert
+    assert [sorted(set(groups[p])) for p in parts] == [[0, 3], [1, 2]]
+    assert [len(p) for p in parts] == [6, 6]
+
+
+@pytest.mark.parametrize("num_clients", [1, 4, 9])
+def test_natural_is_disjoint_covers_every_row_keeps_writers_whole_and_is_balanced(num_clients):
+    # Prepare: 40 writers of 1..30 rows
+    sizes = [int(n) for n in np.random.default_rng(5).integers(1, 31, size=40)]
+    groups = writer_groups(sizes, seed=1)
+    labels = np.random.default_rng(2).integers(0, 10, size=groups.size)
+
+    # Execute
+    parts = partition(labels, num_clients, "natural", seed=43, groups=groups)
+
+    # Assert
+    joined = np.concatenate(parts)
+    assert len(parts) == num_clients and np.array_equal(np.sort(joined), np.arange(groups.size))
+    for part in parts:
+        assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
+    owners = [{int(g) for g in groups[p]} for p in parts]
+    assert all(owners) and sum(len(o) for o in owners) == len(sizes)  # every writer with one client only
+    rows = [len(p) for p in parts]
+    assert max(rows) - min(rows) <= max(sizes)  # the bound of dealing largest first to the emptiest
+
+
+def test_natural_is_seeded():
+    groups, labels = writer_groups([4] * 12), np.zeros(48, dtype=np.int64)
+    first, again, other = (partition(labels, 3, "natural", seed=s, groups=groups) for s in (43, 43, 44))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+    assert [len(p) for p in first] == [len(p) for p in other] == [16, 16, 16]
+
+
+def test_natural_refuses_fewer_groups_than_clients_and_missing_or_bad_groups():
+    groups, labels = writer_groups([2, 2, 2]), np.zeros(6, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"partition 'natural': 3 groups cannot give each of 4 clients groups of its own; use fewer clients"):
+        partition(labels, 4, "natural", seed=0, groups=groups)
+    with pytest.raises(ValueError, match=r"partition 'natural' needs groups: one group index per sample"):
+        partition(labels, 2, "natural", seed=0)
+    with pytest.raises(ValueError, match=r"groups must be integers, one per sample \(6\), got int64 of shape \(5,\)"):
+        partition(labels, 2, "natural", seed=0, groups=groups[:5])
+    with pytest.raises(ValueError, match=r"groups must be integers"):
+        partition(labels, 2, "natural", seed=0, groups=groups.astype(float))
 
 
 # --------------------------------------------------------------------------------- local test / aux
