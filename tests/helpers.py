@@ -241,3 +241,19 @@ def leaf_writer(count: int, seed: int) -> tuple[np.ndarray, list[int]]:
     """A writer's ``count`` random samples: grey levels and labels 0..61."""
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, size=(count, 784), dtype=np.uint8), [int(v) for v in rng.integers(0, 62, size=count)]
+
+
+def write_image_idx(directory: Path, *, train: int = 400, test: int = 100, seed: int = 0) -> Path:
+    """A small MNIST-layout data set (28x28 grey images, 10 classes, random pixels) as the four
+    IDX files in ``directory``, for runs of the image models on files the tests write."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "train_images": rng.integers(0, 256, size=(train, 28, 28), dtype=np.uint8),
+        "train_labels": (np.arange(train) % 10).astype(np.uint8),
+        "test_images": rng.integers(0, 256, size=(test, 28, 28), dtype=np.uint8),
+        "test_labels": (np.arange(test) % 10).astype(np.uint8),
+    }
+    for role, stem in IDX_FILES.items():
+        write_idx(directory / stem, arrays[role], compress=False)
+    return directory
