@@ -117,6 +117,8 @@ def train_together(runs: list[BatchedRun], r: int = 0) -> list[list[float]]:
             else:
                 x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
                 y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
+            if any(runs[i].augment[0] is not None for i in members):
+                x = torch.cat([runs[i].augmented(part, active[i], picks[i][1]) for i, part in zip(members, x.split([len(picks[i][0]) for i in members]), strict=True)])
             rows = [runs[i].models if active[i] is None else runs[i].models[active[i]] for i in members]
             models = (torch.cat(rows) if len(members) > 1 else rows[0]).detach()
             weight = picks[members[0]][1]

@@ -19,7 +19,7 @@ from dfedrw.peer.aggregation import Aggregate
 from dfedrw.peer.models import get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.assembly import (
-    attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
+    attack_generator, byzantine_claims, byzantine_record, client_attack, client_augmentation, client_rule, clients_data, finite_or_none, initial_model,
     move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.datacache import test_set, training_set
@@ -104,6 +104,7 @@ class BatchedRun:
         # do) and its momentum buffer (a row each; None until the first step, or without momentum).
         self.steps = [local_step_count(t.local_steps, t.local_epochs, n, t.batch_size) for n in sizes]
         self.momentum: torch.Tensor | None = None
+        self.augment = [client_augmentation(sc, k) for k in self.honest]
         self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
         # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
         # schedule each client's rule is the one told the Byzantine senders of the round.
@@ -166,6 +167,19 @@ class BatchedRun:
             index[i, : len(p)] = p
             weight[i, : len(p)] = 1.0 / len(p)
         return self.shard_rows[index.to(self.device) + offsets[:, None]], weight.to(self.device)
+
+    def augmented(self, x: torch.Tensor, rows: torch.Tensor | None, weight: torch.Tensor | None) -> torch.Tensor:
+        """This run's minibatches ``x [C, B, F]`` (of the clients ``rows``, else all) with each
+        client's augmentation applied by its own generator, as a client applies it: to the rows
+        of its batch (a padded batch's padding left as it is)."""
+        if self.augment[0] is None:
+            return x
+        x = x.clone()
+        which = range(len(self.honest)) if rows is None else rows.tolist()
+        for i, c in enumerate(which):
+            width = x.shape[1] if weight is None else int((weight[i] > 0).sum())
+            x[i, :width] = self.augment[c](x[i, :width])
+        return x
 
     def refused_rows(self) -> dict[int, str]:
         """Honest clients whose model this round any receiver's intake would refuse (a

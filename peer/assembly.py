@@ -26,7 +26,7 @@ from dfedrw.peer.models import build_model
 from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, told_byzantine
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
-from dfedrw.peer.training import VectorEvaluator
+from dfedrw.peer.training import Augmentation, VectorEvaluator
 from dfedrw.peer.transport.serde import Plausible
 from dfedrw.topologies import Topology
 
@@ -64,6 +64,15 @@ def scenario_model(scenario: Scenario, seed: int = 0) -> torch.nn.Module:
         t.model, features, classes, hidden=t.hidden, input_shape=dataset_input_shape(scenario), seed=seed,
         params=settings_of(t.model_params, t.model),
     )
+
+
+def client_augmentation(scenario: Scenario, client_id: int) -> Augmentation | None:
+    """Client k's minibatch augmentation (``data.augment``) with its own seeded generator; None
+    without one."""
+    d = scenario.data
+    if d.augment == "none":
+        return None
+    return Augmentation(d.augment, d.augment_padding, dataset_input_shape(scenario), derive_seed(scenario.seed, "augment", client_id))
 
 
 def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:

@@ -74,6 +74,11 @@ class DataConfig:
     # How labelskew:H gives classes to clients: "cyclic" (every class held by the same number
     # of clients) or "random" (each client draws H classes).
     labelskew_assign: str = "cyclic"
+    # Each local step's minibatch augmented (images only): "none", "crop" (padded by
+    # augment_padding zeros and cropped back at a random offset) or "crop_flip" (then mirrored
+    # with probability 1/2), drawn from each client's own seeded generator.
+    augment: str = "none"
+    augment_padding: int = 4
     # The settings tables [data.NAME] (every one given is checked, the named one is used).
     params: Params = ()
 
@@ -84,6 +89,14 @@ class DataConfig:
         except ValueError as exc:
             raise ScenarioError(f"[data.{toml_key(self.name)}]: {' '.join(str(exc).split())}") from None
         check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
+        check_choice_of("data.augment", self.augment, ("none", "crop", "crop_flip"))
+        check_in_range("data.augment_padding", self.augment_padding, 0, 64)
+        if self.augment != "none":
+            from dfedrw.peer.datasets import input_shape_of
+
+            shape = input_shape_of(source)
+            if len(shape) != 3:
+                raise ScenarioError(f"data.augment={self.augment!r} needs images; data.name={self.name!r} declares input_shape = {shape}")
         p = self.partition
         kind, _, arg = p.partition(":")
         if kind == "iid" and arg in ("", "balanced"):

@@ -415,3 +415,40 @@ def aux_indices(n: int, fraction: float, seed: int) -> np.ndarray:
     count = min(n, max(1, math.ceil(fraction * n - 1e-9)))
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(n, size=count, replace=False).astype(np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Data augmentation
+
+AUGMENTATIONS = ("none", "crop", "crop_flip")
+
+
+def augment_batch(x: torch.Tensor, input_shape: Sequence[int], kind: str, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """A minibatch ``x [B, features]`` of images of ``input_shape`` (channels, height, width),
+    augmented as the usual CIFAR training does: ``"crop"``: each image padded with ``padding``
+    zeros on every side and cropped back to its size at an offset drawn uniformly (both axes);
+    ``"crop_flip"``: then mirrored left to right with probability 1/2; ``"none"``: ``x`` itself.
+    The draws come from ``generator`` (per image: the row offset, the column offset, then the
+    flip, as three vectors of ``B``), so a client's augmentations are the same in every engine.
+    Returns new flat rows on ``x``'s device."""
+    if kind == "none":
+        return x
+    if kind not in AUGMENTATIONS:
+        raise ValueError(f"augmentation {kind!r} is not valid; choose one of: {', '.join(AUGMENTATIONS)}")
+    if len(input_shape) != 3:
+        raise ValueError(f"augmentation {kind!r} needs images (channels, height, width), got input_shape {tuple(input_shape)}")
+    c, h, w = (int(n) for n in input_shape)
+    count = x.shape[0]
+    rows = torch.randint(0, 2 * padding + 1, (count,), generator=generator)
+    cols = torch.randint(0, 2 * padding + 1, (count,), generator=generator)
+    flips = torch.randint(0, 2, (count,), generator=generator).bool() if kind == "crop_flip" else torch.zeros(count, dtype=torch.bool)
+    images = torch.nn.functional.pad(x.reshape(count, c, h, w), (padding,) * 4)
+    device = x.device
+    col_index = cols[:, None] + torch.arange(w)
+    col_index = torch.where(flips[:, None], col_index.flip(1), col_index)  # a mirrored crop reads its columns backwards
+    row_index = (rows[:, None] + torch.arange(h)).to(device)
+    col_index = col_index.to(device)
+    sample = torch.arange(count, device=device)[:, None, None, None]
+    channel = torch.arange(c, device=device)[None, :, None, None]
+    out = images[sample, channel, row_index[:, None, :, None], col_index[:, None, None, :]]
+    return out.reshape(count, c * h * w)

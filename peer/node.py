@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from dfedrw.peer.aggregation import RoundInputs
-from dfedrw.peer.assembly import client_attack, client_data, client_identity, client_rule, finite_or_none, initial_model, scenario_plausible
+from dfedrw.peer.assembly import (
+    client_attack, client_augmentation, client_data, client_identity, client_rule, finite_or_none, initial_model, scenario_plausible,
+)
 from dfedrw.peer.byzantine_loop import ByzantineRounds, Liveness, loop_times
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
@@ -240,7 +242,7 @@ class Client(Rejoining, ByzantineRounds):
             self.trainer = LocalTrainer(
                 self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
                 seed=derive_seed(sc.seed, "batches", self.id), local_epochs=t.local_epochs, momentum=t.momentum,
-                weight_decay=t.weight_decay,
+                weight_decay=t.weight_decay, augment=client_augmentation(sc, self.id),
             )
             if self.resumed is not None:
                 try:

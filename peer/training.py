@@ -12,7 +12,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
-from dfedrw.peer.data import Dataset
+from dfedrw.peer.data import Dataset, augment_batch
 
 
 class BatchOrder:
@@ -95,6 +95,18 @@ def sgd_update(
     return buffer
 
 
+class Augmentation:
+    """A client's minibatch augmentation (:func:`~dfedrw.peer.data.augment_batch`): the kind, the
+    padding, the images' shape and the client's own generator, drawn on step after step."""
+
+    def __init__(self, kind: str, padding: int, input_shape: Sequence[int], seed: int) -> None:
+        self.kind, self.padding, self.input_shape = kind, padding, tuple(input_shape)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return augment_batch(x, self.input_shape, self.kind, self.padding, self.generator)
+
+
 class LocalTrainer:
     """SGD on a client's shard: ``step(lr)`` takes the round's local steps (``local_steps``, or
     ``local_epochs`` passes over the shard: :func:`local_step_count`), the minibatches drawn by
@@ -104,7 +116,7 @@ class LocalTrainer:
 
     def __init__(
         self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int, local_epochs: float = 0.0,
-        momentum: float = 0.0, weight_decay: float = 0.0,
+        momentum: float = 0.0, weight_decay: float = 0.0, augment: Augmentation | None = None,
     ) -> None:
         self.model = model
         self.data = data
@@ -115,18 +127,23 @@ class LocalTrainer:
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.buffers: list[torch.Tensor] | None = None
+        self.augment = augment if augment is not None and augment.kind != "none" else None
 
     def state(self) -> tuple[dict[str, "np.ndarray"], dict[str, "np.ndarray"], int]:
         """(generator states, arrays, position): the minibatch order's, and the momentum buffer
         (``momentum``, flat float32) once there is one, so a resumed client continues the same
         trajectory."""
         generators, arrays, pos = self.batches.state()
+        if self.augment is not None:
+            generators = {**generators, "augment": self.augment.generator.get_state().numpy()}
         if self.buffers is not None:
             arrays = {**arrays, "momentum": torch.nn.utils.parameters_to_vector(self.buffers).detach().cpu().numpy()}
         return generators, arrays, pos
 
     def load_state(self, generators: dict, arrays: dict, pos: int) -> None:
         self.batches.load_state(generators, arrays, pos)
+        if self.augment is not None:
+            self.augment.generator.set_state(torch.from_numpy(np.asarray(generators["augment"], dtype=np.uint8).copy()))
         if "momentum" in arrays and self.momentum:
             flat = torch.from_numpy(np.asarray(arrays["momentum"], dtype=np.float32).copy())
             params = list(self.model.parameters())
@@ -145,7 +162,8 @@ class LocalTrainer:
         for _ in range(self.local_steps):
             idx = self.batches.next()
             self.model.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(self.data.x[idx]), self.data.y[idx])
+            x = self.data.x[idx] if self.augment is None else self.augment(self.data.x[idx])
+            loss = F.cross_entropy(self.model(x), self.data.y[idx])
             loss.backward()
             with torch.no_grad():
                 if not self.momentum and not self.weight_decay:

@@ -120,10 +120,10 @@ CASES = [
     make_case("trimmedmean-alie-iid-redraw", "trimmed_mean", "alie", 2, IID, *REDRAW),
     # Training beyond one plain SGD step: momentum and weight decay, a fifth of an epoch a round
     # (as many steps as each Dirichlet shard's size gives: they differ from client to client), a
-    # cosine schedule.
+    # cosine schedule, each minibatch cropped and flipped by each client's own generator.
     make_case(
         "lossclip-gaussian-dirichlet-momentum-epochs", LOSS_CLIP, "gaussian", 2, DIR, "train.momentum=0.9", "train.weight_decay=0.0005",
-        "train.local_epochs=0.2", "train.lr_schedule=cosine",
+        "train.local_epochs=0.2", "train.lr_schedule=cosine", "data.augment=crop_flip", "data.augment_padding=1",
     ),
 ]
 # A convolutional model (no layer plan: called once per model in the batched engine), compared

@@ -523,3 +523,77 @@ def test_debian_fashion_mnist_matches_the_recorded_digests(monkeypatch, tmp_path
     _serve(monkeypatch, {p.name: p.read_bytes() for p in DEBIAN_FMNIST.glob("*.gz")})
     peer.datasets.download_idx("fashion-mnist", tmp_path)
     assert len(list(tmp_path.glob("*.gz"))) == 4
+
+
+# -- augmentation ----------------------------------------------------------------------------------
+
+
+def test_a_crop_is_the_padded_image_read_at_the_drawn_offset():
+    from dfedrw.peer.data import augment_batch
+
+    x = torch.arange(2 * 3 * 3, dtype=torch.float32).reshape(2, 9) + 1  # two 1x3x3 images, 1..9 and 10..18
+    generator = torch.Generator().manual_seed(7)
+    rows, cols = torch.randint(0, 3, (2,), generator=generator), torch.randint(0, 3, (2,), generator=generator)
+    out = augment_batch(x, (1, 3, 3), "crop", 1, torch.Generator().manual_seed(7)).reshape(2, 3, 3)
+    for i in range(2):
+        padded = torch.nn.functional.pad(x[i].reshape(3, 3), (1, 1, 1, 1))
+        assert torch.equal(out[i], padded[rows[i] : rows[i] + 3, cols[i] : cols[i] + 3])
+
+
+def test_a_flip_mirrors_the_crop_and_channels_move_together():
+    from dfedrw.peer.data import augment_batch
+
+    x = torch.rand(64, 2 * 4 * 5)
+    out = augment_batch(x, (2, 4, 5), "crop_flip", 0, torch.Generator().manual_seed(1)).reshape(64, 2, 4, 5)
+    images = x.reshape(64, 2, 4, 5)
+    flipped = [bool(torch.equal(out[i], images[i].flip(-1))) for i in range(64)]
+    kept = [bool(torch.equal(out[i], images[i])) for i in range(64)]
+    assert all(f != k for f, k in zip(flipped, kept, strict=True))  # padding 0: each image as it is or mirrored
+    assert 16 < sum(flipped) < 48
+    assert torch.equal(augment_batch(x, (2, 4, 5), "none", 4, torch.Generator()), x)
+
+
+def test_augmentation_is_seeded_and_checked():
+    from dfedrw.peer.data import augment_batch
+
+    x = torch.rand(8, 3 * 32 * 32)
+    a = augment_batch(x, (3, 32, 32), "crop_flip", 4, torch.Generator().manual_seed(3))
+    b = augment_batch(x, (3, 32, 32), "crop_flip", 4, torch.Generator().manual_seed(3))
+    c = augment_batch(x, (3, 32, 32), "crop_flip", 4, torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    with pytest.raises(ValueError, match="needs images"):
+        augment_batch(torch.rand(2, 6), (6,), "crop", 1, torch.Generator())
+    with pytest.raises(ValueError, match="'rotate' is not valid; choose one of: none, crop, crop_flip"):
+        augment_batch(x, (3, 32, 32), "rotate", 1, torch.Generator())
+
+
+class FlatRows:
+    """A data set of flat rows: no image shape."""
+
+    num_features, num_classes, train_size = 6, 2, 4
+
+    def load(self):
+        return (np.zeros((4, 6), np.float32), np.array([0, 1, 0, 1])), (np.zeros((2, 6), np.float32), np.array([0, 1]))
+
+
+def test_augment_needs_an_image_data_set():
+    from dfedrw.peer.config import ScenarioError, load_scenario
+
+    assert load_scenario(None, ["data.augment=crop_flip"]).data.augment == "crop_flip"  # digits: 1x8x8
+    with pytest.raises(ScenarioError, match=r"data.augment='crop' needs images; data.name='tests.unit.test_data:FlatRows' declares input_shape = \(6,\)"):
+        load_scenario(None, ["data.name=tests.unit.test_data:FlatRows", "data.augment=crop"])
+
+
+def test_the_engines_augment_each_clients_minibatches(small_scenario, tmp_path):
+    """Augmentation changes what a client trains on, in both engines alike (their parity is
+    tests/integration/test_engine_parity.py's momentum-epochs case)."""
+    from dfedrw.launch.batched import run_together
+    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.peer.results import read_rounds
+
+    losses = {}
+    for augment in ("none", "crop_flip"):
+        scenario = small_scenario("engine.name=batched", "rounds=3", "topology.byzantine=0", "attack.name=none", f"data.augment={augment}")
+        run_together([BatchedRun(scenario, tmp_path / augment)])
+        losses[augment] = [r["train_loss"] for r in read_rounds(tmp_path / augment, 0)]
+    assert losses["none"][0] != losses["crop_flip"][0]
