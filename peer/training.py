@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -200,31 +201,36 @@ BLOCK_VALUES = 1 << 21
 
 
 def activation_width(module: nn.Module, in_features: int) -> int:
-    """The most values one input row makes in any layer's output of ``module`` (a forward on
-    the meta device, which allocates and computes nothing)."""
-    import copy
-
+    """The most values one input row makes in any layer's output of ``module``: read from a
+    forward of one row of zeros (a meta-device forward would cost its kernels' first import,
+    seconds; one row costs what one sample does)."""
     widest = [in_features]
 
     def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.dim():
             widest.append(output.numel() // max(1, output.shape[0]))
 
-    meta = copy.deepcopy(module).to("meta")
-    handles = [m.register_forward_hook(hook) for m in meta.modules()]
+    device = next(module.parameters()).device
+    handles = [m.register_forward_hook(hook) for m in module.modules()]
     try:
         with torch.no_grad():
-            meta(torch.empty(2, in_features, device="meta"))
+            module(torch.zeros(1, in_features, device=device))
     finally:
         for h in handles:
             h.remove()
     return max(widest)
 
 
+_ROWS: "weakref.WeakKeyDictionary[nn.Module, dict[int, int]]" = weakref.WeakKeyDictionary()
+
+
 def block_rows(module: nn.Module, in_features: int) -> int:
     """Rows per block (at least 1) so that a block's widest activation holds about
-    :data:`BLOCK_VALUES` values."""
-    return max(1, BLOCK_VALUES // activation_width(module, in_features))
+    :data:`BLOCK_VALUES` values; measured once per module and input width."""
+    known = _ROWS.setdefault(module, {})
+    if in_features not in known:
+        known[in_features] = max(1, BLOCK_VALUES // activation_width(module, in_features))
+    return known[in_features]
 
 
 def in_blocks(forward: Any, x: torch.Tensor, rows: int | None) -> torch.Tensor:
@@ -337,13 +343,10 @@ class FlatModel:
         self.sizes = [p.numel() for _, p in named]
         self.plan = _layer_plan(self.module)
         self.layout = layout
-        self._rows: dict[int, int] = {}  # input features -> rows per block
 
     def block_rows(self, in_features: int) -> int:
-        """:func:`block_rows` of this model for rows of ``in_features`` (measured once)."""
-        if in_features not in self._rows:
-            self._rows[in_features] = block_rows(self.module, in_features)
-        return self._rows[in_features]
+        """:func:`block_rows` of this model for rows of ``in_features``."""
+        return block_rows(self.module, in_features)
 
     def logits(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """One model's logits (its flat parameters ``vector``, inputs ``x [N, F]``). A model with a

@@ -469,10 +469,16 @@ def test_evaluate_takes_a_convolutional_models_rows_in_blocks(monkeypatch):
     from dfedrw.peer import training
     from dfedrw.peer.data import Dataset
 
+    import weakref
+
     template = small_lenet()
     data = Dataset(x=torch.randn(9, 144), y=torch.randint(0, 3, (9,)), num_classes=3)
     whole = training.evaluate(template, data)
-    monkeypatch.setattr(training, "BLOCK_VALUES", 6 * 12 * 12 * 2)
+    monkeypatch.setattr(training, "BLOCK_VALUES", 6 * 12 * 12 * 2)  # 2 rows a block
+    monkeypatch.setattr(training, "_ROWS", weakref.WeakKeyDictionary())  # measured again
+    calls = []
+    template.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
     blocked = training.evaluate(template, data)
+    assert calls[-5:] == [2, 2, 2, 2, 1]
     assert blocked["accuracy"] == whole["accuracy"]
     assert blocked["loss"] == pytest.approx(whole["loss"], rel=1e-6)
