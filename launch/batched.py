@@ -29,14 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
-from torch.nn import functional as F
 
 from dfedrw.launch.batched_run import BatchedRun, Candidates
 from dfedrw.launch.collect import write_tensorboard_mean
 from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.config import Scenario
-from dfedrw.peer.training import ManyEvaluator, softmax_regression_grads
+from dfedrw.peer.training import ManyEvaluator, sgd_update, softmax_regression_grads
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -83,25 +82,33 @@ def batch_key(scenario: Scenario) -> tuple:
     t = scenario.train
     return (
         scenario.engine.name, scenario.engine.device, scenario.engine.threads, scenario.data.name, t.model, t.hidden, t.lr,
-        t.batch_size, t.local_steps, scenario.rounds, scenario.eval.every,
+        t.batch_size, t.local_steps, t.local_epochs, t.momentum, t.weight_decay, t.lr_schedule, t.lr_gamma, t.lr_step,
+        scenario.rounds, scenario.eval.every,
     )
 
 
-def train_together(runs: list[BatchedRun]) -> list[list[float]]:
-    """The local SGD steps of every client of ``runs`` (runs of one :func:`batch_key`); returns
-    each run's clients' mean minibatch loss.
+def train_together(runs: list[BatchedRun], r: int = 0) -> list[list[float]]:
+    """Round ``r``'s local SGD steps of every client of ``runs`` (runs of one
+    :func:`batch_key`); returns each run's clients' mean minibatch loss.
 
     The clients' losses are independent, so the gradient of their sum with respect to the
     stacked ``[clients, params]`` parameters is each client's own gradient in its own row: the
     runs whose minibatches have one width go through one product, a run with a padded
-    minibatch (a shard smaller than the batch size) through its own."""
+    minibatch (a shard smaller than the batch size), or with clients that have taken all their
+    steps of the round (``train.local_epochs`` over shards of different sizes), through its own.
+    Each step is :func:`~dfedrw.peer.training.sgd_update` of the rows (momentum buffers kept
+    per run, as each client keeps its own)."""
     t = runs[0].scenario.train
+    lr = t.lr_at(r, runs[0].scenario.rounds)
     totals = [[0.0] * len(run.honest) for run in runs]
-    for _ in range(t.local_steps):
-        picks = [run.picks() for run in runs]
+    for s in range(max(max(run.steps) for run in runs)):
+        active = [run.active_rows(s) for run in runs]
+        picks = [run.picks(rows) for run, rows in zip(runs, active, strict=True)]
         groups: dict[Any, list[int]] = {}
         for i, (index, weight) in enumerate(picks):
-            groups.setdefault(index.shape[1] if weight is None else ("padded", i), []).append(i)
+            if active[i] is not None and not len(active[i]):
+                continue
+            groups.setdefault(index.shape[1] if weight is None and active[i] is None else ("own", i), []).append(i)
         for members in groups.values():
             if all(runs[i].train_x is runs[members[0]].train_x for i in members):  # one training set: one gather
                 index = torch.cat([picks[i][0] for i in members])
@@ -110,27 +117,49 @@ def train_together(runs: list[BatchedRun]) -> list[list[float]]:
             else:
                 x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
                 y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
-            models = (torch.cat([runs[i].models for i in members]) if len(members) > 1 else runs[members[0]].models).detach()
+            if any(runs[i].augment[0] is not None for i in members):
+                x = torch.cat([runs[i].augmented(part, active[i], picks[i][1]) for i, part in zip(members, x.split([len(picks[i][0]) for i in members]), strict=True)])
+            rows = [runs[i].models if active[i] is None else runs[i].models[active[i]] for i in members]
+            models = (torch.cat(rows) if len(members) > 1 else rows[0]).detach()
             weight = picks[members[0]][1]
             # Softmax regression: its gradient composed without autograd (the same values).
             step = softmax_regression_grads(runs[members[0]].model, models, x, y, weight)
             if step is None:
                 models.requires_grad_()
-                logits = runs[members[0]].model.class_first_logits(models, x)  # [count, classes, batch]
-                per = F.cross_entropy(logits, y, reduction="none")  # [count, batch]
-                losses = per.mean(1) if weight is None else (per * weight).sum(1)
+                losses = runs[members[0]].model.minibatch_losses(models, x, y, weight)
                 (grads,) = torch.autograd.grad(losses.sum(), models)
             else:
                 losses, grads = step
-            stepped = models.detach().add_(grads, alpha=-t.lr)
+            models = models.detach()
+            if t.momentum or t.weight_decay:
+                held = [runs[i].momentum for i in members]
+                buffer = None if any(b is None for b in held) else torch.cat(
+                    [b if active[i] is None else b[active[i]] for i, b in zip(members, held, strict=True)]
+                )
+                buffer = sgd_update(models, grads, buffer, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
+            else:
+                models.add_(grads, alpha=-lr)
+                buffer = None
+            stepped = models
             values = losses.tolist()
             start = 0
             for i in members:
-                n = len(runs[i].honest)
-                runs[i].models = stepped[start : start + n] if len(members) > 1 else stepped
-                totals[i] = [a + b for a, b in zip(totals[i], values[start : start + n], strict=True)]
+                run = runs[i]
+                n = len(run.honest) if active[i] is None else len(active[i])
+                part = stepped[start : start + n] if len(members) > 1 else stepped
+                moment = None if buffer is None else (buffer[start : start + n] if len(members) > 1 else buffer)
+                if active[i] is None:
+                    run.models = part
+                    run.momentum = moment
+                else:
+                    run.models = run.models.index_copy(0, active[i], part)
+                    if moment is not None:
+                        run.momentum = run.momentum.index_copy(0, active[i], moment)
+                positions = range(len(run.honest)) if active[i] is None else active[i].tolist()
+                for c, v in zip(positions, values[start : start + n], strict=True):
+                    totals[i][c] += v
                 start += n
-    return [[x / t.local_steps for x in total] for total in totals]
+    return [[x / n for x, n in zip(total, run.steps, strict=True)] for total, run in zip(totals, runs, strict=True)]
 
 
 def aggregate_together(
@@ -201,7 +230,7 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
                 # A schedule changes what a rule is told from round to round.
                 rules = [run.rules[k] for run in runs for k in run.honest]
                 groups = rule_groups(rules)
-            losses = train_together(runs)
+            losses = train_together(runs, r)
             parts = [run.before_aggregation(r, loss) for run, loss in zip(runs, losses, strict=True)]
             results = aggregate_together(r, sc.rounds, [p for _, p in parts], groups, scorer, rules)
             start_row = 0

@@ -16,19 +16,18 @@ import torch
 from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.aggregation import Aggregate
-from dfedrw.peer.models import build_model, get_vector
+from dfedrw.peer.models import get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.assembly import (
-    attack_generator, byzantine_claims, byzantine_record, client_attack, client_rule, clients_data, finite_or_none, initial_model,
-    move, next_reference, scenario_plausible,
+    attack_generator, byzantine_claims, byzantine_record, client_attack, client_augmentation, client_rule, clients_data, finite_or_none, initial_model,
+    move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.datacache import test_set, training_set
 from dfedrw.peer.datasets import scenario_dataset
-from dfedrw.peer.plan import dataset_shape, derive_seed, scenario_graphs, scenario_topology, told_byzantine
-from dfedrw.peer.registry import settings_of
+from dfedrw.peer.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
-from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator
+from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator, local_step_count
 
 
 def engine_device(name: str) -> torch.device:
@@ -87,9 +86,8 @@ class BatchedRun:
         # test set once for all clients (each client's local test set is rows of it).
         self.data = clients_data(sc, topo, self.honest, shards=False)
         self.test = move(test_set(scenario_dataset(sc.data)), self.device)
-        features, classes = dataset_shape(sc)
         t = sc.train
-        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0, params=settings_of(t.model_params, t.model))
+        template = scenario_model(sc)
         self.model = FlatModel(template, self.device)
         self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
         # The training set once (shared by every run of a batch: the dataset is read once per
@@ -102,6 +100,11 @@ class BatchedRun:
         self.num_samples = dict(zip(self.honest, sizes, strict=True))
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.long, device=self.device)
         self.batches = [BatchOrder(n, t.batch_size, derive_seed(sc.seed, "batches", k)) for k, n in zip(self.honest, sizes, strict=True)]
+        # Each client's local steps a round (they differ under train.local_epochs when the shards
+        # do) and its momentum buffer (a row each; None until the first step, or without momentum).
+        self.steps = [local_step_count(t.local_steps, t.local_epochs, n, t.batch_size) for n in sizes]
+        self.momentum: torch.Tensor | None = None
+        self.augment = [client_augmentation(sc, k) for k in self.honest]
         self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
         # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
         # schedule each client's rule is the one told the Byzantine senders of the round.
@@ -139,20 +142,44 @@ class BatchedRun:
             self.told[k] = told
             self.told_most[k] = max(self.told_most[k], told)
 
-    def picks(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One local step's minibatch of every client: rows of the training set ``[C, B]`` and, when
-        a shard is smaller than the batch size (its batch padded), the weight of each row
-        (the padding weighs 0) else None."""
-        picks = [b.next() for b in self.batches]
+    def active_rows(self, step: int) -> torch.Tensor | None:
+        """The rows of the clients that take local step ``step`` of the round: None for all of
+        them (the usual case), else their positions (int64, on the models' device)."""
+        if all(step < n for n in self.steps):
+            return None
+        return torch.tensor([c for c, n in enumerate(self.steps) if step < n], dtype=torch.long, device=self.device)
+
+    def picks(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One local step's minibatch of every client (``rows``: of those clients only): rows of
+        the training set ``[C, B]`` and, when a shard is smaller than the batch size (its batch
+        padded), the weight of each row (the padding weighs 0) else None."""
+        which = range(len(self.batches)) if rows is None else rows.tolist()
+        picks = [self.batches[c].next() for c in which]
+        offsets = self.offsets if rows is None else self.offsets[rows]
+        if not picks:
+            return torch.empty(0, 0, dtype=torch.long, device=self.device), None
         width = max(len(p) for p in picks)
         if all(len(p) == width for p in picks):
-            return self.shard_rows[torch.stack(picks).to(self.device) + self.offsets[:, None]], None
+            return self.shard_rows[torch.stack(picks).to(self.device) + offsets[:, None]], None
         index = torch.zeros(len(picks), width, dtype=torch.long)
         weight = torch.zeros(len(picks), width)
         for i, p in enumerate(picks):
             index[i, : len(p)] = p
             weight[i, : len(p)] = 1.0 / len(p)
-        return self.shard_rows[index.to(self.device) + self.offsets[:, None]], weight.to(self.device)
+        return self.shard_rows[index.to(self.device) + offsets[:, None]], weight.to(self.device)
+
+    def augmented(self, x: torch.Tensor, rows: torch.Tensor | None, weight: torch.Tensor | None) -> torch.Tensor:
+        """This run's minibatches ``x [C, B, F]`` (of the clients ``rows``, else all) with each
+        client's augmentation applied by its own generator, as a client applies it: to the rows
+        of its batch (a padded batch's padding left as it is)."""
+        if self.augment[0] is None:
+            return x
+        x = x.clone()
+        which = range(len(self.honest)) if rows is None else rows.tolist()
+        for i, c in enumerate(which):
+            width = x.shape[1] if weight is None else int((weight[i] > 0).sum())
+            x[i, :width] = self.augment[c](x[i, :width])
+        return x
 
     def refused_rows(self) -> dict[int, str]:
         """Honest clients whose model this round any receiver's intake would refuse (a

@@ -21,13 +21,13 @@ from dfedrw.peer.attacks import AttackerData, AttackView
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.datacache import StoredSplit, stored_dataset
-from dfedrw.peer.datasets import scenario_dataset
+from dfedrw.peer.datasets import natural_groups_error, scenario_dataset
 from dfedrw.peer.identity import ClientIdentity, load_identity
 from dfedrw.peer.models import build_model
-from dfedrw.peer.plan import dataset_shape, derive_seed, told_byzantine
+from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, told_byzantine
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
-from dfedrw.peer.training import VectorEvaluator
+from dfedrw.peer.training import Augmentation, VectorEvaluator
 from dfedrw.peer.transport.serde import Plausible
 from dfedrw.topologies import Topology
 
@@ -55,12 +55,32 @@ def scenario_plausible(scenario: Scenario) -> Plausible:
     return Plausible(max_abs_value=scenario.network.max_abs_value, max_num_samples=int(scenario_dataset(scenario.data).train_size))
 
 
+def scenario_model(scenario: Scenario, seed: int = 0) -> torch.nn.Module:
+    """The scenario's model (``train.model`` with its settings, the data set's features,
+    classes and input shape, ``train.hidden``), initialised from ``seed``: every engine builds
+    its models here."""
+    t = scenario.train
+    features, classes = dataset_shape(scenario)
+    return build_model(
+        t.model, features, classes, hidden=t.hidden, input_shape=dataset_input_shape(scenario), seed=seed,
+        params=settings_of(t.model_params, t.model),
+    )
+
+
+def client_augmentation(scenario: Scenario, client_id: int) -> Augmentation | None:
+    """Client k's minibatch augmentation (``data.augment``) with its own seeded generator; None
+    without one."""
+    d = scenario.data
+    if d.augment == "none":
+        return None
+    return Augmentation(d.augment, d.augment_padding, dataset_input_shape(scenario), derive_seed(scenario.seed, "augment", client_id))
+
+
 def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
     """Client k's model before round 0 (``train.init``: shared seeded, its own seeded, zeros)."""
     t = scenario.train
-    features, classes = dataset_shape(scenario)
     seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
-    model = build_model(t.model, features, classes, hidden=t.hidden, seed=seed, params=settings_of(t.model_params, t.model))
+    model = scenario_model(scenario, seed)
     if t.init == "zeros":
         with torch.no_grad():
             for p in model.parameters():
@@ -75,8 +95,8 @@ def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
     ``derive_seed(seed, "attacker data", "colluders")``), independent of the honest partition
     (public data from the same distribution: the honest shards are the same whether or not an
     attack holds data). Nothing is read until an attack asks for its sample."""
-    d, t = scenario.data, scenario.train
-    features, classes = dataset_shape(scenario)
+    d = scenario.data
+    classes = dataset_shape(scenario)[1]
     # Colluders pool their data as they pool models: one sample for the group, so each of them
     # computes the group's plan from the same inputs.
     seed = derive_seed(scenario.seed, "attacker data", "colluders" if scenario.attack.colluding else attacker)
@@ -90,8 +110,7 @@ def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
         return sample.x, sample.y
 
     def evaluator(x: torch.Tensor, y: torch.Tensor) -> VectorEvaluator:
-        template = build_model(t.model, features, classes, hidden=t.hidden, seed=0, params=settings_of(t.model_params, t.model))
-        return VectorEvaluator(template, Dataset(x=x, y=y, num_classes=classes))
+        return VectorEvaluator(scenario_model(scenario), Dataset(x=x, y=y, num_classes=classes))
 
     return AttackerData(load, evaluator, num_classes=classes, description=f"{d.name} rows drawn for client {attacker}")
 
@@ -171,10 +190,15 @@ def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int], *, 
     its rows), for a caller that reads the shards as rows of the training set; the auxiliary
     sets are the same values, converted from the same rows."""
     d = scenario.data
-    stored = stored_dataset(scenario_dataset(d))
+    source = scenario_dataset(d)
+    stored = stored_dataset(source)
     train, test = stored.train, stored.test
+    if d.partition == "natural" and stored.train_groups is None:
+        raise ValueError(natural_groups_error(source))
     honest = sorted(topology.honest())
-    parts = partition(train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign)
+    parts = partition(
+        train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign, groups=stored.train_groups
+    )
     size = min(d.local_test_size, len(test))
     out = {}
     for client_id in ids:

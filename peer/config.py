@@ -53,8 +53,8 @@ from dfedrw.peer.config_aggregation import (
     AggregationConfig, AttackConfig, aggregation_table, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
 )
 from dfedrw.peer.config_tables import Params, SettingsTables, checked_params, parse_class_tables, resolve_class, settings_tables, toml_key
-from dfedrw.peer.datasets import build_dataset
-from dfedrw.peer.registry import Setting
+from dfedrw.peer.datasets import build_dataset, natural_groups_error
+from dfedrw.peer.registry import Setting, settings_of
 from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.transports import TRANSPORT_REGISTRY
@@ -74,20 +74,37 @@ class DataConfig:
     # How labelskew:H gives classes to clients: "cyclic" (every class held by the same number
     # of clients) or "random" (each client draws H classes).
     labelskew_assign: str = "cyclic"
+    # Each local step's minibatch augmented (images only): "none", "crop" (padded by
+    # augment_padding zeros and cropped back at a random offset) or "crop_flip" (then mirrored
+    # with probability 1/2), drawn from each client's own seeded generator.
+    augment: str = "none"
+    augment_padding: int = 4
     # The settings tables [data.NAME] (every one given is checked, the named one is used).
     params: Params = ()
 
     def __post_init__(self) -> None:
         settings = checked_params("dataset", self.name, self.params, "data.name")
         try:
-            build_dataset(self.name, settings, self.dir)
+            source = build_dataset(self.name, settings, self.dir)
         except ValueError as exc:
             raise ScenarioError(f"[data.{toml_key(self.name)}]: {' '.join(str(exc).split())}") from None
         check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
+        check_choice_of("data.augment", self.augment, ("none", "crop", "crop_flip"))
+        check_in_range("data.augment_padding", self.augment_padding, 0, 64)
+        if self.augment != "none":
+            from dfedrw.peer.datasets import input_shape_of
+
+            shape = input_shape_of(source)
+            if len(shape) != 3:
+                raise ScenarioError(f"data.augment={self.augment!r} needs images; data.name={self.name!r} declares input_shape = {shape}")
         p = self.partition
         kind, _, arg = p.partition(":")
         if kind == "iid" and arg in ("", "balanced"):
             pass
+        elif p == "natural":
+            # A set that does not say whether it has groups is found out when it is loaded.
+            if getattr(source, "natural_groups", None) is False:
+                raise ScenarioError(natural_groups_error(source))
         elif kind == "dirichlet" and arg:
             try:
                 alpha = float(arg)
@@ -100,7 +117,7 @@ class DataConfig:
                 raise ScenarioError(f"data.partition={p!r}: labelskew:H needs an integer H in [1, 1_000_000]")
         else:
             raise ScenarioError(
-                f"data.partition={p!r} is not valid; use iid, iid:balanced, dirichlet:ALPHA or labelskew:H"
+                f"data.partition={p!r} is not valid; use iid, iid:balanced, dirichlet:ALPHA, labelskew:H or natural"
             )
         check_in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
         # Capped by the test set's size when drawn; the bound only refuses nonsense.
@@ -114,6 +131,16 @@ class TrainConfig:
     lr: float = 0.01
     batch_size: int = 32
     local_steps: int = 1
+    # > 0: each round that many passes over the client's shard instead of local_steps.
+    local_epochs: float = 0.0
+    # SGD with momentum and weight decay as torch.optim.SGD's; the momentum buffer stays local.
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # The learning rate by round: "constant", "step" (times lr_gamma every lr_step rounds) or
+    # "cosine" (from lr down towards 0 over the rounds).
+    lr_schedule: str = "constant"
+    lr_gamma: float = 0.1
+    lr_step: int = 100
     # "shared": every client starts from the same seeded initialisation (the usual DFL set-up);
     # "per_client": each client draws its own; "zeros": all parameters start at 0.
     init: str = "shared"
@@ -128,6 +155,37 @@ class TrainConfig:
         check_in_range("train.lr", self.lr, 0.0, MAX_MAGNITUDE, open_lo=True)
         check_in_range("train.batch_size", self.batch_size, 1, 1_000_000)
         check_in_range("train.local_steps", self.local_steps, 1, 10_000)
+        check_in_range("train.local_epochs", self.local_epochs, 0.0, 1_000.0)
+        check_in_range("train.momentum", self.momentum, 0.0, 1.0, open_hi=True)
+        check_in_range("train.weight_decay", self.weight_decay, 0.0, MAX_MAGNITUDE)
+        check_choice_of("train.lr_schedule", self.lr_schedule, ("constant", "step", "cosine"))
+        check_in_range("train.lr_gamma", self.lr_gamma, 0.0, 1.0, open_lo=True)
+        check_in_range("train.lr_step", self.lr_step, 1, MAX_ROUNDS)
+
+    def lr_at(self, r: int, rounds: int) -> float:
+        """The learning rate of round ``r`` of ``rounds`` (:func:`peer.training.learning_rate`)."""
+        from dfedrw.peer.training import learning_rate
+
+        return learning_rate(self.lr, self.lr_schedule, r, rounds, gamma=self.lr_gamma, step=self.lr_step)
+
+
+def check_model(train: TrainConfig, data: DataConfig) -> None:
+    """Build the model on the meta device (no memory, no initialisation) for the data set's
+    shape, so that a model that does not fit the data fails at load time, in one line."""
+    import torch
+
+    from dfedrw.peer.datasets import input_shape_of
+    from dfedrw.peer.models import make_model
+
+    source = build_dataset(data.name, settings_of(data.params, data.name), data.dir)
+    try:
+        with torch.device("meta"):
+            make_model(
+                train.model, int(source.num_features), int(source.num_classes), hidden=train.hidden, input_shape=input_shape_of(source),
+                params=settings_of(train.model_params, train.model),
+            )
+    except ValueError as exc:
+        raise ScenarioError(f"train.model={train.model!r} with data.name={data.name!r}: {' '.join(str(exc).split())}") from None
 
 
 @dataclass(frozen=True)
@@ -330,6 +388,7 @@ class Scenario:
                 f"topology.byzantine={self.topology.byzantine} but attack.name='none'; "
                 f"choose an attack ({', '.join(ATTACK_REGISTRY.names())}) or set topology.byzantine=0"
             )
+        check_model(self.train, self.data)
         # Build every distinct rule and the attack once, with placeholders for what the running
         # system supplies, so a bad setting fails at load time, not inside client k.
         for cfg in configs:

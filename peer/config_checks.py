@@ -20,12 +20,13 @@ def bound_text(x: float) -> str:
     return f"{x:_}" if isinstance(x, int) else f"{x:g}"
 
 
-def check_in_range(key: str, value: float, lo: float, hi: float, *, open_lo: bool = False) -> None:
-    """Refuse ``value`` outside ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``), NaN and infinity."""
+def check_in_range(key: str, value: float, lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False) -> None:
+    """Refuse ``value`` outside ``[lo, hi]`` (an open end with ``open_lo`` / ``open_hi``), NaN and infinity."""
     finite = not isinstance(value, float) or math.isfinite(value)
     above = value > lo if open_lo else value >= lo
-    if not (finite and above and value <= hi):
-        interval = f"{'(' if open_lo else '['}{bound_text(lo)}, {bound_text(hi)}]"
+    below = value < hi if open_hi else value <= hi
+    if not (finite and above and below):
+        interval = f"{'(' if open_lo else '['}{bound_text(lo)}, {bound_text(hi)}{')' if open_hi else ']'}"
         what = "an integer" if isinstance(value, int) else "a finite number"
         raise ScenarioError(f"{key}={value!r} must be {what} in {interval}")
 

@@ -3,13 +3,15 @@ auxiliary subsets.
 
 Which data sets a scenario can name, and how each is loaded, is :mod:`peer.datasets`.
 Partitions follow the paper's "Experimental Settings": IID, Dirichlet(alpha) and
-LabelSkew(h). Every randomised function takes an explicit seed; nothing here touches global
-RNG state or writes to disk.
+LabelSkew(h); "natural" deals a data set's own groups (FEMNIST's writers) to the clients.
+Every randomised function takes an explicit seed; nothing here touches global RNG state or
+writes to disk.
 """
 
 from __future__ import annotations
 
 import gzip
+import heapq
 import math
 import numbers
 import os
@@ -32,7 +34,7 @@ __all__ = [
     "read_idx",
 ]
 
-PARTITION_FORMS = ("iid", "iid:balanced", "dirichlet:ALPHA (ALPHA > 0)", "labelskew:H (1 <= H <= num_classes)")
+PARTITION_FORMS = ("iid", "iid:balanced", "dirichlet:ALPHA (ALPHA > 0)", "labelskew:H (1 <= H <= num_classes)", "natural")
 
 # IDX type code -> big-endian numpy dtype (format by LeCun et al., the MNIST page).
 _IDX_DTYPES: dict[int, np.dtype] = {
@@ -148,14 +150,15 @@ def parse_partition(spec: str) -> tuple[str, float | int | str | None]:
 
     ``"iid"`` -> ``("iid", None)``; ``"iid:balanced"`` -> ``("iid", "balanced")``;
     ``"dirichlet:0.1"`` -> ``("dirichlet", 0.1)``;
-    ``"labelskew:4"`` -> ``("labelskew", 4)``. Anything else raises ValueError listing the
-    valid forms. The upper bound of H is checked by :func:`partition`, which knows the labels.
+    ``"labelskew:4"`` -> ``("labelskew", 4)``; ``"natural"`` -> ``("natural", None)``.
+    Anything else raises ValueError listing the valid forms. The upper bound of H is checked by
+    :func:`partition`, which knows the labels.
     """
     if not isinstance(spec, str):
         raise _partition_error(spec, "not a string")
     text = spec.strip().lower()
-    if text == "iid":
-        return "iid", None
+    if text in ("iid", "natural"):
+        return text, None
     if text == "iid:balanced":
         return "iid", "balanced"
     kind, sep, arg = text.partition(":")
@@ -230,6 +233,29 @@ def _partition_dirichlet(
     )
 
 
+def _partition_natural(groups: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    ids, row_group, sizes = np.unique(groups, return_inverse=True, return_counts=True)
+    if ids.size < num_clients:
+        raise ValueError(
+            f"partition 'natural': {ids.size} groups cannot give each of {num_clients} clients groups of its own; use fewer clients"
+        )
+    # Largest group first to the client with the fewest rows (ties: the lower client index);
+    # groups of equal size in a seeded order, so the seed decides which client gets which.
+    shuffled = rng.permutation(ids.size)
+    order = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
+    owner = np.empty(ids.size, dtype=np.int64)
+    loads = [(0, k) for k in range(num_clients)]
+    for g in order:
+        rows, k = heapq.heappop(loads)
+        owner[g] = k
+        heapq.heappush(loads, (rows + int(sizes[g]), k))
+    row_owner = owner[row_group.reshape(-1)]
+    # A stable sort of the rows by owner lists each client's rows in increasing order.
+    by_owner = np.argsort(row_owner, kind="stable")
+    cuts = np.cumsum(np.bincount(row_owner, minlength=num_clients))[:-1]
+    return _sorted_int64(np.split(by_owner, cuts))
+
+
 LABELSKEW_ASSIGN = ("cyclic", "random")
 
 
@@ -278,7 +304,13 @@ def _partition_labelskew(
 
 
 def partition(
-    labels: np.ndarray, num_clients: int, spec: str, seed: int, *, labelskew_assign: str = "cyclic"
+    labels: np.ndarray,
+    num_clients: int,
+    spec: str,
+    seed: int,
+    *,
+    labelskew_assign: str = "cyclic",
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Split sample indices among ``num_clients`` clients according to ``spec``.
 
@@ -293,6 +325,11 @@ def partition(
       classes, the smallest equal share of those classes among their holders. Samples beyond
       that are unused. ``labelskew_assign="random"`` instead lets every client draw its H
       classes at random (seeded).
+    - ``natural``: ``groups`` gives each sample's group (an integer, e.g. its writer); whole
+      groups are dealt to clients so that their row counts are as even as possible: the groups
+      in a seeded order, stably sorted largest first, each to the client with the fewest rows
+      so far (ties: the lower client index). Every sample is used and no group is split; fewer
+      groups than clients is an error.
 
     Returns one sorted int64 index array per client; the arrays are disjoint.
     """
@@ -305,6 +342,13 @@ def partition(
         raise ValueError(f"cannot split {labels.shape[0]} samples among num_clients={num_clients} clients")
     kind, param = parse_partition(spec)
     rng = np.random.default_rng(seed)
+    if kind == "natural":
+        if groups is None:
+            raise ValueError("partition 'natural' needs groups: one group index per sample")
+        groups = np.asarray(groups)
+        if groups.shape != labels.shape or not np.issubdtype(groups.dtype, np.integer):
+            raise ValueError(f"groups must be integers, one per sample ({labels.shape[0]}), got {groups.dtype} of shape {groups.shape}")
+        return _partition_natural(groups, int(num_clients), rng)
     if kind == "iid":
         if param == "balanced":
             return _partition_iid_balanced(labels, int(num_clients), rng)
@@ -371,3 +415,40 @@ def aux_indices(n: int, fraction: float, seed: int) -> np.ndarray:
     count = min(n, max(1, math.ceil(fraction * n - 1e-9)))
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(n, size=count, replace=False).astype(np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Data augmentation
+
+AUGMENTATIONS = ("none", "crop", "crop_flip")
+
+
+def augment_batch(x: torch.Tensor, input_shape: Sequence[int], kind: str, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """A minibatch ``x [B, features]`` of images of ``input_shape`` (channels, height, width),
+    augmented as the usual CIFAR training does: ``"crop"``: each image padded with ``padding``
+    zeros on every side and cropped back to its size at an offset drawn uniformly (both axes);
+    ``"crop_flip"``: then mirrored left to right with probability 1/2; ``"none"``: ``x`` itself.
+    The draws come from ``generator`` (per image: the row offset, the column offset, then the
+    flip, as three vectors of ``B``), so a client's augmentations are the same in every engine.
+    Returns new flat rows on ``x``'s device."""
+    if kind == "none":
+        return x
+    if kind not in AUGMENTATIONS:
+        raise ValueError(f"augmentation {kind!r} is not valid; choose one of: {', '.join(AUGMENTATIONS)}")
+    if len(input_shape) != 3:
+        raise ValueError(f"augmentation {kind!r} needs images (channels, height, width), got input_shape {tuple(input_shape)}")
+    c, h, w = (int(n) for n in input_shape)
+    count = x.shape[0]
+    rows = torch.randint(0, 2 * padding + 1, (count,), generator=generator)
+    cols = torch.randint(0, 2 * padding + 1, (count,), generator=generator)
+    flips = torch.randint(0, 2, (count,), generator=generator).bool() if kind == "crop_flip" else torch.zeros(count, dtype=torch.bool)
+    images = torch.nn.functional.pad(x.reshape(count, c, h, w), (padding,) * 4)
+    device = x.device
+    col_index = cols[:, None] + torch.arange(w)
+    col_index = torch.where(flips[:, None], col_index.flip(1), col_index)  # a mirrored crop reads its columns backwards
+    row_index = (rows[:, None] + torch.arange(h)).to(device)
+    col_index = col_index.to(device)
+    sample = torch.arange(count, device=device)[:, None, None, None]
+    channel = torch.arange(c, device=device)[None, :, None, None]
+    out = images[sample, channel, row_index[:, None, :, None], col_index[:, None, None, :]]
+    return out.reshape(count, c * h * w)

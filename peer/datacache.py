@@ -12,9 +12,12 @@ Where: ``$DFEDRW_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/dfedrw``, else ``~/.
 a data set lives in ``data/<name>-<key>/``, the key naming its source (for IDX files: their
 folder, sizes and modification times, so replaced files give a new entry). A data set is
 cached when its class gives uint8 ``pixels()`` and a ``source()`` (the built-in sets, see
-:mod:`peer.datasets`); any other is loaded by each process that needs it. An entry is written
-under a temporary name and renamed when complete, so processes that build it at once never see
-half of one. A process opening an entry checks the manifest and the file sizes;
+:mod:`peer.datasets`); any other is loaded by each process that needs it. A set whose
+``pixels()`` include ``train_groups`` (its training rows' natural groups, FEMNIST's writers)
+has them stored beside, as little-endian int32 (``train_groups.i32``, in the manifest with its
+shape and SHA-256 like the others); the entries of other sets are as they were (same format).
+An entry is written under a temporary name and renamed when complete, so processes that build
+it at once never see half of one. A process opening an entry checks the manifest and the file sizes;
 :func:`verify_stored` re-hashes the files (a launcher does it once before starting its
 clients) and a damaged entry is rebuilt. Where no cache folder can be written the arrays stay
 in the process's memory, as before.
@@ -36,7 +39,7 @@ import numpy as np
 import torch
 
 from dfedrw.peer.data import Dataset
-from dfedrw.peer.datasets import check_available, load_splits, source_key
+from dfedrw.peer.datasets import check_available, checked_groups, describe, load_grouped_splits, source_key
 
 __all__ = [
     "CACHE_ENV", "Held", "Stored", "StoredSplit", "cache_root", "clear_stored", "stored_dataset", "test_set", "training_set", "verify_stored",
@@ -45,6 +48,9 @@ __all__ = [
 CACHE_ENV = "DFEDRW_CACHE_DIR"
 _FORMAT = 1
 _FILES = ("train_x", "train_y", "test_x", "test_y")
+# Each part an entry may hold: its file and the type of its values. The groups are optional:
+# an entry of a set without them is what it was before they existed, so the format stays 1.
+_PARTS = {part: (f"{part}.u8", np.dtype(np.uint8)) for part in _FILES} | {"train_groups": ("train_groups.i32", np.dtype("<i4"))}
 
 
 def cache_root() -> Path:
@@ -58,12 +64,14 @@ def cache_root() -> Path:
 @dataclass(frozen=True)
 class StoredSplit:
     """One split as uint8 pixels ``images [n, F]`` and labels ``labels [n]`` (mapped or held);
-    features are ``pixel / scale`` in float32."""
+    features are ``pixel / scale`` in float32. ``groups``: the rows' natural groups (int32
+    ``[n]``) of a training split that has them, else None."""
 
     images: np.ndarray
     labels: np.ndarray
     scale: float
     num_classes: int
+    groups: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -95,6 +103,11 @@ class Stored:
     test: StoredSplit
     folder: Path | None
 
+    @property
+    def train_groups(self) -> np.ndarray | None:
+        """The training rows' natural groups, or None."""
+        return self.train.groups
+
 
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
@@ -110,10 +123,11 @@ def _write(folder: Path, arrays: dict[str, np.ndarray], scale: float, classes: i
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         files = {}
-        for part in _FILES:
-            array = np.ascontiguousarray(arrays[part], dtype=np.uint8)
-            (tmp / f"{part}.u8").write_bytes(array.tobytes())
-            files[part] = {"shape": list(array.shape), "sha256": _digest(tmp / f"{part}.u8")}
+        for part in _entry_parts(arrays):
+            name, dtype = _PARTS[part]
+            array = np.ascontiguousarray(arrays[part], dtype=dtype)
+            (tmp / name).write_bytes(array.tobytes())
+            files[part] = {"shape": list(array.shape), "sha256": _digest(tmp / name)}
         manifest = {"format": _FORMAT, "scale": scale, "num_classes": classes, "files": files, "source": description}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         try:
@@ -132,29 +146,42 @@ def _open(folder: Path) -> Stored | None:
         if manifest.get("format") != _FORMAT:
             return None
         mapped = {}
-        for part in _FILES:
+        for part in _entry_parts(manifest["files"]):
+            name, dtype = _PARTS[part]
             shape = tuple(int(n) for n in manifest["files"][part]["shape"])
-            path = folder / f"{part}.u8"
-            if path.stat().st_size != int(np.prod(shape)):
+            path = folder / name
+            if path.stat().st_size != int(np.prod(shape)) * dtype.itemsize:
                 return None
-            mapped[part] = np.memmap(path, dtype=np.uint8, mode="r", shape=shape) if np.prod(shape) else np.zeros(shape, np.uint8)
+            mapped[part] = np.memmap(path, dtype=dtype, mode="r", shape=shape) if np.prod(shape) else np.zeros(shape, dtype)
         scale, classes = float(manifest["scale"]), int(manifest["num_classes"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return _splits(mapped, scale, classes, folder)
+
+
+def _entry_parts(listed: Any) -> list[str]:
+    """The parts of an entry: the four splits' files, and the groups if ``listed`` (the arrays
+    written, or the manifest's files) has them."""
+    return [part for part in _PARTS if part in _FILES or part in listed]
+
+
+def _splits(arrays: dict[str, np.ndarray], scale: float, classes: int, folder: Path | None) -> Stored:
     return Stored(
-        StoredSplit(mapped["train_x"], mapped["train_y"], scale, classes),
-        StoredSplit(mapped["test_x"], mapped["test_y"], scale, classes),
+        StoredSplit(arrays["train_x"], arrays["train_y"], scale, classes, arrays.get("train_groups")),
+        StoredSplit(arrays["test_x"], arrays["test_y"], scale, classes),
         folder,
     )
 
 
 @dataclass(frozen=True)
 class Held:
-    """A data set that the cache cannot store (its class gives no uint8 pixels), held in memory."""
+    """A data set that the cache cannot store (its class gives no uint8 pixels), held in memory;
+    ``train_groups``: its training rows' natural groups when its ``load()`` gives them."""
 
     train: Dataset
     test: Dataset
     folder: None = None
+    train_groups: np.ndarray | None = None
 
 
 def _cacheable(source: Any) -> bool:
@@ -220,13 +247,19 @@ def _split(source: Any, split: str) -> Dataset:
 def _stored(source: Any) -> Stored | Held:
     check_available(source)
     if not _cacheable(source):
-        return Held(*load_splits(source))
+        train, test, groups = load_grouped_splits(source)
+        return Held(train, test, train_groups=groups)
     folder, description = _entry(source)
     stored = _open(folder)
     if stored is not None:
         return stored
     arrays, scale = source.pixels()
     classes = int(source.num_classes)
+    rows = len(arrays["train_y"])
+    if rows > int(source.train_size):
+        raise ValueError(f"data set {describe(source)}: pixels() gave {rows} training rows, more than the set declares (train_size = {int(source.train_size)})")
+    if "train_groups" in arrays:
+        arrays = {**arrays, "train_groups": checked_groups(arrays["train_groups"], rows, describe(source))}
     try:
         if folder.exists():  # damaged: replaced
             shutil.rmtree(folder, ignore_errors=True)
@@ -237,11 +270,7 @@ def _stored(source: Any) -> Stored | Held:
     if stored is not None:
         return stored
     # No writable cache: the arrays stay in this process.
-    return Stored(
-        StoredSplit(arrays["train_x"], arrays["train_y"], scale, classes),
-        StoredSplit(arrays["test_x"], arrays["test_y"], scale, classes),
-        None,
-    )
+    return _splits(arrays, scale, classes, None)
 
 
 # The entries this process has checked, each with its files' sizes and modification times.
@@ -250,7 +279,8 @@ _VERIFIED: set[tuple] = set()
 
 def _stamp(folder: Path) -> tuple:
     """The entry's folder with its files' sizes and modification times (nanoseconds)."""
-    stats = [(folder / name).stat() for name in ("manifest.json", *(f"{part}.u8" for part in _FILES))]
+    names = ["manifest.json", *(name for part, (name, _) in _PARTS.items() if part in _FILES or (folder / name).exists())]
+    stats = [(folder / name).stat() for name in names]
     return (str(folder), *((st.st_size, st.st_mtime_ns) for st in stats))
 
 
@@ -269,7 +299,7 @@ def verify_stored(source: Any) -> Stored | Held:
         if stamp is None or stamp not in _VERIFIED:
             try:
                 manifest = json.loads((folder / "manifest.json").read_text())
-                damaged = any(_digest(folder / f"{part}.u8") != manifest["files"][part]["sha256"] for part in _FILES)
+                damaged = any(_digest(folder / _PARTS[part][0]) != manifest["files"][part]["sha256"] for part in _entry_parts(manifest["files"]))
             except (OSError, ValueError, KeyError, TypeError):
                 damaged = folder.exists()
             if damaged:

@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from dfedrw.peer.aggregation import RoundInputs
-from dfedrw.peer.assembly import client_attack, client_data, client_identity, client_rule, finite_or_none, initial_model, scenario_plausible
+from dfedrw.peer.assembly import (
+    client_attack, client_augmentation, client_data, client_identity, client_rule, finite_or_none, initial_model, scenario_plausible,
+)
 from dfedrw.peer.byzantine_loop import ByzantineRounds, Liveness, loop_times
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
@@ -224,7 +226,8 @@ class Client(Rejoining, ByzantineRounds):
             t = sc.train
             self.trainer = LocalTrainer(
                 self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
-                seed=derive_seed(sc.seed, "batches", self.id),
+                seed=derive_seed(sc.seed, "batches", self.id), local_epochs=t.local_epochs, momentum=t.momentum,
+                weight_decay=t.weight_decay, augment=client_augmentation(sc, self.id),
             )
             if self.resumed is not None:
                 try:
@@ -409,7 +412,7 @@ class Client(Rejoining, ByzantineRounds):
         while r < sc.rounds:
             r, sent0, recv0 = self._begin_round(r)
             reference = get_vector(self.model)
-            loss = trainer.step()
+            loss = trainer.step(sc.train.lr_at(r, sc.rounds))
             own = flat if flat is not None else get_vector(self.model)
             senders = self.graphs.senders_to(self.id, r)
             self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)

@@ -26,6 +26,15 @@ def dataset_shape(scenario: Scenario) -> tuple[int, int]:
     source = scenario_dataset(scenario.data)
     return int(source.num_features), int(source.num_classes)
 
+
+def dataset_input_shape(scenario: Scenario) -> tuple[int, ...]:
+    """The shape of one sample of the scenario's data set, ``(channels, height, width)`` for
+    images, as it declares it (``(features,)`` for a set that declares none): what a model is
+    given as ``input_shape``."""
+    from dfedrw.peer.datasets import input_shape_of, scenario_dataset
+
+    return input_shape_of(scenario_dataset(scenario.data))
+
 ROLES = ("honest", "byzantine")
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -10,7 +13,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
-from dfedrw.peer.data import Dataset
+from dfedrw.peer.data import Dataset, augment_batch
 
 
 class BatchOrder:
@@ -48,35 +51,133 @@ class BatchOrder:
         self._order, self._pos = order, pos
 
 
-class LocalTrainer:
-    """Plain SGD on a client's shard: ``step()`` takes ``local_steps`` minibatch steps, the
-    minibatches drawn by a :class:`BatchOrder`."""
+LR_SCHEDULES = ("constant", "step", "cosine")
 
-    def __init__(self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int) -> None:
+
+def learning_rate(lr: float, schedule: str, r: int, rounds: int, *, gamma: float = 0.1, step: int = 100) -> float:
+    """The learning rate of round ``r`` (0-based) of ``rounds``: ``"constant"``: ``lr``;
+    ``"step"``: ``lr * gamma ** (r // step)`` (``step = 1``: an exponential decay);
+    ``"cosine"``: ``lr * (1 + cos(pi * r / rounds)) / 2`` (Loshchilov and Hutter 2017, without
+    restarts: ``lr`` at round 0, towards 0 at the last). A Python float: every engine computes the
+    same value."""
+    if schedule == "constant":
+        return lr
+    if schedule == "step":
+        return lr * gamma ** (r // step)
+    if schedule == "cosine":
+        return lr * (1.0 + math.cos(math.pi * r / rounds)) / 2.0
+    raise ValueError(f"learning-rate schedule {schedule!r} is not valid; choose one of: {', '.join(LR_SCHEDULES)}")
+
+
+def local_step_count(local_steps: int, local_epochs: float, shard_size: int, batch_size: int) -> int:
+    """The local steps a client takes each round: ``local_steps``, or with ``local_epochs > 0``
+    as many minibatches as ``local_epochs`` passes over its shard make (``ceil(local_epochs *
+    shard_size / batch)``, the batch capped at the shard's size; at least 1)."""
+    if local_epochs <= 0:
+        return local_steps
+    batch = max(1, min(batch_size, shard_size))
+    return max(1, math.ceil(local_epochs * shard_size / batch - 1e-9))
+
+
+def sgd_update(
+    weights: torch.Tensor, grads: torch.Tensor, buffer: torch.Tensor | None, *, lr: float, momentum: float, weight_decay: float
+) -> torch.Tensor | None:
+    """One step of SGD with momentum and weight decay on ``weights`` in place, as
+    ``torch.optim.SGD`` (no dampening, no Nesterov) computes it: ``g = grad + weight_decay * w``;
+    ``buffer = g`` at the first step, else ``momentum * buffer + g``; ``w -= lr * buffer`` (``g``
+    without momentum). Elementwise: a client's parameters one tensor at a time or the batched
+    engine's rows at once give the same bits. Returns the new buffer (None without momentum)."""
+    if weight_decay:
+        grads = grads.add(weights, alpha=weight_decay)
+    if momentum:
+        buffer = grads.clone() if buffer is None else buffer.mul_(momentum).add_(grads)
+        grads = buffer
+    weights.add_(grads, alpha=-lr)
+    return buffer
+
+
+class Augmentation:
+    """A client's minibatch augmentation (:func:`~dfedrw.peer.data.augment_batch`): the kind, the
+    padding, the images' shape and the client's own generator, drawn on step after step."""
+
+    def __init__(self, kind: str, padding: int, input_shape: Sequence[int], seed: int) -> None:
+        self.kind, self.padding, self.input_shape = kind, padding, tuple(input_shape)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return augment_batch(x, self.input_shape, self.kind, self.padding, self.generator)
+
+
+class LocalTrainer:
+    """SGD on a client's shard: ``step(lr)`` takes the round's local steps (``local_steps``, or
+    ``local_epochs`` passes over the shard: :func:`local_step_count`), the minibatches drawn by
+    a :class:`BatchOrder`, each an :func:`sgd_update` (momentum and weight decay as
+    ``torch.optim.SGD``'s; the momentum buffer stays with the client across rounds, neither
+    sent nor averaged)."""
+
+    def __init__(
+        self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int, local_epochs: float = 0.0,
+        momentum: float = 0.0, weight_decay: float = 0.0, augment: Augmentation | None = None,
+    ) -> None:
         self.model = model
         self.data = data
         self.lr = lr
-        self.local_steps = local_steps
         self.batches = BatchOrder(len(data.y), batch_size, seed)
         self.batch_size = self.batches.batch_size
+        self.local_steps = local_step_count(local_steps, local_epochs, len(data.y), batch_size)
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.buffers: list[torch.Tensor] | None = None
+        self.augment = augment if augment is not None and augment.kind != "none" else None
 
     def state(self) -> tuple[dict[str, "np.ndarray"], dict[str, "np.ndarray"], int]:
-        return self.batches.state()
+        """(generator states, arrays, position): the minibatch order's, and the momentum buffer
+        (``momentum``, flat float32) once there is one, so a resumed client continues the same
+        trajectory."""
+        generators, arrays, pos = self.batches.state()
+        if self.augment is not None:
+            generators = {**generators, "augment": self.augment.generator.get_state().numpy()}
+        if self.buffers is not None:
+            arrays = {**arrays, "momentum": torch.nn.utils.parameters_to_vector(self.buffers).detach().cpu().numpy()}
+        return generators, arrays, pos
 
     def load_state(self, generators: dict, arrays: dict, pos: int) -> None:
         self.batches.load_state(generators, arrays, pos)
+        if self.augment is not None:
+            self.augment.generator.set_state(torch.from_numpy(np.asarray(generators["augment"], dtype=np.uint8).copy()))
+        if "momentum" in arrays and self.momentum:
+            flat = torch.from_numpy(np.asarray(arrays["momentum"], dtype=np.float32).copy())
+            params = list(self.model.parameters())
+            if flat.shape != (sum(p.numel() for p in params),) or not bool(torch.isfinite(flat).all()):
+                raise ValueError("momentum buffer does not fit this model or is not finite")
+            self.buffers = [part.view_as(p).to(p.device).clone() for part, p in zip(flat.split([p.numel() for p in params]), params, strict=True)]
+        elif self.momentum:
+            raise ValueError("the checkpoint holds no momentum buffer, which train.momentum needs")
 
-    def step(self) -> float:
-        """Run the local steps; returns the mean minibatch loss (before each step)."""
+    def step(self, lr: float | None = None) -> float:
+        """Run the round's local steps at ``lr`` (default: the trainer's); returns the mean
+        minibatch loss (before each step)."""
+        lr = self.lr if lr is None else lr
         total = 0.0
+        params = list(self.model.parameters())
         for _ in range(self.local_steps):
             idx = self.batches.next()
             self.model.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(self.data.x[idx]), self.data.y[idx])
+            x = self.data.x[idx] if self.augment is None else self.augment(self.data.x[idx])
+            loss = F.cross_entropy(self.model(x), self.data.y[idx])
             loss.backward()
             with torch.no_grad():
-                for p in self.model.parameters():
-                    p.add_(p.grad, alpha=-self.lr)
+                if not self.momentum and not self.weight_decay:
+                    for p in params:
+                        p.add_(p.grad, alpha=-lr)
+                else:
+                    buffers = self.buffers or [None] * len(params)
+                    self.buffers = [
+                        sgd_update(p, p.grad, b, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
+                        for p, b in zip(params, buffers, strict=True)
+                    ]
+                    if not self.momentum:
+                        self.buffers = None
             total += float(loss.detach())
         # The gradients are not needed until the next step makes new ones: let them go (a
         # model's worth of memory between steps).
@@ -84,30 +185,71 @@ class LocalTrainer:
         return total / self.local_steps
 
 
-# A model of more than this many parameters is evaluated EVAL_BATCH samples at a time: its
-# activations for a whole test set (10,000 samples through a 4,096-unit layer: 164 MB; through a
-# ResNet-18 several GB) would outweigh the model.
+# A stack of linear layers of more than this many parameters is evaluated in blocks of rows too:
+# its activations for a whole test set (10,000 samples through a 4,096-unit layer: 164 MB) would
+# outweigh the model.
 BIG_MODEL = 1 << 20
-EVAL_BATCH = 256
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
-    """Accuracy (fraction) and mean cross-entropy of ``model`` on ``data`` (a big model's in
-    batches: the correct predictions counted, the losses summed)."""
-    n = len(data.y)
-    if n <= EVAL_BATCH or sum(p.numel() for p in model.parameters()) <= BIG_MODEL:
-        logits = model(data.x)
-        return {
-            "accuracy": float((logits.argmax(1) == data.y).float().mean()),
-            "loss": float(F.cross_entropy(logits, data.y)),
-        }
-    correct, loss = 0, 0.0
-    for start in range(0, n, EVAL_BATCH):
-        logits, y = model(data.x[start : start + EVAL_BATCH]), data.y[start : start + EVAL_BATCH]
-        correct += int((logits.argmax(1) == y).sum())
-        loss += float(F.cross_entropy(logits, y, reduction="sum"))
-    return {"accuracy": correct / n, "loss": loss / n}
+    """Accuracy (fraction) and mean cross-entropy of ``model`` on ``data`` (a model other than
+    a stack of linear layers, or one of more than :data:`BIG_MODEL` parameters, takes the rows
+    in blocks, as :class:`FlatModel` does)."""
+    big = sum(p.numel() for p in model.parameters()) > BIG_MODEL
+    rows = None if _layer_plan(model) is not None and not big else block_rows(model, data.x.shape[1])
+    logits = in_blocks(model, data.x, rows)
+    return {
+        "accuracy": float((logits.argmax(1) == data.y).float().mean()),
+        "loss": float(F.cross_entropy(logits, data.y)),
+    }
+
+
+# Values a block of rows may hold in a model's widest activation: measured on this project's
+# convolutional models on the CPU (LeNet-5, ResNet-20), blocks of about 2 M values (8 MB) are
+# the fastest (a whole test set at once is 1.5-2.5x slower: the activations leave the caches).
+BLOCK_VALUES = 1 << 21
+
+
+def activation_width(module: nn.Module, in_features: int) -> int:
+    """The most values one input row makes in any layer's output of ``module``: read from a
+    forward of one row of zeros (a meta-device forward would cost its kernels' first import,
+    seconds; one row costs what one sample does)."""
+    widest = [in_features]
+
+    def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.dim():
+            widest.append(output.numel() // max(1, output.shape[0]))
+
+    device = next(module.parameters()).device
+    handles = [m.register_forward_hook(hook) for m in module.modules()]
+    try:
+        with torch.no_grad():
+            module(torch.zeros(1, in_features, device=device))
+    finally:
+        for h in handles:
+            h.remove()
+    return max(widest)
+
+
+_ROWS: "weakref.WeakKeyDictionary[nn.Module, dict[int, int]]" = weakref.WeakKeyDictionary()
+
+
+def block_rows(module: nn.Module, in_features: int) -> int:
+    """Rows per block (at least 1) so that a block's widest activation holds about
+    :data:`BLOCK_VALUES` values; measured once per module and input width."""
+    known = _ROWS.setdefault(module, {})
+    if in_features not in known:
+        known[in_features] = max(1, BLOCK_VALUES // activation_width(module, in_features))
+    return known[in_features]
+
+
+def in_blocks(forward: Any, x: torch.Tensor, rows: int | None) -> torch.Tensor:
+    """``forward(x)``, the rows of ``x`` taken ``rows`` at a time when gradients are off (the
+    outputs concatenated; every row's output the same as its block's); at once otherwise."""
+    if rows is None or len(x) <= rows or torch.is_grad_enabled():
+        return forward(x)
+    return torch.cat([forward(part) for part in x.split(rows)])
 
 
 _METRICS = ("accuracy", "loss")  # what an evaluator returns
@@ -199,19 +341,36 @@ class FlatModel:
     order), for many models at once: the candidates a client scores, or every client's model in
     the batched engine.
 
-    A ``Sequential`` of ``Linear`` layers and parameter-free layers (the project's models) runs
-    as batched matrix products over the models, and inputs every model shares go through each
-    layer as one product for all of them (reading the data once, not once per model). Any
-    other module goes through ``torch.func.vmap`` of ``functional_call``.
+    A ``Sequential`` of ``Linear`` layers and parameter-free layers (softmax regression, the
+    MLP) runs as batched matrix products over the models, and inputs every model shares go
+    through each layer as one product for all of them (reading the data once, not once per
+    model). Any other module (the convolutional models) is called once per model
+    (``functional_call`` on views of its vector: ``layout = "loop"``), its rows in blocks of
+    :func:`block_rows` when no gradient is wanted; on the CPU that is 2.7x faster than
+    ``torch.func.vmap`` of the same call for LeNet-5's scoring (measured: docs/batched-speed.md),
+    which turns the models' convolutions into grouped ones. ``layout = "vmap"`` keeps that form
+    (for comparison).
     """
 
-    def __init__(self, template: torch.nn.Module, device: torch.device) -> None:
+    LAYOUTS = ("loop", "vmap")
+    # The layout of models without a layer plan when none is named (a benchmark may change it).
+    default_layout = "loop"
+
+    def __init__(self, template: torch.nn.Module, device: torch.device, *, layout: str | None = None) -> None:
+        layout = layout or self.default_layout
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"FlatModel: layout={layout!r} is not valid; choose one of: {', '.join(self.LAYOUTS)}")
         self.module = template.to(device)
         named = list(self.module.named_parameters())
         self.names = [n for n, _ in named]
         self.shapes = [p.shape for _, p in named]
         self.sizes = [p.numel() for _, p in named]
         self.plan = _layer_plan(self.module)
+        self.layout = layout
+
+    def block_rows(self, in_features: int) -> int:
+        """:func:`block_rows` of this model for rows of ``in_features``."""
+        return block_rows(self.module, in_features)
 
     def logits(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """One model's logits (its flat parameters ``vector``, inputs ``x [N, F]``). A model with a
@@ -224,13 +383,17 @@ class FlatModel:
             return h
         parts = torch.split(vector, self.sizes)
         params = {n: p.view(s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
-        return functional_call(self.module, params, (x,))
+        if self.layout == "vmap":
+            return functional_call(self.module, params, (x,))
+        return in_blocks(lambda rows: functional_call(self.module, params, (rows,)), x, self.block_rows(x.shape[-1]))
 
     def batch_logits(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Every model's logits ``[C, N, K]``: ``x`` is ``[C, N, F]`` (each model its own
         inputs) or ``[N, F]`` (inputs all models share)."""
         if self.plan is None:
-            return vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))(vectors, x)
+            if self.layout == "vmap":
+                return vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))(vectors, x)
+            return torch.stack([self.logits(v, x[i] if x.dim() == 3 else x) for i, v in enumerate(vectors)])
         count, h = len(vectors), x
         for step, weight, b in self._steps(vectors):
             if weight is None:
@@ -242,6 +405,16 @@ class FlatModel:
             else:
                 h = torch.bmm(h, weight.transpose(1, 2)) if b is None else torch.baddbmm(b[:, None, :], h, weight.transpose(1, 2))
         return h
+
+    def minibatch_losses(self, vectors: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Each model's loss on its own minibatch (``x [C, B, F]``, ``y [C, B]``): the mean
+        cross-entropy, or with ``weight [C, B]`` the weighted sum. A model without a layer plan
+        computes it as a client's own step does (``F.cross_entropy`` of its logits, one model at
+        a time), so its gradient is the client's, bit for bit."""
+        if self.plan is None and weight is None and self.layout == "loop":
+            return torch.stack([F.cross_entropy(self.logits(v, x[i]), y[i]) for i, v in enumerate(vectors)])
+        per = F.cross_entropy(self.class_first_logits(vectors, x), y, reduction="none")  # [C, B]
+        return per.mean(1) if weight is None else (per * weight).sum(1)
 
     def _steps(self, vectors: torch.Tensor):
         """The plan's steps with each Linear layer's weights ``[C, out, in]`` and biases

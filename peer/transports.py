@@ -219,12 +219,14 @@ def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
     import torch
 
     from dfedrw.peer.models import make_model
-    from dfedrw.peer.plan import dataset_shape
+    from dfedrw.peer.plan import dataset_input_shape, dataset_shape
     from dfedrw.peer.registry import settings_of
     from dfedrw.peer.transport.serde import model_specs
 
     features, classes = dataset_shape(scenario)
     t = scenario.train
     with torch.device("meta"):
-        model = make_model(t.model, features, classes, hidden=t.hidden, params=settings_of(t.model_params, t.model))
+        model = make_model(
+            t.model, features, classes, hidden=t.hidden, input_shape=dataset_input_shape(scenario), params=settings_of(t.model_params, t.model)
+        )
     return model_specs(model)

@@ -72,9 +72,16 @@ def _aggregation(sc: Scenario) -> list[str]:
 
 
 def _train(sc: Scenario) -> list[str]:
-    if sc.train.hidden != TrainConfig.hidden and not KIND_REGISTRY["model"].takes(sc.train.model, "hidden"):
-        return [f"train.hidden={sc.train.hidden} not used: train.model={sc.train.model!r} has no hidden width"]
-    return []
+    t, out = sc.train, []
+    if t.hidden != TrainConfig.hidden and not KIND_REGISTRY["model"].takes(t.model, "hidden"):
+        out.append(f"train.hidden={t.hidden} not used: train.model={t.model!r} has no hidden width")
+    if t.local_epochs and t.local_steps != TrainConfig.local_steps:
+        out.append(f"train.local_steps={t.local_steps} not used: train.local_epochs={t.local_epochs!r} sets the steps of a round")
+    if t.lr_schedule != "step":
+        given = [f"train.{k}={getattr(t, k)!r}" for k in ("lr_gamma", "lr_step") if getattr(t, k) != getattr(TrainConfig, k)]
+        if given:
+            out.append(f"{', '.join(given)} not used: train.lr_schedule={t.lr_schedule!r} is not 'step'")
+    return out
 
 
 def _topology(sc: Scenario) -> list[str]:

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from dfedrw.peer.config import load_scenario
-from dfedrw.peer.datacache import CACHE_ENV
+from dfedrw.peer.datacache import CACHE_ENV, clear_stored
 from tests.support.sweeps import FAKE_RUN
 
 
@@ -19,6 +19,16 @@ def _data_cache(tmp_path_factory):
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = before
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """A data cache of the test's own (``tmp_path / "cache"``, returned), empty, and forgotten by
+    this process before and after the test, as by a new process."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    clear_stored()
+    yield tmp_path / "cache"
+    clear_stored()
 
 
 @pytest.fixture

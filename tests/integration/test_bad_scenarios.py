@@ -1,4 +1,4 @@
-"""Ten bad scenarios, each refused before any client starts by every entry point, in one line.
+"""Bad scenarios, each refused before any client starts by every entry point, in one line.
 
 The entry points are ``dfedrw run``, ``dfedrw peer`` (also as ``python -m dfedrw.peer``, a process of its
 own), ``dfedrw compose`` and ``dfedrw sweep --dry-run``. Each must exit with code 2 and print
@@ -48,6 +48,7 @@ CASES = [
     ("plugin-module-fails-import", ["attack.name=dfedrw_brokenplug:Attack"], "attack.name"),
     ("plugin-class-missing", ["aggregation.crs=dfedrw_badplug:Missing"], "aggregation.crs"),
     ("plugin-class-without-call", ["aggregation.crs=dfedrw_badplug:NoCall"], "aggregation.crs"),
+    ("model-does-not-fit-the-data", ["train.model=lenet5"], "train.model='lenet5' with data.name='digits': lenet5 needs images at least 12x12"),
 ]
 IDS = [c[0] for c in CASES]
 

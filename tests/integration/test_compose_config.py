@@ -77,3 +77,19 @@ def test_docker_compose_reads_the_file_as_generated(tmp_path):
         assert writable == [f"{tmp_path}/results/clients/{k}:/results/peers:rw"], writable
     assert "secrets" not in services["summarize"]
     assert f"{tmp_path}/results:/results:rw" in services["summarize"]["volumes"]
+
+
+@needs_compose
+def test_a_cifar_cluster_of_resnet18_clients_mounts_the_data_folder(tmp_path):
+    from tests.helpers import write_cifar
+
+    data = tmp_path / "cifar"
+    write_cifar(data / "cifar-10-batches-bin", (*(f"data_batch_{i}.bin" for i in range(1, 6)), "test_batch.bin"), (10,))
+    scenario = load_scenario(None, ["data.name=cifar10", f"data.dir={data}", "train.model=resnet18", "topology.honest=4", "topology.byzantine=1"])
+    write_compose(scenario, tmp_path / "cluster", ComposeOptions(port=50100))
+    services = compose_config(tmp_path / "cluster")["services"]
+    written = load_scenario(tmp_path / "cluster" / "scenario.toml")
+    assert written.train.model == "resnet18" and written.data.name == "cifar10"
+    for k in range(5):
+        mounts = [v if isinstance(v, str) else f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}" for v in services[f"client-{k}"]["volumes"]]
+        assert f"{data.resolve()}:{written.data.dir}:ro" in mounts, mounts

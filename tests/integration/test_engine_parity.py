@@ -90,7 +90,9 @@ import pytest
 
 from dfedrw.peer.attacks import ATTACK_REGISTRY
 from dfedrw.peer.config import load_scenario
-from tests.support.parity import BY_ID, CASES, FAST, FAST_ROUNDS, FULL_ROUNDS, Case, engine_differences, report_differences, run_engine, scenario
+from tests.support.parity import (
+    BY_ID, CASES, CNN_CASES, CNN_ROUNDS, FAST, FAST_ROUNDS, FULL_ROUNDS, Case, engine_differences, report_differences, run_engine, scenario,
+)
 
 
 # -- runs shared by the tests of this module -----------------------------------------------------
@@ -122,6 +124,12 @@ def test_engines_agree(case, tmp_path, threads_run):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_engines_agree_full(case, tmp_path, threads_run):
     check_parity(case, FULL_ROUNDS, tmp_path, threads_run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CNN_CASES, ids=lambda c: c.id)
+def test_engines_agree_on_a_convolutional_model(case, tmp_path, threads_run):
+    check_parity(case, CNN_ROUNDS, tmp_path, threads_run)
 
 
 def test_cases_cover_every_rule_attack_and_partition():

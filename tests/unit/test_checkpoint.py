@@ -218,3 +218,42 @@ def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_sce
         again.results.close()
     finally:
         again.close()
+
+
+def test_a_resumed_trainer_continues_the_same_momentum_and_augmentation_trajectory(tmp_path):
+    from dfedrw.peer.training import Augmentation
+
+    torch.manual_seed(0)
+    data = Dataset(x=torch.randn(40, 144), y=torch.randint(0, 3, (40,)), num_classes=3)
+
+    def trainer(model):
+        return LocalTrainer(
+            model, data, lr=0.05, batch_size=8, local_steps=2, seed=5, momentum=0.9, weight_decay=0.01,
+            augment=Augmentation("crop_flip", 2, (1, 12, 12), 9),
+        )
+
+    a = trainer(build_model("lenet5", 144, 3, input_shape=(1, 12, 12), seed=1))
+    for _ in range(3):
+        a.step()
+    gens, arrays, pos = a.state()
+    assert "augment" in gens
+    assert arrays["momentum"].dtype == np.float32 and arrays["momentum"].shape == (sum(p.numel() for p in a.model.parameters()),)
+    # Through a checkpoint file, as a client saves and loads it.
+    path = tmp_path / "c.ckpt.npz"
+    save_checkpoint(path, Checkpoint(client=0, round=2, scenario="s", vector=get_vector(a.model).numpy(), generators=gens, arrays=arrays))
+    ckpt = load_checkpoint(path, client=0, scenario="s", vector_size=len(get_vector(a.model)))
+    after = [a.step() for _ in range(4)]
+    from dfedrw.peer.models import set_vector
+
+    b_model = build_model("lenet5", 144, 3, input_shape=(1, 12, 12), seed=1)
+    set_vector(b_model, torch.from_numpy(ckpt.vector))
+    b = trainer(b_model)
+    b.load_state(ckpt.generators, ckpt.arrays, pos)
+    assert [b.step() for _ in range(4)] == after
+    assert torch.equal(get_vector(a.model), get_vector(b.model))
+    # Without its buffer the checkpoint cannot continue a momentum run.
+    c = trainer(build_model("lenet5", 144, 3, input_shape=(1, 12, 12), seed=1))
+    with pytest.raises(ValueError, match="no momentum buffer"):
+        c.load_state(gens, {"order": arrays["order"]}, pos)
+    with pytest.raises(ValueError, match="does not fit this model"):
+        c.load_state(gens, {"order": arrays["order"], "momentum": arrays["momentum"][:-1]}, pos)

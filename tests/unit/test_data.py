@@ -146,8 +146,8 @@ def test_mnist_without_directory_says_how_to_get_it():
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(ValueError, match="cifar.*" + ".*".join(DATASET_REGISTRY.names())):
-        load_dataset("cifar")
+    with pytest.raises(ValueError, match="svhn.*" + ".*".join(sorted(DATASET_REGISTRY.names()))):
+        load_dataset("svhn")
 
 
 def test_digits_loads_fixed_stratified_split():
@@ -187,16 +187,16 @@ def balanced_labels(per_class: int = 100, num_classes: int = 10) -> np.ndarray:
 @pytest.mark.parametrize(
     "spec, expected",
     [("iid", ("iid", None)), ("iid:balanced", ("iid", "balanced")), ("dirichlet:0.1", ("dirichlet", 0.1)), ("Dirichlet:1", ("dirichlet", 1.0)),
-     ("labelskew:4", ("labelskew", 4))],
+     ("labelskew:4", ("labelskew", 4)), ("natural", ("natural", None)), (" Natural ", ("natural", None))],
 )
 def test_parse_partition_accepts_valid_forms(spec, expected):
     assert parse_partition(spec) == expected
 
 
 @pytest.mark.parametrize("spec", ["", "noniid", "dirichlet", "dirichlet:0", "dirichlet:-1", "dirichlet:nan",
-                                  "dirichlet:x", "labelskew:0", "labelskew:2.5", "labelskew:", "iid:3", "iid:stratified"])
+                                  "dirichlet:x", "labelskew:0", "labelskew:2.5", "labelskew:", "iid:3", "iid:stratified", "natural:2"])
 def test_parse_partition_rejects_bad_specs_listing_valid_forms(spec):
-    with pytest.raises(ValueError, match=r"valid forms: iid, iid:balanced, dirichlet:ALPHA.*labelskew:H"):
+    with pytest.raises(ValueError, match=r"valid forms: iid, iid:balanced, dirichlet:ALPHA.*labelskew:H.*, natural$"):
         parse_partition(spec)
 
 
@@ -323,6 +323,66 @@ def test_labelskew_h_above_class_count_is_rejected():
 def test_partition_rejects_bad_client_counts(num_clients):
     with pytest.raises(ValueError, match="num_clients"):
         partition(balanced_labels(), num_clients, "iid", seed=0)
+
+
+def writer_groups(sizes: list[int], seed: int = 0) -> np.ndarray:
+    """One group index per row, ``sizes[g]`` rows of group g, the rows in a shuffled order."""
+    return np.random.default_rng(seed).permutation(np.repeat(np.arange(len(sizes)), sizes))
+
+
+def test_natural_deals_whole_groups_largest_first_to_the_emptiest_client():
+    # Prepare: groups of 5, 3, 3 and 1 rows for 2 clients. By hand: 5 -> client 0; 3 -> client 1;
+    # the other 3 -> client 1 (3 < 5); 1 -> client 0 (5 < 6): 6 rows each, whatever the seed.
+    groups = writer_groups([5, 3, 3, 1])
+    labels = np.zeros(groups.size, dtype=np.int64)
+
+    # Execute
+    parts = partition(labels, 2, "natural", seed=43, groups=groups)
+
+    # Assert
+    assert [sorted(set(groups[p])) for p in parts] == [[0, 3], [1, 2]]
+    assert [len(p) for p in parts] == [6, 6]
+
+
+@pytest.mark.parametrize("num_clients", [1, 4, 9])
+def test_natural_is_disjoint_covers_every_row_keeps_writers_whole_and_is_balanced(num_clients):
+    # Prepare: 40 writers of 1..30 rows
+    sizes = [int(n) for n in np.random.default_rng(5).integers(1, 31, size=40)]
+    groups = writer_groups(sizes, seed=1)
+    labels = np.random.default_rng(2).integers(0, 10, size=groups.size)
+
+    # Execute
+    parts = partition(labels, num_clients, "natural", seed=43, groups=groups)
+
+    # Assert
+    joined = np.concatenate(parts)
+    assert len(parts) == num_clients and np.array_equal(np.sort(joined), np.arange(groups.size))
+    for part in parts:
+        assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
+    owners = [{int(g) for g in groups[p]} for p in parts]
+    assert all(owners) and sum(len(o) for o in owners) == len(sizes)  # every writer with one client only
+    rows = [len(p) for p in parts]
+    assert max(rows) - min(rows) <= max(sizes)  # the bound of dealing largest first to the emptiest
+
+
+def test_natural_is_seeded():
+    groups, labels = writer_groups([4] * 12), np.zeros(48, dtype=np.int64)
+    first, again, other = (partition(labels, 3, "natural", seed=s, groups=groups) for s in (43, 43, 44))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+    assert [len(p) for p in first] == [len(p) for p in other] == [16, 16, 16]
+
+
+def test_natural_refuses_fewer_groups_than_clients_and_missing_or_bad_groups():
+    groups, labels = writer_groups([2, 2, 2]), np.zeros(6, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"partition 'natural': 3 groups cannot give each of 4 clients groups of its own; use fewer clients"):
+        partition(labels, 4, "natural", seed=0, groups=groups)
+    with pytest.raises(ValueError, match=r"partition 'natural' needs groups: one group index per sample"):
+        partition(labels, 2, "natural", seed=0)
+    with pytest.raises(ValueError, match=r"groups must be integers, one per sample \(6\), got int64 of shape \(5,\)"):
+        partition(labels, 2, "natural", seed=0, groups=groups[:5])
+    with pytest.raises(ValueError, match=r"groups must be integers"):
+        partition(labels, 2, "natural", seed=0, groups=groups.astype(float))
 
 
 # --------------------------------------------------------------------------------- local test / aux
@@ -463,3 +523,77 @@ def test_debian_fashion_mnist_matches_the_recorded_digests(monkeypatch, tmp_path
     _serve(monkeypatch, {p.name: p.read_bytes() for p in DEBIAN_FMNIST.glob("*.gz")})
     peer.datasets.download_idx("fashion-mnist", tmp_path)
     assert len(list(tmp_path.glob("*.gz"))) == 4
+
+
+# -- augmentation ----------------------------------------------------------------------------------
+
+
+def test_a_crop_is_the_padded_image_read_at_the_drawn_offset():
+    from dfedrw.peer.data import augment_batch
+
+    x = torch.arange(2 * 3 * 3, dtype=torch.float32).reshape(2, 9) + 1  # two 1x3x3 images, 1..9 and 10..18
+    generator = torch.Generator().manual_seed(7)
+    rows, cols = torch.randint(0, 3, (2,), generator=generator), torch.randint(0, 3, (2,), generator=generator)
+    out = augment_batch(x, (1, 3, 3), "crop", 1, torch.Generator().manual_seed(7)).reshape(2, 3, 3)
+    for i in range(2):
+        padded = torch.nn.functional.pad(x[i].reshape(3, 3), (1, 1, 1, 1))
+        assert torch.equal(out[i], padded[rows[i] : rows[i] + 3, cols[i] : cols[i] + 3])
+
+
+def test_a_flip_mirrors_the_crop_and_channels_move_together():
+    from dfedrw.peer.data import augment_batch
+
+    x = torch.rand(64, 2 * 4 * 5)
+    out = augment_batch(x, (2, 4, 5), "crop_flip", 0, torch.Generator().manual_seed(1)).reshape(64, 2, 4, 5)
+    images = x.reshape(64, 2, 4, 5)
+    flipped = [bool(torch.equal(out[i], images[i].flip(-1))) for i in range(64)]
+    kept = [bool(torch.equal(out[i], images[i])) for i in range(64)]
+    assert all(f != k for f, k in zip(flipped, kept, strict=True))  # padding 0: each image as it is or mirrored
+    assert 16 < sum(flipped) < 48
+    assert torch.equal(augment_batch(x, (2, 4, 5), "none", 4, torch.Generator()), x)
+
+
+def test_augmentation_is_seeded_and_checked():
+    from dfedrw.peer.data import augment_batch
+
+    x = torch.rand(8, 3 * 32 * 32)
+    a = augment_batch(x, (3, 32, 32), "crop_flip", 4, torch.Generator().manual_seed(3))
+    b = augment_batch(x, (3, 32, 32), "crop_flip", 4, torch.Generator().manual_seed(3))
+    c = augment_batch(x, (3, 32, 32), "crop_flip", 4, torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    with pytest.raises(ValueError, match="needs images"):
+        augment_batch(torch.rand(2, 6), (6,), "crop", 1, torch.Generator())
+    with pytest.raises(ValueError, match="'rotate' is not valid; choose one of: none, crop, crop_flip"):
+        augment_batch(x, (3, 32, 32), "rotate", 1, torch.Generator())
+
+
+class FlatRows:
+    """A data set of flat rows: no image shape."""
+
+    num_features, num_classes, train_size = 6, 2, 4
+
+    def load(self):
+        return (np.zeros((4, 6), np.float32), np.array([0, 1, 0, 1])), (np.zeros((2, 6), np.float32), np.array([0, 1]))
+
+
+def test_augment_needs_an_image_data_set():
+    from dfedrw.peer.config import ScenarioError, load_scenario
+
+    assert load_scenario(None, ["data.augment=crop_flip"]).data.augment == "crop_flip"  # digits: 1x8x8
+    with pytest.raises(ScenarioError, match=r"data.augment='crop' needs images; data.name='tests.unit.test_data:FlatRows' declares input_shape = \(6,\)"):
+        load_scenario(None, ["data.name=tests.unit.test_data:FlatRows", "data.augment=crop"])
+
+
+def test_the_engines_augment_each_clients_minibatches(small_scenario, tmp_path):
+    """Augmentation changes what a client trains on, in both engines alike (their parity is
+    tests/integration/test_engine_parity.py's momentum-epochs case)."""
+    from dfedrw.launch.batched import run_together
+    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.peer.results import read_rounds
+
+    losses = {}
+    for augment in ("none", "crop_flip"):
+        scenario = small_scenario("engine.name=batched", "rounds=3", "topology.byzantine=0", "attack.name=none", f"data.augment={augment}")
+        run_together([BatchedRun(scenario, tmp_path / augment)])
+        losses[augment] = [r["train_loss"] for r in read_rounds(tmp_path / augment, 0)]
+    assert losses["none"][0] != losses["crop_flip"][0]

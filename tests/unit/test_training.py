@@ -1,8 +1,12 @@
+import math
+
+import pytest
 import torch
+from torch.nn import functional as F
 
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import build_model, get_vector, set_vector
-from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
+from dfedrw.peer.training import BatchOrder, LocalTrainer, VectorEvaluator, evaluate
 
 
 def data(n=50, d=6, k=3, seed=0):
@@ -93,3 +97,83 @@ def test_softmax_regression_grads_leave_other_models_to_autograd():
 
     # Execute / Assert
     assert softmax_regression_grads(flat, models, torch.rand(3, 4, 6), torch.zeros(3, 4, dtype=torch.long), None) is None
+
+
+# -- momentum, weight decay, local epochs, learning-rate schedules ---------------------------------
+
+
+def test_the_learning_rate_schedules_by_hand():
+    from dfedrw.peer.training import learning_rate
+
+    assert learning_rate(0.1, "constant", 57, 100) == 0.1
+    assert [learning_rate(0.1, "step", r, 100, gamma=0.5, step=3) for r in (0, 2, 3, 5, 6, 9)] == [0.1, 0.1, 0.05, 0.05, 0.025, 0.0125]
+    assert learning_rate(0.2, "cosine", 0, 10) == 0.2
+    assert learning_rate(0.2, "cosine", 5, 10) == pytest.approx(0.1)
+    assert learning_rate(0.2, "cosine", 9, 10) == pytest.approx(0.2 * (1 + math.cos(math.pi * 0.9)) / 2)
+    with pytest.raises(ValueError, match="schedule 'linear' is not valid; choose one of: constant, step, cosine"):
+        learning_rate(0.1, "linear", 0, 10)
+
+
+def test_local_step_count_by_hand():
+    from dfedrw.peer.training import local_step_count
+
+    assert local_step_count(3, 0.0, 100, 32) == 3
+    assert local_step_count(3, 1.0, 100, 32) == 4  # ceil(100 / 32)
+    assert local_step_count(3, 1.0, 96, 32) == 3
+    assert local_step_count(3, 0.5, 100, 32) == 2
+    assert local_step_count(3, 2.0, 10, 32) == 2  # the batch capped at the shard: one step an epoch
+    assert local_step_count(3, 0.01, 100, 32) == 1
+
+
+@pytest.mark.parametrize(("momentum", "weight_decay"), [(0.0, 0.01), (0.9, 0.0), (0.9, 5e-4)])
+def test_sgd_update_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
+    from dfedrw.peer.training import sgd_update
+
+    torch.manual_seed(3)
+    ours, theirs = torch.randn(50), None
+    theirs = ours.clone().requires_grad_()
+    optimizer = torch.optim.SGD([theirs], lr=0.07, momentum=momentum, weight_decay=weight_decay)
+    buffer = None
+    for _ in range(5):
+        grad = torch.randn(50)
+        theirs.grad = grad.clone()
+        optimizer.step()
+        buffer = sgd_update(ours, grad, buffer, lr=0.07, momentum=momentum, weight_decay=weight_decay)
+        assert torch.equal(ours, theirs.detach())
+    assert (buffer is None) == (momentum == 0)
+
+
+def test_the_local_trainer_takes_the_optimizers_steps_and_the_rounds_learning_rate():
+    data = Dataset(x=torch.randn(40, 6), y=torch.randint(0, 3, (40,)), num_classes=3)
+    model = build_model("mlp", 6, 3, hidden=4, seed=2)
+    reference = build_model("mlp", 6, 3, hidden=4, seed=2)
+    trainer = LocalTrainer(model, data, lr=0.1, batch_size=8, local_steps=1, seed=4, momentum=0.8, weight_decay=0.01, local_epochs=0.5)
+    assert trainer.local_steps == 3  # ceil(0.5 * 40 / 8)
+    order = BatchOrder(40, 8, 4)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.8, weight_decay=0.01)
+    for lr in (0.1, 0.05):
+        trainer.step(lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for _ in range(3):
+            idx = order.next()
+            optimizer.zero_grad()
+            F.cross_entropy(reference(data.x[idx]), data.y[idx]).backward()
+            optimizer.step()
+    assert torch.equal(get_vector(model), get_vector(reference))
+
+
+def test_training_settings_are_checked():
+    from dfedrw.peer.config import ScenarioError, load_scenario
+
+    for override, message in [
+        ("train.momentum=1.0", r"train.momentum=1.0 must be a finite number in \[0, 1\)"),
+        ("train.lr_schedule=linear", "train.lr_schedule"),
+        ("train.local_epochs=-1.0", "train.local_epochs"),
+        ("train.lr_step=0", "train.lr_step"),
+        ("train.lr_gamma=0.0", "train.lr_gamma"),
+    ]:
+        with pytest.raises(ScenarioError, match=message):
+            load_scenario(None, [override])
+    scenario = load_scenario(None, ["train.lr_schedule=step", "train.lr_step=2", "train.lr_gamma=0.5", "train.lr=0.4", "rounds=10"])
+    assert [scenario.train.lr_at(r, scenario.rounds) for r in range(5)] == [0.4, 0.4, 0.2, 0.2, 0.1]

@@ -21,6 +21,7 @@ def unused(*sets: str) -> list[str]:
     # median is told no count, but client 1's Krum is
     ("aggregation.rule=median", "aggregation.assumed_byzantine=1", "peers.1.aggregation.rule=krum"),
     ("train.model=mlp", "train.hidden=8"),
+    ("train.lr_schedule=step", "train.lr_gamma=0.5", "train.lr_step=10", "train.local_epochs=1.0", "train.momentum=0.9"),
     ("topology.rho=0.5",),
     ("topology.kind=ring", "topology.schedule=redraw", "topology.schedule_params.redraw.graph=erdos_renyi", "topology.rho=0.5"),
     ("data.partition='labelskew:4'", "data.labelskew_assign=random"),
@@ -105,6 +106,12 @@ def test_the_other_settings_a_run_would_not_read():
         "topology.rho=0.5 not used: neither topology.kind='ring' nor topology.schedule='edge_failures' reads it"
     ]
     assert unused("data.labelskew_assign=random") == ["data.labelskew_assign='random' not used: data.partition='iid' is not labelskew:H"]
+    assert unused("train.local_epochs=1.0", "train.local_steps=5") == [
+        "train.local_steps=5 not used: train.local_epochs=1.0 sets the steps of a round"
+    ]
+    assert unused("train.lr_schedule=cosine", "train.lr_gamma=0.5", "train.lr_step=10") == [
+        "train.lr_gamma=0.5, train.lr_step=10 not used: train.lr_schedule='cosine' is not 'step'"
+    ]
 
 
 def test_the_launchers_print_each_line_as_a_warning_on_stderr(capsys):
