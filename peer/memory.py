@@ -10,7 +10,8 @@ sends to, a client holds at most
   (the inbox refuses one more: ``inbox_full``), its parameters (which after its local step are
   the model it sends), its model of the round before (still in flight to a slow neighbour; the
   sender gives up one two rounds old), its model at the start of the round (the rule's
-  reference), the copy of its own model in the round's candidate matrix, and the aggregate;
+  reference), the copy of its own model in the round's candidate matrix, and the aggregate
+  (with ``train.momentum``, its momentum buffer too: ``+ 1``);
 * Byzantine: ``M * ((W + 1) * d + 2 * t + 2)``: the received models likewise, a crafted
   message per receiver of this round and of the one before (one in flight and one queued per
   receiver), and the float64 mean its attack centres on; colluding, also its colluders' pools
@@ -68,7 +69,7 @@ class Held:
 
     def formula(self, window: int, neighbours: int, targets: int) -> str:
         if self.role == "honest":
-            return f"({window} + 1) x {neighbours} + {HONEST_WORK}"
+            return f"({window} + 1) x {neighbours} + {self.work}"
         text = f"({window} + 1) x {neighbours} + 2 x {targets} + {BYZANTINE_WORK}"
         return text + (f" + {self.pools} pooled" if self.pools else "")
 
@@ -92,7 +93,8 @@ def held_models(scenario: Scenario) -> list[Held]:
             pools = (window + 1) * (len(colluders) - 1) * topology.num_clients if k in colluders else 0
             out.append(Held(k, "byzantine", received, 2 * targets, BYZANTINE_WORK, pools))
         else:
-            out.append(Held(k, "honest", received, 0, HONEST_WORK))
+            # With momentum the trainer keeps its buffer: one model more.
+            out.append(Held(k, "honest", received, 0, HONEST_WORK + (1 if scenario.train.momentum else 0)))
     return out
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from dfedrw.peer.transport.base import Deliver, Reachability
 from dfedrw.peer.transport.pb import peer_pb2 as pb
+from dfedrw.peer.transport.serde import wire_size
 
 
 class InprocHub:
@@ -66,7 +67,7 @@ class InprocTransport:
         if deliver is None:  # that client has finished or failed
             self._on_reachability(to, "unreachable")
             return
-        self.bytes_sent += sum(c.ByteSize() for c in chunks)
+        self.bytes_sent += wire_size(chunks)
         deliver(iter(chunks), None)  # threads of one process: nobody to authenticate
 
     def flush(self, timeout: float) -> None:

@@ -248,19 +248,10 @@ def message_out(
     return WireMessage(_header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss), payload, chunk_bytes)
 
 
-def encode(
-    sender: int,
-    round_: int,
-    vector: torch.Tensor,
-    specs: Sequence[TensorSpec],
-    *,
-    num_samples: int = 1,
-    train_loss: float = float("nan"),
-    chunk_bytes: int = 1 << 20,
-) -> list[pb.ModelChunk]:
-    """Split a flat model into Push chunks; the header rides on the first (the chunks of
-    :func:`message_out`, as protobuf messages)."""
-    return list(message_out(sender, round_, vector, specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=chunk_bytes))
+def encode(*args, **kwargs) -> list[pb.ModelChunk]:
+    """Split a flat model into Push chunks; the header rides on the first: :func:`message_out`'s
+    chunks (same arguments), as protobuf messages."""
+    return list(message_out(*args, **kwargs))
 
 
 def wire_size(chunks: Sequence) -> int:
@@ -592,17 +583,9 @@ def pool_out(
     return WireMessage(_header(sender, round_, specs, payload, origins=origins), payload, chunk_bytes)
 
 
-def encode_pool(
-    sender: int,
-    round_: int,
-    origins: Sequence[int],
-    vectors: torch.Tensor,
-    specs: Sequence[TensorSpec],
-    *,
-    chunk_bytes: int = 1 << 20,
-) -> list[pb.ModelChunk]:
-    """:func:`pool_out`'s chunks as protobuf messages."""
-    return list(pool_out(sender, round_, origins, vectors, specs, chunk_bytes=chunk_bytes))
+def encode_pool(*args, **kwargs) -> list[pb.ModelChunk]:
+    """:func:`pool_out`'s chunks (same arguments), as protobuf messages."""
+    return list(pool_out(*args, **kwargs))
 
 
 def pool_bytes(specs: Sequence[TensorSpec], num_clients: int) -> int:

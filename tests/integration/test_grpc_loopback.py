@@ -191,3 +191,71 @@ def test_grpc_transport_refuses_a_port_in_use():
             GrpcTransport("127.0.0.1", first.port).start(lambda m, sender=None: (True, "", 0))
     finally:
         first.close()
+
+
+def test_grpc_sender_queues_no_more_than_its_byte_bound(monkeypatch):
+    """Each queued message is a model the client still holds: past MAX_QUEUED_BYTES the oldest
+    queued ones go, however few messages that leaves (here two)."""
+    from dfedrw.peer.transport.grpc_sender import Sender
+    from dfedrw.peer.transport.serde import wire_size
+
+    size = wire_size(encode(0, 1, vec(1), SPECS, chunk_bytes=16))
+    monkeypatch.setattr(Sender, "MAX_QUEUED_BYTES", 2 * size + 10)
+    receiver_logic = _SlowFirstReply()
+    sender, receiver, address = _slow_pair(receiver_logic)
+    try:
+        receiver_logic.queue_behind_the_first(sender, address, range(1, 8))
+        receiver_logic.release.set()
+        sender.flush(10.0)
+        assert receiver_logic.got == [0, 6, 7] and sender.dropped == 5
+    finally:
+        receiver_logic.release.set()
+        sender.close()
+        receiver.close()
+
+
+def test_grpc_sender_gives_up_a_large_message_in_flight_for_one_two_rounds_newer(monkeypatch):
+    """A large message whose reply has not come by the time a model two rounds newer is queued
+    would reach the receiver stale, and holds a model until then: its call is cancelled and the
+    queued messages go on a new one."""
+    from dfedrw.peer.transport import grpc_sender
+
+    monkeypatch.setattr(grpc_sender, "LARGE_MESSAGE", 10)
+    receiver_logic = _SlowFirstReply()
+    sender, receiver, address = _slow_pair(receiver_logic)
+    try:
+        receiver_logic.queue_behind_the_first(sender, address, [1])
+        assert sender.dropped == 0  # one round newer: the one in flight may still be of use
+        sender.send(1, encode(0, 2, vec(2), SPECS, chunk_bytes=16))
+        deadline = time.monotonic() + 10
+        while receiver_logic.got != [0, 1, 2] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert receiver_logic.got == [0, 1, 2] and sender.dropped == 1
+    finally:
+        receiver_logic.release.set()
+        sender.close()
+        receiver.close()
+
+
+def test_grpc_sender_lets_a_message_go_once_its_reply_came():
+    """The sender holds a message (the client's model) only while it is queued or in flight."""
+    import gc
+    import weakref
+
+    from dfedrw.peer.transport.serde import message_out
+
+    sender, receiver, address = _pair(lambda chunks, sender=None: (True, "", 0))
+    try:
+        sender.connect({1: address}, lambda peer, state: None)
+        assert sender.wait_ready(10.0) == []
+        sent = [message_out(0, r, vec(r), SPECS, chunk_bytes=16) for r in range(3)]
+        refs = [weakref.ref(m) for m in sent]
+        for m in sent:
+            sender.send(1, m)
+            sender.flush(10.0)
+        del sent, m
+        gc.collect()
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        sender.close()
+        receiver.close()

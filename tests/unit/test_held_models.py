@@ -1,0 +1,138 @@
+"""The models a client holds: the inbox's bound (beyond it a message is rejected, counted), a
+round let go once the client is done with it, a message still arriving for a round passed
+letting go of its buffer; the bound in bytes per client (peer/memory.py) and the launcher's
+refusal of a run that would not fit (launch/preflight.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dfedrw.launch import preflight
+from dfedrw.launch.preflight import NotEnoughMemory, available_memory, check_memory
+from dfedrw.peer.config import ScenarioError
+from dfedrw.peer.intake import ModelIntake
+from dfedrw.peer.memory import CLIENT_BASELINE, HONEST_WORK, LAUNCHER_BASELINE, held_models, run_needs
+from dfedrw.peer.transport.inbox import Inbox, Slot
+from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, encode
+from dfedrw.peer.transports import scenario_model_specs
+
+SPECS = (TensorSpec("w", "float32", (20,)),)
+
+
+def msg(sender, round_):
+    return ModelMessage(sender, round_, torch.zeros(20), num_samples=1, nbytes=100)
+
+
+def test_the_inbox_holds_one_model_per_neighbour_and_round_of_its_window_by_default():
+    inbox = Inbox(0, [1, 2, 3], 4, window=2, model_size=20)
+    assert inbox.capacity == 9
+    for r in range(3):
+        for k in (1, 2, 3):
+            assert inbox.offer(msg(k, r)) == (True, "")
+    assert inbox.held() == 9 and inbox.offer(msg(1, 3)) == (False, "future_round")
+
+
+def test_a_message_beyond_the_inbox_bound_is_rejected_and_counted():
+    # Prepare: room for two models
+    inbox = Inbox(0, [1, 2, 3], 4, window=2, model_size=20, capacity=2)
+
+    # Execute: two taken whole, a third whole, a fourth as it arrives in chunks
+    first = [inbox.offer(msg(1, 0)), inbox.offer(msg(2, 0))]
+    third = inbox.offer(msg(3, 0))
+    fourth = inbox.reserve(3, 1)
+
+    # Assert
+    assert first == [(True, ""), (True, "")]
+    assert third == (False, "inbox_full")
+    assert fourth == "inbox_full" and inbox.settle(fourth, 3, 1) == (False, "inbox_full")
+    assert inbox.rejected["inbox_full"] == 2 and inbox.accepted == 2 and inbox.held() == 2
+
+
+def test_a_message_being_received_counts_against_the_bound():
+    inbox = Inbox(0, [1, 2], 3, window=0, model_size=20, capacity=1)
+    slot = inbox.reserve(1, 0)
+    assert isinstance(slot, Slot) and slot.buffer is not None and inbox.held() == 1
+    assert inbox.reserve(2, 0) == "inbox_full"
+    inbox.release(slot)  # the message failed a check
+    assert inbox.held() == 0 and isinstance(inbox.reserve(2, 0), Slot)
+
+
+def test_a_round_the_client_is_done_with_is_let_go_and_what_comes_later_counted_not_kept():
+    inbox = Inbox(0, [1, 2], 3, window=2, model_size=20)
+    intake = ModelIntake(inbox, SPECS, Plausible(), 81)
+    assert intake(encode(1, 0, torch.ones(20), SPECS, chunk_bytes=16), 1) == (True, "", 0)
+    inbox.close(0)
+    assert inbox.held() == 0
+    assert intake(encode(2, 0, torch.ones(20), SPECS, chunk_bytes=16), 2) == (True, "", 0)  # late, counted
+    assert intake(encode(1, 0, torch.ones(20), SPECS, chunk_bytes=16), 1) == (False, "duplicate", 0)
+    assert inbox.held() == 0 and inbox.accepted == 2
+
+
+def test_a_message_still_arriving_for_a_round_passed_lets_go_of_its_buffer_and_ends_stale():
+    inbox = Inbox(0, [1], 2, window=2, model_size=20)
+    intake = ModelIntake(inbox, SPECS, Plausible(), 81)
+    chunks = encode(1, 0, torch.ones(20), SPECS, chunk_bytes=16)
+    message = intake.begin(chunks[0], 1)
+    message.add(chunks[1])
+    assert inbox.held() == 1
+    inbox.advance(1)
+    assert inbox.held() == 0 and message.decoder.tensor is None
+    for chunk in chunks[2:]:
+        message.add(chunk)
+    assert message.end() == (False, "stale_round", 1) and inbox.stale == 1
+
+
+def test_a_large_message_for_a_later_round_waits_while_the_inbox_holds_a_round(monkeypatch):
+    from dfedrw.peer import intake as intake_module
+
+    monkeypatch.setattr(intake_module, "LARGE_MESSAGE", 10)
+    inbox = Inbox(0, [1, 2], 3, window=2, model_size=20)
+    intake = ModelIntake(inbox, SPECS, Plausible(), 81)
+    later = encode(1, 1, torch.ones(20), SPECS)[0].header
+    assert intake.has_room(later)
+    for k in (1, 2):
+        intake(encode(k, 0, torch.ones(20), SPECS), k)
+    assert not intake.has_room(later)  # a whole round held: the next one waits
+    assert intake.has_room(encode(1, 0, torch.ones(20), SPECS)[0].header)  # its own round never does
+    inbox.advance(1)
+    assert intake.has_room(later)
+
+
+# ------------------------------------------------------------------ the bound in bytes
+
+
+@pytest.fixture
+def ring(small_scenario):
+    return small_scenario("topology.kind=ring", "topology.honest=5", "topology.byzantine=1", "attack.name=gaussian")
+
+
+def test_each_clients_bound_is_its_inbox_its_outbox_and_its_work(ring):
+    held = held_models(ring)
+    byzantine = [h for h in held if h.role == "byzantine"]
+    honest = [h for h in held if h.role == "honest"]
+    # A ring: two neighbours each, window 2.
+    assert [h.models for h in honest] == [3 * 2 + HONEST_WORK] * 5
+    assert [(h.received, h.sending) for h in byzantine] == [(6, 4)]
+
+
+def test_a_run_that_needs_more_than_is_available_is_refused_in_one_line_with_the_estimate(ring):
+    needs = run_needs(ring, scenario_model_specs(ring))
+    assert needs.total == sum(h.models for h in needs.held) * needs.model + 6 * CLIENT_BASELINE + LAUNCHER_BASELINE
+    with pytest.raises(NotEnoughMemory) as refused:
+        check_memory(ring, available=needs.total - 1)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("this run needs about") and "available" in line
+    assert isinstance(refused.value, ScenarioError)  # the command line's one line and exit status 2
+    check_memory(ring, available=needs.total)  # fits: nothing said
+
+
+def test_available_memory_is_read_from_meminfo(tmp_path, monkeypatch, ring):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683540 kB\nMemFree:         1000 kB\nMemAvailable:     2048 kB\n")
+    monkeypatch.setattr(preflight, "MEMINFO", meminfo)
+    assert available_memory() == 2048 * 1024
+    with pytest.raises(NotEnoughMemory, match="this machine has 0.0 GB available"):
+        check_memory(ring)
+    meminfo.write_text("MemTotal: 1 kB\n")  # says nothing of what is available: not checked
+    check_memory(ring)
