@@ -14,7 +14,8 @@ sends to, a client holds at most
   (with ``train.momentum``, its momentum buffer too: ``+ 1``);
 * Byzantine: ``M * ((W + 1) * d + 2 * t + 2)``: the received models likewise, a crafted
   message per receiver of this round and of the one before (one in flight and one queued per
-  receiver), and the float64 mean its attack centres on; colluding, also its colluders' pools
+  receiver), and a float64 mean of what it received (sign flipping's; the Gaussian attack
+  takes its centre a block of coordinates at a time); colluding, also its colluders' pools
   of the window, each of at most one model per client: ``M * (W + 1) * (c - 1) * n``;
 
 plus a baseline :data:`CLIENT_BASELINE` for the interpreter, torch, gRPC and its shard of the
@@ -47,7 +48,7 @@ CLIENT_BASELINE = 160 * 10**6
 LAUNCHER_BASELINE = 600 * 10**6
 
 # Working copies besides received models: honest (parameters, last round's model in flight,
-# reference, the own model's row, the aggregate), Byzantine (the float64 centre: two models).
+# reference, the own model's row, the aggregate), Byzantine (a float64 mean: two models).
 HONEST_WORK = 5
 BYZANTINE_WORK = 2
 
