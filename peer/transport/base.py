@@ -17,7 +17,11 @@ from dfedrw.peer.transport.pb import peer_pb2 as pb
 
 # (chunks of one message, the sender's authenticated id or None) -> (accepted, reason, own round).
 # The id is the one the transport verified (gRPC: the peer certificate; torch.distributed and
-# in-process: the sending rank or thread); None when the transport authenticates nobody.
+# in-process: the sending rank or thread); None when the transport authenticates nobody. A
+# client's (peer.intake.ModelIntake) also offers ``begin(first chunk, sender)``, the message as
+# it arrives (its ``add(chunk)`` for each chunk after the first, then ``end()``, the verdict),
+# and ``has_room(header)``, whether to read that message now: the gRPC server uses both, so that
+# each chunk is decoded into place as it comes and a model is not read before there is room.
 Deliver = Callable[[Iterable[pb.ModelChunk], int | None], tuple[bool, str, int]]
 # (peer id, state) -> None. States: "reachable" (it answered), "unreachable" (a send or
 # receive failed for good), "shut_out" (this client's server refuses the peer's calls for a
@@ -40,7 +44,8 @@ class Transport(Protocol):
         """Wait until every neighbour accepts connections; returns those that did not in time."""
 
     def send(self, to: int, chunks: list[pb.ModelChunk]) -> None:
-        """Send one message without blocking."""
+        """Send one message without blocking (its chunks: a list, or a
+        :class:`~dfedrw.peer.transport.serde.WireMessage`, which builds them as they go)."""
 
     def flush(self, timeout: float) -> None:
         """Wait (bounded) for the sends in flight."""

@@ -3,7 +3,8 @@
 Models go to a neighbour on one long-lived ``Exchange`` call, one message at a time: the next
 goes out once the receiver's reply to the previous one came back (:mod:`.grpc_sender`). The
 servicer is thin: it cuts the call into messages at their header chunks (:mod:`.framing`),
-hands each to the client's ``deliver`` callback and turns the verdict into a reply; each
+hands each to the client's ``deliver`` callback chunk by chunk as it arrives, and turns the
+verdict into a reply; each
 sender has its own call slots and message rate bound at the receiver, and idle calls are
 ended (:mod:`.grpc_admission`): no sender can take another's place or flood the receiver.
 ``Push``/``PushOne`` take one message per call, for tools and tests. Message-size limits are
