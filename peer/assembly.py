@@ -238,25 +238,3 @@ def next_reference(attack: Any, view: AttackView) -> torch.Tensor | None:
     per-round attack (its ``plan`` reads the view); None for a per-receiver attack, which is
     only ever handed the models it knows, so the mean would be computed for nobody."""
     return known_mean(view) if hasattr(attack, "plan") else None
-
-
-def byzantine_record(
-    r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None
-) -> dict[str, Any]:
-    """A Byzantine client's round record (every engine writes the same keys); the attack's note,
-    when it keeps one, under ``"attack"``; when colluding, ``"pooled_from"``: the sorted
-    colluders whose pool of the round it used, itself included (None: it acts alone, no key)."""
-    record: dict[str, Any] = {
-        "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
-        "received_from": received_from, "silent_to": silent,
-    }
-    if pooled_from is not None:
-        record["pooled_from"] = sorted(pooled_from)
-    if crafted.note:
-        record["attack"] = dict(crafted.note)
-    return record
-
-
-def finite_or_none(x: float) -> float | None:
-    x = float(x)
-    return round(x, 6) if math.isfinite(x) else None

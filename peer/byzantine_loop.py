@@ -8,58 +8,17 @@ refuse a message from a sender that is not their in-neighbour in the message's r
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from dfedrw.peer.assembly import attack_generator, byzantine_claims, byzantine_record, next_reference
+from dfedrw.peer.assembly import attack_generator, byzantine_claims, next_reference
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.plan import derive_seed
-from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.rounds import Liveness, byzantine_record, checkpoint_due, loop_times, with_round_graph
 from dfedrw.peer.transport.serde import message_out
-
-log = logging.getLogger("dfedrw.peer.node")
-
-
-@dataclass
-class Liveness:
-    """Consecutive missed deadlines per neighbour; past the limit a neighbour is not waited for."""
-
-    limit: int
-    missed: dict[int, int] = field(default_factory=dict)
-    given_up: set[int] = field(default_factory=set)  # marked gone here, not since waited for
-
-    def update(self, inbox: Inbox, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
-        for k in expected:
-            if k in self.given_up:
-                # Waited for again (it came back): it gets the same number of deadlines as at
-                # first, and is given up again when it misses them all.
-                self.given_up.discard(k)
-                self.missed[k] = 0
-            if k in arrived:
-                self.missed[k] = 0
-            else:
-                self.missed[k] = self.missed.get(k, 0) + 1
-                if self.missed[k] >= self.limit:
-                    log.warning("client %d: neighbour %d missed %d deadlines, no longer waiting for it", inbox.own_id, k, self.limit)
-                    inbox.set_gone(k)
-                    self.given_up.add(k)
-
-
-def loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[str, float]:
-    """Wall and CPU seconds of the round loop, and when it started (Unix time: what a launcher
-    compares with when it started the process). CPU time is the whole process's (all its
-    threads; with the in-process transport, all its clients)."""
-    return {
-        "loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3),
-        "loop_started_at": round(started_at, 3),
-    }
-
 
 class ByzantineRounds:
     """The round loop of a Byzantine :class:`peer.node.Client`."""
@@ -130,9 +89,9 @@ class ByzantineRounds:
                 r, received_from, silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
                 pooled_from=list(pooled.used) if pooled is not None else None,
             )
-            self.results.write(self._with_round_graph(record, r))
+            self.results.write(with_round_graph(record, self.graphs, self.id, r))
             self.link.send({"type": "round", "id": self.id, "round": r})
-            if self._checkpoint_due(r):
+            if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
                 self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
             # The transport holds what it has still to send, and lets each message go once sent.
             crafted = message = extra = chunks = None

@@ -31,9 +31,9 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.assembly import (
-    client_attack, client_augmentation, client_data, client_identity, client_rule, finite_or_none, initial_model, scenario_plausible,
+    client_attack, client_augmentation, client_data, client_identity, client_rule, initial_model, scenario_plausible,
 )
-from dfedrw.peer.byzantine_loop import ByzantineRounds, Liveness, loop_times
+from dfedrw.peer.byzantine_loop import ByzantineRounds
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.intake import ModelIntake
@@ -41,11 +41,12 @@ from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
 from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, scenario_topology, told_byzantine
-from dfedrw.peer.aggregation.rules import finite_rows, takes_tpm_and_crs
+from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.schedule import receive_window
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
+from dfedrw.peer.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, with_round_graph
 from dfedrw.peer.telemetry import LauncherLink, NullLink
 from dfedrw.peer.transports import scenario_model_specs, scenario_transport
 from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
@@ -292,9 +293,7 @@ class Client(Rejoining, ByzantineRounds):
             cfg = self.scenario.aggregation_for(self.id)
             # Under a schedule: the most it was told in a round (each round's in its record).
             told = self.told_most if self.graphs.dynamic else told_byzantine(cfg, self.topology, self.id)
-            final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told}
-            if takes_tpm_and_crs(cfg.rule):  # which TPM and CRS scored the candidates
-                final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
+            final["aggregation"] = aggregation_summary(cfg, told)
         rejected = dict(self.inbox.rejected)
         for reason, n in self._counters_before["rejected_by_reason"].items():
             rejected[reason] = rejected.get(reason, 0) + int(n)
@@ -384,18 +383,6 @@ class Client(Rejoining, ByzantineRounds):
         self.told_most = max(self.told_most, told)
         return self.rules[told], told
 
-    def _with_round_graph(self, record: dict[str, Any], r: int, told: int | None = None) -> dict[str, Any]:
-        """``record`` with, under a schedule, the round's neighbours: ``neighbours``, whose
-        models it was to receive; ``sent_to`` (directed schedules), whom it sent to; and what
-        its rule was told. A fixed graph's records stay as they were."""
-        if self.graphs.dynamic:
-            record["neighbours"] = list(self.graphs.senders_to(self.id, r))
-            if self.graphs.directed:
-                record["sent_to"] = list(self.graphs.receivers_of(self.id, r))
-            if told is not None:
-                record["told_byzantine"] = told
-        return record
-
     def _run_honest(self) -> dict[str, Any]:
         sc = self.scenario
         data, trainer, aux_eval = self.data, self.trainer, self.aux_eval
@@ -461,24 +448,18 @@ class Client(Rejoining, ByzantineRounds):
             self.inbox.close(r)
             flat = model if flat is not None else None
             del vectors, got, agg, reference, own
-            record: dict[str, Any] = {
-                "round": r,
-                "train_loss": loss,
-                "weights": {str(k): round(float(w), 6) for k, w in weights.items()},
-                "bytes_sent": self.transport.bytes_sent - sent0,
-                "bytes_received": self.inbox.bytes_received - recv0,
-                "missing": missing,
-            }
+            notes: dict[str, Any] = {}
             if first_after_resume:
-                record["resumed_from"] = self.resumed.round
+                notes["resumed_from"] = self.resumed.round
                 first_after_resume = False
             if adopted:
-                record["took_neighbours_model"] = True
-            if scores is not None:
-                record["scores"] = {str(k): finite_or_none(v) for k, v in scores.items()}
-            self._with_round_graph(record, r, told)
-            every = sc.eval.every
-            if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
+                notes["took_neighbours_model"] = True
+            record = honest_record(
+                r, loss, weights, missing, scores=scores, notes=notes,
+                bytes_sent=self.transport.bytes_sent - sent0, bytes_received=self.inbox.bytes_received - recv0,
+            )
+            with_round_graph(record, self.graphs, self.id, r, told)
+            if evaluation_due(r, sc.rounds, sc.eval.every):
                 last = {
                     "accuracy": 100.0 * evaluate(self.model, data.local_test)["accuracy"],
                     "global_accuracy": 100.0 * evaluate(self.model, data.global_test)["accuracy"],
@@ -490,7 +471,7 @@ class Client(Rejoining, ByzantineRounds):
                 # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
                 acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
                 log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
-            if self._checkpoint_due(r):
+            if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
                 generators, arrays, pos = trainer.state()
                 # The model's parameters are views of the aggregate: saved as it is, not copied.
                 self._save_checkpoint(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)

@@ -45,10 +45,6 @@ class Rejoining:
     """Checkpoints and rejoining, for :class:`peer.node.Client` (its attributes are used as they are)."""
 
     # -- checkpoints and resuming --------------------------------------------------------
-    def _checkpoint_due(self, r: int) -> bool:
-        every = self.scenario.checkpoint.every
-        return bool(every) and (r + 1) % every == 0 and r < self.scenario.rounds - 1
-
     def _save_checkpoint(self, r: int, *, generators: dict, arrays: dict | None = None, vector=None, **counters: Any) -> None:
         rejected = dict(self._counters_before["rejected_by_reason"])
         for reason, n in self.inbox.rejected.items():

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.node import Client, Liveness
+from dfedrw.peer.node import Client
+from dfedrw.peer.rounds import Liveness
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.framing import MessageSplitter, handle_push, split_messages
 from dfedrw.peer.transport.grpc_admission import CallLimits, PeerServicer
