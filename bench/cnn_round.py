@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     layouts = ["loop", *(["vmap"] if args.vmap else [])]
     for layout in layouts:
         log(f"the batched engine (models {'called one by one' if layout == 'loop' else 'vmapped'})")
-        from dfedrw.peer import training
+        from dfedrw.peer import model_matrix as training
 
         original, training.FlatModel.default_layout = training.FlatModel.default_layout, layout
         try:

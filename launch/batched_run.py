@@ -27,7 +27,8 @@ from dfedrw.peer.datasets import scenario_dataset
 from dfedrw.peer.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
-from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator, local_step_count
+from dfedrw.peer.training import BatchOrder, local_step_count
+from dfedrw.peer.model_matrix import FlatModel, VectorEvaluator
 
 
 def engine_device(name: str) -> torch.device:

@@ -27,7 +27,8 @@ from dfedrw.peer.models import build_model
 from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, told_byzantine
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
-from dfedrw.peer.training import Augmentation, VectorEvaluator
+from dfedrw.peer.training import Augmentation
+from dfedrw.peer.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.serde import Plausible
 from dfedrw.topologies import Topology
 
