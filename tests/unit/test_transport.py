@@ -383,12 +383,12 @@ def test_a_client_answers_with_its_round(ring_client):
 
 def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(ring_client):
     peer, good = ring_client
-    peer._on_reachability(1, "reachable")
+    peer.presence.on_reachability(1, "reachable")
     assert peer.inbox.gone() == frozenset()
     # Its messages cannot arrive while our server refuses its calls: right away, no
     # deadline is spent on it, even if it sent a model a moment ago.
     assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
-    peer._on_reachability(1, "shut_out")
+    peer.presence.on_reachability(1, "shut_out")
     assert peer.inbox.gone() == {1}
     # It is alive: it still gets every model, unlike a neighbour that cannot be reached.
     sent = []
@@ -399,7 +399,7 @@ def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(
     assert sent == [1, 1, 1, 1]
     # Once let in again, its next message of the window brings it back.
     assert peer.deliver(iter(encode(1, 8, good, peer.specs))) == (True, "", 7)
-    assert peer.inbox.gone() == {3} and peer._back_at == {1: 8} and peer._shut_out == set()
+    assert peer.inbox.gone() == {3} and peer.presence.back_at == {1: 8} and peer.presence.shut_out == set()
 
 
 def _push(servicer, sent, read):
