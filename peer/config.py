@@ -54,6 +54,7 @@ from dfedrw.peer.config_aggregation import (
 )
 from dfedrw.peer.config_tables import Params, SettingsTables, checked_params, parse_class_tables, resolve_class, settings_tables, toml_key
 from dfedrw.peer.datasets import build_dataset, natural_groups_error
+from dfedrw.peer.kinds import KINDS
 from dfedrw.peer.registry import Setting, settings_of
 from dfedrw.peer.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.topology import TOPOLOGY_REGISTRY
@@ -426,11 +427,9 @@ _SECTIONS: dict[str, type] = {
 }
 _TOP_SCALARS = ("seed", "rounds")
 # Sections that choose a class by name and hold its settings tables [SECTION.NAME]:
-# section -> (the kind of class, the field holding the tables).
-_CLASS_TABLES = {
-    "data": ("dataset", "params"), "train": ("model", "model_params"), "topology": ("topology", "params"),
-    "network": ("transport", "transport_params"),
-}
+# section -> (the kind of class, the field holding the tables). [aggregation] and [attack]
+# are among them but have parsers of their own (peer/config_aggregation.py).
+_CLASS_TABLES = {k.section: (k.name, k.field) for k in KINDS if not k.nested}
 
 
 
