@@ -45,7 +45,7 @@ from typing import Any
 
 import tomli_w
 
-from dfedrw.peer.plugins import ATTACK_REGISTRY, build_rule_from
+from dfedrw.peer.plugins import ATTACK_REGISTRY
 from dfedrw.peer.config_checks import ScenarioError
 from dfedrw.peer.config_legacy import LEGACY_AGGREGATION_ORDER, legacy_view
 from dfedrw.peer.overrides import apply_overrides, deep_copy
@@ -392,11 +392,12 @@ class Scenario:
         check_model(self.train, self.data)
         # Build every distinct rule and the attack once, with placeholders for what the running
         # system supplies, so a bad setting fails at load time, not inside client k.
+        # The rule of [aggregation] is the first built: it stands for the defence an attack is told.
+        rules = []
         for cfg in configs:
             told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else self.topology.byzantine
-            check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
-        told = self.aggregation.assumed_byzantine if self.aggregation.assumed_byzantine >= 0 else self.topology.byzantine
-        defence = build_rule_from(self.aggregation, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
+            rules.append(check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds))
+        defence = rules[0]
         check_attack(
             self.attack, num_clients=n, num_byzantine=self.topology.byzantine, lr=self.train.lr, total_rounds=self.rounds, defence=defence,
             round_window=self.network.round_window,

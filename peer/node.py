@@ -47,7 +47,7 @@ from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezv
 from dfedrw.peer.rejoin import Rejoining, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.telemetry import LauncherLink, NullLink
-from dfedrw.peer.transports import scenario_model_specs, scenario_transport
+from dfedrw.peer.wiring import scenario_model_specs, scenario_transport
 from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.inbox import Inbox
