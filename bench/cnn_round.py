@@ -86,7 +86,7 @@ class PlainLoop:
         from dfedrw.peer.assembly import clients_data, initial_model, scenario_model
         from dfedrw.peer.config import load_scenario
         from dfedrw.peer.datacache import test_set
-        from dfedrw.peer.datasets import scenario_dataset
+        from dfedrw.peer.wiring import scenario_dataset
         from dfedrw.peer.plan import derive_seed, scenario_topology
         from dfedrw.peer.training import BatchOrder
 

@@ -23,7 +23,7 @@ from dfedrw.peer.assembly import (
     move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.datacache import test_set, training_set
-from dfedrw.peer.datasets import scenario_dataset
+from dfedrw.peer.wiring import scenario_dataset
 from dfedrw.peer.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph

@@ -21,12 +21,12 @@ from dfedrw.peer.attacks import AttackerData, AttackView
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.datacache import StoredSplit, stored_dataset
-from dfedrw.peer.datasets import natural_groups_error, scenario_dataset
+from dfedrw.peer.datasets import natural_groups_error
 from dfedrw.peer.identity import ClientIdentity, load_identity
 from dfedrw.peer.models import build_model
 from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, told_byzantine
 from dfedrw.peer.registry import settings_of
-from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
+from dfedrw.peer.wiring import build_attack, build_client_rule, build_rule_from, scenario_dataset
 from dfedrw.peer.training import Augmentation
 from dfedrw.peer.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.serde import Plausible

@@ -49,7 +49,7 @@ from dfedrw.peer.rejoin import Resume, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, with_round_graph
 from dfedrw.peer.telemetry import LauncherLink, NullLink
-from dfedrw.peer.transports import scenario_model_specs, scenario_transport
+from dfedrw.peer.wiring import scenario_model_specs, scenario_transport
 from dfedrw.peer.training import LocalTrainer, evaluate
 from dfedrw.peer.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport

@@ -518,7 +518,7 @@ def test_the_bucket_refills_each_round_of_the_receiver():
 
 @pytest.mark.parametrize("model", ["softmax_regression", "mlp"])
 def test_a_receiver_buffers_no_more_than_the_models_size_per_call(small_scenario, tmp_path, model):
-    from dfedrw.peer.transports import grpc_transport_for, scenario_model_specs
+    from dfedrw.peer.wiring import grpc_transport_for, scenario_model_specs
 
     scenario = small_scenario(f"train.model={model}", "train.hidden=8", "network.tls=off")
     transport = grpc_transport_for(scenario, "127.0.0.1", 0)
