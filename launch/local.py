@@ -33,7 +33,7 @@ from dfedrw.launch.forkserver import START_METHODS, ForkServer, client_env, fork
 from dfedrw.launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
 from dfedrw.launch.preflight import preflight
 from dfedrw.launch.progress import ProgressBoard
-from dfedrw.peer.config import Scenario, dump_scenario
+from dfedrw.peer.config import SCENARIO_DIGEST_ENV, Scenario, dump_scenario
 from dfedrw.peer.identity import load_identity, make_certificates
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.results import write_json_atomic
@@ -116,9 +116,10 @@ class LocalRun:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "logs").mkdir(exist_ok=True)
         scenario_path = self.out_dir / "scenario.toml"
-        dump_scenario(self.scenario, scenario_path)
+        digest = dump_scenario(self.scenario, scenario_path)
         certs = self._certificates()
-        env = client_env()
+        # The clients read the scenario this launcher validated as it is, without checking it again.
+        env = {**client_env(), SCENARIO_DIGEST_ENV: digest}
         self._start_fork_server()
         if self.fork_server is not None:
             self.fork_server.attach_log(self.out_dir / "logs" / "fork-server.log")

@@ -24,12 +24,12 @@ from dfedrw.peer.datacache import StoredSplit, stored_dataset
 from dfedrw.peer.datasets import natural_groups_error
 from dfedrw.peer.identity import ClientIdentity, load_identity
 from dfedrw.peer.models import build_model
-from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, told_byzantine
+from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.registry import settings_of
-from dfedrw.peer.wiring import build_attack, build_client_rule, build_rule_from, scenario_dataset
+from dfedrw.peer.wiring import build_attack, build_client_rule, build_rule_from, scenario_dataset, scenario_model_specs
 from dfedrw.peer.training import Augmentation
 from dfedrw.peer.model_matrix import VectorEvaluator
-from dfedrw.peer.transport.serde import Plausible
+from dfedrw.peer.transport.serde import Plausible, TensorSpec, model_specs
 from dfedrw.topologies import Topology
 
 
@@ -87,6 +87,29 @@ def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
             for p in model.parameters():
                 p.zero_()
     return model
+
+
+@dataclass(frozen=True)
+class ClientParts:
+    """What a client process is built from, each made once: the scenario's graph and Byzantine
+    placement, the client's initial model (None for a Byzantine client, which trains none) and
+    the model's wire layout (a Byzantine client's from a model on the meta device)."""
+
+    topology: Topology
+    model: torch.nn.Module | None
+    specs: tuple[TensorSpec, ...]
+
+
+def client_parts(scenario: Scenario, client_id: int) -> ClientParts:
+    """Client ``client_id``'s :class:`ClientParts`: the graph drawn and the model built once, for
+    its transport and for the client itself."""
+    topology = scenario_topology(scenario)
+    if not 0 <= client_id < topology.num_clients:
+        raise ValueError(f"client id {client_id} out of range 0..{topology.num_clients - 1}")
+    if client_id in topology.byzantine:
+        return ClientParts(topology, None, scenario_model_specs(scenario))
+    model = initial_model(scenario, client_id)
+    return ClientParts(topology, model, model_specs(model))
 
 
 def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:

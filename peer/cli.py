@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from dfedrw.peer.config import ScenarioError, load_scenario
+from dfedrw.peer.config import SCENARIO_DIGEST_ENV, Scenario, ScenarioError, load_scenario, load_validated
 from dfedrw.peer.data import DatasetUnavailable
 from dfedrw.peer.rendezvous import host_port
 from dfedrw.peer.tensorboard import INSTALL, TensorBoardUnavailable
@@ -33,7 +33,7 @@ from dfedrw.peer.tensorboard import INSTALL, TensorBoardUnavailable
 # The variables that stand for ``dfedrw peer``'s flags.
 FLAG_VARIABLES = (
     "DFEDRW_SCENARIO", "DFEDRW_ID", "DFEDRW_RENDEZVOUS", "DFEDRW_OUT", "DFEDRW_LISTEN_PORT", "DFEDRW_PEERS", "DFEDRW_CERTS",
-    "DFEDRW_TENSORBOARD",
+    "DFEDRW_TENSORBOARD", "DFEDRW_SCENARIO_SHA256",
 )
 
 
@@ -100,7 +100,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     parent = _env("DFEDRW_PARENT_PID")
     if parent:
         _watch_parent(int(parent))
-    scenario = load_scenario(args.scenario, args.set)
+    scenario = client_scenario(args.scenario, args.set)
     rendezvous = args.rendezvous
     if not rendezvous and not peers:
         raise SystemExit("dfedrw peer: give --rendezvous ENDPOINT (from a launcher) or the --peer ID=HOST:PORT list")
@@ -117,6 +117,18 @@ def cmd_peer(args: argparse.Namespace) -> int:
     )
     logging.getLogger("dfedrw.peer").info("client %s done: %s", args.id, final)
     return 0
+
+
+def client_scenario(path: str, overrides: list[str]) -> Scenario:
+    """The scenario of a client process: read without checking it again when the launcher that
+    started this process validated it and gave its file's digest (:data:`SCENARIO_DIGEST_ENV`)
+    and nothing overrides it; else loaded and validated."""
+    digest = _env(SCENARIO_DIGEST_ENV)
+    if digest and not overrides:
+        scenario = load_validated(path, digest)
+        logging.getLogger("dfedrw.peer").info("scenario %s read as its launcher validated it (SHA-256 %s), not checked again", path, digest[:16])
+        return scenario
+    return load_scenario(path, overrides)
 
 
 def add_peer_command(sub, func: Callable[[argparse.Namespace], int] = cmd_peer) -> argparse.ArgumentParser:

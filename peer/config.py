@@ -37,7 +37,9 @@ TOML has no null, so "unset" string options use the empty string.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import hashlib
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -61,6 +63,10 @@ from dfedrw.peer.kinds import KINDS
 from dfedrw.peer.config_checks import MAX_ROUNDS, check_in_range, coerce_value
 
 
+# Set while :func:`load_validated` reads a scenario that was validated before: its checks are not run again.
+_VALIDATED: contextvars.ContextVar[bool] = contextvars.ContextVar("scenario_validated", default=False)
+
+
 @dataclass(frozen=True)
 class Scenario:
     seed: int = 43
@@ -78,6 +84,13 @@ class Scenario:
     peers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not _VALIDATED.get():
+            self.validate()
+
+    def validate(self) -> None:
+        """The whole scenario's checks: its ranges, its clients, and every rule, the attack and
+        the model built once with placeholders (run when a scenario is made, except by
+        :func:`load_validated`). Raises :class:`ScenarioError`."""
         check_in_range("rounds", self.rounds, 1, MAX_ROUNDS)
         # TOML integers are int64; numpy and torch seeds take any of the non-negative ones.
         check_in_range("seed", self.seed, 0, 2**63 - 1)
@@ -294,5 +307,33 @@ def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ())
     return scenario_from_dict(apply_overrides(raw, overrides))
 
 
-def dump_scenario(scenario: Scenario, path: str | Path) -> None:
-    Path(path).write_text(tomli_w.dumps(scenario_to_dict(scenario)))
+def dump_scenario(scenario: Scenario, path: str | Path) -> str:
+    """Write the resolved scenario as TOML; returns the SHA-256 of the bytes written (what
+    :func:`load_validated` takes to read them back unchecked)."""
+    data = tomli_w.dumps(scenario_to_dict(scenario)).encode()
+    Path(path).write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+# The environment variable in which a launcher gives its client processes the SHA-256 of the
+# scenario file it validated and wrote for them (:func:`load_validated`).
+SCENARIO_DIGEST_ENV = "DFEDRW_SCENARIO_SHA256"
+
+
+def load_validated(path: str | Path, digest: str) -> Scenario:
+    """The scenario a launcher validated and wrote with :func:`dump_scenario` (``digest``: what
+    that returned), read without running its checks again: a client process started by a
+    launcher does not build every rule, the attack and the model a second time. A file whose
+    bytes are not the ones the launcher wrote is refused."""
+    source = Path(path)
+    try:
+        data = source.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file not found: {source}") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ScenarioError(f"{source}: not the scenario its launcher validated (its SHA-256 differs from the one the launcher gave)")
+    token = _VALIDATED.set(True)
+    try:
+        return scenario_from_dict(tomllib.loads(data.decode()))
+    finally:
+        _VALIDATED.reset(token)

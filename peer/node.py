@@ -31,7 +31,7 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.assembly import (
-    client_attack, client_augmentation, client_data, client_identity, client_rule, initial_model, scenario_plausible,
+    ClientParts, client_attack, client_augmentation, client_data, client_identity, client_parts, client_rule, scenario_plausible,
 )
 from dfedrw.peer.byzantine_loop import run_byzantine
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
@@ -40,7 +40,7 @@ from dfedrw.peer.intake import ModelIntake
 from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
-from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, scenario_topology, told_byzantine
+from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, told_byzantine
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.schedule import receive_window
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
@@ -49,12 +49,12 @@ from dfedrw.peer.rejoin import Resume, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
 from dfedrw.peer.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, with_round_graph
 from dfedrw.peer.telemetry import LauncherLink, NullLink
-from dfedrw.peer.wiring import scenario_model_specs, scenario_transport
+from dfedrw.peer.wiring import scenario_transport
 from dfedrw.peer.training import LocalTrainer, evaluate
 from dfedrw.peer.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.inbox import Inbox
-from dfedrw.peer.transport.serde import message_out, model_specs
+from dfedrw.peer.transport.serde import message_out
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +80,18 @@ class Client:
         link: LauncherLink | NullLink | None = None,
         device: torch.device | str = "cpu",
         tensorboard: Path | None = None,
+        parts: ClientParts | None = None,
     ) -> None:
+        # Its graph, initial model and model layout: given (built once for its transport too),
+        # or built here.
+        parts = client_parts(scenario, client_id) if parts is None else parts
         self.scenario = scenario
         # Where the model, training data and evaluation live; vectors on the wire and in
         # aggregation stay on the CPU.
         self.device = torch.device(device)
         self.id = client_id
         self.out_dir = Path(out_dir)
-        self.topology = scenario_topology(scenario)
-        if not 0 <= client_id < self.topology.num_clients:
-            raise ValueError(f"client id {client_id} out of range 0..{self.topology.num_clients - 1}")
+        self.topology = parts.topology
         self.role = "byzantine" if client_id in self.topology.byzantine else "honest"
         # Who sends to whom in each round: the graph every round, or the schedule's graph.
         self.graphs = scenario_graphs(scenario, self.topology)
@@ -102,8 +104,7 @@ class Client:
         self.plausible = scenario_plausible(scenario)
         # A Byzantine client trains nothing: it needs only the model's layout (from a model on
         # the meta device, which holds no values).
-        self.model = initial_model(scenario, client_id) if self.role == "honest" else None
-        self.specs = model_specs(self.model) if self.model is not None else scenario_model_specs(scenario)
+        self.model, self.specs = parts.model, parts.specs
         self.inbox = Inbox(
             client_id, self.neighbours, self.topology.num_clients, receive_window(net.round_window, scenario.topology.schedule),
             senders_at=self.graphs.senders_at(client_id) if self.graphs.dynamic else None,
@@ -419,7 +420,13 @@ class Client:
         return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
 
 
-def run_grpc_client(
+def run_grpc_client(scenario: Scenario, client_id: int, out_dir: Path, **where: Any) -> dict[str, Any]:
+    """Run one client process to completion: :func:`grpc_client` (``where``: its arguments),
+    then :func:`start_and_run`: start, find the neighbours, run every round, write results."""
+    return start_and_run(*grpc_client(scenario, client_id, out_dir, **where))
+
+
+def grpc_client(
     scenario: Scenario,
     client_id: int,
     out_dir: Path,
@@ -431,9 +438,10 @@ def run_grpc_client(
     certs: Path | None = None,
     link_token: str | None = None,
     tensorboard: Path | None = None,
-) -> dict[str, Any]:
-    """Run one client process to completion (through :func:`start_and_run`): start, find the
-    neighbours, run every round, write results.
+) -> tuple[Client, Rendezvous]:
+    """One client process's client and the way it meets its neighbours, built and not started;
+    its graph and model are built once (:func:`~dfedrw.peer.assembly.client_parts`), for its
+    transport and for the client.
 
     Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
     registers with ``link_token``, the secret the launcher gave it) or are given.
@@ -443,7 +451,8 @@ def run_grpc_client(
     if (rendezvous is None) == (addresses is None):
         raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
     net = scenario.network
-    kind = scenario_transport(scenario)
+    parts = client_parts(scenario, client_id)
+    kind = scenario_transport(scenario, topology=parts.topology, specs=parts.specs)
     if kind.placement != "processes":
         if kind.placement == "torchrun":
             raise ValueError(
@@ -456,9 +465,9 @@ def run_grpc_client(
     )
     link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
     meeting = (
-        LauncherRendezvous(link, role_of(scenario_topology(scenario), client_id)) if rendezvous else StaticRendezvous(addresses)
+        LauncherRendezvous(link, role_of(parts.topology, client_id)) if rendezvous else StaticRendezvous(addresses)
     )
-    return start_and_run(Client(scenario, client_id, out_dir, transport=transport, link=link, tensorboard=tensorboard), meeting)
+    return Client(scenario, client_id, out_dir, transport=transport, link=link, tensorboard=tensorboard, parts=parts), meeting
 
 
 def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:

@@ -22,6 +22,9 @@ from dfedrw.peer.schedule import receive_window
 from dfedrw.peer.transports import PLACEMENTS, TRANSPORT_REGISTRY, Grpc, TransportKind
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from dfedrw.topologies import Topology
     from dfedrw.peer.config import AggregationConfig, AttackConfig, DataConfig, Scenario
     from dfedrw.peer.identity import ClientIdentity
     from dfedrw.peer.transport.grpc_transport import GrpcTransport
@@ -89,10 +92,12 @@ def scenario_dataset(data: DataConfig) -> Any:
 # -- transports ----------------------------------------------------------------------------------
 
 
-def scenario_transport(scenario: Scenario) -> TransportKind:
-    """The transport kind ``network.transport`` names, with its ``[network.NAME]`` settings."""
+def scenario_transport(scenario: Scenario, *, topology: Topology | None = None, specs: Sequence[TensorSpec] | None = None) -> TransportKind:
+    """The transport kind ``network.transport`` names, with its ``[network.NAME]`` settings
+    (``topology`` and ``specs``: the scenario's graph and model layout where the caller has them
+    already, so that they are not built again for :func:`message_bytes`)."""
     net = scenario.network
-    supplied = {"message_bytes": functools.partial(message_bytes, scenario)}
+    supplied = {"message_bytes": functools.partial(message_bytes, scenario, topology=topology, specs=specs)}
     kind = TRANSPORT_REGISTRY.build(net.transport, settings_of(net.transport_params, net.transport), supplied)
     if getattr(kind, "placement", None) not in PLACEMENTS:
         raise ValueError(f"transport {net.transport!r}: placement must be one of {', '.join(PLACEMENTS)}, got {getattr(kind, 'placement', None)!r}")
@@ -114,23 +119,27 @@ def grpc_transport_for(
     return kind.process_transport(scenario, client, host=host, port=port, advertise=advertise, identity=identity)
 
 
-def message_bytes(scenario: Scenario, client: int | None) -> int:
+def message_bytes(
+    scenario: Scenario, client: int | None, *, topology: Topology | None = None, specs: Sequence[TensorSpec] | None = None,
+) -> int:
     """The largest message ``client`` receives: one model, or for a colluding Byzantine client
-    a pool of up to one model per client."""
+    a pool of up to one model per client (``topology``, ``specs``: as built already, or None)."""
     from dfedrw.peer.transport.serde import pool_bytes
 
-    specs = scenario_model_specs(scenario)
-    if client is not None and client in scenario_colluders(scenario):
+    specs = scenario_model_specs(scenario) if specs is None else specs
+    if client is not None and client in scenario_colluders(scenario, topology):
         return pool_bytes(specs, scenario.num_clients)
     return sum(s.nbytes for s in specs)
 
 
-def scenario_colluders(scenario: Scenario) -> tuple[int, ...]:
-    """The colluding Byzantine clients of the scenario (every one with ``attack.colluding``, else ())."""
+def scenario_colluders(scenario: Scenario, topology: Topology | None = None) -> tuple[int, ...]:
+    """The colluding Byzantine clients of the scenario (every one with ``attack.colluding``,
+    else ()), of ``topology`` (default: drawn here)."""
     from dfedrw.peer.collusion import colluding_group
     from dfedrw.peer.plan import scenario_topology
 
-    return colluding_group(scenario_topology(scenario).byzantine, scenario.attack.colluding)
+    topology = scenario_topology(scenario) if topology is None else topology
+    return colluding_group(topology.byzantine, scenario.attack.colluding)
 
 
 def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:

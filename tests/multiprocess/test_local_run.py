@@ -51,6 +51,8 @@ def test_default_scenario_runs_as_distinct_processes(tmp_path):
     assert summary["honest_mean_accuracy"] > 60
     for k in summary["peers"]:
         assert len(read_rounds(tmp_path, int(k))) == summary["rounds"]
+        # Each client read the scenario its launcher had validated, and did not check it again.
+        assert "read as its launcher validated it" in (tmp_path / "logs" / f"{k}.log").read_text()
 
 
 def _gone(pid):
