@@ -412,6 +412,6 @@ def test_dfedrw_list_shows_the_new_sets_with_their_settings():
     from dfedrw.peer.catalog import list_registered
 
     text = list_registered("datasets")
-    for line in ("  cifar10  (dfedrw.peer.datasets.CIFAR10)", "  cifar100  (dfedrw.peer.datasets.CIFAR100)", '      labels: str = "fine"',
-                 "  femnist  (dfedrw.peer.datasets.FEMNIST)", "      max_writers: int = 0"):
+    for line in ("  cifar10  (dfedrw.peer.datasets.cifar.CIFAR10)", "  cifar100  (dfedrw.peer.datasets.cifar.CIFAR100)", '      labels: str = "fine"',
+                 "  femnist  (dfedrw.peer.datasets.femnist.FEMNIST)", "      max_writers: int = 0"):
         assert line in text.splitlines()
