@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dfedrw.peer.rounds import Liveness
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.inbox import RoundWaiting
@@ -205,8 +206,7 @@ class Collusion:
         self.store = PoolStore(own_id, self.peers, window, counters)
         # The most a pool can hold: one model of each client (a pool is never larger).
         self.max_bytes = pool_bytes(self.specs, self.num_clients)
-        self._missed: dict[int, int] = {}
-        self._given_up: set[int] = set()
+        self._liveness = Liveness(self.max_missed, own_id, "colluder", "pools in a row")
         self._last: tuple[int, list[pb.ModelChunk]] | None = None  # (round, chunks) of its last pool
 
     # -- receiving (the transport's thread) ------------------------------------------------
@@ -266,20 +266,5 @@ class Collusion:
             self.transport.send(k, chunks)
         expected = frozenset(self.peers) - gone
         got = self.store.wait(round_, expected, timeout)
-        self._update_liveness(expected, got)
+        self._liveness.update(self.store, expected, got)
         return pool_union(self.own_id, senders, received, got)
-
-    def _update_liveness(self, expected: frozenset[int], got: Mapping[int, Any]) -> None:
-        for k in expected:
-            if k in self._given_up:
-                # Waited for again (it came back): as many deadlines as at first.
-                self._given_up.discard(k)
-                self._missed[k] = 0
-            if k in got:
-                self._missed[k] = 0
-                continue
-            self._missed[k] = self._missed.get(k, 0) + 1
-            if self._missed[k] >= self.max_missed:
-                log.warning("client %d: colluder %d missed %d pools in a row, no longer waiting for it", self.own_id, k, self.max_missed)
-                self.store.set_gone(k)
-                self._given_up.add(k)

@@ -112,14 +112,18 @@ def loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[s
 
 @dataclass
 class Liveness:
-    """Consecutive missed deadlines per neighbour; past the limit a neighbour is not waited for
-    (``inbox.set_gone``)."""
+    """Consecutive missed deadlines per peer; past the limit a peer is not waited for
+    (``store.set_gone``). ``own_id`` (default: the store's) and the words of the warning name
+    whose peers they are and what they miss (a colluder's pools as well as a neighbour's models)."""
 
     limit: int
+    own_id: int | None = None
+    peer: str = "neighbour"
+    missing: str = "deadlines"
     missed: dict[int, int] = field(default_factory=dict)
     given_up: set[int] = field(default_factory=set)  # marked gone here, not since waited for
 
-    def update(self, inbox, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
+    def update(self, store, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
         for k in expected:
             if k in self.given_up:
                 # Waited for again (it came back): it gets the same number of deadlines as at
@@ -131,6 +135,7 @@ class Liveness:
             else:
                 self.missed[k] = self.missed.get(k, 0) + 1
                 if self.missed[k] >= self.limit:
-                    log.warning("client %d: neighbour %d missed %d deadlines, no longer waiting for it", inbox.own_id, k, self.limit)
-                    inbox.set_gone(k)
+                    own = store.own_id if self.own_id is None else self.own_id
+                    log.warning("client %d: %s %d missed %d %s, no longer waiting for it", own, self.peer, k, self.limit, self.missing)
+                    store.set_gone(k)
                     self.given_up.add(k)
