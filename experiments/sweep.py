@@ -45,33 +45,29 @@ deleted under it: the sweep refuses to start until it has ended.
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from rich.console import Console
 
 from dfedrw.launch.forkserver import ForkedProcess, ForkServer, fork_available
 from dfedrw.peer.results import write_json_atomic
-from dfedrw.peer.unused import unused_settings
 from dfedrw.experiments.record import read_record, write_record
 from dfedrw.experiments.grid import SweepError, load_grid
-from dfedrw.experiments.sweep_board import SweepBoard, seconds_text
-from dfedrw.experiments.sweep_plan import (
-    DEFAULT_BATCH, LOCK_FILE, LOG_FILE, PID_FILE, REQUEST_FILE, RUNS_DIR, SWEEP_FILE, Plan, PlannedRun, plan_batches, plan_sweep, run_seconds, run_state,
+from dfedrw.experiments.sweep_board import SweepBoard, rounds_done, seconds_text  # noqa: F401 - rounds_done named from here too
+from dfedrw.experiments.sweep_record import check_same_grid, now_text, previous_sittings, sweep_lock, sweep_record
+from dfedrw.experiments.sweep_plan import (  # noqa: F401 - print_plan named from here too
+    DEFAULT_BATCH, LOG_FILE, PID_FILE, REQUEST_FILE, SWEEP_FILE, print_plan, warn_unused, Plan, PlannedRun, plan_batches, plan_sweep, run_seconds, run_state,
     still_running,
 )
 
@@ -84,24 +80,6 @@ _POLL = 0.2
 # Seconds between reads of the running processes' progress from their logs.
 _PROGRESS_EVERY = 5.0
 # The last line of a run's or a batch's log saying how far its rounds have come.
-_ROUND_LINE = re.compile(rb"^round (\d+)/(\d+)\s*$", re.MULTILINE)
-
-
-def rounds_done(log: Path) -> float | None:
-    """The fraction of its rounds a running process has done, from the last ``round R/N`` line
-    in the end of its log (the batched engine prints one every 2 % of the rounds); None
-    where it printed none."""
-    try:
-        with log.open("rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
-            tail = fh.read()
-    except OSError:
-        return None
-    found = _ROUND_LINE.findall(tail)
-    if not found:
-        return None
-    done, total = (int(x) for x in found[-1])
-    return done / total if total > 0 else None
 # How often (seconds) a sitting's time is saved to sweep.json besides at each finished run.
 _CHECKPOINT_EVERY = 60.0
 _LOG_TAIL_LINES = 20
@@ -362,62 +340,6 @@ def _clear(run: PlannedRun, tensorboard: Path | None) -> None:
         shutil.rmtree(Path(tensorboard) / run.name, ignore_errors=True)
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _sweep_record(plan: Plan, statuses: Mapping[str, str], sittings: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "grid": str(plan.grid.path),
-        "base": str(plan.grid.base) if plan.grid.base else None,
-        "set": list(plan.grid.fixed),
-        "axes": plan.grid.axis_labels(),
-        "report": plan.report,
-        "points": [
-            {
-                "labels": dict(p.labels),
-                "run": f"{RUNS_DIR}/{plan.runs[key].name}",
-                "overrides": list(p.overrides),
-            }
-            for p, key in zip(plan.points, plan.point_runs)
-        ],
-        "runs": {
-            f"{RUNS_DIR}/{r.name}": {"hash": r.key, "status": statuses.get(r.key, "pending"), "points": len(r.points)}
-            for r in plan.runs.values()
-        },
-        "sittings": sittings,
-        "wall_seconds": round(sum(s.get("wall_seconds") or 0.0 for s in sittings), 3),
-    }
-
-
-def _previous_sittings(out_dir: Path) -> list[dict[str, Any]]:
-    """The sittings recorded so far. One that never wrote its final entry was killed (the lock
-    is ours, so it is not running): it is marked so and keeps the time of its last checkpoint."""
-    path = out_dir / SWEEP_FILE
-    if not path.exists():
-        return []
-    try:
-        sittings = list(json.loads(path.read_text(encoding="utf-8")).get("sittings", []))
-    except (json.JSONDecodeError, AttributeError):
-        return []
-    for s in sittings:
-        if isinstance(s, dict) and s.get("interrupted") is None:
-            s.update(interrupted=True, killed=True)
-    return sittings
-
-
-def print_plan(plan: Plan, file: TextIO | None = None) -> None:
-    """The points, their run folders and whether each is already done (``--dry-run``)."""
-    file = file or sys.stdout
-    states = {key: run_state(r.folder, r.scenario) for key, r in plan.runs.items()}
-    for i, (point, key) in enumerate(zip(plan.points, plan.point_runs)):
-        run = plan.runs[key]
-        shared = f" (shared by {len(run.points)} points)" if len(run.points) > 1 else ""
-        print(f"{i:4d}  {point.describe()}  ->  {RUNS_DIR}/{run.name}  [{states[key]}]{shared}", file=file)
-    done = sum(1 for s in states.values() if s == "done")
-    print(f"{len(plan.points)} points, {len(plan.runs)} distinct runs: {done} done, {len(plan.runs) - done} to run", file=file)
-
-
 def run_sweep(
     grid_path: str | Path,
     out_dir: str | Path,
@@ -444,66 +366,15 @@ def run_sweep(
         raise SweepError(f"--batch {batch}: must be at least 1")
     grid = load_grid(grid_path)
     plan = plan_sweep(grid, out_dir, check_runnable=check_runnable and not dry_run)
-    _check_same_grid(plan)
-    _warn_unused(plan, console)
+    check_same_grid(plan)
+    warn_unused(plan, console)
     result = SweepResult(plan.out_dir, total=len(plan.runs))
     if dry_run:
         print_plan(plan)
         return result
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    with _sweep_lock(plan.out_dir):
+    with sweep_lock(plan.out_dir):
         return _run_plan(plan, jobs, console, result, batch=batch, tensorboard=tensorboard)
-
-
-def _warn_unused(plan: Plan, console: Console) -> None:
-    """A line for each setting the grid's runs will not use (peer/unused.py), with how many
-    runs it concerns: a grid's variants often share settings only some of them read."""
-    counts = Counter(line for run in plan.runs.values() for line in unused_settings(run.scenario))
-    for line, count in counts.items():
-        console.print(f"warning: {count} of {len(plan.runs)} runs: {line}", markup=False, highlight=False, soft_wrap=True)
-
-
-def _check_same_grid(plan: Plan) -> None:
-    """A sweep folder holds the sweep of one grid file: another grid's would replace its record
-    (its points and report) and mix its runs with this one's."""
-    path = plan.out_dir / SWEEP_FILE
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8")).get("grid")
-    except (OSError, ValueError, AttributeError):
-        return  # no sweep there yet (or no readable record of one): nothing to mix with
-    if isinstance(earlier, str) and Path(earlier).name != Path(plan.grid.path).name:
-        raise SweepError(
-            f"{plan.out_dir} holds the sweep of grid {Path(earlier).name}, not of {Path(plan.grid.path).name}; "
-            "give this grid another --out"
-        )
-
-
-@contextlib.contextmanager
-def _sweep_lock(out_dir: Path):
-    """Hold ``out_dir/sweep.lock`` (our PID) while running: a second sweep on the same folder
-    would delete the runs this one has in progress, taking them for interrupted ones."""
-    from dfedrw.launch.procs import pid_alive
-
-    path = out_dir / LOCK_FILE
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                pid = int(path.read_text().strip() or "0")
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and pid_alive(pid):
-                raise SweepError(f"{out_dir}: another sweep (pid {pid}) is running there; wait for it or stop it") from None
-            # Left by a sweep that was killed: take it over.
-            path.unlink(missing_ok=True)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(str(os.getpid()))
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, batch: int = 1, tensorboard: Path | None = None) -> SweepResult:
@@ -537,8 +408,8 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
                 _clear(run, tensorboard)
             to_run.append(run)
 
-    sittings = _previous_sittings(plan.out_dir)
-    sitting: dict[str, Any] = {"start": _now(), "jobs": jobs, "batch": batch, "runs_total": len(plan.runs)}
+    sittings = previous_sittings(plan.out_dir)
+    sitting: dict[str, Any] = {"start": now_text(), "jobs": jobs, "batch": batch, "runs_total": len(plan.runs)}
     sittings.append(sitting)
     start = time.monotonic()
     last_save = start
@@ -549,11 +420,11 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
         nonlocal last_save
         result.wall_seconds = time.monotonic() - start
         sitting.update(
-            end=_now(), wall_seconds=round(result.wall_seconds, 3), runs_done=result.done,
+            end=now_text(), wall_seconds=round(result.wall_seconds, 3), runs_done=result.done,
             runs_skipped=result.skipped, runs_failed=len(result.failures),
             interrupted=result.interrupted if final else None,
         )
-        record = _sweep_record(plan, statuses, sittings)
+        record = sweep_record(plan, statuses, sittings)
         result.total_wall_seconds = record["wall_seconds"]
         write_json_atomic(plan.out_dir / SWEEP_FILE, record)
         last_save = time.monotonic()

@@ -2,7 +2,10 @@
 finished so far and from how far the running processes have come."""
 
 from __future__ import annotations
+import os
+import re
 import time
+from pathlib import Path
 from collections.abc import Hashable, Sequence
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -184,3 +187,23 @@ def seconds_text(s: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+_ROUND_LINE = re.compile(rb"^round (\d+)/(\d+)\s*$", re.MULTILINE)
+
+
+def rounds_done(log: Path) -> float | None:
+    """The fraction of its rounds a running process has done, from the last ``round R/N`` line
+    in the end of its log (the batched engine prints one every 2 % of the rounds); None
+    where it printed none."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            tail = fh.read()
+    except OSError:
+        return None
+    found = _ROUND_LINE.findall(tail)
+    if not found:
+        return None
+    done, total = (int(x) for x in found[-1])
+    return done / total if total > 0 else None

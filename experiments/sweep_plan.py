@@ -7,13 +7,17 @@ import dataclasses
 import hashlib
 import json
 import re
+import sys
+from collections import Counter
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 import tomli_w
+from rich.console import Console
 from dfedrw.peer.config import Scenario, ScenarioError, load_scenario, scenario_changes, scenario_from_dict, scenario_to_dict
+from dfedrw.peer.unused import unused_settings
 from dfedrw.experiments.grid import Grid, Point, SweepError, expand
 from dfedrw.experiments.report_spec import normalize_report_spec
 
@@ -256,3 +260,23 @@ def _even_parts(members: Sequence[PlannedRun], count: int) -> list[list[PlannedR
     for i in range(count):
         bounds.append(bounds[-1] + size + (1 if i < larger else 0))
     return [list(members[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def print_plan(plan: Plan, file: TextIO | None = None) -> None:
+    """The points, their run folders and whether each is already done (``--dry-run``)."""
+    file = file or sys.stdout
+    states = {key: run_state(r.folder, r.scenario) for key, r in plan.runs.items()}
+    for i, (point, key) in enumerate(zip(plan.points, plan.point_runs)):
+        run = plan.runs[key]
+        shared = f" (shared by {len(run.points)} points)" if len(run.points) > 1 else ""
+        print(f"{i:4d}  {point.describe()}  ->  {RUNS_DIR}/{run.name}  [{states[key]}]{shared}", file=file)
+    done = sum(1 for s in states.values() if s == "done")
+    print(f"{len(plan.points)} points, {len(plan.runs)} distinct runs: {done} done, {len(plan.runs) - done} to run", file=file)
+
+
+def warn_unused(plan: Plan, console: Console) -> None:
+    """A line for each setting the grid's runs will not use (peer/unused.py), with how many
+    runs it concerns: a grid's variants often share settings only some of them read."""
+    counts = Counter(line for run in plan.runs.values() for line in unused_settings(run.scenario))
+    for line, count in counts.items():
+        console.print(f"warning: {count} of {len(plan.runs)} runs: {line}", markup=False, highlight=False, soft_wrap=True)
