@@ -6,7 +6,7 @@ import pytest
 
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config import load_scenario
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
 
