@@ -62,7 +62,7 @@ def centralized(scenario) -> dict[str, Any]:
 
     from dfedrw.peer.assembly import clients_data, initial_model
     from dfedrw.peer.datacache import test_set
-    from dfedrw.peer.datasets import scenario_dataset
+    from dfedrw.peer.wiring import scenario_dataset
     from dfedrw.peer.plan import derive_seed, scenario_topology
     from dfedrw.peer.training import BatchOrder, evaluate, learning_rate, sgd_update
 

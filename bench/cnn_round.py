@@ -86,7 +86,7 @@ class PlainLoop:
         from dfedrw.peer.assembly import clients_data, initial_model, scenario_model
         from dfedrw.peer.config import load_scenario
         from dfedrw.peer.datacache import test_set
-        from dfedrw.peer.datasets import scenario_dataset
+        from dfedrw.peer.wiring import scenario_dataset
         from dfedrw.peer.plan import derive_seed, scenario_topology
         from dfedrw.peer.training import BatchOrder
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     layouts = ["loop", *(["vmap"] if args.vmap else [])]
     for layout in layouts:
         log(f"the batched engine (models {'called one by one' if layout == 'loop' else 'vmapped'})")
-        from dfedrw.peer import training
+        from dfedrw.peer import model_matrix as training
 
         original, training.FlatModel.default_layout = training.FlatModel.default_layout, layout
         try:

@@ -85,7 +85,7 @@ def main() -> int:
         sys.path.insert(0, str(tmp))
         from dfedrw.peer.config import load_scenario
         from dfedrw.peer.memory import run_needs
-        from dfedrw.peer.transports import scenario_model_specs
+        from dfedrw.peer.wiring import scenario_model_specs
 
         scenario = load_scenario(None, sets)
         needs = run_needs(scenario, scenario_model_specs(scenario))

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from dfedrw.peer.config import load_scenario
     from dfedrw.peer.plan import scenario_graphs
     from dfedrw.peer.results import read_rounds
-    from dfedrw.peer.transports import scenario_model_specs
+    from dfedrw.peer.wiring import scenario_model_specs
 
     torch.set_num_threads(1)
     rows = []

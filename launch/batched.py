@@ -35,7 +35,8 @@ from dfedrw.launch.collect import write_tensorboard_mean
 from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.config import Scenario
-from dfedrw.peer.training import ManyEvaluator, sgd_update, softmax_regression_grads
+from dfedrw.peer.training import sgd_update
+from dfedrw.peer.model_matrix import ManyEvaluator, softmax_regression_grads
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -19,15 +19,16 @@ from dfedrw.peer.aggregation import Aggregate
 from dfedrw.peer.models import get_vector
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.assembly import (
-    attack_generator, byzantine_claims, byzantine_record, client_attack, client_augmentation, client_rule, clients_data, finite_or_none, initial_model,
+    attack_generator, byzantine_claims, client_attack, client_augmentation, client_rule, clients_data, initial_model,
     move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.datacache import test_set, training_set
-from dfedrw.peer.datasets import scenario_dataset
+from dfedrw.peer.wiring import scenario_dataset
 from dfedrw.peer.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
-from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.results import RoundLog, write_json_atomic
-from dfedrw.peer.training import BatchOrder, FlatModel, VectorEvaluator, local_step_count
+from dfedrw.peer.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
+from dfedrw.peer.training import BatchOrder, local_step_count
+from dfedrw.peer.model_matrix import FlatModel, VectorEvaluator
 
 
 def engine_device(name: str) -> torch.device:
@@ -337,17 +338,8 @@ class BatchedRun:
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
-            record: dict[str, Any] = {
-                "round": r,
-                "train_loss": losses[k],
-                "weights": {str(s): round(float(w), 6) for s, w in agg.weights.items()},
-                "bytes_sent": 0,
-                "bytes_received": 0,
-                "missing": candidates.missing[c],
-            }
-            if agg.scores is not None:
-                record["scores"] = {str(s): finite_or_none(v) for s, v in agg.scores.items()}
-            records.append(self._with_round_graph(record, k))
+            record = honest_record(r, losses[k], agg.weights, candidates.missing[c], scores=agg.scores)
+            records.append(with_round_graph(record, self.graphs, k, r, self.told.get(k)))
         return records
 
     @torch.no_grad()
@@ -398,8 +390,7 @@ class BatchedRun:
         """The new models, the evaluation when it is due, the round's records."""
         sc = self.scenario
         records = self.records(r, losses, candidates, results)
-        every = sc.eval.every
-        if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
+        if evaluation_due(r, sc.rounds, sc.eval.every):
             self.last = self.accuracies()
             for k, rec in zip(self.honest, records, strict=True):
                 rec.update(self.last[k])
@@ -409,18 +400,7 @@ class BatchedRun:
             # Every colluder's pool arrives here: each used all of them.
             pooled = list(self.colluders) if self.colluders else None
             record = byzantine_record(r, self._heard[b], self.silent[b] - self._silent_before[b], self.notes[b], 0, 0, pooled_from=pooled)
-            self.logs[b].write(self._with_round_graph(record, b))
-
-    def _with_round_graph(self, record: dict[str, Any], k: int) -> dict[str, Any]:
-        """Under a schedule, the round's neighbours in client ``k``'s record, as a client writes
-        them (``neighbours``, ``sent_to`` when directed, what its rule was told)."""
-        if self.graphs.dynamic:
-            record["neighbours"] = list(self.senders[k])
-            if self.graphs.directed:
-                record["sent_to"] = list(self.receivers[k])
-            if k in self.told:
-                record["told_byzantine"] = self.told[k]
-        return record
+            self.logs[b].write(with_round_graph(record, self.graphs, b, r))
 
     def close(self) -> None:
         for f in getattr(self, "logs", {}).values():
@@ -446,10 +426,8 @@ class BatchedRun:
             final: dict[str, Any] = {
                 **last, **loop, "num_samples": self.num_samples[k], "aux_samples": len(self.data[k].aux.y),
                 "local_test_samples": len(self.data[k].local_test_index),
-                "aggregation": {"rule": cfg.rule, "told_byzantine": self.told_most[k] if self.graphs.dynamic else told_byzantine(cfg, self.topology, k)},
+                "aggregation": aggregation_summary(cfg, self.told_most[k] if self.graphs.dynamic else told_byzantine(cfg, self.topology, k)),
             }
-            if takes_tpm_and_crs(cfg.rule):
-                final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
         else:
             final = {"attack": sc.attack.name, **loop}
         rejected = self.rejected.get(k, {})

@@ -26,6 +26,7 @@ from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, fo
 from dfedrw.launch.procs import stop_on_signals  # noqa: F401 - re-exported: the experiments' command line uses it
 from dfedrw.launch.forkserver import START_METHODS
 from dfedrw.peer.config import ENGINES, Scenario, load_scenario
+from dfedrw.peer.kinds import KINDS
 from dfedrw.peer.unused import unused_settings
 
 
@@ -181,11 +182,9 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     sm.add_argument("--scenario", type=Path, default=None, metavar="FILE", help="the run's scenario (default: OUT/scenario.toml)")
     sm.set_defaults(func=cmd_summarize)
 
-    ls = sub.add_parser("list", help="list the registered extensions (rules, TPMs, CRSs, attacks, data sets, models, topologies, schedules, transports) with their settings")
-    ls.add_argument(
-        "kind", nargs="?", choices=("rules", "tpms", "crs", "attacks", "datasets", "models", "topologies", "schedules", "transports"),
-        help="one kind (default: all)",
-    )
+    kinds = ", ".join(k.words for k in KINDS)
+    ls = sub.add_parser("list", help=f"list the registered extensions ({kinds}) with their settings")
+    ls.add_argument("kind", nargs="?", choices=[k.plural for k in KINDS], help="one kind (default: all)")
     ls.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS", help="also describe this import path (repeatable)")
     ls.add_argument("--module", action="append", default=[], metavar="MODULE", help="import this module first, e.g. one that registers classes (repeatable)")
     ls.add_argument("--markdown", action="store_true", help="print the markdown tables of docs/reference.md")

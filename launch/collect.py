@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dfedrw.peer.transports import scenario_transport
+from dfedrw.peer.wiring import scenario_transport
 from dfedrw.peer.config import Scenario, load_scenario
 from dfedrw.peer.plan import scenario_graphs, scenario_topology
 from dfedrw.peer.results import RECORD_FILE, RecordBuilder, RoundDigest, read_final, read_rounds, summarize, write_json_atomic

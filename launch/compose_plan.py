@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import DatasetUnavailable
-from dfedrw.peer.datasets import scenario_dataset
-from dfedrw.peer.transports import scenario_transport
+from dfedrw.peer.wiring import scenario_dataset, scenario_transport
 from dfedrw.peer.identity import CA_FILE, cert_file, key_file
 from dfedrw.peer.collusion import colluding_group
 from dfedrw.peer.plan import scenario_graphs, scenario_topology

@@ -23,7 +23,8 @@ from dfedrw.peer.config import Scenario, dump_scenario
 from dfedrw.peer.node import Client, start_and_run
 from dfedrw.peer.plan import role_of, scenario_topology
 from dfedrw.peer.rendezvous import SharedRendezvous
-from dfedrw.peer.transports import TRANSPORT_REGISTRY, scenario_transport
+from dfedrw.peer.transports import TRANSPORT_REGISTRY
+from dfedrw.peer.wiring import scenario_transport
 
 log = logging.getLogger(__name__)
 

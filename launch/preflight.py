@@ -6,11 +6,11 @@ from pathlib import Path
 
 from dfedrw.peer.config import Scenario, ScenarioError
 from dfedrw.peer.datacache import verify_stored
-from dfedrw.peer.datasets import check_available, scenario_dataset
+from dfedrw.peer.datasets import check_available
 from dfedrw.peer.assembly import client_attack, client_rule
 from dfedrw.peer.memory import run_needs
 from dfedrw.peer.plan import scenario_graphs, scenario_topology
-from dfedrw.peer.transports import scenario_model_specs
+from dfedrw.peer.wiring import scenario_dataset, scenario_model_specs
 
 # Where the memory the system can still give processes is read (Linux).
 MEMINFO = Path("/proc/meminfo")

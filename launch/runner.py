@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dfedrw.peer.transports import scenario_transport
+from dfedrw.peer.wiring import scenario_transport
 from dfedrw.launch.collect import write_tensorboard_mean
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.config import Scenario

@@ -39,7 +39,7 @@ from dfedrw.peer.node import Client, start_and_run
 from dfedrw.peer.plan import role_of, scenario_graphs, scenario_topology
 from dfedrw.peer.results import check_fresh_out_dir
 from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
-from dfedrw.peer.transports import scenario_colluders, scenario_transport
+from dfedrw.peer.wiring import scenario_colluders, scenario_transport
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,14 @@ from dfedrw.peer.attacks import AttackerData, AttackView
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.datacache import StoredSplit, stored_dataset
-from dfedrw.peer.datasets import natural_groups_error, scenario_dataset
+from dfedrw.peer.datasets import natural_groups_error
 from dfedrw.peer.identity import ClientIdentity, load_identity
 from dfedrw.peer.models import build_model
 from dfedrw.peer.plan import dataset_input_shape, dataset_shape, derive_seed, told_byzantine
 from dfedrw.peer.registry import settings_of
-from dfedrw.peer.plugins import build_attack, build_client_rule, build_rule_from
-from dfedrw.peer.training import Augmentation, VectorEvaluator
+from dfedrw.peer.wiring import build_attack, build_client_rule, build_rule_from, scenario_dataset
+from dfedrw.peer.training import Augmentation
+from dfedrw.peer.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.serde import Plausible
 from dfedrw.topologies import Topology
 
@@ -238,25 +239,3 @@ def next_reference(attack: Any, view: AttackView) -> torch.Tensor | None:
     per-round attack (its ``plan`` reads the view); None for a per-receiver attack, which is
     only ever handed the models it knows, so the mean would be computed for nobody."""
     return known_mean(view) if hasattr(attack, "plan") else None
-
-
-def byzantine_record(
-    r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None
-) -> dict[str, Any]:
-    """A Byzantine client's round record (every engine writes the same keys); the attack's note,
-    when it keeps one, under ``"attack"``; when colluding, ``"pooled_from"``: the sorted
-    colluders whose pool of the round it used, itself included (None: it acts alone, no key)."""
-    record: dict[str, Any] = {
-        "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
-        "received_from": received_from, "silent_to": silent,
-    }
-    if pooled_from is not None:
-        record["pooled_from"] = sorted(pooled_from)
-    if crafted.note:
-        record["attack"] = dict(crafted.note)
-    return record
-
-
-def finite_or_none(x: float) -> float | None:
-    x = float(x)
-    return round(x, 6) if math.isfinite(x) else None

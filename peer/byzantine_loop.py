@@ -1,5 +1,5 @@
-"""A Byzantine client's round loop, mixed into :class:`peer.node.Client` (whose state it reads
-and writes). It holds no data: each round it waits for the models of the honest clients that
+"""A Byzantine client's round loop (:func:`run_byzantine`, on a :class:`peer.node.Client` built
+for a Byzantine id, whose parts it uses). It holds no data: each round it waits for the models of the honest clients that
 send to it in that round, crafts one message per receiver of the round with its attack, and
 sends them; with ``attack.colluding`` it first pools what it received with the other colluders
 (:mod:`peer.collusion`). Under a schedule (:mod:`peer.schedule`) its receivers and senders are
@@ -8,133 +8,92 @@ refuse a message from a sender that is not their in-neighbour in the message's r
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from dfedrw.peer.assembly import attack_generator, byzantine_claims, byzantine_record, next_reference
+from dfedrw.peer.assembly import attack_generator, byzantine_claims, next_reference
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.plan import derive_seed
-from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.rounds import Liveness, byzantine_record, checkpoint_due, loop_times, with_round_graph
 from dfedrw.peer.transport.serde import message_out
 
-log = logging.getLogger("dfedrw.peer.node")
 
-
-@dataclass
-class Liveness:
-    """Consecutive missed deadlines per neighbour; past the limit a neighbour is not waited for."""
-
-    limit: int
-    missed: dict[int, int] = field(default_factory=dict)
-    given_up: set[int] = field(default_factory=set)  # marked gone here, not since waited for
-
-    def update(self, inbox: Inbox, expected: frozenset[int], arrived: Mapping[int, Any]) -> None:
-        for k in expected:
-            if k in self.given_up:
-                # Waited for again (it came back): it gets the same number of deadlines as at
-                # first, and is given up again when it misses them all.
-                self.given_up.discard(k)
-                self.missed[k] = 0
-            if k in arrived:
-                self.missed[k] = 0
-            else:
-                self.missed[k] = self.missed.get(k, 0) + 1
-                if self.missed[k] >= self.limit:
-                    log.warning("client %d: neighbour %d missed %d deadlines, no longer waiting for it", inbox.own_id, k, self.limit)
-                    inbox.set_gone(k)
-                    self.given_up.add(k)
-
-
-def loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[str, float]:
-    """Wall and CPU seconds of the round loop, and when it started (Unix time: what a launcher
-    compares with when it started the process). CPU time is the whole process's (all its
-    threads; with the in-process transport, all its clients)."""
-    return {
-        "loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3),
-        "loop_started_at": round(started_at, 3),
-    }
-
-
-class ByzantineRounds:
-    """The round loop of a Byzantine :class:`peer.node.Client`."""
-
-    def _run_byzantine(self) -> dict[str, Any]:
-        sc = self.scenario
-        attack = self.attack
-        byzantine = self.topology.byzantine
-        gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", self.id))
-        liveness = Liveness(sc.network.max_missed_rounds)
-        loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-        r = 0
-        reference = None  # the mean of what it knew last round (AttackView.reference)
-        silent_before = False  # whether it was silent to a receiver last round
-        if self.resumed is not None:
-            if "attack" in self.resumed.generators:
-                gen.set_state(torch.from_numpy(self.resumed.generators["attack"].copy()))
-            r = self._rejoin(torch.zeros(sum(s.numel for s in self.specs)), 0)
-        while r < sc.rounds:
-            r, sent0, recv0 = self._begin_round(r)
-            # Whom it sends to and hears from in this round (a fixed graph: its honest neighbours).
-            targets = tuple(k for k in self.graphs.receivers_of(self.id, r) if k not in byzantine)
-            heard = tuple(k for k in self.graphs.senders_to(self.id, r) if k not in byzantine)
-            expected = self._expected(r, frozenset(heard))
-            # After a round in which it was silent to some receiver, twice the deadline: those
-            # receivers waited out their whole round_timeout for it before they began round r.
-            # With one, its clock would run ahead of theirs, and under load it would miss
-            # their models in exactly the rounds it means to act.
-            got = self.inbox.wait(r, expected, (2 if silent_before else 1) * sc.network.round_timeout)
-            liveness.update(self.inbox, expected, got)
-            senders = tuple(k for k in sorted(got) if k not in byzantine)
-            honest_msgs = [got[k] for k in senders]
-            # The round's matrix itself when every model was decoded into its row, else a stack.
-            received = (
-                self.inbox.stacked(r, [m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in self.specs))
+def run_byzantine(client) -> dict[str, Any]:
+    """Every round of the Byzantine ``client`` (its transport, inbox, collusion, attack, round
+    log, presence and resume); returns what its final file adds."""
+    sc = client.scenario
+    attack = client.attack
+    byzantine = client.topology.byzantine
+    gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", client.id))
+    liveness = Liveness(sc.network.max_missed_rounds)
+    loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
+    r = 0
+    reference = None  # the mean of what it knew last round (AttackView.reference)
+    silent_before = False  # whether it was silent to a receiver last round
+    if client.resumed is not None:
+        if "attack" in client.resumed.generators:
+            gen.set_state(torch.from_numpy(client.resumed.generators["attack"].copy()))
+        r = client.resume.rejoin(torch.zeros(sum(s.numel for s in client.specs)), 0)
+    while r < sc.rounds:
+        r, sent0, recv0 = client.begin_round(r)
+        # Whom it sends to and hears from in this round (a fixed graph: its honest neighbours).
+        targets = tuple(k for k in client.graphs.receivers_of(client.id, r) if k not in byzantine)
+        heard = tuple(k for k in client.graphs.senders_to(client.id, r) if k not in byzantine)
+        expected = client.presence.expected(r, frozenset(heard))
+        # After a round in which it was silent to some receiver, twice the deadline: those
+        # receivers waited out their whole round_timeout for it before they began round r.
+        # With one, its clock would run ahead of theirs, and under load it would miss
+        # their models in exactly the rounds it means to act.
+        got = client.inbox.wait(r, expected, (2 if silent_before else 1) * sc.network.round_timeout)
+        liveness.update(client.inbox, expected, got)
+        senders = tuple(k for k in sorted(got) if k not in byzantine)
+        honest_msgs = [got[k] for k in senders]
+        # The round's matrix itself when every model was decoded into its row, else a stack.
+        received = (
+            client.inbox.stacked(r, [m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in client.specs))
+        )
+        claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
+        pooled = client.collusion.exchange(r, senders, received, sc.network.round_timeout) if client.collusion is not None else None
+        view = AttackView(
+            round=r, attacker=client.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
+            **({"colluders": client.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
+        )
+        release_free_heap()
+        crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
+        reference = next_reference(attack, view)
+        # Done with what it received this round: only the crafted messages are held now.
+        client.inbox.close(r)
+        received_from = sorted(got)
+        del view, received, honest_msgs, got
+        # Copies labelled with other rounds go first: a receiver takes the round's own message
+        # last, so it is still running (and counts what it does with them) when they arrive.
+        for k, labelled in crafted.extra.items():
+            for label, extra in labelled:
+                chunks = message_out(client.id, label, extra, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
+                client.transport.send(k, chunks)
+        silent = 0
+        for k in targets:
+            message = crafted.messages[k]
+            if message is None:
+                silent += 1
+                continue
+            client.transport.send(
+                k,
+                message_out(client.id, r, message, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
             )
-            claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
-            pooled = self.collusion.exchange(r, senders, received, sc.network.round_timeout) if self.collusion is not None else None
-            view = AttackView(
-                round=r, attacker=self.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
-                **({"colluders": self.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
-            )
-            release_free_heap()
-            crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
-            reference = next_reference(attack, view)
-            # Done with what it received this round: only the crafted messages are held now.
-            self.inbox.close(r)
-            received_from = sorted(got)
-            del view, received, honest_msgs, got
-            # Copies labelled with other rounds go first: a receiver takes the round's own message
-            # last, so it is still running (and counts what it does with them) when they arrive.
-            for k, labelled in crafted.extra.items():
-                for label, extra in labelled:
-                    chunks = message_out(self.id, label, extra, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
-                    self.transport.send(k, chunks)
-            silent = 0
-            for k in targets:
-                message = crafted.messages[k]
-                if message is None:
-                    silent += 1
-                    continue
-                self.transport.send(
-                    k,
-                    message_out(self.id, r, message, self.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
-                )
-            silent_before = silent > 0
-            record = byzantine_record(
-                r, received_from, silent, crafted, self.transport.bytes_sent - sent0, self.inbox.bytes_received - recv0,
-                pooled_from=list(pooled.used) if pooled is not None else None,
-            )
-            self.results.write(self._with_round_graph(record, r))
-            self.link.send({"type": "round", "id": self.id, "round": r})
-            if self._checkpoint_due(r):
-                self._save_checkpoint(r, generators={"attack": gen.get_state().numpy()})
-            # The transport holds what it has still to send, and lets each message go once sent.
-            crafted = message = extra = chunks = None
-            r += 1
-        return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at)}
+        silent_before = silent > 0
+        record = byzantine_record(
+            r, received_from, silent, crafted, client.transport.bytes_sent - sent0, client.inbox.bytes_received - recv0,
+            pooled_from=list(pooled.used) if pooled is not None else None,
+        )
+        client.results.write(with_round_graph(record, client.graphs, client.id, r))
+        client.link.send({"type": "round", "id": client.id, "round": r})
+        if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
+            client.resume.save(r, generators={"attack": gen.get_state().numpy()})
+        # The transport holds what it has still to send, and lets each message go once sent.
+        crafted = message = extra = chunks = None
+        r += 1
+    return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at)}

@@ -1,6 +1,6 @@
-"""Every registry in one place, for listing: ``dfedrw list`` and the generated tables of
-docs/reference.md. Rules, TPMs, CRSs and attacks (:mod:`peer.plugins` builds them), data sets,
-models, topologies, schedules and transports: each kind a :class:`~dfedrw.peer.registry.Registry`."""
+"""Every registry listed: ``dfedrw list`` and the generated tables of docs/reference.md, for
+each kind of :mod:`peer.kinds` (rules, TPMs, CRSs, attacks, data sets, models, topologies,
+schedules and transports: each a :class:`~dfedrw.peer.registry.Registry`)."""
 
 from __future__ import annotations
 
@@ -11,41 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from dfedrw.peer.attacks.base import UNDECLARED
-from dfedrw.peer.datasets import DATASET_REGISTRY
-from dfedrw.peer.models import MODEL_REGISTRY
-from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
+from dfedrw.peer.kinds import KINDS
 from dfedrw.peer.registry import Registry, Setting
-from dfedrw.peer.schedule import SCHEDULE_REGISTRY
-from dfedrw.peer.topology import TOPOLOGY_REGISTRY
-from dfedrw.peer.transports import TRANSPORT_REGISTRY
 
 __all__ = ["REGISTRIES", "SETTINGS_TABLE", "describe_text", "list_registered", "render_markdown", "render_readme", "sync_readme"]
 
 # Plural kind (as `dfedrw list` and the registry markers of docs/reference.md name it) -> registry.
-REGISTRIES: dict[str, Registry] = {
-    "rules": RULE_REGISTRY,
-    "tpms": TPM_REGISTRY,
-    "crs": CRS_REGISTRY,
-    "attacks": ATTACK_REGISTRY,
-    "datasets": DATASET_REGISTRY,
-    "models": MODEL_REGISTRY,
-    "topologies": TOPOLOGY_REGISTRY,
-    "schedules": SCHEDULE_REGISTRY,
-    "transports": TRANSPORT_REGISTRY,
-}
+REGISTRIES: dict[str, Registry] = {k.plural: k.registry for k in KINDS}
 
 # Where each kind's settings table lives in a scenario ({name}: the class's name or import path).
-SETTINGS_TABLE = {
-    "rules": "aggregation.{name}",
-    "tpms": "aggregation.tpm_params.{name}",
-    "crs": "aggregation.crs_params.{name}",
-    "attacks": "attack.{name}",
-    "datasets": "data.{name}",
-    "models": "train.{name}",
-    "topologies": "topology.{name}",
-    "schedules": "topology.schedule_params.{name}",
-    "transports": "network.{name}",
-}
+SETTINGS_TABLE: dict[str, str] = {k.plural: k.table_path("{name}") for k in KINDS}
 
 
 def _default_text(setting: Setting) -> str:

@@ -189,9 +189,10 @@ def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], sup
     raise ScenarioError(f"{key(None)}: {message}")
 
 
-def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> None:
+def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> Any:
     """Build every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
-    with placeholder supplied values, so a bad setting fails with one line naming its key."""
+    with placeholder supplied values, so a bad setting fails with one line naming its key.
+    Returns the rule in use, built as :func:`peer.plugins.build_named_rule` builds it."""
     supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
     built: dict[str, Any] = {}
     for kind in ("tpm", "crs", "rule"):
@@ -203,6 +204,7 @@ def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, 
             obj = _build_checked(registry, name, cfg.params(kind, name), supplied, lambda s, k=kind, n=name: cfg.key(k, n, s))
             if name == getattr(cfg, kind):
                 built[kind] = obj
+    return built["rule"]
 
 
 def check_attack(

@@ -8,14 +8,9 @@ that differ from the class's defaults)."""
 from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
-from dfedrw.peer.registry import Registry
-from dfedrw.peer.plugins import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
 from dfedrw.peer.config_checks import ScenarioError
-from dfedrw.peer.datasets import DATASET_REGISTRY
-from dfedrw.peer.models import MODEL_REGISTRY
-from dfedrw.peer.schedule import SCHEDULE_REGISTRY
-from dfedrw.peer.topology import TOPOLOGY_REGISTRY
-from dfedrw.peer.transports import TRANSPORT_REGISTRY
+from dfedrw.peer.kinds import KINDS, by_name
+from dfedrw.peer.registry import Registry
 
 
 # A class's settings table, frozen so the configs stay hashable: ((class name, ((setting,
@@ -24,18 +19,13 @@ from dfedrw.peer.transports import TRANSPORT_REGISTRY
 Params = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
 
 
-KIND_REGISTRY: dict[str, Registry] = {
-    "rule": RULE_REGISTRY, "tpm": TPM_REGISTRY, "crs": CRS_REGISTRY, "attack": ATTACK_REGISTRY,
-    "dataset": DATASET_REGISTRY, "model": MODEL_REGISTRY, "topology": TOPOLOGY_REGISTRY, "transport": TRANSPORT_REGISTRY,
-    "schedule": SCHEDULE_REGISTRY,
-}
+# Kind -> its registry (peer/kinds.py declares the kinds).
+KIND_REGISTRY: dict[str, Registry] = {k.name: k.registry for k in KINDS}
 
 
 def table_path(prefix: str, kind: str, name: str) -> str:
     """The scenario key of a class's settings table, e.g. ``aggregation.crs_params.softmax``."""
-    if kind in ("tpm", "crs", "schedule"):
-        return f"{prefix}.{kind}_params.{toml_key(name)}"
-    return f"{prefix}.{toml_key(name)}"
+    return by_name[kind].table_path(toml_key(name), prefix)
 
 
 def toml_key(name: str) -> str:

@@ -51,15 +51,13 @@ import urllib.request
 import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from dfedrw.peer.data import Dataset, DatasetUnavailable, read_idx
+from dfedrw.peer.moved import moved_names
 from dfedrw.peer.registry import Registry, check_choice, check_int, settings_of
-
-if TYPE_CHECKING:
-    from dfedrw.peer.config import DataConfig
 
 __all__ = [
     "CIFAR10",
@@ -75,6 +73,7 @@ __all__ = [
     "build_dataset",
     "check_dataset",
     "checked_groups",
+    "dataset_of",
     "download_idx",
     "idx_digest_error",
     "input_shape_of",
@@ -82,8 +81,9 @@ __all__ = [
     "load_grouped_splits",
     "load_splits",
     "natural_groups_error",
-    "scenario_dataset",
 ]
+
+__getattr__ = moved_names(__name__, {"scenario_dataset": "dfedrw.peer.wiring"})
 
 DATASET_REGISTRY = Registry("dataset", "dfedrw.datasets", required=("load",), supplied=("data_dir",), calls={"load": ()})
 """The data sets by name; settings in a scenario's ``[data.NAME]``, ``data_dir`` from ``data.dir``."""
@@ -613,14 +613,11 @@ def build_dataset(name: str, params: dict[str, Any] | None = None, data_dir: str
     return DATASET_REGISTRY.build(name, params, {"data_dir": str(data_dir or "")})
 
 
-def scenario_dataset(data: DataConfig) -> Any:
-    """The data set a scenario's ``[data]`` section names, built (nothing loaded)."""
-    return _scenario_dataset(data.name, data.params, data.dir)
-
-
 @functools.lru_cache(maxsize=16)
-def _scenario_dataset(name: str, params: tuple, data_dir: str) -> Any:
-    return build_dataset(name, settings_of(params, name), data_dir)
+def dataset_of(name: str, tables: tuple, data_dir: str) -> Any:
+    """The data set ``name`` with its settings from frozen settings tables (``[data.NAME]``, as
+    a scenario keeps them), built once per process (nothing loaded)."""
+    return build_dataset(name, settings_of(tables, name), data_dir)
 
 
 def check_dataset(name: str, data_dir: str | os.PathLike | None = None, params: dict[str, Any] | None = None) -> None:

@@ -11,7 +11,7 @@ Round t at an honest client k (paper, Algorithm 1):
      on the auxiliary set A_k) -> w_k^{t+1}.
 Under a schedule (``topology.schedule``, :mod:`peer.schedule`) the graph is the round's: k
 sends to its out-neighbours of round t, waits for its in-neighbours of round t, and a robust
-rule is told the Byzantine clients among them. A Byzantine client (:mod:`peer.byzantine_loop`)
+rule is told the Byzantine clients among them. A Byzantine client (:func:`peer.byzantine_loop.run_byzantine`)
 holds no data: each round it waits for its honest neighbours' round-t models, crafts one
 message per receiver with its attack, and sends them. With ``attack.colluding`` the Byzantine
 clients first pool what they received (peer/collusion.py).
@@ -31,9 +31,9 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.assembly import (
-    client_attack, client_augmentation, client_data, client_identity, client_rule, finite_or_none, initial_model, scenario_plausible,
+    client_attack, client_augmentation, client_data, client_identity, client_rule, initial_model, scenario_plausible,
 )
-from dfedrw.peer.byzantine_loop import ByzantineRounds, Liveness, loop_times
+from dfedrw.peer.byzantine_loop import run_byzantine
 from dfedrw.peer.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.collusion import Collusion, colluding_group
 from dfedrw.peer.intake import ModelIntake
@@ -41,31 +41,34 @@ from dfedrw.peer.memory import release_free_heap
 from dfedrw.peer.config import Scenario
 from dfedrw.peer.models import get_vector, set_vector
 from dfedrw.peer.plan import derive_seed, role_of, scenario_graphs, scenario_topology, told_byzantine
-from dfedrw.peer.aggregation.rules import finite_rows, takes_tpm_and_crs
+from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.schedule import receive_window
 from dfedrw.peer.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
-from dfedrw.peer.rejoin import Rejoining, coordinate_median
+from dfedrw.peer.presence import PROBE_EVERY, Presence
+from dfedrw.peer.rejoin import Resume, coordinate_median
 from dfedrw.peer.results import RoundLog, write_json_atomic
+from dfedrw.peer.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, with_round_graph
 from dfedrw.peer.telemetry import LauncherLink, NullLink
-from dfedrw.peer.transports import scenario_model_specs, scenario_transport
-from dfedrw.peer.training import LocalTrainer, VectorEvaluator, evaluate
+from dfedrw.peer.wiring import scenario_model_specs, scenario_transport
+from dfedrw.peer.training import LocalTrainer, evaluate
+from dfedrw.peer.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import message_out, model_specs
 
 log = logging.getLogger(__name__)
 
-# A neighbour presumed gone is still sent a model every this many rounds.
-_PROBE_EVERY = 5
-
 
 class Stopped(RuntimeError):
     """The client was asked to stop before its last round."""
 
 
-class Client(Rejoining, ByzantineRounds):
+class Client:
     """A client process's state and round loop (honest or Byzantine). ``tensorboard``: a folder
-    for the round records as TensorBoard scalars too (see :mod:`dfedrw.peer.tensorboard`)."""
+    for the round records as TensorBoard scalars too (see :mod:`dfedrw.peer.tensorboard`). Its
+    parts: the neighbours it waits for and sends to (:attr:`presence`), its checkpoints and way
+    back after a restart (:attr:`resume`); a Byzantine client's rounds are
+    :func:`peer.byzantine_loop.run_byzantine`'s."""
 
     def __init__(
         self,
@@ -115,11 +118,15 @@ class Client(Rejoining, ByzantineRounds):
             self.collusion = Collusion(
                 client_id, colluders, specs=self.specs, num_clients=self.topology.num_clients, transport=transport,
                 counters=self.inbox, window=net.round_window, max_missed=net.max_missed_rounds, plausible=self.plausible,
-                chunk_bytes=net.chunk_bytes, probe_every=_PROBE_EVERY,
+                chunk_bytes=net.chunk_bytes, probe_every=PROBE_EVERY,
             )
             self.max_bytes = min(net.max_message_bytes, max(self.max_bytes, self.collusion.max_bytes))
         self.contacts = (*self.neighbours, *(k for k in colluders if k != client_id and k not in self.neighbours))
-        self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self._after_offer)
+        self.presence = Presence(
+            client_id, self.neighbours, inbox=self.inbox, transport=transport, graphs=self.graphs, round_timeout=net.round_timeout,
+            round_window=net.round_window, collusion=self.collusion,
+        )
+        self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self.presence.after_offer)
         self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
         self.fingerprint = scenario_fingerprint(scenario)
         # A checkpoint of this client in its results folder: it was killed, and resumes.
@@ -134,22 +141,11 @@ class Client(Rejoining, ByzantineRounds):
             self.out_dir, client_id, keep_through=self.resumed.round if self.resumed else None,
             tensorboard=tensorboard, byzantine=self.topology.byzantine,
         )
-        before = self.resumed.counters if self.resumed else {}
-        self.restarts = int(before.get("restarts", 0)) + (1 if self.resumed else 0)
-        # One entry per resume: checkpoint round, round resumed at, rounds skipped and redone.
-        self.resumed_from: list[dict[str, Any]] = list(before.get("resumed_from", []))
-        self._counters_before = {"rejected_by_reason": dict(before.get("rejected_by_reason", {})), "stale_messages": int(before.get("stale_messages", 0))}
-        # Neighbours that came back after being presumed gone -> the first round they sent:
-        # they are not waited for before it.
-        self._back_at: dict[int, int] = {}
-        self._back_since: dict[int, float] = {}  # when each came back (monotonic seconds)
-        self._rearmed: set[int] = set()  # taken back on a late message since last heard in step
-        # Neighbours our server shut out for sending past their rate bound, not heard from
-        # since: alive, so still sent every model (see _send_all), but not waited for.
-        self._shut_out: set[int] = set()
-        self._last_sent: tuple[int, list] | None = None  # (round, chunks) this client sent last
-        self._rejoining = 0  # rounds left in which to skip ahead to neighbours found further on
-        self._stale_round: int | None = None  # the round whose aggregate replaces a stale model
+        self.resume = Resume(
+            client_id, self.role, scenario, graphs=self.graphs, byzantine=self.topology.byzantine, transport=transport, inbox=self.inbox,
+            specs=self.specs, presence=self.presence, results=self.results, checkpoint_file=self.checkpoint_file,
+            fingerprint=self.fingerprint, resumed=self.resumed,
+        )
         self.stop_requested = threading.Event()
         self._prepared = False
         # Where this client listens, once started (kept in its final record).
@@ -170,48 +166,6 @@ class Client(Rejoining, ByzantineRounds):
         round uses them: by id (a Byzantine client: its honest senders, the models it crafts from)."""
         senders = self.graphs.senders_to(self.id, r)
         return tuple(sorted(k for k in senders if self.role == "honest" or k not in self.topology.byzantine))
-
-    def _after_offer(self, sender: int, round_: int, accepted: bool, reason: str, was_gone: bool) -> None:
-        """A model message reached the inbox: a neighbour presumed gone that sent one is back."""
-        if accepted and was_gone:
-            self._rearmed.discard(sender)
-            self._on_back(sender, round_)
-        elif (
-            was_gone and reason == "stale_round" and sender not in self._rearmed
-            and round_ >= self.inbox.round - self.scenario.network.round_window
-        ):
-            # A neighbour presumed gone that is only a few rounds behind (e.g. it restarted and
-            # is catching up, and this client passed the round it came back at just before
-            # its message arrived): waited for again from the next round, which it reaches
-            # quickly. Once per absence, so a client that is merely slow costs at most
-            # max_missed_rounds deadlines more.
-            self._rearmed.add(sender)
-            self.inbox.set_gone(sender, False)
-            self._on_back(sender, self.inbox.round + 1)
-
-    def _on_reachability(self, peer: int, state: str) -> None:
-        if self.collusion is not None:
-            self.collusion.on_reachability(peer, state)
-            if peer not in self.neighbours:
-                return
-        if state == "shut_out":
-            # Our server refuses its calls for a while: nothing it sends can arrive until then.
-            # Its next accepted message brings it back (see _accept).
-            self._shut_out.add(peer)
-            if peer not in self.inbox.gone():
-                log.warning("client %d: neighbour %d is shut out for sending past its rate bound, no longer waiting for it", self.id, peer)
-                self.inbox.set_gone(peer)
-            return
-        if state != "unreachable":
-            return
-        if time.monotonic() - self._back_since.get(peer, -1e9) < self.scenario.network.round_timeout:
-            # It just sent us a model: alive. What failed is a send on our channel to its
-            # earlier process; missed deadlines will tell if it is gone again.
-            return
-        self._shut_out.discard(peer)  # only probed from now on
-        if peer not in self.inbox.gone():
-            log.warning("client %d: neighbour %d unreachable, no longer waiting for it", self.id, peer)
-            self.inbox.set_gone(peer)
 
     # -- lifecycle ---------------------------------------------------------------------
     def prepare(self) -> None:
@@ -255,7 +209,7 @@ class Client(Rejoining, ByzantineRounds):
                 # A neighbour that never came up (e.g. it died at start) is not waited for.
                 log.warning("client %d: no address for %s %d; going on without it", self.id, self._kind(k), k)
                 self._set_gone(k)
-        self.transport.connect({k: addresses[k] for k in self.contacts if k in addresses}, self._on_reachability)
+        self.transport.connect({k: addresses[k] for k in self.contacts if k in addresses}, self.presence.on_reachability)
         opener = getattr(self.transport, "open", None)
         if self.graphs.dynamic and opener is not None:
             # Connections on demand: those of the first round now (a peer that is not up is
@@ -284,7 +238,7 @@ class Client(Rejoining, ByzantineRounds):
             if self.role == "honest":
                 final = self._run_honest()
             else:
-                final = self._run_byzantine()
+                final = run_byzantine(self)
         finally:
             self.transport.flush(timeout=5.0)
             self.results.close()
@@ -292,12 +246,8 @@ class Client(Rejoining, ByzantineRounds):
             cfg = self.scenario.aggregation_for(self.id)
             # Under a schedule: the most it was told in a round (each round's in its record).
             told = self.told_most if self.graphs.dynamic else told_byzantine(cfg, self.topology, self.id)
-            final["aggregation"] = {"rule": cfg.rule, "told_byzantine": told}
-            if takes_tpm_and_crs(cfg.rule):  # which TPM and CRS scored the candidates
-                final["aggregation"].update(tpm=cfg.tpm, crs=cfg.crs)
-        rejected = dict(self.inbox.rejected)
-        for reason, n in self._counters_before["rejected_by_reason"].items():
-            rejected[reason] = rejected.get(reason, 0) + int(n)
+            final["aggregation"] = aggregation_summary(cfg, told)
+        rejected = self.resume.rejected()
         final.update(
             id=self.id,
             role=self.role,
@@ -308,13 +258,13 @@ class Client(Rejoining, ByzantineRounds):
             wall_seconds=round(time.monotonic() - start, 3),
             rejected_messages=sum(rejected.values()),
             rejected_by_reason=rejected,
-            stale_messages=self.inbox.stale + self._counters_before["stale_messages"],
+            stale_messages=self.resume.stale_messages(),
             unsent_messages={"dropped": self.transport.dropped, "stale": self.transport.skipped_stale},
             refused_calls_by_reason=dict(getattr(self.transport, "refused", {})),
             tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
-            restarts=self.restarts,
-            rounds_lost=sum(e["skipped"] + e["redone"] for e in self.resumed_from),
-            resumed_from=self.resumed_from,
+            restarts=self.resume.restarts,
+            rounds_lost=self.resume.rounds_lost(),
+            resumed_from=self.resume.resumed_from,
         )
         if self.graphs.dynamic:
             final["schedule"] = self.scenario.topology.schedule
@@ -336,31 +286,19 @@ class Client(Rejoining, ByzantineRounds):
         if self.stop_requested.is_set():
             raise Stopped(f"client {self.id} stopped")
 
-    def _begin_round(self, r: int) -> tuple[int, int, int]:
+    def begin_round(self, r: int) -> tuple[int, int, int]:
         """The start of round ``r`` (a client rejoining may skip ahead): (the round it is in,
         bytes sent and received so far, from which the round's own are counted)."""
         self._check_stop()
-        r = self._catch_up(r)
+        r = self.resume.catch_up(r)
         self.inbox.advance(r)
-        if self._last_sent is not None and self._last_sent[0] < r:
-            self._last_sent = None  # nobody waits for a model of a round past: let it go
-        self._note_round(r)
+        self.presence.begin_round(r)
+        self.resume.note_round(r)
         return r, self.transport.bytes_sent, self.inbox.bytes_received
 
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
         chunks = message_out(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
-        self._last_sent = (round_, chunks)
-        gone = self.inbox.gone()
-        for k in to:
-            # A neighbour presumed gone only gets a probe now and then: a send to a silently
-            # dead host hangs until its timeout, but two clients that lost each other must keep
-            # probing or neither would ever hear from the other again.
-            # A neighbour we shut out is alive (it just sent too much): it still gets every
-            # model, else it would wait out its deadlines for ours and hold up its own
-            # neighbours in turn.
-            if k in gone and k not in self._shut_out and round_ % _PROBE_EVERY:
-                continue
-            self.transport.send(k, chunks)
+        self.presence.send_all(round_, chunks, to)
 
     def _flatten(self) -> torch.Tensor | None:
         """On the CPU: make the model's parameters views of one flat vector (their values as
@@ -384,18 +322,6 @@ class Client(Rejoining, ByzantineRounds):
         self.told_most = max(self.told_most, told)
         return self.rules[told], told
 
-    def _with_round_graph(self, record: dict[str, Any], r: int, told: int | None = None) -> dict[str, Any]:
-        """``record`` with, under a schedule, the round's neighbours: ``neighbours``, whose
-        models it was to receive; ``sent_to`` (directed schedules), whom it sent to; and what
-        its rule was told. A fixed graph's records stay as they were."""
-        if self.graphs.dynamic:
-            record["neighbours"] = list(self.graphs.senders_to(self.id, r))
-            if self.graphs.directed:
-                record["sent_to"] = list(self.graphs.receivers_of(self.id, r))
-            if told is not None:
-                record["told_byzantine"] = told
-        return record
-
     def _run_honest(self) -> dict[str, Any]:
         sc = self.scenario
         data, trainer, aux_eval = self.data, self.trainer, self.aux_eval
@@ -404,36 +330,36 @@ class Client(Rejoining, ByzantineRounds):
         last: dict[str, float] = {}
         loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
         log_every = max(1, sc.rounds // 20)
-        r = self._rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
+        r = self.resume.rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
         first_after_resume = self.resumed is not None
         # On the CPU the parameters are views of one flat vector (set_vector makes them so):
         # after the local step that vector is the model to send, no copy of it needed.
         flat = self._flatten()
         while r < sc.rounds:
-            r, sent0, recv0 = self._begin_round(r)
+            r, sent0, recv0 = self.begin_round(r)
             reference = get_vector(self.model)
             loss = trainer.step(sc.train.lr_at(r, sc.rounds))
             own = flat if flat is not None else get_vector(self.model)
             senders = self.graphs.senders_to(self.id, r)
             self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)
-            expected = self._expected(r, frozenset(senders))
-            got, passed = self._wait_rejoining(r, expected)
+            expected = self.presence.expected(r, frozenset(senders))
+            got, passed = self.resume.wait(r, expected)
             expected -= passed
             liveness.update(self.inbox, expected, got)
             ids = (self.id, *sorted(got))
             adopted = False
-            if r == self._stale_round and got:
+            if r == self.resume.stale_round and got:
                 # Resumed far behind its neighbours: its own model is many rounds stale, and
                 # one vote among its neighbours' would pull every aggregate back. It takes the
                 # coordinate-wise median of the neighbours' models of this round as its own
                 # (the median, not the mean, so that one Byzantine neighbour among three
                 # cannot set it), then aggregates with its rule as every round.
                 own = reference = coordinate_median(torch.stack([got[k].vector for k in ids[1:]]))
-                adopted, self._stale_round = True, None
-                self.resumed_from[-1]["took_neighbours_model"] = True
+                adopted, self.resume.stale_round = True, None
+                self.resume.resumed_from[-1]["took_neighbours_model"] = True
                 log.warning("client %d: round %d: took its neighbours' median model in place of its stale one", self.id, r)
-            elif r == self._stale_round:
-                self._stale_round = r + 1  # no neighbour model this round: try again in the next
+            elif r == self.resume.stale_round:
+                self.resume.stale_round = r + 1  # no neighbour model this round: try again in the next
             release_free_heap()
             # The candidates: the round's matrix itself when every received model was decoded
             # into its row (own model copied into row 0), else a stack of them.
@@ -461,24 +387,18 @@ class Client(Rejoining, ByzantineRounds):
             self.inbox.close(r)
             flat = model if flat is not None else None
             del vectors, got, agg, reference, own
-            record: dict[str, Any] = {
-                "round": r,
-                "train_loss": loss,
-                "weights": {str(k): round(float(w), 6) for k, w in weights.items()},
-                "bytes_sent": self.transport.bytes_sent - sent0,
-                "bytes_received": self.inbox.bytes_received - recv0,
-                "missing": missing,
-            }
+            notes: dict[str, Any] = {}
             if first_after_resume:
-                record["resumed_from"] = self.resumed.round
+                notes["resumed_from"] = self.resumed.round
                 first_after_resume = False
             if adopted:
-                record["took_neighbours_model"] = True
-            if scores is not None:
-                record["scores"] = {str(k): finite_or_none(v) for k, v in scores.items()}
-            self._with_round_graph(record, r, told)
-            every = sc.eval.every
-            if r == sc.rounds - 1 or (every and (r + 1) % every == 0):
+                notes["took_neighbours_model"] = True
+            record = honest_record(
+                r, loss, weights, missing, scores=scores, notes=notes,
+                bytes_sent=self.transport.bytes_sent - sent0, bytes_received=self.inbox.bytes_received - recv0,
+            )
+            with_round_graph(record, self.graphs, self.id, r, told)
+            if evaluation_due(r, sc.rounds, sc.eval.every):
                 last = {
                     "accuracy": 100.0 * evaluate(self.model, data.local_test)["accuracy"],
                     "global_accuracy": 100.0 * evaluate(self.model, data.global_test)["accuracy"],
@@ -490,10 +410,10 @@ class Client(Rejoining, ByzantineRounds):
                 # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
                 acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
                 log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
-            if self._checkpoint_due(r):
+            if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
                 generators, arrays, pos = trainer.state()
                 # The model's parameters are views of the aggregate: saved as it is, not copied.
-                self._save_checkpoint(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+                self.resume.save(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
             del model
             r += 1
         return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}

@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 def dataset_shape(scenario: Scenario) -> tuple[int, int]:
     """(features, classes) of the scenario's data set, as it declares them: what a client (a
     Byzantine one holds no data) knows of the model layout without loading anything."""
-    from dfedrw.peer.datasets import scenario_dataset
+    from dfedrw.peer.datasets import dataset_of
 
-    source = scenario_dataset(scenario.data)
+    d = scenario.data
+    source = dataset_of(d.name, d.params, d.dir)
     return int(source.num_features), int(source.num_classes)
 
 
@@ -31,9 +32,10 @@ def dataset_input_shape(scenario: Scenario) -> tuple[int, ...]:
     """The shape of one sample of the scenario's data set, ``(channels, height, width)`` for
     images, as it declares it (``(features,)`` for a set that declares none): what a model is
     given as ``input_shape``."""
-    from dfedrw.peer.datasets import input_shape_of, scenario_dataset
+    from dfedrw.peer.datasets import dataset_of, input_shape_of
 
-    return input_shape_of(scenario_dataset(scenario.data))
+    d = scenario.data
+    return input_shape_of(dataset_of(d.name, d.params, d.dir))
 
 ROLES = ("honest", "byzantine")
 

@@ -17,33 +17,40 @@ clients are placed (``placement``) and makes each client's
 ``uses_tls``: whether ``network.tls`` applies (mutual TLS with the run's certificates, the
 sender of a message being the client its certificate names); a transport without it must
 authenticate its senders some other way, or every claim of a sender id is taken on trust.
+
+A hook's ``scenario`` is the run's validated :class:`~dfedrw.peer.config.Scenario`; this module
+only reads it (its kinds are built from a scenario by :func:`dfedrw.peer.wiring.scenario_transport`,
+which gives the gRPC kind ``message_bytes``, the largest message a client receives).
+``scenario_transport``, ``grpc_transport_for``, ``scenario_colluders`` and
+``scenario_model_specs`` lived here and are still importable from here, with a deprecation warning.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from dfedrw.peer.moved import moved_names
 from dfedrw.peer.registry import Registry
 
 if TYPE_CHECKING:
-    from dfedrw.peer.config import Scenario
     from dfedrw.peer.identity import ClientIdentity
     from dfedrw.peer.transport.base import Transport
-    from dfedrw.peer.transport.grpc_transport import GrpcTransport
-    from dfedrw.peer.transport.serde import TensorSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "PLACEMENTS", "TRANSPORT_REGISTRY", "Grpc", "Inproc", "TorchDistributed", "TransportKind", "grpc_transport_for", "scenario_colluders",
-    "scenario_model_specs", "scenario_transport",
-]
+__all__ = ["PLACEMENTS", "TRANSPORT_REGISTRY", "Grpc", "Inproc", "TorchDistributed", "TransportKind"]
+
+__getattr__ = moved_names(
+    __name__, dict.fromkeys(("grpc_transport_for", "scenario_colluders", "scenario_model_specs", "scenario_transport"), "dfedrw.peer.wiring")
+)
 
 PLACEMENTS = ("processes", "threads", "torchrun")
 
-TRANSPORT_REGISTRY = Registry("transport", "dfedrw.transports", required=("placement",), supplied=())
-"""The transports by name; settings in a scenario's ``[network.NAME]``."""
+TRANSPORT_REGISTRY = Registry("transport", "dfedrw.transports", required=("placement",), supplied=("message_bytes",))
+"""The transports by name; settings in a scenario's ``[network.NAME]``; ``message_bytes``:
+the largest message client K receives (``message_bytes(K)``), given by the run."""
 
 
 class TransportKind:
@@ -54,19 +61,19 @@ class TransportKind:
     uses_tls: ClassVar[bool] = False
 
     def process_transport(
-        self, scenario: Scenario, client: int, *, host: str, port: int, advertise: str | None = None, identity: ClientIdentity | None = None
+        self, scenario: Any, client: int, *, host: str, port: int, advertise: str | None = None, identity: ClientIdentity | None = None
     ) -> Transport:
         """Client ``client``'s transport, listening on ``host:port`` (0: any free port) and
         reachable at ``advertise`` when given (``"processes"`` kinds)."""
         raise NotImplementedError(f"{type(self).__name__} runs clients as {self.placement}, not as processes")
 
-    def rank_transport(self, scenario: Scenario, rank: int, *, edges: list[tuple[int, int]], device: Any, linger: float) -> Transport:
+    def rank_transport(self, scenario: Any, rank: int, *, edges: list[tuple[int, int]], device: Any, linger: float) -> Transport:
         """Rank ``rank``'s transport in a torchrun job (``"torchrun"`` kinds): ``edges``, who
         exchanges messages (every rank gets the same list); ``linger``: how long a rank that
         finished keeps answering the others."""
         raise NotImplementedError(f"{type(self).__name__} runs clients as {self.placement}, not as torchrun ranks")
 
-    def network(self, scenario: Scenario) -> Any:
+    def network(self, scenario: Any) -> Any:
         """The shared network of a run whose clients are threads of one process."""
         raise NotImplementedError(f"{type(self).__name__} runs clients as {self.placement}, not as threads")
 
@@ -84,10 +91,56 @@ class Grpc(TransportKind):
     placement: ClassVar[str] = "processes"
     uses_tls: ClassVar[bool] = True
 
+    def __init__(self, message_bytes: Callable[[int | None], int] | None = None) -> None:
+        self.message_bytes = message_bytes
+
     def process_transport(
-        self, scenario: Scenario, client: int, *, host: str, port: int, advertise: str | None = None, identity: ClientIdentity | None = None
+        self, scenario: Any, client: int | None, *, host: str, port: int, advertise: str | None = None, identity: ClientIdentity | None = None
     ) -> Transport:
-        return grpc_transport_for(scenario, host, port, advertise=advertise, identity=identity, client=client)
+        """The gRPC transport with the scenario's limits. Each sender gets its own call slots (its
+        ``Exchange`` call, which stays open for the whole run, and ``network.calls_per_sender``
+        pushes) and a message bucket of ``round_window + 2`` messages a round (one is honest);
+        the server's bound on concurrent calls leaves room for every client's slots. With
+        ``network.tls = "mutual"`` it needs the client's ``identity``. ``client`` (None: the
+        identity's) is whose transport it is: a receiver buffers at most ``message_bytes(client)``
+        per open call."""
+        from dfedrw.peer.identity import IdentityError
+        from dfedrw.peer.transport.grpc_admission import CallLimits
+        from dfedrw.peer.transport.grpc_transport import GrpcTransport
+
+        if self.message_bytes is None:
+            raise ValueError("transport 'grpc' is built from a scenario by dfedrw.peer.wiring.scenario_transport (it gives message_bytes)")
+        net = scenario.network
+        if net.tls == "mutual" and identity is None:
+            raise IdentityError("network.tls = 'mutual' needs this client's certificate: give --certs DIR (made by `dfedrw certs`)")
+        if net.tls == "off":
+            log.warning(
+                "network.tls = 'off': no sender is authenticated, so any process that reaches this client can send models "
+                "in a neighbour's name; use it for debugging only"
+            )
+            identity = None
+        per_round = net.round_window + 2
+        limits = CallLimits(
+            calls_per_sender=net.calls_per_sender,
+            idle_call_timeout=net.idle_call_timeout,
+            burst=4 * per_round,
+            per_round=float(per_round),
+            per_second=per_round / net.round_timeout,
+            block_seconds=min(5 * net.round_timeout, 300.0),
+            # Without TLS a sender is an IP address: every client of the run may share one host.
+            shared_host=1 if identity is not None else scenario.num_clients,
+        )
+        # What an honest message holds (a colluder's pools hold more), not the scenario's far
+        # larger ceiling.
+        client = identity.client if client is None and identity is not None else client
+        model_bytes = self.message_bytes(client)
+        return GrpcTransport(
+            host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
+            max_message_bytes=min(net.max_message_bytes, model_bytes), max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
+            advertise=advertise, identity=identity, limits=limits,
+            # A graph that changes from round to round: connect to a peer when first sending to it.
+            on_demand=bool(scenario.topology.schedule), idle_channel_timeout=net.idle_channel_timeout,
+        )
 
 
 @TRANSPORT_REGISTRY.register("inproc")
@@ -98,7 +151,7 @@ class Inproc(TransportKind):
 
     placement: ClassVar[str] = "threads"
 
-    def network(self, scenario: Scenario) -> Any:
+    def network(self, scenario: Any) -> Any:
         from dfedrw.peer.transport.inproc import InprocHub
 
         return InprocHub()
@@ -117,7 +170,7 @@ class TorchDistributed(TransportKind):
 
     placement: ClassVar[str] = "torchrun"
 
-    def rank_transport(self, scenario: Scenario, rank: int, *, edges: list[tuple[int, int]], device: Any, linger: float) -> Transport:
+    def rank_transport(self, scenario: Any, rank: int, *, edges: list[tuple[int, int]], device: Any, linger: float) -> Transport:
         from dfedrw.peer.transport.torchdist import TorchDistTransport
 
         net = scenario.network
@@ -132,101 +185,3 @@ class TorchDistributed(TransportKind):
             max_messages=scenario.rounds,
             linger=linger,
         )
-
-
-def scenario_transport(scenario: Scenario) -> TransportKind:
-    """The transport kind ``network.transport`` names, with its ``[network.NAME]`` settings."""
-    from dfedrw.peer.registry import settings_of
-
-    net = scenario.network
-    kind = TRANSPORT_REGISTRY.build(net.transport, settings_of(net.transport_params, net.transport))
-    if getattr(kind, "placement", None) not in PLACEMENTS:
-        raise ValueError(f"transport {net.transport!r}: placement must be one of {', '.join(PLACEMENTS)}, got {getattr(kind, 'placement', None)!r}")
-    return kind
-
-
-# ---------------------------------------------------------------------------------------------
-# gRPC: a client's transport with the scenario's limits
-
-
-def grpc_transport_for(
-    scenario: Scenario,
-    host: str,
-    port: int,
-    *,
-    advertise: str | None = None,
-    identity: ClientIdentity | None = None,
-    client: int | None = None,
-) -> GrpcTransport:
-    """The gRPC transport with the scenario's limits. Each sender gets its own call slots (its
-    ``Exchange`` call, which stays open for the whole run, and ``network.calls_per_sender``
-    pushes) and a message bucket of ``round_window + 2`` messages a round (one is honest);
-    the server's bound on concurrent calls leaves room for every client's slots. With
-    ``network.tls = "mutual"`` it needs the client's ``identity``. ``client`` (default: the
-    identity's) is whose transport it is: a colluding Byzantine client receives pools of up to
-    one model per client, every other client one model a message."""
-    from dfedrw.peer.identity import IdentityError
-    from dfedrw.peer.transport.grpc_admission import CallLimits
-    from dfedrw.peer.transport.grpc_transport import GrpcTransport
-    from dfedrw.peer.transport.serde import pool_bytes
-
-    net = scenario.network
-    if net.tls == "mutual" and identity is None:
-        raise IdentityError("network.tls = 'mutual' needs this client's certificate: give --certs DIR (made by `dfedrw certs`)")
-    if net.tls == "off":
-        log.warning(
-            "network.tls = 'off': no sender is authenticated, so any process that reaches this client can send models "
-            "in a neighbour's name; use it for debugging only"
-        )
-        identity = None
-    per_round = net.round_window + 2
-    limits = CallLimits(
-        calls_per_sender=net.calls_per_sender,
-        idle_call_timeout=net.idle_call_timeout,
-        burst=4 * per_round,
-        per_round=float(per_round),
-        per_second=per_round / net.round_timeout,
-        block_seconds=min(5 * net.round_timeout, 300.0),
-        # Without TLS a sender is an IP address: every client of the run may share one host.
-        shared_host=1 if identity is not None else scenario.num_clients,
-    )
-    # A receiver buffers at most one message's worth per open call: the model's size, which is
-    # all an honest message holds, not the scenario's far larger ceiling.
-    model_bytes = sum(s.nbytes for s in scenario_model_specs(scenario))
-    client = identity.client if client is None and identity is not None else client
-    if client is not None and client in scenario_colluders(scenario):
-        model_bytes = pool_bytes(scenario_model_specs(scenario), scenario.num_clients)
-    return GrpcTransport(
-        host, port, chunk_bytes=net.chunk_bytes, send_timeout=max(30.0, net.round_timeout * 3),
-        max_message_bytes=min(net.max_message_bytes, model_bytes), max_calls=scenario.num_clients * (1 + net.calls_per_sender) + 8,
-        advertise=advertise, identity=identity, limits=limits,
-        # A graph that changes from round to round: connect to a peer when first sending to it.
-        on_demand=bool(scenario.topology.schedule), idle_channel_timeout=net.idle_channel_timeout,
-    )
-
-
-def scenario_colluders(scenario: Scenario) -> tuple[int, ...]:
-    """The colluding Byzantine clients of the scenario (every one with ``attack.colluding``, else ())."""
-    from dfedrw.peer.collusion import colluding_group
-    from dfedrw.peer.plan import scenario_topology
-
-    return colluding_group(scenario_topology(scenario).byzantine, scenario.attack.colluding)
-
-
-def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
-    """The wire layout of the scenario's model, from a model on the meta device (no memory,
-    no initialisation)."""
-    import torch
-
-    from dfedrw.peer.models import make_model
-    from dfedrw.peer.plan import dataset_input_shape, dataset_shape
-    from dfedrw.peer.registry import settings_of
-    from dfedrw.peer.transport.serde import model_specs
-
-    features, classes = dataset_shape(scenario)
-    t = scenario.train
-    with torch.device("meta"):
-        model = make_model(
-            t.model, features, classes, hidden=t.hidden, input_shape=dataset_input_shape(scenario), params=settings_of(t.model_params, t.model)
-        )
-    return model_specs(model)

@@ -18,7 +18,8 @@ from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import get_vector, set_vector
-from dfedrw.peer.training import LocalTrainer, VectorEvaluator
+from dfedrw.peer.training import LocalTrainer
+from dfedrw.peer.model_matrix import VectorEvaluator
 
 __all__ = ["FLIPS", "LabelFlip", "flip_labels"]
 

@@ -5,7 +5,7 @@ are ended; a sender that is not a neighbour, unknown, or claiming another's id h
 ended at once. The servicer is thin: it cuts a call into messages, hands each to the client's
 ``deliver`` callback chunk by chunk as it arrives (its ``begin``, see
 :func:`~dfedrw.peer.transport.framing.message_begin`), and turns the verdict into a reply.
-Chunks are read off the wire by :func:`~dfedrw.peer.transport.serde.parse_chunk`: a data chunk's
+Chunks are read off the wire by :func:`~dfedrw.peer.transport.chunks.parse_chunk`: a data chunk's
 bytes are not copied before the receiver decodes them into place (:func:`add_peer_servicer`)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.framing import MessageSplitter, handle_push, message_begin
 from dfedrw.peer.transport.grpc_tls import authenticated_sender
-from dfedrw.peer.transport.serde import parse_chunk
+from dfedrw.peer.transport.chunks import parse_chunk
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,7 @@ class _Unread:
 def add_peer_servicer(servicer: PeerServicer, server: grpc.aio.Server) -> None:
     """Register ``servicer`` on ``server`` for the ``Peer`` service, as the generated
     ``add_PeerServicer_to_server`` does, but with each request chunk read by
-    :func:`~dfedrw.peer.transport.serde.parse_chunk` (a data chunk a view of the received
+    :func:`~dfedrw.peer.transport.chunks.parse_chunk` (a data chunk a view of the received
     bytes, not a protobuf copy of them)."""
     reply = pb.PushReply.SerializeToString
     handlers = {

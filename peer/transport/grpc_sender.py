@@ -8,15 +8,25 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 import grpc
+from dfedrw.peer.transport.base import Reachability
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import LARGE_MESSAGE, serialized_chunks, wire_round, wire_size
 
-if TYPE_CHECKING:
-    from dfedrw.peer.transport.grpc_transport import GrpcTransport
-
 log = logging.getLogger(__name__)
+
+
+class SendingTransport(Protocol):
+    """What a :class:`Sender` reads and tells of the transport it sends for (the gRPC transport)."""
+
+    send_timeout: float
+    idle_call_timeout: float
+    # Neighbour -> (round, accepted, reason) of its last reply.
+    peer_replies: dict[int, tuple[int, bool, str]]
+    # Told (peer, "reachable" | "unreachable") as replies come back or fail to.
+    _on_reachability: Reachability
+
 
 EXCHANGE = "/peer.transport.pb.Peer/Exchange"
 
@@ -59,7 +69,7 @@ class Sender:
     # still holds.
     MAX_QUEUED_BYTES = 4 * LARGE_MESSAGE
 
-    def __init__(self, peer: int, channel: grpc.aio.Channel, transport: "GrpcTransport") -> None:
+    def __init__(self, peer: int, channel: grpc.aio.Channel, transport: SendingTransport) -> None:
         self.peer = peer
         # Exchange with chunks written as bytes (serialized_chunks) and replies parsed.
         self.exchange = channel.stream_stream(EXCHANGE, request_serializer=None, response_deserializer=pb.PushReply.FromString)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dfedrw.peer.identity import load_identity, make_certificates
-from dfedrw.peer.transports import grpc_transport_for
+from dfedrw.peer.wiring import grpc_transport_for
 from dfedrw.peer.transport.grpc_admission import CallLimits
 from dfedrw.peer.transport.grpc_io import on_loop
 from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options

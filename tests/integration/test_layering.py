@@ -39,12 +39,13 @@ def test_import_contracts_hold():
     assert re.search(rf"Contracts: {len(contracts)} kept, 0 broken\.", out.stdout), out.stdout[-2000:]
 
 
-def module_graph(*, count_type_checking_imports: bool) -> nx.DiGraph:
+def module_graph() -> nx.DiGraph:
     """importer -> imported between the modules of the root packages of [tool.importlinter]
     (packages are modules too: a package's ``__init__``). Imports inside functions count: they
-    run when the function does and tie the modules together just the same."""
+    run when the function does and tie the modules together just the same; so do imports under
+    ``if TYPE_CHECKING:``."""
     packages = read_configuration(str(PYPROJECT))["session_options"]["root_packages"]
-    imports = grimp.build_graph(*packages, exclude_type_checking_imports=not count_type_checking_imports, cache_dir=None)
+    imports = grimp.build_graph(*packages, exclude_type_checking_imports=False, cache_dir=None)
     graph = nx.DiGraph()
     graph.add_nodes_from(imports.modules)
     graph.add_edges_from((m, imported) for m in imports.modules for imported in imports.find_modules_directly_imported_by(m))
@@ -61,24 +62,5 @@ def test_no_import_cycle_between_modules():
     """No module imports itself back through others. The acyclic_siblings contract compares
     the sibling modules of each package; a cycle through a package's ``__init__`` and a module
     below it has no two siblings in it, and is found here. Imports under ``if TYPE_CHECKING:``
-    do not count here (they never run)."""
-    assert cycles(module_graph(count_type_checking_imports=False)) == []
-
-
-# Cycles closed only by imports under ``if TYPE_CHECKING:``: the registries typed on the
-# configuration that imports them (issue 52 takes them apart), and the gRPC sender typed on its
-# transport. Once they are gone this list is empty, and every contract can count type-only
-# imports too (exclude_type_checking_imports = false).
-TYPE_ONLY_CYCLES = [
-    [
-        "dfedrw.peer.config", "dfedrw.peer.config_aggregation", "dfedrw.peer.config_legacy", "dfedrw.peer.config_tables",
-        "dfedrw.peer.datasets", "dfedrw.peer.plan", "dfedrw.peer.plugins", "dfedrw.peer.transports",
-    ],
-    ["dfedrw.peer.transport.grpc_sender", "dfedrw.peer.transport.grpc_transport"],
-]
-
-
-def test_import_cycles_counting_type_only_imports_are_the_known_ones():
-    """Counting type-only imports, the cycles are exactly those listed: a new one fails, and so
-    does one taken apart without being struck off the list."""
-    assert cycles(module_graph(count_type_checking_imports=True)) == sorted(TYPE_ONLY_CYCLES)
+    count, as in the contracts: a type named across modules ties them as an import does."""
+    assert cycles(module_graph()) == []

@@ -5,7 +5,7 @@ import pytest
 
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.results import read_final, read_rounds
-from dfedrw.peer.transports import scenario_model_specs
+from dfedrw.peer.wiring import scenario_model_specs
 from tests.support.runs import quiet_console
 
 

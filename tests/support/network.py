@@ -13,7 +13,7 @@ def loopback_grpc(scenario, certs):
     """Client ``k``'s gRPC transport on 127.0.0.1 (any free port) with its certificate from
     ``certs`` (made by ``make_certificates``)."""
     from dfedrw.peer.identity import load_identity
-    from dfedrw.peer.transports import grpc_transport_for
+    from dfedrw.peer.wiring import grpc_transport_for
 
     return lambda k: grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k))
 

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData, AttackView, craft_round, make_attack
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import build_model
-from dfedrw.peer.training import VectorEvaluator
+from dfedrw.peer.model_matrix import VectorEvaluator
 
 # Through the registry, which imports every attack module in its declared order: importing this
 # module first would register its attack first and reorder `dfedrw list` and the README table.

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dfedrw.launch.batched import rule_groups, run_together, train_together
 from dfedrw.launch.batched_run import BatchedRun, engine_device
-from dfedrw.peer.training import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
+from dfedrw.peer.model_matrix import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, Flame, RoundBatch
 from dfedrw.peer.aggregation.qfdfl import QFDFL
 from dfedrw.peer.aggregation.crs import make_crs
@@ -428,7 +428,7 @@ def test_the_loop_and_the_vmap_layouts_agree():
 
 
 def test_rows_go_in_blocks_when_no_gradient_is_wanted(monkeypatch):
-    from dfedrw.peer import training
+    from dfedrw.peer import model_matrix as training
 
     template = small_lenet()
     model = FlatModel(template, torch.device("cpu"))
@@ -466,19 +466,20 @@ def test_the_gradient_of_stacked_convolutional_models_is_each_models_own():
 
 
 def test_evaluate_takes_a_convolutional_models_rows_in_blocks(monkeypatch):
-    from dfedrw.peer import training
+    from dfedrw.peer import model_matrix
     from dfedrw.peer.data import Dataset
+    from dfedrw.peer.training import evaluate
 
     import weakref
 
     template = small_lenet()
     data = Dataset(x=torch.randn(9, 144), y=torch.randint(0, 3, (9,)), num_classes=3)
-    whole = training.evaluate(template, data)
-    monkeypatch.setattr(training, "BLOCK_VALUES", 6 * 12 * 12 * 2)  # 2 rows a block
-    monkeypatch.setattr(training, "_ROWS", weakref.WeakKeyDictionary())  # measured again
+    whole = evaluate(template, data)
+    monkeypatch.setattr(model_matrix, "BLOCK_VALUES", 6 * 12 * 12 * 2)  # 2 rows a block
+    monkeypatch.setattr(model_matrix, "_ROWS", weakref.WeakKeyDictionary())  # measured again
     calls = []
     template.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
-    blocked = training.evaluate(template, data)
+    blocked = evaluate(template, data)
     assert calls[-5:] == [2, 2, 2, 2, 1]
     assert blocked["accuracy"] == whole["accuracy"]
     assert blocked["loss"] == pytest.approx(whole["loss"], rel=1e-6)

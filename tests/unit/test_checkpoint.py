@@ -144,7 +144,7 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
     scenario = small_scenario("topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "checkpoint.every=5")
     peer = Client(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
     try:
-        assert peer.resumed is None and peer.restarts == 0
+        assert peer.resumed is None and peer.resume.restarts == 0
         peer.prepare()
         for r in range(7):
             peer.results.write({"round": r, "weights": {}, "missing": []})
@@ -152,14 +152,14 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
             for p in peer.model.parameters():
                 p.fill_(0.25)
         gens, arrays, pos = peer.trainer.state()
-        peer._save_checkpoint(4, generators=gens, arrays=arrays, vector=get_vector(peer.model).numpy(), trainer_pos=pos)
+        peer.resume.save(4, generators=gens, arrays=arrays, vector=get_vector(peer.model).numpy(), trainer_pos=pos)
         peer.results.close()
     finally:
         peer.close()
     # Started again: its model, round and minibatch order come back, and its log continues.
     again = Client(scenario, 1, tmp_path, transport=InprocTransport(InprocHub(), "inproc:1"))
     try:
-        assert again.resumed.round == 4 and again.restarts == 1
+        assert again.resumed.round == 4 and again.resume.restarts == 1
         assert torch.all(get_vector(again.model) == 0.25)
         assert [r["round"] for r in read_rounds(tmp_path, 1)] == [0, 1, 2, 3, 4]
         assert again.results.last_logged == 6
@@ -207,7 +207,7 @@ def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_sce
     try:
         assert peer.role == "byzantine"
         state = torch.Generator().manual_seed(9).get_state().numpy()
-        peer._save_checkpoint(9, generators={"attack": state})
+        peer.resume.save(9, generators={"attack": state})
         peer.results.close()
     finally:
         peer.close()

@@ -15,7 +15,7 @@ from dfedrw.launch.compose_plan import peer_command, plan_services
 from dfedrw.launch.torchrun import transport_edges
 from dfedrw.peer.collusion import Collusion, PoolStore, colluding_group, pool_union
 from dfedrw.peer.config import load_scenario
-from dfedrw.peer.transports import grpc_transport_for
+from dfedrw.peer.wiring import grpc_transport_for
 from dfedrw.peer.node import Client
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.transport.inbox import Inbox

@@ -15,7 +15,7 @@ from dfedrw.peer.intake import ModelIntake
 from dfedrw.peer.memory import CLIENT_BASELINE, HONEST_WORK, LAUNCHER_BASELINE, held_models, run_needs
 from dfedrw.peer.transport.inbox import Inbox, Slot
 from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, encode
-from dfedrw.peer.transports import scenario_model_specs
+from dfedrw.peer.wiring import scenario_model_specs
 
 SPECS = (TensorSpec("w", "float32", (20,)),)
 

@@ -6,7 +6,8 @@ from torch.nn import functional as F
 
 from dfedrw.peer.data import Dataset
 from dfedrw.peer.models import build_model, get_vector, set_vector
-from dfedrw.peer.training import BatchOrder, LocalTrainer, VectorEvaluator, evaluate
+from dfedrw.peer.training import BatchOrder, LocalTrainer, evaluate
+from dfedrw.peer.model_matrix import VectorEvaluator
 
 
 def data(n=50, d=6, k=3, seed=0):
@@ -68,7 +69,7 @@ def test_softmax_regression_grads_are_autograds_bit_for_bit():
     # 30 rows (not a power of two, so 1/30 is rounded), and the same with padded rows weighted 0
     from torch import nn
 
-    from dfedrw.peer.training import FlatModel, softmax_regression_grads
+    from dfedrw.peer.model_matrix import FlatModel, softmax_regression_grads
 
     g = torch.Generator().manual_seed(3)
     x = torch.rand(7, 30, 20, generator=g)
@@ -90,7 +91,7 @@ def test_softmax_regression_grads_are_autograds_bit_for_bit():
 
 def test_softmax_regression_grads_leave_other_models_to_autograd():
     # Prepare: a two-layer model
-    from dfedrw.peer.training import FlatModel, softmax_regression_grads
+    from dfedrw.peer.model_matrix import FlatModel, softmax_regression_grads
 
     flat = FlatModel(build_model("mlp", 6, 3, hidden=5, seed=1), torch.device("cpu"))
     models = torch.stack([get_vector(build_model("mlp", 6, 3, hidden=5, seed=s)) for s in range(3)])

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.node import Client, Liveness
+from dfedrw.peer.node import Client
+from dfedrw.peer.rounds import Liveness
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.framing import MessageSplitter, handle_push, split_messages
 from dfedrw.peer.transport.grpc_admission import CallLimits, PeerServicer
@@ -382,12 +383,12 @@ def test_a_client_answers_with_its_round(ring_client):
 
 def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(ring_client):
     peer, good = ring_client
-    peer._on_reachability(1, "reachable")
+    peer.presence.on_reachability(1, "reachable")
     assert peer.inbox.gone() == frozenset()
     # Its messages cannot arrive while our server refuses its calls: right away, no
     # deadline is spent on it, even if it sent a model a moment ago.
     assert peer.deliver(iter(encode(1, 7, good, peer.specs))) == (True, "", 7)
-    peer._on_reachability(1, "shut_out")
+    peer.presence.on_reachability(1, "shut_out")
     assert peer.inbox.gone() == {1}
     # It is alive: it still gets every model, unlike a neighbour that cannot be reached.
     sent = []
@@ -398,7 +399,7 @@ def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(
     assert sent == [1, 1, 1, 1]
     # Once let in again, its next message of the window brings it back.
     assert peer.deliver(iter(encode(1, 8, good, peer.specs))) == (True, "", 7)
-    assert peer.inbox.gone() == {3} and peer._back_at == {1: 8} and peer._shut_out == set()
+    assert peer.inbox.gone() == {3} and peer.presence.back_at == {1: 8} and peer.presence.shut_out == set()
 
 
 def _push(servicer, sent, read):
@@ -517,7 +518,7 @@ def test_the_bucket_refills_each_round_of_the_receiver():
 
 @pytest.mark.parametrize("model", ["softmax_regression", "mlp"])
 def test_a_receiver_buffers_no_more_than_the_models_size_per_call(small_scenario, tmp_path, model):
-    from dfedrw.peer.transports import grpc_transport_for, scenario_model_specs
+    from dfedrw.peer.wiring import grpc_transport_for, scenario_model_specs
 
     scenario = small_scenario(f"train.model={model}", "train.hidden=8", "network.tls=off")
     transport = grpc_transport_for(scenario, "127.0.0.1", 0)

@@ -1,0 +1,317 @@
+"""What a rule is given and what it returns, for one client (:class:`RoundInputs`,
+:class:`Aggregate`) or for many at once (:class:`RoundBatch`), and the weighted sums every rule
+ends with (non-finite rows left out, float64 sums, blocks of columns for big models). The
+conventions are those of :mod:`peer.aggregation.rules`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from dfedrw.peer.aggregation.columns import column_blocks, in_blocks, weighted_rows
+from dfedrw.peer.registry import check_int
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What a client hands its aggregation rule in round ``round``.
+
+    ``vectors[i]`` is the flattened model sent by ``ids[i]``; ``ids[0] == own_id`` is the
+    client's own model. ``num_samples[i]`` is the training-set size sender ``ids[i]``
+    declared (0 if unknown). ``evaluate(candidates) -> {"accuracy": [C], "loss": [C]}`` runs
+    candidates on the client's auxiliary data (needed by DFedReweighting only).
+    Sequences are normalised to tuples; inconsistent inputs raise ``ValueError``.
+    """
+
+    own_id: int
+    round: int
+    ids: tuple[int, ...]
+    vectors: torch.Tensor
+    num_samples: tuple[int, ...]
+    evaluate: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
+    # Scheduled number of rounds T (BALANCE's acceptance radius decays with t/T); 0 if unknown.
+    total_rounds: int = 0
+    # Training loss each sender declared for its model (q-FFL weights by it); NaN if unknown.
+    declared_losses: tuple[float, ...] | None = None
+    # The client's model at the start of the round, w_k^t (before its local step): rules that
+    # work on updates (Flame, q-FFL) measure them against it. None if unknown.
+    reference: torch.Tensor | None = None
+    # Which rows of ``vectors`` are finite, when the caller has checked (the batched engine
+    # checks a round's pool once); None: a rule that needs it checks (:meth:`finite_list`).
+    finite: tuple[bool, ...] | None = None
+
+    def finite_list(self) -> list[bool]:
+        """Per row of ``vectors``: whether every value is finite."""
+        return finite_rows(self.vectors).tolist() if self.finite is None else list(self.finite)
+
+    def __post_init__(self) -> None:
+        own_id = check_int("RoundInputs", "own_id", self.own_id)
+        check_int("RoundInputs", "round", self.round, minimum=0)
+        if isinstance(self.ids, (str, bytes)) or not isinstance(self.ids, Sequence):
+            raise ValueError(f"RoundInputs: ids must be a sequence of ints, got {self.ids!r}")
+        ids = tuple(check_int("RoundInputs", "ids[]", i) for i in self.ids)
+        if not ids or ids[0] != own_id:
+            raise ValueError(
+                f"RoundInputs: ids[0] must be own_id {own_id} (own model first), got ids={ids}"
+            )
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"RoundInputs: ids must be distinct, got {ids}")
+        vectors = self.vectors
+        if not isinstance(vectors, torch.Tensor) or vectors.dim() != 2:
+            shape = tuple(vectors.shape) if isinstance(vectors, torch.Tensor) else type(vectors)
+            raise ValueError(f"RoundInputs: vectors must be a 2-D tensor [C, D], got {shape}")
+        if not vectors.is_floating_point():
+            raise ValueError(f"RoundInputs: vectors must be floating point, got {vectors.dtype}")
+        if vectors.shape[0] != len(ids):
+            raise ValueError(
+                f"RoundInputs: vectors has {vectors.shape[0]} rows but there are {len(ids)} ids"
+            )
+        if isinstance(self.num_samples, (str, bytes)) or not isinstance(
+            self.num_samples, Sequence
+        ):
+            raise ValueError(
+                f"RoundInputs: num_samples must be a sequence of ints, got {self.num_samples!r}"
+            )
+        num_samples = tuple(
+            check_int("RoundInputs", "num_samples[]", n, minimum=0) for n in self.num_samples
+        )
+        if len(num_samples) != len(ids):
+            raise ValueError(
+                f"RoundInputs: num_samples has {len(num_samples)} entries but there are "
+                f"{len(ids)} ids"
+            )
+        if self.evaluate is not None and not callable(self.evaluate):
+            raise ValueError(
+                f"RoundInputs: evaluate must be callable or None, got {self.evaluate!r}"
+            )
+        check_int("RoundInputs", "total_rounds", self.total_rounds, minimum=0)
+        if self.reference is not None and (
+            not isinstance(self.reference, torch.Tensor) or tuple(self.reference.shape) != (vectors.shape[1],)
+        ):
+            raise ValueError(f"RoundInputs: reference must be a [D] tensor with D = {vectors.shape[1]}")
+        if self.declared_losses is not None:
+            losses = tuple(float(x) for x in self.declared_losses)
+            if len(losses) != len(ids):
+                raise ValueError(
+                    f"RoundInputs: declared_losses has {len(losses)} entries but there are {len(ids)} ids"
+                )
+            object.__setattr__(self, "declared_losses", losses)
+        if self.finite is not None:
+            finite = tuple(bool(x) for x in self.finite)
+            if len(finite) != len(ids):
+                raise ValueError(f"RoundInputs: finite has {len(finite)} entries but there are {len(ids)} ids")
+            object.__setattr__(self, "finite", finite)
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "num_samples", num_samples)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A rule's result: the new model, the weight per sender id, the TPM score per sender id."""
+
+    model: torch.Tensor
+    weights: dict[int, float]
+    scores: dict[int, float] | None = None
+
+
+EvaluateMany = Callable[[torch.Tensor, Sequence[Callable[[torch.Tensor], Mapping[str, torch.Tensor]]], Sequence[Sequence[int]]], list[Mapping[str, torch.Tensor]]]
+"""``evaluate_many(vectors [R, D], owners, rows) -> [metrics of owner i's candidates]``: each
+owner given by its ``evaluate`` (an entry of :attr:`RoundBatch.evaluate`). One that takes a
+keyword ``metrics`` (a tuple of keys) may be asked for those metrics only, and then returns
+mappings of those keys."""
+
+
+@runtime_checkable
+class Rule(Protocol):
+    """Anything mapping :class:`RoundInputs` to an :class:`Aggregate`.
+
+    A rule may also offer ``batched(batch: RoundBatch) -> list[Aggregate]``: the same round
+    of many clients at once (the batched engine calls it for the clients that share the rule,
+    and calls the rule once per client when it has none). It must give each client what
+    ``rule(batch.one(c))`` gives, up to float rounding."""
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate: ...
+
+
+@dataclass(frozen=True)
+class RoundBatch:
+    """Round ``round`` of several clients at once, their candidates pooled.
+
+    ``vectors [R, D]`` holds every candidate model of the round once (each client's own model,
+    each message a client received); client ``c``'s candidates are the rows ``rows[c]``
+    (its own first), sent by ``ids[c]`` (its own id first), who declared ``num_samples[c]``
+    and ``declared_losses[c]``. ``evaluate[c]``, ``references[c]``: as in
+    :class:`RoundInputs`. :meth:`one` is client ``c``'s :class:`RoundInputs`.
+
+    ``evaluate_many(vectors, owners, rows)``, when given, scores many clients' candidates at
+    once: for each ``owners[i]`` (a client's ``evaluate``) the pooled rows ``rows[i]`` on that
+    client's auxiliary data, returning what that ``evaluate`` returns for
+    ``vectors[list(rows[i])]``, one mapping per owner. A rule's batched path may use it in
+    place of one ``evaluate`` call per client.
+    """
+
+    round: int
+    vectors: torch.Tensor
+    rows: tuple[tuple[int, ...], ...]
+    ids: tuple[tuple[int, ...], ...]
+    num_samples: tuple[tuple[int, ...], ...]
+    declared_losses: tuple[tuple[float, ...], ...] | None = None
+    evaluate: tuple[Callable[[torch.Tensor], dict[str, torch.Tensor]] | None, ...] | None = None
+    references: torch.Tensor | None = None
+    total_rounds: int = 0
+    evaluate_many: EvaluateMany | None = None
+    # In a batch of runs (several scenarios' clients at once), the run of each client: each
+    # run's models are summed by a product of their own (see :meth:`combine`).
+    runs: tuple[int, ...] | None = None
+    # Which pooled rows are finite (bool CPU [R]), when the caller knows it: see :meth:`finite`.
+    finite_pool: torch.Tensor | None = None
+    # Each client's own rule, when rules that differ only in what their ``batch_group`` leaves
+    # out (Flame's per-client seed) share one ``batched`` call; None: the called rule is every
+    # client's.
+    rules: tuple[Any, ...] | None = None
+
+    def finite(self) -> torch.Tensor:
+        """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
+        ``vectors``): given by the caller, which checks the pool once for all the rules of a
+        round, or computed here."""
+        return finite_rows(self.vectors) if self.finite_pool is None else self.finite_pool
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def one(self, c: int) -> RoundInputs:
+        return RoundInputs(
+            own_id=self.ids[c][0], round=self.round, ids=self.ids[c], vectors=self.vectors[list(self.rows[c])],
+            num_samples=self.num_samples[c], evaluate=None if self.evaluate is None else self.evaluate[c],
+            total_rounds=self.total_rounds, declared_losses=None if self.declared_losses is None else self.declared_losses[c],
+            reference=None if self.references is None else self.references[c],
+            finite=None if self.finite_pool is None else tuple(self.finite_pool[list(self.rows[c])].tolist()),
+        )
+
+    def select(self, clients: Sequence[int]) -> RoundBatch:
+        """The same round for the clients at positions ``clients`` only (the pool is shared)."""
+
+        def pick(values):
+            return None if values is None else tuple(values[c] for c in clients)
+
+        return RoundBatch(
+            round=self.round, vectors=self.vectors, rows=pick(self.rows), ids=pick(self.ids), num_samples=pick(self.num_samples),
+            declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
+            references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
+            evaluate_many=self.evaluate_many, runs=pick(self.runs), finite_pool=self.finite_pool, rules=pick(self.rules),
+        )
+
+    def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
+        """Every client's ``sum_i v_i w_i`` at once: ``weights[c]`` (float64 [len(rows[c])], or
+        Python floats) weighs client ``c``'s candidate rows. As :func:`weighted_sum`: in float64,
+        rows with weight 0 left out (so a NaN row of one client cannot reach another's sum);
+        float32 [C, D]. One product for all clients: dense while the weight matrix is small,
+        sparse beyond (thousands of clients, each with a few candidates).
+
+        In a batch of runs, each run's clients get a product of their own, the one the run has
+        alone: a product's summation order depends on its shape, and a run's models must not
+        depend on the runs beside it."""
+        if self.runs is None or len(set(self.runs)) <= 1:
+            return self._combine(range(len(self.rows)), weights)
+        out = torch.empty(len(self.rows), self.vectors.shape[1], dtype=torch.float32)
+        by_run: dict[Any, list[int]] = {}
+        for c, of in enumerate(self.runs):
+            by_run.setdefault(of, []).append(c)
+        for members in by_run.values():
+            combined = self._combine(members, [weights[c] for c in members])
+            if members[-1] - members[0] + 1 == len(members):  # a run's clients are consecutive: a slice
+                out[members[0] : members[-1] + 1] = combined
+            else:
+                out[members] = combined
+        return out
+
+    def _combine(self, clients: Sequence[int], weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
+        """:meth:`combine` of the clients at positions ``clients`` (``weights`` in their order)."""
+        rows, cols, values = [], [], []
+        for c, (client, w) in enumerate(zip(clients, weights, strict=True)):
+            for row, v in zip(self.rows[client], w.tolist() if isinstance(w, torch.Tensor) else w, strict=True):
+                if v > 0:
+                    rows.append(c)
+                    cols.append(row)
+                    values.append(v)
+        used = sorted(set(cols))
+        position = {row: i for i, row in enumerate(used)}
+        places = [position[r] for r in cols]
+        shape = (len(clients), len(used))
+        if used and used[-1] - used[0] + 1 == len(used):  # consecutive rows (the usual case): a view, no gather
+            pooled = self.vectors[used[0] : used[-1] + 1].to(device="cpu", dtype=torch.float64)
+        else:
+            pooled = self.vectors.index_select(0, torch.tensor(used, dtype=torch.long, device=self.vectors.device)).to(device="cpu", dtype=torch.float64)
+        # Dense only without a NaN/Inf row: there a 0 weight would still give 0 * NaN = NaN.
+        # (The pool's rows as the intake found them, where it says; a float32 row that is
+        # finite stays so in float64.)
+        finite = bool(self.finite_pool[used].all()) if self.finite_pool is not None else bool(torch.isfinite(pooled).all())
+        if shape[0] * shape[1] <= _DENSE_COMBINE and finite:
+            dense = [0.0] * (shape[0] * shape[1])
+            for row, place, value in zip(rows, places, values, strict=True):
+                dense[row * shape[1] + place] = value
+            matrix = torch.tensor(dense, dtype=torch.float64).view(shape)
+            return (matrix @ pooled).to(torch.float32)
+        index = torch.tensor([rows, places], dtype=torch.long)
+        matrix = torch.sparse_coo_tensor(index, torch.tensor(values, dtype=torch.float64), shape, check_invariants=True).coalesce()
+        return torch.sparse.mm(matrix, pooled).to(torch.float32)
+
+
+_DENSE_COMBINE = 1 << 16  # entries of the [clients, rows] weight matrix below which it is dense
+
+
+def finite_rows(vectors: torch.Tensor) -> torch.Tensor:
+    """Boolean CPU mask [C]: True where the whole row is finite (a big model's a block of
+    coordinates at a time: no mask as large as the candidates)."""
+    if vectors.dim() != 2 or not in_blocks(vectors.shape[1]):
+        return torch.isfinite(vectors).all(dim=1).cpu()
+    finite = torch.ones(len(vectors), dtype=torch.bool, device=vectors.device)
+    for block in column_blocks(vectors.shape[1]):
+        finite &= torch.isfinite(vectors[:, block]).all(dim=1)
+    return finite.cpu()
+
+
+def weighted_sum(vectors: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``sum_i v_i w_i`` over the rows with ``v_i > 0``, in float64, returned as float32 [D].
+
+    Rows with zero weight are dropped *before* multiplying so a NaN row cannot poison the sum.
+    A big model's float64 rows are made a block of coordinates at a time (:mod:`.columns`).
+    """
+    weights = weights.to(dtype=torch.float64, device="cpu")
+    used = weights > 0
+    if in_blocks(vectors.shape[1]):
+        index = None if bool(used.all()) else used.nonzero().squeeze(1).to(vectors.device)
+        return weighted_rows(weights[used].to(vectors.device), vectors, index)
+    rows = vectors[used.to(vectors.device)].to(torch.float64)
+    return (weights[used].to(vectors.device) @ rows).to(torch.float32)
+
+
+def _own_only(count: int) -> torch.Tensor:
+    weights = torch.zeros(count, dtype=torch.float64)
+    weights[0] = 1.0
+    return weights
+
+
+def _normalised(weights: torch.Tensor) -> torch.Tensor:
+    """Weights summing to 1; all on the own model (row 0) when none is positive."""
+    total = weights.sum()
+    if not bool(total > 0):
+        weights = _own_only(len(weights))
+        total = weights.sum()
+    return weights / total
+
+
+def weighted_aggregate(inputs: RoundInputs, weights: torch.Tensor, scores: torch.Tensor | None) -> Aggregate:
+    """The :class:`Aggregate` of ``inputs`` under ``weights`` (normalised; all on the own model
+    when none is positive), with each sender's weight and, when given, its score."""
+    weights = _normalised(weights)
+    return Aggregate(
+        model=weighted_sum(inputs.vectors, weights),
+        weights={sender: float(w) for sender, w in zip(inputs.ids, weights.tolist())},
+        scores=None
+        if scores is None
+        else {sender: float(s) for sender, s in zip(inputs.ids, scores.tolist())},
+    )
