@@ -8,8 +8,6 @@ client is single-threaded and seeded, and no deadline is missed at a 10 s round 
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +17,7 @@ import torch
 
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config import load_scenario
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -71,15 +69,8 @@ def torchrun(scenario_file, out, nproc, env=None):
     }
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(out)]
     start = time.monotonic()
-    # Own session: the job's workers can be killed with it, by its process group id.
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    return proc.returncode, output, time.monotonic() - start
+    rc, output = run_job(cmd, cwd=REPO, timeout=RUN_TIMEOUT, env=child_env)
+    return rc, output, time.monotonic() - start
 
 
 def read_summary(out):

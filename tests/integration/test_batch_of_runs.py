@@ -15,7 +15,7 @@ import pytest
 from dfedrw.launch.batched import batch_key, run_many, run_together
 from dfedrw.launch.batched_run import BatchedRun
 from dfedrw.peer.config import dump_scenario
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 from tests.support.parity import BY_ID, CASES, DIR, differences, make_case, scenario
 
 SOME = [

@@ -28,18 +28,13 @@ from dfedrw.peer.transport.grpc_transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import TensorSpec, encode
-from tests.helpers import ClientThreads, loopback_grpc
-
-SPECS = (TensorSpec("w", "float32", (4,)),)
+from tests.support.network import ClientThreads, loopback_grpc
+from tests.support.wire import SPECS_4, filled
 
 
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
-
-
-def vec(r):
-    return torch.full((4,), float(r))
 
 
 class Receiver:
@@ -91,7 +86,7 @@ class Neighbour:
     def _run(self):
         r = 0
         while not self.stop.is_set() and r < 5000:
-            self.transport.send(0, encode(1, r, vec(r), SPECS))
+            self.transport.send(0, encode(1, r, filled(r), SPECS_4))
             self.sent = r = r + 1
             time.sleep(self.period)
 
@@ -303,10 +298,10 @@ def test_an_idle_call_is_ended_and_the_sender_reopens_for_its_next_message(run, 
         codes, took = on_loop(idle_calls(), timeout=30)
         sender.connect({0: receiver.address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
-        sender.send(0, encode(1, 0, vec(0), SPECS))
+        sender.send(0, encode(1, 0, filled(0), SPECS_4))
         sender.flush(10.0)
         time.sleep(1.5)  # the receiver ends the sender's call meanwhile
-        sender.send(0, encode(1, 1, vec(1), SPECS))
+        sender.send(0, encode(1, 1, filled(1), SPECS_4))
         sender.flush(10.0)
         refused = receiver.transport.refused
     finally:
@@ -329,7 +324,7 @@ def test_a_sender_lets_its_own_idle_call_go_before_the_receiver_ends_it(run, sma
         sender.connect({0: receiver.address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         for r in range(3):
-            sender.send(0, encode(1, r, vec(r), SPECS))
+            sender.send(0, encode(1, r, filled(r), SPECS_4))
             sender.flush(10.0)
             time.sleep(0.8)
         refused = receiver.transport.refused
@@ -347,8 +342,8 @@ def test_a_flooding_member_is_rate_limited_then_shut_out_and_a_neighbour_is_not(
     receiver = Receiver(scenario, identity(0))
     neighbour = Neighbour(scenario, identity(1), receiver)
     channel = attacker_channel(identity(2), receiver.address)
-    stale = encode(2, 0, vec(0), SPECS)
-    future = encode(2, 10**6, vec(0), SPECS)
+    stale = encode(2, 0, filled(0), SPECS_4)
+    future = encode(2, 10**6, filled(0), SPECS_4)
     assert len(stale) == len(future) == 1
 
     try:

@@ -16,7 +16,8 @@ from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.plugins import RULE_REGISTRY
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console, write_image_idx
+from tests.support.datafiles import write_image_idx
+from tests.support.runs import quiet_console
 
 ROUNDS = 2
 FAST_RULES = {"krum", "multi_krum", "flame", "geometric_median", "dfedreweighting"}

@@ -29,7 +29,7 @@ from dfedrw.peer.attacks import ATTACK_REGISTRY
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 from tests.support.parity import engine_differences, report_differences
 
 ROUNDS = 20

@@ -81,7 +81,7 @@ def test_docker_compose_reads_the_file_as_generated(tmp_path):
 
 @needs_compose
 def test_a_cifar_cluster_of_resnet18_clients_mounts_the_data_folder(tmp_path):
-    from tests.helpers import write_cifar
+    from tests.support.datafiles import write_cifar
 
     data = tmp_path / "cifar"
     write_cifar(data / "cifar-10-batches-bin", (*(f"data_batch_{i}.bin" for i in range(1, 6)), "test_batch.bin"), (10,))

@@ -17,7 +17,7 @@ import torch
 from dfedrw.peer.results import read_rounds
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.serde import encode
-from tests.helpers import ClientThreads
+from tests.support.network import ClientThreads
 
 U64 = 2**64 - 1
 

@@ -12,7 +12,7 @@ from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 
 ROUNDS = 10
 SETTINGS = [

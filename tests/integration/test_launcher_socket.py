@@ -15,7 +15,7 @@ from dfedrw.launch.local import Child, LocalRun
 from dfedrw.launch.progress import ProgressBoard
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.telemetry import LauncherLink
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 from tests.support.link import MALFORMED, TOKENS, register
 
 

@@ -16,7 +16,7 @@ from dfedrw.peer.results import read_rounds
 from dfedrw.peer.transport.grpc_transport import GrpcTransport
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.serde import encode
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 from tests.support.wire import SPECS, vec
 
 EPIDEMIC = ("topology.schedule=epidemic", "topology.schedule_params.epidemic.fanout=2")

@@ -14,7 +14,7 @@ from dfedrw.experiments import sweep
 from dfedrw.experiments.grid import load_grid
 from dfedrw.experiments.sweep import run_sweep
 from dfedrw.experiments.sweep_plan import plan_batches, plan_sweep, run_state
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 from tests.support.parity import differences
 from tests.support.sweeps import GRID, TINY, write_grid
 

@@ -14,7 +14,8 @@ from dfedrw.experiments.cli import main
 from dfedrw.launch.batched import run_batched
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config import load_scenario
-from tests.helpers import check_tensorboard, quiet_console
+from tests.support.runs import quiet_console
+from tests.support.tensorboard import check_tensorboard
 
 REPO = Path(__file__).resolve().parents[2]
 # 4 honest clients and a Byzantine one whose models DFedAvg takes in: a share above 0.
@@ -50,7 +51,7 @@ def test_a_run_without_the_flag_writes_no_event_file_and_imports_no_tensorboard(
     code = (
         "import sys; from pathlib import Path; "
         "from dfedrw.launch.runner import run_scenario; from dfedrw.peer.config import load_scenario; "
-        "from tests.helpers import quiet_console; "
+        "from tests.support.runs import quiet_console; "
         f"run_scenario(load_scenario(None, {SETTINGS!r}), Path(sys.argv[1]), console=quiet_console()); "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'tensorboard'], 'tensorboard imported'"
     )

@@ -4,19 +4,13 @@ import threading
 
 import grpc
 import pytest
-import torch
 
 from dfedrw.peer.identity import load_identity, make_certificates
 from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
 from dfedrw.peer.transport.grpc_transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
-from dfedrw.peer.transport.serde import TensorSpec, encode
-
-SPECS = (TensorSpec("w", "float32", (4,)),)
-
-
-def vec(r):
-    return torch.full((4,), float(r))
+from dfedrw.peer.transport.serde import encode
+from tests.support.wire import SPECS_4, filled
 
 
 class Receiver:
@@ -58,7 +52,7 @@ def test_the_receiver_learns_the_sender_from_its_certificate(run):
         sender.connect({0: receiver.address}, lambda peer, state: None)
         assert sender.wait_ready(10.0) == []
         for r in range(3):
-            sender.send(0, encode(2, r, vec(r), SPECS))
+            sender.send(0, encode(2, r, filled(r), SPECS_4))
         sender.flush(10.0)
     finally:
         sender.close()
@@ -68,7 +62,7 @@ def test_the_receiver_learns_the_sender_from_its_certificate(run):
 def test_a_member_claiming_another_id_is_named_an_impostor(run):
     tmp, receiver = run
     me = load_identity(tmp / "run", 3)
-    reply = push(receiver.address, encode(1, 0, vec(0), SPECS), channel_credentials(me), identity_options(me, 0))
+    reply = push(receiver.address, encode(1, 0, filled(0), SPECS_4), channel_credentials(me), identity_options(me, 0))
     assert (reply.accepted, reply.reason) == (False, "impersonation")
     assert receiver.got == [(3, 1)]
 
@@ -77,16 +71,16 @@ def test_another_runs_certificate_and_no_certificate_are_refused_at_the_handshak
     tmp, receiver = run
     stranger = load_identity(tmp / "other", 1)  # names client 1, of another run
     with pytest.raises(grpc.RpcError) as err:
-        push(receiver.address, encode(1, 0, vec(0), SPECS), channel_credentials(stranger), identity_options(stranger, 0))
+        push(receiver.address, encode(1, 0, filled(0), SPECS_4), channel_credentials(stranger), identity_options(stranger, 0))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     # Trusting the run's CA but presenting no certificate of its own.
     ca_only = grpc.ssl_channel_credentials(root_certificates=load_identity(tmp / "run", 1).ca_pem)
     with pytest.raises(grpc.RpcError) as err:
-        push(receiver.address, encode(1, 0, vec(0), SPECS), ca_only, identity_options(stranger, 0))
+        push(receiver.address, encode(1, 0, filled(0), SPECS_4), ca_only, identity_options(stranger, 0))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(grpc.RpcError):
         with grpc.insecure_channel(receiver.address) as channel:
-            pb_grpc.PeerStub(channel).Push(iter(encode(1, 0, vec(0), SPECS)), timeout=10)
+            pb_grpc.PeerStub(channel).Push(iter(encode(1, 0, filled(0), SPECS_4)), timeout=10)
     assert receiver.got == []
 
 
@@ -95,6 +89,6 @@ def test_a_sender_checks_that_the_receiver_is_the_client_it_meant(run):
     me = load_identity(tmp / "run", 2)
     # Client 0 listens at this address; a sender that meant client 1 must not talk to it.
     with pytest.raises(grpc.RpcError) as err:
-        push(receiver.address, encode(2, 0, vec(0), SPECS), channel_credentials(me), identity_options(me, 1))
+        push(receiver.address, encode(2, 0, filled(0), SPECS_4), channel_credentials(me), identity_options(me, 1))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert receiver.got == []

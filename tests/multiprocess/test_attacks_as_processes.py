@@ -18,7 +18,7 @@ from dfedrw.launch.local import LocalRun
 from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
 from dfedrw.peer.config import dump_scenario, load_scenario
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console, run_job
+from tests.support.runs import quiet_console, run_job
 
 pytestmark = pytest.mark.slow
 

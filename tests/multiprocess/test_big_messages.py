@@ -6,7 +6,7 @@ import pytest
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.results import read_final, read_rounds
 from dfedrw.peer.wiring import scenario_model_specs
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ import pytest
 
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.config import dump_scenario, load_scenario
-from tests.helpers import quiet_console, run_job, write_image_idx
+from tests.support.datafiles import write_image_idx
+from tests.support.runs import quiet_console, run_job
 from tests.integration.test_cnn_parts import ROUNDS, check_run
 
 pytestmark = pytest.mark.slow

@@ -27,7 +27,7 @@ from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.plan import scenario_topology
 from dfedrw.peer.results import read_final, read_rounds
-from tests.helpers import quiet_console, wait_for
+from tests.support.runs import quiet_console, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 
 pytestmark = pytest.mark.slow
 

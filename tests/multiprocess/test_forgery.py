@@ -27,7 +27,7 @@ from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode, model_specs
 from dfedrw.peer.models import build_model
-from tests.helpers import quiet_console, wait_for
+from tests.support.runs import quiet_console, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

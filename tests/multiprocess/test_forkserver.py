@@ -14,7 +14,7 @@ import zmq
 from dfedrw.launch.forkserver import ForkServer, fork_available
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.config import dump_scenario
-from tests.helpers import quiet_console, wait_for
+from tests.support.runs import quiet_console, wait_for
 from tests.support.parity import differences
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not fork_available(), reason="no os.fork here")]

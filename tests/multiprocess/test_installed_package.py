@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_job
+from tests.support.runs import run_job
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console, wait_for
+from tests.support.runs import quiet_console, wait_for
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.results import read_rounds
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 
 
 @pytest.mark.slow

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.runs import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +29,7 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str]) -> tuple[int, str]:
-    """Run a command to completion in its own session (bounded); its group is killed if it overruns."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, output
+    return run_job(cmd, cwd=ROOT, timeout=TIMEOUT, env=_env())
 
 
 @pytest.fixture

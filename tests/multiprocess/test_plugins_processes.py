@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.runs import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +37,10 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str]) -> tuple[int, str, float]:
-    """Run a launcher to completion in its own session (bounded); its whole group is killed if
-    it overruns or the test fails."""
+    """Run a launcher to completion (bounded, see run_job); also returns how long it took."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, output, time.monotonic() - start
+    rc, output = run_job(cmd, cwd=ROOT, timeout=TIMEOUT, env=_env())
+    return rc, output, time.monotonic() - start
 
 
 def _check_results(out: Path, output: str) -> None:

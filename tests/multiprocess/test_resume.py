@@ -19,7 +19,7 @@ from dfedrw.launch.collect import collect_summary
 from dfedrw.peer.config import dump_scenario, load_scenario
 from dfedrw.peer.identity import make_certificates
 from dfedrw.peer.results import read_final, read_rounds
-from tests.helpers import wait_for
+from tests.support.runs import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 N = 5

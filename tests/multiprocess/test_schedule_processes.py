@@ -15,7 +15,7 @@ from dfedrw.peer.config import load_scenario
 from dfedrw.peer.results import read_rounds
 from dfedrw.topologies import place_byzantine
 from dfedrw.topologies.schedules import random_regular_connected, round_seed
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ from dfedrw.experiments.sweep_plan import RUNS_DIR
 from dfedrw.launch.batched import run_batched
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config import dump_scenario, load_scenario
-from tests.helpers import check_tensorboard, quiet_console, run_job
+from tests.support.runs import quiet_console, run_job
+from tests.support.tensorboard import check_tensorboard
 
 pytestmark = pytest.mark.slow
 

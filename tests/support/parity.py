@@ -14,7 +14,7 @@ from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.attacks import ATTACK_REGISTRY
 from dfedrw.peer.config import load_scenario
 from dfedrw.peer.results import read_final, read_rounds
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 
 
 STRICT_ROUNDS = 30

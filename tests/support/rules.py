@@ -17,14 +17,14 @@ def column_evaluate(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def inputs_for(rows, *, own_id=7, ids=None, round_=0, total_rounds=0, losses=None,
-               reference=None, evaluate=column_evaluate) -> RoundInputs:
+               reference=None, evaluate=column_evaluate, num_samples=None) -> RoundInputs:
     ids = ids or (own_id, *range(100, 100 + len(rows) - 1))
     return RoundInputs(
         own_id=own_id,
         round=round_,
         ids=tuple(ids),
         vectors=torch.tensor(rows, dtype=torch.float32),
-        num_samples=(0,) * len(rows),
+        num_samples=tuple(num_samples or (0,) * len(rows)),
         evaluate=evaluate,
         total_rounds=total_rounds,
         declared_losses=None if losses is None else tuple(losses),

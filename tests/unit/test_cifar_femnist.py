@@ -16,7 +16,7 @@ import torch
 from dfedrw.peer.data import DatasetUnavailable
 from dfedrw.peer.datacache import stored_dataset, verify_stored
 from dfedrw.peer.datasets import CIFAR10, CIFAR100, build_dataset, input_shape_of, load_grouped_splits, load_splits
-from tests.helpers import leaf_writer, tar_gz, write_cifar, write_leaf
+from tests.support.datafiles import leaf_writer, tar_gz, write_cifar, write_leaf
 
 CIFAR10_FILES = CIFAR10.train_files + CIFAR10.test_files
 CIFAR100_FILES = CIFAR100.train_files + CIFAR100.test_files

@@ -20,7 +20,7 @@ from dfedrw.peer.data import (
     read_idx,
 )
 from dfedrw.peer.datasets import DATASET_REGISTRY, IDX_FILES, load_dataset
-from tests.helpers import idx_bytes, write_idx, write_idx_dataset
+from tests.support.datafiles import idx_bytes, write_idx, write_idx_dataset
 
 # --------------------------------------------------------------------------------- IDX reader
 

@@ -16,7 +16,7 @@ from dfedrw.peer.datacache import CACHE_ENV, clear_stored
 from dfedrw.peer.datacache import stored_dataset as stored_source
 from dfedrw.peer.datacache import verify_stored as verify_source
 from dfedrw.peer.datasets import build_dataset, load_dataset
-from tests.helpers import write_idx_dataset
+from tests.support.datafiles import write_idx_dataset
 
 
 def stored_dataset(name, data_dir=None):
@@ -218,7 +218,7 @@ def test_clients_data_without_shards_gives_the_same_aux_sets_and_rows(small_scen
 @pytest.fixture
 def leaf_dir(tmp_path):
     """LEAF FEMNIST files of 6 writers (2..7 training rows each, 1 test row)."""
-    from tests.helpers import leaf_writer, write_leaf
+    from tests.support.datafiles import leaf_writer, write_leaf
 
     folder = tmp_path / "femnist"
     writers = {f"f{i:04d}_00": leaf_writer(2 + i, seed=i) for i in range(6)}

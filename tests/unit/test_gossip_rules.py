@@ -9,6 +9,7 @@ exactly what its own call gives, and the displacement bound the clipping rules a
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -18,14 +19,13 @@ from hypothesis import strategies as st
 from dfedrw.peer.aggregation import (
     RULE_REGISTRY,
     UBAR,
-    Aggregate,
     ClippedGossip,
     CSPlusRG,
     RoundBatch,
     RoundInputs,
 )
-
-NAN = float("nan")
+from tests.support import rules
+from tests.support.rules import NAN, assert_model, assert_weights
 
 
 def loss_to_three(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -34,23 +34,7 @@ def loss_to_three(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"accuracy": -loss, "loss": loss}
 
 
-def inputs_for(rows, *, own_id=7, ids=None, evaluate=loss_to_three) -> RoundInputs:
-    ids = ids or (own_id, *range(100, 100 + len(rows) - 1))
-    return RoundInputs(
-        own_id=own_id, round=0, ids=tuple(ids), vectors=torch.tensor(rows, dtype=torch.float32),
-        num_samples=(0,) * len(rows), evaluate=evaluate,
-    )
-
-
-def assert_weights(aggregate: Aggregate, expected: dict[int, float]) -> None:
-    assert list(aggregate.weights) == list(expected)
-    for sender, weight in expected.items():
-        assert aggregate.weights[sender] == pytest.approx(weight, abs=1e-12), sender
-
-
-def assert_model(aggregate: Aggregate, expected: list[float], atol: float = 1e-6) -> None:
-    assert aggregate.model.dtype == torch.float32
-    torch.testing.assert_close(aggregate.model, torch.tensor(expected, dtype=torch.float32), atol=atol, rtol=0)
+inputs_for = partial(rules.inputs_for, evaluate=loss_to_three)
 
 
 # Own model 0, neighbours at 1, 2, 10 (ids 100, 101, 102): distances 1, 2, 10; C = 4 candidates.

@@ -10,7 +10,7 @@ import pytest
 from dfedrw.launch import link
 from dfedrw.launch.link import LinkGate, parse_frame
 from dfedrw.launch.progress import ProgressBoard
-from tests.helpers import quiet_console
+from tests.support.runs import quiet_console
 from tests.support.link import MALFORMED, TOKENS, frame, register
 
 

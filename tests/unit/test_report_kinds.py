@@ -8,7 +8,7 @@ from dfedrw.experiments.report import ReportError, load_results, normalize_repor
 from dfedrw.experiments import robustness, tpm_pairs
 from dfedrw.experiments.robustness import ranking, render_worst_case_csv, worst_case
 from dfedrw.experiments.tpm_pairs import verdict
-from tests.support.reports import make_fairness, write_run, write_sweep
+from tests.support.reports import FAIR_AXES, FAIR_SPEC, make_fairness, write_run, write_sweep
 
 
 def peers(acc, byzantine):
@@ -123,14 +123,8 @@ def make_pairs(root, spec=PAIR_SPEC):
 
 # --------------------------------------------------------------------------- fairness: global accuracy
 
-FAIR_AXES = {"seed": ["43", "44"], "data.partition": ["iid", "dirichlet:0.1"], "method": ["DFedAvg", "Ours"]}
-FAIR_SPEC = {
-    "kind": "fairness",
-    "rows": ["data.partition"],
-    "columns": "method",
-    "row_labels": {"iid": "IID", "dirichlet:0.1": "Diri(0.1)"},
-    "axis_labels": {"data.partition": "DH"},
-}
+# The fairness sweep's axes and report are those of tests.support.reports; here its runs have
+# global accuracies too.
 # (partition, method) -> ((local, global) seed 43, (local, global) seed 44)
 FAIR_RUNS = {
     ("iid", "DFedAvg"): ((80.0, 80.0), (82.0, 81.0)),

@@ -10,7 +10,7 @@ from dfedrw.peer.results import RoundLog
 from dfedrw.peer.tensorboard import (
     MEAN_DIR, TensorBoardUnavailable, check_fresh_event_dir, honest_mean, record_scalars, require_tensorboard, write_honest_mean,
 )
-from tests.helpers import read_scalars
+from tests.support.tensorboard import read_scalars
 
 needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="the tensorboard extra is not installed")
 

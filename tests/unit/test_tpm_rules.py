@@ -8,6 +8,7 @@ label is [x0 + x1 > 0]; its ``evaluate`` is the true loss/accuracy of each candi
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from dfedrw.peer.aggregation import (
     build_rule,
     make_tpm,
 )
+from tests.support import rules
 
 NAN = float("nan")
 INF = float("inf")
@@ -45,21 +47,8 @@ def fixed_evaluate(accuracy: list[float], loss: list[float]):
     return evaluate
 
 
-def column_evaluate(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
-    """loss = first coordinate, accuracy = second: scores readable straight off the rows."""
-    return {"loss": candidates[:, 0].clone(), "accuracy": candidates[:, 1].clone()}
-
-
-def inputs_for(rows: list[list[float]], num_samples=None, evaluate=column_evaluate, own_id=7):
-    ids = (own_id, *range(100, 100 + len(rows) - 1))
-    return RoundInputs(
-        own_id=own_id,
-        round=3,
-        ids=ids,
-        vectors=torch.tensor(rows, dtype=torch.float32),
-        num_samples=tuple(num_samples or [0] * len(rows)),
-        evaluate=evaluate,
-    )
+# The rows' own scores (loss = first coordinate, accuracy = second), at round 3.
+inputs_for = partial(rules.inputs_for, round_=3)
 
 
 def weights_list(aggregate: Aggregate) -> list[float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from functools import partial
 
 import numpy as np
 import pytest
@@ -18,13 +19,13 @@ from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import (
     DataChunk, PayloadDecoder, Plausible, TensorSpec, WireError, encode, message_out, parse_chunk, wire_size,
 )
+from tests.support import wire
 
 SPECS = (TensorSpec("w", "float32", (7, 9)), TensorSpec("b", "float32", (7,)))
 D = 70
 
 
-def vec(seed: int = 0) -> torch.Tensor:
-    return torch.randn(D, generator=torch.Generator().manual_seed(seed))
+vec = partial(wire.vec, size=D)
 
 
 def payload(v: torch.Tensor) -> bytes:
