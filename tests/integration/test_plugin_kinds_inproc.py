@@ -39,7 +39,10 @@ def test_a_users_transport_kind_places_clients_as_threads_and_loses_what_it_drop
             missing = json.loads(line)["missing"]
             assert set(missing) <= set(topology.neighbours(k))
             missed += len(missing)
+    # A model is missing from a round because the transport dropped it, or because it came
+    # after the receiver's deadline (counted there as stale, or refused as of a past round).
+    late = sum(r["stale_messages"] + r["rejected_by_reason"].get("stale_round", 0) for r in records.values())
     if drop == 0.0:
-        assert dropped == 0 and missed == 0
+        assert dropped == 0 and missed <= late
     else:
-        assert dropped > 0 and 0 < missed <= dropped
+        assert dropped > 0 and 0 < missed <= dropped + late
