@@ -131,8 +131,12 @@ CASES = [
 # calls (the same bits: measured, every train loss and score equal in rounds 0-3), but the
 # weighted sums of the aggregation round differently (1 ulp), and a deep network trained with
 # momentum amplifies that: measured on ResNet-20 below, the train losses first differ by 1 ulp
-# in round 4 and the scores by 1e-4 in round 16, past CNN_ROUNDS.
+# in round 4 and the scores by 1e-4 in round 16, past CNN_ROUNDS, on an AVX2 machine; on an
+# AVX-512 one (other kernels, the same 1-ulp start) the DFedAvg case's train losses differ by up
+# to 5.6e-4 relative in rounds 8-9. Their train losses are compared within CNN_LOSS_RTOL; the
+# senders, the weights and the missing neighbours as in every case.
 CNN_ROUNDS = 10
+CNN_LOSS_RTOL = 2e-3
 CNN_CASES = [
     make_case("lossclip-gaussian-iid-resnet20", LOSS_CLIP, "gaussian", 1, IID, "train.model=resnet20", "train.momentum=0.5"),
     make_case("dfedavg-none-dirichlet-resnet20", "dfedavg", "none", 0, DIR, "train.model=resnet20", "train.weight_decay=0.001"),
@@ -178,7 +182,7 @@ def _worst(x: dict[str, Any], y: dict[str, Any]) -> float:
     return max(diffs, default=float("nan"))
 
 
-def engine_differences(batched: Path, threads: Path, *, rule: str, rounds: int) -> list[str]:
+def engine_differences(batched: Path, threads: Path, *, rule: str, rounds: int, loss_rtol: float = LOSS_RTOL) -> list[str]:
     """Every way the batched run ``batched`` and the client run ``threads`` of one scenario
     differ beyond rounding (the tolerances of the module docstring), one line per difference:
     which client, which round, what, and both values. Empty when they agree."""
@@ -222,7 +226,7 @@ def engine_differences(batched: Path, threads: Path, *, rule: str, rounds: int) 
                     f"{at}: weights differ by {_worst(wa, wb):.3g} > {weight_atol:g} ({rule})"
                     f"\n    batched weights {wa}\n    threads weights {wb}"
                 )
-            if not _close(x.get("train_loss"), y.get("train_loss"), WEIGHT_ATOL, LOSS_RTOL):
+            if not _close(x.get("train_loss"), y.get("train_loss"), WEIGHT_ATOL, loss_rtol):
                 out.append(f"{at}: train loss batched {x.get('train_loss')!r} / threads {y.get('train_loss')!r}")
             ca, cb = x.get("scores"), y.get("scores")
             if (ca is None) != (cb is None) or (ca is not None and sorted(ca) != sorted(cb)):
