@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
-    from dfedrw.launch import batched
-    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.engines import batched
+    from dfedrw.engines.batched_run import BatchedRun
     from scoring_clock import scoring_clock
     from tests.support.parity import differences
 

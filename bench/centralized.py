@@ -60,11 +60,11 @@ def centralized(scenario) -> dict[str, Any]:
     import torch
     from torch.nn import functional as F
 
-    from dfedrw.peer.assembly import clients_data, initial_model
-    from dfedrw.peer.datacache import test_set
-    from dfedrw.peer.wiring import scenario_dataset
-    from dfedrw.peer.plan import derive_seed, scenario_topology
-    from dfedrw.peer.training import BatchOrder, evaluate, learning_rate, sgd_update
+    from dfedrw.peer.wiring.assembly import clients_data, initial_model
+    from dfedrw.peer.learning.datacache import test_set
+    from dfedrw.peer.wiring.build import scenario_dataset
+    from dfedrw.peer.wiring.plan import derive_seed, scenario_topology
+    from dfedrw.peer.learning.training import BatchOrder, evaluate, learning_rate, sgd_update
 
     t = scenario.train
     topology = scenario_topology(scenario)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from dfedrw.peer.config import load_scenario
+    from dfedrw.peer.config.scenario import load_scenario
 
     scenario = load_scenario(None, [*SCENARIO, f"rounds={args.rounds}", f"engine.threads={args.threads}", *args.set])
     torch.set_num_threads(args.threads)

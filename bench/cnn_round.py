@@ -65,7 +65,7 @@ def engine_round_loop(overrides: list[str]) -> dict[str, Any]:
     from rich.console import Console
 
     from dfedrw.launch.runner import run_scenario
-    from dfedrw.peer.config import load_scenario
+    from dfedrw.peer.config.scenario import load_scenario
 
     scenario = load_scenario(None, overrides)
     root = Path(tempfile.mkdtemp(prefix="dfedrw-cnn-round-"))
@@ -83,12 +83,12 @@ class PlainLoop:
     def __init__(self, overrides: list[str]) -> None:
         import torch
 
-        from dfedrw.peer.assembly import clients_data, initial_model, scenario_model
-        from dfedrw.peer.config import load_scenario
-        from dfedrw.peer.datacache import test_set
-        from dfedrw.peer.wiring import scenario_dataset
-        from dfedrw.peer.plan import derive_seed, scenario_topology
-        from dfedrw.peer.training import BatchOrder
+        from dfedrw.peer.wiring.assembly import clients_data, initial_model, scenario_model
+        from dfedrw.peer.config.scenario import load_scenario
+        from dfedrw.peer.learning.datacache import test_set
+        from dfedrw.peer.wiring.build import scenario_dataset
+        from dfedrw.peer.wiring.plan import derive_seed, scenario_topology
+        from dfedrw.peer.learning.training import BatchOrder
 
         self.scenario = sc = load_scenario(None, overrides)
         topo = scenario_topology(sc)
@@ -221,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     layouts = ["loop", *(["vmap"] if args.vmap else [])]
     for layout in layouts:
         log(f"the batched engine (models {'called one by one' if layout == 'loop' else 'vmapped'})")
-        from dfedrw.peer import model_matrix as training
-
+        from dfedrw.peer.learning import model_matrix as training
         original, training.FlatModel.default_layout = training.FlatModel.default_layout, layout
         try:
             torch.set_num_threads(args.threads)

@@ -148,7 +148,7 @@ def run_engine(case: str, engine: str, overrides: list[str], keep: Path | None, 
     from rich.console import Console
 
     from dfedrw.launch.runner import run_scenario
-    from dfedrw.peer.config import ScenarioError, load_scenario
+    from dfedrw.peer.config.scenario import ScenarioError, load_scenario
 
     row: dict[str, Any] = {"case": case, "engine": engine, "overrides": overrides, "ok": False}
     # The clients engines' clients run on one thread each, whatever is set here.
@@ -215,7 +215,7 @@ def one_point(spec: dict[str, Any]) -> int:
         from rich.console import Console
 
         from dfedrw.launch.runner import run_scenario
-        from dfedrw.peer.config import load_scenario
+        from dfedrw.peer.config.scenario import load_scenario
 
         if spec.get("torch_threads"):
             torch.set_num_threads(spec["torch_threads"])

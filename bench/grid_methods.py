@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
-    from dfedrw.launch import batched
-    from dfedrw.launch.batched_run import BatchedRun
-    from dfedrw.peer.config import scenario_from_dict, scenario_to_dict
-    from dfedrw.peer.overrides import apply_overrides
+    from dfedrw.engines import batched
+    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.peer.config.scenario import scenario_from_dict, scenario_to_dict
+    from dfedrw.peer.config.overrides import apply_overrides
     from scoring_clock import scoring_clock
 
     def changed(scenario, rounds: int):

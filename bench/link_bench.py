@@ -58,7 +58,7 @@ def _ready(port: int) -> None:
 
 
 def _tls_context(certs: Path, client: int, server: bool) -> ssl.SSLContext:
-    from dfedrw.peer.identity import CA_FILE, cert_file, key_file
+    from dfedrw.peer.transport.identity import CA_FILE, cert_file, key_file
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
     ctx.load_cert_chain(certs / cert_file(client), certs / key_file(client))
@@ -92,7 +92,7 @@ def serve_raw(certs: Path, size: int, messages: int) -> None:
 
 
 def send_raw(certs: Path, port: int, payload: memoryview, messages: int) -> float:
-    from dfedrw.peer.identity import run_id_of, server_name
+    from dfedrw.peer.transport.identity import run_id_of, server_name
 
     ctx = _tls_context(certs, 0, server=False)
     header = len(payload).to_bytes(8, "little")
@@ -118,9 +118,9 @@ def _specs(params: int):
 
 
 def serve_grpc(certs: Path, params: int, messages: int, chunk_bytes: int) -> None:
-    from dfedrw.peer.identity import load_identity
-    from dfedrw.peer.intake import ModelIntake
-    from dfedrw.peer.transport.grpc_transport import GrpcTransport
+    from dfedrw.peer.transport.identity import load_identity
+    from dfedrw.peer.transport.intake import ModelIntake
+    from dfedrw.peer.transport.grpc.transport import GrpcTransport
     from dfedrw.peer.transport.inbox import Inbox
     from dfedrw.peer.transport.serde import Plausible
 
@@ -147,8 +147,8 @@ def serve_grpc(certs: Path, params: int, messages: int, chunk_bytes: int) -> Non
 
 
 def send_grpc(certs: Path, port: int, vector, messages: int, chunk_bytes: int) -> float:
-    from dfedrw.peer.identity import load_identity
-    from dfedrw.peer.transport.grpc_transport import GrpcTransport
+    from dfedrw.peer.transport.identity import load_identity
+    from dfedrw.peer.transport.grpc.transport import GrpcTransport
     from dfedrw.peer.transport.serde import message_out
 
     specs = _specs(len(vector))
@@ -226,7 +226,7 @@ def main() -> int:
 
     import torch
 
-    from dfedrw.peer.identity import make_certificates
+    from dfedrw.peer.transport.identity import make_certificates
 
     vector = torch.randn(args.params, generator=torch.Generator().manual_seed(0))
     _frozen()

@@ -1,7 +1,7 @@
 """Memory of a run at the size of a ResNet-18: 12 client processes (10 honest + 2 Byzantine, the
 Gaussian attack), DFedAvg, an 11 M-parameter model from a user's module (or a built-in one),
 mutual TLS, through ``dfedrw run``; every process's unique memory sampled while it runs and
-set against the bound the docs state (:mod:`dfedrw.peer.memory`).
+set against the bound the docs state (:mod:`dfedrw.peer.wiring.memory`).
 
     python bench/memory_at_size.py                          # the 11,018,670-parameter MLP, 5 rounds, Fashion-MNIST
     python bench/memory_at_size.py --model resnet18         # a built-in model instead
@@ -83,9 +83,9 @@ def main() -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp), env.get("PYTHONPATH", "")) if p)
         env.setdefault("DFEDRW_CACHE_DIR", str(tmp / "cache"))
         sys.path.insert(0, str(tmp))
-        from dfedrw.peer.config import load_scenario
-        from dfedrw.peer.memory import run_needs
-        from dfedrw.peer.wiring import scenario_model_specs
+        from dfedrw.peer.config.scenario import load_scenario
+        from dfedrw.peer.wiring.memory import run_needs
+        from dfedrw.peer.wiring.build import scenario_model_specs
 
         scenario = load_scenario(None, sets)
         needs = run_needs(scenario, scenario_model_specs(scenario))

@@ -212,8 +212,8 @@ def record_calls(grid: Path, runs_per_method: int, rounds: int, keep: int, work:
     """The rules' batched calls of the last ``keep`` rounds of a batch of the grid's robust runs."""
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
-    from dfedrw.launch import batched
-    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.engines import batched
+    from dfedrw.engines.batched_run import BatchedRun
     from dfedrw.peer.aggregation import RULE_REGISTRY
 
     plan = plan_sweep(load_grid(grid), work / "plan")

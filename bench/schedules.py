@@ -56,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--at rounds must not exceed --rounds")
     every = int(np.gcd.reduce(args.at))
 
-    from dfedrw.launch.batched import run_together
-    from dfedrw.launch.batched_run import BatchedRun
-    from dfedrw.peer.config import load_scenario
-    from dfedrw.peer.plan import scenario_graphs
-    from dfedrw.peer.results import read_rounds
-    from dfedrw.peer.wiring import scenario_model_specs
+    from dfedrw.engines.batched import run_together
+    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.peer.config.scenario import load_scenario
+    from dfedrw.peer.wiring.plan import scenario_graphs
+    from dfedrw.peer.results.records import read_rounds
+    from dfedrw.peer.wiring.build import scenario_model_specs
 
     torch.set_num_threads(1)
     rows = []

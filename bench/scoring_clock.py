@@ -12,8 +12,7 @@ def scoring_clock() -> Iterator[dict[str, float]]:
     """While open, every ``score_models`` call and every owner's product of laid-out weights
     (``VectorEvaluator.score_laid_out``, one-layer models) is timed (CPU) around the original;
     the yielded dict's ``"seconds"`` adds them up (a caller may reset it to 0)."""
-    from dfedrw.peer import model_matrix as training
-
+    from dfedrw.peer.learning import model_matrix as training
     clock = {"seconds": 0.0}
     original, laid_out = training.score_models, training.VectorEvaluator.score_laid_out
 

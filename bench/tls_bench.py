@@ -23,7 +23,7 @@ from rich.console import Console
 from transport_bench import PAPER_IID, cpu_seconds, loop_times  # the same scenario and accounting
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 
 
 def main() -> None:

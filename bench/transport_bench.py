@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 
 from dfedrw.launch.runner import run_scenario  # noqa: E402
-from dfedrw.peer.config import load_scenario  # noqa: E402
+from dfedrw.peer.config.scenario import load_scenario  # noqa: E402
 
 PAPER_IID = ["data.name=fashion-mnist", "data.partition=iid", "rounds=3000", "attack.name=gaussian"]
 

@@ -23,7 +23,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else Path("sweeps") / args.grid.stem
     if args.tensorboard is not None:
-        from dfedrw.peer.tensorboard import require_tensorboard
+        from dfedrw.peer.results.tensorboard import require_tensorboard
 
         require_tensorboard()
     stop_on_signals()

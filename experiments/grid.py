@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 import tomli_w
-from dfedrw.peer.config import ScenarioError
-from dfedrw.peer.overrides import parse_override
+from dfedrw.peer.config.scenario import ScenarioError
+from dfedrw.peer.config.overrides import parse_override
 
 
 GRID_KEYS = ("base", "set", "axes", "variants", "exclude", "report")

@@ -3,7 +3,7 @@
 A run folder holds each client's per-round JSONL (megabytes for 3000 rounds). The report needs
 only a little of it: the honest mean accuracy at each evaluation round and the mean weight each
 honest client gave each sender. ``record.json`` keeps exactly that, next to ``summary.json``
-(its layout: :class:`~dfedrw.peer.results.RecordBuilder`). Every run writes it with its summary,
+(its layout: :class:`~dfedrw.peer.results.records.RecordBuilder`). Every run writes it with its summary,
 from the same read of the round logs; :func:`run_record` builds it from the JSONL where it is
 absent (a folder written before runs wrote it). ``dfedrw export SWEEP --out DIR`` copies a
 sweep as ``sweep.json`` plus ``runs/<run>/{summary.json, scenario.toml, record.json}`` for each
@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dfedrw.peer.results import RECORD_FILE, RECORD_VERSION, RecordBuilder, write_json_atomic
+from dfedrw.peer.results.records import RECORD_FILE, RECORD_VERSION, RecordBuilder, write_json_atomic
 
 NOT_STARTED = "not started"  # the state of a run whose folder does not exist (yet)
 EXPORTED_FILES = ("summary.json", "scenario.toml", RECORD_FILE)

@@ -61,7 +61,7 @@ from typing import Any
 from rich.console import Console
 
 from dfedrw.launch.forkserver import ForkedProcess, ForkServer, fork_available
-from dfedrw.peer.results import write_json_atomic
+from dfedrw.peer.results.records import write_json_atomic
 from dfedrw.experiments.record import read_record, write_record
 from dfedrw.experiments.grid import SweepError, load_grid
 from dfedrw.experiments.sweep_board import SweepBoard, rounds_done, seconds_text  # noqa: F401 - rounds_done named from here too

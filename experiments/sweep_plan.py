@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, TextIO
 import tomli_w
 from rich.console import Console
-from dfedrw.peer.config import Scenario, ScenarioError, load_scenario, scenario_changes, scenario_from_dict, scenario_to_dict
-from dfedrw.peer.unused import unused_settings
+from dfedrw.peer.config.scenario import Scenario, ScenarioError, load_scenario, scenario_changes, scenario_from_dict, scenario_to_dict
+from dfedrw.peer.config.unused import unused_settings
 from dfedrw.experiments.grid import Grid, Point, SweepError, expand
 from dfedrw.experiments.report_spec import normalize_report_spec
 
@@ -230,7 +230,7 @@ def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list
     halves and the last ``jobs`` halves in halves again: the jobs then end within about a
     quarter of a batch of each other, not up to a whole batch apart, as batches of the same
     size take different times (their rules and attacks differ)."""
-    from dfedrw.launch.batched import batch_key
+    from dfedrw.engines.batched import batch_key
 
     groups: dict[Any, list[PlannedRun]] = {}
     out: list[list[PlannedRun]] = []
@@ -275,7 +275,7 @@ def print_plan(plan: Plan, file: TextIO | None = None) -> None:
 
 
 def warn_unused(plan: Plan, console: Console) -> None:
-    """A line for each setting the grid's runs will not use (peer/unused.py), with how many
+    """A line for each setting the grid's runs will not use (peer/config/unused.py), with how many
     runs it concerns: a grid's variants often share settings only some of them read."""
     counts = Counter(line for run in plan.runs.values() for line in unused_settings(run.scenario))
     for line, count in counts.items():

@@ -25,9 +25,9 @@ from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.cli import add_peer_command, add_tensorboard_flag, dispatch, folder_path, new_parser, under_torchrun
 from dfedrw.launch.procs import stop_on_signals  # noqa: F401 - re-exported: the experiments' command line uses it
 from dfedrw.launch.forkserver import START_METHODS
-from dfedrw.peer.config import ENGINES, Scenario, load_scenario
-from dfedrw.peer.kinds import KINDS
-from dfedrw.peer.unused import unused_settings
+from dfedrw.peer.config.scenario import ENGINES, Scenario, load_scenario
+from dfedrw.peer.kinds.table import KINDS
+from dfedrw.peer.config.unused import unused_settings
 
 
 def load_told(path: Path | None, sets: list[str]) -> Scenario:
@@ -66,7 +66,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from dfedrw.peer.identity import make_certificates
+    from dfedrw.peer.transport.identity import make_certificates
 
     scenario = load_scenario(args.scenario, args.set)
     run_id = make_certificates(scenario.num_clients, args.out, days=args.days)
@@ -78,7 +78,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from dfedrw.peer.datasets import download_idx
+    from dfedrw.peer.learning.datasets import download_idx
 
     download_idx(args.dataset, args.dir)
     print(f"{args.dataset}: IDX files in {args.dir}")
@@ -105,7 +105,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from dfedrw.launch.collect import collect_summary, collected_now
+    from dfedrw.peer.results.collect import collect_summary, collected_now
     from dfedrw.launch.local import print_summary
 
     if not (args.out / "peers").is_dir():
@@ -119,7 +119,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from dfedrw.peer.catalog import list_registered, sync_readme
+    from dfedrw.peer.kinds.catalog import list_registered, sync_readme
 
     if args.readme:
         fresh = sync_readme(args.readme)

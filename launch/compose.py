@@ -36,8 +36,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfedrw.peer.config import Scenario, dump_scenario
-from dfedrw.peer.identity import CA_FILE, IdentityError, key_file, load_identity, make_certificates, run_id_of
+from dfedrw.peer.config.scenario import Scenario, dump_scenario
+from dfedrw.peer.transport.identity import CA_FILE, IdentityError, key_file, load_identity, make_certificates, run_id_of
 from dfedrw.launch.compose_files import DOCKERIGNORE, WRITTEN_BY, render_compose, render_dockerfile, render_readme
 from dfedrw.launch.compose_plan import (
     CERTS_DIR, PLUGINS_DIR, RESULTS_DIR, ClientService, ComposeOptions, client_results_dir, container_scenario, plan_services,

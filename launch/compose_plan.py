@@ -9,12 +9,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from dfedrw.peer.config import Scenario
-from dfedrw.peer.data import DatasetUnavailable
-from dfedrw.peer.wiring import scenario_dataset, scenario_transport
-from dfedrw.peer.identity import CA_FILE, cert_file, key_file
-from dfedrw.peer.collusion import colluding_group
-from dfedrw.peer.plan import scenario_graphs, scenario_topology
+from dfedrw.peer.config.scenario import Scenario
+from dfedrw.peer.learning.data import DatasetUnavailable
+from dfedrw.peer.wiring.build import scenario_dataset, scenario_transport
+from dfedrw.peer.transport.identity import CA_FILE, cert_file, key_file
+from dfedrw.peer.wiring.plan import colluding_group
+from dfedrw.peer.wiring.plan import scenario_graphs, scenario_topology
 
 
 IMAGE = "dfedrw:latest"
@@ -71,7 +71,7 @@ PLUGINS_DIR = "plugins"
 
 
 # Packages of dfedrw itself, in the image already.
-_OWN_PACKAGES = ("peer", "launch", "experiments")
+_OWN_PACKAGES = ("dfedrw", "peer", "engines", "launch", "experiments", "topologies")
 
 
 # The clients' user in the image (no name, no home: nothing needs one). When `dfedrw compose`

@@ -55,7 +55,7 @@ __all__ = ["ENTRIES", "PRELOAD", "Entry", "START_METHODS", "ForkServer", "Forked
 # How client processes start: forked from this module's server, or each a fresh interpreter.
 START_METHODS = ("fork", "spawn")
 # What a client process imports; the server imports it once for all of them.
-PRELOAD = ("torch", "numpy", "dfedrw.peer.cli", "dfedrw.peer.node", "dfedrw.peer.datacache", "dfedrw.peer.transport.grpc_transport")
+PRELOAD = ("torch", "numpy", "dfedrw.peer.cli", "dfedrw.peer.client.client", "dfedrw.peer.learning.datacache", "dfedrw.peer.transport.grpc.transport")
 # What a forked child can run: the module whose ``main(argv)`` it calls, the words put before
 # the request's argv, and what a server started for that entry imports first (``P.*``: the
 # package P and each of its modules).
@@ -69,8 +69,8 @@ ENTRIES: dict[str, Entry] = {
     "peer": Entry("dfedrw.peer.cli", ("peer",), PRELOAD),
     "batched": Entry(
         "dfedrw.launch.batched", (),
-        ("torch", "numpy", "statistics", "dfedrw.launch.batched", "dfedrw.launch.batched_run", "dfedrw.launch.preflight", "dfedrw.launch.procs",
-         "dfedrw.peer.cli", "dfedrw.peer.config", "dfedrw.peer.results", "dfedrw.peer.datacache", "dfedrw.peer.tensorboard",
+        ("torch", "numpy", "statistics", "dfedrw.launch.batched", "dfedrw.engines.batched", "dfedrw.engines.batched_run", "dfedrw.launch.preflight", "dfedrw.launch.procs",
+         "dfedrw.peer.cli", "dfedrw.peer.config.scenario", "dfedrw.peer.results.records", "dfedrw.peer.learning.datacache", "dfedrw.peer.results.tensorboard",
          "dfedrw.peer.aggregation.*", "dfedrw.peer.attacks.*"),
     ),
 }

@@ -1,6 +1,6 @@
 """``network.transport = "inproc"``: every client of a scenario as a thread of this process.
 
-Same client code (``peer.node.Client``) and the same on-disk results as the process launcher;
+Same client code (``peer.client.client.Client``) and the same on-disk results as the process launcher;
 messages go through the in-process transport. Meant for fast tests and large sweeps.
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 
 from rich.console import Console
 
-from dfedrw.launch.collect import collect_summary
+from dfedrw.peer.results.collect import collect_summary
 from dfedrw.launch.progress import ProgressBoard
-from dfedrw.peer.config import Scenario, dump_scenario
-from dfedrw.peer.node import Client, start_and_run
-from dfedrw.peer.plan import role_of, scenario_topology
-from dfedrw.peer.rendezvous import SharedRendezvous
-from dfedrw.peer.transports import TRANSPORT_REGISTRY
-from dfedrw.peer.wiring import scenario_transport
+from dfedrw.peer.config.scenario import Scenario, dump_scenario
+from dfedrw.peer.client.client import Client, start_and_run
+from dfedrw.peer.wiring.plan import role_of, scenario_topology
+from dfedrw.peer.client.rendezvous import SharedRendezvous
+from dfedrw.peer.transport.kinds import TRANSPORT_REGISTRY
+from dfedrw.peer.wiring.build import scenario_transport
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console, tensorboa
 
     # All clients share this process's log: keep their per-round progress lines out of it (the
     # progress board shows progress); warnings still come through.
-    peer_log = logging.getLogger("dfedrw.peer.node")
+    peer_log = logging.getLogger("dfedrw.peer.client.client")
     peer_level = peer_log.level
     peer_log.setLevel(max(logging.WARNING, peer_level))
     threads = {k: threading.Thread(target=client, args=(k,), name=f"client-{k}", daemon=True) for k in roles}

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from dfedrw.peer.rendezvous import host_port
+from dfedrw.peer.client.rendezvous import host_port
 
 # Environment variable that carries a client's secret (never its command line: /proc/PID/cmdline
 # is readable by every user).

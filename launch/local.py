@@ -28,15 +28,15 @@ import zmq
 from rich.console import Console
 from rich.table import Table
 
-from dfedrw.launch.collect import collect_summary
+from dfedrw.peer.results.collect import collect_summary
 from dfedrw.launch.forkserver import START_METHODS, ForkServer, client_env, fork_available, take_prestarted
 from dfedrw.launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
 from dfedrw.launch.preflight import preflight
 from dfedrw.launch.progress import ProgressBoard
-from dfedrw.peer.config import SCENARIO_DIGEST_ENV, Scenario, dump_scenario
-from dfedrw.peer.identity import load_identity, make_certificates
-from dfedrw.peer.plan import role_of, scenario_topology
-from dfedrw.peer.results import write_json_atomic
+from dfedrw.peer.config.scenario import SCENARIO_DIGEST_ENV, Scenario, dump_scenario
+from dfedrw.peer.transport.identity import load_identity, make_certificates
+from dfedrw.peer.wiring.plan import role_of, scenario_topology
+from dfedrw.peer.results.records import write_json_atomic
 
 # Grace given to children between SIGTERM and SIGKILL when the run is stopped.
 _TERM_GRACE = 5.0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dfedrw.peer.config import Scenario, ScenarioError
-from dfedrw.peer.datacache import verify_stored
-from dfedrw.peer.datasets import check_available
-from dfedrw.peer.assembly import client_attack, client_rule
-from dfedrw.peer.memory import run_needs
-from dfedrw.peer.plan import scenario_graphs, scenario_topology
-from dfedrw.peer.wiring import scenario_dataset, scenario_model_specs
+from dfedrw.peer.config.scenario import Scenario, ScenarioError
+from dfedrw.peer.learning.datacache import verify_stored
+from dfedrw.peer.learning.datasets import check_available
+from dfedrw.peer.wiring.assembly import client_attack, client_rule
+from dfedrw.peer.wiring.memory import run_needs
+from dfedrw.peer.wiring.plan import scenario_graphs, scenario_topology
+from dfedrw.peer.wiring.build import scenario_dataset, scenario_model_specs
 
 # Where the memory the system can still give processes is read (Linux).
 MEMINFO = Path("/proc/meminfo")
@@ -55,7 +55,7 @@ def available_memory(meminfo: Path | None = None) -> int | None:
 
 def check_memory(scenario: Scenario, available: int | None = None) -> None:
     """Refuse, in one line that gives the estimate, a run of client processes whose models
-    would not fit: the bound of every client (:mod:`dfedrw.peer.memory`) against
+    would not fit: the bound of every client (:mod:`dfedrw.peer.wiring.memory`) against
     ``available`` bytes (default: what /proc/meminfo says is available now)."""
     available = available_memory() if available is None else available
     if available is None:

@@ -9,12 +9,12 @@ from typing import Any
 
 from rich.console import Console
 
-from dfedrw.peer.wiring import scenario_transport
-from dfedrw.launch.collect import write_tensorboard_mean
+from dfedrw.peer.wiring.build import scenario_transport
+from dfedrw.peer.results.collect import write_tensorboard_mean
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.config import Scenario
-from dfedrw.peer.results import check_fresh_out_dir
-from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
+from dfedrw.peer.config.scenario import Scenario
+from dfedrw.peer.results.records import check_fresh_out_dir
+from dfedrw.peer.results.tensorboard import check_fresh_event_dir, require_tensorboard
 
 
 def default_out_dir(root: Path = Path("runs")) -> Path:
@@ -38,7 +38,7 @@ def run_scenario(
     """Run ``scenario``, write its results under ``out_dir`` and return (out_dir, summary).
     ``certs``: a certificate folder for the clients (default: new ones in ``out_dir/certs``).
     ``tensorboard``: a folder for TensorBoard event files: each honest client writes its own
-    as it goes, and the honest mean is written when the run ends (:mod:`dfedrw.peer.tensorboard`).
+    as it goes, and the honest mean is written when the run ends (:mod:`dfedrw.peer.results.tensorboard`).
     ``start``: how client processes start (``fork`` or ``spawn``, see :mod:`dfedrw.launch.forkserver`;
     default: fork where the system has it); only client processes have it."""
     out = Path(out_dir) if out_dir else default_out_dir()

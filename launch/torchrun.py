@@ -30,16 +30,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dfedrw.launch.collect import collect_summary, collected_now, write_tensorboard_mean
+from dfedrw.peer.results.collect import collect_summary, collected_now, write_tensorboard_mean
 from dfedrw.peer import cli as peer_cli
-from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
-from dfedrw.peer.identity import make_certificates
-from dfedrw.peer.assembly import client_identity
-from dfedrw.peer.node import Client, start_and_run
-from dfedrw.peer.plan import role_of, scenario_graphs, scenario_topology
-from dfedrw.peer.results import check_fresh_out_dir
-from dfedrw.peer.tensorboard import check_fresh_event_dir, require_tensorboard
-from dfedrw.peer.wiring import scenario_colluders, scenario_transport
+from dfedrw.peer.config.scenario import Scenario, dump_scenario, load_scenario
+from dfedrw.peer.transport.identity import make_certificates
+from dfedrw.peer.wiring.assembly import client_identity
+from dfedrw.peer.client.client import Client, start_and_run
+from dfedrw.peer.wiring.plan import role_of, scenario_graphs, scenario_topology
+from dfedrw.peer.results.records import check_fresh_out_dir
+from dfedrw.peer.results.tensorboard import check_fresh_event_dir, require_tensorboard
+from dfedrw.peer.wiring.build import scenario_colluders, scenario_transport
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from dfedrw.peer.config import SCENARIO_DIGEST_ENV, Scenario, ScenarioError, load_scenario, load_validated
-from dfedrw.peer.data import DatasetUnavailable
-from dfedrw.peer.rendezvous import host_port
-from dfedrw.peer.tensorboard import INSTALL, TensorBoardUnavailable
+from dfedrw.peer.config.scenario import SCENARIO_DIGEST_ENV, Scenario, ScenarioError, load_scenario, load_validated
+from dfedrw.peer.learning.data import DatasetUnavailable
+from dfedrw.peer.client.rendezvous import host_port
+from dfedrw.peer.results.tensorboard import INSTALL, TensorBoardUnavailable
 
 
 # The variables that stand for ``dfedrw peer``'s flags.
@@ -86,7 +86,7 @@ def under_torchrun(args: argparse.Namespace) -> bool:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from dfedrw.peer.node import run_grpc_client
+    from dfedrw.peer.client.client import run_grpc_client
 
     if under_torchrun(args):
         raise SystemExit(

@@ -25,8 +25,8 @@ def run(grid: Path, out: Path, seed: int, rounds: int, batch: int) -> int:
 
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_batches, plan_sweep
-    from dfedrw.launch import batched
-    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.engines import batched
+    from dfedrw.engines.batched_run import BatchedRun
 
     runs_dir = out / "runs"
     if runs_dir.exists() and any(runs_dir.iterdir()):

@@ -54,7 +54,7 @@ def figures(name: str) -> dict:
     from rich.console import Console
 
     from dfedrw.launch.inproc import run_inproc
-    from dfedrw.peer.config import load_scenario
+    from dfedrw.peer.config.scenario import load_scenario
 
     scenario = load_scenario(None, SCENARIOS[name])
     with tempfile.TemporaryDirectory() as out:

@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.datacache import CACHE_ENV, clear_stored
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.learning.datacache import CACHE_ENV, clear_stored
 from tests.support.sweeps import FAKE_RUN
 
 

@@ -5,7 +5,7 @@ Byzantine clients, rho = 0.7, re-drawn until the graph and its honest subgraph a
 connected. Ring, complete and user-supplied edge lists are offered for other experiments.
 All builders are deterministic for the same arguments and never touch global RNG state.
 Which of them a scenario can name (``topology.kind``) is the registry of
-:mod:`dfedrw.peer.topology`.
+:mod:`dfedrw.peer.graph.topology`.
 """
 
 from __future__ import annotations

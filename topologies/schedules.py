@@ -3,7 +3,7 @@
 Each function draws the graph of one round from a seed and the round alone (no state carried
 from round to round), so every client computes the same graph of any round without asking
 anyone, in any order. Which of them a scenario can name (``topology.schedule``) is the registry
-of :mod:`dfedrw.peer.schedule`.
+of :mod:`dfedrw.peer.graph.schedule`.
 
 The graph of a round is directed where messages go one way (an edge ``u -> v``: ``u`` sends its
 model to ``v`` in that round) and undirected where every edge carries a model both ways.

@@ -16,10 +16,10 @@ import torch
 
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
-from dfedrw.peer.data import Dataset
-from dfedrw.peer.models import get_vector, set_vector
-from dfedrw.peer.training import LocalTrainer
-from dfedrw.peer.model_matrix import VectorEvaluator
+from dfedrw.peer.learning.data import Dataset
+from dfedrw.peer.learning.models import get_vector, set_vector
+from dfedrw.peer.learning.training import LocalTrainer
+from dfedrw.peer.learning.model_matrix import VectorEvaluator
 
 __all__ = ["FLIPS", "LabelFlip", "flip_labels"]
 
@@ -53,7 +53,7 @@ class LabelFlip:
     system; 0.01, the paper's, when built by hand); minibatches ``B`` of
     ``batch_size`` rows walk a permutation of the sample seeded from the round's ``generator``
     (so equal seeds replay exactly). The steps are the project's own local training
-    (:class:`~dfedrw.peer.training.LocalTrainer` on the scenario's model), so the message is
+    (:class:`~dfedrw.peer.learning.training.LocalTrainer` on the scenario's model), so the message is
     what an honest client with those labels would send. The note keeps ``lr``, ``steps`` and
     the mean minibatch loss on the flipped labels. Nothing known: silent (None to every
     receiver).

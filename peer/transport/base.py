@@ -1,7 +1,7 @@
 """What the client needs from a transport; gRPC is one implementation.
 
 A transport delivers each received message to a ``Deliver`` callback (which validates and
-buffers it, see :meth:`peer.node.Client.deliver`) on the thread it receives on (gRPC: its event
+buffers it, see :meth:`peer.client.client.Client.deliver`) on the thread it receives on (gRPC: its event
 loop; in-process: the sender's round loop), so the callback must return promptly; and it sends
 model messages to neighbours without blocking the round loop. It tells the client when a
 neighbour cannot be reached at all, so the client stops waiting for it instead of paying the
@@ -18,7 +18,7 @@ from dfedrw.peer.transport.pb import peer_pb2 as pb
 # (chunks of one message, the sender's authenticated id or None) -> (accepted, reason, own round).
 # The id is the one the transport verified (gRPC: the peer certificate; torch.distributed and
 # in-process: the sending rank or thread); None when the transport authenticates nobody. A
-# client's (peer.intake.ModelIntake) also offers ``begin(first chunk, sender)``, the message as
+# client's (peer.transport.intake.ModelIntake) also offers ``begin(first chunk, sender)``, the message as
 # it arrives (its ``add(chunk)`` for each chunk after the first, then ``end()``, the verdict),
 # and ``has_room(header)``, whether to read that message now: the gRPC server uses both, so that
 # each chunk is decoded into place as it comes and a model is not read before there is room.

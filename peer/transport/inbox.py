@@ -6,7 +6,7 @@ far-future round, second copy) is rejected. Every rejection is counted by reason
 at most one line per reason per ``log_interval`` seconds (anyone can make a client reject
 messages as fast as it can send them), and the client carries on.
 
-Under a schedule (a graph per round, :mod:`peer.schedule`) a sender must also be one of the
+Under a schedule (a graph per round, :mod:`peer.graph.schedule`) a sender must also be one of the
 receiver's in-neighbours in the round the message is for, else it is rejected as
 ``not_neighbour``: however many clients a Byzantine one sends to, a receiver takes its message
 only in the rounds the schedule gives it the edge, and at most one per round.

@@ -156,7 +156,7 @@ for k in $(seq 0 $((CLIENTS - 1))); do
     [ "$(stat -c '%a %u:%g' "$CLUSTER/certs/client-$k.key")" = "600 $RUN_AS" ] \
         || fail "certs/client-$k.key: $(stat -c '%a %u:%g' "$CLUSTER/certs/client-$k.key"), expected 600 $RUN_AS"
 done
-step "services run as $RUN_AS; certificates of run $("$PY" -c 'import sys; from dfedrw.peer.identity import run_id_of; print(run_id_of(sys.argv[1]))' "$CLUSTER/certs")"
+step "services run as $RUN_AS; certificates of run $("$PY" -c 'import sys; from dfedrw.peer.transport.identity import run_id_of; print(run_id_of(sys.argv[1]))' "$CLUSTER/certs")"
 
 step "wheelhouse"
 PYTHON="$PY" bash scripts/build_wheelhouse.sh "$CACHE/wheelhouse" 2>&1 | grep -v "is ignored" >&2
@@ -173,7 +173,7 @@ check_run() {  # check_run ATTACK: every client finished, ran the attack asked f
     "$PY" - "$CLUSTER/results" "$WORK/inproc-$1" "$CLIENTS" "$BYZ_ID" "$1" <<'EOF'
 import json, sys
 from pathlib import Path
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.results.records import read_rounds
 results, inproc, clients, byz, attack = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 finals = {k: json.loads((results / "peers" / f"{k}.json").read_text()) for k in range(clients)}
 bad = [k for k, f in finals.items() if not f.get("completed")]

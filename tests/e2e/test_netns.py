@@ -22,11 +22,11 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from dfedrw.launch.collect import collect_summary
-from dfedrw.peer.config import Scenario, dump_scenario, load_scenario
-from dfedrw.peer.identity import make_certificates
-from dfedrw.peer.plan import scenario_topology
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.results.collect import collect_summary
+from dfedrw.peer.config.scenario import Scenario, dump_scenario, load_scenario
+from dfedrw.peer.transport.identity import make_certificates
+from dfedrw.peer.wiring.plan import scenario_topology
+from dfedrw.peer.results.records import read_rounds
 from tests.e2e.netns import Lab, unusable_reason
 
 pytestmark = pytest.mark.slow
@@ -320,7 +320,7 @@ def _torchrun_support_missing() -> str | None:
     """
     if not _TORCHRUN.exists():
         return f"torchrun not found beside {sys.executable}"
-    sources = [*REPO.joinpath("launch").glob("*.py"), REPO / "peer" / "__main__.py", REPO / "peer" / "node.py"]
+    sources = [*REPO.joinpath("launch").glob("*.py"), REPO / "peer" / "__main__.py", REPO / "peer" / "client" / "client.py"]
     for path in sources:
         if re.search(r"""["'](RANK|WORLD_SIZE|LOCAL_RANK)["']""", path.read_text(errors="replace")):
             return None

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 from tests.support.runs import quiet_console, run_job
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ from collections import Counter
 import grpc
 import torch
 
-from dfedrw.peer.identity import load_identity
-from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
+from dfedrw.peer.transport.identity import load_identity
+from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import TensorSpec, encode
 from tests.support.network import run_network

@@ -102,12 +102,12 @@ def test_run_refuses(overrides, key, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize(("overrides", "key"), [c[1:] for c in CASES], ids=IDS)
 def test_peer_refuses(overrides, key, tmp_path, capsys, monkeypatch):
-    import dfedrw.peer.node
+    import dfedrw.peer.client.client
     from dfedrw import peer
     def no_client(*args, **kwargs):
         raise AssertionError("dfedrw peer got as far as starting its client")
 
-    monkeypatch.setattr(peer.node, "run_grpc_client", no_client)
+    monkeypatch.setattr(peer.client.client, "run_grpc_client", no_client)
     out = tmp_path / "out"
     argv = ["peer", "--scenario", str(_default_scenario(tmp_path)), "--id", "0", "--peer", "1=127.0.0.1:1", "--out", str(out)]
     assert peer_cli.main([*argv, *_sets(overrides)]) == 2
@@ -137,7 +137,7 @@ def test_sweep_dry_run_refuses(overrides, key, tmp_path, capsys):
 
 def _default_scenario(tmp_path: Path) -> Path:
     """A scenario file for `peer`, which needs one: the built-in default, written out."""
-    from dfedrw.peer.config import dump_scenario, load_scenario
+    from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 
     path = tmp_path / "default.toml"
     dump_scenario(load_scenario(None), path)

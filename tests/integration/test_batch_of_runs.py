@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.launch.batched import batch_key, run_many, run_together
-from dfedrw.launch.batched_run import BatchedRun
-from dfedrw.peer.config import dump_scenario
+from dfedrw.engines.batched import batch_key, run_together
+
+from dfedrw.launch.batched import run_many
+from dfedrw.engines.batched_run import BatchedRun
+from dfedrw.peer.config.scenario import dump_scenario
 from tests.support.runs import quiet_console
 from tests.support.parity import BY_ID, CASES, DIR, differences, make_case, scenario
 

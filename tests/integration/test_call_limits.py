@@ -19,12 +19,12 @@ import grpc
 import pytest
 import torch
 
-from dfedrw.peer.identity import load_identity, make_certificates
-from dfedrw.peer.wiring import grpc_transport_for
-from dfedrw.peer.transport.grpc_admission import CallLimits
-from dfedrw.peer.transport.grpc_io import on_loop
-from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
-from dfedrw.peer.transport.grpc_transport import GrpcTransport
+from dfedrw.peer.transport.identity import load_identity, make_certificates
+from dfedrw.peer.wiring.build import grpc_transport_for
+from dfedrw.peer.transport.grpc.admission import CallLimits
+from dfedrw.peer.transport.grpc.loop import on_loop
+from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options
+from dfedrw.peer.transport.grpc.transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import TensorSpec, encode
@@ -390,7 +390,7 @@ def flood_main(certs: str, client: int, address: str, count: int, seconds: float
     messages with the model's layout, as fast as it can; prints what it saw as JSON."""
     import json
 
-    from dfedrw.peer.node import Client  # noqa: F401 - the same imports as a client
+    from dfedrw.peer.client.client import Client  # noqa: F401 - the same imports as a client
 
     specs = tuple(TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in layout)
     features = sum(s.numel for s in specs)

@@ -3,8 +3,8 @@
 import sys
 
 from dfedrw.launch.inproc import run_inproc
-from dfedrw.peer import checkpoint
-from dfedrw.peer.checkpoint import checkpoint_path, load_checkpoint
+from dfedrw.peer.client import checkpoint
+from dfedrw.peer.client.checkpoint import checkpoint_path, load_checkpoint
 from tests.support.runs import quiet_console
 
 

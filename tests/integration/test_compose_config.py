@@ -10,8 +10,8 @@ import pytest
 
 from dfedrw.launch.compose import write_compose
 from dfedrw.launch.compose_plan import ATTACK_ENV, ComposeOptions, default_user
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.wiring.plan import scenario_topology
 from tests.support.compose import peers_of
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from dfedrw.experiments.cli import main
 from dfedrw.launch.compose import write_compose
 from dfedrw.launch.compose_plan import PLUGINS_DIR, PLUGINS_PATH
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "examples" / "plugins"

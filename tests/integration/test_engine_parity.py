@@ -3,7 +3,7 @@
 Each scenario below runs twice on ``digits``: once in the batched engine (``engine.name =
 "batched"``: every honest model a row of one tensor) and once as clients (``engine.name =
 "clients"`` with ``network.transport = "inproc"``: every client a thread running
-``peer.node.Client``). Both draw the partition, graph, Byzantine placement, initial models,
+``peer.client.client.Client``). Both draw the partition, graph, Byzantine placement, initial models,
 minibatches, attack noise and rule randomness from the same seeds, so the runs may differ only
 in float rounding: the batched engine computes the local step as batched matrix products (and
 DFedAvg as one sparse product for all clients), which sum in another order than one client's
@@ -76,7 +76,7 @@ is rounding, and the measurement above is what to redo before moving ``STRICT_RO
 The default selection runs ``FAST`` (4 scenarios, ``FAST_ROUNDS`` rounds) and the checks that
 the comparison does detect a drift: another seed in one engine, another attack-noise stream,
 another minibatch order, another initial model, another CRS setting (the last four patch
-what ``launch/batched_run.py`` imports: its ``derive_seed`` and ``client_rule``). ``-m slow`` runs
+what ``engines/batched_run.py`` imports: its ``derive_seed`` and ``client_rule``). ``-m slow`` runs
 all of ``CASES`` for ``FULL_ROUNDS`` rounds: each rule, each attack and each partition at least
 twice.
 """
@@ -89,7 +89,7 @@ from pathlib import Path
 import pytest
 
 from dfedrw.peer.attacks import ATTACK_REGISTRY
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 from tests.support.parity import (
     BY_ID, CASES, CNN_CASES, CNN_LOSS_RTOL, CNN_ROUNDS, FAST, FAST_ROUNDS, FULL_ROUNDS, Case, engine_differences, report_differences, run_engine, scenario,
 )
@@ -164,8 +164,7 @@ def test_comparison_detects_a_different_seed(tmp_path, threads_run):
 
 def _shift_stream(monkeypatch, stream: str) -> None:
     """The batched engine draws ``stream`` (its first ``derive_seed`` label) from another seed."""
-    from dfedrw.launch import batched_run as batched
-
+    from dfedrw.engines import batched_run as batched
     if stream == "init":  # drawn by the clients' own function, which the engine calls
         initial = batched.initial_model
         monkeypatch.setattr(batched, "initial_model", lambda sc, k: initial(replace(sc, seed=sc.seed + 1), k))
@@ -196,8 +195,7 @@ def test_comparison_detects_another_model_stream(stream, tmp_path, threads_run, 
 
 def test_comparison_detects_another_rule_setting(tmp_path, threads_run, monkeypatch):
     """One engine's rule drifts (loss clip weighting uniform instead of proportional)."""
-    from dfedrw.launch import batched_run as batched
-
+    from dfedrw.engines import batched_run as batched
     build = batched.client_rule
     other = scenario(DRIFT_CASE, "batched", FAST_ROUNDS, "aggregation.crs_params.loss_clip_mean.weighting=uniform")
     monkeypatch.setattr(batched, "client_rule", lambda sc, topology, k: build(other, topology, k))

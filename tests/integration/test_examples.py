@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.data import DatasetUnavailable
-from dfedrw.peer.datasets import check_dataset
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.learning.data import DatasetUnavailable
+from dfedrw.peer.learning.datasets import check_dataset
+from dfedrw.peer.results.records import read_rounds
 from tests.support.runs import quiet_console
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))

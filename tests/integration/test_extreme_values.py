@@ -14,7 +14,7 @@ under it shows that the same injection, believed, does move the network.
 import pytest
 import torch
 
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.results.records import read_rounds
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.serde import encode
 from tests.support.network import ClientThreads

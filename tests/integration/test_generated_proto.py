@@ -19,7 +19,7 @@ def test_generated_code_is_current(tmp_path):
 
 def test_aggregation_code_imports_no_network_library():
     code = (
-        "import sys, dfedrw.peer.aggregation, dfedrw.peer.attacks, dfedrw.peer.training, dfedrw.peer.models, dfedrw.peer.data; "
+        "import sys, dfedrw.peer.aggregation, dfedrw.peer.attacks, dfedrw.peer.learning.training, dfedrw.peer.learning.models, dfedrw.peer.learning.data; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('grpc', 'zmq')]; "
         "sys.exit(1 if bad else 0)"
     )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dfedrw.peer.transport.framing import handle_push, split_messages
-from dfedrw.peer.transport.grpc_transport import GrpcTransport
+from dfedrw.peer.transport.grpc.transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode
 from tests.support.wire import SPECS, roundtrip, vec
@@ -196,7 +196,7 @@ def test_grpc_transport_refuses_a_port_in_use():
 def test_grpc_sender_queues_no_more_than_its_byte_bound(monkeypatch):
     """Each queued message is a model the client still holds: past MAX_QUEUED_BYTES the oldest
     queued ones go, however few messages that leaves (here two)."""
-    from dfedrw.peer.transport.grpc_sender import Sender
+    from dfedrw.peer.transport.grpc.sender import Sender
     from dfedrw.peer.transport.serde import wire_size
 
     size = wire_size(encode(0, 1, vec(1), SPECS, chunk_bytes=16))
@@ -218,8 +218,7 @@ def test_grpc_sender_gives_up_a_large_message_in_flight_for_one_two_rounds_newer
     """A large message whose reply has not come by the time a model two rounds newer is queued
     would reach the receiver stale, and holds a model until then: its call is cancelled and the
     queued messages go on a new one."""
-    from dfedrw.peer.transport import grpc_sender
-
+    from dfedrw.peer.transport.grpc import sender as grpc_sender
     monkeypatch.setattr(grpc_sender, "LARGE_MESSAGE", 10)
     receiver_logic = _SlowFirstReply()
     sender, receiver, address = _slow_pair(receiver_logic)

@@ -13,8 +13,8 @@ from dfedrw.launch import link
 from dfedrw.launch.link import MAX_FRAME_BYTES
 from dfedrw.launch.local import Child, LocalRun
 from dfedrw.launch.progress import ProgressBoard
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.telemetry import LauncherLink
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.client.telemetry import LauncherLink
 from tests.support.runs import quiet_console
 from tests.support.link import MALFORMED, TOKENS, register
 

@@ -17,7 +17,7 @@ PYPROJECT = REPO / "pyproject.toml"
 
 
 def test_the_scenario_plan_imports_neither_torch_nor_grpc():
-    code = "import dfedrw.peer.plan, sys; print('torch' in sys.modules, 'grpc' in sys.modules)"
+    code = "import dfedrw.peer.wiring.plan, sys; print('torch' in sys.modules, 'grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
@@ -64,3 +64,14 @@ def test_no_import_cycle_between_modules():
     below it has no two siblings in it, and is found here. Imports under ``if TYPE_CHECKING:``
     count, as in the contracts: a type named across modules ties them as an import does."""
     assert cycles(module_graph()) == []
+
+
+def test_no_module_of_the_package_is_longer_than_500_lines():
+    """One module, one job: a module past 500 lines holds more than one and is split."""
+    packages = [REPO / name for name in ("peer", "engines", "launch", "experiments", "topologies")]
+    long = {
+        str(path.relative_to(REPO)): n
+        for package in packages for path in package.rglob("*.py")
+        if "pb" not in path.relative_to(package).parts and (n := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}

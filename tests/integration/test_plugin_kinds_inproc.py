@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.wiring.plan import scenario_topology
 
 PLUGINS = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 LOSSY = ['network.transport="mylab_plugins:LossyInproc"', "network.round_timeout=1.0", "rounds=6", "eval.every=0"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 
 PLUGINS = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
@@ -27,7 +27,7 @@ def test_outside_attack_and_crs_are_used(tmp_path, monkeypatch):
         record = json.loads((tmp_path / "peers" / f"{k}.json").read_text())
         assert record["attack"] == "mylab_plugins:ScaledMean"
 
-    from dfedrw.peer.wiring import build_attack, build_client_rule
+    from dfedrw.peer.wiring.build import build_attack, build_client_rule
 
     assert build_attack(scenario, 10, 2) == mylab_plugins.ScaledMean(factor=-3.0, noise=0.5)
     assert build_client_rule(scenario, 0, 1, 0.01, 0).crs == mylab_plugins.LowestK(k=3)

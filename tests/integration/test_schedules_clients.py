@@ -9,11 +9,11 @@ import threading
 import torch
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.node import Client
-from dfedrw.peer.plan import scenario_graphs
-from dfedrw.peer.results import read_rounds
-from dfedrw.peer.transport.grpc_transport import GrpcTransport
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.client.client import Client
+from dfedrw.peer.wiring.plan import scenario_graphs
+from dfedrw.peer.results.records import read_rounds
+from dfedrw.peer.transport.grpc.transport import GrpcTransport
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.serde import encode
 from tests.support.runs import quiet_console

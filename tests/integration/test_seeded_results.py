@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.peer.data import DatasetUnavailable
-from dfedrw.peer.datasets import check_dataset
+from dfedrw.peer.learning.data import DatasetUnavailable
+from dfedrw.peer.learning.datasets import check_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import dfedrw.experiments.sweep as sweep
-from dfedrw.peer.config import scenario_from_dict
+from dfedrw.peer.config.scenario import scenario_from_dict
 from dfedrw.experiments.cli import main as dfedrw
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from dfedrw.experiments.cli import main
 from dfedrw.experiments.grid import SweepError, load_grid
 from dfedrw.experiments.sweep import run_sweep
 from dfedrw.experiments.sweep_plan import plan_sweep, run_state
-from dfedrw.peer.config import dump_scenario
+from dfedrw.peer.config.scenario import dump_scenario
 from tests.support.runs import quiet_console
 from tests.support.sweeps import FAST, GRID, TINY, write_grid
 

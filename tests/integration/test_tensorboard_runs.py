@@ -13,7 +13,7 @@ import pytest
 from dfedrw.experiments.cli import main
 from dfedrw.launch.batched import run_batched
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 from tests.support.runs import quiet_console
 from tests.support.tensorboard import check_tensorboard
 
@@ -50,7 +50,7 @@ def test_a_run_without_the_flag_writes_no_event_file_and_imports_no_tensorboard(
     # Prepare: a fresh interpreter, so modules other tests imported do not count
     code = (
         "import sys; from pathlib import Path; "
-        "from dfedrw.launch.runner import run_scenario; from dfedrw.peer.config import load_scenario; "
+        "from dfedrw.launch.runner import run_scenario; from dfedrw.peer.config.scenario import load_scenario; "
         "from tests.support.runs import quiet_console; "
         f"run_scenario(load_scenario(None, {SETTINGS!r}), Path(sys.argv[1]), console=quiet_console()); "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'tensorboard'], 'tensorboard imported'"

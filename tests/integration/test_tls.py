@@ -5,9 +5,9 @@ import threading
 import grpc
 import pytest
 
-from dfedrw.peer.identity import load_identity, make_certificates
-from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
-from dfedrw.peer.transport.grpc_transport import GrpcTransport
+from dfedrw.peer.transport.identity import load_identity, make_certificates
+from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options
+from dfedrw.peer.transport.grpc.transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode
 from tests.support.wire import SPECS_4, filled

@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 
 
 def test_certificates_given_to_an_engine_that_holds_none_are_named_as_unused(tmp_path):

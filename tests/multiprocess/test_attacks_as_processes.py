@@ -16,8 +16,8 @@ from dfedrw.launch.compose import write_compose
 from dfedrw.launch.compose_plan import ATTACK_ENV, ComposeOptions
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
-from dfedrw.peer.config import dump_scenario, load_scenario
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.config.scenario import dump_scenario, load_scenario
+from dfedrw.peer.results.records import read_rounds
 from tests.support.runs import quiet_console, run_job
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,8 @@ many chunks decoded into place (loopback only)."""
 import pytest
 
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.results import read_final, read_rounds
-from dfedrw.peer.wiring import scenario_model_specs
+from dfedrw.peer.results.records import read_final, read_rounds
+from dfedrw.peer.wiring.build import scenario_model_specs
 from tests.support.runs import quiet_console
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.config import dump_scenario, load_scenario
+from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 from tests.support.datafiles import write_image_idx
 from tests.support.runs import quiet_console, run_job
 from tests.integration.test_cnn_parts import ROUNDS, check_run

@@ -24,9 +24,9 @@ import pytest
 
 from dfedrw.launch.local import LocalRun
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.plan import scenario_topology
-from dfedrw.peer.results import read_final, read_rounds
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.wiring.plan import scenario_topology
+from dfedrw.peer.results.records import read_final, read_rounds
 from tests.support.runs import quiet_console, wait_for
 
 pytestmark = pytest.mark.slow

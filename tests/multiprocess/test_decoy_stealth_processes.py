@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.results.records import read_rounds
 from tests.support.runs import quiet_console
 
 pytestmark = pytest.mark.slow

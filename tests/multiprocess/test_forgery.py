@@ -20,13 +20,13 @@ import pytest
 import torch
 
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.identity import load_identity, make_certificates
-from dfedrw.peer.plan import scenario_topology
-from dfedrw.peer.results import read_rounds
-from dfedrw.peer.transport.grpc_tls import channel_credentials, identity_options
+from dfedrw.peer.transport.identity import load_identity, make_certificates
+from dfedrw.peer.wiring.plan import scenario_topology
+from dfedrw.peer.results.records import read_rounds
+from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode, model_specs
-from dfedrw.peer.models import build_model
+from dfedrw.peer.learning.models import build_model
 from tests.support.runs import quiet_console, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -73,7 +73,7 @@ class Forger(threading.Thread):
 
 
 def run_network(tmp_path, forge: bool):
-    from dfedrw.peer.config import load_scenario
+    from dfedrw.peer.config.scenario import load_scenario
 
     scenario = load_scenario(None, SCENARIO)
     topology = scenario_topology(scenario)

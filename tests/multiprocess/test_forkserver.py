@@ -13,7 +13,7 @@ import zmq
 
 from dfedrw.launch.forkserver import ForkServer, fork_available
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.config import dump_scenario
+from dfedrw.peer.config.scenario import dump_scenario
 from tests.support.runs import quiet_console, wait_for
 from tests.support.parity import differences
 

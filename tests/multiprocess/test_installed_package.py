@@ -68,13 +68,13 @@ def installed(tmp_path_factory):
 def test_the_wheel_holds_every_module_of_the_source_tree(installed, tmp_path):
     python, wheel = installed
     expected = source_modules()
-    assert "dfedrw.experiments.cli" in expected and "dfedrw.peer.node" in expected
+    assert "dfedrw.experiments.cli" in expected and "dfedrw.peer.client.client" in expected
 
     names = zipfile.ZipFile(wheel).namelist()
     # One import name, nothing generic at the top level (PyPI has distributions named peer,
     # launch, proto and topologies).
     assert {n.split("/")[0] for n in names} == {"dfedrw", "-".join(wheel.name.split("-")[:2]) + ".dist-info"}
-    assert "dfedrw/peer/scenarios/default.toml" in names
+    assert "dfedrw/peer/config/scenarios/default.toml" in names
     in_wheel = {
         ".".join(Path(n).with_suffix("").parts).removesuffix(".__init__")
         for n in names if n.endswith(".py")

@@ -11,7 +11,7 @@ import zmq
 
 from dfedrw.launch import link
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.results import read_final
+from dfedrw.peer.results.records import read_final
 from tests.support.runs import quiet_console
 
 SETTINGS = ("rounds=30", "eval.every=10", "topology.honest=4", "topology.byzantine=0", "attack.name=none")

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.results.records import read_rounds
 from tests.support.runs import quiet_console, wait_for
 
 
@@ -40,7 +40,7 @@ def test_sigkill_one_honest_client_others_finish(small_scenario, tmp_path):
 
 @pytest.mark.slow
 def test_default_scenario_runs_as_distinct_processes(tmp_path):
-    from dfedrw.peer.config import load_scenario
+    from dfedrw.peer.config.scenario import load_scenario
 
     run = LocalRun(load_scenario(None), tmp_path, console=quiet_console())
     summary = run.run()

@@ -13,7 +13,7 @@ import pytest
 
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.results.records import read_rounds
 from tests.support.runs import quiet_console
 
 

@@ -41,9 +41,9 @@ def plugins(monkeypatch):
 
 
 def test_a_users_data_set_model_and_topology_run_as_processes(tmp_path, plugins):
-    from dfedrw.peer.config import load_scenario
-    from dfedrw.peer.data import partition
-    from dfedrw.peer.plan import scenario_topology
+    from dfedrw.peer.config.scenario import load_scenario
+    from dfedrw.peer.learning.data import partition
+    from dfedrw.peer.wiring.plan import scenario_topology
     from dfedrw.peer.transport.serde import model_specs
 
     out = tmp_path / "run"

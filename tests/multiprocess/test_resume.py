@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.launch.collect import collect_summary
-from dfedrw.peer.config import dump_scenario, load_scenario
-from dfedrw.peer.identity import make_certificates
-from dfedrw.peer.results import read_final, read_rounds
+from dfedrw.peer.results.collect import collect_summary
+from dfedrw.peer.config.scenario import dump_scenario, load_scenario
+from dfedrw.peer.transport.identity import make_certificates
+from dfedrw.peer.results.records import read_final, read_rounds
 from tests.support.runs import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import signal
 import pytest
 
 from dfedrw.launch.local import LocalRun
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.results.records import read_rounds
 from dfedrw.topologies import place_byzantine
 from dfedrw.topologies.schedules import random_regular_connected, round_seed
 from tests.support.runs import quiet_console
@@ -84,10 +84,10 @@ def test_a_client_killed_under_a_schedule_resumes_and_aggregates_its_round_neigh
     aggregates each round's neighbours again."""
     from tests.multiprocess.test_resume import Clients, N, _last_round
 
-    from dfedrw.peer.config import dump_scenario
-    from dfedrw.peer.identity import make_certificates
-    from dfedrw.peer.plan import scenario_graphs
-    from dfedrw.peer.results import read_final
+    from dfedrw.peer.config.scenario import dump_scenario
+    from dfedrw.peer.transport.identity import make_certificates
+    from dfedrw.peer.wiring.plan import scenario_graphs
+    from dfedrw.peer.results.records import read_final
 
     # Prepare: 5 clients, a connected 2-regular graph (a cycle) drawn anew every round; as
     # many rounds as tests/multiprocess/test_resume.py runs, so that the others are still

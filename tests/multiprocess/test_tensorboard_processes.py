@@ -16,7 +16,7 @@ from dfedrw.experiments.sweep import run_sweep
 from dfedrw.experiments.sweep_plan import RUNS_DIR
 from dfedrw.launch.batched import run_batched
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config import dump_scenario, load_scenario
+from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 from tests.support.runs import quiet_console, run_job
 from tests.support.tensorboard import check_tensorboard
 

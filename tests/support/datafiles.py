@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dfedrw.peer.datasets import IDX_FILES
+from dfedrw.peer.learning.datasets import IDX_FILES
 
 
 _IDX_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype(">i2"): 0x0B,

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import threading
 
-from dfedrw.peer.identity import make_certificates
+from dfedrw.peer.transport.identity import make_certificates
 
 
 def loopback_grpc(scenario, certs):
     """Client ``k``'s gRPC transport on 127.0.0.1 (any free port) with its certificate from
     ``certs`` (made by ``make_certificates``)."""
-    from dfedrw.peer.identity import load_identity
-    from dfedrw.peer.wiring import grpc_transport_for
+    from dfedrw.peer.transport.identity import load_identity
+    from dfedrw.peer.wiring.build import grpc_transport_for
 
     return lambda k: grpc_transport_for(scenario, "127.0.0.1", 0, identity=load_identity(certs, k))
 
@@ -25,7 +25,7 @@ class ClientThreads:
     exception or a client still running."""
 
     def __init__(self, scenario, out_dir, transport_for, ids=None):
-        from dfedrw.peer.node import Client
+        from dfedrw.peer.client.client import Client
 
         ids = range(scenario.num_clients) if ids is None else ids
         self.peers = {k: Client(scenario, k, out_dir, transport=transport_for(k)) for k in ids}

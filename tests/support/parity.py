@@ -12,8 +12,8 @@ from typing import Any
 
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.attacks import ATTACK_REGISTRY
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.results import read_final, read_rounds
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.results.records import read_final, read_rounds
 from tests.support.runs import quiet_console
 
 

@@ -22,8 +22,8 @@ def check_tensorboard(out, log_dir, scenario) -> None:
     per honest client every record's train loss, accuracies, Byzantine weight share and weight
     per candidate at step = round, and per round their mean over the honest clients; no folder
     for a Byzantine client."""
-    from dfedrw.peer.plan import scenario_topology
-    from dfedrw.peer.results import read_rounds
+    from dfedrw.peer.wiring.plan import scenario_topology
+    from dfedrw.peer.results.records import read_rounds
 
     topology = scenario_topology(scenario)
     honest = [k for k in range(topology.num_clients) if k not in topology.byzantine]

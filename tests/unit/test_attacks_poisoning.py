@@ -9,9 +9,9 @@ import torch
 from torch.nn import functional as F
 
 from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData, AttackView, craft_round, make_attack
-from dfedrw.peer.data import Dataset
-from dfedrw.peer.models import build_model
-from dfedrw.peer.model_matrix import VectorEvaluator
+from dfedrw.peer.learning.data import Dataset
+from dfedrw.peer.learning.models import build_model
+from dfedrw.peer.learning.model_matrix import VectorEvaluator
 
 # Through the registry, which imports every attack module in its declared order: importing this
 # module first would register its attack first and reorder `dfedrw list` and the README table.

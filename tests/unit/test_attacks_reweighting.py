@@ -10,10 +10,10 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs, build_rule
 from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData, AttackView, craft_round, make_attack
-from dfedrw.peer.data import Dataset
-from dfedrw.peer.models import build_model, get_vector
-from dfedrw.peer.training import LocalTrainer
-from dfedrw.peer.model_matrix import VectorEvaluator
+from dfedrw.peer.learning.data import Dataset
+from dfedrw.peer.learning.models import build_model, get_vector
+from dfedrw.peer.learning.training import LocalTrainer
+from dfedrw.peer.learning.model_matrix import VectorEvaluator
 
 # Through the registry, which imports every attack module in its declared order: importing this
 # module first would register its attacks first and reorder `dfedrw list` and the README table.

@@ -12,16 +12,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.launch.batched import rule_groups, run_together, train_together
-from dfedrw.launch.batched_run import BatchedRun, engine_device
-from dfedrw.peer.model_matrix import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
+from dfedrw.engines.batched import rule_groups, run_together, train_together
+from dfedrw.engines.batched_run import BatchedRun, engine_device
+from dfedrw.peer.learning.model_matrix import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, Flame, RoundBatch
 from dfedrw.peer.aggregation.qfdfl import QFDFL
 from dfedrw.peer.aggregation.crs import make_crs
 from dfedrw.peer.aggregation.tpm import make_tpm
-from dfedrw.peer.data import Dataset
-from dfedrw.peer.models import build_model
-from dfedrw.peer.results import read_rounds
+from dfedrw.peer.learning.data import Dataset
+from dfedrw.peer.learning.models import build_model
+from dfedrw.peer.results.records import read_rounds
 
 
 def _batch(vectors, rows, sizes):
@@ -428,8 +428,7 @@ def test_the_loop_and_the_vmap_layouts_agree():
 
 
 def test_rows_go_in_blocks_when_no_gradient_is_wanted(monkeypatch):
-    from dfedrw.peer import model_matrix as training
-
+    from dfedrw.peer.learning import model_matrix as training
     template = small_lenet()
     model = FlatModel(template, torch.device("cpu"))
     # The widest activation of LeNet-5 on 12x12: 6 channels of 12x12 after the first convolution.
@@ -466,9 +465,9 @@ def test_the_gradient_of_stacked_convolutional_models_is_each_models_own():
 
 
 def test_evaluate_takes_a_convolutional_models_rows_in_blocks(monkeypatch):
-    from dfedrw.peer import model_matrix
-    from dfedrw.peer.data import Dataset
-    from dfedrw.peer.training import evaluate
+    from dfedrw.peer.learning import model_matrix
+    from dfedrw.peer.learning.data import Dataset
+    from dfedrw.peer.learning.training import evaluate
 
     import weakref
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.checkpoint import (
+from dfedrw.peer.client.checkpoint import (
     Checkpoint,
     CheckpointError,
     checkpoint_path,
@@ -15,14 +15,14 @@ from dfedrw.peer.checkpoint import (
     save_checkpoint,
     scenario_fingerprint,
 )
-from dfedrw.peer.config import ScenarioError, load_scenario, scenario_changes
-from dfedrw.peer.data import Dataset
-from dfedrw.peer.models import build_model, get_vector
-from dfedrw.peer.node import Client
-from dfedrw.peer.rejoin import coordinate_median
-from dfedrw.peer.plan import scenario_topology
-from dfedrw.peer.results import RoundLog, read_rounds, summarize, write_json_atomic
-from dfedrw.peer.training import LocalTrainer
+from dfedrw.peer.config.scenario import ScenarioError, load_scenario, scenario_changes
+from dfedrw.peer.learning.data import Dataset
+from dfedrw.peer.learning.models import build_model, get_vector
+from dfedrw.peer.client.client import Client
+from dfedrw.peer.client.rejoin import coordinate_median
+from dfedrw.peer.wiring.plan import scenario_topology
+from dfedrw.peer.results.records import RoundLog, read_rounds, summarize, write_json_atomic
+from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 
 
@@ -114,7 +114,7 @@ def test_trainer_state_resumes_the_same_minibatches():
     saved = get_vector(a.model).clone()
     after = [a.step() for _ in range(6)]
     b_model = build_model("softmax_regression", 4, 3, seed=1)
-    from dfedrw.peer.models import set_vector
+    from dfedrw.peer.learning.models import set_vector
 
     set_vector(b_model, saved)
     b = trainer(b_model)
@@ -221,7 +221,7 @@ def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_sce
 
 
 def test_a_resumed_trainer_continues_the_same_momentum_and_augmentation_trajectory(tmp_path):
-    from dfedrw.peer.training import Augmentation
+    from dfedrw.peer.learning.training import Augmentation
 
     torch.manual_seed(0)
     data = Dataset(x=torch.randn(40, 144), y=torch.randint(0, 3, (40,)), num_classes=3)
@@ -243,7 +243,7 @@ def test_a_resumed_trainer_continues_the_same_momentum_and_augmentation_trajecto
     save_checkpoint(path, Checkpoint(client=0, round=2, scenario="s", vector=get_vector(a.model).numpy(), generators=gens, arrays=arrays))
     ckpt = load_checkpoint(path, client=0, scenario="s", vector_size=len(get_vector(a.model)))
     after = [a.step() for _ in range(4)]
-    from dfedrw.peer.models import set_vector
+    from dfedrw.peer.learning.models import set_vector
 
     b_model = build_model("lenet5", 144, 3, input_shape=(1, 12, 12), seed=1)
     set_vector(b_model, torch.from_numpy(ckpt.vector))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.data import DatasetUnavailable
-from dfedrw.peer.datacache import stored_dataset, verify_stored
-from dfedrw.peer.datasets import CIFAR10, CIFAR100, build_dataset, input_shape_of, load_grouped_splits, load_splits
+from dfedrw.peer.learning.data import DatasetUnavailable
+from dfedrw.peer.learning.datacache import stored_dataset, verify_stored
+from dfedrw.peer.learning.datasets import CIFAR10, CIFAR100, build_dataset, input_shape_of, load_grouped_splits, load_splits
 from tests.support.datafiles import leaf_writer, tar_gz, write_cifar, write_leaf
 
 CIFAR10_FILES = CIFAR10.train_files + CIFAR10.test_files
@@ -409,9 +409,9 @@ def test_a_set_without_an_input_shape_is_flat_and_a_wrong_one_is_refused():
 
 
 def test_dfedrw_list_shows_the_new_sets_with_their_settings():
-    from dfedrw.peer.catalog import list_registered
+    from dfedrw.peer.kinds.catalog import list_registered
 
     text = list_registered("datasets")
-    for line in ("  cifar10  (dfedrw.peer.datasets.cifar.CIFAR10)", "  cifar100  (dfedrw.peer.datasets.cifar.CIFAR100)", '      labels: str = "fine"',
-                 "  femnist  (dfedrw.peer.datasets.femnist.FEMNIST)", "      max_writers: int = 0"):
+    for line in ("  cifar10  (dfedrw.peer.learning.datasets.cifar.CIFAR10)", "  cifar100  (dfedrw.peer.learning.datasets.cifar.CIFAR100)", '      labels: str = "fine"',
+                 "  femnist  (dfedrw.peer.learning.datasets.femnist.FEMNIST)", "      max_writers: int = 0"):
         assert line in text.splitlines()

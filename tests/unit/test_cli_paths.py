@@ -69,7 +69,7 @@ def test_a_hand_started_clients_bad_address_is_refused_before_it_starts(flags, m
 
 
 def test_well_formed_addresses_pass():
-    from dfedrw.peer.rendezvous import host_port
+    from dfedrw.peer.client.rendezvous import host_port
 
     assert host_port("hostA:7000") == ("hostA", 7000) and host_port("[::1]:7000") == ("::1", 7000)
     assert host_port("client-3:50051") == ("client-3", 50051) and host_port("host:0") is None

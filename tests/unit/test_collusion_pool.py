@@ -13,11 +13,12 @@ import torch
 
 from dfedrw.launch.compose_plan import peer_command, plan_services
 from dfedrw.launch.torchrun import transport_edges
-from dfedrw.peer.collusion import Collusion, PoolStore, colluding_group, pool_union
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.wiring import grpc_transport_for
-from dfedrw.peer.node import Client
-from dfedrw.peer.plan import scenario_topology
+from dfedrw.peer.client.collusion import Collusion, PoolStore, pool_union
+from dfedrw.peer.wiring.plan import colluding_group
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.wiring.build import grpc_transport_for
+from dfedrw.peer.client.client import Client
+from dfedrw.peer.wiring.plan import scenario_topology
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb

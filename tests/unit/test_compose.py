@@ -14,10 +14,10 @@ from dfedrw.experiments.cli import main
 from dfedrw.launch.compose import write_compose
 from dfedrw.launch.compose_files import render_dockerfile
 from dfedrw.launch.compose_plan import ATTACK_ENV, CONTAINER_UID, ComposeOptions, container_scenario, plan_services, plugin_sources
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.identity import load_identity, make_certificates, run_id_of
-from dfedrw.peer.plan import scenario_topology
-from dfedrw.peer.results import write_json_atomic
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.transport.identity import load_identity, make_certificates, run_id_of
+from dfedrw.peer.wiring.plan import scenario_topology
+from dfedrw.peer.results.records import write_json_atomic
 from tests.support.compose import peers_of
 
 

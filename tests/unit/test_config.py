@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.config import ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
-from dfedrw.peer.overrides import parse_override
+from dfedrw.peer.config.scenario import ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
+from dfedrw.peer.config.overrides import parse_override
 
 
 def test_default_scenario_loads_with_paper_settings():
@@ -93,7 +93,7 @@ def test_missing_file_and_bad_toml(tmp_path):
 
 
 def test_scenario_changes_lists_only_non_defaults():
-    from dfedrw.peer.config import Scenario, scenario_changes
+    from dfedrw.peer.config.scenario import Scenario, scenario_changes
 
     assert scenario_changes(Scenario()) == {}
     s = load_scenario(None, ["rounds=5"])
@@ -161,7 +161,7 @@ FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]
 def test_every_numeric_setting_has_a_tested_range():
     from dataclasses import fields
 
-    from dfedrw.peer.config import _SECTIONS, Scenario
+    from dfedrw.peer.config.scenario import _SECTIONS, Scenario
 
     numeric = {f.name for f in fields(Scenario) if f.type in ("int", "float")}
     for section, cls in _SECTIONS.items():
@@ -385,7 +385,7 @@ PLUGINS = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
 
 def test_a_scenario_without_class_tables_is_written_and_identified_as_before():
-    from dfedrw.peer.config import Scenario, scenario_to_dict
+    from dfedrw.peer.config.scenario import Scenario, scenario_to_dict
 
     table = scenario_to_dict(load_scenario(None))
     assert "params" not in table["data"] and "params" not in table["topology"]

@@ -1,4 +1,4 @@
-"""Unit tests for peer.data: IDX io, dataset loading, partitions, local test and aux sets."""
+"""Unit tests for peer.learning.data: IDX io, dataset loading, partitions, local test and aux sets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.data import (
+from dfedrw.peer.learning.data import (
     Dataset,
     DatasetUnavailable,
     aux_indices,
@@ -19,7 +19,7 @@ from dfedrw.peer.data import (
     partition,
     read_idx,
 )
-from dfedrw.peer.datasets import DATASET_REGISTRY, IDX_FILES, load_dataset
+from dfedrw.peer.learning.datasets import DATASET_REGISTRY, IDX_FILES, load_dataset
 from tests.support.datafiles import idx_bytes, write_idx, write_idx_dataset
 
 # --------------------------------------------------------------------------------- IDX reader
@@ -478,50 +478,50 @@ def _digests_of(files: dict[str, bytes]) -> dict[str, tuple]:
 
 
 def test_download_keeps_files_that_match_their_digests(monkeypatch, tmp_path):
-    import dfedrw.peer.datasets
+    import dfedrw.peer.learning.datasets
     from dfedrw import peer
-    files = {f"{stem}.gz": _idx_gz(3 + i) for i, stem in enumerate(peer.datasets.IDX_FILES.values())}
-    monkeypatch.setattr(peer.datasets.MNIST, "digests", _digests_of(files))
+    files = {f"{stem}.gz": _idx_gz(3 + i) for i, stem in enumerate(peer.learning.datasets.IDX_FILES.values())}
+    monkeypatch.setattr(peer.learning.datasets.MNIST, "digests", _digests_of(files))
     asked = _serve(monkeypatch, files)
-    peer.datasets.download_idx("mnist", tmp_path, base_url="http://mirror.invalid/mnist")
+    peer.learning.datasets.download_idx("mnist", tmp_path, base_url="http://mirror.invalid/mnist")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
     assert all(u.startswith("http://mirror.invalid/mnist/") for u in asked) and len(asked) == 4
 
 
 def test_download_with_a_wrong_checksum_deletes_the_file_and_says_so(monkeypatch, tmp_path):
-    import dfedrw.peer.datasets
+    import dfedrw.peer.learning.datasets
     from dfedrw import peer
-    stems = list(peer.datasets.IDX_FILES.values())
+    stems = list(peer.learning.datasets.IDX_FILES.values())
     files = {f"{stem}.gz": _idx_gz(5) for stem in stems}
     digests = _digests_of(files)
     files[f"{stems[1]}.gz"] = _idx_gz(6)  # a valid IDX file, but not the one expected
-    monkeypatch.setattr(peer.datasets.MNIST, "digests", digests)
+    monkeypatch.setattr(peer.learning.datasets.MNIST, "digests", digests)
     _serve(monkeypatch, files)
     with pytest.raises(ValueError, match=rf"mnist: http://m/{stems[1]}.gz failed its checksum and was deleted \(sha256 of the decompressed file [0-9a-f]{{64}}, expected {digests[stems[1]][0][2]}\)"):
-        peer.datasets.download_idx("mnist", tmp_path, base_url="http://m/")
+        peer.learning.datasets.download_idx("mnist", tmp_path, base_url="http://m/")
     assert [p.name for p in tmp_path.iterdir()] == [f"{stems[0]}.gz"]
 
 
 def test_mnist_digests_are_the_published_md5_of_the_gz(monkeypatch, tmp_path):
-    import dfedrw.peer.datasets
+    import dfedrw.peer.learning.datasets
     from dfedrw import peer
     stem = "train-labels-idx1-ubyte"
-    assert peer.datasets.MNIST.digests[stem] == (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),)
-    _serve(monkeypatch, {f"{s}.gz": b"not gzip" for s in peer.datasets.IDX_FILES.values()})
+    assert peer.learning.datasets.MNIST.digests[stem] == (("md5", "gz", "d53e105ee54ea40749a09fcbcd1e9432"),)
+    _serve(monkeypatch, {f"{s}.gz": b"not gzip" for s in peer.learning.datasets.IDX_FILES.values()})
     with pytest.raises(ValueError, match="md5 of the file [0-9a-f]{32}, expected f68b3c2d"):
-        peer.datasets.download_idx("mnist", tmp_path)
+        peer.learning.datasets.download_idx("mnist", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(not DEBIAN_FMNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
 def test_debian_fashion_mnist_matches_the_recorded_digests(monkeypatch, tmp_path):
-    import dfedrw.peer.datasets
+    import dfedrw.peer.learning.datasets
     from dfedrw import peer
-    for stem in peer.datasets.IDX_FILES.values():
-        assert peer.datasets.idx_digest_error("fashion-mnist", stem, DEBIAN_FMNIST / f"{stem}.gz") is None
+    for stem in peer.learning.datasets.IDX_FILES.values():
+        assert peer.learning.datasets.idx_digest_error("fashion-mnist", stem, DEBIAN_FMNIST / f"{stem}.gz") is None
     # A download serving those bytes is accepted as is.
     _serve(monkeypatch, {p.name: p.read_bytes() for p in DEBIAN_FMNIST.glob("*.gz")})
-    peer.datasets.download_idx("fashion-mnist", tmp_path)
+    peer.learning.datasets.download_idx("fashion-mnist", tmp_path)
     assert len(list(tmp_path.glob("*.gz"))) == 4
 
 
@@ -529,7 +529,7 @@ def test_debian_fashion_mnist_matches_the_recorded_digests(monkeypatch, tmp_path
 
 
 def test_a_crop_is_the_padded_image_read_at_the_drawn_offset():
-    from dfedrw.peer.data import augment_batch
+    from dfedrw.peer.learning.data import augment_batch
 
     x = torch.arange(2 * 3 * 3, dtype=torch.float32).reshape(2, 9) + 1  # two 1x3x3 images, 1..9 and 10..18
     generator = torch.Generator().manual_seed(7)
@@ -541,7 +541,7 @@ def test_a_crop_is_the_padded_image_read_at_the_drawn_offset():
 
 
 def test_a_flip_mirrors_the_crop_and_channels_move_together():
-    from dfedrw.peer.data import augment_batch
+    from dfedrw.peer.learning.data import augment_batch
 
     x = torch.rand(64, 2 * 4 * 5)
     out = augment_batch(x, (2, 4, 5), "crop_flip", 0, torch.Generator().manual_seed(1)).reshape(64, 2, 4, 5)
@@ -554,7 +554,7 @@ def test_a_flip_mirrors_the_crop_and_channels_move_together():
 
 
 def test_augmentation_is_seeded_and_checked():
-    from dfedrw.peer.data import augment_batch
+    from dfedrw.peer.learning.data import augment_batch
 
     x = torch.rand(8, 3 * 32 * 32)
     a = augment_batch(x, (3, 32, 32), "crop_flip", 4, torch.Generator().manual_seed(3))
@@ -577,7 +577,7 @@ class FlatRows:
 
 
 def test_augment_needs_an_image_data_set():
-    from dfedrw.peer.config import ScenarioError, load_scenario
+    from dfedrw.peer.config.scenario import ScenarioError, load_scenario
 
     assert load_scenario(None, ["data.augment=crop_flip"]).data.augment == "crop_flip"  # digits: 1x8x8
     with pytest.raises(ScenarioError, match=r"data.augment='crop' needs images; data.name='tests.unit.test_data:FlatRows' declares input_shape = \(6,\)"):
@@ -587,9 +587,9 @@ def test_augment_needs_an_image_data_set():
 def test_the_engines_augment_each_clients_minibatches(small_scenario, tmp_path):
     """Augmentation changes what a client trains on, in both engines alike (their parity is
     tests/integration/test_engine_parity.py's momentum-epochs case)."""
-    from dfedrw.launch.batched import run_together
-    from dfedrw.launch.batched_run import BatchedRun
-    from dfedrw.peer.results import read_rounds
+    from dfedrw.engines.batched import run_together
+    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.peer.results.records import read_rounds
 
     losses = {}
     for augment in ("none", "crop_flip"):

@@ -1,4 +1,4 @@
-"""The data cache (peer.datacache): the same values as load_dataset, built once, mapped,
+"""The data cache (peer.learning.datacache): the same values as load_dataset, built once, mapped,
 checked, rebuilt when damaged, held in memory where nothing can be written."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer import datacache
-from dfedrw.peer.datacache import CACHE_ENV, clear_stored
-from dfedrw.peer.datacache import stored_dataset as stored_source
-from dfedrw.peer.datacache import verify_stored as verify_source
-from dfedrw.peer.datasets import build_dataset, load_dataset
+from dfedrw.peer.learning import datacache
+from dfedrw.peer.learning.datacache import CACHE_ENV, clear_stored
+from dfedrw.peer.learning.datacache import stored_dataset as stored_source
+from dfedrw.peer.learning.datacache import verify_stored as verify_source
+from dfedrw.peer.learning.datasets import build_dataset, load_dataset
 from tests.support.datafiles import write_idx_dataset
 
 
@@ -198,8 +198,8 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
 def test_clients_data_without_shards_gives_the_same_aux_sets_and_rows(small_scenario, partition):
     """What the batched engine takes (shards=False): no shard converted, every other set the
     same values as a client's own."""
-    from dfedrw.peer.assembly import clients_data
-    from dfedrw.peer.plan import scenario_topology
+    from dfedrw.peer.wiring.assembly import clients_data
+    from dfedrw.peer.wiring.plan import scenario_topology
 
     scenario = small_scenario("topology.honest=5", f"data.partition={partition}")
     topology = scenario_topology(scenario)
@@ -280,8 +280,8 @@ def test_a_damaged_groups_file_is_found_and_built_again(fresh_cache, leaf_dir, d
 
 
 def test_clients_data_deals_writers_to_clients_with_natural(fresh_cache, leaf_dir, small_scenario):
-    from dfedrw.peer.assembly import clients_data
-    from dfedrw.peer.plan import scenario_topology
+    from dfedrw.peer.wiring.assembly import clients_data
+    from dfedrw.peer.wiring.plan import scenario_topology
 
     # Prepare
     scenario = small_scenario("data.name=femnist", f"data.dir='{leaf_dir}'", "data.partition=natural", "topology.honest=3", "topology.byzantine=0")
@@ -298,7 +298,7 @@ def test_clients_data_deals_writers_to_clients_with_natural(fresh_cache, leaf_di
 
 
 def test_natural_on_a_set_without_groups_is_refused_naming_the_sets_that_have_them(small_scenario):
-    from dfedrw.peer.config_checks import ScenarioError
+    from dfedrw.peer.config.checks import ScenarioError
 
     with pytest.raises(ScenarioError, match=r"^data.partition='natural' needs a data set with natural groups \(femnist\); digits has none$"):
         small_scenario("data.partition=natural")
@@ -322,8 +322,8 @@ class Plain(Grouped):
 
 
 def test_a_plugin_set_held_in_memory_may_give_groups(tmp_path, monkeypatch, small_scenario):
-    from dfedrw.peer.assembly import clients_data
-    from dfedrw.peer.plan import scenario_topology
+    from dfedrw.peer.wiring.assembly import clients_data
+    from dfedrw.peer.wiring.plan import scenario_topology
 
     # Prepare
     (tmp_path / "grouped_sets.py").write_text(PLUGIN_SETS)
@@ -346,7 +346,7 @@ def test_a_plugin_set_held_in_memory_may_give_groups(tmp_path, monkeypatch, smal
 
 
 def test_pixels_with_bad_groups_or_too_many_rows_are_refused(fresh_cache, leaf_dir, monkeypatch):
-    from dfedrw.peer.datasets import FEMNIST
+    from dfedrw.peer.learning.datasets import FEMNIST
 
     source = build_dataset("femnist", None, leaf_dir)
     pixels = FEMNIST.pixels

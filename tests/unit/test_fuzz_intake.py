@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.node import Client
+from dfedrw.peer.client.client import Client
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import encode
@@ -32,7 +32,7 @@ ROUND = 100  # the client's current round; the window is ROUND .. ROUND + 2
 U64 = 2**64 - 1
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the client's own (launch/cli.py)
 
-NAMES = ["0.weight", "0.bias", "", "w", "0.weight\n2026-01-01 00:00:00 ERROR peer.node: forged", "\x1b[31m\r\x00",
+NAMES = ["0.weight", "0.bias", "", "w", "0.weight\n2026-01-01 00:00:00 ERROR peer.client.client: forged", "\x1b[31m\r\x00",
          "\u202eweight", "\U0001f600" * 30, "x" * 5000]
 DTYPES = ["float32", "float64", "float16", "", "\x00", "float32 ", "FLOAT32", "\u00e9", "int8\nERROR"]
 DIMS = [0, 1, 10, 64, 650, -1, -(2**63), 2**62, 2**63 - 1, 2**32, 3, 7]
@@ -277,7 +277,7 @@ def corpus(peer: Client):
     case("future_round", edited(lambda h: setattr(h, "round", U64)))
     case("no_sender", edited(lambda h: h.ClearField("sender")), None)
     case("no_sender", edited(lambda h: h.ClearField("sender")), 1)
-    case("shape_mismatch", edited(lambda h: setattr(h.tensors[0], "name", "0.weight\n2026-01-01 ERROR peer.node: forged")))
+    case("shape_mismatch", edited(lambda h: setattr(h.tensors[0], "name", "0.weight\n2026-01-01 ERROR peer.client.client: forged")))
     case("shape_mismatch", edited(lambda h: setattr(h.tensors[1], "name", "\u202e\x1b[31m\U0001f600" * 20)))
     big = np.frombuffer(payload_of(v[1, ROUND]), dtype="<f4").copy()
     big[5] = 3.4e38

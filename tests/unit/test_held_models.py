@@ -1,6 +1,6 @@
 """The models a client holds: the inbox's bound (beyond it a message is rejected, counted), a
 round let go once the client is done with it, a message still arriving for a round passed
-letting go of its buffer; the bound in bytes per client (peer/memory.py) and the launcher's
+letting go of its buffer; the bound in bytes per client (peer/wiring/memory.py) and the launcher's
 refusal of a run that would not fit (launch/preflight.py)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import torch
 
 from dfedrw.launch import preflight
 from dfedrw.launch.preflight import NotEnoughMemory, available_memory, check_memory
-from dfedrw.peer.config import ScenarioError
-from dfedrw.peer.intake import ModelIntake
-from dfedrw.peer.memory import CLIENT_BASELINE, HONEST_WORK, LAUNCHER_BASELINE, held_models, run_needs
+from dfedrw.peer.config.scenario import ScenarioError
+from dfedrw.peer.transport.intake import ModelIntake
+from dfedrw.peer.wiring.memory import CLIENT_BASELINE, HONEST_WORK, LAUNCHER_BASELINE, held_models, run_needs
 from dfedrw.peer.transport.inbox import Inbox, Slot
 from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, encode
-from dfedrw.peer.wiring import scenario_model_specs
+from dfedrw.peer.wiring.build import scenario_model_specs
 
 SPECS = (TensorSpec("w", "float32", (20,)),)
 
@@ -84,8 +84,7 @@ def test_a_message_still_arriving_for_a_round_passed_lets_go_of_its_buffer_and_e
 
 
 def test_a_large_message_for_a_later_round_waits_while_the_inbox_holds_a_round(monkeypatch):
-    from dfedrw.peer import intake as intake_module
-
+    from dfedrw.peer.transport import intake as intake_module
     monkeypatch.setattr(intake_module, "LARGE_MESSAGE", 10)
     inbox = Inbox(0, [1, 2], 3, window=2, model_size=20)
     intake = ModelIntake(inbox, SPECS, Plausible(), 81)

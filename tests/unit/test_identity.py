@@ -7,7 +7,7 @@ import stat
 import pytest
 from cryptography import x509
 
-from dfedrw.peer.identity import (
+from dfedrw.peer.transport.identity import (
     IdentityError,
     client_of_uri,
     client_uri,

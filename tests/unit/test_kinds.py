@@ -1,11 +1,11 @@
-"""The one table of extension kinds (peer/kinds.py): every registry of the package is in it, and
+"""The one table of extension kinds (peer/kinds/table.py): every registry of the package is in it, and
 the places that list the kinds read it."""
 
 import importlib
 import pkgutil
 from pathlib import Path
 
-from dfedrw.peer.kinds import KINDS, by_name
+from dfedrw.peer.kinds.table import KINDS, by_name
 from dfedrw.peer.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,14 +36,13 @@ def test_every_registry_of_the_package_is_a_kind_of_the_table():
 
     # Assert
     missing = sorted(where for key, (where, _) in found.items() if key not in declared)
-    assert not missing, f"registries not declared in peer/kinds.py: {missing}"
+    assert not missing, f"registries not declared in peer/kinds/table.py: {missing}"
     assert declared <= set(found)
 
 
 def test_the_walk_finds_a_registry_the_table_lacks(monkeypatch):
     # Prepare: a module of the package holding a registry of a kind nobody declared
-    from dfedrw.peer import models
-
+    from dfedrw.peer.learning import models
     stray = Registry("widget", "dfedrw.widgets")
     monkeypatch.setattr(models, "WIDGET_REGISTRY", stray, raising=False)
 
@@ -51,14 +50,14 @@ def test_the_walk_finds_a_registry_the_table_lacks(monkeypatch):
     found = _registries_of_the_package()
 
     # Assert
-    assert found[id(stray)][0] == "dfedrw.peer.models.WIDGET_REGISTRY"
+    assert found[id(stray)][0] == "dfedrw.peer.learning.models.WIDGET_REGISTRY"
     assert id(stray) not in {id(k.registry) for k in KINDS}
 
 
 def test_each_kind_names_its_registry_and_a_field_of_its_section():
     from dataclasses import fields
 
-    from dfedrw.peer.config import _SECTIONS
+    from dfedrw.peer.config.scenario import _SECTIONS
 
     for kind in KINDS:
         assert kind.registry.kind == kind.name
@@ -70,8 +69,8 @@ def test_each_kind_names_its_registry_and_a_field_of_its_section():
 def test_the_places_that_list_the_kinds_read_the_table():
     # Prepare
     from dfedrw.launch.cli import build_parser
-    from dfedrw.peer.catalog import REGISTRIES, SETTINGS_TABLE
-    from dfedrw.peer.config_tables import KIND_REGISTRY, table_path
+    from dfedrw.peer.kinds.catalog import REGISTRIES, SETTINGS_TABLE
+    from dfedrw.peer.config.tables import KIND_REGISTRY, table_path
 
     parser = build_parser()
     listing = next(a for a in parser._subparsers._group_actions[0].choices["list"]._actions if a.dest == "kind")
@@ -92,14 +91,17 @@ def test_the_places_that_list_the_kinds_read_the_table():
 def test_builders_that_moved_to_the_wiring_are_still_importable_from_where_they_were():
     import pytest
 
-    from dfedrw.peer import datasets, plugins, transports, wiring
+    from dfedrw.peer.kinds import rules as plugins
+    from dfedrw.peer.learning import datasets
+    from dfedrw.peer.transport import kinds as transports
+    from dfedrw.peer.wiring import build as wiring
 
     for module, name in [
         (plugins, "build_rule_from"), (plugins, "build_attack_from"), (plugins, "build_client_rule"), (plugins, "build_attack"),
         (datasets, "scenario_dataset"), (transports, "scenario_transport"), (transports, "grpc_transport_for"),
         (transports, "scenario_colluders"), (transports, "scenario_model_specs"),
     ]:
-        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{name} moved to dfedrw.peer.wiring.{name}"):
+        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{name} moved to dfedrw.peer.wiring.build.{name}"):
             assert getattr(module, name) is getattr(wiring, name)
     with pytest.raises(AttributeError):
         plugins.no_such_name  # noqa: B018

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dfedrw.peer.models import MODEL_REGISTRY, build_model, make_model
+from dfedrw.peer.learning.models import MODEL_REGISTRY, build_model, make_model
 
 
 def count(model: nn.Module) -> int:
@@ -99,7 +99,7 @@ def test_input_shape_is_supplied_not_set():
 
 @pytest.mark.parametrize("shape", [(3, 2, 8, 8), (2, 3, 7, 9), (1, 1, 2, 2)])
 def test_the_2x2_max_pool_gives_max_pool2d_s_values(shape):
-    from dfedrw.peer.models import MaxPool2x2
+    from dfedrw.peer.learning.models import MaxPool2x2
 
     x = torch.randn(*shape)
     x[0, 0, 0, 0] = float("nan")
@@ -108,7 +108,7 @@ def test_the_2x2_max_pool_gives_max_pool2d_s_values(shape):
 
 
 def test_the_2x2_max_pool_passes_the_gradient_to_each_windows_unique_maximum():
-    from dfedrw.peer.models import MaxPool2x2
+    from dfedrw.peer.learning.models import MaxPool2x2
 
     x = torch.randn(2, 3, 6, 6, requires_grad=True)
     y = torch.randn(2, 3, 3, 3)

@@ -64,7 +64,7 @@ def test_a_disabled_level_costs_nothing():
 
 
 def test_quote_escapes_and_truncates():
-    forged = "x\n2026-01-01 00:00:00 ERROR peer.node: client 0 crashed"
+    forged = "x\n2026-01-01 00:00:00 ERROR peer.client.client: client 0 crashed"
     q = quote(forged)
     assert "\n" not in q and q.startswith("'x\\n") and q.endswith("...")
     assert q == ascii(forged[:40]) + "..."

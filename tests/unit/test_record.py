@@ -161,8 +161,8 @@ def test_a_sweep_json_of_the_wrong_shape_is_one_line(text, tmp_path, capsys):
 def test_every_run_writes_the_record_a_rebuild_from_its_round_logs_gives(small_scenario, tmp_path):
     """collect_summary writes record.json from the read that builds the summary: the bytes
     write_record writes from the round logs afterwards."""
-    from dfedrw.launch.batched import run_together
-    from dfedrw.launch.batched_run import BatchedRun
+    from dfedrw.engines.batched import run_together
+    from dfedrw.engines.batched_run import BatchedRun
 
     scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=5", "engine.name=batched")
     summary = run_together([BatchedRun(scenario, tmp_path)])[0]
@@ -177,7 +177,7 @@ def test_every_run_writes_the_record_a_rebuild_from_its_round_logs_gives(small_s
 
 
 def test_the_record_builder_takes_each_receiver_once_in_order():
-    from dfedrw.peer.results import RecordBuilder
+    from dfedrw.peer.results.records import RecordBuilder
 
     builder = RecordBuilder([0, 2], [0, 1, 2])
     builder.add(2, [{"round": 0, "weights": {"2": 1.0}}])
@@ -191,10 +191,10 @@ def test_a_batched_runs_summary_comes_from_what_its_logs_kept_and_equals_one_rea
     """The batched engine builds summary.json and record.json from each round log's digest, kept
     as the records were written, without reading the logs back: the same bytes as a summary
     built from the files afterwards."""
-    from dfedrw.launch import collect
-    from dfedrw.launch.batched import run_together
-    from dfedrw.launch.batched_run import BatchedRun
-    from dfedrw.peer import results
+    from dfedrw.peer.results import collect
+    from dfedrw.engines.batched import run_together
+    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.peer.results import records as results
 
     scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=5", "engine.name=batched")
 
@@ -217,7 +217,7 @@ def test_a_batched_runs_summary_comes_from_what_its_logs_kept_and_equals_one_rea
 
 
 def test_a_round_digest_is_what_summarize_reads_of_the_records():
-    from dfedrw.peer.results import RoundDigest
+    from dfedrw.peer.results.records import RoundDigest
 
     records = [
         {"round": 0, "weights": {"0": 0.5, "3": 0.5}},

@@ -12,10 +12,10 @@ import tomli_w
 from dfedrw.peer.aggregation import Balance, DFedReweighting, Loss, LossClippedAtMean, MultiKrum, Softmax
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.attacks import ALIE, Gaussian
-from dfedrw.peer.config import Scenario, ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
-from dfedrw.peer.config_legacy import LEGACY
-from dfedrw.peer.catalog import REGISTRIES, render_readme
-from dfedrw.peer.wiring import build_attack, build_client_rule
+from dfedrw.peer.config.scenario import Scenario, ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
+from dfedrw.peer.config.legacy import LEGACY
+from dfedrw.peer.kinds.catalog import REGISTRIES, render_readme
+from dfedrw.peer.wiring.build import build_attack, build_client_rule
 
 ROOT = Path(__file__).resolve().parents[2]
 

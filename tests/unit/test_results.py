@@ -3,8 +3,8 @@ import json
 import pytest
 
 from dfedrw.experiments.cli import main
-from dfedrw.peer.config import dump_scenario
-from dfedrw.peer.results import RoundLog, check_fresh_out_dir, read_rounds, summarize, write_json_atomic
+from dfedrw.peer.config.scenario import dump_scenario
+from dfedrw.peer.results.records import RoundLog, check_fresh_out_dir, read_rounds, summarize, write_json_atomic
 
 
 def write_peer(out, k, role, acc, gacc, weights_per_round, completed=True):
@@ -124,7 +124,7 @@ def test_dfedrw_run_refuses_a_reused_folder_before_starting_anything(small_scena
 
 
 def test_a_round_log_flushes_each_record_or_at_most_every_flush_seconds(tmp_path, monkeypatch):
-    import dfedrw.peer.results as results
+    import dfedrw.peer.results.records as results
 
     clock = [100.0]
     monkeypatch.setattr(results.time, "monotonic", lambda: clock[0])

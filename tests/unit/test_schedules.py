@@ -1,4 +1,4 @@
-"""Graphs that change from round to round (peer/schedule.py, topologies/schedules.py).
+"""Graphs that change from round to round (peer/graph/schedule.py, topologies/schedules.py).
 
 What each built-in schedule promises, checked over many rounds and seeds:
 
@@ -19,9 +19,9 @@ import networkx as nx
 import pytest
 import torch
 
-from dfedrw.peer.config import ScenarioError, load_scenario, scenario_changes, scenario_to_dict
-from dfedrw.peer.plan import scenario_graphs, scenario_topology, told_byzantine
-from dfedrw.peer.schedule import SCHEDULE_REGISTRY, RoundGraphs
+from dfedrw.peer.config.scenario import ScenarioError, load_scenario, scenario_changes, scenario_to_dict
+from dfedrw.peer.wiring.plan import scenario_graphs, scenario_topology, told_byzantine
+from dfedrw.peer.graph.schedule import SCHEDULE_REGISTRY, RoundGraphs
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import ModelMessage
 from dfedrw.topologies.schedules import edges_up, epidemic_push, random_regular_connected

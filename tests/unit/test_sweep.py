@@ -15,7 +15,7 @@ from dfedrw.experiments.cli import main
 from dfedrw.experiments.grid import SweepError, expand, load_grid, toml_value
 from dfedrw.experiments.sweep import run_sweep
 from dfedrw.experiments.sweep_plan import plan_sweep, run_seconds, scenario_key, scenario_text
-from dfedrw.peer.config import dump_scenario, load_scenario, scenario_changes
+from dfedrw.peer.config.scenario import dump_scenario, load_scenario, scenario_changes
 from tests.support.runs import quiet_console
 from tests.support.sweeps import FAST, GRID, TINY, write_grid
 

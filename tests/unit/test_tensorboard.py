@@ -1,13 +1,13 @@
 """TensorBoard event files: round records as scalars, the honest mean, the round log writing
-them, and the checks made before a run (peer/tensorboard.py)."""
+them, and the checks made before a run (peer/results/tensorboard.py)."""
 
 import importlib.util
 import sys
 
 import pytest
 
-from dfedrw.peer.results import RoundLog
-from dfedrw.peer.tensorboard import (
+from dfedrw.peer.results.records import RoundLog
+from dfedrw.peer.results.tensorboard import (
     MEAN_DIR, TensorBoardUnavailable, check_fresh_event_dir, honest_mean, record_scalars, require_tensorboard, write_honest_mean,
 )
 from tests.support.tensorboard import read_scalars

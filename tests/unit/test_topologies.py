@@ -5,7 +5,7 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
-from dfedrw.peer.topology import TOPOLOGY_REGISTRY, build_topology
+from dfedrw.peer.graph.topology import TOPOLOGY_REGISTRY, build_topology
 from dfedrw.topologies import (
     Topology,
     complete,

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from dfedrw.peer.data import Dataset
-from dfedrw.peer.models import build_model, get_vector, set_vector
-from dfedrw.peer.training import BatchOrder, LocalTrainer, evaluate
-from dfedrw.peer.model_matrix import VectorEvaluator
+from dfedrw.peer.learning.data import Dataset
+from dfedrw.peer.learning.models import build_model, get_vector, set_vector
+from dfedrw.peer.learning.training import BatchOrder, LocalTrainer, evaluate
+from dfedrw.peer.learning.model_matrix import VectorEvaluator
 
 
 def data(n=50, d=6, k=3, seed=0):
@@ -69,7 +69,7 @@ def test_softmax_regression_grads_are_autograds_bit_for_bit():
     # 30 rows (not a power of two, so 1/30 is rounded), and the same with padded rows weighted 0
     from torch import nn
 
-    from dfedrw.peer.model_matrix import FlatModel, softmax_regression_grads
+    from dfedrw.peer.learning.model_matrix import FlatModel, softmax_regression_grads
 
     g = torch.Generator().manual_seed(3)
     x = torch.rand(7, 30, 20, generator=g)
@@ -91,7 +91,7 @@ def test_softmax_regression_grads_are_autograds_bit_for_bit():
 
 def test_softmax_regression_grads_leave_other_models_to_autograd():
     # Prepare: a two-layer model
-    from dfedrw.peer.model_matrix import FlatModel, softmax_regression_grads
+    from dfedrw.peer.learning.model_matrix import FlatModel, softmax_regression_grads
 
     flat = FlatModel(build_model("mlp", 6, 3, hidden=5, seed=1), torch.device("cpu"))
     models = torch.stack([get_vector(build_model("mlp", 6, 3, hidden=5, seed=s)) for s in range(3)])
@@ -104,7 +104,7 @@ def test_softmax_regression_grads_leave_other_models_to_autograd():
 
 
 def test_the_learning_rate_schedules_by_hand():
-    from dfedrw.peer.training import learning_rate
+    from dfedrw.peer.learning.training import learning_rate
 
     assert learning_rate(0.1, "constant", 57, 100) == 0.1
     assert [learning_rate(0.1, "step", r, 100, gamma=0.5, step=3) for r in (0, 2, 3, 5, 6, 9)] == [0.1, 0.1, 0.05, 0.05, 0.025, 0.0125]
@@ -116,7 +116,7 @@ def test_the_learning_rate_schedules_by_hand():
 
 
 def test_local_step_count_by_hand():
-    from dfedrw.peer.training import local_step_count
+    from dfedrw.peer.learning.training import local_step_count
 
     assert local_step_count(3, 0.0, 100, 32) == 3
     assert local_step_count(3, 1.0, 100, 32) == 4  # ceil(100 / 32)
@@ -128,7 +128,7 @@ def test_local_step_count_by_hand():
 
 @pytest.mark.parametrize(("momentum", "weight_decay"), [(0.0, 0.01), (0.9, 0.0), (0.9, 5e-4)])
 def test_sgd_update_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
-    from dfedrw.peer.training import sgd_update
+    from dfedrw.peer.learning.training import sgd_update
 
     torch.manual_seed(3)
     ours, theirs = torch.randn(50), None
@@ -165,7 +165,7 @@ def test_the_local_trainer_takes_the_optimizers_steps_and_the_rounds_learning_ra
 
 
 def test_training_settings_are_checked():
-    from dfedrw.peer.config import ScenarioError, load_scenario
+    from dfedrw.peer.config.scenario import ScenarioError, load_scenario
 
     for override, message in [
         ("train.momentum=1.0", r"train.momentum=1.0 must be a finite number in \[0, 1\)"),

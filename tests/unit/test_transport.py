@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.node import Client
-from dfedrw.peer.rounds import Liveness
+from dfedrw.peer.client.client import Client
+from dfedrw.peer.client.rounds import Liveness
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.framing import MessageSplitter, handle_push, split_messages
-from dfedrw.peer.transport.grpc_admission import CallLimits, PeerServicer
+from dfedrw.peer.transport.grpc.admission import CallLimits, PeerServicer
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
 from tests.support.wire import D, SPECS, roundtrip, vec
@@ -123,7 +123,7 @@ def test_a_declared_loss_out_of_range_reads_as_absent():
 
 
 def test_text_from_a_message_is_escaped_and_cut_in_the_error():
-    forged = "0.weight\n2026-01-01 00:00:00 ERROR peer.node: forged" + "x" * 500
+    forged = "0.weight\n2026-01-01 00:00:00 ERROR peer.client.client: forged" + "x" * 500
     wrong = (TensorSpec(forged, "float32", (3, 4)), SPECS[1])
     with pytest.raises(WireError) as err:
         roundtrip(encode(1, 0, vec(), wrong))
@@ -518,7 +518,7 @@ def test_the_bucket_refills_each_round_of_the_receiver():
 
 @pytest.mark.parametrize("model", ["softmax_regression", "mlp"])
 def test_a_receiver_buffers_no_more_than_the_models_size_per_call(small_scenario, tmp_path, model):
-    from dfedrw.peer.wiring import grpc_transport_for, scenario_model_specs
+    from dfedrw.peer.wiring.build import grpc_transport_for, scenario_model_specs
 
     scenario = small_scenario(f"train.model={model}", "train.hidden=8", "network.tls=off")
     transport = grpc_transport_for(scenario, "127.0.0.1", 0)

@@ -1,4 +1,4 @@
-"""Settings a scenario gives that its run will not use (peer/unused.py): each named in one line,
+"""Settings a scenario gives that its run will not use (peer/config/unused.py): each named in one line,
 by ``dfedrw run`` and ``dfedrw compose`` on stderr and by ``dfedrw sweep`` with its count of
 runs; a scenario that uses what it sets gives none."""
 
@@ -6,8 +6,8 @@ import pytest
 
 from dfedrw.experiments.cli import main as sweep_main
 from dfedrw.launch.cli import load_told
-from dfedrw.peer.config import load_scenario
-from dfedrw.peer.unused import unused_settings
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.config.unused import unused_settings
 from tests.support.sweeps import FAST, write_grid
 
 

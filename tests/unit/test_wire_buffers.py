@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfedrw.peer.intake import ModelIntake
+from dfedrw.peer.transport.intake import ModelIntake
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import (

@@ -1,0 +1,99 @@
+"""A Byzantine client's round loop (:func:`run_byzantine`, on a :class:`peer.client.client.Client` built
+for a Byzantine id, whose parts it uses). It holds no data: each round it waits for the models of the honest clients that
+send to it in that round, crafts one message per receiver of the round with its attack, and
+sends them; with ``attack.colluding`` it first pools what it received with the other colluders
+(:mod:`peer.client.collusion`). Under a schedule (:mod:`peer.graph.schedule`) its receivers and senders are
+the round's: it reaches no one the schedule does not give it, whomever it sends to (receivers
+refuse a message from a sender that is not their in-neighbour in the message's round)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from dfedrw.peer.wiring.assembly import attack_generator, byzantine_claims, next_reference
+from dfedrw.peer.attacks import AttackView, craft_round
+from dfedrw.peer.transport.heap import release_free_heap
+from dfedrw.peer.wiring.plan import derive_seed
+from dfedrw.peer.client.rounds import Liveness, byzantine_record, checkpoint_due, loop_times, with_round_graph
+from dfedrw.peer.transport.serde import message_out
+
+
+def run_byzantine(client) -> dict[str, Any]:
+    """Every round of the Byzantine ``client`` (its transport, inbox, collusion, attack, round
+    log, presence and resume); returns what its final file adds."""
+    sc = client.scenario
+    attack = client.attack
+    byzantine = client.topology.byzantine
+    gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", client.id))
+    liveness = Liveness(sc.network.max_missed_rounds)
+    loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
+    r = 0
+    reference = None  # the mean of what it knew last round (AttackView.reference)
+    silent_before = False  # whether it was silent to a receiver last round
+    if client.resumed is not None:
+        if "attack" in client.resumed.generators:
+            gen.set_state(torch.from_numpy(client.resumed.generators["attack"].copy()))
+        r = client.resume.rejoin(torch.zeros(sum(s.numel for s in client.specs)), 0)
+    while r < sc.rounds:
+        r, sent0, recv0 = client.begin_round(r)
+        # Whom it sends to and hears from in this round (a fixed graph: its honest neighbours).
+        targets = tuple(k for k in client.graphs.receivers_of(client.id, r) if k not in byzantine)
+        heard = tuple(k for k in client.graphs.senders_to(client.id, r) if k not in byzantine)
+        expected = client.presence.expected(r, frozenset(heard))
+        # After a round in which it was silent to some receiver, twice the deadline: those
+        # receivers waited out their whole round_timeout for it before they began round r.
+        # With one, its clock would run ahead of theirs, and under load it would miss
+        # their models in exactly the rounds it means to act.
+        got = client.inbox.wait(r, expected, (2 if silent_before else 1) * sc.network.round_timeout)
+        liveness.update(client.inbox, expected, got)
+        senders = tuple(k for k in sorted(got) if k not in byzantine)
+        honest_msgs = [got[k] for k in senders]
+        # The round's matrix itself when every model was decoded into its row, else a stack.
+        received = (
+            client.inbox.stacked(r, [m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in client.specs))
+        )
+        claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
+        pooled = client.collusion.exchange(r, senders, received, sc.network.round_timeout) if client.collusion is not None else None
+        view = AttackView(
+            round=r, attacker=client.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
+            **({"colluders": client.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
+        )
+        release_free_heap()
+        crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
+        reference = next_reference(attack, view)
+        # Done with what it received this round: only the crafted messages are held now.
+        client.inbox.close(r)
+        received_from = sorted(got)
+        del view, received, honest_msgs, got
+        # Copies labelled with other rounds go first: a receiver takes the round's own message
+        # last, so it is still running (and counts what it does with them) when they arrive.
+        for k, labelled in crafted.extra.items():
+            for label, extra in labelled:
+                chunks = message_out(client.id, label, extra, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
+                client.transport.send(k, chunks)
+        silent = 0
+        for k in targets:
+            message = crafted.messages[k]
+            if message is None:
+                silent += 1
+                continue
+            client.transport.send(
+                k,
+                message_out(client.id, r, message, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
+            )
+        silent_before = silent > 0
+        record = byzantine_record(
+            r, received_from, silent, crafted, client.transport.bytes_sent - sent0, client.inbox.bytes_received - recv0,
+            pooled_from=list(pooled.used) if pooled is not None else None,
+        )
+        client.results.write(with_round_graph(record, client.graphs, client.id, r))
+        client.link.send({"type": "round", "id": client.id, "round": r})
+        if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
+            client.resume.save(r, generators={"attack": gen.get_state().numpy()})
+        # The transport holds what it has still to send, and lets each message go once sent.
+        crafted = message = extra = chunks = None
+        r += 1
+    return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at)}

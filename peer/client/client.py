@@ -1,0 +1,483 @@
+"""A client: its state and round loop, honest or Byzantine, from start to final record. Its
+parts (transport, rule or attack, model, data) come from :mod:`peer.wiring.assembly`, which every
+launcher and the batched engine use too; checkpoints and the way back after a restart, its own
+or a neighbour's, from :mod:`peer.client.rejoin`.
+
+Round t at an honest client k (paper, Algorithm 1):
+  1. local SGD step(s) -> w_k^{t+1/2};
+  2. send it to every neighbour; wait until each neighbour's round-t model arrived or the
+     round deadline passed (neighbours presumed gone are not waited for);
+  3. aggregate own + received with the client's rule (DFedReweighting scores every candidate
+     on the auxiliary set A_k) -> w_k^{t+1}.
+Under a schedule (``topology.schedule``, :mod:`peer.graph.schedule`) the graph is the round's: k
+sends to its out-neighbours of round t, waits for its in-neighbours of round t, and a robust
+rule is told the Byzantine clients among them. A Byzantine client (:func:`peer.client.byzantine.run_byzantine`)
+holds no data: each round it waits for its honest neighbours' round-t models, crafts one
+message per receiver with its attack, and sends them. With ``attack.colluding`` the Byzantine
+clients first pool what they received (peer/client/collusion.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dfedrw.peer.aggregation import RoundInputs
+from dfedrw.peer.wiring.assembly import (
+    ClientParts, client_attack, client_augmentation, client_data, client_identity, client_parts, client_rule, scenario_plausible,
+)
+from dfedrw.peer.client.byzantine import run_byzantine
+from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
+from dfedrw.peer.client.collusion import Collusion
+from dfedrw.peer.transport.intake import ModelIntake
+from dfedrw.peer.transport.heap import release_free_heap
+from dfedrw.peer.config.scenario import Scenario
+from dfedrw.peer.learning.models import get_vector, set_vector
+from dfedrw.peer.wiring.plan import colluding_group, derive_seed, role_of, scenario_graphs, told_byzantine
+from dfedrw.peer.aggregation.rules import finite_rows
+from dfedrw.peer.graph.schedule import receive_window
+from dfedrw.peer.client.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
+from dfedrw.peer.client.presence import PROBE_EVERY, Presence
+from dfedrw.peer.client.rejoin import Resume, coordinate_median
+from dfedrw.peer.results.records import RoundLog, write_json_atomic
+from dfedrw.peer.client.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, with_round_graph
+from dfedrw.peer.client.telemetry import LauncherLink, NullLink
+from dfedrw.peer.wiring.build import scenario_transport
+from dfedrw.peer.learning.training import LocalTrainer, evaluate
+from dfedrw.peer.learning.model_matrix import VectorEvaluator
+from dfedrw.peer.transport.base import Transport
+from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.transport.serde import message_out
+
+log = logging.getLogger(__name__)
+
+
+class Stopped(RuntimeError):
+    """The client was asked to stop before its last round."""
+
+
+class Client:
+    """A client process's state and round loop (honest or Byzantine). ``tensorboard``: a folder
+    for the round records as TensorBoard scalars too (see :mod:`dfedrw.peer.results.tensorboard`). Its
+    parts: the neighbours it waits for and sends to (:attr:`presence`), its checkpoints and way
+    back after a restart (:attr:`resume`); a Byzantine client's rounds are
+    :func:`peer.client.byzantine.run_byzantine`'s."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        client_id: int,
+        out_dir: Path,
+        *,
+        transport: Transport,
+        link: LauncherLink | NullLink | None = None,
+        device: torch.device | str = "cpu",
+        tensorboard: Path | None = None,
+        parts: ClientParts | None = None,
+    ) -> None:
+        # Its graph, initial model and model layout: given (built once for its transport too),
+        # or built here.
+        parts = client_parts(scenario, client_id) if parts is None else parts
+        self.scenario = scenario
+        # Where the model, training data and evaluation live; vectors on the wire and in
+        # aggregation stay on the CPU.
+        self.device = torch.device(device)
+        self.id = client_id
+        self.out_dir = Path(out_dir)
+        self.topology = parts.topology
+        self.role = "byzantine" if client_id in self.topology.byzantine else "honest"
+        # Who sends to whom in each round: the graph every round, or the schedule's graph.
+        self.graphs = scenario_graphs(scenario, self.topology)
+        # Everyone it may exchange models with (a fixed graph: its neighbours); each round's
+        # senders and receivers are among them.
+        self.neighbours = self.graphs.possible(client_id)
+        self.link = link or NullLink()
+        net = scenario.network
+        self.transport = transport
+        self.plausible = scenario_plausible(scenario)
+        # A Byzantine client trains nothing: it needs only the model's layout (from a model on
+        # the meta device, which holds no values).
+        self.model, self.specs = parts.model, parts.specs
+        self.inbox = Inbox(
+            client_id, self.neighbours, self.topology.num_clients, receive_window(net.round_window, scenario.topology.schedule),
+            senders_at=self.graphs.senders_at(client_id) if self.graphs.dynamic else None,
+            model_size=sum(s.numel for s in self.specs), rows_at=self._candidate_rows,
+        )
+        self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
+        # A colluding Byzantine client exchanges pools with the other colluders (graph
+        # neighbours or not), whom it reaches besides its neighbours.
+        colluders = colluding_group(self.topology.byzantine, scenario.attack.colluding) if self.role == "byzantine" else ()
+        self.collusion: Collusion | None = None
+        if colluders:
+            self.collusion = Collusion(
+                client_id, colluders, specs=self.specs, num_clients=self.topology.num_clients, transport=transport,
+                counters=self.inbox, window=net.round_window, max_missed=net.max_missed_rounds, plausible=self.plausible,
+                chunk_bytes=net.chunk_bytes, probe_every=PROBE_EVERY,
+            )
+            self.max_bytes = min(net.max_message_bytes, max(self.max_bytes, self.collusion.max_bytes))
+        self.contacts = (*self.neighbours, *(k for k in colluders if k != client_id and k not in self.neighbours))
+        self.presence = Presence(
+            client_id, self.neighbours, inbox=self.inbox, transport=transport, graphs=self.graphs, round_timeout=net.round_timeout,
+            round_window=net.round_window, collusion=self.collusion,
+        )
+        self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self.presence.after_offer)
+        self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
+        self.fingerprint = scenario_fingerprint(scenario)
+        # A checkpoint of this client in its results folder: it was killed, and resumes.
+        self.resumed: Checkpoint | None = None
+        if scenario.checkpoint.every and self.checkpoint_file.exists():
+            size = None if self.role == "byzantine" else sum(s.numel for s in self.specs)
+            self.resumed = load_checkpoint(self.checkpoint_file, client=client_id, scenario=self.fingerprint, vector_size=size)
+            if self.resumed.vector is not None:
+                set_vector(self.model, torch.from_numpy(self.resumed.vector.copy()))
+            log.warning("client %d: resuming from its checkpoint of round %d (%s)", client_id, self.resumed.round, self.checkpoint_file)
+        self.results = RoundLog(
+            self.out_dir, client_id, keep_through=self.resumed.round if self.resumed else None,
+            tensorboard=tensorboard, byzantine=self.topology.byzantine,
+        )
+        self.resume = Resume(
+            client_id, self.role, scenario, graphs=self.graphs, byzantine=self.topology.byzantine, transport=transport, inbox=self.inbox,
+            specs=self.specs, presence=self.presence, results=self.results, checkpoint_file=self.checkpoint_file,
+            fingerprint=self.fingerprint, resumed=self.resumed,
+        )
+        self.stop_requested = threading.Event()
+        self._prepared = False
+        # Where this client listens, once started (kept in its final record).
+        self.address: str | None = None
+
+    # -- receiving ---------------------------------------------------------------------
+    def deliver(self, chunks, sender: int | None = None) -> tuple[bool, str, int]:
+        """Validate one incoming message and buffer it (called on the transport's thread).
+        ``sender`` is the id the transport authenticated (None: it authenticates nobody).
+
+        Returns (accepted, reason, this client's round): the sender drops what it still has
+        queued for earlier rounds. (Transports that hand messages over as they arrive use
+        :attr:`intake`'s ``begin``.)"""
+        return self.intake(chunks, sender)
+
+    def _candidate_rows(self, r: int) -> tuple[int, ...]:
+        """The senders whose round-``r`` models are rows of the round's matrix, in the order the
+        round uses them: by id (a Byzantine client: its honest senders, the models it crafts from)."""
+        senders = self.graphs.senders_to(self.id, r)
+        return tuple(sorted(k for k in senders if self.role == "honest" or k not in self.topology.byzantine))
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Load data and build the rule or attack. Done before the server starts, so that a
+        client that can be reached is ready to run round 0 at once: clients that started
+        rounds far apart would otherwise count each other as missing."""
+        sc = self.scenario
+        if self.role == "honest":
+            self.data = client_data(sc, self.topology, self.id)
+            if self.device.type != "cpu":
+                self.data = self.data.to(self.device)
+            t = sc.train
+            self.trainer = LocalTrainer(
+                self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
+                seed=derive_seed(sc.seed, "batches", self.id), local_epochs=t.local_epochs, momentum=t.momentum,
+                weight_decay=t.weight_decay, augment=client_augmentation(sc, self.id),
+            )
+            if self.resumed is not None:
+                try:
+                    self.trainer.load_state(self.resumed.generators, self.resumed.arrays, int(self.resumed.counters.get("trainer_pos", 0)))
+                except (KeyError, ValueError, RuntimeError) as exc:
+                    raise CheckpointError(f"checkpoint {self.checkpoint_file}: trainer state unusable ({exc})") from None
+            self.rule = client_rule(sc, self.topology, self.id)
+            self.rules = {}  # under a schedule: the rule told each number of Byzantine senders
+            self.told_most = 0
+            self.aux_eval = VectorEvaluator(self.model, self.data.aux)
+        else:
+            self.attack = client_attack(sc, self.topology, self.id)
+
+    def start(self) -> str:
+        if not self._prepared:
+            self.prepare()
+            self._prepared = True
+        self.address = self.transport.start(self.intake)
+        return self.address
+
+    def connect(self, addresses: Mapping[int, str]) -> None:
+        """Connect to the neighbours and, for a colluder, the other colluders (``contacts``)."""
+        for k in self.contacts:
+            if k not in addresses:
+                # A neighbour that never came up (e.g. it died at start) is not waited for.
+                log.warning("client %d: no address for %s %d; going on without it", self.id, self._kind(k), k)
+                self._set_gone(k)
+        self.transport.connect({k: addresses[k] for k in self.contacts if k in addresses}, self.presence.on_reachability)
+        opener = getattr(self.transport, "open", None)
+        if self.graphs.dynamic and opener is not None:
+            # Connections on demand: those of the first round now (a peer that is not up is
+            # found out before round 0, as with a fixed graph), the others when first sent to.
+            r = min(self.resumed.round + 1, self.scenario.rounds - 1) if self.resumed is not None else 0
+            first = {*self.graphs.senders_to(self.id, r), *self.graphs.receivers_of(self.id, r)}
+            opener(sorted(k for k in self.contacts if k in addresses and (k in first or k not in self.neighbours)))
+        late = self.transport.wait_ready(self.scenario.network.connect_timeout)
+        for k in late:
+            log.warning("client %d: %s %d not reachable at start", self.id, self._kind(k), k)
+            self._set_gone(k)
+
+    def _kind(self, peer: int) -> str:
+        return "neighbour" if peer in self.neighbours else "colluder"
+
+    def _set_gone(self, peer: int) -> None:
+        if peer in self.neighbours:
+            self.inbox.set_gone(peer)
+        if self.collusion is not None and peer in self.collusion.peers:
+            self.collusion.set_gone(peer)
+
+    def run(self) -> dict[str, Any]:
+        torch.set_num_threads(1)
+        start = time.monotonic()
+        try:
+            if self.role == "honest":
+                final = self._run_honest()
+            else:
+                final = run_byzantine(self)
+        finally:
+            self.transport.flush(timeout=5.0)
+            self.results.close()
+        if self.role == "honest":
+            cfg = self.scenario.aggregation_for(self.id)
+            # Under a schedule: the most it was told in a round (each round's in its record).
+            told = self.told_most if self.graphs.dynamic else told_byzantine(cfg, self.topology, self.id)
+            final["aggregation"] = aggregation_summary(cfg, told)
+        rejected = self.resume.rejected()
+        final.update(
+            id=self.id,
+            role=self.role,
+            pid=os.getpid(),
+            address=self.address,
+            device=str(self.device),
+            completed=True,
+            wall_seconds=round(time.monotonic() - start, 3),
+            rejected_messages=sum(rejected.values()),
+            rejected_by_reason=rejected,
+            stale_messages=self.resume.stale_messages(),
+            unsent_messages={"dropped": self.transport.dropped, "stale": self.transport.skipped_stale},
+            refused_calls_by_reason=dict(getattr(self.transport, "refused", {})),
+            tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
+            restarts=self.resume.restarts,
+            rounds_lost=self.resume.rounds_lost(),
+            resumed_from=self.resume.resumed_from,
+        )
+        if self.graphs.dynamic:
+            final["schedule"] = self.scenario.topology.schedule
+            if hasattr(self.transport, "channels_opened"):
+                final["channels"] = {"opened": self.transport.channels_opened, "closed_idle": self.transport.channels_closed}
+        write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)
+        # Done: a client started again with this id now starts a new run (its round log is
+        # moved aside), it does not resume this one.
+        self.checkpoint_file.unlink(missing_ok=True)
+        self.link.send({"type": "done", "id": self.id, "accuracy": final.get("accuracy"), "global_accuracy": final.get("global_accuracy")})
+        return final
+
+    def close(self) -> None:
+        self.transport.close()
+        self.link.close()
+
+    # -- round loops -------------------------------------------------------------------
+    def _check_stop(self) -> None:
+        if self.stop_requested.is_set():
+            raise Stopped(f"client {self.id} stopped")
+
+    def begin_round(self, r: int) -> tuple[int, int, int]:
+        """The start of round ``r`` (a client rejoining may skip ahead): (the round it is in,
+        bytes sent and received so far, from which the round's own are counted)."""
+        self._check_stop()
+        r = self.resume.catch_up(r)
+        self.inbox.advance(r)
+        self.presence.begin_round(r)
+        self.resume.note_round(r)
+        return r, self.transport.bytes_sent, self.inbox.bytes_received
+
+    def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
+        chunks = message_out(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
+        self.presence.send_all(round_, chunks, to)
+
+    def _flatten(self) -> torch.Tensor | None:
+        """On the CPU: make the model's parameters views of one flat vector (their values as
+        they are) and return it; elsewhere None."""
+        if self.device.type != "cpu":
+            return None
+        flat = get_vector(self.model)
+        set_vector(self.model, flat)
+        return flat
+
+    def _rule_at(self, r: int, senders: tuple[int, ...]) -> tuple[Any, int | None]:
+        """The rule of round ``r`` and, under a schedule, what it is told: the Byzantine
+        clients among the round's ``senders`` (one rule per number told, built when first
+        needed, with the client's seed)."""
+        if not self.graphs.dynamic:
+            return self.rule, None
+        cfg = self.scenario.aggregation_for(self.id)
+        told = told_byzantine(cfg, self.topology, self.id, senders)
+        if told not in self.rules:
+            self.rules[told] = client_rule(self.scenario, self.topology, self.id, senders)
+        self.told_most = max(self.told_most, told)
+        return self.rules[told], told
+
+    def _run_honest(self) -> dict[str, Any]:
+        sc = self.scenario
+        data, trainer, aux_eval = self.data, self.trainer, self.aux_eval
+        liveness = Liveness(sc.network.max_missed_rounds)
+        num_samples = len(data.train.y)
+        last: dict[str, float] = {}
+        loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
+        log_every = max(1, sc.rounds // 20)
+        r = self.resume.rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
+        first_after_resume = self.resumed is not None
+        # On the CPU the parameters are views of one flat vector (set_vector makes them so):
+        # after the local step that vector is the model to send, no copy of it needed.
+        flat = self._flatten()
+        while r < sc.rounds:
+            r, sent0, recv0 = self.begin_round(r)
+            reference = get_vector(self.model)
+            loss = trainer.step(sc.train.lr_at(r, sc.rounds))
+            own = flat if flat is not None else get_vector(self.model)
+            senders = self.graphs.senders_to(self.id, r)
+            self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)
+            expected = self.presence.expected(r, frozenset(senders))
+            got, passed = self.resume.wait(r, expected)
+            expected -= passed
+            liveness.update(self.inbox, expected, got)
+            ids = (self.id, *sorted(got))
+            adopted = False
+            if r == self.resume.stale_round and got:
+                # Resumed far behind its neighbours: its own model is many rounds stale, and
+                # one vote among its neighbours' would pull every aggregate back. It takes the
+                # coordinate-wise median of the neighbours' models of this round as its own
+                # (the median, not the mean, so that one Byzantine neighbour among three
+                # cannot set it), then aggregates with its rule as every round.
+                own = reference = coordinate_median(torch.stack([got[k].vector for k in ids[1:]]))
+                adopted, self.resume.stale_round = True, None
+                self.resume.resumed_from[-1]["took_neighbours_model"] = True
+                log.warning("client %d: round %d: took its neighbours' median model in place of its stale one", self.id, r)
+            elif r == self.resume.stale_round:
+                self.resume.stale_round = r + 1  # no neighbour model this round: try again in the next
+            release_free_heap()
+            # The candidates: the round's matrix itself when every received model was decoded
+            # into its row (own model copied into row 0), else a stack of them.
+            vectors = self.inbox.stacked(r, [got[k].vector for k in ids[1:]], own)
+            sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
+            losses = (loss, *(got[k].train_loss for k in ids[1:]))
+            missing = sorted(expected - got.keys())
+            rule, told = self._rule_at(r, senders)
+            # Every received model passed the intake's check of its values: only the own
+            # model's need looking at (for a big model a pass over every candidate saved).
+            finite = (bool(finite_rows(own[None])[0]), *(True for _ in ids[1:]))
+            agg = rule(
+                RoundInputs(
+                    own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval,
+                    total_rounds=sc.rounds, declared_losses=losses, reference=reference, finite=finite,
+                )
+            )
+            model, weights, scores = agg.model, agg.weights, agg.scores
+            if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
+                # A rule that kept a candidate as it is: the parameters must not hold on to
+                # the whole matrix of the round.
+                model = model.clone()
+            set_vector(self.model, model)
+            # Done with the round's models: let them go before evaluating and checkpointing.
+            self.inbox.close(r)
+            flat = model if flat is not None else None
+            del vectors, got, agg, reference, own
+            notes: dict[str, Any] = {}
+            if first_after_resume:
+                notes["resumed_from"] = self.resumed.round
+                first_after_resume = False
+            if adopted:
+                notes["took_neighbours_model"] = True
+            record = honest_record(
+                r, loss, weights, missing, scores=scores, notes=notes,
+                bytes_sent=self.transport.bytes_sent - sent0, bytes_received=self.inbox.bytes_received - recv0,
+            )
+            with_round_graph(record, self.graphs, self.id, r, told)
+            if evaluation_due(r, sc.rounds, sc.eval.every):
+                last = {
+                    "accuracy": 100.0 * evaluate(self.model, data.local_test)["accuracy"],
+                    "global_accuracy": 100.0 * evaluate(self.model, data.global_test)["accuracy"],
+                }
+                record.update(last)
+            self.results.write(record)
+            self.link.send({"type": "round", "id": self.id, "round": r, "train_loss": loss, **last})
+            if (r + 1) % log_every == 0 or r == sc.rounds - 1:
+                # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
+                acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
+                log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
+            if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
+                generators, arrays, pos = trainer.state()
+                # The model's parameters are views of the aggregate: saved as it is, not copied.
+                self.resume.save(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+            del model
+            r += 1
+        return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
+
+
+def run_grpc_client(scenario: Scenario, client_id: int, out_dir: Path, **where: Any) -> dict[str, Any]:
+    """Run one client process to completion: :func:`grpc_client` (``where``: its arguments),
+    then :func:`start_and_run`: start, find the neighbours, run every round, write results."""
+    return start_and_run(*grpc_client(scenario, client_id, out_dir, **where))
+
+
+def grpc_client(
+    scenario: Scenario,
+    client_id: int,
+    out_dir: Path,
+    *,
+    rendezvous: str | None = None,
+    addresses: Mapping[int, str] | None = None,
+    listen_port: int = 0,
+    advertise: str | None = None,
+    certs: Path | None = None,
+    link_token: str | None = None,
+    tensorboard: Path | None = None,
+) -> tuple[Client, Rendezvous]:
+    """One client process's client and the way it meets its neighbours, built and not started;
+    its graph and model are built once (:func:`~dfedrw.peer.wiring.assembly.client_parts`), for its
+    transport and for the client.
+
+    Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
+    registers with ``link_token``, the secret the launcher gave it) or are given.
+    ``certs`` is the run's certificate folder (``dfedrw certs``), needed with TLS.
+    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``).
+    """
+    if (rendezvous is None) == (addresses is None):
+        raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
+    net = scenario.network
+    parts = client_parts(scenario, client_id)
+    kind = scenario_transport(scenario, topology=parts.topology, specs=parts.specs)
+    if kind.placement != "processes":
+        if kind.placement == "torchrun":
+            raise ValueError(
+                f"network.transport = {net.transport!r} runs only under torchrun: "
+                "torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
+            )
+        raise ValueError(f"network.transport = {net.transport!r} runs its clients as {kind.placement}, not as processes")
+    transport = kind.process_transport(
+        scenario, client_id, host=net.host, port=listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
+    )
+    link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
+    meeting = (
+        LauncherRendezvous(link, role_of(parts.topology, client_id)) if rendezvous else StaticRendezvous(addresses)
+    )
+    return Client(scenario, client_id, out_dir, transport=transport, link=link, tensorboard=tensorboard, parts=parts), meeting
+
+
+def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:
+    """A client's start-up sequence, the same under every launcher: start a built client's
+    server, exchange addresses through ``rendezvous``, connect to the neighbours (and a colluder to the other colluders), run every round; the client is closed
+    whatever happens."""
+    try:
+        address = client.start()
+        addresses = rendezvous.exchange(client.id, address, client.contacts, client.scenario.network.connect_timeout)
+        client.connect(addresses)
+        return client.run()
+    finally:
+        client.close()

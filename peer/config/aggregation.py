@@ -1,0 +1,245 @@
+"""The [aggregation] and [attack] sections of a scenario: which rule, TPM, CRS and attack, each
+class's settings tables, how they are parsed (flat keys of earlier versions included) and
+checked by building every class once, and how they are written back."""
+
+from __future__ import annotations
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from dfedrw.peer.registry import Registry
+from dfedrw.peer.attacks.base import AttackerData, threat_model_of
+from dfedrw.peer.kinds.rules import ATTACK_REGISTRY
+from dfedrw.peer.config.checks import ScenarioError
+from dfedrw.peer.config.legacy import LEGACY, set_legacy
+from dfedrw.peer.config.tables import (
+    KIND_REGISTRY, Params, SettingsTables, origin_of, resolve_class, settings_tables, table_path, thaw, toml_key, toml_value,
+)
+from dfedrw.peer.config.checks import MAX_CLIENTS, check_in_range, coerce_value
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """``name``: ``"none"``, a registered attack or ``module:Class``; ``attack_params``: the
+    settings tables ``[attack.NAME]`` (every one given is checked, the named one is used)."""
+
+    name: str = "none"
+    attack_params: Params = ()
+    # The Byzantine clients act as one group: each round they pool the honest models they
+    # received over their own authenticated channel and agree one plan before they send.
+    colluding: bool = False
+    # Not part of the identity: where the config came from, for messages.
+    prefix: str = field(default="attack", compare=False, repr=False)
+    origins: Params = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.colluding, bool):
+            raise ScenarioError(f"{self.prefix}.colluding={self.colluding!r}: expected true or false")
+        if self.name != "none":
+            cls = resolve_class("attack", self.name, f"{self.prefix}.name")
+            model = threat_model_of(cls)
+            if model is not None and model.colludes and not self.colluding:
+                raise ScenarioError(
+                    f"{self.prefix}.name={self.name!r} is an attack of colluding clients: set {self.prefix}.colluding = true"
+                )
+
+    def params(self, name: str | None = None) -> dict[str, Any]:
+        """The settings of attack ``name`` (default: the one in use) that differ from its defaults."""
+        return dict(thaw(self.attack_params).get(self.name if name is None else name, {}))
+
+    def key(self, name: str, setting: str | None = None) -> str:
+        """The scenario key that set ``setting`` of ``name`` (or of its table)."""
+        table = table_path(self.prefix, "attack", name)
+        if setting is None:
+            return table
+        return origin_of(self.origins, "attack", name, setting) or f"{table}.{setting}"
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """``rule``, ``tpm``, ``crs``: registered names or ``module:Class``; ``*_params``: the
+    settings tables ``[aggregation.RULE]``, ``[aggregation.tpm_params.TPM]``,
+    ``[aggregation.crs_params.CRS]`` (every one given is checked, the named ones are used)."""
+
+    rule: str = "dfedreweighting"
+    tpm: str = "loss"
+    crs: str = "loss_clip_mean"
+    # What rules that take num_byzantine (trimmed_mean, krum, multi_krum, ...) are told about
+    # the number of Byzantine neighbours: -1 = the client's true count (an oracle the
+    # experimenter has), else this number.
+    assumed_byzantine: int = -1
+    rule_params: Params = ()
+    tpm_params: Params = ()
+    crs_params: Params = ()
+    # Not part of the identity: where the config came from, for messages.
+    prefix: str = field(default="aggregation", compare=False, repr=False)
+    origins: Params = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for kind in ("rule", "tpm", "crs"):
+            resolve_class(kind, getattr(self, kind), f"{self.prefix}.{kind}")
+        if isinstance(self.assumed_byzantine, bool) or not isinstance(self.assumed_byzantine, int):
+            raise ScenarioError(f"{self.prefix}.assumed_byzantine={self.assumed_byzantine!r}: expected an integer")
+        check_in_range(f"{self.prefix}.assumed_byzantine", self.assumed_byzantine, -1, MAX_CLIENTS)
+
+    def tables(self, kind: str) -> dict[str, dict[str, Any]]:
+        return thaw(getattr(self, f"{kind}_params"))
+
+    def params(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        """The settings of the ``kind`` ("rule", "tpm", "crs") class ``name`` (default: the one
+        in use) that differ from its defaults."""
+        return dict(self.tables(kind).get(getattr(self, kind) if name is None else name, {}))
+
+    def key(self, kind: str, name: str, setting: str | None = None) -> str:
+        """The scenario key that set ``setting`` of ``name`` (or of its table)."""
+        table = table_path(self.prefix, kind, name)
+        if setting is None:
+            return table
+        return origin_of(self.origins, kind, name, setting) or f"{table}.{setting}"
+
+
+AGGREGATION_KEYS = ("rule", "tpm", "crs", "assumed_byzantine")
+
+
+def parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationConfig | None = None) -> AggregationConfig:
+    """An [aggregation] table (or a [peers.K.aggregation] override of ``base``)."""
+    if not isinstance(table, Mapping):
+        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
+    base = base or AggregationConfig()
+    tables = SettingsTables({k: getattr(base, f"{k}_params") for k in ("rule", "tpm", "crs")}, base.origins)
+    scalars: dict[str, Any] = {}
+    for key, value in table.items():
+        where = f"{prefix}.{key}"
+        if key in ("rule", "tpm", "crs"):
+            if not isinstance(value, str):
+                raise ScenarioError(f"{where}={value!r}: expected a string")
+            scalars[key] = value
+        elif key == "assumed_byzantine":
+            scalars[key] = coerce_value(where, value, "int")
+        elif key in ("tpm_params", "crs_params"):
+            kind = key.partition("_")[0]
+            if not isinstance(value, Mapping):
+                raise ScenarioError(f"{where} must be a table of {kind} settings tables, e.g. [{where}.NAME]")
+            for name, values in value.items():
+                tables.table(kind, name, values, f"{where}.{toml_key(name)}")
+        else:
+            _class_table_or_legacy(tables, "aggregation", prefix, key, value, "rule", [*AGGREGATION_KEYS, "tpm_params", "crs_params"])
+    return dataclasses.replace(
+        base,
+        **scalars,
+        rule_params=tables.frozen("rule"),
+        tpm_params=tables.frozen("tpm"),
+        crs_params=tables.frozen("crs"),
+        prefix=prefix,
+        origins=tables.frozen_origins(),
+    )
+
+
+def _class_table_or_legacy(tables: SettingsTables, section: str, prefix: str, key: str, value: Any, kind: str, valid: list[str]) -> None:
+    """A key of ``[section]`` (at ``prefix``) that is none of its own: an earlier version's flat
+    key, or the settings table of a ``kind`` class, else an error naming the valid keys."""
+    where = f"{prefix}.{key}"
+    legacy = [k.partition(".")[2] for k in LEGACY if k.startswith(f"{section}.")]
+    registry = KIND_REGISTRY[kind]
+    if key in legacy:
+        set_legacy(tables, f"{section}.{key}", value, where)
+    elif isinstance(value, Mapping) and (key in registry or ":" in key):
+        tables.table(kind, key, value, f"{prefix}.{toml_key(key)}")
+    else:
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ScenarioError(
+            f"unknown key '{where}'; valid keys: {', '.join(valid)}, {article} {kind}'s settings table "
+            f"({', '.join(registry.names())} or 'module:Class'), or an earlier version's {', '.join(legacy)}"
+        )
+
+
+def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
+    if not isinstance(table, Mapping):
+        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
+    tables = SettingsTables({}, ())
+    name: Any = AttackConfig.name
+    colluding = AttackConfig.colluding
+    for key, value in table.items():
+        where = f"{prefix}.{key}"
+        if key == "name":
+            if not isinstance(value, str):
+                raise ScenarioError(f"{where}={value!r}: expected a string")
+            name = value
+        elif key == "colluding":
+            if not isinstance(value, bool):
+                raise ScenarioError(f"{where}={value!r}: expected true or false")
+            colluding = value
+        else:
+            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding"])
+    return AttackConfig(name=name, attack_params=tables.frozen("attack"), colluding=colluding, prefix=prefix, origins=tables.frozen_origins())
+
+
+def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], supplied: Mapping[str, Any], key: Any) -> Any:
+    """``registry.build`` with a class's ValueError turned into one ScenarioError line naming
+    the key that set the offending value (``key(setting)``; ``key(None)`` is the table)."""
+    try:
+        return registry.build(name, params, supplied)
+    except ValueError as exc:
+        message = " ".join(str(exc).split())
+    for setting, value in params.items():
+        try:
+            registry.build(name, {setting: value}, supplied)
+        except ValueError:
+            raise ScenarioError(f"{key(setting)}={toml_value(value)!r}: {message}") from None
+    raise ScenarioError(f"{key(None)}: {message}")
+
+
+def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> Any:
+    """Build every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
+    with placeholder supplied values, so a bad setting fails with one line naming its key.
+    Returns the rule in use, built as :func:`peer.kinds.rules.build_named_rule` builds it."""
+    supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
+    built: dict[str, Any] = {}
+    for kind in ("tpm", "crs", "rule"):
+        registry = KIND_REGISTRY[kind]
+        names = dict.fromkeys([getattr(cfg, kind), *cfg.tables(kind)])
+        for name in names:
+            if kind == "rule":
+                supplied.update(tpm=built["tpm"], crs=built["crs"])
+            obj = _build_checked(registry, name, cfg.params(kind, name), supplied, lambda s, k=kind, n=name: cfg.key(k, n, s))
+            if name == getattr(cfg, kind):
+                built[kind] = obj
+    return built["rule"]
+
+
+def check_attack(
+    cfg: AttackConfig, *, num_clients: int, num_byzantine: int, lr: float = 0.01, total_rounds: int = 0, defence: Any = None,
+    round_window: int = 2,
+) -> None:
+    """Build the attack in use (when there are Byzantine clients) and every settings table given.
+    What only a running Byzantine client has is stood in for: its data sample by one that
+    loads nothing (an attack touches its data in its rounds, not when it is built)."""
+    names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *thaw(cfg.attack_params)])
+    knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA, "round_window": round_window}
+    for name in names:
+        active = name == cfg.name and num_byzantine > 0
+        # A table of an attack not in use is checked with counts every attack accepts.
+        supplied = {"num_clients": num_clients, "num_byzantine": num_byzantine} if active else {"num_clients": max(num_clients, 3), "num_byzantine": 1}
+        _build_checked(ATTACK_REGISTRY, name, cfg.params(name), {**supplied, **knowledge}, lambda s, n=name: cfg.key(n, s))
+
+
+def _no_data(*_: Any) -> Any:
+    raise RuntimeError("an attack's data sample is loaded by the running Byzantine client, not when a scenario is checked")
+
+
+_NO_DATA = AttackerData(_no_data, _no_data, num_classes=2, description="none while the scenario is checked")
+
+
+def aggregation_table(cfg: AggregationConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {k: getattr(cfg, k) for k in AGGREGATION_KEYS}
+    out.update(settings_tables(cfg.rule_params))
+    for kind in ("tpm", "crs"):
+        tables = settings_tables(getattr(cfg, f"{kind}_params"))
+        if tables:
+            out[f"{kind}_params"] = tables
+    return out
+
+
+def attack_table(cfg: AttackConfig) -> dict[str, Any]:
+    # colluding only when set: files and identities of runs without it stay as they were.
+    return {"name": cfg.name, **({"colluding": True} if cfg.colluding else {}), **settings_tables(cfg.attack_params)}

@@ -1,0 +1,339 @@
+"""Scenario configuration: frozen dataclasses loaded from TOML, overridable with ``key=value``.
+
+A scenario file has the sections below (every key optional; defaults in the dataclasses):
+
+    seed, rounds
+    [data]        name, dir, partition, aux_fraction, local_test_size, labelskew_assign
+    [train]       model, hidden, lr, batch_size, local_steps, init
+    [topology]    kind, rho, file, honest, byzantine, schedule
+                  [topology.NAME]  [topology.schedule_params.SCHEDULE]
+    [attack]      name                       [attack.NAME]  the attack's settings
+    [aggregation] rule, tpm, crs, assumed_byzantine
+                  [aggregation.RULE]  [aggregation.tpm_params.TPM]  [aggregation.crs_params.CRS]
+    [network]     transport, host, round_timeout, round_window, max_missed_rounds,
+                  connect_timeout, chunk_bytes, max_message_bytes, idle_channel_timeout, ...
+    [eval]        every
+    [checkpoint]  every
+    [engine]      name (clients, batched), device, threads
+    [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
+
+A rule, TPM, CRS or attack is a class registered by name (peer/registry.py) or an
+import path ``module:Class``; its constructor's parameters are its settings, set in its own
+table (``[aggregation.balance] gamma = 2``, ``[attack.alie] z = 1.5``) and checked by the class.
+Loading a scenario builds every rule, TPM, CRS and attack it configures once, so a bad value
+fails here with one line, in every entry point. The flat keys of earlier versions
+(``aggregation.balance_gamma``, ``attack.std``, ...: :mod:`peer.config.legacy`) are still read,
+and a scenario's identity (:func:`scenario_changes`) is written with them where they exist, so runs
+of earlier versions keep their folder hashes.
+
+Unknown keys and bad values raise :class:`ScenarioError` naming the key and the valid choices.
+The sections other than [aggregation] and [attack] are :mod:`peer.config.sections`'s; each
+class's settings table is parsed by :mod:`peer.config.tables`; ``--set`` by :mod:`peer.config.overrides`.
+Every number has a checked range (NaN and infinity are refused): the bounds are far beyond any
+useful experiment and are there so that a typo fails at load with one line instead of
+exhausting memory, overflowing gRPC's int32 message limits or running for ever.
+TOML has no null, so "unset" string options use the empty string.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import hashlib
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from dfedrw.peer.kinds.rules import ATTACK_REGISTRY
+from dfedrw.peer.config.checks import ScenarioError
+from dfedrw.peer.config.legacy import LEGACY_AGGREGATION_ORDER, legacy_view
+from dfedrw.peer.config.overrides import apply_overrides, deep_copy
+from dfedrw.peer.config.aggregation import (
+    AggregationConfig, AttackConfig, aggregation_table, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
+)
+from dfedrw.peer.config.tables import Params, SettingsTables, parse_class_tables, settings_tables, toml_key
+from dfedrw.peer.config.sections import (  # noqa: F401 - the sections are named from here too
+    ENGINES, CheckpointConfig, DataConfig, EngineConfig, EvalConfig, NetworkConfig, TopologyConfig, TrainConfig, check_model,
+)
+from dfedrw.peer.kinds.table import KINDS
+from dfedrw.peer.config.checks import MAX_ROUNDS, check_in_range, coerce_value
+
+
+# Set while :func:`load_validated` reads a scenario that was validated before: its checks are not run again.
+_VALIDATED: contextvars.ContextVar[bool] = contextvars.ContextVar("scenario_validated", default=False)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int = 43
+    rounds: int = 200
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # Client id -> aggregation overrides (keys of [aggregation]).
+    peers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _VALIDATED.get():
+            self.validate()
+
+    def validate(self) -> None:
+        """The whole scenario's checks: its ranges, its clients, and every rule, the attack and
+        the model built once with placeholders (run when a scenario is made, except by
+        :func:`load_validated`). Raises :class:`ScenarioError`."""
+        check_in_range("rounds", self.rounds, 1, MAX_ROUNDS)
+        # TOML integers are int64; numpy and torch seeds take any of the non-negative ones.
+        check_in_range("seed", self.seed, 0, 2**63 - 1)
+        n = self.topology.num_clients
+        configs = {self.aggregation: None}
+        for k, over in self.peers.items():
+            if not 0 <= k < n:
+                raise ScenarioError(f"peers.{k}: no such client; ids are 0..{n - 1}")
+            configs.setdefault(self.aggregation_for(k), None)
+        if self.topology.byzantine and self.attack.name == "none":
+            raise ScenarioError(
+                f"topology.byzantine={self.topology.byzantine} but attack.name='none'; "
+                f"choose an attack ({', '.join(ATTACK_REGISTRY.names())}) or set topology.byzantine=0"
+            )
+        check_model(self.train, self.data)
+        # Build every distinct rule and the attack once, with placeholders for what the running
+        # system supplies, so a bad setting fails at load time, not inside client k.
+        # The rule of [aggregation] is the first built: it stands for the defence an attack is told.
+        rules = []
+        for cfg in configs:
+            told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else self.topology.byzantine
+            rules.append(check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds))
+        defence = rules[0]
+        check_attack(
+            self.attack, num_clients=n, num_byzantine=self.topology.byzantine, lr=self.train.lr, total_rounds=self.rounds, defence=defence,
+            round_window=self.network.round_window,
+        )
+
+    @property
+    def num_clients(self) -> int:
+        return self.topology.num_clients
+
+    def aggregation_for(self, client: int) -> AggregationConfig:
+        """The aggregation settings of one client: [aggregation] with its [peers.K] overrides."""
+        over = self.peers.get(client)
+        if not over:
+            return self.aggregation
+        return parse_aggregation(f"peers.{client}.aggregation", over, self.aggregation)
+
+
+_SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "train": TrainConfig,
+    "topology": TopologyConfig,
+    "attack": AttackConfig,
+    "aggregation": AggregationConfig,
+    "network": NetworkConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+    "engine": EngineConfig,
+}
+_TOP_SCALARS = ("seed", "rounds")
+# Sections that choose a class by name and hold its settings tables [SECTION.NAME]:
+# section -> (the kind of class, the field holding the tables). [aggregation] and [attack]
+# are among them but have parsers of their own (peer/config/aggregation.py).
+_CLASS_TABLES = {k.section: (k.name, k.field) for k in KINDS if not k.nested}
+
+
+
+def _field_type(cls: type, name: str) -> str:
+    return {f.name: f.type for f in fields(cls)}[name]
+
+
+def _check_keys(prefix: str, table: Mapping[str, Any], cls: type) -> None:
+    valid = [f.name for f in fields(cls)]
+    for key in table:
+        if key not in valid:
+            raise ScenarioError(f"unknown key '{prefix}.{key}'; valid keys: {', '.join(valid)}")
+
+
+def _schedule_tables(value: Any) -> Params:
+    """``[topology.schedule_params.NAME]`` tables, frozen (each checked against its class)."""
+    where = "topology.schedule_params"
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where} must be a table of schedule settings tables, e.g. [{where}.redraw]")
+    tables = SettingsTables({}, ())
+    for name, values in value.items():
+        tables.table("schedule", name, values, f"{where}.{toml_key(name)}")
+    return tables.frozen("schedule")
+
+
+def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
+    """Build and validate a :class:`Scenario` from a parsed TOML table."""
+    valid_top = [*_TOP_SCALARS, *_SECTIONS, "peers"]
+    for key in raw:
+        if key not in valid_top:
+            raise ScenarioError(f"unknown key '{key}'; valid top-level keys: {', '.join(valid_top)}")
+    kwargs: dict[str, Any] = {}
+    for key in _TOP_SCALARS:
+        if key in raw:
+            kwargs[key] = coerce_value(key, raw[key], "int")
+    for name, cls in _SECTIONS.items():
+        table = raw.get(name, {})
+        if not isinstance(table, Mapping):
+            raise ScenarioError(f"'{name}' must be a table, got {table!r}")
+        if name == "aggregation":
+            kwargs[name] = parse_aggregation(name, table)
+            continue
+        if name == "attack":
+            kwargs[name] = parse_attack(name, table)
+            continue
+        tables: dict[str, Any] = {}
+        if name == "topology" and "schedule_params" in table:
+            table = dict(table)
+            tables["schedule_params"] = _schedule_tables(table.pop("schedule_params"))
+        if name in _CLASS_TABLES:
+            kind, params_field = _CLASS_TABLES[name]
+            fields_ = [f.name for f in fields(cls) if f.name not in (params_field, "schedule_params")]
+            table, tables[params_field] = parse_class_tables(name, table, fields_, kind)
+        _check_keys(name, table, cls)
+        kwargs[name] = cls(**{k: coerce_value(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()}, **tables)
+    peers: dict[int, dict[str, Any]] = {}
+    for key, table in dict(raw.get("peers", {})).items():
+        try:
+            client = int(key)
+        except (TypeError, ValueError):
+            raise ScenarioError(f"peers.{key}: client ids are integers") from None
+        if not isinstance(table, Mapping) or set(table) - {"aggregation"}:
+            raise ScenarioError(f"peers.{key}: only an 'aggregation' table may be overridden per client")
+        over = table.get("aggregation", {})
+        if not isinstance(over, Mapping):
+            raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {over!r}")
+        peers[client] = deep_copy(over)
+    kwargs["peers"] = peers
+    try:
+        return Scenario(**kwargs)
+    except TypeError as exc:  # pragma: no cover - defensive, keys are checked above
+        raise ScenarioError(str(exc)) from None
+
+
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
+    """The resolved scenario as a TOML-ready table (round-trips through scenario_from_dict)."""
+    out: dict[str, Any] = {"seed": scenario.seed, "rounds": scenario.rounds}
+    for name in _SECTIONS:
+        if name == "aggregation":
+            out[name] = aggregation_table(scenario.aggregation)
+        elif name == "attack":
+            out[name] = attack_table(scenario.attack)
+        else:
+            out[name] = dataclasses.asdict(getattr(scenario, name))
+            if name in _CLASS_TABLES:
+                # Only the tables given: a scenario without any is written as before.
+                out[name].update(settings_tables(out[name].pop(_CLASS_TABLES[name][1])))
+            if name == "topology":
+                # Written only when set: a scenario with a fixed graph is written as before.
+                schedule, tables = out[name].pop("schedule"), out[name].pop("schedule_params")
+                if schedule:
+                    out[name]["schedule"] = schedule
+                if tables:
+                    out[name]["schedule_params"] = settings_tables(tables)
+    if scenario.peers:
+        out["peers"] = {str(k): {"aggregation": deep_copy(v)} for k, v in sorted(scenario.peers.items())}
+    return out
+
+
+def _identity_dict(scenario: Scenario) -> dict[str, Any]:
+    """:func:`scenario_to_dict` with [aggregation] and [attack] in the legacy flat form, and
+    without [engine] (how a run is computed is not what it is)."""
+    out = scenario_to_dict(scenario)
+    del out["engine"]
+    agg = scenario.aggregation
+    view = legacy_view(
+        "aggregation", {"rule": agg.rule, "tpm": agg.tpm, "crs": agg.crs}, LEGACY_AGGREGATION_ORDER,
+        {"rule": agg.rule_params, "tpm": agg.tpm_params, "crs": agg.crs_params},
+    )
+    # assumed_byzantine sat between dfedavg_weighting and multi_krum_m.
+    ordered = {k: view[k] for k in ("rule", "tpm", "crs")}
+    for key in LEGACY_AGGREGATION_ORDER:
+        ordered[key] = agg.assumed_byzantine if key == "assumed_byzantine" else view[key]
+    ordered.update({k: v for k, v in view.items() if k not in ordered})
+    out["aggregation"] = ordered
+    att = scenario.attack
+    head = {"name": att.name, **({"colluding": True} if att.colluding else {})}
+    out["attack"] = legacy_view("attack", head, ("std", "center", "scale", "z"), {"attack": att.attack_params})
+    return out
+
+
+def scenario_changes(scenario: Scenario) -> dict[str, Any]:
+    """Only the settings that differ from the built-in defaults, as a nested table.
+
+    A run's identity: it stays the same when a later version adds a key whose default keeps
+    the old behaviour, so finished runs stay valid across such versions. Settings that had a
+    flat key in earlier versions (:data:`LEGACY`) are written with it, so a scenario that
+    earlier versions could express keeps its identity byte for byte.
+    """
+
+    def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in a.items():
+            base = b.get(key)
+            if isinstance(value, Mapping) and isinstance(base, Mapping):
+                sub = diff(value, base)
+                if sub:
+                    out[key] = sub
+            elif value != base or key not in b:
+                out[key] = value
+        return out
+
+    return diff(_identity_dict(scenario), _identity_dict(Scenario()))
+
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.toml"
+
+
+def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Scenario:
+    """Read a scenario TOML file (the built-in default when ``path`` is None) and apply overrides."""
+    source = Path(path) if path else DEFAULT_SCENARIO
+    try:
+        raw = tomllib.loads(source.read_text(encoding="utf-8-sig"))  # a byte-order mark is not TOML: dropped
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file not found: {source}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
+    return scenario_from_dict(apply_overrides(raw, overrides))
+
+
+def dump_scenario(scenario: Scenario, path: str | Path) -> str:
+    """Write the resolved scenario as TOML; returns the SHA-256 of the bytes written (what
+    :func:`load_validated` takes to read them back unchecked)."""
+    data = tomli_w.dumps(scenario_to_dict(scenario)).encode()
+    Path(path).write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+# The environment variable in which a launcher gives its client processes the SHA-256 of the
+# scenario file it validated and wrote for them (:func:`load_validated`).
+SCENARIO_DIGEST_ENV = "DFEDRW_SCENARIO_SHA256"
+
+
+def load_validated(path: str | Path, digest: str) -> Scenario:
+    """The scenario a launcher validated and wrote with :func:`dump_scenario` (``digest``: what
+    that returned), read without running its checks again: a client process started by a
+    launcher does not build every rule, the attack and the model a second time. A file whose
+    bytes are not the ones the launcher wrote is refused."""
+    source = Path(path)
+    try:
+        data = source.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file not found: {source}") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ScenarioError(f"{source}: not the scenario its launcher validated (its SHA-256 differs from the one the launcher gave)")
+    token = _VALIDATED.set(True)
+    try:
+        return scenario_from_dict(tomllib.loads(data.decode()))
+    finally:
+        _VALIDATED.reset(token)

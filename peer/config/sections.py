@@ -1,0 +1,311 @@
+"""The sections of a scenario other than [aggregation] and [attack] (:mod:`peer.config.aggregation`):
+[data], [train], [topology], [network], [eval], [checkpoint] and [engine], each a frozen
+dataclass checked in ``__post_init__`` (each class's settings tables against its registry).
+:mod:`peer.config.scenario` puts them together into a :class:`~dfedrw.peer.config.scenario.Scenario`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dfedrw.peer.config.checks import (
+    MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_EDGES, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, ScenarioError, check_choice_of, check_in_range,
+)
+from dfedrw.peer.config.tables import Params, checked_params, resolve_class, toml_key
+from dfedrw.peer.learning.datasets import build_dataset, natural_groups_error
+from dfedrw.peer.registry import Setting, settings_of
+from dfedrw.peer.graph.schedule import SCHEDULE_REGISTRY
+from dfedrw.peer.graph.topology import TOPOLOGY_REGISTRY
+from dfedrw.peer.transport.kinds import TRANSPORT_REGISTRY
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "digits"
+    dir: str = ""
+    partition: str = "iid"
+    aux_fraction: float = 0.1
+    local_test_size: int = 1000
+    # How labelskew:H gives classes to clients: "cyclic" (every class held by the same number
+    # of clients) or "random" (each client draws H classes).
+    labelskew_assign: str = "cyclic"
+    # Each local step's minibatch augmented (images only): "none", "crop" (padded by
+    # augment_padding zeros and cropped back at a random offset) or "crop_flip" (then mirrored
+    # with probability 1/2), drawn from each client's own seeded generator.
+    augment: str = "none"
+    augment_padding: int = 4
+    # The settings tables [data.NAME] (every one given is checked, the named one is used).
+    params: Params = ()
+
+    def __post_init__(self) -> None:
+        settings = checked_params("dataset", self.name, self.params, "data.name")
+        try:
+            source = build_dataset(self.name, settings, self.dir)
+        except ValueError as exc:
+            raise ScenarioError(f"[data.{toml_key(self.name)}]: {' '.join(str(exc).split())}") from None
+        check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
+        check_choice_of("data.augment", self.augment, ("none", "crop", "crop_flip"))
+        check_in_range("data.augment_padding", self.augment_padding, 0, 64)
+        if self.augment != "none":
+            from dfedrw.peer.learning.datasets import input_shape_of
+
+            shape = input_shape_of(source)
+            if len(shape) != 3:
+                raise ScenarioError(f"data.augment={self.augment!r} needs images; data.name={self.name!r} declares input_shape = {shape}")
+        p = self.partition
+        kind, _, arg = p.partition(":")
+        if kind == "iid" and arg in ("", "balanced"):
+            pass
+        elif p == "natural":
+            # A set that does not say whether it has groups is found out when it is loaded.
+            if getattr(source, "natural_groups", None) is False:
+                raise ScenarioError(natural_groups_error(source))
+        elif kind == "dirichlet" and arg:
+            try:
+                alpha = float(arg)
+            except ValueError:
+                alpha = -1.0
+            if not (0 < alpha <= MAX_MAGNITUDE):
+                raise ScenarioError(f"data.partition={p!r}: dirichlet:ALPHA needs 0 < ALPHA <= {MAX_MAGNITUDE:g}")
+        elif kind == "labelskew" and arg:
+            if not arg.isdigit() or not 1 <= int(arg) <= 1_000_000:
+                raise ScenarioError(f"data.partition={p!r}: labelskew:H needs an integer H in [1, 1_000_000]")
+        else:
+            raise ScenarioError(
+                f"data.partition={p!r} is not valid; use iid, iid:balanced, dirichlet:ALPHA, labelskew:H or natural"
+            )
+        check_in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
+        # Capped by the test set's size when drawn; the bound only refuses nonsense.
+        check_in_range("data.local_test_size", self.local_test_size, 1, 10_000_000)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "softmax_regression"
+    hidden: int = 64
+    lr: float = 0.01
+    batch_size: int = 32
+    local_steps: int = 1
+    # > 0: each round that many passes over the client's shard instead of local_steps.
+    local_epochs: float = 0.0
+    # SGD with momentum and weight decay as torch.optim.SGD's; the momentum buffer stays local.
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # The learning rate by round: "constant", "step" (times lr_gamma every lr_step rounds) or
+    # "cosine" (from lr down towards 0 over the rounds).
+    lr_schedule: str = "constant"
+    lr_gamma: float = 0.1
+    lr_step: int = 100
+    # "shared": every client starts from the same seeded initialisation (the usual DFL set-up);
+    # "per_client": each client draws its own; "zeros": all parameters start at 0.
+    init: str = "shared"
+    # The settings tables [train.NAME] of models (every one given is checked, the named one is used).
+    model_params: Params = ()
+
+    def __post_init__(self) -> None:
+        checked_params("model", self.model, self.model_params, "train.model")
+        check_choice_of("train.init", self.init, ("shared", "per_client", "zeros"))
+        # 65536 hidden units on 784 inputs is already ~200 MB of parameters per message.
+        check_in_range("train.hidden", self.hidden, 1, 65_536)
+        check_in_range("train.lr", self.lr, 0.0, MAX_MAGNITUDE, open_lo=True)
+        check_in_range("train.batch_size", self.batch_size, 1, 1_000_000)
+        check_in_range("train.local_steps", self.local_steps, 1, 10_000)
+        check_in_range("train.local_epochs", self.local_epochs, 0.0, 1_000.0)
+        check_in_range("train.momentum", self.momentum, 0.0, 1.0, open_hi=True)
+        check_in_range("train.weight_decay", self.weight_decay, 0.0, MAX_MAGNITUDE)
+        check_choice_of("train.lr_schedule", self.lr_schedule, ("constant", "step", "cosine"))
+        check_in_range("train.lr_gamma", self.lr_gamma, 0.0, 1.0, open_lo=True)
+        check_in_range("train.lr_step", self.lr_step, 1, MAX_ROUNDS)
+
+    def lr_at(self, r: int, rounds: int) -> float:
+        """The learning rate of round ``r`` of ``rounds`` (:func:`peer.learning.training.learning_rate`)."""
+        from dfedrw.peer.learning.training import learning_rate
+
+        return learning_rate(self.lr, self.lr_schedule, r, rounds, gamma=self.lr_gamma, step=self.lr_step)
+
+
+def check_model(train: TrainConfig, data: DataConfig) -> None:
+    """Build the model on the meta device (no memory, no initialisation) for the data set's
+    shape, so that a model that does not fit the data fails at load time, in one line."""
+    import torch
+
+    from dfedrw.peer.learning.datasets import input_shape_of
+    from dfedrw.peer.learning.models import make_model
+
+    source = build_dataset(data.name, settings_of(data.params, data.name), data.dir)
+    try:
+        with torch.device("meta"):
+            make_model(
+                train.model, int(source.num_features), int(source.num_classes), hidden=train.hidden, input_shape=input_shape_of(source),
+                params=settings_of(train.model_params, train.model),
+            )
+    except ValueError as exc:
+        raise ScenarioError(f"train.model={train.model!r} with data.name={data.name!r}: {' '.join(str(exc).split())}") from None
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    kind: str = "erdos_renyi"
+    rho: float = 0.7
+    file: str = ""
+    honest: int = 10
+    byzantine: int = 0
+    # The settings tables [topology.NAME] (every one given is checked, the named one is used).
+    params: Params = ()
+    # A graph that changes from round to round (peer/graph/schedule.py): "" keeps the graph of
+    # `kind` every round; a schedule draws each round's graph over it (same Byzantine ids).
+    schedule: str = ""
+    # The settings tables [topology.schedule_params.NAME] of schedules.
+    schedule_params: Params = ()
+
+    def __post_init__(self) -> None:
+        checked_params("topology", self.kind, self.params, "topology.kind")
+        self._check_schedule()
+        check_in_range("topology.rho", self.rho, 0.0, 1.0, open_lo=True)
+        check_in_range("topology.honest", self.honest, 1, MAX_CLIENTS)
+        check_in_range("topology.byzantine", self.byzantine, 0, MAX_CLIENTS - 1)
+        if self.num_clients > MAX_CLIENTS:
+            raise ScenarioError(
+                f"topology.honest + topology.byzantine = {self.num_clients} clients; at most {MAX_CLIENTS:_}"
+            )
+        density = {"erdos_renyi": self.rho, "complete": 1.0}.get(self.kind, 0.0)
+        edges = density * self.num_clients * (self.num_clients - 1) / 2  # expected; 0 for the kinds not listed
+        if edges > MAX_EDGES:
+            raise ScenarioError(
+                f"topology.kind={self.kind!r} with {self.num_clients:_} clients{f' and rho={self.rho}' if self.kind == 'erdos_renyi' else ''} "
+                f"has about {edges:.2g} edges, each a model sent both ways every round; at most {MAX_EDGES:.0e}: "
+                "use a sparse graph: topology.kind = \"ring\", or \"erdos_renyi\" with a small topology.rho"
+            )
+        if not self.file and any(p.name == "file" and p.default is Setting.REQUIRED for p in TOPOLOGY_REGISTRY.parameters(self.kind)):
+            raise ScenarioError(f"topology.kind={self.kind!r} needs topology.file (an edge-list path)")
+        if self.file and not TOPOLOGY_REGISTRY.takes(self.kind, "file"):
+            raise ScenarioError(f"topology.file={self.file!r} is only read by a topology that takes a file (edgelist), not {self.kind!r}")
+
+    def _check_schedule(self) -> None:
+        if not isinstance(self.schedule, str):
+            raise ScenarioError(f"topology.schedule={self.schedule!r}: expected a string")
+        # Every table given is checked (the key only names where they sit), the named one used.
+        where = "topology.schedule_params.NAME"
+        if not self.schedule:
+            checked_params("schedule", "redraw", self.schedule_params, where)
+            return
+        resolve_class("schedule", self.schedule, "topology.schedule")
+        settings = checked_params("schedule", self.schedule, self.schedule_params, where)
+        # Built once with placeholders for the graph and the Byzantine ids, which are drawn
+        # later: a bad setting fails here, with one line.
+        import networkx as nx
+
+        supplied = {"num_clients": self.num_clients, "byzantine": frozenset(), "seed": 0, "rho": self.rho, "base": nx.empty_graph(self.num_clients)}
+        try:
+            SCHEDULE_REGISTRY.build(self.schedule, settings, supplied)
+        except ValueError as exc:
+            raise ScenarioError(f"topology.schedule={self.schedule!r}: {' '.join(str(exc).split())}") from None
+
+    @property
+    def num_clients(self) -> int:
+        return self.honest + self.byzantine
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    transport: str = "grpc"
+    host: str = "127.0.0.1"
+    # Seconds a client waits for its neighbours' round-t models before aggregating what it has.
+    round_timeout: float = 10.0
+    # How many rounds ahead of the receiver a message may be and still be buffered.
+    round_window: int = 2
+    # After this many consecutive missed deadlines a neighbour is presumed gone and no longer
+    # waited for (its messages are still accepted if it comes back).
+    max_missed_rounds: int = 2
+    connect_timeout: float = 120.0
+    chunk_bytes: int = 1 << 20
+    max_message_bytes: int = 256 << 20
+    # "mutual": every gRPC connection is mutual TLS with the run's own certificates, and a
+    # message's sender is the client its certificate names. "off": plaintext, any process can
+    # claim any id; for debugging only.
+    tls: str = "mutual"
+    # Largest parameter magnitude a received model may hold; a message with a larger value is
+    # rejected as implausible (finite but huge values would otherwise wreck any averaging rule).
+    max_abs_value: float = 1e6
+    # Seconds an incoming call may carry no chunk before the receiver ends it (freeing its slot).
+    # An honest neighbour's call carries a message every round; a sender whose call was idle
+    # for half this long opens a new one for its next message.
+    idle_call_timeout: float = 60.0
+    # Open Push/PushOne calls a receiver allows each sender at once (besides its one Exchange
+    # call); a call beyond is refused at once.
+    calls_per_sender: int = 2
+    # With a topology schedule, a client connects to a peer when it first sends to it and
+    # closes a channel that carried nothing for this many seconds (a fixed graph's channels
+    # stay open all run).
+    idle_channel_timeout: float = 120.0
+    # The settings tables [network.NAME] of transports (every one given is checked, the named
+    # one is used).
+    transport_params: Params = ()
+
+    def __post_init__(self) -> None:
+        settings = checked_params("transport", self.transport, self.transport_params, "network.transport")
+        try:
+            TRANSPORT_REGISTRY.build(self.transport, settings)
+        except ValueError as exc:
+            raise ScenarioError(f"[network.{toml_key(self.transport)}]: {' '.join(str(exc).split())}") from None
+        check_in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
+        check_choice_of("network.tls", self.tls, ("mutual", "off"))
+        if not self.host or any(c.isspace() or c in "/[]" for c in self.host):
+            raise ScenarioError(f"network.host={self.host!r}: expected an address or host name to listen on, e.g. 127.0.0.1, 0.0.0.0 or ::1")
+        check_in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        check_in_range("network.round_window", self.round_window, 1, 1000)
+        check_in_range("network.max_missed_rounds", self.max_missed_rounds, 1, 1_000_000)
+        check_in_range("network.connect_timeout", self.connect_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        # gRPC message limits are int32: a chunk plus its framing must stay well below 2 GiB.
+        check_in_range("network.chunk_bytes", self.chunk_bytes, 1 << 10, 64 << 20)
+        check_in_range("network.max_message_bytes", self.max_message_bytes, 1 << 10, 1 << 30)
+        check_in_range("network.idle_call_timeout", self.idle_call_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        check_in_range("network.calls_per_sender", self.calls_per_sender, 1, 64)
+        check_in_range("network.idle_channel_timeout", self.idle_channel_timeout, 0.0, MAX_SECONDS, open_lo=True)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    # Evaluate local and global test accuracy every N rounds (and always after the last); 0 = end only.
+    every: int = 50
+
+    def __post_init__(self) -> None:
+        check_in_range("eval.every", self.every, 0, MAX_ROUNDS)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    # Each client saves its state (model, round, optimizer and RNG state, counters) into its
+    # results folder every N rounds, and a client started again with the same id resumes from
+    # it; 0 = off (a client started again starts over).
+    every: int = 50
+
+    def __post_init__(self) -> None:
+        check_in_range("checkpoint.every", self.every, 0, MAX_ROUNDS)
+
+
+ENGINES = ("clients", "batched")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a run is computed; not part of what the experiment is (a run's identity leaves it out).
+
+    ``clients``: every client is its own :class:`~dfedrw.peer.client.client.Client`, a process, a thread
+    or a torchrun rank as ``network.transport`` says: the deployment and the parity reference.
+    ``batched``: one process holds every honest client's model in one tensor and runs each
+    round for all of them at once (no network, no deadlines), calling the same rule and attack
+    classes; for experiments (sweeps use it unless a sweep names an engine).
+    ``device``: where the batched engine computes ("cpu", "cuda" or "cuda:N"). ``threads``:
+    the CPU threads it lets torch use (its products are small: on a busy machine more threads
+    wait on each other more than they help).
+    """
+
+    name: str = "clients"
+    device: str = "cpu"
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        check_choice_of("engine.name", self.name, ENGINES)
+        check_in_range("engine.threads", self.threads, 1, 1024)
+        if not (self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ScenarioError(f"engine.device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")

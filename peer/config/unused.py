@@ -1,0 +1,102 @@
+"""Settings a scenario gives that its run will not use: an attack with no Byzantine client to
+run it, a TPM or CRS for clients whose rule scores no neighbour, a hidden width for a model
+without a hidden layer, and the like. Each is a value a user wrote expecting an effect; the
+run goes on without it, so the launchers say so in one line each (``dfedrw run``, ``compose``,
+``sweep``) instead of refusing. Settings tables of classes not in use (``[attack.alie]`` while
+``attack.name = "gaussian"``) are not listed: a scenario or grid keeps those for its variants.
+TPM and CRS tables are the exception: when no client's rule scores its neighbours, no TPM or
+CRS is read at all, so every TPM and CRS setting given is listed, tables of classes not in use
+included.
+"""
+
+from __future__ import annotations
+
+from dfedrw.peer.config.scenario import DataConfig, Scenario, TopologyConfig, TrainConfig
+from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
+from dfedrw.peer.config.aggregation import AggregationConfig
+from dfedrw.peer.config.tables import KIND_REGISTRY
+
+# A value equal to its field's default may never have been written: only other values count.
+
+
+def unused_settings(scenario: Scenario) -> list[str]:
+    """One line for each setting of ``scenario`` that its run will not use, in key order."""
+    return [*_attack(scenario), *_aggregation(scenario), *_train(scenario), *_topology(scenario), *_data(scenario)]
+
+
+def _attack(sc: Scenario) -> list[str]:
+    if sc.topology.byzantine:
+        return []
+    told = []  # (the setting given, what to set instead)
+    if sc.attack.name != "none":
+        told.append((f"attack.name={sc.attack.name!r}", "attack.name='none'"))
+    if sc.attack.colluding:
+        told.append(("attack.colluding=true", "attack.colluding=false"))
+    if not told:
+        return []
+    return [
+        f"{' and '.join(w for w, _ in told)} not used: topology.byzantine=0, no Byzantine client runs an attack "
+        f"(set {' and '.join(h for _, h in told)} to say so)"
+    ]
+
+
+def _aggregation(sc: Scenario) -> list[str]:
+    """The TPM, CRS and assumed_byzantine settings when no client's rule reads them (a
+    ``[peers.K.aggregation]`` config inherits what it does not set from ``[aggregation]``;
+    each setting is named by the key that wrote it)."""
+    configs = [sc.aggregation_for(k) for k in range(sc.num_clients)]
+    top = sc.aggregation
+    names = ", ".join(dict.fromkeys(repr(cfg.rule) for cfg in configs))
+    scores = any(takes_tpm_and_crs(cfg.rule) for cfg in configs)
+    told = any(KIND_REGISTRY["rule"].takes(cfg.rule, "num_byzantine") for cfg in configs)
+    out = []
+    for settings, unread, what in (
+        (("tpm", "crs"), not scores, "takes a TPM or CRS"),
+        (("assumed_byzantine",), not told, "is told a number of Byzantine neighbours"),
+    ):
+        if not unread:
+            continue
+        given: list[str] = []
+        for k, cfg in enumerate(configs):
+            written = sc.peers.get(k) or {}  # the keys client k's override wrote itself
+            for setting in settings:
+                value = getattr(cfg, setting)
+                if value != getattr(AggregationConfig, setting):
+                    prefix = cfg.prefix if setting in written else top.prefix
+                    given.append(f"{prefix}.{setting}={value!r}")
+                if setting in ("tpm", "crs"):
+                    given += [cfg.key(setting, name, key) for name, table in cfg.tables(setting).items() for key in table]
+        if given:
+            out.append(f"{', '.join(dict.fromkeys(given))} not used: no client's rule ({names}) {what}")
+    return out
+
+
+def _train(sc: Scenario) -> list[str]:
+    t, out = sc.train, []
+    if t.hidden != TrainConfig.hidden and not KIND_REGISTRY["model"].takes(t.model, "hidden"):
+        out.append(f"train.hidden={t.hidden} not used: train.model={t.model!r} has no hidden width")
+    if t.local_epochs and t.local_steps != TrainConfig.local_steps:
+        out.append(f"train.local_steps={t.local_steps} not used: train.local_epochs={t.local_epochs!r} sets the steps of a round")
+    if t.lr_schedule != "step":
+        given = [f"train.{k}={getattr(t, k)!r}" for k in ("lr_gamma", "lr_step") if getattr(t, k) != getattr(TrainConfig, k)]
+        if given:
+            out.append(f"{', '.join(given)} not used: train.lr_schedule={t.lr_schedule!r} is not 'step'")
+    return out
+
+
+def _topology(sc: Scenario) -> list[str]:
+    topo = sc.topology
+    if topo.rho == TopologyConfig.rho or KIND_REGISTRY["topology"].takes(topo.kind, "rho"):
+        return []
+    if topo.schedule and KIND_REGISTRY["schedule"].takes(topo.schedule, "rho"):
+        return []
+    if topo.schedule:
+        return [f"topology.rho={topo.rho} not used: neither topology.kind={topo.kind!r} nor topology.schedule={topo.schedule!r} reads it"]
+    return [f"topology.rho={topo.rho} not used: topology.kind={topo.kind!r} does not read it"]
+
+
+def _data(sc: Scenario) -> list[str]:
+    data = sc.data
+    if data.labelskew_assign != DataConfig.labelskew_assign and not data.partition.startswith("labelskew:"):
+        return [f"data.labelskew_assign={data.labelskew_assign!r} not used: data.partition={data.partition!r} is not labelskew:H"]
+    return []

@@ -1,0 +1,367 @@
+"""What a run leaves on disk, and the summary built from it.
+
+Each client appends one JSON object per round to ``peers/<id>.jsonl`` as it goes (flushed
+every line, so a crash loses nothing already done) and writes ``peers/<id>.json`` when it
+finishes. The launcher builds ``summary.json`` from these files only, never from telemetry,
+and from the same read of them the run's compact ``record.json`` (:class:`RecordBuilder`).
+
+A results folder holds one run: the launchers refuse a folder an earlier run wrote into
+(:func:`check_fresh_out_dir`), and a client started again by hand into its own folder moves the
+earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file, unless it resumes
+from its checkpoint (``peers/<id>.ckpt.npz``): then it continues its own log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class RoundLog:
+    """One client's round log. ``keep_through``: the client resumes from a checkpoint of that
+    round, so the log is continued: records up to that round are kept (rewritten atomically),
+    the ones after it, logged before the crash, are dropped (``dropped``, and the highest round
+    logged before the crash is ``last_logged``) and the resumed rounds are appended. One record
+    per round stays the rule.
+
+    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``); an honest client
+    (one not in ``byzantine``, the scenario's Byzantine ids) also writes each record there as
+    scalars, see :mod:`dfedrw.peer.results.tensorboard`."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        client_id: int,
+        *,
+        keep_through: int | None = None,
+        flush_seconds: float = 0.0,
+        tensorboard: Path | None = None,
+        byzantine: Collection[int] = (),
+        digest: bool = False,
+    ) -> None:
+        # ``digest``: also keep what the run's summary and record read of this log
+        # (:class:`RoundDigest`, ``self.digest``), so that a launcher in this process builds them
+        # without reading the log back (the batched engine).
+        self.digest = RoundDigest(byzantine) if digest else None
+        # A record reaches the file at once (a client process may be killed any moment), or,
+        # with ``flush_seconds``, at most that long after it was written (the batched engine,
+        # which writes every client's record each round and cannot resume anyway).
+        self.flush_seconds = flush_seconds
+        self._flushed = time.monotonic()
+        self._scalars = None
+        if tensorboard is not None and client_id not in byzantine:
+            from dfedrw.peer.results.tensorboard import ClientScalars
+
+            restart_at = None if keep_through is None else keep_through + 1
+            self._scalars = ClientScalars(tensorboard, client_id, byzantine, restart_at=restart_at)
+        path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.dropped = 0
+        self.last_logged = -1
+        if keep_through is not None:
+            records = read_rounds(out_dir, client_id)
+            kept = [r for r in records if isinstance(r.get("round"), int) and r["round"] <= keep_through]
+            self.dropped = len(records) - len(kept)
+            self.last_logged = max((r["round"] for r in records if isinstance(r.get("round"), int)), default=-1)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            os.replace(tmp, path)
+            self._file = path.open("a", encoding="utf-8")
+            return
+        if path.exists() and path.stat().st_size > 0:
+            n = 1
+            while path.with_name(f"{path.name}.{n}").exists():
+                n += 1
+            kept = path.with_name(f"{path.name}.{n}")
+            os.replace(path, kept)
+            log.warning("client %d: %s holds an earlier run's rounds; moved to %s", client_id, path, kept.name)
+        # A new file; an empty one (left by a run killed before its first round) holds nothing to keep.
+        self._file = path.open("w" if path.exists() and path.stat().st_size == 0 else "x", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        if self.digest is not None:
+            self.digest.add(record)
+        if self._scalars is not None:
+            self._scalars.write(record)
+        if self.flush_seconds <= 0 or time.monotonic() - self._flushed >= self.flush_seconds:
+            self._file.flush()
+            if self._scalars is not None:
+                self._scalars.flush()
+            self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._scalars is not None:
+            self._scalars.close()
+
+
+def check_fresh_out_dir(out_dir: Path, client_ids: Iterable[int]) -> None:
+    """Raise FileExistsError when ``out_dir`` already holds a run's results: a summary (finished
+    or interrupted) or a round log of one of ``client_ids`` (a run that was killed before its
+    summary). Results of two runs in one folder would be mixed up."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is not a folder")
+    summary = out / "summary.json"
+    if summary.exists():
+        try:
+            interrupted = bool(json.loads(summary.read_text(encoding="utf-8")).get("interrupted"))
+        except (OSError, ValueError, AttributeError):
+            interrupted = False
+        what = "an interrupted run" if interrupted else "a finished run"
+        raise FileExistsError(f"{out} already holds {what}; choose another --out (or delete the folder to redo it)")
+    logs = [out / "peers" / f"{k}.jsonl" for k in client_ids]
+    found = [p.name for p in logs if p.exists() and p.stat().st_size > 0]
+    if found:
+        raise FileExistsError(
+            f"{out} holds round logs of an earlier run that did not finish ({', '.join(found[:3])}"
+            f"{', ...' if len(found) > 3 else ''}); choose another --out (or delete the folder to redo it)"
+        )
+
+
+def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    text = json.dumps(obj, indent=indent) if indent is not None else json.dumps(obj, separators=(",", ":"))
+    tmp.write_text(text + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_rounds(out_dir: Path, client_id: int) -> list[dict[str, Any]]:
+    """The per-round records of one client; a torn last line (crash mid-write) is skipped."""
+    path = Path(out_dir) / "peers" / f"{client_id}.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):  # a line that is not a record (only a client's own folder holds it) is not one
+            records.append(record)
+    return records
+
+
+def read_final(out_dir: Path, client_id: int) -> dict[str, Any] | None:
+    """A client's final record, or None when it has none, or none that can be read: a file that is
+    not a JSON object is reported and read as no record (a client that did not finish), never
+    trusted: under compose each client writes its own folder, a Byzantine one included."""
+    path = Path(out_dir) / "peers" / f"{client_id}.json"
+    if not path.exists():
+        return None
+    try:
+        final = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        log.warning("%s: not a client's final record (%s); read as none", path, exc)
+        return None
+    if not isinstance(final, dict):
+        log.warning("%s: not a client's final record (a JSON %s); read as none", path, type(final).__name__)
+        return None
+    return final
+
+
+RECORD_FILE = "record.json"
+RECORD_VERSION = 1
+CURVE_KEYS = ("accuracy", "global_accuracy")
+
+
+class RoundDigest:
+    """What :func:`summarize` and :class:`RecordBuilder` read of one client's round records, fed
+    one record at a time in round order (:meth:`add`): how many there are, each one's weight on
+    Byzantine senders (``byzantine``: their ids), how many of the last weighed at most one sender, the
+    curves' values by round, and each sender's weights summed in round order. Built from a log
+    read back (:meth:`of`) or as a :class:`RoundLog` writes it: the same values either way (a
+    record's floats come back from JSON unchanged), so the summary and record are the same bytes."""
+
+    def __init__(self, byzantine: Collection[int] = ()) -> None:
+        self.byzantine = frozenset(byzantine)
+        self.rounds = 0
+        self.byzantine_shares: list[float] = []  # per record, when there are Byzantine ids
+        self.trailing_alone = 0  # how many of the last records in a row weighed at most one sender
+        self.curves: dict[str, list[tuple[int, float]]] = {key: [] for key in CURVE_KEYS}
+        self.weight_sums: dict[int, float] = {}  # sender -> its weights summed over the records
+        self._ids: dict[str, int] = {}  # a record's sender key -> the sender's id
+
+    @classmethod
+    def of(cls, records: Iterable[dict[str, Any]], byzantine: Collection[int] = ()) -> "RoundDigest":
+        digest = cls(byzantine)
+        for record in records:
+            digest.add(record)
+        return digest
+
+    def add(self, rec: dict[str, Any]) -> None:
+        self.rounds += 1
+        round_ = rec.get("round")
+        if isinstance(round_, int):
+            for key in CURVE_KEYS:
+                value = rec.get(key)
+                if value is not None:
+                    self.curves[key].append((round_, float(value)))
+        w = rec.get("weights") or {}
+        self.trailing_alone = self.trailing_alone + 1 if len(w) <= 1 else 0
+        sums, ids, byzantine = self.weight_sums, self._ids, self.byzantine
+        share = 0  # as sum() adds them: from int 0, in the record's order
+        for s, v in w.items():
+            sender = ids.get(s)
+            if sender is None:
+                sender = ids[s] = int(s)
+            sums[sender] = sums.get(sender, 0.0) + float(v)
+            if sender in byzantine:
+                share = share + v
+        if byzantine:
+            self.byzantine_shares.append(share)
+
+    def isolated(self) -> bool:
+        """True when, over the last tenth of its rounds, the client aggregated its own model only."""
+        return self.rounds > 0 and self.trailing_alone >= max(1, self.rounds // 10)
+
+
+class RecordBuilder:
+    """A run's compact record (``record.json``): the honest mean of each curve in ``CURVE_KEYS``
+    at each round that has it, and the mean weight each honest client (``receivers``) gave each
+    client (``senders``) over its rounds, ``None`` where it never weighed that sender::
+
+        {"version": 1,
+         "curves": {"accuracy": [[round, mean], ...], "global_accuracy": [[round, mean], ...]},
+         "weights": {"receivers": [ids], "senders": [ids], "matrix": [[weight or null, ...], ...]}}
+
+    Fed one receiver's round records at a time (:meth:`add`), in the receivers' order, so that a
+    caller reading each client's log once (:func:`summarize`) builds it from that read."""
+
+    def __init__(self, receivers: Iterable[int], senders: Iterable[int]) -> None:
+        self.receivers = sorted(receivers)
+        self.senders = sorted(senders)
+        self._col = {s: j for j, s in enumerate(self.senders)}
+        self._per_round: dict[str, dict[int, list[float]]] = {key: {} for key in CURVE_KEYS}
+        self._matrix = np.full((len(self.receivers), len(self.senders)), np.nan)
+        self._row = {r: i for i, r in enumerate(self.receivers)}
+        self._last: int | None = None  # the receiver added last
+
+    def add(self, receiver: int, records: "Iterable[dict[str, Any]] | RoundDigest") -> None:
+        """One receiver's round records, or their :class:`RoundDigest` (each receiver once, in
+        ascending id order)."""
+        i = self._row[receiver]
+        if self._last is not None and receiver <= self._last:
+            raise ValueError(f"RecordBuilder.add: receiver {receiver} out of order (each once, in ascending order)")
+        self._last = receiver
+        digest = records if isinstance(records, RoundDigest) else RoundDigest.of(records)
+        for key in CURVE_KEYS:
+            for round_, value in digest.curves[key]:
+                self._per_round[key].setdefault(round_, []).append(value)
+        if digest.rounds:
+            for sender, total in digest.weight_sums.items():
+                j = self._col.get(sender)
+                if j is not None:
+                    self._matrix[i, j] = total / digest.rounds
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "version": RECORD_VERSION,
+            "curves": {key: [[r, float(np.mean(v))] for r, v in sorted(self._per_round[key].items())] for key in CURVE_KEYS},
+            "weights": {
+                "receivers": list(self.receivers),
+                "senders": list(self.senders),
+                "matrix": [[None if np.isnan(x) else float(x) for x in row] for row in self._matrix],
+            },
+        }
+
+
+def summarize(
+    out_dir: Path,
+    *,
+    roles: dict[int, str],
+    pids: dict[int, int | None],
+    exit_codes: dict[int, int | None],
+    rounds: int,
+    wall_seconds: float,
+    record: RecordBuilder | None = None,
+    digests: Mapping[int, RoundDigest] | None = None,
+) -> dict[str, Any]:
+    """Build the run summary from the files the clients wrote; ``record``, when given, is fed
+    each honest client's round records from the same read. ``digests``: each client's
+    :class:`RoundDigest` kept as its round log was written (by :class:`RoundLog` in this
+    process), read instead of the round logs: the same summary."""
+    byzantine = {k for k, r in roles.items() if r == "byzantine"}
+    peers: dict[str, Any] = {}
+    failed: list[int] = []
+    isolated: list[int] = []
+    restarted: list[int] = []
+    accs: list[float] = []
+    gaccs: list[float] = []
+    shares: list[float] = []
+    for k in sorted(roles):
+        final = read_final(out_dir, k)
+        ok = final is not None and final.get("completed") and exit_codes.get(k) in (0, None)
+        if not ok:
+            failed.append(k)
+        if digests is None:
+            digest = RoundDigest.of(read_rounds(out_dir, k), byzantine)
+        else:
+            digest = digests[k]
+            if digest.byzantine != byzantine:
+                raise ValueError(f"client {k}'s round digest counts Byzantine weight for {sorted(digest.byzantine)}, the run's Byzantine clients are {sorted(byzantine)}")
+        if record is not None and roles[k] == "honest":
+            record.add(k, digest)
+        entry: dict[str, Any] = {
+            "role": roles[k],
+            "pid": pids.get(k),
+            "exit_code": exit_codes.get(k),
+            "completed": bool(ok),
+            "rounds_done": digest.rounds,
+            "accuracy": None,
+            "global_accuracy": None,
+            "rejected_messages": None,
+            "stale_messages": None,
+            # Times it was started again and resumed from its checkpoint, and the rounds that
+            # cost it (skipped to catch up with its neighbours, or done twice).
+            "restarts": 0,
+            "rounds_lost": 0,
+        }
+        if final is not None:
+            for key in ("accuracy", "global_accuracy", "rejected_messages", "rejected_by_reason", "stale_messages"):
+                entry[key] = final.get(key)
+            entry["restarts"] = int(final.get("restarts") or 0)
+            entry["rounds_lost"] = int(final.get("rounds_lost") or 0)
+        if entry["restarts"]:
+            restarted.append(k)
+        if roles[k] == "honest" and digest.isolated():
+            # Completed, but alone: it heard from no neighbour at the end (e.g. its host was cut
+            # off). Its accuracy is that of a model trained on its own data only.
+            isolated.append(k)
+        peers[str(k)] = entry
+        if roles[k] == "honest" and ok:
+            accs.append(final["accuracy"])
+            gaccs.append(final["global_accuracy"])
+        if roles[k] == "honest" and byzantine:
+            shares.extend(digest.byzantine_shares)
+
+    def stat(fn, xs):
+        return float(fn(np.asarray(xs))) if xs else None
+
+    return {
+        "honest_mean_accuracy": stat(np.mean, accs),
+        "accuracy_variance": stat(np.var, accs),
+        "honest_mean_global_accuracy": stat(np.mean, gaccs),
+        "global_accuracy_variance": stat(np.var, gaccs),
+        "worst_accuracy": stat(np.min, accs),
+        "rounds": rounds,
+        "wall_seconds": round(wall_seconds, 3),
+        "byzantine_weight_share": (float(np.mean(shares)) if shares else 0.0) if byzantine else None,
+        "failed_peers": failed,
+        "isolated_peers": isolated,
+        "restarted_peers": restarted,
+        "honest_completed": len(accs),
+        "peers": peers,
+    }

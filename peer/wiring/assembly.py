@@ -1,0 +1,264 @@
+"""A client's parts, built from its scenario: what every launcher needs besides the client's
+round loop (:mod:`peer.client.client`). Identity, rule or attack, initial model, data (each
+honest client's shard, auxiliary subset and test sets), what a Byzantine client claims and
+records. The batched engine builds its clients from the same functions, so that every engine
+draws the same partition, models and attacks."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dfedrw.peer.aggregation.columns import mean_rows
+from dfedrw.peer.attacks import AttackerData, AttackView
+from dfedrw.peer.config.scenario import Scenario
+from dfedrw.peer.learning.data import Dataset, aux_indices, local_test_indices, partition
+from dfedrw.peer.learning.datacache import StoredSplit, stored_dataset
+from dfedrw.peer.learning.datasets import natural_groups_error
+from dfedrw.peer.transport.identity import ClientIdentity, load_identity
+from dfedrw.peer.learning.models import build_model
+from dfedrw.peer.wiring.plan import dataset_input_shape, dataset_shape, derive_seed, scenario_topology, told_byzantine
+from dfedrw.peer.registry import settings_of
+from dfedrw.peer.wiring.build import build_attack, build_client_rule, build_rule_from, scenario_dataset, scenario_model_specs
+from dfedrw.peer.learning.training import Augmentation
+from dfedrw.peer.learning.model_matrix import VectorEvaluator
+from dfedrw.peer.transport.serde import Plausible, TensorSpec, model_specs
+from dfedrw.topologies import Topology
+
+
+
+def client_identity(scenario: Scenario, certs: Path | None, client: int) -> ClientIdentity | None:
+    """Client ``client``'s credentials from a certificate folder when the scenario uses TLS."""
+    if scenario.network.tls == "off" or certs is None:
+        return None
+    return load_identity(Path(certs), client)
+
+
+def client_rule(scenario: Scenario, topology: Topology, client: int, senders: tuple[int, ...] | None = None):
+    """Client ``client``'s rule, told the Byzantine clients among ``senders`` (a round's
+    in-neighbours under a schedule; default: its neighbours in the graph)."""
+    cfg = scenario.aggregation_for(client)
+    return build_client_rule(
+        scenario, client, told_byzantine(cfg, topology, client, senders), scenario.train.lr, derive_seed(scenario.seed, "rule", client)
+    )
+
+
+def scenario_plausible(scenario: Scenario) -> Plausible:
+    """What a received message may hold and declare: no sender has more samples than the whole
+    training set of the scenario's dataset (known to every client, data or not)."""
+    return Plausible(max_abs_value=scenario.network.max_abs_value, max_num_samples=int(scenario_dataset(scenario.data).train_size))
+
+
+def scenario_model(scenario: Scenario, seed: int = 0) -> torch.nn.Module:
+    """The scenario's model (``train.model`` with its settings, the data set's features,
+    classes and input shape, ``train.hidden``), initialised from ``seed``: every engine builds
+    its models here."""
+    t = scenario.train
+    features, classes = dataset_shape(scenario)
+    return build_model(
+        t.model, features, classes, hidden=t.hidden, input_shape=dataset_input_shape(scenario), seed=seed,
+        params=settings_of(t.model_params, t.model),
+    )
+
+
+def client_augmentation(scenario: Scenario, client_id: int) -> Augmentation | None:
+    """Client k's minibatch augmentation (``data.augment``) with its own seeded generator; None
+    without one."""
+    d = scenario.data
+    if d.augment == "none":
+        return None
+    return Augmentation(d.augment, d.augment_padding, dataset_input_shape(scenario), derive_seed(scenario.seed, "augment", client_id))
+
+
+def initial_model(scenario: Scenario, client_id: int) -> torch.nn.Module:
+    """Client k's model before round 0 (``train.init``: shared seeded, its own seeded, zeros)."""
+    t = scenario.train
+    seed = derive_seed(scenario.seed, "init") if t.init == "shared" else derive_seed(scenario.seed, "init", client_id)
+    model = scenario_model(scenario, seed)
+    if t.init == "zeros":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    return model
+
+
+@dataclass(frozen=True)
+class ClientParts:
+    """What a client process is built from, each made once: the scenario's graph and Byzantine
+    placement, the client's initial model (None for a Byzantine client, which trains none) and
+    the model's wire layout (a Byzantine client's from a model on the meta device)."""
+
+    topology: Topology
+    model: torch.nn.Module | None
+    specs: tuple[TensorSpec, ...]
+
+
+def client_parts(scenario: Scenario, client_id: int) -> ClientParts:
+    """Client ``client_id``'s :class:`ClientParts`: the graph drawn and the model built once, for
+    its transport and for the client itself."""
+    topology = scenario_topology(scenario)
+    if not 0 <= client_id < topology.num_clients:
+        raise ValueError(f"client id {client_id} out of range 0..{topology.num_clients - 1}")
+    if client_id in topology.byzantine:
+        return ClientParts(topology, None, scenario_model_specs(scenario))
+    model = initial_model(scenario, client_id)
+    return ClientParts(topology, model, model_specs(model))
+
+
+def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
+    """Byzantine client ``attacker``'s own data sample, for attacks that declare they hold data:
+    ``n`` rows of the scenario's training set drawn without replacement by the attacker's own
+    seed (``derive_seed(seed, "attacker data", attacker)``; colluding clients share one sample,
+    ``derive_seed(seed, "attacker data", "colluders")``), independent of the honest partition
+    (public data from the same distribution: the honest shards are the same whether or not an
+    attack holds data). Nothing is read until an attack asks for its sample."""
+    d = scenario.data
+    classes = dataset_shape(scenario)[1]
+    # Colluders pool their data as they pool models: one sample for the group, so each of them
+    # computes the group's plan from the same inputs.
+    seed = derive_seed(scenario.seed, "attacker data", "colluders" if scenario.attack.colluding else attacker)
+
+    def load(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        train = stored_dataset(scenario_dataset(d)).train
+        if n > len(train):
+            raise ValueError(f"an attack asked for {n} samples; the {d.name} training set has {len(train)}")
+        rows = np.sort(np.random.default_rng(seed).choice(len(train), n, replace=False))
+        sample = train.subset(rows)
+        return sample.x, sample.y
+
+    def evaluator(x: torch.Tensor, y: torch.Tensor) -> VectorEvaluator:
+        return VectorEvaluator(scenario_model(scenario), Dataset(x=x, y=y, num_classes=classes))
+
+    return AttackerData(load, evaluator, num_classes=classes, description=f"{d.name} rows drawn for client {attacker}")
+
+
+def attacker_knowledge(scenario: Scenario, topology: Topology, attacker: int) -> dict[str, Any]:
+    """What the running system gives Byzantine client ``attacker``'s attack beyond the models it
+    receives, for a constructor that declares it: ``defence`` (the rule of the scenario's
+    ``[aggregation]``, told what its receivers are told: ``assumed_byzantine``, else the number
+    of Byzantine clients of the run) and ``attacker_data`` (:func:`attacker_data`)."""
+    cfg = scenario.aggregation
+    told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else len(topology.byzantine)
+    defence = build_rule_from(
+        cfg, num_byzantine=told, lr=scenario.train.lr, seed=derive_seed(scenario.seed, "rule", attacker), total_rounds=scenario.rounds
+    )
+    return {"defence": defence, "attacker_data": attacker_data(scenario, attacker)}
+
+
+def client_attack(scenario: Scenario, topology: Topology, attacker: int) -> Any:
+    """Byzantine client ``attacker``'s attack, with the knowledge its class declares."""
+    return build_attack(scenario, topology.num_clients, len(topology.byzantine), **attacker_knowledge(scenario, topology, attacker))
+
+
+def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
+    """The data size and training loss a Byzantine client declares: those its honest neighbours
+    declared, on average, so that weighting by size or loss cannot single it out by its
+    metadata. With nothing heard, the smallest plausible size (0 would be refused). The mean
+    loss is the correctly rounded sum over the count (``math.fsum``): the same bits in any
+    order, in every engine."""
+    size = round(sum(sizes) / len(sizes)) if sizes else 1
+    finite = [x for x in losses if math.isfinite(x)]
+    return size, math.fsum(finite) / len(finite) if finite else float("nan")
+
+
+@dataclass
+class ClientData:
+    """A client's training shard and auxiliary subset (its own copies) and the test sets: the
+    global one shared by every client (``test``: mapped from the data cache and converted when
+    used, or held), its local one as rows of it (made on first use, so that thousands of
+    clients in one process do not each hold a copy)."""
+
+    train: Dataset
+    aux: Dataset
+    test: StoredSplit | Dataset
+    local_test_index: torch.Tensor  # rows of the test set
+    train_index: torch.Tensor | None = None  # rows of the training set that make up ``train``
+
+    @property
+    def global_test(self) -> Dataset:
+        """The whole test set as float32: held, or converted from the mapped rows (a transient
+        copy, so that a client process does not keep one)."""
+        return self.test if isinstance(self.test, Dataset) else self.test.dataset()
+
+    @functools.cached_property
+    def local_test(self) -> Dataset:
+        return self.test.subset(self.local_test_index)
+
+    def to(self, device: torch.device) -> ClientData:
+        """The same sets with their tensors on ``device`` (the test set held there)."""
+        return ClientData(move(self.train, device), move(self.aux, device), move(self.global_test, device), self.local_test_index, self.train_index)
+
+
+def move(d: Dataset, device: torch.device | str) -> Dataset:
+    """``d`` with its tensors on ``device``."""
+    return Dataset(x=d.x.to(device), y=d.y.to(device), num_classes=d.num_classes)
+
+
+def client_data(scenario: Scenario, topology: Topology, client_id: int) -> ClientData:
+    """Client k's shard, auxiliary subset and test sets. Every client computes the same seeded
+    partition over the honest clients and keeps its own part."""
+    return clients_data(scenario, topology, [client_id])[client_id]
+
+
+def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int], *, shards: bool = True) -> dict[int, ClientData]:
+    """:func:`client_data` of several honest clients, the partition computed once. The data
+    set is mapped from the machine's data cache; only each client's rows are converted.
+    ``shards=False``: each client's shard is left unconverted (``train`` empty, ``train_index``
+    its rows), for a caller that reads the shards as rows of the training set; the auxiliary
+    sets are the same values, converted from the same rows."""
+    d = scenario.data
+    source = scenario_dataset(d)
+    stored = stored_dataset(source)
+    train, test = stored.train, stored.test
+    if d.partition == "natural" and stored.train_groups is None:
+        raise ValueError(natural_groups_error(source))
+    honest = sorted(topology.honest())
+    parts = partition(
+        train.y.numpy(), len(honest), d.partition, scenario.seed, labelskew_assign=d.labelskew_assign, groups=stored.train_groups
+    )
+    size = min(d.local_test_size, len(test))
+    out = {}
+    for client_id in ids:
+        rows = np.asarray(parts[honest.index(client_id)], dtype=np.int64)
+        aux_rows = aux_indices(len(rows), d.aux_fraction, derive_seed(scenario.seed, "aux", client_id))
+        if shards:
+            shard = train.subset(rows)
+            aux, labels = shard.subset(aux_rows), shard.y.numpy()
+        else:
+            shard, aux = train.subset(rows[:0]), train.subset(rows[aux_rows])
+            labels = train.y.numpy()[rows]
+        local = local_test_indices(labels, test.y.numpy(), test.num_classes, size, derive_seed(scenario.seed, "test", client_id))
+        out[client_id] = ClientData(
+            train=shard, aux=aux, test=test, local_test_index=torch.as_tensor(np.asarray(local, dtype=np.int64)),
+            train_index=torch.as_tensor(rows),
+        )
+    return out
+
+
+def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: torch.Generator) -> torch.Generator:
+    """The generator an attack draws from in ``view``'s round: its own (seeded by its id, drawn
+    on round after round), or, for a per-round attack of colluding clients, the group's for this
+    round (seeded by the round alone), so that every colluder computes the same plan."""
+    if view.colluders and hasattr(attack, "plan"):
+        return torch.Generator().manual_seed(derive_seed(scenario.seed, "collusion", view.round))
+    return own
+
+
+def known_mean(view: AttackView) -> torch.Tensor | None:
+    """The mean of the honest models ``view`` knew (the next round's ``reference``), float64."""
+    _, known = view.known()
+    return mean_rows(known) if len(known) else None
+
+
+def next_reference(attack: Any, view: AttackView) -> torch.Tensor | None:
+    """The ``reference`` of ``attack``'s next view: :func:`known_mean` of this one for a
+    per-round attack (its ``plan`` reads the view); None for a per-receiver attack, which is
+    only ever handed the models it knows, so the mean would be computed for nobody."""
+    return known_mean(view) if hasattr(attack, "plan") else None
