@@ -9,12 +9,12 @@ Results come from the files the clients write, so they never depend on telemetry
 The socket binds 127.0.0.1 only, yet any local user can reach it: each client gets its own
 secret through its environment and must show it to register; telemetry is taken only from the
 connection a client registered from, and every other frame is dropped and counted (see
-``launch.link``), the counts going into ``summary.json`` under ``launcher_link``.
+``launch.link``; the messages are in ``peer.client.link_messages``), the counts going into
+``summary.json`` under ``launcher_link``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,9 +30,11 @@ from rich.table import Table
 
 from dfedrw.peer.results.collect import collect_summary
 from dfedrw.launch.forkserver import START_METHODS, ForkServer, client_env, fork_available, take_prestarted
-from dfedrw.launch.link import MAX_FRAME_BYTES, TOKEN_ENV, LinkGate, new_token
+from dfedrw.launch.link import LinkGate, new_token
 from dfedrw.launch.preflight import preflight
 from dfedrw.launch.progress import ProgressBoard
+from dfedrw.peer.client import link_messages
+from dfedrw.peer.client.link_messages import MAX_FRAME_BYTES, TOKEN_ENV
 from dfedrw.peer.config.scenario import SCENARIO_DIGEST_ENV, Scenario, dump_scenario
 from dfedrw.peer.transport.identity import load_identity, make_certificates
 from dfedrw.peer.wiring.plan import role_of, scenario_topology
@@ -235,9 +237,9 @@ class LocalRun:
         pending = [c for c in self.children.values() if not c.registered and c.proc.poll() is None]
         if pending:
             return
-        book = {str(c.id): c.address for c in self.children.values() if c.registered}
-        for k, identity in self.gate.identities.items():
-            self._sock.send_multipart([identity, json.dumps({"type": "addresses", "addresses": book}).encode()])
+        book = link_messages.encode(link_messages.address_book({c.id: c.address for c in self.children.values() if c.registered}))
+        for identity in self.gate.identities.values():
+            self._sock.send_multipart([identity, book])
         self._book_sent = True
 
     def _poll_exits(self, board: ProgressBoard) -> None:

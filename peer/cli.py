@@ -27,6 +27,7 @@ from pathlib import Path
 from dfedrw.peer.config.scenario import SCENARIO_DIGEST_ENV, Scenario, ScenarioError, load_scenario, load_validated
 from dfedrw.peer.learning.data import DatasetUnavailable
 from dfedrw.peer.client.rendezvous import host_port
+from dfedrw.peer.client.link_messages import TOKEN_ENV
 from dfedrw.peer.results.tensorboard import INSTALL, TensorBoardUnavailable
 
 
@@ -112,7 +113,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         addresses=None if rendezvous else peers,
         listen_port=int(args.listen_port),
         certs=args.certs,
-        link_token=_env("DFEDRW_LINK_TOKEN"),
+        link_token=_env(TOKEN_ENV),
         tensorboard=args.tensorboard,
     )
     logging.getLogger("dfedrw.peer").info("client %s done: %s", args.id, final)

@@ -17,6 +17,7 @@ from dfedrw.peer.wiring.assembly import attack_generator, byzantine_claims, next
 from dfedrw.peer.attacks import AttackView, craft_round
 from dfedrw.peer.transport.heap import release_free_heap
 from dfedrw.peer.wiring.plan import derive_seed
+from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.rounds import Liveness, byzantine_record, checkpoint_due, loop_times, with_round_graph
 from dfedrw.peer.transport.serde import message_out
 
@@ -90,7 +91,7 @@ def run_byzantine(client) -> dict[str, Any]:
             pooled_from=list(pooled.used) if pooled is not None else None,
         )
         client.results.write(with_round_graph(record, client.graphs, client.id, r))
-        client.link.send({"type": "round", "id": client.id, "round": r})
+        client.link.send(link_messages.round_event(client.id, r))
         if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
             client.resume.save(r, generators={"attack": gen.get_state().numpy()})
         # The transport holds what it has still to send, and lets each message go once sent.

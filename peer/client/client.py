@@ -49,6 +49,7 @@ from dfedrw.peer.client.rejoin import Resume, coordinate_median
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
 from dfedrw.peer.client.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, with_round_graph
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
+from dfedrw.peer.client import link_messages
 from dfedrw.peer.wiring.build import scenario_transport
 from dfedrw.peer.learning.training import LocalTrainer, evaluate
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
@@ -275,7 +276,7 @@ class Client:
         # Done: a client started again with this id now starts a new run (its round log is
         # moved aside), it does not resume this one.
         self.checkpoint_file.unlink(missing_ok=True)
-        self.link.send({"type": "done", "id": self.id, "accuracy": final.get("accuracy"), "global_accuracy": final.get("global_accuracy")})
+        self.link.send(link_messages.done(self.id, final.get("accuracy"), final.get("global_accuracy")))
         return final
 
     def close(self) -> None:
@@ -406,7 +407,7 @@ class Client:
                 }
                 record.update(last)
             self.results.write(record)
-            self.link.send({"type": "round", "id": self.id, "round": r, "train_loss": loss, **last})
+            self.link.send(link_messages.round_event(self.id, r, loss, **last))
             if (r + 1) % log_every == 0 or r == sc.rounds - 1:
                 # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
                 acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""

@@ -5,16 +5,18 @@ Telemetry is best effort: sends never block the round loop, and results never de
 (each client writes its own JSONL). Registration is a DEALER -> ROUTER request: the client sends
 its id, address, pid and the secret the launcher gave it (``DFEDRW_LINK_TOKEN`` in its
 environment); the launcher answers once every client has registered with the full address book,
-and from then on takes this client's telemetry only from this connection.
+and from then on takes this client's telemetry only from this connection. The messages
+themselves, and the check of the reply, are in ``peer.client.link_messages``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 import zmq
+
+from dfedrw.peer.client import link_messages
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +33,15 @@ class LauncherLink:
 
     def register(self, client_id: int, address: str, pid: int, role: str, timeout: float) -> dict[int, str]:
         """Announce this client and wait for every client's address (id -> host:port)."""
-        msg = {"type": "register", "id": client_id, "address": address, "pid": pid, "role": role}
-        if self._token is not None:
-            msg["token"] = self._token
-        self._sock.send_json(msg)
+        self._sock.send(link_messages.encode(link_messages.register(client_id, address, pid, role, self._token)))
         if not self._sock.poll(int(timeout * 1000)):
             raise TimeoutError(f"no address book from the launcher within {timeout:.0f} s")
-        reply = self._sock.recv_json()
-        if reply.get("type") == "abort":
-            raise RuntimeError(f"launcher aborted the start: {reply.get('reason', '')}")
-        return {int(k): v for k, v in reply["addresses"].items()}
+        return link_messages.read_address_book(self._sock.recv())
 
     def send(self, event: dict[str, Any]) -> None:
+        """Send an event built by ``link_messages`` (``round_event``, ``done``) without blocking."""
         try:
-            self._sock.send(json.dumps(event).encode(), zmq.NOBLOCK)
+            self._sock.send(link_messages.encode(event), zmq.NOBLOCK)
         except zmq.Again:
             self.dropped += 1
 
