@@ -19,9 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import numpy as np
 import torch
-from dfedrw.peer.registry import check_int
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
-from dfedrw.peer.aggregation.candidates import PooledOrder, by_id, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, ToleratesByzantine, Aggregate, RoundBatch, RoundInputs
+from dfedrw.peer.aggregation.candidates import FiniteCandidates, PooledOrder, by_id, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order
 
 
 def sorted_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -34,6 +33,13 @@ def sorted_rows(rows: torch.Tensor) -> torch.Tensor:
     if rows.device.type == "cpu":
         return torch.from_numpy(np.sort(rows.numpy(), axis=0))
     return rows.sort(dim=0).values
+
+
+def _finite_sorted(inputs: RoundInputs) -> tuple[FiniteCandidates, torch.Tensor]:
+    """The finite candidates by id, and their rows sorted coordinate by coordinate (the
+    median's and the trimmed mean's one pass; nothing is sorted when none is finite)."""
+    finite = finite_by_id(inputs)
+    return finite, (sorted_rows(finite.rows) if finite.ids else finite.rows)
 
 
 def _kept_by_rank(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -> torch.Tensor:
@@ -236,11 +242,10 @@ class Median:
     """
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = finite_by_id(inputs)
+        finite, ordered = _finite_sorted(inputs)
         count = len(finite.ids)
         if count == 0:
             return keep_own(inputs)
-        ordered = sorted_rows(finite.rows)
         low, high = ordered[(count - 1) // 2], ordered[count // 2]
         model = (low + high) / 2
         hits = ((finite.rows == low) | (finite.rows == high)).sum(dim=1).to(torch.float64)
@@ -268,7 +273,7 @@ class Median:
 
 @RULE_REGISTRY.register("trimmed_mean")
 @dataclass(frozen=True)
-class TrimmedMean:
+class TrimmedMean(ToleratesByzantine):
     """Coordinate-wise trimmed mean: drop the ``b`` largest and ``b`` smallest, average the rest.
 
     ``w_k^{t+1}[d] = 1/(C - 2b) * sum_{i = b+1}^{C-b} w_(i)[d]``  (``w_(i)[d]`` sorted), with
@@ -282,18 +287,12 @@ class TrimmedMean:
     Rates", ICML 2018.
     """
 
-    num_byzantine: int
-
-    def __post_init__(self) -> None:
-        check_int("TrimmedMean", "num_byzantine", self.num_byzantine, minimum=0)
-
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite = finite_by_id(inputs)
+        finite, ordered = _finite_sorted(inputs)
         count = len(finite.ids)
         if count == 0:
             return keep_own(inputs)
         trim = self._trim(count)
-        ordered = sorted_rows(finite.rows)
         kept = ordered[trim : count - trim]
         model = kept.sum(dim=0) / kept.shape[0]
         # Shares as a stable sort of the id-ordered rows ranks them: ties resolve the same way

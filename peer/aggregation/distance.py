@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 import torch
 from dfedrw.peer.registry import check_int, check_real
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, ToleratesByzantine, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.candidates import (
     FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order,
 )
@@ -116,7 +116,7 @@ def _krum_batched(batch: RoundBatch, settings: Callable[[int, int], tuple[int, i
 
 @RULE_REGISTRY.register("krum")
 @dataclass(frozen=True)
-class Krum:
+class Krum(ToleratesByzantine):
     """Krum: keep the one candidate closest to its nearest neighbours.
 
     ``s_i = sum_{j in N_i} ||w_i - w_j||^2`` over the ``C - f - 2`` candidates nearest to
@@ -129,10 +129,6 @@ class Krum:
     Descent", NeurIPS 2017.
     """
 
-    num_byzantine: int
-
-    def __post_init__(self) -> None:
-        check_int("Krum", "num_byzantine", self.num_byzantine, minimum=0)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         finite = finite_by_id(inputs)
@@ -155,7 +151,7 @@ class Krum:
 
 @RULE_REGISTRY.register("multi_krum")
 @dataclass(frozen=True)
-class MultiKrum:
+class MultiKrum(ToleratesByzantine):
     """Multi-Krum: average the ``m`` candidates with the lowest Krum scores.
 
     ``s_i`` as in :class:`Krum`;  ``w_k^{t+1} = 1/m * sum_{i in S} w_i`` with ``S`` the ``m``
@@ -167,11 +163,10 @@ class MultiKrum:
     Descent", NeurIPS 2017 (Multi-Krum, El Mhamdi et al. 2018 naming).
     """
 
-    num_byzantine: int
     m: int | None = None
 
     def __post_init__(self) -> None:
-        check_int("MultiKrum", "num_byzantine", self.num_byzantine, minimum=0)
+        super().__post_init__()
         if self.m is not None:
             check_int("MultiKrum", "m", self.m, minimum=1)
 

@@ -43,14 +43,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dfedrw.peer.registry import check_choice, check_int, check_real
+from dfedrw.peer.registry import check_choice, check_real
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, combine_rows, finite_by_id, pooled_finite
-from dfedrw.peer.aggregation.rules import (
-    RULE_REGISTRY,
-    Aggregate,
-    RoundBatch,
-    RoundInputs,
-)
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, ToleratesByzantine
 
 __all__ = ["CLIPPED_GOSSIP_RADII", "CSPlusRG", "ClippedGossip", "UBAR"]
 
@@ -149,7 +144,7 @@ class _ClippingAroundOwn:
 
 @RULE_REGISTRY.register("clipped_gossip")
 @dataclass(frozen=True)
-class ClippedGossip(_ClippingAroundOwn):
+class ClippedGossip(_ClippingAroundOwn, ToleratesByzantine):
     """ClippedGossip: step towards each neighbour by its difference clipped around the own model.
 
     ``w_k^{t+1} = w_k + sum_{j in N_k} W_kj CLIP(w_j - w_k, tau_k)``,
@@ -201,12 +196,11 @@ class ClippedGossip(_ClippingAroundOwn):
         result.model, result.weights                     # new model, coefficient per sender
     """
 
-    num_byzantine: int
     radius: str = "furthest"
     tau: float | None = None
 
     def __post_init__(self) -> None:
-        check_int("ClippedGossip", "num_byzantine", self.num_byzantine, minimum=0)
+        super().__post_init__()
         check_choice("ClippedGossip", "radius", self.radius, CLIPPED_GOSSIP_RADII)
         if self.radius == "fixed":
             if self.tau is None:
@@ -230,7 +224,7 @@ class ClippedGossip(_ClippingAroundOwn):
 
 @RULE_REGISTRY.register("cs_plus_rg")
 @dataclass(frozen=True)
-class CSPlusRG(_ClippingAroundOwn):
+class CSPlusRG(_ClippingAroundOwn, ToleratesByzantine):
     """CS+-RG: ClippedGossip's step with a radius that clips the ``2b`` furthest neighbours.
 
     ``w_k^{t+1} = w_k - eta * sum_{j in N_k} CLIP(w_k - w_j, tau_k)``,
@@ -281,10 +275,6 @@ class CSPlusRG(_ClippingAroundOwn):
         result.model, result.weights                     # new model, coefficient per sender
     """
 
-    num_byzantine: int
-
-    def __post_init__(self) -> None:
-        check_int("CSPlusRG", "num_byzantine", self.num_byzantine, minimum=0)
 
     def _radius(self, distances: list[float]) -> float:
         return _radius_clipping_furthest(distances, 2 * self.num_byzantine)
@@ -295,7 +285,7 @@ class CSPlusRG(_ClippingAroundOwn):
 
 @RULE_REGISTRY.register("ubar")
 @dataclass(frozen=True)
-class UBAR:
+class UBAR(ToleratesByzantine):
     """UBAR: keep the closest neighbours that do as well as the own model on own data; mix.
 
     1. Distance: ``N_s`` = the ``m`` neighbours with the smallest ``||w_j - w_k||``, where
@@ -340,12 +330,11 @@ class UBAR:
         result.model, result.weights, result.scores      # new model, weights, losses
     """
 
-    num_byzantine: int
     alpha: float = 0.5
     rho: float | None = None
 
     def __post_init__(self) -> None:
-        check_int("UBAR", "num_byzantine", self.num_byzantine, minimum=0)
+        super().__post_init__()
         alpha = check_real("UBAR", "alpha", self.alpha, nonnegative=True)
         if alpha > 1.0:
             raise ValueError(f"UBAR: alpha must be in [0, 1], got {self.alpha!r}")

@@ -35,7 +35,7 @@ from dfedrw.peer.aggregation.crs import CRS, ReweightingStrategy, make_crs
 from dfedrw.peer.aggregation.inputs import (  # noqa: F401 - importable from here, as plugins name them
     Aggregate, RoundBatch, RoundInputs, Rule, finite_rows, weighted_aggregate, weighted_sum,
 )
-from dfedrw.peer.registry import Registry, check_choice
+from dfedrw.peer.registry import Registry, check_choice, check_int
 from dfedrw.peer.aggregation.tpm import TPM, make_tpm
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "RoundBatch",
     "RoundInputs",
     "Rule",
+    "ToleratesByzantine",
     "build_rule",
     "finite_rows",
     "weighted_sum",
@@ -203,6 +204,19 @@ class DFedReweighting:
         if not total > 0:
             return [1.0] + [0.0] * (count - 1)
         return [w / total for w in weights]
+
+
+@dataclass(frozen=True)
+class ToleratesByzantine:
+    """What every rule built against a bound on Byzantine neighbours shares: ``num_byzantine``,
+    the number of a client's neighbours it is told may be Byzantine (an integer >= 0), checked
+    when the rule is built. A subclass with more settings checks them after calling this
+    ``__post_init__``."""
+
+    num_byzantine: int
+
+    def __post_init__(self) -> None:
+        check_int(type(self).__name__, "num_byzantine", self.num_byzantine, minimum=0)
 
 
 def _takes_metrics(evaluate_many: Callable) -> bool:

@@ -84,9 +84,26 @@ def _evaluate(
     return metrics
 
 
+class _OneMetric:
+    """A TPM that scores by one metric of ``evaluate``'s, as computed: the metric named by the
+    one entry of ``evaluates`` (what it asks ``evaluate`` for; of the candidates it reads
+    nothing but their count, see DFedReweighting.batched)."""
+
+    evaluates: ClassVar[tuple[str, ...]] = ()
+
+    def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
+        (metric,) = self.evaluates
+        return _evaluate(candidates, evaluate, self.evaluates, type(self).__name__)[metric]
+
+    def score_values(self, metrics: Mapping[str, Sequence[float]]) -> list[float]:
+        """The scores, as Python floats, from the metrics it asks for (one float per candidate)."""
+        (metric,) = self.evaluates
+        return list(metrics[metric])
+
+
 @TPM_REGISTRY.register("accuracy")
 @dataclass(frozen=True)
-class Accuracy:
+class Accuracy(_OneMetric):
     """Accuracy of each candidate on the auxiliary set.
 
     ``m_i = Acc(w_i, A_k)``, a fraction in [0, 1].
@@ -95,21 +112,12 @@ class Accuracy:
     ``Softmax(scale=100)`` to read the paper's temperature against percentages.
     """
 
-    # What it asks ``evaluate`` for; of the candidates it reads nothing but their count (see
-    # DFedReweighting.batched).
     evaluates: ClassVar[tuple[str, ...]] = ("accuracy",)
-
-    def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
-        return _evaluate(candidates, evaluate, ("accuracy",), "Accuracy")["accuracy"]
-
-    def score_values(self, metrics: Mapping[str, Sequence[float]]) -> list[float]:
-        """The scores, as Python floats, from the metrics it asks for (one float per candidate)."""
-        return list(metrics["accuracy"])
 
 
 @TPM_REGISTRY.register("loss")
 @dataclass(frozen=True)
-class Loss:
+class Loss(_OneMetric):
     """Mean cross-entropy of each candidate on the auxiliary set.
 
     ``m_i = f(w_i, A_k)``
@@ -118,14 +126,7 @@ class Loss:
     ``LossClippedAtMean``.
     """
 
-    evaluates: ClassVar[tuple[str, ...]] = ("loss",)  # as Accuracy.evaluates
-
-    def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
-        return _evaluate(candidates, evaluate, ("loss",), "Loss")["loss"]
-
-    def score_values(self, metrics: Mapping[str, Sequence[float]]) -> list[float]:
-        """As :meth:`Accuracy.score_values`."""
-        return list(metrics["loss"])
+    evaluates: ClassVar[tuple[str, ...]] = ("loss",)
 
 
 @TPM_REGISTRY.register("combined")

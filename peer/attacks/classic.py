@@ -66,6 +66,23 @@ def _mean(received: torch.Tensor) -> torch.Tensor:
     return mean_rows(received)
 
 
+class _FromReceived:
+    """An attack whose message is a function of this round's received models alone, the same
+    for every receiver: the call is checked, nothing received leaves it silent (None), else
+    ``craft(received)`` [n >= 1, D] is the message."""
+
+    def __call__(
+        self, received: torch.Tensor, receiver: int, generator: torch.Generator
+    ) -> torch.Tensor | None:
+        received = _check_call(type(self).__name__, received, receiver, generator)
+        if received.shape[0] == 0:
+            return None
+        return self.craft(received)
+
+    def craft(self, received: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
 _GAUSSIAN_CENTERS = ("received_mean", "zero")
 
 
@@ -133,7 +150,7 @@ class Gaussian:
 
 @ATTACK_REGISTRY.register("sign_flip")
 @dataclass(frozen=True)
-class SignFlip:
+class SignFlip(_FromReceived):
     """Sign-flipping attack: the benign models' mean scaled by a negative factor.
 
     ``message = scale * mean(received)``, default ``scale = -10``; silent (None) if nothing
@@ -154,12 +171,7 @@ class SignFlip:
     def __post_init__(self) -> None:
         object.__setattr__(self, "scale", check_real("SignFlip", "scale", self.scale))
 
-    def __call__(
-        self, received: torch.Tensor, receiver: int, generator: torch.Generator
-    ) -> torch.Tensor | None:
-        received = _check_call("SignFlip", received, receiver, generator)
-        if received.shape[0] == 0:
-            return None
+    def craft(self, received: torch.Tensor) -> torch.Tensor:
         return (self.scale * _mean(received)).to(torch.float32)
 
 
@@ -189,7 +201,7 @@ def alie_z_max(num_clients: int, num_byzantine: int) -> float:
 
 @ATTACK_REGISTRY.register("alie")
 @dataclass(frozen=True)
-class ALIE:
+class ALIE(_FromReceived):
     """"A Little Is Enough": shift the benign mean by z standard deviations per coordinate.
 
     ``message_j = mean_j(received) - z * std_j(received)`` (population std, ``correction=0``;
@@ -225,12 +237,7 @@ class ALIE:
             object.__setattr__(self, "z", z_used)
         object.__setattr__(self, "z_used", z_used)
 
-    def __call__(
-        self, received: torch.Tensor, receiver: int, generator: torch.Generator
-    ) -> torch.Tensor | None:
-        received = _check_call("ALIE", received, receiver, generator)
-        if received.shape[0] == 0:
-            return None
+    def craft(self, received: torch.Tensor) -> torch.Tensor:
         models = received.to(torch.float64)
         std = column_std(models, correction=0)
         return (models.mean(dim=0) - self.z_used * std).to(torch.float32)
@@ -239,7 +246,7 @@ class ALIE:
 
 @ATTACK_REGISTRY.register("ipm")
 @dataclass(frozen=True)
-class IPM:
+class IPM(_FromReceived):
     """Inner product manipulation: send the benign mean reversed and shrunk by epsilon.
 
     ``message = -epsilon * mean(received)``, default ``epsilon = 0.1``; silent (None) if
@@ -266,10 +273,5 @@ class IPM:
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check_real("IPM", "epsilon", self.epsilon, positive=True))
 
-    def __call__(
-        self, received: torch.Tensor, receiver: int, generator: torch.Generator
-    ) -> torch.Tensor | None:
-        received = _check_call("IPM", received, receiver, generator)
-        if received.shape[0] == 0:
-            return None
+    def craft(self, received: torch.Tensor) -> torch.Tensor:
         return (-self.epsilon * _mean(received)).to(torch.float32)

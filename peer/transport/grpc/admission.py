@@ -348,46 +348,38 @@ class PeerServicer(pb_grpc.PeerServicer):
             await self._refuse(context, "blocked")
         return reply
 
-    async def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
+    async def _serve(self, context, kind: str, body: Callable[[_Caller, int | None], Any]):
+        """One call of ``kind`` ("push" or "exchange"): admitted (or turned away), ``body(caller,
+        sender)`` run, ended with the reason's status if this servicer cancelled it, closed."""
         sender = await self._sender(context)
         caller = self._caller(sender, context)
         try:
-            task = self._open(caller, "push", sender is not None)
+            task = self._open(caller, kind, sender is not None)
         except _Refused as refused:
             return await self._turn_away(caller, context, refused.reason)
         try:
-            return await self._one(caller, self._chunks(request_iterator, context), sender, context)
+            return await body(caller, sender)
         except asyncio.CancelledError:
             await self._ended(context)
         finally:
-            self._close(caller, "push", task)
+            self._close(caller, kind, task)
+
+    async def Push(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        return await self._serve(
+            context, "push", lambda caller, sender: self._one(caller, self._chunks(request_iterator, context), sender, context)
+        )
 
     async def PushOne(self, request, context):  # noqa: N802 - gRPC method name
-        sender = await self._sender(context)
-        caller = self._caller(sender, context)
-        try:
-            task = self._open(caller, "push", sender is not None)
-        except _Refused as refused:
-            return await self._turn_away(caller, context, refused.reason)
-        try:
+        async def body(caller: _Caller, sender: int | None) -> pb.PushReply:
             reply = self._handle(caller, [request], sender)
             if reply is None:
                 await self._refuse(context, "blocked")
             return reply
-        except asyncio.CancelledError:
-            await self._ended(context)
-        finally:
-            self._close(caller, "push", task)
+
+        return await self._serve(context, "push", body)
 
     async def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
-        sender = await self._sender(context)
-        caller = self._caller(sender, context)
-        try:
-            task = self._open(caller, "exchange", sender is not None)
-        except _Refused as refused:
-            await self._turn_away(caller, context, refused.reason)
-            return
-        try:
+        async def body(caller: _Caller, sender: int | None) -> None:
             splitter = self._splitter(caller, sender)
             async for chunk in self._chunks(request_iterator, context):
                 if self._has_room is not None and chunk.HasField("header"):
@@ -395,11 +387,8 @@ class PeerServicer(pb_grpc.PeerServicer):
                 if not await self._answer(splitter.feed(chunk), context):
                     return
             await self._answer(splitter.end(), context)
-        except asyncio.CancelledError:
-            await self._ended(context)
-        finally:
-            self._close(caller, "exchange", task)
 
+        await self._serve(context, "exchange", body)
 
     async def _room_for(self, header) -> None:
         """Wait, before reading a message, until the client has room for it (see the client
