@@ -132,21 +132,21 @@ class Client:
         self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
         self.fingerprint = scenario_fingerprint(scenario)
         # A checkpoint of this client in its results folder: it was killed, and resumes.
-        self.resumed: Checkpoint | None = None
+        resumed: Checkpoint | None = None
         if scenario.checkpoint.every and self.checkpoint_file.exists():
             size = None if self.role == "byzantine" else sum(s.numel for s in self.specs)
-            self.resumed = load_checkpoint(self.checkpoint_file, client=client_id, scenario=self.fingerprint, vector_size=size)
-            if self.resumed.vector is not None:
-                set_vector(self.model, torch.from_numpy(self.resumed.vector.copy()))
-            log.warning("client %d: resuming from its checkpoint of round %d (%s)", client_id, self.resumed.round, self.checkpoint_file)
+            resumed = load_checkpoint(self.checkpoint_file, client=client_id, scenario=self.fingerprint, vector_size=size)
+            if resumed.vector is not None:
+                set_vector(self.model, torch.from_numpy(resumed.vector.copy()))
+            log.warning("client %d: resuming from its checkpoint of round %d (%s)", client_id, resumed.round, self.checkpoint_file)
         self.results = RoundLog(
-            self.out_dir, client_id, keep_through=self.resumed.round if self.resumed else None,
+            self.out_dir, client_id, keep_through=resumed.round if resumed else None,
             tensorboard=tensorboard, byzantine=self.topology.byzantine,
         )
         self.resume = Resume(
             client_id, self.role, scenario, graphs=self.graphs, byzantine=self.topology.byzantine, transport=transport, inbox=self.inbox,
             specs=self.specs, presence=self.presence, results=self.results, checkpoint_file=self.checkpoint_file,
-            fingerprint=self.fingerprint, resumed=self.resumed,
+            fingerprint=self.fingerprint, resumed=resumed,
         )
         self.stop_requested = threading.Event()
         self._prepared = False
@@ -278,6 +278,11 @@ class Client:
         self.checkpoint_file.unlink(missing_ok=True)
         self.link.send(link_messages.done(self.id, final.get("accuracy"), final.get("global_accuracy")))
         return final
+
+    @property
+    def resumed(self) -> Checkpoint | None:
+        """The checkpoint this client resumed from (its resume holds it), or None."""
+        return self.resume.resumed
 
     def close(self) -> None:
         self.transport.close()
