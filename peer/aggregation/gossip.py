@@ -47,7 +47,7 @@ from dfedrw.peer.registry import check_choice, check_real
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, combine_rows, finite_by_id, pooled_finite
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, ToleratesByzantine
 
-__all__ = ["CLIPPED_GOSSIP_RADII", "CSPlusRG", "ClippedGossip", "UBAR"]
+__all__ = ["CLIPPED_GOSSIP_RADII", "CSPlusRG", "ClippedGossip", "UBAR", "self_centred_coefficients"]
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -98,22 +98,41 @@ def _radius_from_spread(distances: Sequence[float], num_byzantine: int) -> float
     return math.sqrt(math.fsum(d * d for d in sorted(distances)[:honest]) / num_byzantine)
 
 
+def self_centred_coefficients(
+    finite: FiniteCandidates, radius: Callable[[list[float]], float], mixing: Sequence[float] | None = None
+) -> list[float]:
+    """The coefficients (id order, as ``finite``) of ``w_own + sum_j v_j CLIP(w_j - w_own, tau)``
+    as the combination of the finite candidates it is, ``tau = radius(neighbour distances)``,
+    ``CLIP(z, tau) = z * min(1, tau / ||z||)``: ``s_j v_j`` on neighbour ``j`` with
+    ``s_j = min(1, tau / ||w_j - w_own||)``, the rest (at least ``v_own``) on the own model.
+    ``v_i = u_i / sum u``, ``mixing`` the unnormalised ``u_i`` of every finite candidate, own
+    included (uniform if none is positive); None: uniform, ``v_i = 1/C``. The own row must be
+    finite (``finite.own`` set)."""
+    distances = _distances_from_own(finite)
+    tau = radius([d for i, d in enumerate(distances) if i != finite.own])
+    count = len(finite.ids)
+    shares = [1.0] * count if mixing is None else list(mixing)
+    total = math.fsum(shares)
+    if not total > 0:
+        shares, total = [1.0] * count, float(count)
+    # s_j u_j / sum u: s_j / C when uniform (1.0 * s_j and a sum of ones are exact). A
+    # neighbour at exactly tau (or one equal to the own model when tau = 0) is left whole:
+    # clipping it to its own length changes nothing.
+    coefficients = [(tau / d if d > tau else 1.0) * u / total for d, u in zip(distances, shares, strict=True)]
+    coefficients[finite.own] = 0.0
+    coefficients[finite.own] = 1.0 - math.fsum(coefficients)
+    return coefficients
+
+
 def _self_centred_clipping(
     finite: FiniteCandidates, ids: Sequence[int], own_row: torch.Tensor, radius: Callable[[list[float]], float]
 ) -> Aggregate:
     """``w_own + 1/C * sum_j CLIP(w_j - w_own, tau)`` with ``tau = radius(neighbour distances)``,
-    as the convex combination it is: neighbour ``j`` weighs ``s_j / C`` with
-    ``s_j = min(1, tau / ||w_j - w_own||)``, the own model the rest."""
+    as the convex combination it is (:func:`self_centred_coefficients`); a non-finite own
+    model is kept."""
     if finite.own is None:
         return _keep_own(ids, own_row)
-    distances = _distances_from_own(finite)
-    tau = radius([d for i, d in enumerate(distances) if i != finite.own])
-    count = len(finite.ids)
-    # s_j / C; a neighbour at exactly tau (or one equal to the own model when tau = 0) is
-    # left whole: clipping it to its own length changes nothing.
-    coefficients = [(tau / d if d > tau else 1.0) / count for d in distances]
-    coefficients[finite.own] = 0.0
-    coefficients[finite.own] = 1.0 - math.fsum(coefficients)
+    coefficients = self_centred_coefficients(finite, radius)
     weights = torch.tensor(coefficients, dtype=torch.float64)
     return _result(ids, combine_rows(finite, weights), dict(zip(finite.ids, coefficients, strict=True)))
 

@@ -55,11 +55,12 @@ __all__ = [
 
 # Every rule registers itself with its decorator in its module of this package (the baselines in
 # coordinate.py, distance.py, flame.py, robust.py and qfdfl.py, the decentralized ones in
-# gossip.py, which build on the types below); the registry imports every module of the package
-# on first use, so it is complete whenever it is read. ``modules`` only orders the listing.
+# gossip.py, norm bounding in norm_bound.py, which build on the types below); the registry
+# imports every module of the package on first use, so it is complete whenever it is read.
+# ``modules`` only orders the listing.
 RULE_REGISTRY = Registry(
     "rule", "dfedrw.rules", package=__package__, calls={"__call__": ("inputs",)},
-    modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "flame", "robust", "qfdfl", "gossip")),
+    modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "flame", "robust", "qfdfl", "gossip", "norm_bound")),
 )
 """The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""
 

@@ -1,7 +1,7 @@
 """The batched paths of the baseline robust rules (Median, TrimmedMean, Krum, MultiKrum, Flame,
-BALANCE): each must give every client exactly what the rule's own call gives it, bit for bit
-(the model's bits, the weights and their order), whatever the candidates: counts that differ
-between clients, non-finite rows (the own one too), exact copies, ties, -0.0 next to +0.0,
+BALANCE, NormBound): each must give every client exactly what the rule's own call gives it, bit
+for bit (the model's bits, the weights and their order), whatever the candidates: counts that
+differ between clients, non-finite rows (the own one too), exact copies, ties, -0.0 next to +0.0,
 trims reduced for too few candidates, float32 or float64 models. Also the parts they rest on:
 the sorting network, and the HDBSCAN labels Flame computes without the estimator."""
 
@@ -18,7 +18,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, RoundBatch, TrimmedMean
+from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, NormBound, RoundBatch, TrimmedMean
 from dfedrw.peer.aggregation.coordinate import signed_zero_columns, sorted_columns, sorting_network
 from dfedrw.peer.aggregation.flame import hdbscan_labels
 
@@ -42,6 +42,8 @@ RULES = [
     Flame(noise=0.0, min_cluster_size=2),
     Balance(),
     Balance(gamma=0.5, kappa=2.0, alpha=0.3),
+    NormBound(),
+    NormBound(bound=0.5, noise=0.01, weighting="uniform", seed=2),
 ]
 
 
@@ -127,6 +129,7 @@ def test_batched_gives_each_client_exactly_what_its_own_call_gives(data, rule):
 FAMILIES = {
     "flame-updates": lambda n: Flame(seed=n),
     "flame-models": lambda n: Flame(seed=n, cluster_on="models"),
+    "norm-bound": lambda n: NormBound(bound=0.5, noise=0.01, seed=n),
     "krum": lambda n: Krum(n),
     "multi-krum": lambda n: MultiKrum(n),
     "multi-krum-m": lambda n: MultiKrum(n, m=2),
