@@ -17,9 +17,9 @@ from dfedrw.peer.results.collect import collect_summary
 from dfedrw.peer.config.scenario import Scenario, dump_scenario
 from dfedrw.peer.aggregation import Aggregate
 from dfedrw.peer.learning.models import get_vector
-from dfedrw.peer.attacks import AttackView, craft_round
+from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.wiring.assembly import (
-    attack_generator, byzantine_claims, client_attack, client_augmentation, client_rule, clients_data, initial_model,
+    byzantine_claims, client_attack, craft_attack_round, scenario_backdoor, client_augmentation, client_rule, clients_data, initial_model,
     move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.learning.datacache import test_set, training_set
@@ -87,6 +87,9 @@ class BatchedRun:
         # test set once for all clients (each client's local test set is rows of it).
         self.data = clients_data(sc, topo, self.honest, shards=False)
         self.test = move(test_set(scenario_dataset(sc.data)), self.device)
+        # Under a backdoor attack: the triggered test rows each honest client's success rate is read on.
+        backdoor = scenario_backdoor(sc)
+        self.probe = backdoor.rows(self.test) if backdoor is not None else None
         t = sc.train
         template = scenario_model(sc)
         self.model = FlatModel(template, self.device)
@@ -227,7 +230,7 @@ class BatchedRun:
                 pool=pool, reference=self.reference[b], total_rounds=self.scenario.rounds,
             )
             attack = self.attacks[b]
-            crafted = craft_round(attack, view, attack_generator(self.scenario, view, attack, self.attack_gen[b]))
+            crafted = craft_attack_round(self.scenario, attack, view, self.attack_gen[b])
             self.reference[b] = next_reference(attack, view)
             self.notes[b] = crafted
             values_errors: dict[int, Any] = {}  # one check per message, however many receive it
@@ -345,7 +348,7 @@ class BatchedRun:
     @torch.no_grad()
     def accuracies(self) -> dict[int, dict[str, float]]:
         """Each honest client's local and global test accuracy (percent), as a client measures
-        it. The global test set goes through the model once for a block of clients (blocks
+        it, and under a backdoor attack its attack success rate on the triggered test rows. The global test set goes through the model once for a block of clients (blocks
         bounded so the logits stay under ~64 M values), and a client's local test set is rows
         of it: its local accuracy is read from the same predictions."""
         out: dict[int, dict[str, float]] = {k: {} for k in self.honest}
@@ -362,6 +365,10 @@ class BatchedRun:
                 rows = self.data[k].local_test_index.to(self.device)
                 out[k]["accuracy"] = 100.0 * float(hits[i].index_select(0, rows).float().mean())
                 out[k]["global_accuracy"] = 100.0 * correct[i]
+            if self.probe is not None:
+                probe = self.model.class_first_logits(self.models[lo : lo + block], self.probe.x).max(1).indices == self.probe.y
+                for i, k in enumerate(self.honest[lo : lo + block]):
+                    out[k]["attack_success"] = 100.0 * float(probe[i].float().mean())
         return out
 
     # -- the run -----------------------------------------------------------------------------

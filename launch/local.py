@@ -329,6 +329,12 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
             if interrupted else f"failed {summary['failed_peers'] or 'none'}; {summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
         )
     )
+    success = summary.get("attack_success")
+    if success:
+        console.print(
+            f"backdoor success rate: honest mean {success['mean']:.4g}% (worst {success['worst']:.4g}%); "
+            f"the mean's peak {success['peak_mean']:.4g}% at round {success['peak_round']}"
+        )
     for k in summary.get("restarted_peers") or []:
         p = summary["peers"][str(k)]
         console.print(f"client {k} was restarted {p['restarts']} time(s) and resumed from its checkpoint; {p['rounds_lost']} rounds lost")

@@ -3,7 +3,10 @@
 The paper ("Experimental Settings") uses an Erdos-Renyi graph G(N, rho), N = benign +
 Byzantine clients, rho = 0.7, re-drawn until the graph and its honest subgraph are both
 connected. Ring, complete and user-supplied edge lists are offered for other experiments.
-All builders are deterministic for the same arguments and never touch global RNG state.
+Byzantine clients are placed uniformly at random before the graph is drawn
+(:func:`place_byzantine`) or, on a drawn graph, at its most or least central nodes
+(:func:`place_by_centrality`). All of these are deterministic for the same arguments and
+never touch global RNG state.
 Which of them a scenario can name (``topology.kind``) is the registry of
 :mod:`dfedrw.peer.graph.topology`.
 """
@@ -11,19 +14,23 @@ Which of them a scenario can name (``topology.kind``) is the registry of
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import networkx as nx
 import numpy as np
 
 __all__ = [
+    "CENTRAL_PLACEMENTS",
+    "PLACEMENTS",
     "Topology",
+    "centrality_of",
     "check_usable",
     "draw_connected",
     "complete",
     "erdos_renyi_connected",
+    "place_by_centrality",
     "place_byzantine",
     "read_edgelist",
     "ring",
@@ -51,16 +58,27 @@ def _check_byzantine(n: int, byzantine: Iterable[int]) -> frozenset[int]:
 
 @dataclass(frozen=True)
 class Topology:
-    """An undirected communication graph on nodes ``0 .. n-1`` and the Byzantine node ids."""
+    """An undirected communication graph on nodes ``0 .. n-1`` and the Byzantine node ids.
+
+    ``centrality``: for Byzantine clients placed by :func:`place_by_centrality`, each one's
+    centrality under the placement's measure, most central first (least central first for
+    ``"leaf"``); empty when they were placed at random. Derived from the graph, so left out of
+    equality.
+    """
 
     graph: nx.Graph
     byzantine: frozenset[int]
+    centrality: Mapping[int, float] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         n = self.graph.number_of_nodes()
         if set(self.graph.nodes) != set(range(n)):
             raise ValueError(f"graph nodes must be exactly 0..{n - 1}, got {sorted(self.graph.nodes)}")
         _check_byzantine(n, self.byzantine)
+        if self.centrality and set(self.centrality) != set(self.byzantine):
+            raise ValueError(
+                f"centrality is given for nodes {sorted(self.centrality)}, not for the Byzantine nodes {sorted(self.byzantine)}"
+            )
 
     @property
     def num_clients(self) -> int:
@@ -96,6 +114,111 @@ def place_byzantine(num_clients: int, num_byzantine: int, seed: int) -> frozense
         )
     rng = np.random.default_rng(seed)
     return frozenset(int(b) for b in rng.choice(num_clients, size=num_byzantine, replace=False))
+
+
+PLACEMENTS = ("random", "degree", "betweenness", "eigenvector", "leaf")
+"""Where Byzantine clients sit (``topology.placement``): ``"random"`` (:func:`place_byzantine`,
+before the graph is drawn) or one of :data:`CENTRAL_PLACEMENTS`."""
+
+CENTRAL_PLACEMENTS = PLACEMENTS[1:]
+"""The placements :func:`place_by_centrality` makes on a drawn graph."""
+
+# Exact betweenness costs O(nodes * edges) and a dense eigendecomposition O(nodes ** 3): on
+# larger graphs betweenness is estimated from this many seeded source nodes, and eigenvector
+# centrality found by power iteration.
+EXACT_CENTRALITY_NODES = 2048
+
+# Centralities are sums of floats, whose last bits differ between nodes that a symmetry of the
+# graph makes equal (and between machines): values closer than this count as tied.
+_TIE = 1e-9
+
+
+def _measure_of(placement: str) -> str:
+    return "degree" if placement == "leaf" else placement
+
+
+def _eigenvector_centrality(graph: nx.Graph) -> dict[int, float]:
+    nodes = sorted(graph.nodes)
+    if len(nodes) > EXACT_CENTRALITY_NODES:
+        try:
+            return nx.eigenvector_centrality(graph, max_iter=100_000, tol=1e-10)
+        except nx.PowerIterationFailedConvergence:
+            raise ValueError(
+                f"eigenvector centrality did not converge on this graph of {len(nodes)} nodes; use another topology.placement"
+            ) from None
+    adjacency = nx.to_numpy_array(graph, nodelist=nodes)
+    # eigh sorts eigenvalues ascending: the last vector is the Perron vector (one sign, which
+    # numerics may flip as a whole) of a connected graph.
+    vector = np.abs(np.linalg.eigh(adjacency)[1][:, -1])
+    return {k: float(v) for k, v in zip(nodes, vector / np.linalg.norm(vector))}
+
+
+def centrality_of(graph: nx.Graph, measure: str, seed: int) -> dict[int, float]:
+    """Every node's ``measure`` centrality, as networkx defines it.
+
+    ``"degree"``: degree / (n - 1). ``"betweenness"``: the normalised share of shortest paths
+    through the node (Brandes; above :data:`EXACT_CENTRALITY_NODES` nodes estimated from that
+    many source nodes drawn with ``seed``). ``"eigenvector"``: the node's entry in the leading
+    eigenvector of the adjacency matrix, of unit Euclidean norm (dense eigendecomposition,
+    above :data:`EXACT_CENTRALITY_NODES` nodes power iteration). ``graph`` must be connected.
+    """
+    if measure == "degree":
+        return {int(k): float(v) for k, v in nx.degree_centrality(graph).items()}
+    if measure == "betweenness":
+        sampled = graph.number_of_nodes() > EXACT_CENTRALITY_NODES
+        values = nx.betweenness_centrality(graph, k=EXACT_CENTRALITY_NODES if sampled else None, seed=seed if sampled else None)
+        return {int(k): float(v) for k, v in values.items()}
+    if measure == "eigenvector":
+        return _eigenvector_centrality(graph)
+    raise ValueError(f"unknown centrality {measure!r}; valid choices: degree, betweenness, eigenvector")
+
+
+def _tie_ranks(values: Mapping[int, float]) -> dict[int, int]:
+    """Each node's rank by value, 0 the smallest; a value within :data:`_TIE` of the next
+    smaller one shares its rank."""
+    ranks: dict[int, int] = {}
+    rank, last = -1, None
+    for node, value in sorted(values.items(), key=lambda item: item[1]):
+        if last is None or value - last > _TIE:
+            rank += 1
+        ranks[node] = rank
+        last = value
+    return ranks
+
+
+def place_by_centrality(graph: nx.Graph, num_byzantine: int, placement: str, seed: int) -> tuple[tuple[int, ...], dict[int, float]]:
+    """The ``num_byzantine`` Byzantine ids that ``placement`` picks on ``graph`` (connected,
+    nodes ``0 .. n-1``), in the order picked, and each one's centrality.
+
+    ``"degree"``, ``"betweenness"``, ``"eigenvector"``: the most central nodes by that
+    centrality (:func:`centrality_of`), most central first. ``"leaf"``: the least central by
+    degree, ties broken by the lower betweenness; its centralities are the degree ones. Nodes
+    still tied (values within 1e-9) are taken by id, lowest first, so the choice is
+    deterministic; ``seed`` only draws the source nodes of an estimated betweenness. At least
+    one node stays honest. Whether the honest nodes stay connected is the caller's to check.
+    """
+    if placement not in CENTRAL_PLACEMENTS:
+        raise ValueError(
+            f"placement {placement!r} is not a centrality placement; valid choices: {', '.join(CENTRAL_PLACEMENTS)} "
+            "('random' is place_byzantine's, made before the graph is drawn)"
+        )
+    n = graph.number_of_nodes()
+    num_byzantine = _check_count("num_byzantine", num_byzantine, 0)
+    if num_byzantine >= n:
+        raise ValueError(f"num_byzantine={num_byzantine} leaves no honest node among {n}; valid range: 0..{n - 1}")
+    if num_byzantine == 0:
+        return (), {}
+    if not nx.is_connected(graph):
+        raise ValueError(f"placement {placement!r}: the graph is not connected, so its centralities say little")
+    values = centrality_of(graph, _measure_of(placement), seed)
+    if placement == "leaf":
+        between = _tie_ranks(centrality_of(graph, "betweenness", seed))
+        order = sorted(values, key=lambda k: (graph.degree(k), between[k], k))
+    else:
+        ranks = _tie_ranks(values)
+        order = sorted(values, key=lambda k: (-ranks[k], k))
+    chosen = tuple(order[:num_byzantine])
+    return chosen, {k: values[k] for k in chosen}
 
 
 def _honest_connected(graph: nx.Graph, byzantine: Iterable[int]) -> bool:

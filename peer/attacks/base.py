@@ -59,7 +59,7 @@ __all__ = [
 ATTACK_REGISTRY = Registry(
     "attack", "dfedrw.attacks", package="dfedrw.peer.attacks",
     modules=tuple(
-        f"dfedrw.peer.attacks.{m}" for m in ("classic", "optimized", "dissensus", "behaviour", "reweighting", "poisoning")
+        f"dfedrw.peer.attacks.{m}" for m in ("classic", "optimized", "dissensus", "behaviour", "reweighting", "poisoning", "backdoor")
     ),
     required=("__call__", "plan"),
     calls={"__call__": ("received", "receiver", "generator"), "plan": ("view", "generator")},
@@ -256,7 +256,9 @@ class AttackerData:
     ``samples(n)`` are ``n`` rows of the scenario's training set drawn without replacement by the
     attacker's own seed (so the honest partition, hence every honest shard, is the same whether
     or not an attack holds data); ``evaluate(n)`` scores candidate models on them, returning
-    ``{"accuracy": [C], "loss": [C]}`` as a client's auxiliary evaluator does. Nothing is loaded
+    ``{"accuracy": [C], "loss": [C]}`` as a client's auxiliary evaluator does. ``input_shape``:
+    the data set's shape of one input (``(channels, height, width)`` for images; rows come
+    flattened), for attacks that place a trigger. Nothing is loaded
     until an attack asks. ``load(n) -> (x, y)`` and ``evaluator(x, y) -> evaluate`` come from
     the running system (the transport-free client code)."""
 
@@ -266,10 +268,12 @@ class AttackerData:
         evaluator: Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], Mapping[str, torch.Tensor]]],
         *,
         num_classes: int,
+        input_shape: tuple[int, ...] = (),
         description: str = "",
     ) -> None:
         self._load, self._evaluator = load, evaluator
         self.num_classes = num_classes
+        self.input_shape = tuple(input_shape)
         self.description = description
         self._samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._evaluators: dict[int, Callable] = {}

@@ -21,7 +21,7 @@ from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
 
-__all__ = ["FLIPS", "LabelFlip", "flip_labels"]
+__all__ = ["FLIPS", "LabelFlip", "flip_labels", "known_models", "require_attacker_data", "sample_evaluator", "train_from_mean", "TrainsOnItsSample"]
 
 FLIPS = ("reverse", "shift")
 
@@ -36,9 +36,36 @@ def flip_labels(y: torch.Tensor, num_classes: int, flip: str) -> torch.Tensor:
     return num_classes - 1 - y if flip == "reverse" else (y + 1) % num_classes
 
 
+@dataclass(frozen=True)
+class TrainsOnItsSample:
+    """What the data-poisoning attacks share: the attacker's sample (``attacker_data``, supplied
+    by the running system; None when a class is built by hand or listed, refused when it plans),
+    ``samples`` rows of it, and the local training they run on it: ``steps`` SGD steps of
+    ``batch_size`` rows at ``lr_scale * lr`` (``lr``: the honest clients' learning rate)."""
+
+    attacker_data: Any = None
+    lr: float = 0.01
+    steps: int = 5
+    lr_scale: float = 1.0
+    batch_size: int = 32
+    samples: int = 200
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        if self.attacker_data is not None and not (
+            callable(getattr(self.attacker_data, "samples", None)) and callable(getattr(self.attacker_data, "evaluate", None))
+        ):
+            raise ValueError(f"{owner}: attacker_data must offer samples(n) and evaluate(n) (an AttackerData), got {self.attacker_data!r}")
+        object.__setattr__(self, "lr", check_real(owner, "lr", self.lr, positive=True))
+        object.__setattr__(self, "steps", check_int(owner, "steps", self.steps, minimum=1))
+        object.__setattr__(self, "lr_scale", check_real(owner, "lr_scale", self.lr_scale, positive=True))
+        object.__setattr__(self, "batch_size", check_int(owner, "batch_size", self.batch_size, minimum=1))
+        object.__setattr__(self, "samples", check_int(owner, "samples", self.samples, minimum=1))
+
+
 @ATTACK_REGISTRY.register("label_flip")
 @dataclass(frozen=True)
-class LabelFlip:
+class LabelFlip(TrainsOnItsSample):
     """Label flipping: SGD from the known models' mean on its own sample with flipped labels.
 
     Each round, with ``mu`` the mean of the honest models it knows and ``(x, y)`` its own
@@ -76,50 +103,59 @@ class LabelFlip:
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(data="`samples` rows of the training set drawn by its own seed (setting samples)")
-    attacker_data: Any = None
-    lr: float = 0.01
-    steps: int = 5
-    lr_scale: float = 1.0
-    batch_size: int = 32
     flip: str = "reverse"
-    samples: int = 200
 
     def __post_init__(self) -> None:
-        # None: not supplied yet (a class built by hand or listed); refused when it plans.
-        if self.attacker_data is not None and not (
-            callable(getattr(self.attacker_data, "samples", None)) and callable(getattr(self.attacker_data, "evaluate", None))
-        ):
-            raise ValueError(f"LabelFlip: attacker_data must offer samples(n) and evaluate(n) (an AttackerData), got {self.attacker_data!r}")
-        object.__setattr__(self, "lr", check_real("LabelFlip", "lr", self.lr, positive=True))
-        object.__setattr__(self, "steps", check_int("LabelFlip", "steps", self.steps, minimum=1))
-        object.__setattr__(self, "lr_scale", check_real("LabelFlip", "lr_scale", self.lr_scale, positive=True))
-        object.__setattr__(self, "batch_size", check_int("LabelFlip", "batch_size", self.batch_size, minimum=1))
+        super().__post_init__()
         check_choice("LabelFlip", "flip", self.flip, FLIPS)
-        object.__setattr__(self, "samples", check_int("LabelFlip", "samples", self.samples, minimum=1))
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
-        if self.attacker_data is None:
-            raise ValueError("LabelFlip: no attacker_data: the running system supplies the attacker's sample; give one when building it by hand")
-        _, known = view.known()
-        known = known[torch.isfinite(known).all(dim=1)]
+        require_attacker_data("LabelFlip", self.attacker_data)
+        known = known_models(view)
         if len(known) == 0:
             return Crafted(dict.fromkeys(view.receivers), {"known": 0})
-        evaluator = self.attacker_data.evaluate(self.samples)
-        if not isinstance(evaluator, VectorEvaluator):
-            # The model to train comes from the evaluator the running system built for the
-            # sample: the scenario's architecture, not one this attack would have to guess.
-            raise ValueError(f"LabelFlip: attacker_data.evaluate must give a VectorEvaluator (it holds the model), got {type(evaluator).__name__}")
+        evaluator = sample_evaluator("LabelFlip", self.attacker_data, self.samples)
         x, y = self.attacker_data.samples(self.samples)
-        device = evaluator.data.x.device
-        poisoned = Dataset(
-            x=x.to(device), y=flip_labels(y, self.attacker_data.num_classes, self.flip).to(device),
-            num_classes=self.attacker_data.num_classes,
-        )
-        model = copy.deepcopy(evaluator.model.module)
-        set_vector(model, known.to(torch.float64).mean(dim=0))
         lr = self.lr_scale * self.lr
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        trainer = LocalTrainer(model, poisoned, lr=lr, batch_size=self.batch_size, local_steps=self.steps, seed=seed)
-        loss = trainer.step()
-        message = get_vector(model)
+        message, loss = train_from_mean(
+            evaluator, known, x, flip_labels(y, self.attacker_data.num_classes, self.flip), self.attacker_data.num_classes,
+            lr=lr, batch_size=self.batch_size, steps=self.steps, generator=generator,
+        )
         return Crafted(dict.fromkeys(view.receivers, message), {"known": len(known), "lr": lr, "steps": self.steps, "flipped_loss": loss})
+
+
+def known_models(view: AttackView) -> torch.Tensor:
+    """The finite honest models the attacker knows this round (rows)."""
+    _, known = view.known()
+    return known[torch.isfinite(known).all(dim=1)]
+
+
+def require_attacker_data(owner: str, attacker_data: Any) -> None:
+    """Refuse to plan without the attacker's sample (None: a class built by hand or listed)."""
+    if attacker_data is None:
+        raise ValueError(f"{owner}: no attacker_data: the running system supplies the attacker's sample; give one when building it by hand")
+
+
+def sample_evaluator(owner: str, attacker_data: Any, samples: int) -> VectorEvaluator:
+    """The evaluator the running system built for the attacker's sample: it holds the
+    scenario's model, which the poisoning attacks train (not one they would have to guess)."""
+    evaluator = attacker_data.evaluate(samples)
+    if not isinstance(evaluator, VectorEvaluator):
+        raise ValueError(f"{owner}: attacker_data.evaluate must give a VectorEvaluator (it holds the model), got {type(evaluator).__name__}")
+    return evaluator
+
+
+def train_from_mean(
+    evaluator: VectorEvaluator, known: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+    *, lr: float, batch_size: int, steps: int, generator: torch.Generator,
+) -> tuple[torch.Tensor, float]:
+    """The model ``steps`` SGD steps of the project's local training make from the mean of the
+    ``known`` models on ``(x, y)`` (minibatches walk a permutation seeded from ``generator``),
+    and the mean minibatch loss."""
+    device = evaluator.data.x.device
+    model = copy.deepcopy(evaluator.model.module)
+    set_vector(model, known.to(torch.float64).mean(dim=0))
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    trainer = LocalTrainer(model, Dataset(x=x.to(device), y=y.to(device), num_classes=num_classes), lr=lr, batch_size=batch_size, local_steps=steps, seed=seed)
+    loss = trainer.step()
+    return get_vector(model), loss

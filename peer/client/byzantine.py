@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from dfedrw.peer.wiring.assembly import attack_generator, byzantine_claims, next_reference
-from dfedrw.peer.attacks import AttackView, craft_round
+from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
+from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.transport.heap import release_free_heap
 from dfedrw.peer.wiring.plan import derive_seed
 from dfedrw.peer.client import link_messages
@@ -63,7 +63,7 @@ def run_byzantine(client) -> dict[str, Any]:
             **({"colluders": client.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
         )
         release_free_heap()
-        crafted = craft_round(attack, view, attack_generator(sc, view, attack, gen))
+        crafted = craft_attack_round(sc, attack, view, gen)
         reference = next_reference(attack, view)
         # Done with what it received this round: only the crafted messages are held now.
         client.inbox.close(r)

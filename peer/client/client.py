@@ -31,7 +31,7 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.wiring.assembly import (
-    ClientParts, client_attack, client_augmentation, client_data, client_identity, client_parts, client_rule, scenario_plausible,
+    ClientParts, client_attack, client_augmentation, client_data, client_identity, client_parts, client_rule, scenario_backdoor, scenario_plausible,
 )
 from dfedrw.peer.client.byzantine import run_byzantine
 from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
@@ -47,11 +47,11 @@ from dfedrw.peer.client.rendezvous import LauncherRendezvous, Rendezvous, Static
 from dfedrw.peer.client.presence import PROBE_EVERY, Presence
 from dfedrw.peer.client.rejoin import Resume, coordinate_median
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
-from dfedrw.peer.client.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, with_round_graph
+from dfedrw.peer.client.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures, with_round_graph
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.wiring.build import scenario_transport
-from dfedrw.peer.learning.training import LocalTrainer, evaluate
+from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.inbox import Inbox
@@ -194,6 +194,7 @@ class Client:
             self.rules = {}  # under a schedule: the rule told each number of Byzantine senders
             self.told_most = 0
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
+            self.backdoor = scenario_backdoor(sc)
         else:
             self.attack = client_attack(sc, self.topology, self.id)
 
@@ -406,13 +407,10 @@ class Client:
             )
             with_round_graph(record, self.graphs, self.id, r, told)
             if evaluation_due(r, sc.rounds, sc.eval.every):
-                last = {
-                    "accuracy": 100.0 * evaluate(self.model, data.local_test)["accuracy"],
-                    "global_accuracy": 100.0 * evaluate(self.model, data.global_test)["accuracy"],
-                }
+                last = test_measures(self.model, data, self.backdoor)
                 record.update(last)
             self.results.write(record)
-            self.link.send(link_messages.round_event(self.id, r, loss, **last))
+            self.link.send(link_messages.round_event(self.id, r, loss, accuracy=last.get("accuracy"), global_accuracy=last.get("global_accuracy")))
             if (r + 1) % log_every == 0 or r == sc.rounds - 1:
                 # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
                 acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""

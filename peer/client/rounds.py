@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
+from dfedrw.peer.learning.training import evaluate
 
 log = logging.getLogger("dfedrw.peer.client.client")
 
@@ -36,6 +37,19 @@ def finite_or_none(x: float) -> float | None:
     infinity)."""
     x = float(x)
     return round(x, 6) if math.isfinite(x) else None
+
+
+def test_measures(model: Any, data: Any, backdoor: Any = None) -> dict[str, float]:
+    """A client's measures on its test sets, in percent: local and global accuracy, and under a
+    backdoor attack (``backdoor``: :func:`~dfedrw.peer.wiring.assembly.scenario_backdoor`'s
+    probe) ``attack_success``, the share of triggered global test rows put in the target class."""
+    out = {
+        "accuracy": 100.0 * evaluate(model, data.local_test)["accuracy"],
+        "global_accuracy": 100.0 * evaluate(model, data.global_test)["accuracy"],
+    }
+    if backdoor is not None:
+        out["attack_success"] = 100.0 * evaluate(model, backdoor.rows(data.global_test))["accuracy"]
+    return out
 
 
 def honest_record(

@@ -15,7 +15,7 @@ from dfedrw.peer.config.legacy import LEGACY, set_legacy
 from dfedrw.peer.config.tables import (
     KIND_REGISTRY, Params, SettingsTables, origin_of, resolve_class, settings_tables, table_path, thaw, toml_key, toml_value,
 )
-from dfedrw.peer.config.checks import MAX_CLIENTS, check_in_range, coerce_value
+from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_in_range, coerce_value
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,11 @@ class AttackConfig:
     # The Byzantine clients act as one group: each round they pool the honest models they
     # received over their own authenticated channel and agree one plan before they send.
     colluding: bool = False
+    # The attack window: the Byzantine clients attack in rounds start .. stop - 1 (stop = 0: to
+    # the last round); before and after it each sends the mean of the honest models it knows
+    # (a client that free-rides and harms no one), so a backdoor's durability can be measured.
+    start: int = 0
+    stop: int = 0
     # Not part of the identity: where the config came from, for messages.
     prefix: str = field(default="attack", compare=False, repr=False)
     origins: Params = field(default=(), compare=False, repr=False)
@@ -35,6 +40,10 @@ class AttackConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.colluding, bool):
             raise ScenarioError(f"{self.prefix}.colluding={self.colluding!r}: expected true or false")
+        check_in_range(f"{self.prefix}.start", self.start, 0, MAX_ROUNDS)
+        check_in_range(f"{self.prefix}.stop", self.stop, 0, MAX_ROUNDS)
+        if self.stop and self.stop <= self.start:
+            raise ScenarioError(f"{self.prefix}.stop={self.stop} must be after {self.prefix}.start={self.start} (or 0: to the last round)")
         if self.name != "none":
             cls = resolve_class("attack", self.name, f"{self.prefix}.name")
             model = threat_model_of(cls)
@@ -42,6 +51,10 @@ class AttackConfig:
                 raise ScenarioError(
                     f"{self.prefix}.name={self.name!r} is an attack of colluding clients: set {self.prefix}.colluding = true"
                 )
+
+    def attacks_in(self, r: int) -> bool:
+        """Whether round ``r`` lies in the attack window."""
+        return self.start <= r and (not self.stop or r < self.stop)
 
     def params(self, name: str | None = None) -> dict[str, Any]:
         """The settings of attack ``name`` (default: the one in use) that differ from its defaults."""
@@ -159,6 +172,7 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     tables = SettingsTables({}, ())
     name: Any = AttackConfig.name
     colluding = AttackConfig.colluding
+    window = {"start": AttackConfig.start, "stop": AttackConfig.stop}
     for key, value in table.items():
         where = f"{prefix}.{key}"
         if key == "name":
@@ -169,9 +183,13 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
             if not isinstance(value, bool):
                 raise ScenarioError(f"{where}={value!r}: expected true or false")
             colluding = value
+        elif key in window:
+            window[key] = coerce_value(where, value, "int")
         else:
-            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding"])
-    return AttackConfig(name=name, attack_params=tables.frozen("attack"), colluding=colluding, prefix=prefix, origins=tables.frozen_origins())
+            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding", "start", "stop"])
+    return AttackConfig(
+        name=name, attack_params=tables.frozen("attack"), colluding=colluding, **window, prefix=prefix, origins=tables.frozen_origins()
+    )
 
 
 def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], supplied: Mapping[str, Any], key: Any) -> Any:
@@ -241,5 +259,15 @@ def aggregation_table(cfg: AggregationConfig) -> dict[str, Any]:
 
 
 def attack_table(cfg: AttackConfig) -> dict[str, Any]:
-    # colluding only when set: files and identities of runs without it stay as they were.
-    return {"name": cfg.name, **({"colluding": True} if cfg.colluding else {}), **settings_tables(cfg.attack_params)}
+    return {**attack_head(cfg), **settings_tables(cfg.attack_params)}
+
+
+def attack_head(cfg: AttackConfig) -> dict[str, Any]:
+    """The attack's name and the settings of its own section that differ from their defaults
+    (colluding, the window): files and identities of runs without them stay as they were."""
+    return {
+        "name": cfg.name,
+        **({"colluding": True} if cfg.colluding else {}),
+        **({"start": cfg.start} if cfg.start != AttackConfig.start else {}),
+        **({"stop": cfg.stop} if cfg.stop != AttackConfig.stop else {}),
+    }

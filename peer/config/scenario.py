@@ -5,7 +5,7 @@ A scenario file has the sections below (every key optional; defaults in the data
     seed, rounds
     [data]        name, dir, partition, aux_fraction, local_test_size, labelskew_assign
     [train]       model, hidden, lr, batch_size, local_steps, init
-    [topology]    kind, rho, file, honest, byzantine, schedule
+    [topology]    kind, rho, file, honest, byzantine, schedule, placement
                   [topology.NAME]  [topology.schedule_params.SCHEDULE]
     [attack]      name                       [attack.NAME]  the attack's settings
     [aggregation] rule, tpm, crs, assumed_byzantine
@@ -53,7 +53,7 @@ from dfedrw.peer.config.checks import ScenarioError
 from dfedrw.peer.config.legacy import LEGACY_AGGREGATION_ORDER, legacy_view
 from dfedrw.peer.config.overrides import apply_overrides, deep_copy
 from dfedrw.peer.config.aggregation import (
-    AggregationConfig, AttackConfig, aggregation_table, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
+    AggregationConfig, AttackConfig, aggregation_table, attack_head, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
 )
 from dfedrw.peer.config.tables import Params, SettingsTables, parse_class_tables, settings_tables, toml_key
 from dfedrw.peer.config.sections import (  # noqa: F401 - the sections are named from here too
@@ -235,12 +235,15 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                 # Only the tables given: a scenario without any is written as before.
                 out[name].update(settings_tables(out[name].pop(_CLASS_TABLES[name][1])))
             if name == "topology":
-                # Written only when set: a scenario with a fixed graph is written as before.
+                # Written only when set: a scenario with a fixed graph and random placement is
+                # written as before.
                 schedule, tables = out[name].pop("schedule"), out[name].pop("schedule_params")
                 if schedule:
                     out[name]["schedule"] = schedule
                 if tables:
                     out[name]["schedule_params"] = settings_tables(tables)
+                if out[name]["placement"] == "random":
+                    del out[name]["placement"]
     if scenario.peers:
         out["peers"] = {str(k): {"aggregation": deep_copy(v)} for k, v in sorted(scenario.peers.items())}
     return out
@@ -263,7 +266,7 @@ def _identity_dict(scenario: Scenario) -> dict[str, Any]:
     ordered.update({k: v for k, v in view.items() if k not in ordered})
     out["aggregation"] = ordered
     att = scenario.attack
-    head = {"name": att.name, **({"colluding": True} if att.colluding else {})}
+    head = attack_head(att)
     out["attack"] = legacy_view("attack", head, ("std", "center", "scale", "z"), {"attack": att.attack_params})
     return out
 

@@ -16,6 +16,7 @@ from dfedrw.peer.registry import Setting, settings_of
 from dfedrw.peer.graph.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.graph.topology import TOPOLOGY_REGISTRY
 from dfedrw.peer.transport.kinds import TRANSPORT_REGISTRY
+from dfedrw.topologies import PLACEMENTS
 
 
 @dataclass(frozen=True)
@@ -156,10 +157,15 @@ class TopologyConfig:
     schedule: str = ""
     # The settings tables [topology.schedule_params.NAME] of schedules.
     schedule_params: Params = ()
+    # Where the Byzantine clients sit: "random" (seeded, before the graph is drawn) or, on the
+    # drawn graph (the base graph under a schedule), the most central nodes by "degree",
+    # "betweenness" or "eigenvector" centrality, or the least central by degree ("leaf").
+    placement: str = "random"
 
     def __post_init__(self) -> None:
         checked_params("topology", self.kind, self.params, "topology.kind")
         self._check_schedule()
+        check_choice_of("topology.placement", self.placement, PLACEMENTS)
         check_in_range("topology.rho", self.rho, 0.0, 1.0, open_lo=True)
         check_in_range("topology.honest", self.honest, 1, MAX_CLIENTS)
         check_in_range("topology.byzantine", self.byzantine, 0, MAX_CLIENTS - 1)

@@ -32,6 +32,11 @@ def _attack(sc: Scenario) -> list[str]:
         told.append((f"attack.name={sc.attack.name!r}", "attack.name='none'"))
     if sc.attack.colluding:
         told.append(("attack.colluding=true", "attack.colluding=false"))
+    for key, default in (("start", 0), ("stop", 0)):
+        if getattr(sc.attack, key) != default:
+            told.append((f"attack.{key}={getattr(sc.attack, key)}", f"attack.{key}={default}"))
+    if sc.topology.placement != "random":
+        told.append((f"topology.placement={sc.topology.placement!r}", "topology.placement='random'"))
     if not told:
         return []
     return [

@@ -5,7 +5,8 @@ A topology is a builder registered in :data:`TOPOLOGY_REGISTRY` (or named by imp
 a function that returns a ``networkx.Graph`` on the nodes ``0 .. num_clients - 1``. Its keyword
 parameters are its settings (``[topology.NAME]`` in a scenario); the running system supplies,
 to a builder that takes them, ``num_clients``, ``byzantine`` (the Byzantine ids, a frozenset,
-placed before the graph is drawn), ``seed`` (the scenario's), and ``rho`` and ``file`` (the
+placed before the graph is drawn; empty when ``topology.placement`` places them on the drawn
+graph by centrality, so the builder draws a graph that is connected), ``seed`` (the scenario's), and ``rho`` and ``file`` (the
 scenario's ``topology.rho`` and ``topology.file``).
 
 Every graph must be connected and give every honest client a neighbour; a builder with the
@@ -21,7 +22,9 @@ from typing import Any
 import networkx as nx
 
 from dfedrw.peer.registry import Registry
-from dfedrw.topologies import Topology, check_usable, complete, erdos_renyi_connected, place_byzantine, read_edgelist, ring
+from dfedrw.topologies import (
+    PLACEMENTS, Topology, check_usable, complete, erdos_renyi_connected, place_by_centrality, place_byzantine, read_edgelist, ring,
+)
 
 __all__ = ["TOPOLOGY_REGISTRY", "build_topology", "complete_graph", "edgelist", "erdos_renyi", "ring_graph"]
 
@@ -73,12 +76,17 @@ def build_topology(
     rho: float = 0.7,
     file: str | os.PathLike | None = None,
     params: dict[str, Any] | None = None,
+    placement: str = "random",
 ) -> Topology:
     """The topology ``kind`` on ``num_honest + num_byzantine`` nodes.
 
-    Byzantine ids come from :func:`~dfedrw.topologies.place_byzantine` with ``seed``; then the
-    builder draws the graph. Raises ``ValueError`` for an unknown kind, a bad setting, a
-    ``file`` given to a kind that reads none, or a graph that is not usable (see the module).
+    ``placement="random"``: Byzantine ids come from :func:`~dfedrw.topologies.place_byzantine`
+    with ``seed``; then the builder draws the graph. Any other of
+    :data:`~dfedrw.topologies.PLACEMENTS`: the builder draws a graph with no Byzantine ids
+    known, then :func:`~dfedrw.topologies.place_by_centrality` picks them on it, and the
+    honest clients must still be connected to each other. Raises ``ValueError`` for an unknown
+    kind or placement, a bad setting, a ``file`` given to a kind that reads none, a placement
+    that cuts the honest clients apart, or a graph that is not usable (see the module).
     """
     for name, value, minimum in (("num_honest", num_honest, 1), ("num_byzantine", num_byzantine, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -86,10 +94,12 @@ def build_topology(
     n = num_honest + num_byzantine
     if n < 2:
         raise ValueError(f"a topology needs at least 2 clients so each has a neighbour, got {n}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; valid choices: {', '.join(PLACEMENTS)}")
     builder = TOPOLOGY_REGISTRY.resolve(kind)
     if file and not TOPOLOGY_REGISTRY.takes(kind, "file"):
         raise ValueError(f"file={str(file)!r} is only used by a topology that reads a file (edgelist), not {kind!r}")
-    byzantine = place_byzantine(n, num_byzantine, seed)
+    byzantine = place_byzantine(n, num_byzantine, seed) if placement == "random" else frozenset()
     supplied = {"num_clients": n, "byzantine": byzantine, "seed": seed, "rho": rho, "file": str(file) if file else ""}
     graph = TOPOLOGY_REGISTRY.build(kind, params, supplied)
     if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
@@ -98,5 +108,23 @@ def build_topology(
         raise ValueError(f"topology {kind!r}: the graph's nodes must be exactly 0..{n - 1}")
     if any(u == v for u, v in graph.edges):
         raise ValueError(f"topology {kind!r}: the graph has a self loop")
+    centrality: dict[int, float] = {}
+    if placement != "random":
+        check_usable(graph, byzantine, kind, require_honest_connected=False)
+        chosen, centrality = place_by_centrality(graph, num_byzantine, placement, seed)
+        byzantine = frozenset(chosen)
+        _check_placement_keeps_honest_connected(graph, chosen, placement, kind)
     check_usable(graph, byzantine, kind, require_honest_connected=bool(getattr(builder, "honest_connected", False)))
-    return Topology(graph=graph, byzantine=byzantine)
+    return Topology(graph=graph, byzantine=byzantine, centrality=centrality)
+
+
+def _check_placement_keeps_honest_connected(graph: nx.Graph, chosen: tuple[int, ...], placement: str, kind: str) -> None:
+    honest = [k for k in graph.nodes if k not in set(chosen)]
+    if nx.is_connected(graph.subgraph(honest)):
+        return
+    which = "least central clients by degree" if placement == "leaf" else f"most central clients by {placement} centrality"
+    raise ValueError(
+        f"topology.placement={placement!r} cannot place {len(chosen)} Byzantine clients on this {kind} graph: "
+        f"the {len(chosen)} {which}, {list(chosen)}, disconnect the honest clients once removed; "
+        "try another placement, fewer Byzantine clients (topology.byzantine) or a denser graph"
+    )

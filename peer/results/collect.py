@@ -16,6 +16,7 @@ from dfedrw.peer.wiring.build import scenario_transport
 from dfedrw.peer.config.scenario import Scenario, load_scenario
 from dfedrw.peer.wiring.plan import scenario_graphs, scenario_topology
 from dfedrw.peer.results.records import RECORD_FILE, RecordBuilder, RoundDigest, read_final, read_rounds, summarize, write_json_atomic
+from dfedrw.topologies import Topology
 
 
 def collected_now() -> str:
@@ -61,11 +62,20 @@ def collect_summary(
     summary["mean_degree"] = round(graphs.mean_degree(scenario.rounds), 6)
     if graphs.dynamic:
         summary["schedule"] = scenario.topology.schedule
+    summary["placement"] = placement_summary(scenario, topology)
     summary.update(extra or {})
     # The record first: a folder with a summary is a finished run, whose record is then there too.
     write_json_atomic(out_dir / RECORD_FILE, record.result(), indent=None)
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
+
+
+def placement_summary(scenario: Scenario, topology: Topology) -> dict[str, Any]:
+    """``summary["placement"]``: how the Byzantine clients were placed (``topology.placement``)
+    and each one's centrality under that placement's measure, by id in the order picked
+    (empty for ``"random"``)."""
+    centrality = {str(k): round(v, 9) for k, v in topology.centrality.items()}
+    return {"kind": scenario.topology.placement, "centrality": centrality}
 
 
 def write_tensorboard_mean(out_dir: Path, scenario: Scenario, log_dir: Path) -> Path:

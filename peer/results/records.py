@@ -174,7 +174,10 @@ def read_final(out_dir: Path, client_id: int) -> dict[str, Any] | None:
 
 RECORD_FILE = "record.json"
 RECORD_VERSION = 1
-CURVE_KEYS = ("accuracy", "global_accuracy")
+CURVE_KEYS = ("accuracy", "global_accuracy", "attack_success")
+# Curves a run has only under some attacks (a backdoor's success rate): in a record only when
+# measured, so that the records of runs without them stay the same bytes.
+OPTIONAL_CURVES = frozenset({"attack_success"})
 
 
 class RoundDigest:
@@ -234,7 +237,8 @@ class RecordBuilder:
     client (``senders``) over its rounds, ``None`` where it never weighed that sender::
 
         {"version": 1,
-         "curves": {"accuracy": [[round, mean], ...], "global_accuracy": [[round, mean], ...]},
+         "curves": {"accuracy": [[round, mean], ...], "global_accuracy": [[round, mean], ...],
+                    "attack_success": [[round, mean], ...]},   # (only under a backdoor attack)
          "weights": {"receivers": [ids], "senders": [ids], "matrix": [[weight or null, ...], ...]}}
 
     Fed one receiver's round records at a time (:meth:`add`), in the receivers' order, so that a
@@ -269,7 +273,11 @@ class RecordBuilder:
     def result(self) -> dict[str, Any]:
         return {
             "version": RECORD_VERSION,
-            "curves": {key: [[r, float(np.mean(v))] for r, v in sorted(self._per_round[key].items())] for key in CURVE_KEYS},
+            "curves": {
+                key: [[r, float(np.mean(v))] for r, v in sorted(self._per_round[key].items())]
+                for key in CURVE_KEYS
+                if key not in OPTIONAL_CURVES or self._per_round[key]
+            },
             "weights": {
                 "receivers": list(self.receivers),
                 "senders": list(self.senders),
@@ -301,6 +309,8 @@ def summarize(
     accs: list[float] = []
     gaccs: list[float] = []
     shares: list[float] = []
+    successes: list[float] = []  # under a backdoor attack: each honest client's final success rate
+    success_by_round: dict[int, list[float]] = {}
     for k in sorted(roles):
         final = read_final(out_dir, k)
         ok = final is not None and final.get("completed") and exit_codes.get(k) in (0, None)
@@ -332,6 +342,8 @@ def summarize(
         if final is not None:
             for key in ("accuracy", "global_accuracy", "rejected_messages", "rejected_by_reason", "stale_messages"):
                 entry[key] = final.get(key)
+            if final.get("attack_success") is not None:
+                entry["attack_success"] = final["attack_success"]
             entry["restarts"] = int(final.get("restarts") or 0)
             entry["rounds_lost"] = int(final.get("rounds_lost") or 0)
         if entry["restarts"]:
@@ -344,6 +356,10 @@ def summarize(
         if roles[k] == "honest" and ok:
             accs.append(final["accuracy"])
             gaccs.append(final["global_accuracy"])
+            if final.get("attack_success") is not None:
+                successes.append(final["attack_success"])
+                for round_, value in digest.curves["attack_success"]:
+                    success_by_round.setdefault(round_, []).append(value)
         if roles[k] == "honest" and byzantine:
             shares.extend(digest.byzantine_shares)
 
@@ -363,5 +379,20 @@ def summarize(
         "isolated_peers": isolated,
         "restarted_peers": restarted,
         "honest_completed": len(accs),
+        **({"attack_success": success_summary(successes, success_by_round)} if successes else {}),
         "peers": peers,
+    }
+
+
+def success_summary(finals: list[float], by_round: Mapping[int, list[float]]) -> dict[str, Any]:
+    """A backdoor's success over the honest clients (percent): the mean and the worst (highest)
+    of their final rates, and the honest mean's peak over the evaluated rounds with its round;
+    after the attack window, final against peak is how long the backdoor lasted."""
+    means = {r: float(np.mean(v)) for r, v in sorted(by_round.items())}
+    peak = max(means, key=lambda r: (means[r], -r)) if means else None
+    return {
+        "mean": float(np.mean(finals)),
+        "worst": float(np.max(finals)),
+        "peak_mean": means[peak] if peak is not None else None,
+        "peak_round": peak,
     }

@@ -5,7 +5,8 @@
                         round logs (``peers/<id>.jsonl``), the same for every engine
 
 Each round record becomes scalars at step = round: ``train_loss``; ``accuracy`` and
-``global_accuracy`` on evaluation rounds; ``byzantine_weight_share``, the total weight the
+``global_accuracy`` on evaluation rounds (and ``attack_success`` under a backdoor attack);
+``byzantine_weight_share``, the total weight the
 client gave Byzantine senders that round (only in scenarios with Byzantine clients; its mean
 over clients and rounds is the summary's ``byzantine_weight_share``); and, per client only,
 ``weight/<id>``: the weight it gave each candidate, its own model included. Byzantine clients
@@ -31,7 +32,7 @@ import numpy as np
 INSTALL = "pip install 'dfedrw[tensorboard]'"
 MEAN_DIR = "honest-mean"
 # What the honest mean averages; the weights are per neighbour, so they have no mean.
-MEAN_TAGS = ("train_loss", "accuracy", "global_accuracy", "byzantine_weight_share")
+MEAN_TAGS = ("train_loss", "accuracy", "global_accuracy", "attack_success", "byzantine_weight_share")
 
 # Tells apart event files one process opens in one folder within one second.
 _file_numbers = itertools.count()
@@ -70,7 +71,7 @@ def check_fresh_event_dir(log_dir: Path, client_ids: Iterable[int], *, mean: boo
 
 def record_scalars(record: Mapping[str, Any], byzantine: Collection[int]) -> dict[str, float]:
     """An honest client's round record as TensorBoard scalars, tag -> value."""
-    scalars = {key: float(record[key]) for key in ("train_loss", "accuracy", "global_accuracy") if record.get(key) is not None}
+    scalars = {key: float(record[key]) for key in ("train_loss", "accuracy", "global_accuracy", "attack_success") if record.get(key) is not None}
     weights = record.get("weights") or {}
     if byzantine:
         scalars["byzantine_weight_share"] = float(sum(w for s, w in weights.items() if int(s) in byzantine))

@@ -17,11 +17,12 @@ import numpy as np
 import torch
 
 from dfedrw.peer.aggregation.columns import mean_rows
-from dfedrw.peer.attacks import AttackerData, AttackView
+from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData, AttackView, Crafted, craft_round
+from dfedrw.peer.attacks.backdoor import Backdoor
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.learning.datacache import StoredSplit, stored_dataset
-from dfedrw.peer.learning.datasets import natural_groups_error
+from dfedrw.peer.learning.datasets import input_shape_of, natural_groups_error
 from dfedrw.peer.transport.identity import ClientIdentity, load_identity
 from dfedrw.peer.learning.models import build_model
 from dfedrw.peer.wiring.plan import dataset_input_shape, dataset_shape, derive_seed, scenario_topology, told_byzantine
@@ -136,7 +137,33 @@ def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
     def evaluator(x: torch.Tensor, y: torch.Tensor) -> VectorEvaluator:
         return VectorEvaluator(scenario_model(scenario), Dataset(x=x, y=y, num_classes=classes))
 
-    return AttackerData(load, evaluator, num_classes=classes, description=f"{d.name} rows drawn for client {attacker}")
+    return AttackerData(
+        load, evaluator, num_classes=classes, input_shape=input_shape_of(scenario_dataset(d)), description=f"{d.name} rows drawn for client {attacker}"
+    )
+
+
+@dataclass(frozen=True)
+class BackdoorProbe:
+    """What the honest clients measure a backdoor attack by: its :class:`Backdoor` and the data
+    set's input shape. ``rows(test)``: the triggered test rows of another class than the
+    target, labelled the target (a model's accuracy on them is its attack success rate)."""
+
+    backdoor: Backdoor
+    input_shape: tuple[int, ...]
+
+    def rows(self, test: Dataset) -> Dataset:
+        return self.backdoor.probe(test, self.input_shape)
+
+
+def scenario_backdoor(scenario: Scenario) -> BackdoorProbe | None:
+    """The probe of the scenario's attack when it plants a backdoor (its class has a
+    ``backdoor``) and Byzantine clients run it; else None."""
+    if scenario.attack.name == "none" or not scenario.topology.byzantine:
+        return None
+    if not hasattr(ATTACK_REGISTRY.resolve(scenario.attack.name), "backdoor"):
+        return None
+    attack = build_attack(scenario, scenario.num_clients, scenario.topology.byzantine)
+    return BackdoorProbe(attack.backdoor, input_shape_of(scenario_dataset(scenario.data)))
 
 
 def attacker_knowledge(scenario: Scenario, topology: Topology, attacker: int) -> dict[str, Any]:
@@ -249,6 +276,17 @@ def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: tor
     if view.colluders and hasattr(attack, "plan"):
         return torch.Generator().manual_seed(derive_seed(scenario.seed, "collusion", view.round))
     return own
+
+
+def craft_attack_round(scenario: Scenario, attack: Any, view: AttackView, own: torch.Generator) -> Crafted:
+    """A Byzantine client's messages of ``view``'s round, in every engine: in the attack window
+    (``attack.start`` .. ``attack.stop``) what ``attack`` crafts (:func:`craft_round`, drawing
+    from :func:`attack_generator`); outside it the mean of the honest models it knows, to every
+    receiver (nothing known: silent), its note ``{"attacking": False}``."""
+    if not scenario.attack.attacks_in(view.round):
+        mean = known_mean(view)
+        return Crafted(dict.fromkeys(view.receivers, None if mean is None else mean.to(torch.float32)), {"attacking": False})
+    return craft_round(attack, view, attack_generator(scenario, view, attack, own))
 
 
 def known_mean(view: AttackView) -> torch.Tensor | None:

@@ -57,7 +57,10 @@ def scenario_topology(scenario: Scenario) -> Topology:
     from dfedrw.peer.graph.topology import build_topology
 
     t = scenario.topology
-    return build_topology(t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None, params=settings_of(t.params, t.kind))
+    return build_topology(
+        t.kind, t.honest, t.byzantine, scenario.seed, rho=t.rho, file=t.file or None, params=settings_of(t.params, t.kind),
+        placement=t.placement,
+    )
 
 
 def scenario_graphs(scenario: Scenario, topology: Topology | None = None) -> RoundGraphs:

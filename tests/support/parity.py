@@ -92,6 +92,9 @@ CASES = [
     make_case("ubar-ipm-iid", "ubar", "ipm", 1, IID),
     make_case("csplusrg-alie-dirichlet", "cs_plus_rg", "alie", 1, DIR),
     make_case("csplusrg-gaussian-iid", "cs_plus_rg", "gaussian", 1, IID),
+    make_case("normbound-gaussian-dirichlet", "norm_bound", "gaussian", 2, DIR),
+    # With noise: each client's stream is seeded alike in both engines.
+    make_case("normbound-alie-iid", ("aggregation.rule=norm_bound", "aggregation.norm_bound.noise=0.001"), "alie", 1, IID),
     # The attacks beyond the paper: the defence-aware, colluding, data-holding and silent ones.
     make_case("median-minmax-dirichlet", "median", "min_max", 2, DIR),
     make_case("trimmedmean-minsum-iid", "trimmed_mean", "min_sum", 2, IID),
@@ -113,6 +116,9 @@ CASES = [
     # client engine waits out the deadline for it (the same timing as a silent client).
     make_case("lossclip-decoystealth-iid", LOSS_CLIP, "decoy_stealth", 2, IID, "attack.colluding=true", "attack.decoy_stealth.decoy_scale=10"),
     make_case("dfedavg-labelflip-iid", "dfedavg", "label_flip", 2, IID),
+    # A backdoor, its success rate measured in both engines, and an attack window: the
+    # attackers send the mean of what they know after round 20.
+    make_case("dfedavg-badnets-iid-window", "dfedavg", "badnets", 2, IID, "attack.stop=20"),
     make_case("balance-alie-colluding-dirichlet", "balance", "alie", 2, DIR, "attack.colluding=true"),
     make_case("median-flood-iid", "median", "flood", 1, IID),
     # Schedules: each round's graph in both engines.
@@ -233,11 +239,11 @@ def engine_differences(batched: Path, threads: Path, *, rule: str, rounds: int, 
                 out.append(f"{at}: scored senders differ\n    batched scores {ca}\n    threads scores {cb}")
             elif ca is not None and not all(_close(ca[s], cb[s], WEIGHT_ATOL, LOSS_RTOL) for s in ca):
                 out.append(f"{at}: scores differ by {_worst(ca, cb):.3g}\n    batched scores {ca}\n    threads scores {cb}")
-            for metric in ("accuracy", "global_accuracy"):
+            for metric in ("accuracy", "global_accuracy", "attack_success"):
                 if (metric in x) != (metric in y) or not _close(x.get(metric), y.get(metric), ACC_TOL):
                     out.append(f"{at}: {metric} batched {x.get(metric)!r} / threads {y.get(metric)!r}")
         fa, fb = read_final(batched, k) or {}, read_final(threads, k) or {}
-        for metric in ("accuracy", "global_accuracy"):
+        for metric in ("accuracy", "global_accuracy", *(("attack_success",) if "attack_success" in fa or "attack_success" in fb else ())):
             a, b = fa.get(metric), fb.get(metric)
             if a is None or b is None or not _close(a, b, ACC_TOL):
                 out.append(f"{where}: final {metric} batched {a!r} / threads {b!r} (tolerance {ACC_TOL} points)")

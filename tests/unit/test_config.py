@@ -141,6 +141,8 @@ RANGES = [
     ("topology.honest", [1, 65_534], [0, 65_537]),
     ("topology.byzantine", [0, 4], [-1, 65_536]),
     ("aggregation.assumed_byzantine", [-1, 65_536], [-2, 65_537]),
+    ("attack.start", [0, 10_000_000], [-1, 10_000_001]),
+    ("attack.stop", [0, 10_000_000], [-1, 10_000_001]),
     ("network.round_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.connect_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.round_window", [1, 1000], [0, 1001]),

@@ -228,6 +228,6 @@ def test_a_round_digest_is_what_summarize_reads_of_the_records():
     assert digest.rounds == 3
     assert digest.byzantine_shares == [0.5, 0.5, 0]
     assert digest.weight_sums == {0: 1.75, 3: 1.0, 1: 0.25}
-    assert digest.curves == {"accuracy": [(1, 50.0)], "global_accuracy": [(1, 40.0)]}
+    assert digest.curves == {"accuracy": [(1, 50.0)], "global_accuracy": [(1, 40.0)], "attack_success": []}
     assert digest.isolated()  # the last tenth of its rounds (one) weighed only itself
     assert not RoundDigest.of(records[:2]).isolated() and not RoundDigest().isolated()

@@ -45,6 +45,11 @@ def test_an_attack_without_byzantine_clients_is_named_with_what_to_set():
     assert unused("topology.byzantine=0", "attack.name=none", "attack.colluding=true") == [
         "attack.colluding=true not used: topology.byzantine=0, no Byzantine client runs an attack (set attack.colluding=false to say so)"
     ]
+    # the attack window and where the attackers sit mean nothing without attackers either
+    assert unused("topology.byzantine=0", "attack.name=none", "attack.start=2", "attack.stop=5", "topology.placement=degree") == [
+        "attack.start=2 and attack.stop=5 and topology.placement='degree' not used: topology.byzantine=0, no Byzantine client "
+        "runs an attack (set attack.start=0 and attack.stop=0 and topology.placement='random' to say so)"
+    ]
 
 
 def test_tpm_and_crs_settings_for_rules_that_score_no_neighbour_are_named_in_one_line():
