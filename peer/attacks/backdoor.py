@@ -24,7 +24,7 @@ from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, Threa
 from dfedrw.peer.attacks.poisoning import TrainsOnItsSample, known_models, require_attacker_data, sample_evaluator, train_from_mean
 from dfedrw.peer.learning.data import Dataset
 
-__all__ = ["CORNERS", "TRIGGER_SHAPES", "Backdoor", "BadNets", "Trigger"]
+__all__ = ["CORNERS", "TRIGGER_SHAPES", "Backdoor", "BadNets", "PlantsBackdoor", "Trigger", "attack_success_rate"]
 
 TRIGGER_SHAPES = ("square", "pattern")
 CORNERS = ("bottom_right", "bottom_left", "top_right", "top_left")
@@ -38,15 +38,23 @@ class Trigger:
     the patch is even to ``value`` and the others to 0.
 
     Example: ``Trigger(size=2, margin=0)`` on a 1x4x4 image sets pixels (2, 2), (2, 3), (3, 2),
-    (3, 3), i.e. flat features 10, 11, 14 and 15."""
+    (3, 3), i.e. flat features 10, 11, 14 and 15; its ``part(1, 2)`` the second row of them, 14
+    and 15."""
 
     shape: str = "square"
     corner: str = "bottom_right"
     size: int = 3
     margin: int = 1
     value: float = 1.0
+    # (i, k): only part i of k of the patch, the band of its rows size*i//k .. size*(i+1)//k - 1
+    # (a distributed backdoor's local trigger); (0, 1) is the whole patch.
+    band: tuple[int, int] = (0, 1)
 
     def __post_init__(self) -> None:
+        part, parts = self.band
+        check_int("Trigger", "band parts", parts, minimum=1)
+        if not 0 <= check_int("Trigger", "band part", part, minimum=0) < parts:
+            raise ValueError(f"Trigger: band part {part} outside 0..{parts - 1}")
         check_choice("Trigger", "shape", self.shape, TRIGGER_SHAPES)
         check_choice("Trigger", "corner", self.corner, CORNERS)
         object.__setattr__(self, "size", check_int("Trigger", "size", self.size, minimum=1))
@@ -55,6 +63,12 @@ class Trigger:
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"Trigger: value must be a pixel value in [0, 1], got {self.value!r}")
         object.__setattr__(self, "value", value)
+        if parts > self.size:
+            raise ValueError(f"Trigger: a {self.size}-pixel patch cannot be split into {parts} bands of rows; use a size of at least {parts}")
+
+    def part(self, i: int, k: int) -> "Trigger":
+        """Part ``i`` of ``k`` of this trigger (see ``band``)."""
+        return Trigger(self.shape, self.corner, self.size, self.margin, self.value, (i, k))
 
     def pixels(self, input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The flat features the trigger sets, ascending, and the value it sets each to."""
@@ -70,9 +84,11 @@ class Trigger:
         patch = torch.full((self.size, self.size), self.value)
         if self.shape == "pattern":
             patch = torch.where((rows + cols) % 2 == 0, patch, torch.zeros(()))
-        flat = (top + rows) * width + (left + cols)  # within one channel
+        part, parts = self.band
+        band = slice(self.size * part // parts, self.size * (part + 1) // parts)
+        flat = ((top + rows) * width + (left + cols))[band]  # within one channel
         index = torch.cat([c * height * width + flat.reshape(-1) for c in range(channels)])
-        return index, patch.reshape(-1).repeat(channels)
+        return index, patch[band].reshape(-1).repeat(channels)
 
     def apply(self, x: torch.Tensor, input_shape: tuple[int, ...]) -> torch.Tensor:
         """``x [n, features]`` with the trigger stamped on every row (a copy)."""
@@ -136,9 +152,60 @@ def attack_success_rate(predicted: torch.Tensor, target: int) -> float:
     return float((predicted == target).float().mean())
 
 
+@dataclass(frozen=True)
+class PlantsBackdoor(TrainsOnItsSample):
+    """What the backdoor attacks share: the target class, the share of the attacker's sample
+    that carries the trigger, the trigger's settings (see :class:`Trigger`), and the round's
+    poisoned training from the mean of the honest models it knows."""
+
+    target: int = 0
+    poisoned_fraction: float = 0.5
+    trigger: str = "square"
+    trigger_size: int = 3
+    trigger_margin: int = 1
+    trigger_corner: str = "bottom_right"
+    trigger_value: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        object.__setattr__(self, "target", check_int(owner, "target", self.target, minimum=0))
+        fraction = check_real(owner, "poisoned_fraction", self.poisoned_fraction)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"{owner}: poisoned_fraction must be in (0, 1], got {self.poisoned_fraction!r}")
+        object.__setattr__(self, "poisoned_fraction", fraction)
+        self.backdoor  # checks the trigger's settings now, not when it first plans  # noqa: B018
+
+    @property
+    def backdoor(self) -> Backdoor:
+        """What the attack plants (the whole trigger: what a success rate is measured with)."""
+        trigger = Trigger(self.trigger, self.trigger_corner, self.trigger_size, self.trigger_margin, self.trigger_value)
+        return Backdoor(trigger, self.target)
+
+    def poisoned_step(self, view: AttackView, generator: torch.Generator, trigger: Trigger | None = None) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+        """The round's poisoned training: the mean ``G`` of the honest models it knows (float64),
+        the model ``X`` that ``steps`` SGD steps from ``G`` give on its sample with the trigger
+        (``trigger``: another than its own, a part of it) on ``poisoned_fraction`` of the rows,
+        labelled ``target``, and a note; None when it knows no model."""
+        owner = type(self).__name__
+        require_attacker_data(owner, self.attacker_data)
+        data = self.attacker_data
+        if self.target >= data.num_classes:
+            raise ValueError(f"{owner}: target class {self.target} outside 0..{data.num_classes - 1}")
+        known = known_models(view)
+        if len(known) == 0:
+            return None
+        evaluator = sample_evaluator(owner, data, self.samples)
+        backdoor = self.backdoor if trigger is None else Backdoor(trigger, self.target)
+        x, y = backdoor.poison(*data.samples(self.samples), self.poisoned_fraction, data.input_shape)
+        lr = self.lr_scale * self.lr
+        model, loss = train_from_mean(evaluator, known, x, y, data.num_classes, lr=lr, batch_size=self.batch_size, steps=self.steps, generator=generator)
+        return known.to(torch.float64).mean(dim=0), model, {"known": len(known), "lr": lr, "steps": self.steps, "poisoned_loss": loss}
+
+
 @ATTACK_REGISTRY.register("badnets")
 @dataclass(frozen=True)
-class BadNets(TrainsOnItsSample):
+class BadNets(PlantsBackdoor):
     """BadNets: a pixel-pattern trigger in the attacker's own data, labelled the target class.
 
     Each round, with ``mu`` the mean of the honest models it knows and ``(x, y)`` its own
@@ -176,38 +243,9 @@ class BadNets(TrainsOnItsSample):
     threat_model: ClassVar[ThreatModel] = ThreatModel(
         data="`samples` rows of the training set drawn by its own seed (setting samples), `poisoned_fraction` of them triggered and labelled `target`"
     )
-    target: int = 0
-    poisoned_fraction: float = 0.5
-    trigger: str = "square"
-    trigger_size: int = 3
-    trigger_margin: int = 1
-    trigger_corner: str = "bottom_right"
-    trigger_value: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "target", check_int("BadNets", "target", self.target, minimum=0))
-        fraction = check_real("BadNets", "poisoned_fraction", self.poisoned_fraction)
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"BadNets: poisoned_fraction must be in (0, 1], got {self.poisoned_fraction!r}")
-        object.__setattr__(self, "poisoned_fraction", fraction)
-        self.backdoor  # checks the trigger's settings now, not when it first plans  # noqa: B018
-
-    @property
-    def backdoor(self) -> Backdoor:
-        trigger = Trigger(self.trigger, self.trigger_corner, self.trigger_size, self.trigger_margin, self.trigger_value)
-        return Backdoor(trigger, self.target)
-
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
-        require_attacker_data("BadNets", self.attacker_data)
-        data = self.attacker_data
-        if self.target >= data.num_classes:
-            raise ValueError(f"BadNets: target class {self.target} outside 0..{data.num_classes - 1}")
-        known = known_models(view)
-        if len(known) == 0:
+        step = self.poisoned_step(view, generator)
+        if step is None:
             return Crafted(dict.fromkeys(view.receivers), {"known": 0})
-        evaluator = sample_evaluator("BadNets", data, self.samples)
-        x, y = self.backdoor.poison(*data.samples(self.samples), self.poisoned_fraction, data.input_shape)
-        lr = self.lr_scale * self.lr
-        message, loss = train_from_mean(evaluator, known, x, y, data.num_classes, lr=lr, batch_size=self.batch_size, steps=self.steps, generator=generator)
-        return Crafted(dict.fromkeys(view.receivers, message), {"known": len(known), "lr": lr, "steps": self.steps, "poisoned_loss": loss})
+        _, model, note = step
+        return Crafted(dict.fromkeys(view.receivers, model), note)

@@ -59,7 +59,7 @@ __all__ = [
 ATTACK_REGISTRY = Registry(
     "attack", "dfedrw.attacks", package="dfedrw.peer.attacks",
     modules=tuple(
-        f"dfedrw.peer.attacks.{m}" for m in ("classic", "optimized", "dissensus", "behaviour", "reweighting", "poisoning", "backdoor")
+        f"dfedrw.peer.attacks.{m}" for m in ("classic", "optimized", "dissensus", "behaviour", "reweighting", "poisoning", "backdoor", "backdoor_boosted")
     ),
     required=("__call__", "plan"),
     calls={"__call__": ("received", "receiver", "generator"), "plan": ("view", "generator")},

@@ -48,6 +48,16 @@ def check_attacked(out: Path, attack: str, byzantine: list[int], honest: list[in
     sent = sum(1 for b in byzantine for r in read_rounds(out, b) if r["silent_to"] < 3)
     assert sent > 0, f"{attack}: the Byzantine clients never sent"
     assert {str(b) for b in byzantine} & aggregated, f"{attack}: no honest client received a Byzantine message"
+    if hasattr(ATTACK_REGISTRY.resolve(attack), "backdoor"):
+        # A backdoor: every honest client measured its success rate at the last round.
+        for k in honest:
+            final = json.loads((out / "peers" / f"{k}.json").read_text())
+            assert 0.0 <= final["attack_success"] <= 100.0, (attack, k, final)
+    if attack == "dba":
+        # One plan: the colluders agree who they are, and each planted its own band.
+        for r in range(ROUNDS):
+            notes = [read_rounds(out, b)[r]["attack"] for b in sorted(byzantine)]
+            assert [n["colluders"] for n in notes] == [sorted(byzantine)] * 2 and [n["part"] for n in notes] == [0, 1], notes
 
 
 @pytest.mark.parametrize("attack", ATTACKS)

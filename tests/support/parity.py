@@ -119,6 +119,9 @@ CASES = [
     # A backdoor, its success rate measured in both engines, and an attack window: the
     # attackers send the mean of what they know after round 20.
     make_case("dfedavg-badnets-iid-window", "dfedavg", "badnets", 2, IID, "attack.stop=20"),
+    make_case("normbound-modelreplacement-iid", "norm_bound", "model_replacement", 2, IID),
+    make_case("dfedavg-dba-colluding-dirichlet", "dfedavg", "dba", 2, DIR, "attack.colluding=true"),
+    make_case("median-neurotoxin-iid-window", "median", "neurotoxin", 1, IID, "attack.start=5", "attack.stop=30"),
     make_case("balance-alie-colluding-dirichlet", "balance", "alie", 2, DIR, "attack.colluding=true"),
     make_case("median-flood-iid", "median", "flood", 1, IID),
     # Schedules: each round's graph in both engines.

@@ -4,6 +4,7 @@ the probe a success rate is read on, BadNets' round."""
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -138,3 +139,82 @@ def test_badnets_refuses_bad_settings_when_built(settings, message):
 
 def test_badnets_says_what_it_plants():
     assert BadNets(target=4, trigger="pattern", trigger_size=5).backdoor == Backdoor(Trigger("pattern", "bottom_right", 5, 1, 1.0), 4)
+
+
+# -- the boosted, distributed and durable backdoors ---------------------------------------------
+ModelReplacement = ATTACK_REGISTRY.resolve("model_replacement")
+DistributedBackdoor = ATTACK_REGISTRY.resolve("dba")
+Neurotoxin = ATTACK_REGISTRY.resolve("neurotoxin")
+boosted = importlib.import_module(ModelReplacement.__module__)
+
+
+def test_a_trigger_in_bands_of_rows():
+    # A 3-pixel patch one pixel in from the bottom right of a 4x4 image starts at row and column
+    # 4 - 1 - 3 = 0: rows 0-2, columns 0-2.
+    whole = Trigger(size=3, margin=1).pixels(SHAPE)[0].tolist()
+    assert whole == [0, 1, 2, 4, 5, 6, 8, 9, 10]
+    # Two parts: rows 3*0//2 .. 3*1//2 - 1 = row 0, then rows 1-2.
+    assert Trigger(size=3, margin=1).part(0, 2).pixels(SHAPE)[0].tolist() == [0, 1, 2]
+    assert Trigger(size=3, margin=1).part(1, 2).pixels(SHAPE)[0].tolist() == [4, 5, 6, 8, 9, 10]
+    with pytest.raises(ValueError, match="cannot be split into 4 bands"):
+        Trigger(size=3).part(0, 4)
+
+
+def test_an_update_is_bounded_in_norm_and_the_most_changed_coordinates_are_found():
+    assert torch.allclose(boosted.bounded(torch.tensor([3.0, 4.0]), 1.0), torch.tensor([0.6, 0.8]))
+    assert torch.equal(boosted.bounded(torch.tensor([3.0, 4.0]), 10.0), torch.tensor([3.0, 4.0]))
+    assert torch.equal(boosted.bounded(torch.tensor([3.0, 4.0]), 0.0), torch.tensor([3.0, 4.0]))
+    assert boosted.top_changed(torch.tensor([0.1, -3.0, 2.0, 0.0]), 0.5).tolist() == [False, True, True, False]
+    # ceil(0.2 * 4) = 1; a tie goes to the lower index.
+    assert boosted.top_changed(torch.tensor([1.0, -1.0, 0.5, 0.0]), 0.2).tolist() == [True, False, False, False]
+    assert not boosted.top_changed(torch.tensor([1.0, 2.0]), 0.0).any()
+
+
+def _sample():
+    g = torch.Generator().manual_seed(3)
+    return _data(torch.rand(10, 16, generator=g), torch.randint(0, CLASSES, (10,), generator=g)), torch.randn(2, 51, generator=g)
+
+
+def test_model_replacement_boosts_the_backdoored_update_and_bounds_it():
+    data, received = _sample()
+    settings = dict(attacker_data=data, samples=10, steps=2, batch_size=5, lr=0.1, trigger_size=2)
+    plain = craft_round(BadNets(**settings), _view(received), torch.Generator().manual_seed(0)).messages[0].to(torch.float64)
+    centre = received.to(torch.float64).mean(dim=0)
+    crafted = craft_round(ModelReplacement(**settings, boost=3.0), _view(received), torch.Generator().manual_seed(0))
+    assert torch.allclose(crafted.messages[0].to(torch.float64), centre + 3 * (plain - centre), atol=1e-5)
+    # boost 0: the models known + 1 = 3 as well.
+    auto = craft_round(ModelReplacement(**settings), _view(received), torch.Generator().manual_seed(0))
+    assert auto.note["boost"] == 3.0 and torch.equal(auto.messages[0], crafted.messages[0])
+    capped = craft_round(ModelReplacement(**settings, boost=3.0, norm_bound=0.01), _view(received), torch.Generator().manual_seed(0))
+    sent = capped.messages[0].to(torch.float64) - centre
+    assert abs(float(torch.linalg.vector_norm(sent)) - 0.01) < 1e-4 and capped.note["sent_norm"] == pytest.approx(0.01)
+    assert capped.note["update_norm"] == pytest.approx(crafted.note["update_norm"])
+
+
+def test_each_dba_colluder_plants_its_band_of_the_trigger():
+    data, received = _sample()
+    attack = DistributedBackdoor(attacker_data=data, samples=10, steps=2, batch_size=5, lr=0.1, trigger_size=2, trigger_margin=0)
+    for attacker, part in ((3, 0), (7, 1)):
+        view = AttackView(round=0, attacker=attacker, receivers=(0,), senders=(0, 1), received=received, colluders=(7, 3), pool_senders=(0, 1), pool=received)
+        crafted = craft_round(attack, view, torch.Generator().manual_seed(0))
+        assert crafted.note["part"] == part and crafted.note["colluders"] == [3, 7]
+        # The same model as BadNets' with the band's trigger alone (pixels 10, 11, then 14, 15).
+        local = Trigger(size=2, margin=0).part(part, 2)
+        assert local.pixels(SHAPE)[0].tolist() == [[10, 11], [14, 15]][part]
+        by_hand = attack.poisoned_step(view, torch.Generator().manual_seed(0), local)[1]
+        assert torch.allclose(crafted.messages[0], by_hand, atol=1e-6)
+    assert attack.backdoor.trigger == Trigger(size=2, margin=0)  # measured with the whole trigger
+
+
+def test_neurotoxin_leaves_the_most_changed_coordinates_at_the_mean():
+    data, received = _sample()
+    reference = received.to(torch.float64).mean(dim=0).clone()
+    reference[:5] += 100.0  # the honest models moved most on coordinates 0..4
+    view = AttackView(round=1, attacker=9, receivers=(0,), senders=(0, 1), received=received, reference=reference)
+    attack = Neurotoxin(attacker_data=data, samples=10, steps=2, batch_size=5, lr=0.1, trigger_size=2, mask_fraction=5 / 51)
+    crafted = craft_round(attack, view, torch.Generator().manual_seed(0))
+    centre = received.to(torch.float64).mean(dim=0).to(torch.float32)
+    assert crafted.note["masked"] == 5
+    assert torch.equal(crafted.messages[0][:5], centre[:5]) and not torch.equal(crafted.messages[0][5:], centre[5:])
+    first = craft_round(attack, _view(received), torch.Generator().manual_seed(0))
+    assert first.note["masked"] == 0  # no reference in its first round: nothing masked
