@@ -202,6 +202,29 @@ class PlantsBackdoor(TrainsOnItsSample):
         model, loss = train_from_mean(evaluator, known, x, y, data.num_classes, lr=lr, batch_size=self.batch_size, steps=self.steps, generator=generator)
         return known.to(torch.float64).mean(dim=0), model, {"known": len(known), "lr": lr, "steps": self.steps, "poisoned_loss": loss}
 
+    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
+        """The round's message to every receiver: :meth:`poisoned_step` with
+        :meth:`local_trigger`, shaped by :meth:`shape`; silent when it knows no model."""
+        step = self.poisoned_step(view, generator, self.local_trigger(view))
+        if step is None:
+            return Crafted(dict.fromkeys(view.receivers), {"known": 0, **self.plan_note(view)})
+        centre, model, note = step
+        message, shaped = self.shape(centre, model, note, view)
+        return Crafted(dict.fromkeys(view.receivers, message), {**note, **shaped, **self.plan_note(view)})
+
+    def local_trigger(self, view: AttackView) -> Trigger | None:
+        """The trigger it poisons its rows with this round (None: its whole one)."""
+        return None
+
+    def plan_note(self, view: AttackView) -> dict:
+        """What its round record keeps besides the step's note, whether or not it sent."""
+        return {}
+
+    def shape(self, centre: torch.Tensor, model: torch.Tensor, note: dict, view: AttackView) -> tuple[torch.Tensor, dict]:
+        """The message from the mean ``centre`` and the trained ``model``, and a note: BadNets
+        sends the model itself."""
+        return model, {}
+
 
 @ATTACK_REGISTRY.register("badnets")
 @dataclass(frozen=True)
@@ -243,9 +266,3 @@ class BadNets(PlantsBackdoor):
     threat_model: ClassVar[ThreatModel] = ThreatModel(
         data="`samples` rows of the training set drawn by its own seed (setting samples), `poisoned_fraction` of them triggered and labelled `target`"
     )
-    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
-        step = self.poisoned_step(view, generator)
-        if step is None:
-            return Crafted(dict.fromkeys(view.receivers), {"known": 0})
-        _, model, note = step
-        return Crafted(dict.fromkeys(view.receivers, model), note)

@@ -16,8 +16,8 @@ from typing import ClassVar
 import torch
 
 from dfedrw.peer.registry import check_real
-from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
-from dfedrw.peer.attacks.backdoor import PlantsBackdoor
+from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, ThreatModel
+from dfedrw.peer.attacks.backdoor import PlantsBackdoor, Trigger
 
 __all__ = ["DistributedBackdoor", "ModelReplacement", "Neurotoxin", "bounded", "top_changed"]
 
@@ -88,17 +88,12 @@ class ModelReplacement(PlantsBackdoor):
         object.__setattr__(self, "boost", check_real("ModelReplacement", "boost", self.boost, nonnegative=True))
         object.__setattr__(self, "norm_bound", check_real("ModelReplacement", "norm_bound", self.norm_bound, nonnegative=True))
 
-    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
-        step = self.poisoned_step(view, generator)
-        if step is None:
-            return Crafted(dict.fromkeys(view.receivers), {"known": 0})
-        centre, model, note = step
+    def shape(self, centre: torch.Tensor, model: torch.Tensor, note: dict, view: AttackView) -> tuple[torch.Tensor, dict]:
         gamma = _boost(self.boost, note["known"])
         update = gamma * (model.to(torch.float64) - centre)
         sent = bounded(update, self.norm_bound)
-        message = (centre + sent).to(torch.float32)
         norms = {"update_norm": float(torch.linalg.vector_norm(update)), "sent_norm": float(torch.linalg.vector_norm(sent))}
-        return Crafted(dict.fromkeys(view.receivers, message), {**note, "boost": gamma, **norms})
+        return (centre + sent).to(torch.float32), {"boost": gamma, **norms}
 
 
 @ATTACK_REGISTRY.register("dba")
@@ -131,16 +126,22 @@ class DistributedBackdoor(PlantsBackdoor):
         super().__post_init__()
         object.__setattr__(self, "boost", check_real("DistributedBackdoor", "boost", self.boost, positive=True))
 
-    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
+    @staticmethod
+    def _split(view: AttackView) -> tuple[int, tuple[int, ...]]:
+        """Its part and the colluders, sorted (alone: the one part)."""
         colluders = tuple(sorted(view.colluders)) or (view.attacker,)
-        part = colluders.index(view.attacker)
-        local = self.backdoor.trigger.part(part, len(colluders))
-        step = self.poisoned_step(view, generator, local)
-        if step is None:
-            return Crafted(dict.fromkeys(view.receivers), {"known": 0, "part": part, "colluders": list(colluders)})
-        centre, model, note = step
-        message = (centre + self.boost * (model.to(torch.float64) - centre)).to(torch.float32)
-        return Crafted(dict.fromkeys(view.receivers, message), {**note, "part": part, "colluders": list(colluders)})
+        return colluders.index(view.attacker), colluders
+
+    def local_trigger(self, view: AttackView) -> Trigger:
+        part, colluders = self._split(view)
+        return self.backdoor.trigger.part(part, len(colluders))
+
+    def plan_note(self, view: AttackView) -> dict:
+        part, colluders = self._split(view)
+        return {"part": part, "colluders": list(colluders)}
+
+    def shape(self, centre: torch.Tensor, model: torch.Tensor, note: dict, view: AttackView) -> tuple[torch.Tensor, dict]:
+        return (centre + self.boost * (model.to(torch.float64) - centre)).to(torch.float32), {}
 
 
 @ATTACK_REGISTRY.register("neurotoxin")
@@ -179,16 +180,11 @@ class Neurotoxin(PlantsBackdoor):
         object.__setattr__(self, "mask_fraction", fraction)
         object.__setattr__(self, "boost", check_real("Neurotoxin", "boost", self.boost, positive=True))
 
-    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
-        step = self.poisoned_step(view, generator)
-        if step is None:
-            return Crafted(dict.fromkeys(view.receivers), {"known": 0})
-        centre, model, note = step
+    def shape(self, centre: torch.Tensor, model: torch.Tensor, note: dict, view: AttackView) -> tuple[torch.Tensor, dict]:
         update = model.to(torch.float64) - centre
         masked = 0
         if view.reference is not None:
             mask = top_changed(centre - view.reference.to(torch.float64), self.mask_fraction).to(update.device)
             update = update.masked_fill(mask, 0.0)
             masked = int(mask.sum())
-        message = (centre + self.boost * update).to(torch.float32)
-        return Crafted(dict.fromkeys(view.receivers, message), {**note, "masked": masked})
+        return (centre + self.boost * update).to(torch.float32), {"masked": masked}
