@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End to end on docker-compose: a 6-client scenario (1 Byzantine) on digits, one container per
-# client, built offline and run three times: Gaussian; sign-flip, regenerated with --set;
-# ALIE, by editing the Byzantine service's one attack line. Each run must finish on every
+# client, built offline and run four times: Gaussian; sign-flip, regenerated with --set;
+# ALIE, by editing the Byzantine service's one attack line; ALIE by two colluding Byzantine
+# clients (4 honest), which pool what they receive over their own mutual-TLS calls. Each run must finish on every
 # client and give, round for round, the weights and accuracies of the same scenario run in
 # one process on the host. About 3 minutes on an idle 2-core machine (2.5 with the cache).
 #
@@ -139,8 +140,8 @@ step "docker import $BASE_IMAGE"
 # in-process run it is compared with (rounds take milliseconds, so it costs nothing).
 SETTINGS=(--set topology.honest=5 --set topology.byzantine=1 --set "rounds=$ROUNDS" --set eval.every=10
     --set network.round_timeout=30)
-generate() {  # generate ATTACK
-    "$PY" -m dfedrw.launch.cli compose --offline --image "$IMAGE" "${SETTINGS[@]}" --set "attack.name=$1" --out "$CLUSTER" >&2
+generate() {  # generate ATTACK [--set KEY=VALUE ...]
+    "$PY" -m dfedrw.launch.cli compose --offline --image "$IMAGE" "${SETTINGS[@]}" --set "attack.name=$1" "${@:2}" --out "$CLUSTER" >&2
 }
 step "dfedrw compose ($CLIENTS clients, $ROUNDS rounds)"
 generate gaussian
@@ -165,29 +166,38 @@ cp -a "$CACHE/wheelhouse/." "$CLUSTER/wheelhouse/"
 step "docker-compose build"
 (cd "$CLUSTER" && docker-compose build) >"$WORK/build.log" 2>&1 || fail "build: $(tail -20 "$WORK/build.log")"
 
-check_run() {  # check_run ATTACK: every client finished, ran the attack asked for, and matches the same
-    # scenario run in one process on the host (same code, seeds and messages; compared only
+check_run() {  # check_run ATTACK LABEL: every client finished, ran the attack asked for, and matches the
+    # same scenario run in one process on the host (same code, seeds and messages; compared only
     # when no client missed a deadline, since a missed one changes what was aggregated).
+    # Colluders (attack.colluding) must also have pooled with each other.
     "$PY" -m dfedrw.launch.cli run "$CLUSTER/scenario.toml" --set network.transport=inproc --set network.host=127.0.0.1 \
-        --set "attack.name=$1" --out "$WORK/inproc-$1" >"$WORK/inproc-$1.log" 2>&1 || fail "in-process run ($1): $(tail -5 "$WORK/inproc-$1.log")"
-    "$PY" - "$CLUSTER/results" "$WORK/inproc-$1" "$CLIENTS" "$BYZ_ID" "$1" <<'EOF'
+        --set "attack.name=$1" --out "$WORK/inproc-$2" >"$WORK/inproc-$2.log" 2>&1 || fail "in-process run ($2): $(tail -5 "$WORK/inproc-$2.log")"
+    "$PY" - "$CLUSTER/results" "$WORK/inproc-$2" "$CLIENTS" "$1" <<'EOF'
 import json, sys
 from pathlib import Path
+from dfedrw.peer.config.scenario import load_scenario
 from dfedrw.peer.results.records import read_rounds
-results, inproc, clients, byz, attack = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+results, inproc, clients, attack = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 finals = {k: json.loads((results / "peers" / f"{k}.json").read_text()) for k in range(clients)}
 bad = [k for k, f in finals.items() if not f.get("completed")]
 assert not bad, f"clients not completed: {bad}"
-assert finals[byz]["attack"] == attack, f"client {byz} ran {finals[byz]['attack']!r}, not {attack!r}"
+summary = json.loads((results / "summary.json").read_text())
+byzantine = sorted(int(k) for k, p in summary["peers"].items() if p["role"] == "byzantine")
+assert byzantine, "no Byzantine client in the summary"
+for byz in byzantine:
+    assert finals[byz]["attack"] == attack, f"client {byz} ran {finals[byz]['attack']!r}, not {attack!r}"
 not_tls = {k: f.get("tls") for k, f in finals.items() if f.get("tls") != "mutual"}
 assert not not_tls, f"clients not on mutual TLS: {not_tls}"
-summary = json.loads((results / "summary.json").read_text())
 assert summary["tls"] == "mutual", summary["tls"]
 assert summary["failed_peers"] == [], summary["failed_peers"]
-assert summary["honest_completed"] == clients - 1, summary["honest_completed"]
-missed = sum(1 for k in range(clients) if k != byz for r in read_rounds(results, k) if r["missing"])
+assert summary["honest_completed"] == clients - len(byzantine), summary["honest_completed"]
+if load_scenario(inproc / "scenario.toml").attack.colluding:
+    pooled = {b: sum(1 for r in read_rounds(results, b) if r.get("pooled_from") == byzantine) for b in byzantine}
+    assert all(pooled.values()), f"colluders that never pooled with all of {byzantine}: {pooled}"
+    print(f"{attack}: colluders {byzantine} pooled with each other in {min(pooled.values())}+ of their rounds", file=sys.stderr)
+missed = sum(1 for k in range(clients) if k not in byzantine for r in read_rounds(results, k) if r["missing"])
 for k in range(clients):
-    if k == byz or missed:
+    if k in byzantine or missed:
         continue
     rounds, local = read_rounds(results, k), read_rounds(inproc, k)
     assert [r["weights"] for r in rounds] == [r["weights"] for r in local], f"client {k}: weights differ from the in-process run"
@@ -255,26 +265,27 @@ probe_byzantine() {  # from inside the Byzantine service's container, after a ru
     step "$BYZ: not root, only its own secrets and results; its write as client $other stayed in its own folder"
 }
 
-run_cluster() {  # run_cluster ATTACK
-    step "docker-compose up ($1)"
+run_cluster() {  # run_cluster ATTACK [LABEL]: LABEL (default ATTACK) names the run's logs
+    local label="${2:-$1}"
+    step "docker-compose up ($label)"
     local t=$SECONDS
-    (cd "$CLUSTER" && timeout "$UP_TIMEOUT" docker-compose up --no-color) >"$WORK/up-$1.log" 2>&1 \
-        || fail "docker-compose up ($1): $(tail -20 "$WORK/up-$1.log")"
-    step "up ($1) took $((SECONDS - t)) s; docker-compose logs holds" \
+    (cd "$CLUSTER" && timeout "$UP_TIMEOUT" docker-compose up --no-color) >"$WORK/up-$label.log" 2>&1 \
+        || fail "docker-compose up ($label): $(tail -20 "$WORK/up-$label.log")"
+    step "up ($label) took $((SECONDS - t)) s; docker-compose logs holds" \
         "$(cd "$CLUSTER" && docker-compose logs --no-color | grep -c " round [0-9]*/$ROUNDS") progress lines"
     local codes
     codes="$(cd "$CLUSTER" && docker-compose ps -q | xargs "$DOCKER" inspect -f '{{.Name}} {{.State.ExitCode}}')"
     if grep -v ' 0$' <<<"$codes" >&2; then
-        fail "a client exited non-zero ($1); see $WORK/up-$1.log"
+        fail "a client exited non-zero ($label); see $WORK/up-$label.log"
     fi
-    check_containers "$1" || fail "containers ($1); see $WORK/inspect-$1.json"
-    (cd "$CLUSTER" && timeout 300 docker-compose run --rm summarize) >"$WORK/summarize-$1.log" 2>&1 \
-        || fail "summarize ($1): $(tail -20 "$WORK/summarize-$1.log")"
-    check_run "$1" || fail "results ($1); see $WORK/up-$1.log"
+    check_containers "$label" || fail "containers ($label); see $WORK/inspect-$label.json"
+    (cd "$CLUSTER" && timeout 300 docker-compose run --rm summarize) >"$WORK/summarize-$label.log" 2>&1 \
+        || fail "summarize ($label): $(tail -20 "$WORK/summarize-$label.log")"
+    check_run "$1" "$label" || fail "results ($label); see $WORK/up-$label.log"
     if [ "$1" = gaussian ]; then
         probe_byzantine
     fi
-    (cd "$CLUSTER" && timeout 120 docker-compose down --timeout 5) >>"$WORK/up-$1.log" 2>&1 || fail "docker-compose down ($1)"
+    (cd "$CLUSTER" && timeout 120 docker-compose down --timeout 5) >>"$WORK/up-$label.log" 2>&1 || fail "docker-compose down ($label)"
 }
 
 run_cluster gaussian
@@ -296,5 +307,12 @@ generate sign_flip
 [ "$(cat "$CLUSTER"/certs/*.pem | sha256sum)" = "$certs_before" ] || fail "writing the folder again replaced certs/"
 sed -i 's/DFEDRW_ATTACK: "sign_flip"/DFEDRW_ATTACK: "alie"/' "$CLUSTER/docker-compose.yml"
 run_cluster alie
+
+mv "$CLUSTER/results" "$WORK/results-alie"
+
+step "a colluding attack: two Byzantine clients pool what they receive and agree one plan (--set attack.colluding=true)"
+generate alie --set topology.honest=4 --set topology.byzantine=2 --set attack.colluding=true
+[ "$(grep -c '^  client-[0-9]*:  # Byzantine' "$CLUSTER/docker-compose.yml")" = 2 ] || fail "expected 2 Byzantine services"
+run_cluster alie alie-colluding
 
 step "passed in $((SECONDS - T0)) s"
