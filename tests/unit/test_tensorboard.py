@@ -31,6 +31,14 @@ def test_a_record_gives_its_loss_accuracies_byzantine_share_and_weight_per_candi
     assert second["byzantine_weight_share"] == pytest.approx(0.1)
 
 
+def test_a_backdoor_success_rate_is_a_scalar_and_averaged_over_the_clients():
+    backdoored = [{**r, "attack_success": 90.0} if "accuracy" in r else r for r in RECORDS]
+    other = [{"round": 1, "train_loss": 1.0, "weights": {"1": 1.0}, "accuracy": 50.0, "global_accuracy": 40.0, "attack_success": 70.0}]
+    assert record_scalars(backdoored[1], {3})["attack_success"] == 90.0
+    assert "attack_success" not in record_scalars(RECORDS[1], {3})
+    assert honest_mean([backdoored, other], {3})[1]["attack_success"] == pytest.approx(80.0)
+
+
 def test_no_byzantine_share_without_byzantine_clients():
     assert "byzantine_weight_share" not in record_scalars(RECORDS[0], ())
 
