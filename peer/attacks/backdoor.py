@@ -199,8 +199,9 @@ class PlantsBackdoor(TrainsOnItsSample):
         backdoor = self.backdoor if trigger is None else Backdoor(trigger, self.target)
         x, y = backdoor.poison(*data.samples(self.samples), self.poisoned_fraction, data.input_shape)
         lr = self.lr_scale * self.lr
-        model, loss = train_from_mean(evaluator, known, x, y, data.num_classes, lr=lr, batch_size=self.batch_size, steps=self.steps, generator=generator)
-        return known.to(torch.float64).mean(dim=0), model, {"known": len(known), "lr": lr, "steps": self.steps, "poisoned_loss": loss}
+        centre = known.to(torch.float64).mean(dim=0)
+        model, loss = train_from_mean(evaluator, centre, x, y, data.num_classes, lr=lr, batch_size=self.batch_size, steps=self.steps, generator=generator)
+        return centre, model, {"known": len(known), "lr": lr, "steps": self.steps, "poisoned_loss": loss}
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
         """The round's message to every receiver: :meth:`poisoned_step` with

@@ -118,7 +118,7 @@ class LabelFlip(TrainsOnItsSample):
         x, y = self.attacker_data.samples(self.samples)
         lr = self.lr_scale * self.lr
         message, loss = train_from_mean(
-            evaluator, known, x, flip_labels(y, self.attacker_data.num_classes, self.flip), self.attacker_data.num_classes,
+            evaluator, known.to(torch.float64).mean(dim=0), x, flip_labels(y, self.attacker_data.num_classes, self.flip), self.attacker_data.num_classes,
             lr=lr, batch_size=self.batch_size, steps=self.steps, generator=generator,
         )
         return Crafted(dict.fromkeys(view.receivers, message), {"known": len(known), "lr": lr, "steps": self.steps, "flipped_loss": loss})
@@ -146,15 +146,15 @@ def sample_evaluator(owner: str, attacker_data: Any, samples: int) -> VectorEval
 
 
 def train_from_mean(
-    evaluator: VectorEvaluator, known: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+    evaluator: VectorEvaluator, centre: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int,
     *, lr: float, batch_size: int, steps: int, generator: torch.Generator,
 ) -> tuple[torch.Tensor, float]:
-    """The model ``steps`` SGD steps of the project's local training make from the mean of the
-    ``known`` models on ``(x, y)`` (minibatches walk a permutation seeded from ``generator``),
-    and the mean minibatch loss."""
+    """The model ``steps`` SGD steps of the project's local training make from ``centre`` (the
+    float64 mean of the models the attacker knows) on ``(x, y)`` (minibatches walk a
+    permutation seeded from ``generator``), and the mean minibatch loss."""
     device = evaluator.data.x.device
     model = copy.deepcopy(evaluator.model.module)
-    set_vector(model, known.to(torch.float64).mean(dim=0))
+    set_vector(model, centre)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     trainer = LocalTrainer(model, Dataset(x=x.to(device), y=y.to(device), num_classes=num_classes), lr=lr, batch_size=batch_size, local_steps=steps, seed=seed)
     loss = trainer.step()

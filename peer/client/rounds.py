@@ -43,12 +43,13 @@ def test_measures(model: Any, data: Any, backdoor: Any = None) -> dict[str, floa
     """A client's measures on its test sets, in percent: local and global accuracy, and under a
     backdoor attack (``backdoor``: :func:`~dfedrw.peer.wiring.assembly.scenario_backdoor`'s
     probe) ``attack_success``, the share of triggered global test rows put in the target class."""
+    test = data.global_test  # converted once (a client process holds no copy between evaluations)
     out = {
         "accuracy": 100.0 * evaluate(model, data.local_test)["accuracy"],
-        "global_accuracy": 100.0 * evaluate(model, data.global_test)["accuracy"],
+        "global_accuracy": 100.0 * evaluate(model, test)["accuracy"],
     }
     if backdoor is not None:
-        out["attack_success"] = 100.0 * evaluate(model, backdoor.rows(data.global_test))["accuracy"]
+        out["attack_success"] = 100.0 * evaluate(model, backdoor.rows(test))["accuracy"]
     return out
 
 
