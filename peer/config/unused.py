@@ -15,6 +15,7 @@ from dfedrw.peer.config.scenario import DataConfig, Scenario, TopologyConfig, Tr
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.config.aggregation import AggregationConfig
 from dfedrw.peer.config.tables import KIND_REGISTRY
+from dfedrw.peer.attacks import ATTACK_REGISTRY
 
 # A value equal to its field's default may never have been written: only other values count.
 
@@ -28,7 +29,14 @@ def _attack(sc: Scenario) -> list[str]:
     if sc.topology.byzantine:
         return []
     told = []  # (the setting given, what to set instead)
-    if sc.attack.name != "none":
+    probe = []
+    if sc.attack.name != "none" and hasattr(ATTACK_REGISTRY.resolve(sc.attack.name), "backdoor"):
+        # Not unused: the trigger is still measured (scenario_backdoor), the base rate of success.
+        probe.append(
+            f"attack.name={sc.attack.name!r} plants no backdoor: topology.byzantine=0; its trigger is only measured "
+            "on the honest models (attack_success is the base rate: triggered inputs a clean model puts in the target class)"
+        )
+    elif sc.attack.name != "none":
         told.append((f"attack.name={sc.attack.name!r}", "attack.name='none'"))
     if sc.attack.colluding:
         told.append(("attack.colluding=true", "attack.colluding=false"))
@@ -38,10 +46,11 @@ def _attack(sc: Scenario) -> list[str]:
     if sc.topology.placement != "random":
         told.append((f"topology.placement={sc.topology.placement!r}", "topology.placement='random'"))
     if not told:
-        return []
+        return probe
     return [
+        *probe,
         f"{' and '.join(w for w, _ in told)} not used: topology.byzantine=0, no Byzantine client runs an attack "
-        f"(set {' and '.join(h for _, h in told)} to say so)"
+        f"(set {' and '.join(h for _, h in told)} to say so)",
     ]
 
 

@@ -157,8 +157,10 @@ class BackdoorProbe:
 
 def scenario_backdoor(scenario: Scenario) -> BackdoorProbe | None:
     """The probe of the scenario's attack when it plants a backdoor (its class has a
-    ``backdoor``) and Byzantine clients run it; else None."""
-    if scenario.attack.name == "none" or not scenario.topology.byzantine:
+    ``backdoor``); else None. Without Byzantine clients to run it the probe still measures its
+    trigger on the honest models: the base rate a backdoor's success is read against (the
+    share of triggered inputs a clean model puts in the target class)."""
+    if scenario.attack.name == "none":
         return None
     if not hasattr(ATTACK_REGISTRY.resolve(scenario.attack.name), "backdoor"):
         return None

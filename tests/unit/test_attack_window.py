@@ -55,9 +55,12 @@ def test_outside_the_window_an_attacker_sends_the_mean_it_knows():
     assert silent.messages == {0: None}
 
 
-def test_only_a_backdoor_attack_run_by_byzantine_clients_gives_a_probe():
+def test_only_a_backdoor_attack_gives_a_probe_with_or_without_byzantine_clients():
     assert scenario_backdoor(load_scenario(None, [*BYZANTINE, "attack.name=gaussian"])) is None
     assert scenario_backdoor(load_scenario(None, ["topology.byzantine=0", "attack.name=none", "data.name=digits"])) is None
+    # No attacker plants it, but its trigger measures the base rate on the clean models.
+    base = scenario_backdoor(load_scenario(None, ["topology.byzantine=0", "attack.name=badnets", "attack.badnets.target=3", "data.name=digits"]))
+    assert base is not None and base.backdoor.target == 3
     probe = scenario_backdoor(load_scenario(None, [*BYZANTINE, "attack.name=badnets", "attack.badnets.target=7", "attack.badnets.trigger_size=2"]))
     assert probe.input_shape == (1, 8, 8) and probe.backdoor.target == 7
     test = Dataset(x=torch.zeros(4, 64), y=torch.tensor([7, 1, 2, 7]), num_classes=10)

@@ -52,6 +52,18 @@ def test_an_attack_without_byzantine_clients_is_named_with_what_to_set():
     ]
 
 
+def test_a_backdoor_attack_without_byzantine_clients_is_said_to_measure_only_its_trigger():
+    # Not "set attack.name='none'": the trigger still gives the base rate of attack_success.
+    assert unused("topology.byzantine=0", "attack.name=badnets") == [
+        "attack.name='badnets' plants no backdoor: topology.byzantine=0; its trigger is only measured on the honest "
+        "models (attack_success is the base rate: triggered inputs a clean model puts in the target class)"
+    ]
+    lines = unused("topology.byzantine=0", "attack.name=dba", "attack.colluding=true")
+    assert lines[0].startswith("attack.name='dba' plants no backdoor") and lines[1] == (
+        "attack.colluding=true not used: topology.byzantine=0, no Byzantine client runs an attack (set attack.colluding=false to say so)"
+    )
+
+
 def test_tpm_and_crs_settings_for_rules_that_score_no_neighbour_are_named_in_one_line():
     lines = unused(
         "aggregation.rule=median", "aggregation.crs=softmax", "aggregation.crs_params.softmax.temperature=0.5",
