@@ -3,7 +3,7 @@
 The layout comes from the grid's ``[report]`` table (recorded in ``sweep.json``)::
 
     [report]
-    kind = "fairness"                 # or "byzantine", "robustness", "tpm_pairs"
+    kind = "fairness"                 # or "byzantine", "robustness", "tpm_pairs", "backdoor"
     metric = "honest_mean_accuracy"   # summary key the cells use (default for every other kind:
                                       # honest_mean_global_accuracy)
     rows = ["data.partition"]         # axes forming the rows, in this order
@@ -11,8 +11,8 @@ The layout comes from the grid's ``[report]`` table (recorded in ``sweep.json``)
     unranked = ["No-AT"]              # optional: columns (robustness: defences) never bolded or ranked
     tolerance = 3.0                   # optional: accuracy gap (points) listed in comparison.md
     reference = "No-AT"               # optional, byzantine: comparison.md also gives each cell less
-                                      # this column's, ours and the paper's; robustness: the defence
-                                      # each worst case is compared with
+                                      # this column's, ours and the paper's; robustness, backdoor: the
+                                      # defence each worst case is compared with
     equal_rows = ["iid"]              # tpm_pairs only (this default): the rows where the claim is
                                       # "about equal"
     [report.row_labels]               # optional pretty names of row values (also column_labels, axis_labels)
@@ -34,6 +34,11 @@ The kinds:
   ATTACK``; per group a table of ``ACC ± STD`` cells with each defence's worst case over the
   attacks, a table of Byzantine weight shares and a ranking by worst case; then the worst case
   over every group. Also ``worst_case.csv``.
+- ``backdoor`` (:mod:`experiments.backdoor`): laid out as ``robustness``; a cell is ``CLEAN /
+  PEAK → END``: the clean accuracy, the highest honest mean attack success rate over the
+  evaluated rounds and the one at the last round (after ``attack.stop``: how long the backdoor
+  lasted); defences ranked by their highest success over the attacks; also ``worst_case.csv``
+  and ``plots/success_*.png``.
 - ``tpm_pairs`` (:mod:`experiments.tpm_pairs`): ``columns`` has two values (two TPM-CRS pairs,
   the favoured one first); per row the two cells, their difference, the verdict (better when
   the difference of the means exceeds the larger std over seeds, else about equal) and whether
@@ -412,6 +417,15 @@ def render_files(table: Table) -> dict[str, str]:
             "cells.csv": robustness.render_cells_csv(table),
             "worst_case.csv": robustness.render_worst_case_csv(table),
         }
+    if table.kind == "backdoor":
+        from dfedrw.experiments import backdoor
+
+        return {
+            "table.md": backdoor.render_markdown(table),
+            "table.csv": backdoor.render_csv(table),
+            "cells.csv": backdoor.render_cells_csv(table),
+            "worst_case.csv": backdoor.render_worst_case_csv(table),
+        }
     if table.kind == "tpm_pairs":
         from dfedrw.experiments import tpm_pairs
 
@@ -454,6 +468,8 @@ def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, 
             from dfedrw.experiments.robustness import make_plots
         elif table.kind == "tpm_pairs":
             from dfedrw.experiments.tpm_pairs import make_plots
+        elif table.kind == "backdoor":
+            from dfedrw.experiments.backdoor import make_plots
         else:
             from dfedrw.experiments.plots import make_plots
 

@@ -10,12 +10,13 @@ from typing import Any
 from dfedrw.experiments.table import METRICS
 
 
-KINDS = ("fairness", "byzantine", "robustness", "tpm_pairs")
+KINDS = ("fairness", "byzantine", "robustness", "tpm_pairs", "backdoor")
 DEFAULT_METRIC = {
     "fairness": "honest_mean_accuracy",
     "byzantine": "honest_mean_global_accuracy",
     "robustness": "honest_mean_global_accuracy",
     "tpm_pairs": "honest_mean_global_accuracy",
+    "backdoor": "honest_mean_global_accuracy",
 }
 SPEC_KEYS = (
     "kind", "metric", "rows", "columns", "row_labels", "column_labels", "axis_labels", "unranked", "paper", "tolerance",
@@ -95,17 +96,17 @@ def normalize_report_spec(
     if reference is not None:
         if kind == "byzantine":
             where, choices = f"the columns axis '{columns}'", axes[columns]
-        elif kind == "robustness" and rows:
+        elif kind in ("robustness", "backdoor") and rows:
             where, choices = f"the defence axis '{rows[-1]}' (the last of report.rows)", axes[rows[-1]]
         else:
             raise ReportError(
                 "report.reference is for kind = \"byzantine\" (the column every method is compared with, e.g. "
-                "\"No-AT\") or kind = \"robustness\" (the defence row every worst case is compared with)"
+                "\"No-AT\") or kind = \"robustness\" or \"backdoor\" (the defence row every worst case is compared with)"
             )
         if not isinstance(reference, str) or reference not in choices:
             raise ReportError(f"report.reference={reference!r} must be a value of {where}: {', '.join(choices)}")
-    if kind == "robustness" and not rows:
-        raise ReportError("report.rows: kind = \"robustness\" needs the defence axis as the last row axis")
+    if kind in ("robustness", "backdoor") and not rows:
+        raise ReportError(f"report.rows: kind = \"{kind}\" needs the defence axis as the last row axis")
     equal_rows = spec.get("equal_rows")
     if equal_rows is not None and kind != "tpm_pairs":
         raise ReportError("report.equal_rows is for kind = \"tpm_pairs\"")

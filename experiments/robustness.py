@@ -101,7 +101,7 @@ def overall(table: Table) -> list[tuple[str, dict[tuple[str, ...], Worst], Worst
 # Text
 
 
-def _share_cell(table: Table, row: tuple[str, ...], column: str) -> str:
+def share_cell(table: Table, row: tuple[str, ...], column: str) -> str:
     cell = table.cells.get((row, column))
     if cell is None:
         return NOT_IN_GRID
@@ -138,7 +138,7 @@ def _best_per_column(table: Table, rows: list[tuple[str, ...]]) -> set[tuple[tup
     return best
 
 
-def _group_title(table: Table, group: tuple[str, ...]) -> str:
+def group_title(table: Table, group: tuple[str, ...]) -> str:
     if not group:
         return ""
     labels = [table.spec["row_labels"].get(v, v) for v in group]
@@ -192,7 +192,7 @@ def render_markdown(table: Table) -> str:
     defence_head = table.row_headers()[-1]
     attack_heads = [table.column_label(c) for c in table.columns]
     for group, rows in groups(table):
-        title = _group_title(table, group)
+        title = group_title(table, group)
         if title:
             lines += [f"## {title}", ""]
         best = _best_per_column(table, rows)
@@ -207,7 +207,7 @@ def render_markdown(table: Table) -> str:
         lines += ["", "Byzantine weight share:", ""]
         lines += md_header([defence_head, *attack_heads])
         for row in rows:
-            lines.append(md_row([table.row_label(row)[-1], *(_share_cell(table, row, c) for c in table.columns)]))
+            lines.append(md_row([table.row_label(row)[-1], *(share_cell(table, row, c) for c in table.columns)]))
         unranked = table.spec["unranked"]
         lines += ["", f"Ranking by worst case{' (' + ', '.join(unranked) + ' not ranked)' if unranked else ''}:", ""]
         lines += [*_ranking_lines(table, group, rows), ""]
@@ -218,7 +218,7 @@ def render_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _group_label(table: Table, group: tuple[str, ...]) -> str:
+def group_label(table: Table, group: tuple[str, ...]) -> str:
     return " / ".join(table.spec["row_labels"].get(v, v) for v in group) or ALL
 
 
@@ -249,13 +249,13 @@ def _overall_lines(table: Table, defence_head: str) -> list[str]:
         ),
         "",
     ]
-    lines += md_header(["Rank", defence_head, *(_group_label(table, g) for g in group_list), "Overall"])
+    lines += md_header(["Rank", defence_head, *(group_label(table, g) for g in group_list), "Overall"])
     for d, per, low in rows:
         overall_text = MISSING
         if low is not None:
             where = next(g for g, w in per.items() if w is low)
             attack = "" if low.same_runs else f"{table.column_label(low.column)}, "
-            overall_text = f"{fmt(low.value, 2)} ({attack}{_group_label(table, where)})"
+            overall_text = f"{fmt(low.value, 2)} ({attack}{group_label(table, where)})"
         cells = [_worst_text(table, per.get(g)) for g in group_list]
         lines.append(md_row([str(ranks.get(d, "")), table.spec["row_labels"].get(d, d), *cells, overall_text]))
     return [*lines, ""]
@@ -343,7 +343,7 @@ def plot_heatmap(table: Table, group: tuple[str, ...], rows: list[tuple[str, ...
     ax.set_yticks(range(len(rows)), [table.row_label(r)[-1] for r in rows], fontsize="small")
     ax_w.set_yticks([])
     fig.colorbar(image, cax=bar, label="accuracy (%; 10: chance)")
-    title = _group_title(table, group)
+    title = group_title(table, group)
     what = "global" if table.metric.endswith("global_accuracy") else "local"
     ax.set_title(f"Honest mean {what} accuracy (%), mean over seeds{' — ' + title if title else ''}", fontsize="medium", loc="left")
     fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
@@ -356,7 +356,7 @@ def make_plots(table: Table, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     written = []
     for i, (group, rows) in enumerate(groups(table)):
-        name = slug(_group_label(table, group))
+        name = slug(group_label(table, group))
         written.append(plot_heatmap(table, group, rows, out_dir / f"robustness_{i:02d}_{name}.png"))
     for i, row in enumerate(table.rows):
         written.append(plot_accuracy(table, row, out_dir / f"accuracy_{i:02d}_{slug('_'.join(table.row_label(row)))}.png"))

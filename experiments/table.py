@@ -19,6 +19,17 @@ METRICS = {
 }
 
 
+def summary_value(summary: dict[str, Any], key: str) -> Any:
+    """The value of ``key`` in a run's summary; a dotted key reads into a nested table
+    (``attack_success.peak_mean``). None where any part is missing."""
+    value: Any = summary
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
 @dataclass
 class RunResult:
     name: str
@@ -39,7 +50,7 @@ class Cell:
         return len(self.runs)
 
     def values(self, key: str) -> np.ndarray:
-        return np.asarray([float(r.summary[key]) for r in self.runs], dtype=float)
+        return np.asarray([float(summary_value(r.summary, key)) for r in self.runs], dtype=float)
 
     def mean(self, key: str) -> float | None:
         return float(np.mean(self.values(key))) if self.runs else None
@@ -50,17 +61,20 @@ class Cell:
 
     def has(self, key: str) -> bool:
         """Whether every run of the cell (at least one) gives a value for ``key``."""
-        return bool(self.runs) and all(r.summary.get(key) is not None for r in self.runs)
+        return bool(self.runs) and all(summary_value(r.summary, key) is not None for r in self.runs)
 
     def mean_present(self, key: str) -> float | None:
         """The mean over the runs that give a value for ``key`` (e.g. ``byzantine_weight_share``,
         None in a run without Byzantine clients); None when no run does."""
-        values = [float(r.summary[key]) for r in self.runs if r.summary.get(key) is not None]
+        values = self._present(key)
         return float(np.mean(values)) if values else None
 
     def std_present(self, key: str) -> float | None:
-        values = [float(r.summary[key]) for r in self.runs if r.summary.get(key) is not None]
+        values = self._present(key)
         return float(np.std(values, ddof=0)) if values else None
+
+    def _present(self, key: str) -> list[float]:
+        return [float(v) for r in self.runs if (v := summary_value(r.summary, key)) is not None]
 
 
 @dataclass
