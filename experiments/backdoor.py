@@ -19,8 +19,11 @@ the weight honest clients gave the attackers over the run: whether a defence saw
 A defence's *worst case* is its highest PEAK over the attacks; defences are ranked by it
 (lowest first, ties as displayed), with their lowest clean accuracy beside it and, with
 ``reference``, that accuracy less the reference row's (the clean accuracy the defence costs).
+A defence that keeps a backdoor out by not learning has not defended anything: with
+``reference``, one whose lowest clean accuracy is more than ``tolerance`` points (default 3)
+below the reference's is not ranked but listed after the ranking with what it lost.
 ``unranked`` defences are shown but not ranked. A last table takes the worst case over every
-group.
+group; a defence is ranked there when it is ranked in every group.
 
 Files: ``table.md``, ``table.csv`` (the cell text of each group's table, with the worst case),
 ``cells.csv`` (one line per cell, full precision), ``worst_case.csv`` and ``plots/``: the
@@ -76,10 +79,35 @@ def _ranked(table: Table, row: tuple[str, ...]) -> bool:
     return row[-1] not in unranked and table.row_label(row)[-1] not in unranked
 
 
+def clean_loss(table: Table, row: tuple[str, ...], w: Worst | None = None) -> float | None:
+    """The row's lowest clean accuracy less the reference row's in the same group (negative:
+    the defence costs accuracy); None without a reference or either accuracy."""
+    w = w if w is not None else worst_case(table, row)
+    ref = _reference(table, row[:-1])
+    if w is None or w.clean is None or ref is None or ref.clean is None:
+        return None
+    return w.clean - ref.clean
+
+
+def keeps_accuracy(table: Table, row: tuple[str, ...], w: Worst | None = None) -> bool:
+    """Whether the row's lowest clean accuracy is within ``tolerance`` points of the
+    reference's (compared as displayed); True without a reference."""
+    loss = clean_loss(table, row, w)
+    return loss is None or float(fmt(loss, 2)) >= -table.spec["tolerance"]
+
+
+def _eligible(table: Table, row: tuple[str, ...]) -> bool:
+    return _ranked(table, row) and keeps_accuracy(table, row)
+
+
 def ranking(table: Table, rows: list[tuple[str, ...]]) -> list[tuple[int, tuple[str, ...], Worst]]:
-    """(rank, row, worst case) of the ranked rows with a success rate, lowest worst case first;
-    rows whose worst cases print alike share a rank."""
-    scored = [(row, w) for row in rows if _ranked(table, row) and (w := worst_case(table, row)) is not None]
+    """(rank, row, worst case) of the ranked rows with a success rate that keep their clean
+    accuracy (:func:`keeps_accuracy`), lowest worst case first; rows whose worst cases print
+    alike share a rank."""
+    scored = [
+        (row, w) for row in rows
+        if _ranked(table, row) and (w := worst_case(table, row)) is not None and keeps_accuracy(table, row, w)
+    ]
     scored.sort(key=lambda rw: float(fmt(rw[1].success, 2)))
     out: list[tuple[int, tuple[str, ...], Worst]] = []
     for i, (row, w) in enumerate(scored):
@@ -123,14 +151,14 @@ def cell_text(table: Table, row: tuple[str, ...], column: str, *, bold: bool = F
 
 
 def _lowest_per_column(table: Table, rows: list[tuple[str, ...]]) -> set[tuple[tuple[str, ...], str]]:
-    """The (row, attack) cells with the lowest PEAK of their attack among the ranked defences,
-    compared as displayed (ties all count)."""
+    """The (row, attack) cells with the lowest PEAK of their attack among the ranked defences
+    that keep their clean accuracy, compared as displayed (ties all count)."""
     low = set()
     for c in table.columns:
         scored = {
             row: float(fmt(cell.mean(PEAK), 2))
             for row in rows
-            if (cell := _filled(table, row, c)) is not None and cell.has(PEAK) and _ranked(table, row)
+            if (cell := _filled(table, row, c)) is not None and cell.has(PEAK) and _eligible(table, row)
         }
         if scored:
             least = min(scored.values())
@@ -156,25 +184,49 @@ def _reference(table: Table, group: tuple[str, ...]) -> Worst | None:
 def _ranking_lines(table: Table, group: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     ref = _reference(table, group)
     ref_label = table.row_label((*group, table.spec["reference"]))[-1] if table.spec.get("reference") else None
-    lines = []
-    for rank, row, w in ranking(table, rows):
+    def line(row: tuple[str, ...], w: Worst) -> str:
         clean = "" if w.clean is None else f"; lowest clean accuracy {fmt(w.clean, 2)}"
-        against = f" ({signed(w.clean - ref.clean, 2)} against {ref_label})" if ref is not None and ref.clean is not None and w.clean is not None else ""
-        lines.append(f"{rank}. {table.row_label(row)[-1]}: highest success {_worst_text(table, w)}{clean}{against}")
-    return lines or ["No defence has a success rate yet."]
+        loss = clean_loss(table, row, w)
+        against = f" ({signed(loss, 2)} against {ref_label})" if loss is not None else ""
+        return f"{table.row_label(row)[-1]}: highest success {_worst_text(table, w)}{clean}{against}"
+
+    ranks = ranking(table, rows)
+    lines = [f"{rank}. {line(row, w)}" for rank, row, w in ranks] or ["No defence that keeps its clean accuracy has a success rate yet."]
+    costly = [
+        (row, w) for row in rows
+        if _ranked(table, row) and (w := worst_case(table, row)) is not None and not keeps_accuracy(table, row, w)
+    ]
+    if costly:
+        lines += [
+            "",
+            f"Not ranked: lowest clean accuracy more than {fmt(table.spec['tolerance'], 1)} points below {ref_label}'s "
+            f"({fmt(ref.clean, 2) if ref is not None and ref.clean is not None else MISSING}):",
+            "",
+            *(f"- {line(row, w)}" for row, w in costly),
+        ]
+    return lines
 
 
 def _description(table: Table) -> str:
     unranked = table.spec["unranked"]
     excluding = f" (excluding {', '.join(unranked)})" if unranked else ""
+    keeping = ranked_if = ""
+    if table.spec.get("reference") is not None:
+        tol, ref = fmt(table.spec["tolerance"], 1), table.column_label(table.spec["reference"])
+        keeping = " among the defences that keep their clean accuracy"
+        ranked_if = (
+            f", when their lowest clean accuracy is within {tol} points of {ref}'s (a defence that keeps a backdoor "
+            "out by not learning is listed apart)"
+        )
     return (
         f"Cell: CLEAN / PEAK → END, means over seeds (%): CLEAN is `{table.metric}`, the accuracy on the clean test "
         f"set; PEAK is `{PEAK}`, the highest honest mean attack success rate over the evaluated rounds (the share of "
         "triggered test inputs not of the target class that the models put in it); END is "
         f"`{END}`, the same at the last round: after the attack window closes, END against PEAK is how long the "
         f"backdoor lasted. A row with no Byzantine client plants nothing: its success rate is the trigger's base rate "
-        f"on clean models. **Bold**: the lowest PEAK under each attack{excluding}, and the best worst case. Worst "
-        "case: the defence's highest PEAK over the attacks; defences are ranked by it, lowest first."
+        f"on clean models. **Bold**: the lowest PEAK under each attack{excluding}{keeping}, and the best worst case. "
+        "Worst case: the defence's highest PEAK over the attacks; defences are ranked by it, lowest first"
+        f"{ranked_if}."
     )
 
 
@@ -210,7 +262,9 @@ def render_markdown(table: Table) -> str:
 
 
 def _overall_ranks(table: Table) -> dict[str, int]:
-    scored = [(d, high) for d, _, high in overall(table) if high is not None and _ranked(table, (d,))]
+    """Rank of each defence ranked in every group, by its highest worst case over the groups."""
+    kept = {d: all(keeps_accuracy(table, (*g, d), w) for g, w in per.items()) for d, per, _ in overall(table)}
+    scored = [(d, high) for d, _, high in overall(table) if high is not None and _ranked(table, (d,)) and kept[d]]
     scored.sort(key=lambda t: float(fmt(t[1].success, 2)))
     ranks: dict[str, int] = {}
     for i, (d, high) in enumerate(scored):
@@ -228,7 +282,10 @@ def _overall_lines(table: Table, defence_head: str) -> list[str]:
     lines = [
         f"## Highest success over every attack and every {heads}",
         "",
-        f"Each {heads} column: the worst case there, as above; overall: the highest of them. Ranked by the overall worst case.",
+        (
+            f"Each {heads} column: the worst case there, as above; overall: the highest of them. Ranked by the overall "
+            "worst case, when the defence is ranked in every column (keeps its clean accuracy there)."
+        ),
         "",
     ]
     lines += md_header(["Rank", defence_head, *(group_label(table, g) for g in group_list), "Overall"])
@@ -260,22 +317,27 @@ def render_cells_csv(table: Table) -> str:
 
 def render_worst_case_csv(table: Table) -> str:
     """``worst_case.csv``: per group, then overall (group ``all``): each defence's highest PEAK,
-    the attack behind it, its lowest clean accuracy, how many attacks it covers, its rank."""
+    the attack behind it, its lowest clean accuracy and that less the reference's, how many
+    attacks it covers, its rank (blank: not ranked)."""
     group_axes = table.spec["rows"][:-1]
-    out = [[*group_axes, table.spec["rows"][-1], "rank", "highest_success", "attack", "lowest_clean", "attacks", "of"]]
+    out = [[*group_axes, table.spec["rows"][-1], "rank", "highest_success", "attack", "lowest_clean", "clean_loss", "attacks", "of"]]
     for group, rows in groups(table):
         ranks = {row: rank for rank, row, _ in ranking(table, rows)}
         for row in rows:
             if (w := worst_case(table, row)) is None:
                 continue
             clean = "" if w.clean is None else fmt(w.clean, 6)
-            out.append([*group, row[-1], str(ranks.get(row, "")), fmt(w.success, 6), w.column, clean, str(w.attacks), str(w.of)])
+            loss = clean_loss(table, row, w)
+            out.append([
+                *group, row[-1], str(ranks.get(row, "")), fmt(w.success, 6), w.column, clean,
+                "" if loss is None else fmt(loss, 6), str(w.attacks), str(w.of),
+            ])
     if group_axes and len(groups(table)) > 1:
         ranks = _overall_ranks(table)
         for d, _, high in overall(table):
             if high is not None:
                 clean = "" if high.clean is None else fmt(high.clean, 6)
-                out.append([*([ALL] * len(group_axes)), d, str(ranks.get(d, "")), fmt(high.success, 6), high.column, clean, "", ""])
+                out.append([*([ALL] * len(group_axes)), d, str(ranks.get(d, "")), fmt(high.success, 6), high.column, clean, "", "", ""])
     return csv_text(out)
 
 

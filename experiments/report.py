@@ -9,7 +9,9 @@ The layout comes from the grid's ``[report]`` table (recorded in ``sweep.json``)
     rows = ["data.partition"]         # axes forming the rows, in this order
     columns = "method"                # the axis forming the columns (grid order)
     unranked = ["No-AT"]              # optional: columns (robustness: defences) never bolded or ranked
-    tolerance = 3.0                   # optional: accuracy gap (points) listed in comparison.md
+    tolerance = 3.0                   # optional: accuracy gap (points) listed in comparison.md;
+                                      # backdoor: the clean accuracy a defence may lose against
+                                      # the reference and still be ranked
     reference = "No-AT"               # optional, byzantine: comparison.md also gives each cell less
                                       # this column's, ours and the paper's; robustness, backdoor: the
                                       # defence each worst case is compared with

@@ -25,6 +25,7 @@ SPEC = {
     "unranked": ["No-AT"],
     "reference": "No-AT",
     "axis_labels": {"topology.placement": "Placement", "method": "Defence"},
+    "tolerance": 10.0,  # every defence keeps its clean accuracy: all ranked
 }
 # (attack) -> per seed (clean, peak, end): No-AT, one run per attack shared by both placements
 NO_AT = {"BadNets": ((80.0, 4.0, 3.0), (82.0, 6.0, 5.0)), "DBA": ((80.0, 2.0, 2.0), (82.0, 2.0, 2.0))}
@@ -118,12 +119,12 @@ def test_worst_case_csv_and_cells_csv_at_full_precision(tmp_path):
     files = {p.name: p.read_text() for p in write_report([make_sweep(tmp_path / "s")], tmp_path / "out", plots=False)}
 
     worst = files["worst_case.csv"].splitlines()
-    assert worst[0] == "topology.placement,method,rank,highest_success,attack,lowest_clean,attacks,of"
-    assert "random,Norm,1,13.000000,DBA,78.000000,2,2" in worst
-    assert "degree,No-AT,,5.000000,BadNets,81.000000,2,2" in worst
+    assert worst[0] == "topology.placement,method,rank,highest_success,attack,lowest_clean,clean_loss,attacks,of"
+    assert "random,Norm,1,13.000000,DBA,78.000000,-3.000000,2,2" in worst
+    assert "degree,No-AT,,5.000000,BadNets,81.000000,0.000000,2,2" in worst
     assert worst[-3:] == [
-        "all,No-AT,,5.000000,BadNets,81.000000,,", "all,DFedAvg,2,99.000000,BadNets,79.000000,,",
-        "all,Norm,1,30.000000,DBA,75.000000,,",
+        "all,No-AT,,5.000000,BadNets,81.000000,,,", "all,DFedAvg,2,99.000000,BadNets,79.000000,,,",
+        "all,Norm,1,30.000000,DBA,75.000000,,,",
     ]
     cells = files["cells.csv"].splitlines()
     assert cells[0].endswith(
@@ -135,6 +136,36 @@ def test_worst_case_csv_and_cells_csv_at_full_precision(tmp_path):
         "random,DFedAvg,DBA,2,80.000000,0.000000,1.000000,0.000000,55.000000,5.000000,25.000000,5.000000,"
         "26.000000,5.000000,0.200000,0.100000"
     ) in cells
+
+
+def test_a_defence_that_loses_more_clean_accuracy_than_the_tolerance_is_listed_apart_not_ranked(tmp_path):
+    # The default tolerance, 3 points: Norm under degree placement keeps the backdoor out (30 %)
+    # at 75.00 % clean accuracy, 6 points below No-AT's 81.00 %; under random placement it loses
+    # exactly 3.00 and is still ranked.
+    spec = {k: v for k, v in SPEC.items() if k != "tolerance"}
+    md = write_report([make_sweep(tmp_path / "s", spec)], tmp_path / "out", plots=False)[0].read_text()
+    table = load_results([tmp_path / "s"])
+
+    degree = md.split("## Placement: degree\n", 1)[1]
+    assert (
+        "1. DFedAvg: highest success 99.00 (BadNets); lowest clean accuracy 79.00 (-2.00 against No-AT)\n\n"
+        "Not ranked: lowest clean accuracy more than 3.0 points below No-AT's (81.00):\n\n"
+        "- Norm: highest success 30.00 (DBA); lowest clean accuracy 75.00 (-6.00 against No-AT)"
+    ) in degree
+    # The lowest success under each attack is bolded among the defences that keep their accuracy only.
+    assert table_lines(md, "Placement: degree")[1:] == [
+        "| DFedAvg | 80.00 / **99.00** → 98.00 | 79.00 / **75.00** → 50.00 | **99.00** (BadNets) |",
+        "| Norm | 76.00 / 20.00 → 10.00 | 75.00 / 30.00 → 25.00 [n=1] | 30.00 (DBA) |",
+    ]
+    assert [(rank, row[-1]) for rank, row, _ in ranking(table, [r for r in table.rows if r[0] == "random"])] == [
+        (1, "Norm"), (2, "DFedAvg"),
+    ]
+    # Overall, a defence is ranked only where it is ranked in every group; the others follow in table order.
+    assert table_lines(md, "Highest success over every attack and every Placement") == [
+        "| 1 | DFedAvg | 95.00 (BadNets) | 99.00 (BadNets) | 99.00 (BadNets, degree) |",
+        "|  | No-AT | 5.00 (BadNets) | 5.00 (BadNets) | 5.00 (BadNets, random) |",
+        "|  | Norm | 13.00 (DBA) | 30.00 (DBA) | 30.00 (DBA, degree) |",
+    ]
 
 
 def test_an_attack_that_plants_no_backdoor_shows_clean_accuracy_only_and_is_not_ranked_by_it(tmp_path):
