@@ -13,7 +13,7 @@ import torch
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, combine_rows, finite_by_id, package_for, pooled_finite
 from dfedrw.peer.aggregation.gossip import self_centred_coefficients
-from dfedrw.peer.aggregation.rules import _DFEDAVG_WEIGHTINGS, RULE_REGISTRY, Aggregate, DFedAvg, RoundBatch, RoundInputs
+from dfedrw.peer.aggregation.rules import DFEDAVG_WEIGHTINGS, RULE_REGISTRY, Aggregate, DFedAvg, RoundBatch, RoundInputs
 
 __all__ = ["NormBound"]
 
@@ -87,7 +87,7 @@ class NormBound:
     def __post_init__(self) -> None:
         object.__setattr__(self, "bound", check_real("NormBound", "bound", self.bound, positive=True))
         object.__setattr__(self, "noise", check_real("NormBound", "noise", self.noise, nonnegative=True))
-        check_choice("NormBound", "weighting", self.weighting, _DFEDAVG_WEIGHTINGS)
+        check_choice("NormBound", "weighting", self.weighting, DFEDAVG_WEIGHTINGS)
         check_int("NormBound", "seed", self.seed)
 
     def batch_group(self) -> tuple:
@@ -119,7 +119,7 @@ class NormBound:
         flags = [False] * len(ids)
         for i in finite.positions:
             flags[i] = True
-        sizes = DFedAvg(self.weighting)._weights(flags, num_samples)
+        sizes = DFedAvg(self.weighting).size_weights(flags, num_samples)
         coefficients = self_centred_coefficients(finite, lambda _: self.bound, [sizes[i] for i in finite.positions])
         model = combine_rows(finite, torch.tensor(coefficients, dtype=torch.float64))
         if self.noise > 0:

@@ -239,7 +239,8 @@ class _Answered:
         return dict(self.metrics) if vectors is self.candidates else self.evaluate(vectors)
 
 
-_DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
+# The weightings DFedAvg offers (and rules that average as it does, such as norm_bound).
+DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
 
 
 @RULE_REGISTRY.register("dfedavg")
@@ -258,13 +259,13 @@ class DFedAvg:
     weighting: str = "data_size"
 
     def __post_init__(self) -> None:
-        check_choice("DFedAvg", "weighting", self.weighting, _DFEDAVG_WEIGHTINGS)
+        check_choice("DFedAvg", "weighting", self.weighting, DFEDAVG_WEIGHTINGS)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        weights = self._weights(inputs.finite_list(), inputs.num_samples)
+        weights = self.size_weights(inputs.finite_list(), inputs.num_samples)
         return weighted_aggregate(inputs, torch.tensor(weights, dtype=torch.float64), None)
 
-    def _weights(self, finite: Sequence[bool], num_samples: Sequence[int]) -> list[float]:
+    def size_weights(self, finite: Sequence[bool], num_samples: Sequence[int]) -> list[float]:
         """Unnormalised weights, 0 on non-finite rows (uniform when no size is positive).
         Python floats: sums of whole numbers are exact either way, so normalising them here
         or in float64 tensors gives the very same weights."""
@@ -278,7 +279,7 @@ class DFedAvg:
         ok = batch.finite().tolist()
         weights = []
         for c, rows in enumerate(batch.rows):
-            w = self._weights([ok[i] for i in rows], batch.num_samples[c])
+            w = self.size_weights([ok[i] for i in rows], batch.num_samples[c])
             if not sum(w) > 0:  # as _normalised: all on the own model
                 w = [1.0] + [0.0] * (len(rows) - 1)
             total = sum(w)
