@@ -75,6 +75,12 @@ class BatchedRun:
 
     def __init__(self, scenario: Scenario, out_dir: Path, *, tensorboard: Path | None = None) -> None:
         self.scenario = sc = scenario
+        if sc.links.emulates:
+            # Its rounds have no time in them: a message that waits or is lost would arrive all the same.
+            raise ValueError(
+                "[links] emulates latency, bandwidth or loss, which the batched engine does not model (it keeps no "
+                "clock): use the client engine (engine.name = \"clients\")"
+            )
         self.out_dir = Path(out_dir)
         self.tensorboard = tensorboard  # a folder for the honest clients' TensorBoard event files
         self.device = engine_device(sc.engine.device)

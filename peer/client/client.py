@@ -50,7 +50,8 @@ from dfedrw.peer.results.records import RoundLog, write_json_atomic
 from dfedrw.peer.client.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures, with_round_graph
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
-from dfedrw.peer.wiring.build import scenario_transport
+from dfedrw.peer.transport.links import EmulatedLinks
+from dfedrw.peer.wiring.build import scenario_transport, with_links
 from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport
@@ -101,7 +102,8 @@ class Client:
         self.neighbours = self.graphs.possible(client_id)
         self.link = link or NullLink()
         net = scenario.network
-        self.transport = transport
+        # What it sends waits on the scenario's emulated links ([links]), under any transport.
+        self.transport = transport = with_links(scenario, client_id, transport)
         self.plausible = scenario_plausible(scenario)
         # A Byzantine client trains nothing: it needs only the model's layout (from a model on
         # the meta device, which holds no values).
@@ -269,6 +271,9 @@ class Client:
             rounds_lost=self.resume.rounds_lost(),
             resumed_from=self.resume.resumed_from,
         )
+        if isinstance(self.transport, EmulatedLinks):
+            # What its emulated links did with what it sent ([links]).
+            final["links"] = {"lost": self.transport.lost, "delayed": self.transport.delayed}
         if self.graphs.dynamic:
             final["schedule"] = self.scenario.topology.schedule
             if hasattr(self.transport, "channels_opened"):

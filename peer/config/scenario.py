@@ -12,6 +12,8 @@ A scenario file has the sections below (every key optional; defaults in the data
                   [aggregation.RULE]  [aggregation.tpm_params.TPM]  [aggregation.crs_params.CRS]
     [network]     transport, host, round_timeout, round_window, max_missed_rounds,
                   connect_timeout, chunk_bytes, max_message_bytes, idle_channel_timeout, ...
+    [links]       latency, jitter, bandwidth, loss, generator, latency_per_unit
+                  [links.pairs] "I-J" = {latency = ..., ...}  one directed link's own settings
     [eval]        every
     [checkpoint]  every
     [engine]      name (clients, batched), device, threads
@@ -57,7 +59,8 @@ from dfedrw.peer.config.aggregation import (
 )
 from dfedrw.peer.config.tables import Params, SettingsTables, parse_class_tables, settings_tables, toml_key
 from dfedrw.peer.config.sections import (  # noqa: F401 - the sections are named from here too
-    ENGINES, CheckpointConfig, DataConfig, EngineConfig, EvalConfig, NetworkConfig, TopologyConfig, TrainConfig, check_model,
+    ENGINES, CheckpointConfig, DataConfig, EngineConfig, EvalConfig, LinksConfig, NetworkConfig, TopologyConfig, TrainConfig,
+    check_model, parse_link_pairs,
 )
 from dfedrw.peer.kinds.table import KINDS
 from dfedrw.peer.config.checks import MAX_ROUNDS, check_in_range, coerce_value
@@ -77,6 +80,7 @@ class Scenario:
     attack: AttackConfig = field(default_factory=AttackConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    links: LinksConfig = field(default_factory=LinksConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -100,6 +104,9 @@ class Scenario:
             if not 0 <= k < n:
                 raise ScenarioError(f"peers.{k}: no such client; ids are 0..{n - 1}")
             configs.setdefault(self.aggregation_for(k), None)
+        for (src, dst), _ in self.links.pairs:
+            if not (src < n and dst < n):
+                raise ScenarioError(f"links.pairs.\"{src}-{dst}\": no such client; ids are 0..{n - 1}")
         if self.topology.byzantine and self.attack.name == "none":
             raise ScenarioError(
                 f"topology.byzantine={self.topology.byzantine} but attack.name='none'; "
@@ -138,6 +145,7 @@ _SECTIONS: dict[str, type] = {
     "attack": AttackConfig,
     "aggregation": AggregationConfig,
     "network": NetworkConfig,
+    "links": LinksConfig,
     "eval": EvalConfig,
     "checkpoint": CheckpointConfig,
     "engine": EngineConfig,
@@ -196,6 +204,9 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         if name == "topology" and "schedule_params" in table:
             table = dict(table)
             tables["schedule_params"] = _schedule_tables(table.pop("schedule_params"))
+        if name == "links" and "pairs" in table:
+            table = dict(table)
+            tables["pairs"] = parse_link_pairs(table.pop("pairs"))
         if name in _CLASS_TABLES:
             kind, params_field = _CLASS_TABLES[name]
             fields_ = [f.name for f in fields(cls) if f.name not in (params_field, "schedule_params")]
@@ -229,6 +240,13 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
             out[name] = aggregation_table(scenario.aggregation)
         elif name == "attack":
             out[name] = attack_table(scenario.attack)
+        elif name == "links":
+            # Written only when it emulates something: a scenario without it is written as before.
+            links = scenario.links
+            if links != LinksConfig():
+                out[name] = {k: v for k, v in dataclasses.asdict(links).items() if k != "pairs"}
+                if links.pairs:
+                    out[name]["pairs"] = links.pair_table()
         else:
             out[name] = dataclasses.asdict(getattr(scenario, name))
             if name in _CLASS_TABLES:

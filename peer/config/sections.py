@@ -1,14 +1,17 @@
 """The sections of a scenario other than [aggregation] and [attack] (:mod:`peer.config.aggregation`):
-[data], [train], [topology], [network], [eval], [checkpoint] and [engine], each a frozen
+[data], [train], [topology], [network], [links], [eval], [checkpoint] and [engine], each a frozen
 dataclass checked in ``__post_init__`` (each class's settings tables against its registry).
 :mod:`peer.config.scenario` puts them together into a :class:`~dfedrw.peer.config.scenario.Scenario`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dfedrw.peer.config.checks import (
     MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_EDGES, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, ScenarioError, check_choice_of, check_in_range,
+    coerce_value,
 )
 from dfedrw.peer.config.tables import Params, checked_params, resolve_class, toml_key
 from dfedrw.peer.learning.datasets import build_dataset, natural_groups_error
@@ -315,3 +318,91 @@ class EngineConfig:
         check_in_range("engine.threads", self.threads, 1, 1024)
         if not (self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ScenarioError(f"engine.device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+
+
+LINK_GENERATORS = ("none", "distance")
+# ((sender, receiver), ((setting, value), ...)) per directed link given its own settings, sorted.
+LinkPairs = tuple[tuple[tuple[int, int], tuple[tuple[str, float], ...]], ...]
+LINK_FIELDS = ("latency", "jitter", "bandwidth", "loss")
+# Bits per second: far past any link; keeps transfer times finite.
+MAX_BANDWIDTH = 1e15
+
+
+def check_link(prefix: str, latency: float, jitter: float, bandwidth: float, loss: float) -> None:
+    """One link's settings: seconds, seconds, bits per second (0: unlimited), a probability."""
+    check_in_range(f"{prefix}.latency", latency, 0.0, MAX_SECONDS)
+    check_in_range(f"{prefix}.jitter", jitter, 0.0, MAX_SECONDS)
+    check_in_range(f"{prefix}.bandwidth", bandwidth, 0.0, MAX_BANDWIDTH)
+    check_in_range(f"{prefix}.loss", loss, 0.0, 1.0, open_hi=True)
+
+
+@dataclass(frozen=True)
+class LinksConfig:
+    """Emulated links, applied by each sender in user space (:mod:`peer.transport.links`): every
+    message waits on its directed link for its transfer (``size / bandwidth``, one message at a
+    time per link) and then ``latency`` plus a normal draw of std ``jitter`` (never below 0),
+    and is lost with probability ``loss``; every draw seeded by (seed, sender, receiver).
+
+    ``latency`` (s), ``jitter`` (s), ``bandwidth`` (bits per second, 0 = unlimited) and ``loss``
+    hold for every link; ``generator = "distance"`` puts the clients at seeded random points of
+    the unit square and adds ``latency_per_unit`` seconds per unit of distance to each link's
+    latency; ``pairs`` overrides single directed links: ``"I-J" = {latency = ..., ...}`` (from
+    client I to client J; give "J-I" too for both ways). The defaults emulate nothing: no
+    message waits and none is lost, and a run is what it was without this section.
+    """
+
+    latency: float = 0.0
+    jitter: float = 0.0
+    bandwidth: float = 0.0
+    loss: float = 0.0
+    generator: str = "none"
+    latency_per_unit: float = 0.0
+    pairs: LinkPairs = ()
+
+    def __post_init__(self) -> None:
+        check_link("links", self.latency, self.jitter, self.bandwidth, self.loss)
+        check_choice_of("links.generator", self.generator, LINK_GENERATORS)
+        check_in_range("links.latency_per_unit", self.latency_per_unit, 0.0, MAX_SECONDS)
+        if self.latency_per_unit and self.generator != "distance":
+            raise ScenarioError(
+                f"links.latency_per_unit={self.latency_per_unit!r} is read only by links.generator = \"distance\" "
+                f"(links.generator={self.generator!r})"
+            )
+        for (src, dst), values in self.pairs:
+            settings = dict(values)
+            merged = {k: settings.get(k, getattr(self, k)) for k in LINK_FIELDS}
+            check_link(f"links.pairs.\"{src}-{dst}\"", **merged)
+
+    @property
+    def emulates(self) -> bool:
+        """Whether any message waits or may be lost (False: the links are left alone)."""
+        if self.latency or self.jitter or self.bandwidth or self.loss or self.latency_per_unit:
+            return True
+        return any(v for _, values in self.pairs for _, v in values)
+
+    def pair_table(self) -> dict[str, dict[str, float]]:
+        """``pairs`` as the TOML table it was given as."""
+        return {f"{src}-{dst}": dict(values) for (src, dst), values in self.pairs}
+
+
+def parse_link_pairs(value: Any) -> LinkPairs:
+    """``[links.pairs]``: ``"I-J" = {latency = 0.2, ...}`` per directed link, checked and sorted."""
+    where = "links.pairs"
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where} must be a table of \"I-J\" = {{latency = ..., bandwidth = ...}}")
+    out = []
+    for key, table in value.items():
+        parts = str(key).split("-")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ScenarioError(f"{where}: {key!r}: expected \"I-J\", the ids of the sending and the receiving client")
+        src, dst = int(parts[0]), int(parts[1])
+        if src == dst:
+            raise ScenarioError(f"{where}: {key!r}: a link joins two different clients")
+        if not isinstance(table, Mapping) or not table:
+            raise ScenarioError(f"{where}.\"{key}\" must be a table of some of: {', '.join(LINK_FIELDS)}")
+        for k in table:
+            if k not in LINK_FIELDS:
+                raise ScenarioError(f"unknown key '{where}.\"{key}\".{k}'; valid keys: {', '.join(LINK_FIELDS)}")
+        values = tuple(sorted((k, coerce_value(f"{where}.\"{key}\".{k}", v, "float")) for k, v in table.items()))
+        out.append(((src, dst), values))
+    return tuple(sorted(out))

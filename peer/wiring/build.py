@@ -12,6 +12,7 @@ clients without building them (graph, roles, seeds).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from dfedrw.peer.kinds.rules import ATTACK_REGISTRY, build_named_rule
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.graph.schedule import receive_window
 from dfedrw.peer.transport.kinds import PLACEMENTS, TRANSPORT_REGISTRY, Grpc, TransportKind
+from dfedrw.peer.transport.links import EmulatedLinks, LinkProfile, LinkSchedule, distance_profiles, links_for
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -35,12 +37,15 @@ __all__ = [
     "build_attack_from",
     "build_client_rule",
     "build_rule_from",
+    "client_links",
     "grpc_transport_for",
+    "link_profiles",
     "message_bytes",
     "scenario_colluders",
     "scenario_dataset",
     "scenario_model_specs",
     "scenario_transport",
+    "with_links",
 ]
 
 
@@ -158,3 +163,36 @@ def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
             t.model, features, classes, hidden=t.hidden, input_shape=dataset_input_shape(scenario), params=settings_of(t.model_params, t.model)
         )
     return model_specs(model)
+
+
+# -- emulated links ------------------------------------------------------------------------------
+
+
+def link_profiles(scenario: Scenario) -> tuple[LinkProfile, dict[tuple[int, int], LinkProfile]]:
+    """The scenario's ``[links]``: the profile of every link, and the links with their own (the
+    distance generator's, then each ``[links.pairs]`` entry over it)."""
+    links = scenario.links
+    default = LinkProfile(latency=links.latency, jitter=links.jitter, bandwidth=links.bandwidth, loss=links.loss)
+    own: dict[tuple[int, int], LinkProfile] = {}
+    if links.generator == "distance":
+        own = distance_profiles(scenario.num_clients, scenario.seed, latency_per_unit=links.latency_per_unit, base=default)
+    for pair, values in links.pairs:
+        own[pair] = dataclasses.replace(own.get(pair, default), **dict(values))
+    return default, own
+
+
+def client_links(scenario: Scenario, client: int) -> dict[int, LinkSchedule] | None:
+    """Client ``client``'s outgoing links to every other client, timed and seeded; None when
+    ``[links]`` emulates nothing (the transport is then used as it is)."""
+    if not scenario.links.emulates:
+        return None
+    default, own = link_profiles(scenario)
+    others = [k for k in range(scenario.num_clients) if k != client]
+    return links_for(default, own, scenario.seed, client, others)
+
+
+def with_links(scenario: Scenario, client: int, transport: Any) -> Any:
+    """``transport`` sending over the scenario's emulated links (:class:`EmulatedLinks`), or
+    itself when ``[links]`` emulates nothing."""
+    schedules = client_links(scenario, client)
+    return transport if schedules is None else EmulatedLinks(transport, schedules)

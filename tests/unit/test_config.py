@@ -156,6 +156,11 @@ RANGES = [
     ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
     ("checkpoint.every", [0, 10_000_000], [-1, 10_000_001]),
     ("engine.threads", [1, 1024], [0, 1025]),
+    ("links.latency", [0.0, 86400.0], [-1.0, 86401.0]),
+    ("links.jitter", [0.0, 86400.0], [-1.0, 86401.0]),
+    ("links.bandwidth", [0.0, 1e15], [-1.0, 1.1e15]),
+    ("links.loss", [0.0, 0.999], [-0.1, 1.0]),
+    ("links.latency_per_unit", [0.0, 86400.0], [-1.0, 86401.0]),
 ]
 FLOAT_KEYS = [key for key, inside, _ in RANGES if isinstance(inside[0], float)]
 
@@ -177,6 +182,8 @@ def _override(key, value):
 
 def _graph_for(key):
     """Client counts up to the limit load on a sparse graph (a dense one of that many is refused)."""
+    if key == "links.latency_per_unit":  # read only by the distance generator
+        return ["links.generator='distance'"]
     return ["topology.kind='ring'"] if key.startswith("topology.") else []
 
 
