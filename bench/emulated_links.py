@@ -1,0 +1,115 @@
+"""What emulated links cost a round: client processes over gRPC with mutual TLS, the built-in
+default scenario without Byzantine clients, run three times in one invocation: with perfect
+links, with ``--latency`` and ``--bandwidth`` on every link (``[links]``), and with ``--loss``
+besides.
+
+    python bench/emulated_links.py                              # 50 ms, 10 Mbit/s, 10 % loss, 60 rounds
+    python bench/emulated_links.py --hidden 2000 --rounds 30    # a larger model (an MLP): bandwidth shows
+    python bench/emulated_links.py --json out.json
+
+Printed for the first two runs: each client's round loop seconds per round (the median over
+the clients), the increase the links gave, and what the profile predicts for it: a synchronous
+round waits for the neighbours' models, each of which now arrives ``latency + size / bandwidth``
+later (its links run side by side, one message at a time each), ``size`` the model message's
+bytes on the wire as the clients' records count them. The ratio increase / prediction is 1 when
+the emulation costs exactly what the profile says. For the lossy run: the messages the senders'
+links lost (their final records), the models the receivers missed (their round records), and
+whether every client completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def one_run(work: Path, name: str, rounds: int, hidden: int, extra: list[str], timeout: float) -> dict:
+    out = work / name
+    model = ["--set", "train.model=mlp", "--set", f"train.hidden={hidden}"] if hidden else []
+    cmd = [
+        sys.executable, "-m", "dfedrw.experiments.cli", "run", "--out", str(out),
+        "--set", "topology.byzantine=0", "--set", "attack.name=none", "--set", f"rounds={rounds}", "--set", "eval.every=0",
+        "--set", "network.transport=grpc", "--set", "network.tls=mutual", *model, *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO.parent)}
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
+    finals = [json.loads(p.read_text()) for p in sorted((out / "peers").glob("*.json"))]
+    per_message, missed = [], 0
+    for p in sorted((out / "peers").glob("*.jsonl")):
+        for line in p.read_text().splitlines():
+            record = json.loads(line)
+            receivers = len(record.get("weights", {})) - 1
+            if receivers > 0 and record.get("bytes_sent"):
+                per_message.append(record["bytes_sent"] / receivers)
+            missed += len(record.get("missing", []))
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "run": name,
+        "seconds_per_round": statistics.median(f["loop_seconds"] for f in finals) / rounds,
+        "message_bytes": statistics.median(per_message) if per_message else 0.0,
+        "lost": sum(f.get("links", {}).get("lost", 0) for f in finals),
+        "missed": missed,
+        "completed": summary.get("honest_completed"),
+        "clients": len(finals),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--latency", type=float, default=0.05, help="seconds on every link (default 0.05)")
+    parser.add_argument("--bandwidth", type=float, default=10e6, help="bits per second per link (default 10e6)")
+    parser.add_argument("--loss", type=float, default=0.1, help="message loss of the third run (default 0.1)")
+    parser.add_argument("--round-timeout", type=float, default=1.0, help="network.round_timeout of the lossy run (default 1 s)")
+    parser.add_argument("--hidden", type=int, default=0, help="an MLP of this hidden width instead of softmax regression")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds each run may take")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    links = ["--set", f"links.latency={args.latency}", "--set", f"links.bandwidth={args.bandwidth}"]
+    with tempfile.TemporaryDirectory(prefix="dfedrw-links-") as tmp:
+        work = Path(tmp)
+        base = one_run(work, "perfect", args.rounds, args.hidden, [], args.timeout)
+        slow = one_run(work, "links", args.rounds, args.hidden, links, args.timeout)
+        lossy = one_run(
+            work, "lossy", args.rounds, args.hidden,
+            [*links, "--set", f"links.loss={args.loss}", "--set", f"network.round_timeout={args.round_timeout}"], args.timeout,
+        )
+    transfer = slow["message_bytes"] * 8 / args.bandwidth if args.bandwidth else 0.0
+    predicted = args.latency + transfer
+    increase = slow["seconds_per_round"] - base["seconds_per_round"]
+    figures = {
+        "rounds": args.rounds, "latency": args.latency, "bandwidth": args.bandwidth, "hidden": args.hidden,
+        "message_bytes": slow["message_bytes"],
+        "perfect_seconds_per_round": round(base["seconds_per_round"], 4),
+        "links_seconds_per_round": round(slow["seconds_per_round"], 4),
+        "increase_seconds": round(increase, 4), "predicted_seconds": round(predicted, 4),
+        "increase_over_predicted": round(increase / predicted, 3) if predicted else None,
+        "loss": args.loss, "lost": lossy["lost"], "missed": lossy["missed"],
+        "lossy_completed": f"{lossy['completed']} of {lossy['clients']}",
+        "lossy_seconds_per_round": round(lossy["seconds_per_round"], 4),
+    }
+    print(f"model message: {slow['message_bytes']:.0f} bytes; links: {args.latency * 1e3:g} ms, {args.bandwidth / 1e6:g} Mbit/s")
+    print(f"round loop, median client: {base['seconds_per_round'] * 1e3:.1f} ms/round perfect, "
+          f"{slow['seconds_per_round'] * 1e3:.1f} ms/round over the links")
+    print(f"increase {increase * 1e3:.1f} ms/round; predicted {predicted * 1e3:.1f} ms "
+          f"(latency {args.latency * 1e3:g} + transfer {transfer * 1e3:.1f}); ratio {figures['increase_over_predicted']}")
+    print(f"loss {args.loss:g}: {lossy['lost']} messages lost by the senders' links, {lossy['missed']} models missed by the "
+          f"receivers; completed {figures['lossy_completed']}; {lossy['seconds_per_round'] * 1e3:.1f} ms/round "
+          f"(round_timeout {args.round_timeout:g} s)")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
