@@ -27,6 +27,12 @@ def test_settings_and_pairs_load_and_round_trip():
     assert scenario_changes(s)["links"]["latency"] == 0.05
 
 
+def test_links_set_to_nothing_are_the_scenario_without_them():
+    # Zero latency, unlimited bandwidth, no loss: the same scenario, so the same run and folder.
+    zero = load_scenario(None, ["links.latency=0", "links.jitter=0", "links.bandwidth=0", "links.loss=0"])
+    assert zero == load_scenario(None, []) and not zero.links.emulates
+
+
 def test_a_pair_alone_emulates():
     assert load_scenario(None, ['links.pairs."0-1".latency=0.01']).links.emulates
     assert not load_scenario(None, ['links.pairs."0-1".latency=0.0']).links.emulates
