@@ -75,6 +75,11 @@ class BatchedRun:
 
     def __init__(self, scenario: Scenario, out_dir: Path, *, tensorboard: Path | None = None) -> None:
         self.scenario = sc = scenario
+        if sc.paced:
+            raise ValueError(
+                "train.speed or a [peers.K] speed makes clients slower than the machine, which the batched engine does not "
+                "model (it keeps no clock): use the client engine (engine.name = \"clients\")"
+            )
         if sc.links.emulates:
             # Its rounds have no time in them: a message that waits or is lost would arrive all the same.
             raise ValueError(

@@ -47,7 +47,7 @@ from dfedrw.peer.client.rendezvous import LauncherRendezvous, Rendezvous, Static
 from dfedrw.peer.client.presence import PROBE_EVERY, Presence
 from dfedrw.peer.client.rejoin import Resume, coordinate_median
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
-from dfedrw.peer.client.rounds import Liveness, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures, with_round_graph
+from dfedrw.peer.client.rounds import Liveness, Pace, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures, with_round_graph
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.transport.links import EmulatedLinks
@@ -104,6 +104,8 @@ class Client:
         net = scenario.network
         # What it sends waits on the scenario's emulated links ([links]), under any transport.
         self.transport = transport = with_links(scenario, client_id, transport)
+        # A straggler's local steps and aggregation take 1/speed times as long ([peers.K] speed).
+        self.pace = Pace(scenario.speed_of(client_id))
         self.plausible = scenario_plausible(scenario)
         # A Byzantine client trains nothing: it needs only the model's layout (from a model on
         # the meta device, which holds no values).
@@ -271,6 +273,8 @@ class Client:
             rounds_lost=self.resume.rounds_lost(),
             resumed_from=self.resume.resumed_from,
         )
+        if self.pace.extra:
+            final["speed"] = {"speed": self.scenario.speed_of(self.id), "waited_seconds": round(self.pace.waited, 3)}
         if isinstance(self.transport, EmulatedLinks):
             # What its emulated links did with what it sent ([links]).
             final["links"] = {"lost": self.transport.lost, "delayed": self.transport.delayed}
@@ -351,7 +355,8 @@ class Client:
         while r < sc.rounds:
             r, sent0, recv0 = self.begin_round(r)
             reference = get_vector(self.model)
-            loss = trainer.step(sc.train.lr_at(r, sc.rounds))
+            with self.pace.work():
+                loss = trainer.step(sc.train.lr_at(r, sc.rounds))
             own = flat if flat is not None else get_vector(self.model)
             senders = self.graphs.senders_to(self.id, r)
             self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)
@@ -384,12 +389,13 @@ class Client:
             # Every received model passed the intake's check of its values: only the own
             # model's need looking at (for a big model a pass over every candidate saved).
             finite = (bool(finite_rows(own[None])[0]), *(True for _ in ids[1:]))
-            agg = rule(
-                RoundInputs(
-                    own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval,
-                    total_rounds=sc.rounds, declared_losses=losses, reference=reference, finite=finite,
+            with self.pace.work():
+                agg = rule(
+                    RoundInputs(
+                        own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval,
+                        total_rounds=sc.rounds, declared_losses=losses, reference=reference, finite=finite,
+                    )
                 )
-            )
             model, weights, scores = agg.model, agg.weights, agg.scores
             if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
                 # A rule that kept a candidate as it is: the parameters must not hold on to

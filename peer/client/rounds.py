@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,28 @@ def loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[s
         "loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3),
         "loop_started_at": round(started_at, 3),
     }
+
+
+class Pace:
+    """A client slower than the machine (``speed`` in (0, 1], :meth:`Scenario.speed_of`): after
+    each piece of work timed with :meth:`work` it waits ``1/speed - 1`` times as long as the
+    work took, so the work takes ``1/speed`` times as long in all. ``waited``: the seconds it
+    waited. At speed 1 it times nothing and waits for nothing."""
+
+    def __init__(self, speed: float) -> None:
+        self.extra = 1.0 / speed - 1.0
+        self.waited = 0.0
+
+    @contextmanager
+    def work(self) -> Iterator[None]:
+        if not self.extra:
+            yield
+            return
+        start = time.monotonic()
+        yield
+        wait = self.extra * (time.monotonic() - start)
+        time.sleep(wait)
+        self.waited += wait
 
 
 @dataclass

@@ -18,6 +18,7 @@ A scenario file has the sections below (every key optional; defaults in the data
     [checkpoint]  every
     [engine]      name (clients, batched), device, threads
     [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
+    [peers.K] speed        client K's compute speed (train.speed for the others)
 
 A rule, TPM, CRS or attack is a class registered by name (peer/registry.py) or an
 import path ``module:Class``; its constructor's parameters are its settings, set in its own
@@ -86,6 +87,8 @@ class Scenario:
     engine: EngineConfig = field(default_factory=EngineConfig)
     # Client id -> aggregation overrides (keys of [aggregation]).
     peers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    # Client id -> its own compute speed ([peers.K] speed; the others run at train.speed).
+    speeds: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _VALIDATED.get():
@@ -104,6 +107,10 @@ class Scenario:
             if not 0 <= k < n:
                 raise ScenarioError(f"peers.{k}: no such client; ids are 0..{n - 1}")
             configs.setdefault(self.aggregation_for(k), None)
+        for k, speed in self.speeds.items():
+            if not 0 <= k < n:
+                raise ScenarioError(f"peers.{k}: no such client; ids are 0..{n - 1}")
+            check_in_range(f"peers.{k}.speed", speed, 0.0, 1.0, open_lo=True)
         for (src, dst), _ in self.links.pairs:
             if not (src < n and dst < n):
                 raise ScenarioError(f"links.pairs.\"{src}-{dst}\": no such client; ids are 0..{n - 1}")
@@ -129,6 +136,15 @@ class Scenario:
     @property
     def num_clients(self) -> int:
         return self.topology.num_clients
+
+    def speed_of(self, client: int) -> float:
+        """Client ``client``'s compute speed: its [peers.K] speed, else train.speed."""
+        return self.speeds.get(client, self.train.speed)
+
+    @property
+    def paced(self) -> bool:
+        """Whether any client runs slower than the machine (train.speed or a [peers.K] speed below 1)."""
+        return self.train.speed < 1.0 or any(v < 1.0 for v in self.speeds.values())
 
     def aggregation_for(self, client: int) -> AggregationConfig:
         """The aggregation settings of one client: [aggregation] with its [peers.K] overrides."""
@@ -214,18 +230,24 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         _check_keys(name, table, cls)
         kwargs[name] = cls(**{k: coerce_value(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()}, **tables)
     peers: dict[int, dict[str, Any]] = {}
+    speeds: dict[int, float] = {}
     for key, table in dict(raw.get("peers", {})).items():
         try:
             client = int(key)
         except (TypeError, ValueError):
             raise ScenarioError(f"peers.{key}: client ids are integers") from None
-        if not isinstance(table, Mapping) or set(table) - {"aggregation"}:
-            raise ScenarioError(f"peers.{key}: only an 'aggregation' table may be overridden per client")
-        over = table.get("aggregation", {})
+        if not isinstance(table, Mapping) or set(table) - {"aggregation", "speed"}:
+            raise ScenarioError(f"peers.{key}: only an 'aggregation' table and 'speed' may be set per client")
+        if "speed" in table:
+            speeds[client] = coerce_value(f"peers.{key}.speed", table["speed"], "float")
+        if "aggregation" not in table:
+            continue
+        over = table["aggregation"]
         if not isinstance(over, Mapping):
             raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {over!r}")
         peers[client] = deep_copy(over)
     kwargs["peers"] = peers
+    kwargs["speeds"] = speeds
     try:
         return Scenario(**kwargs)
     except TypeError as exc:  # pragma: no cover - defensive, keys are checked above
@@ -262,8 +284,15 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                     out[name]["schedule_params"] = settings_tables(tables)
                 if out[name]["placement"] == "random":
                     del out[name]["placement"]
-    if scenario.peers:
-        out["peers"] = {str(k): {"aggregation": deep_copy(v)} for k, v in sorted(scenario.peers.items())}
+    if scenario.peers or scenario.speeds:
+        peers: dict[str, dict[str, Any]] = {}
+        for k in sorted({*scenario.peers, *scenario.speeds}):
+            entry = peers[str(k)] = {}
+            if k in scenario.speeds:
+                entry["speed"] = scenario.speeds[k]
+            if k in scenario.peers:
+                entry["aggregation"] = deep_copy(scenario.peers[k])
+        out["peers"] = peers
     return out
 
 

@@ -102,6 +102,10 @@ class TrainConfig:
     # "shared": every client starts from the same seeded initialisation (the usual DFL set-up);
     # "per_client": each client draws its own; "zeros": all parameters start at 0.
     init: str = "shared"
+    # Each client's compute speed in (0, 1]: at speed s a client takes 1/s times as long over its
+    # local steps and its aggregation (scoring included) as this machine does, waiting the
+    # difference out after each; 1 = as fast as the machine runs it. [peers.K] speed overrides it.
+    speed: float = 1.0
     # The settings tables [train.NAME] of models (every one given is checked, the named one is used).
     model_params: Params = ()
 
@@ -119,6 +123,7 @@ class TrainConfig:
         check_choice_of("train.lr_schedule", self.lr_schedule, ("constant", "step", "cosine"))
         check_in_range("train.lr_gamma", self.lr_gamma, 0.0, 1.0, open_lo=True)
         check_in_range("train.lr_step", self.lr_step, 1, MAX_ROUNDS)
+        check_in_range("train.speed", self.speed, 0.0, 1.0, open_lo=True)
 
     def lr_at(self, r: int, rounds: int) -> float:
         """The learning rate of round ``r`` of ``rounds`` (:func:`peer.learning.training.learning_rate`)."""

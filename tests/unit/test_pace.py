@@ -1,0 +1,70 @@
+"""Slow clients: train.speed and [peers.K] speed, and the pace a client keeps with them."""
+
+import pytest
+
+from dfedrw.peer.client import rounds
+from dfedrw.peer.client.rounds import Pace
+from dfedrw.peer.config.checks import ScenarioError
+from dfedrw.peer.config.scenario import load_scenario, scenario_changes, scenario_from_dict, scenario_to_dict
+
+
+class FakeTime:
+    def __init__(self):
+        self.now = 100.0
+        self.slept = []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_a_client_at_speed_s_waits_out_1_over_s_minus_1_times_its_work(monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(rounds, "time", clock)
+    pace = Pace(0.2)
+    with pace.work():
+        clock.now += 0.5  # the work took 0.5 s
+    with pace.work():
+        clock.now += 0.25
+    assert clock.slept == [2.0, 1.0] and pace.waited == 3.0  # 5 times as long in all
+
+
+def test_at_full_speed_nothing_is_timed_or_waited(monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(rounds, "time", clock)
+    pace = Pace(1.0)
+    with pace.work():
+        clock.now += 1.0
+    assert pace.extra == 0 and clock.slept == [] and pace.waited == 0
+
+
+def test_speeds_load_per_client_and_round_trip():
+    s = load_scenario(None, ["train.speed=0.5", "peers.3.speed=0.2", "peers.1.aggregation.rule=median"])
+    assert (s.speed_of(3), s.speed_of(0), s.paced) == (0.2, 0.5, True)
+    assert scenario_to_dict(s)["peers"] == {"1": {"aggregation": {"rule": "median"}}, "3": {"speed": 0.2}}
+    assert scenario_from_dict(scenario_to_dict(s)) == s
+    plain = load_scenario(None, [])
+    assert not plain.paced and "peers" not in scenario_changes(plain)
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["peers.3.speed=0"], "peers.3.speed=0.0 must be a finite number in (0, 1]"),
+    (["peers.3.speed=2"], "peers.3.speed=2.0 must be a finite number in (0, 1]"),
+    (["peers.12.speed=0.5"], "peers.12: no such client; ids are 0..11"),
+    (["peers.3.pace=0.5"], "only an 'aggregation' table and 'speed' may be set per client"),
+])
+def test_bad_speeds_name_the_key(sets, words):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(None, sets)
+    assert words in str(err.value)
+
+
+def test_the_batched_engine_refuses_slow_clients(tmp_path):
+    from dfedrw.engines.batched_run import BatchedRun
+
+    s = load_scenario(None, ["data.name=digits", "topology.byzantine=0", "attack.name=none", "peers.2.speed=0.5", "engine.name=batched"])
+    with pytest.raises(ValueError, match="slower than the machine"):
+        BatchedRun(s, tmp_path)
