@@ -1,7 +1,7 @@
-"""What emulated links cost a round: client processes over gRPC with mutual TLS, the built-in
-default scenario without Byzantine clients, run three times in one invocation: with perfect
-links, with ``--latency`` and ``--bandwidth`` on every link (``[links]``), and with ``--loss``
-besides.
+"""What emulated links and a slow client cost a round: client processes over gRPC with mutual
+TLS, the built-in default scenario without Byzantine clients, run four times in one invocation:
+with perfect links, with ``--latency`` and ``--bandwidth`` on every link (``[links]``), with
+``--loss`` besides, and on perfect links with client 0 at ``--speed`` (``peers.0.speed``).
 
     python bench/emulated_links.py                              # 50 ms, 10 Mbit/s, 10 % loss, 60 rounds
     python bench/emulated_links.py --hidden 2000 --rounds 30    # a larger model (an MLP): bandwidth shows
@@ -14,7 +14,9 @@ later (its links run side by side, one message at a time each), ``size`` the mod
 bytes on the wire as the clients' records count them. The ratio increase / prediction is 1 when
 the emulation costs exactly what the profile says. For the lossy run: the messages the senders'
 links lost (their final records), the models the receivers missed (their round records), and
-whether every client completed.
+whether every client completed. For the straggler: its round loop seconds per round against
+the others' (the median), which in the synchronous protocol wait for it, and the seconds it
+waited out.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def one_run(work: Path, name: str, rounds: int, hidden: int, extra: list[str], timeout: float) -> dict:
+def one_run(work: Path, name: str, rounds: int, hidden: int, steps: int, extra: list[str], timeout: float) -> dict:
     out = work / name
     model = ["--set", "train.model=mlp", "--set", f"train.hidden={hidden}"] if hidden else []
+    model += ["--set", f"train.local_steps={steps}"]
     cmd = [
         sys.executable, "-m", "dfedrw.experiments.cli", "run", "--out", str(out),
         "--set", "topology.byzantine=0", "--set", "attack.name=none", "--set", f"rounds={rounds}", "--set", "eval.every=0",
@@ -56,6 +59,9 @@ def one_run(work: Path, name: str, rounds: int, hidden: int, extra: list[str], t
     return {
         "run": name,
         "seconds_per_round": statistics.median(f["loop_seconds"] for f in finals) / rounds,
+        "others_seconds_per_round": statistics.median(f["loop_seconds"] for f in finals if f.get("id", 0) != 0) / rounds
+        if len(finals) > 1 else 0.0,
+        "client0": next((f for f in finals if f.get("id") == 0), {}),
         "message_bytes": statistics.median(per_message) if per_message else 0.0,
         "lost": sum(f.get("links", {}).get("lost", 0) for f in finals),
         "missed": missed,
@@ -72,18 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", type=float, default=0.1, help="message loss of the third run (default 0.1)")
     parser.add_argument("--round-timeout", type=float, default=1.0, help="network.round_timeout of the lossy run (default 1 s)")
     parser.add_argument("--hidden", type=int, default=0, help="an MLP of this hidden width instead of softmax regression")
+    parser.add_argument("--local-steps", type=int, default=1, help="train.local_steps (default 1)")
+    parser.add_argument("--speed", type=float, default=0.2, help="client 0's speed in the straggler run (default 0.2)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each run may take")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     links = ["--set", f"links.latency={args.latency}", "--set", f"links.bandwidth={args.bandwidth}"]
     with tempfile.TemporaryDirectory(prefix="dfedrw-links-") as tmp:
         work = Path(tmp)
-        base = one_run(work, "perfect", args.rounds, args.hidden, [], args.timeout)
-        slow = one_run(work, "links", args.rounds, args.hidden, links, args.timeout)
+        steps = args.local_steps
+        base = one_run(work, "perfect", args.rounds, args.hidden, steps, [], args.timeout)
+        slow = one_run(work, "links", args.rounds, args.hidden, steps, links, args.timeout)
         lossy = one_run(
-            work, "lossy", args.rounds, args.hidden,
+            work, "lossy", args.rounds, args.hidden, steps,
             [*links, "--set", f"links.loss={args.loss}", "--set", f"network.round_timeout={args.round_timeout}"], args.timeout,
         )
+        lag = one_run(work, "straggler", args.rounds, args.hidden, steps, ["--set", f"peers.0.speed={args.speed}"], args.timeout)
     transfer = slow["message_bytes"] * 8 / args.bandwidth if args.bandwidth else 0.0
     predicted = args.latency + transfer
     increase = slow["seconds_per_round"] - base["seconds_per_round"]
@@ -97,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         "loss": args.loss, "lost": lossy["lost"], "missed": lossy["missed"],
         "lossy_completed": f"{lossy['completed']} of {lossy['clients']}",
         "lossy_seconds_per_round": round(lossy["seconds_per_round"], 4),
+        "straggler_speed": args.speed,
+        "straggler_seconds_per_round": round(lag["client0"].get("loop_seconds", 0.0) / args.rounds, 4),
+        "straggler_waited_seconds": lag["client0"].get("speed", {}).get("waited_seconds"),
+        "others_seconds_per_round_with_straggler": round(lag["others_seconds_per_round"], 4),
+        "others_seconds_per_round_perfect": round(base["others_seconds_per_round"], 4),
     }
     print(f"model message: {slow['message_bytes']:.0f} bytes; links: {args.latency * 1e3:g} ms, {args.bandwidth / 1e6:g} Mbit/s")
     print(f"round loop, median client: {base['seconds_per_round'] * 1e3:.1f} ms/round perfect, "
@@ -106,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loss {args.loss:g}: {lossy['lost']} messages lost by the senders' links, {lossy['missed']} models missed by the "
           f"receivers; completed {figures['lossy_completed']}; {lossy['seconds_per_round'] * 1e3:.1f} ms/round "
           f"(round_timeout {args.round_timeout:g} s)")
+    print(f"client 0 at speed {args.speed:g}: {figures['straggler_seconds_per_round'] * 1e3:.1f} ms/round "
+          f"(waited {figures['straggler_waited_seconds']} s in all); the others "
+          f"{figures['others_seconds_per_round_with_straggler'] * 1e3:.1f} ms/round, against "
+          f"{figures['others_seconds_per_round_perfect'] * 1e3:.1f} without it")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
