@@ -86,6 +86,11 @@ class BatchedRun:
                 "[links] emulates latency, bandwidth or loss, which the batched engine does not model (it keeps no "
                 "clock): use the client engine (engine.name = \"clients\")"
             )
+        if sc.network.compression != "none":
+            raise ValueError(
+                f"network.compression = {sc.network.compression!r} encodes the models clients send each other, which the batched "
+                "engine does not (its models never go on a wire): use the client engine (engine.name = \"clients\")"
+            )
         self.out_dir = Path(out_dir)
         self.tensorboard = tensorboard  # a folder for the honest clients' TensorBoard event files
         self.device = engine_device(sc.engine.device)

@@ -51,12 +51,11 @@ from dfedrw.peer.client.rounds import Liveness, Pace, aggregation_summary, check
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.transport.links import EmulatedLinks
-from dfedrw.peer.wiring.build import scenario_transport, with_links
+from dfedrw.peer.wiring.build import client_codec, scenario_transport, with_links
 from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.transport.inbox import Inbox
-from dfedrw.peer.transport.serde import message_out
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +131,8 @@ class Client:
             client_id, self.neighbours, inbox=self.inbox, transport=transport, graphs=self.graphs, round_timeout=net.round_timeout,
             round_window=net.round_window, collusion=self.collusion,
         )
-        self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self.presence.after_offer)
+        self.encoder, decoder = client_codec(scenario, client_id, self.specs)  # its models on the wire, and its neighbours'
+        self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self.presence.after_offer, decoder=decoder)
         self.checkpoint_file = checkpoint_path(self.out_dir, client_id)
         self.fingerprint = scenario_fingerprint(scenario)
         # A checkpoint of this client in its results folder: it was killed, and resumes.
@@ -278,6 +278,8 @@ class Client:
         if isinstance(self.transport, EmulatedLinks):
             # What its emulated links did with what it sent ([links]).
             final["links"] = {"lost": self.transport.lost, "delayed": self.transport.delayed}
+        if self.scenario.network.compression != "none":
+            final["compression"] = {"name": self.scenario.network.compression, **self.encoder.links()}
         if self.graphs.dynamic:
             final["schedule"] = self.scenario.topology.schedule
             if hasattr(self.transport, "channels_opened"):
@@ -314,8 +316,7 @@ class Client:
         return r, self.transport.bytes_sent, self.inbox.bytes_received
 
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
-        chunks = message_out(self.id, round_, vector, self.specs, num_samples=num_samples, train_loss=train_loss, chunk_bytes=self.scenario.network.chunk_bytes)
-        self.presence.send_all(round_, chunks, to)
+        self.presence.send_all(round_, self.encoder.round(round_, vector, num_samples=num_samples, train_loss=train_loss), to)
 
     def _flatten(self) -> torch.Tensor | None:
         """On the CPU: make the model's parameters views of one flat vector (their values as

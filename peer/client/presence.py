@@ -105,7 +105,7 @@ class Presence:
             reconnect(peer)  # our channel to it may still be waiting out its reconnection backoff
         last = self.last_sent
         if last is not None and last[0] == round_ and peer in self.graphs.receivers_of(self.id, round_):
-            self.transport.send(peer, last[1])
+            self.transport.send(peer, last[1].again(peer))
 
     # -- whom it waits for and sends to -----------------------------------------------------
     def expected(self, r: int, among: frozenset[int]) -> frozenset[int]:
@@ -121,14 +121,22 @@ class Presence:
         if self.last_sent is not None and self.last_sent[0] < r:
             self.last_sent = None
 
-    def send_all(self, round_: int, chunks, to: Iterable[int]) -> None:
-        """Send the round's model (``chunks``) to ``to``, and keep it as the one sent last."""
-        self.last_sent = (round_, chunks)
+    def send_all(self, round_: int, outgoing, to: Iterable[int]) -> None:
+        """Send the round's model (``outgoing``: a
+        :class:`~dfedrw.peer.transport.compression.Outgoing`, the message each neighbour gets)
+        to ``to``, and keep it as the one sent last."""
+        self.last_sent = (round_, outgoing)
         gone = self.inbox.gone()
+        # A receiver whose last reply said it holds another model of this client than the one
+        # a difference is from gets a whole model next (transports whose replies reach here).
+        replies = getattr(self.transport, "peer_replies", None) or {}
         for k in to:
             # A neighbour presumed gone only gets a probe now and then: a send to a silently
             # dead host hangs until its timeout, but two clients that lost each other must keep
             # probing or neither would ever hear from the other again.
             if k in gone and k not in self.shut_out and round_ % PROBE_EVERY:
                 continue
-            self.transport.send(k, chunks)
+            reply = replies.get(k)
+            if reply is not None and reply[2] == "base_mismatch":
+                outgoing.encoder.mismatch(k)
+            self.transport.send(k, outgoing.to(k))

@@ -186,7 +186,7 @@ class Resume:
         last = self.presence.last_sent
         if replies is None or self.rejoining <= 0 or last is None or last[0] != r:
             return self.inbox.wait(r, expected, timeout), frozenset()
-        chunks = last[1]
+        outgoing = last[1]
         deadline = time.monotonic() + timeout
         passed: set[int] = set()
         for _ in range(int(timeout / 0.05) + 2):
@@ -200,7 +200,7 @@ class Resume:
                 if v is not None and not v[1] and v[2] == "stale_round" and v[0] > r:
                     passed.add(k)
                 elif v is not None and not v[1] and v[2] == "future_round" and k in self.graphs.receivers_of(self.id, r):
-                    self.transport.send(k, chunks)
+                    self.transport.send(k, outgoing.again(k))
         got = self.inbox.wait(r, expected - passed, 0.0)
         return got, frozenset(passed - got.keys())
 

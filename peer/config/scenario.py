@@ -58,7 +58,7 @@ from dfedrw.peer.config.overrides import apply_overrides, deep_copy
 from dfedrw.peer.config.aggregation import (
     AggregationConfig, AttackConfig, aggregation_table, attack_head, attack_table, check_aggregation, check_attack, parse_aggregation, parse_attack,
 )
-from dfedrw.peer.config.tables import Params, SettingsTables, parse_class_tables, settings_tables, toml_key
+from dfedrw.peer.config.tables import KIND_REGISTRY, Params, SettingsTables, parse_class_tables, settings_tables, toml_key
 from dfedrw.peer.config.sections import (  # noqa: F401 - the sections are named from here too
     ENGINES, CheckpointConfig, DataConfig, EngineConfig, EvalConfig, LinksConfig, NetworkConfig, TopologyConfig, TrainConfig,
     check_model, parse_link_pairs,
@@ -185,15 +185,21 @@ def _check_keys(prefix: str, table: Mapping[str, Any], cls: type) -> None:
             raise ScenarioError(f"unknown key '{prefix}.{key}'; valid keys: {', '.join(valid)}")
 
 
-def _schedule_tables(value: Any) -> Params:
-    """``[topology.schedule_params.NAME]`` tables, frozen (each checked against its class)."""
-    where = "topology.schedule_params"
+# Sections holding a nested kind's settings tables besides their own class's (the aggregation
+# section's are parsed with it): [topology.schedule_params.NAME], [network.compression_params.NAME].
+_NESTED_TABLES = {
+    k.section: [(j.name, j.field) for j in KINDS if j.nested and j.section == k.section] for k in KINDS if k.section != "aggregation"
+}
+
+
+def _nested_tables(kind: str, where: str, value: Any) -> Params:
+    """``[WHERE.NAME]`` tables of a nested kind, frozen (each checked against its class)."""
     if not isinstance(value, Mapping):
-        raise ScenarioError(f"{where} must be a table of schedule settings tables, e.g. [{where}.redraw]")
+        raise ScenarioError(f"{where} must be a table of {kind} settings tables, e.g. [{where}.{KIND_REGISTRY[kind].names()[0]}]")
     tables = SettingsTables({}, ())
     for name, values in value.items():
-        tables.table("schedule", name, values, f"{where}.{toml_key(name)}")
-    return tables.frozen("schedule")
+        tables.table(kind, name, values, f"{where}.{toml_key(name)}")
+    return tables.frozen(kind)
 
 
 def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
@@ -217,15 +223,17 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
             kwargs[name] = parse_attack(name, table)
             continue
         tables: dict[str, Any] = {}
-        if name == "topology" and "schedule_params" in table:
-            table = dict(table)
-            tables["schedule_params"] = _schedule_tables(table.pop("schedule_params"))
+        nested = _NESTED_TABLES.get(name, [])
+        for kind, field in nested:
+            if field in table:
+                table = dict(table)
+                tables[field] = _nested_tables(kind, f"{name}.{field}", table.pop(field))
         if name == "links" and "pairs" in table:
             table = dict(table)
             tables["pairs"] = parse_link_pairs(table.pop("pairs"))
         if name in _CLASS_TABLES:
             kind, params_field = _CLASS_TABLES[name]
-            fields_ = [f.name for f in fields(cls) if f.name not in (params_field, "schedule_params")]
+            fields_ = [f.name for f in fields(cls) if f.name not in (params_field, *(field for _, field in nested))]
             table, tables[params_field] = parse_class_tables(name, table, fields_, kind)
         _check_keys(name, table, cls)
         kwargs[name] = cls(**{k: coerce_value(f"{name}.{k}", v, _field_type(cls, k)) for k, v in table.items()}, **tables)
@@ -284,6 +292,13 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                     out[name]["schedule_params"] = settings_tables(tables)
                 if out[name]["placement"] == "random":
                     del out[name]["placement"]
+            if name == "network":
+                # Written only when set: a scenario without compression is written as before.
+                compression, tables = out[name].pop("compression"), out[name].pop("compression_params")
+                if compression != "none":
+                    out[name]["compression"] = compression
+                if tables:
+                    out[name]["compression_params"] = settings_tables(tables)
     if scenario.peers or scenario.speeds:
         peers: dict[str, dict[str, Any]] = {}
         for k in sorted({*scenario.peers, *scenario.speeds}):

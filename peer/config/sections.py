@@ -18,6 +18,7 @@ from dfedrw.peer.learning.datasets import build_dataset, natural_groups_error
 from dfedrw.peer.registry import Setting, settings_of
 from dfedrw.peer.graph.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.graph.topology import TOPOLOGY_REGISTRY
+from dfedrw.peer.transport.compression import COMPRESSION_REGISTRY
 from dfedrw.peer.transport.kinds import TRANSPORT_REGISTRY
 from dfedrw.topologies import PLACEMENTS
 
@@ -254,6 +255,11 @@ class NetworkConfig:
     # The settings tables [network.NAME] of transports (every one given is checked, the named
     # one is used).
     transport_params: Params = ()
+    # How a model is encoded on the wire (peer/transport/compression.py): "none" (raw float32),
+    # "int8" (stochastic rounding), "topk" (the largest differences, with error feedback).
+    compression: str = "none"
+    # The settings tables [network.compression_params.NAME] of compressions.
+    compression_params: Params = ()
 
     def __post_init__(self) -> None:
         settings = checked_params("transport", self.transport, self.transport_params, "network.transport")
@@ -261,6 +267,14 @@ class NetworkConfig:
             TRANSPORT_REGISTRY.build(self.transport, settings)
         except ValueError as exc:
             raise ScenarioError(f"[network.{toml_key(self.transport)}]: {' '.join(str(exc).split())}") from None
+        if not isinstance(self.compression, str):
+            raise ScenarioError(f"network.compression={self.compression!r}: expected a string")
+        resolve_class("compression", self.compression, "network.compression")
+        settings = checked_params("compression", self.compression, self.compression_params, "network.compression_params.NAME")
+        try:
+            COMPRESSION_REGISTRY.build(self.compression, settings)
+        except ValueError as exc:
+            raise ScenarioError(f"[network.compression_params.{toml_key(self.compression)}]: {' '.join(str(exc).split())}") from None
         check_in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
         check_choice_of("network.tls", self.tls, ("mutual", "off"))
         if not self.host or any(c.isspace() or c in "/[]" for c in self.host):

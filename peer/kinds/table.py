@@ -18,6 +18,7 @@ from dfedrw.peer.kinds.rules import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.graph.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.graph.topology import TOPOLOGY_REGISTRY
+from dfedrw.peer.transport.compression import COMPRESSION_REGISTRY
 from dfedrw.peer.transport.kinds import TRANSPORT_REGISTRY
 
 __all__ = ["KINDS", "Kind", "by_name", "by_plural"]
@@ -66,6 +67,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("topology", "topologies", "Topologies", TOPOLOGY_REGISTRY, "topology", "kind", "params"),
     Kind("schedule", "schedules", "Schedules", SCHEDULE_REGISTRY, "topology", "schedule", "schedule_params", nested=True),
     Kind("transport", "transports", "Transports", TRANSPORT_REGISTRY, "network", "transport", "transport_params"),
+    Kind("compression", "compressions", "Compressions", COMPRESSION_REGISTRY, "network", "compression", "compression_params", nested=True),
 )
 
 by_name: Mapping[str, Kind] = {k.name: k for k in KINDS}

@@ -19,11 +19,13 @@ of the inbox's counters; nothing a message holds can raise out of here (``malfor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from dfedrw.peer.transport.compression import Decoder
 from dfedrw.peer.transport.heap import release_free_heap
 from dfedrw.peer.transport.inbox import Inbox, Slot
 from dfedrw.peer.transport.serde import (
@@ -43,9 +45,11 @@ class ModelIntake:
 
     def __init__(
         self, inbox: Inbox, specs: tuple[TensorSpec, ...], plausible: Plausible, max_bytes: int, *, collusion: Any = None,
-        after: AfterOffer | None = None,
+        after: AfterOffer | None = None, decoder: Decoder | None = None,
     ) -> None:
         self.inbox = inbox
+        # The network's compression (network.compression): None takes raw models only.
+        self.decoder = decoder
         self.specs = specs
         self.plausible = plausible
         self.max_bytes = max_bytes
@@ -98,6 +102,7 @@ class Incoming:
         self.slot: Slot | str | None = None
         self.origins: tuple[int, ...] | None = None  # set for a colluder's pool
         self.buffer: torch.Tensor | None = None  # a pool's
+        self.encoded: torch.Tensor | None = None  # a compressed model's payload, as it came
         # What ends the message, by the order of the checks: a verdict counted already (a
         # stranger), a defect of the stream (later chunks are not read), one found in its header.
         self.verdict: tuple[bool, str] | None = None
@@ -149,18 +154,28 @@ class Incoming:
         self.refusal = inbox.screened(header.sender, header.round)
         if self.refusal is not None:
             return
+        codec = intake.decoder
         try:
-            check_model_header(header, intake.specs, intake.plausible)
+            check_model_header(header, intake.specs, intake.plausible, None if codec is None else codec.payload_bytes(header))
         except WireError as exc:
             self.refusal = (exc.reason, exc.detail)
             return
         self.slot = inbox.reserve(header.sender, header.round)
-        if isinstance(self.slot, Slot):
+        if header.encoding:
+            # A compressed model: its payload is kept as it comes (whether or not the inbox
+            # keeps the model: a difference must still reach what this client holds of the
+            # sender), the model rebuilt from it and its values checked at the end.
+            self.encoded = torch.empty(header.total_bytes, dtype=torch.uint8)
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, None, self.encoded)
+        elif isinstance(self.slot, Slot):
             self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, self.slot.buffer, self.slot.lock)
             # The inbox lets go of the buffer if the client moves past the round, or takes it, meanwhile.
             self.slot.on_release = self.decoder.drop_buffer
         else:
-            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible)
+            # A whole model the inbox will not keep: under a compression that sends
+            # differences it is still what this client holds of its sender from now on.
+            held = torch.empty(header.total_bytes // 4, dtype=torch.float32) if codec is not None and codec.stateful else None
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, held)
 
     def _take(self, chunk) -> None:
         self.decoder.add(chunk.data, chunk.offset if chunk.HasField("offset") else None)
@@ -216,13 +231,45 @@ class Incoming:
         if self.origins is not None:
             return self.intake.collusion.keep(pool_message(header, self.origins, self.buffer, self.intake.specs, self.wire))
         was_gone = header.sender in inbox.gone()
+        codec = self.intake.decoder
+        if self.encoded is not None:
+            row = self._rebuilt(codec)
+        elif codec is not None and self.decoder.tensor is not None:
+            codec.keep(header.sender, header.round, self.decoder.tensor)
         if isinstance(self.slot, Slot):
-            vector = self.decoder.tensor
+            vector = row if self.encoded is not None else self.decoder.tensor
             accepted, reason = inbox.fill(self.slot, model_message(header, vector if vector is not None else _NOT_KEPT, self.wire, self.intake.plausible))
         else:
             accepted, reason = inbox.settle(self.slot, header.sender, header.round)
         self.intake.after(header.sender, header.round, accepted, reason, was_gone)
         return accepted, reason
+
+    def _rebuilt(self, codec: Decoder) -> torch.Tensor | None:
+        """Rebuild the model of a compressed payload (its checksum checked) and check its
+        values; it goes into the inbox's row when there is one, which is returned (None: not
+        kept). Raises :class:`WireError`."""
+        header = self.header
+        rebuilt = codec.decode(header, memoryview(self.encoded.numpy()).cast("B"))
+        error = self.intake.plausible.values_error(*_extremes(rebuilt))
+        if error is not None:
+            raise error
+        codec.keep(header.sender, header.round, rebuilt, owned=True)
+        if not isinstance(self.slot, Slot):
+            return None
+        with self.slot.lock:
+            row = self.slot.buffer
+            if row is not None:
+                row.copy_(rebuilt)
+        return row
+
+
+def _extremes(vector: torch.Tensor) -> tuple[float, float]:
+    """(smallest, largest) value; NaN for both when it holds one (as the raw payload's check)."""
+    if not vector.numel():
+        return 0.0, 0.0
+    low, high = torch.aminmax(vector)
+    low, high = float(low), float(high)
+    return (math.nan, math.nan) if math.isnan(low) or math.isnan(high) else (low, high)
 
 
 # The vector of a message counted but not kept (its round was closed, or passed while it came).

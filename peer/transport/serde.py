@@ -130,7 +130,7 @@ class ModelMessage:
     train_loss: float = float("nan")  # declared by the sender; NaN when absent or out of range
 
 
-def _header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: memoryview, **fields) -> pb.ModelHeader:
+def message_header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: memoryview, **fields) -> pb.ModelHeader:
     """The header of a message whose payload is ``payload``, laid out as ``specs``."""
     return pb.ModelHeader(
         sender=sender, round=round_, tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
@@ -153,7 +153,7 @@ def message_out(
     expected = sum(s.nbytes for s in specs)
     if len(payload) != expected:
         raise ValueError(f"vector has {len(payload)} bytes, the model layout needs {expected}")
-    return WireMessage(_header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss), payload, chunk_bytes)
+    return WireMessage(message_header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss), payload, chunk_bytes)
 
 
 def encode(*args, **kwargs) -> list[pb.ModelChunk]:
@@ -194,11 +194,12 @@ class PayloadDecoder:
         self._crc = 0
         self._into: tuple[torch.Tensor, memoryview] | None = None
         if buffer is not None:
-            into = _payload_view(buffer)
+            if buffer.data_ptr() != buffer.contiguous().data_ptr() or buffer.dtype not in (torch.float32, torch.uint8):
+                raise ValueError("the buffer must be a contiguous float32 or uint8 tensor")
+            # uint8: an encoded payload's bytes (a compression's), kept as they come.
+            into = _payload_view(buffer) if buffer.dtype == torch.float32 else memoryview(buffer.numpy().reshape(-1)).cast("B")
             if len(into) != total_bytes:
                 raise ValueError(f"a buffer of {len(into)} bytes for a payload of {total_bytes}")
-            if buffer.data_ptr() != buffer.contiguous().data_ptr():
-                raise ValueError("the buffer must be a contiguous float32 tensor")
             self._into = (buffer, into)
         # Held while a chunk is copied into the buffer: whoever lets go of the buffer from
         # another thread (drop_buffer) holds it too, so no copy is left half done.
@@ -321,15 +322,20 @@ def first_header(chunk, max_bytes: int) -> pb.ModelHeader:
     return header
 
 
-def check_model_header(header: pb.ModelHeader, specs: Sequence[TensorSpec], plausible: Plausible = Plausible()) -> None:
+def check_model_header(
+    header: pb.ModelHeader, specs: Sequence[TensorSpec], plausible: Plausible = Plausible(), payload_bytes: int | None = None
+) -> None:
     """What a model message's header must say for its payload to be read: a sender, tensor
-    specs equal to the receiver's model, no origins, the model's size, a plausible sample
-    count. Raises :class:`WireError`."""
+    specs equal to the receiver's model, no origins, the model's size (``payload_bytes``: the
+    size its encoding must have, which a receiver's compression checked; None: raw values
+    only), a plausible sample count. Raises :class:`WireError`."""
     _check_layout(header, specs)
     if header.origins:
         # A colluders' pool is never a neighbour's model (see decode_pool).
         raise WireError("pool_message", f"a pool of {len(header.origins)} models where a model was expected")
-    expected = sum(s.nbytes for s in specs)
+    if payload_bytes is None and (header.encoding or header.HasField("base_round")):
+        raise WireError("bad_encoding", f"encoding {quote(header.encoding)}: this network takes raw models only")
+    expected = sum(s.nbytes for s in specs) if payload_bytes is None else payload_bytes
     if header.total_bytes != expected:
         raise WireError("size_mismatch", f"{header.total_bytes} bytes, expected {expected}")
     error = plausible.samples_error(header.num_samples)
@@ -423,7 +429,7 @@ def pool_out(
     payload = _payload_view(rows)
     if len(payload) != model_bytes * len(origins):
         raise ValueError(f"a pool of {len(origins)} models has {len(payload)} bytes, the model layout needs {model_bytes} each")
-    return WireMessage(_header(sender, round_, specs, payload, origins=origins), payload, chunk_bytes)
+    return WireMessage(message_header(sender, round_, specs, payload, origins=origins), payload, chunk_bytes)
 
 
 def encode_pool(*args, **kwargs) -> list[pb.ModelChunk]:

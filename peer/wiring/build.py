@@ -20,6 +20,7 @@ from dfedrw.peer.learning.datasets import dataset_of
 from dfedrw.peer.kinds.rules import ATTACK_REGISTRY, build_named_rule
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.graph.schedule import receive_window
+from dfedrw.peer.transport.compression import COMPRESSION_REGISTRY, Compression, Decoder, Encoder
 from dfedrw.peer.transport.kinds import PLACEMENTS, TRANSPORT_REGISTRY, Grpc, TransportKind
 from dfedrw.peer.transport.links import EmulatedLinks, LinkProfile, LinkSchedule, distance_profiles, links_for
 
@@ -37,11 +38,13 @@ __all__ = [
     "build_attack_from",
     "build_client_rule",
     "build_rule_from",
+    "client_codec",
     "client_links",
     "grpc_transport_for",
     "link_profiles",
     "message_bytes",
     "scenario_colluders",
+    "scenario_compression",
     "scenario_dataset",
     "scenario_model_specs",
     "scenario_transport",
@@ -196,3 +199,21 @@ def with_links(scenario: Scenario, client: int, transport: Any) -> Any:
     itself when ``[links]`` emulates nothing."""
     schedules = client_links(scenario, client)
     return transport if schedules is None else EmulatedLinks(transport, schedules)
+
+
+# -- compression ---------------------------------------------------------------------------------
+
+
+def scenario_compression(scenario: Scenario) -> Compression:
+    """The compression ``network.compression`` names, with its settings."""
+    net = scenario.network
+    return COMPRESSION_REGISTRY.build(net.compression, settings_of(net.compression_params, net.compression))
+
+
+def client_codec(scenario: Scenario, client: int, specs: Sequence[TensorSpec]) -> tuple[Encoder, Decoder | None]:
+    """Client ``client``'s two sides of the scenario's compression: what encodes the models it
+    sends, and what its intake rebuilds received ones with (None without compression: raw
+    models only, as always)."""
+    compression = scenario_compression(scenario)
+    encoder = Encoder(compression, client, specs, seed=scenario.seed, chunk_bytes=scenario.network.chunk_bytes)
+    return encoder, (Decoder(compression, specs) if compression.encoding else None)

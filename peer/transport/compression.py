@@ -1,0 +1,386 @@
+"""What a model costs on the wire: the compressions a scenario can name (``network.compression``).
+
+A compression is a class registered in :data:`COMPRESSION_REGISTRY` (or ``"module:Class"``, or
+a plugin of the ``dfedrw.compressions`` entry-point group); its constructor's keyword
+parameters are its settings (``[network.compression_params.NAME]``). The sender encodes each
+model it sends (:class:`Encoder`), the receiver's intake checks the encoded payload and
+rebuilds the model from it (:class:`Decoder`) before the model meets any other check a model
+gets (its values against ``network.max_abs_value``), so a rule sees a rebuilt model exactly as
+it sees a raw one. The header names the encoding (``encoding``); a receiver takes the raw
+encoding and its scenario's, nothing else (``bad_encoding``).
+
+* ``none``: the raw little-endian float32 values (4 bytes a value), as without compression.
+* ``int8``: per block of ``block`` values a float32 scale (the block's largest magnitude / 127),
+  then each value as an int8 multiple of it, rounded stochastically (up with probability the
+  fraction left over, so the rebuilt value's expectation is the value): about 1 byte a value.
+  Stateless: one encoding per round serves every neighbour.
+* ``topk``: the ``fraction`` of coordinates where the model differs most from the model the
+  receiver rebuilt from this sender's previous message, as uint32 positions (increasing) and
+  their float32 differences: 8 bytes a kept coordinate. What is not sent stays in the
+  difference and goes with a later message (error feedback, as in CHOCO-gossip: the sender
+  keeps, per neighbour, the model that neighbour holds of it). The header names the round of
+  the message the difference is from (``base_round``): a receiver whose rebuilt model is of
+  another round (it lost a message, or restarted) rejects the message (``base_mismatch``) and
+  waits for the next whole model, which the sender sends on every link first, every
+  ``refresh`` messages after, and again after a receiver's reply says ``base_mismatch`` (on
+  transports whose replies reach the sender).
+
+Pure: bytes and tensors in, bytes and tensors out; no transport here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from dfedrw.peer.registry import Registry, check_int, check_real
+from dfedrw.peer.transport.chunks import WireMessage, _payload_view, wire_size
+from dfedrw.peer.transport.ratelog import quote
+from dfedrw.peer.transport.serde import TensorSpec, WireError, message_header, message_out
+
+__all__ = ["COMPRESSION_REGISTRY", "Compression", "Decoder", "Encoder", "Int8", "NoCompression", "Outgoing", "TopK", "encoded_out"]
+
+COMPRESSION_REGISTRY = Registry("compression", "dfedrw.compressions", required=("encode",))
+"""The compressions by name; settings in a scenario's ``[network.compression_params.NAME]``."""
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _as_bytes(array: np.ndarray) -> memoryview:
+    array = np.ascontiguousarray(array)
+    if not _LITTLE and array.dtype.itemsize > 1:
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return memoryview(array.reshape(-1)).cast("B")
+
+
+class Compression:
+    """What every compression offers (see the module). ``encoding``: the header's name for
+    its payloads ("" for raw values); ``stateful``: an encoding is a difference from what the
+    receiver holds of the sender (per link state on both sides)."""
+
+    encoding: ClassVar[str] = ""
+    stateful: ClassVar[bool] = False
+
+    def payload_bytes(self, numel: int) -> int:
+        """The bytes of an encoded model of ``numel`` values."""
+        return 4 * numel
+
+    def encode(self, vector: torch.Tensor, base: torch.Tensor | None, generator: torch.Generator) -> tuple[memoryview, torch.Tensor | None]:
+        """``vector`` (flat float32) as a payload, and what the receiver will rebuild from it
+        (None: ``vector`` itself). ``base``: what the receiver holds of this sender (stateful
+        kinds; the rebuilt model is ``base`` updated in place)."""
+        return _payload_view(vector), None
+
+    def decode(self, payload: memoryview, numel: int, base: torch.Tensor | None) -> torch.Tensor:
+        """The model a checked payload rebuilds (``base``: what the receiver held of the
+        sender, stateful kinds; updated in place and returned). Raises :class:`WireError`."""
+        raise NotImplementedError
+
+
+@COMPRESSION_REGISTRY.register("none")
+class NoCompression(Compression):
+    """The raw float32 values: 4 bytes a value, nothing lost."""
+
+
+@COMPRESSION_REGISTRY.register("int8")
+class Int8(Compression):
+    """int8 quantisation with stochastic rounding: a float32 scale per ``block`` values (the
+    block's largest magnitude / 127), each value an int8 multiple of its block's scale, rounded
+    up with probability the fraction left over (unbiased). About 1 + 4/``block`` bytes a value."""
+
+    encoding: ClassVar[str] = "int8"
+
+    def __init__(self, block: int = 256) -> None:
+        self.block = check_int("compression 'int8'", "block", block, minimum=1)
+        if self.block > 1 << 20:
+            raise ValueError(f"compression 'int8': block must be <= {1 << 20}, got {block!r}")
+
+    def blocks(self, numel: int) -> int:
+        return math.ceil(numel / self.block)
+
+    def payload_bytes(self, numel: int) -> int:
+        return 4 * self.blocks(numel) + numel
+
+    def quantize(self, vector: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scales float32 [blocks], values int8 [numel]) of ``vector``."""
+        numel = vector.numel()
+        padded = torch.zeros(self.blocks(numel) * self.block, dtype=torch.float32)
+        padded[:numel] = vector.reshape(-1)
+        rows = padded.view(-1, self.block)
+        scales = rows.abs().amax(dim=1) / 127.0
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        noise = torch.rand(rows.shape, generator=generator, dtype=torch.float32)
+        q = torch.floor(rows / safe[:, None] + noise).clamp_(-127, 127).to(torch.int8)
+        return scales, q.reshape(-1)[:numel]
+
+    @staticmethod
+    def dequantize(scales: torch.Tensor, values: torch.Tensor, block: int) -> torch.Tensor:
+        numel = values.numel()
+        out = torch.zeros(math.ceil(numel / block) * block, dtype=torch.float32)
+        out[:numel] = values.to(torch.float32)
+        return (out.view(-1, block) * scales[:, None]).reshape(-1)[:numel].clone()
+
+    def encode(self, vector, base, generator):
+        scales, values = self.quantize(vector, generator)
+        payload = np.concatenate([scales.numpy().astype("<f4").view(np.uint8), values.numpy().view(np.uint8)])
+        return _as_bytes(payload), self.dequantize(scales, values, self.block)
+
+    def decode(self, payload, numel, base):
+        blocks = self.blocks(numel)
+        raw = np.frombuffer(payload, dtype=np.uint8)
+        scales = np.frombuffer(raw[: 4 * blocks].tobytes(), dtype="<f4").astype(np.float32)
+        if not np.all(np.isfinite(scales)) or np.any(scales < 0):
+            raise WireError("bad_encoding", "an int8 block scale is negative or not finite")
+        values = torch.from_numpy(raw[4 * blocks :].view(np.int8).copy())
+        return self.dequantize(torch.from_numpy(scales), values, self.block)
+
+
+@COMPRESSION_REGISTRY.register("topk")
+class TopK(Compression):
+    """Top-k of the difference from the model the receiver holds of the sender, with error
+    feedback (CHOCO-gossip's): ``fraction`` of the coordinates a message (at least one), 8 bytes
+    each (uint32 position, float32 difference); a whole model on every link first and every
+    ``refresh`` messages after (0: only when needed)."""
+
+    encoding: ClassVar[str] = "topk"
+    stateful: ClassVar[bool] = True
+
+    def __init__(self, fraction: float = 0.1, refresh: int = 20) -> None:
+        self.fraction = check_real("compression 'topk'", "fraction", fraction, positive=True)
+        if self.fraction > 1:
+            raise ValueError(f"compression 'topk': fraction must be in (0, 1], got {fraction!r}")
+        self.refresh = check_int("compression 'topk'", "refresh", refresh, minimum=0)
+
+    def kept(self, numel: int) -> int:
+        return max(1, min(numel, math.ceil(self.fraction * numel)))
+
+    def payload_bytes(self, numel: int) -> int:
+        return 8 * self.kept(numel)
+
+    def encode(self, vector, base, generator):
+        if base is None:
+            raise ValueError("topk encodes a difference: give the model the receiver holds")
+        difference = vector.reshape(-1) - base
+        k = self.kept(vector.numel())
+        positions = torch.topk(difference.abs(), k, sorted=False).indices.sort().values
+        values = difference[positions]
+        base[positions] += values  # what the receiver rebuilds, to the last bit
+        payload = np.concatenate([positions.numpy().astype("<u4").view(np.uint8), values.numpy().astype("<f4").view(np.uint8)])
+        return _as_bytes(payload), base
+
+    def decode(self, payload, numel, base):
+        if base is None:
+            raise WireError("base_mismatch", "a difference from a model this receiver does not hold")
+        k = self.kept(numel)
+        raw = np.frombuffer(payload, dtype=np.uint8)
+        positions = np.frombuffer(raw[: 4 * k].tobytes(), dtype="<u4").astype(np.int64)
+        values = np.frombuffer(raw[4 * k :].tobytes(), dtype="<f4").astype(np.float32)
+        if len(positions) and (positions[-1] >= numel or np.any(np.diff(positions) <= 0)):
+            raise WireError("bad_encoding", "topk positions out of range or not increasing")
+        if not np.all(np.isfinite(values)):
+            raise WireError("non_finite", "a topk difference is NaN or Inf")
+        index = torch.from_numpy(positions)
+        base[index] += torch.from_numpy(values)
+        return base
+
+
+def encoded_out(
+    sender: int,
+    round_: int,
+    payload: memoryview,
+    specs: Sequence[TensorSpec],
+    *,
+    encoding: str,
+    base_round: int | None = None,
+    num_samples: int = 1,
+    train_loss: float = float("nan"),
+    chunk_bytes: int = 1 << 20,
+) -> WireMessage:
+    """A model a compression encoded, as a
+    message to send: ``payload`` as it is, the header naming ``encoding`` (and the
+    ``base_round`` a difference is from)."""
+    fields = {"num_samples": num_samples, "train_loss": train_loss, "encoding": encoding}
+    if base_round is not None:
+        fields["base_round"] = base_round
+    return WireMessage(message_header(sender, round_, specs, payload, **fields), payload, chunk_bytes)
+
+
+def _generator(seed: int, sender: int, round_: int) -> torch.Generator:
+    """The stochastic rounding of one sender's round: seeded from (seed, sender, round), so a
+    run repeats to the bit."""
+    digest = hashlib.blake2b(f"compression:{seed}:{sender}:{round_}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+
+
+class Encoder:
+    """A client's sending side: each round's model as the message every neighbour gets
+    (:meth:`round`), and what each link carried (``bytes_to``: peer -> payload and header bytes
+    on the wire, ``dense_to``: peer -> whole models sent where the compression sends
+    differences). For a stateful compression it keeps, per neighbour, the model that neighbour
+    rebuilt of this client (``bases``)."""
+
+    def __init__(self, compression: Compression, sender: int, specs: Sequence[TensorSpec], *, seed: int, chunk_bytes: int) -> None:
+        self.compression = compression
+        self.sender = sender
+        self.specs = tuple(specs)
+        self.seed = seed
+        self.chunk_bytes = chunk_bytes
+        self.bases: dict[int, tuple[int, torch.Tensor]] = {}
+        self.since_dense: dict[int, int] = {}
+        self.bytes_to: dict[int, int] = {}
+        self.dense_to: dict[int, int] = {}
+        self.resync: set[int] = set()  # receivers whose reply said base_mismatch
+
+    def round(self, round_: int, vector: torch.Tensor, *, num_samples: int, train_loss: float) -> Outgoing:
+        return Outgoing(self, round_, vector, num_samples, train_loss)
+
+    def counted(self, peer: int, message: WireMessage) -> WireMessage:
+        self.bytes_to[peer] = self.bytes_to.get(peer, 0) + wire_size(message)
+        return message
+
+    def mismatch(self, peer: int) -> None:
+        """``peer`` rejected a difference (``base_mismatch``): its next message is a whole model."""
+        if self.compression.stateful:
+            self.resync.add(peer)
+
+    def links(self) -> dict[str, Any]:
+        """What every link carried, for the client's final record."""
+        out: dict[str, Any] = {"bytes_to": {str(k): v for k, v in sorted(self.bytes_to.items())}}
+        if self.compression.stateful:
+            out["dense_to"] = {str(k): v for k, v in sorted(self.dense_to.items())}
+        return out
+
+
+class Outgoing:
+    """One round's model as each neighbour gets it: :meth:`to` (built once per neighbour; a
+    stateless compression builds one message for all), :meth:`again` (sent again to a
+    neighbour that came back: a whole model under a stateful compression)."""
+
+    def __init__(self, encoder: Encoder, round_: int, vector: torch.Tensor, num_samples: int, train_loss: float) -> None:
+        self.encoder = encoder
+        self.round = round_
+        self.vector = vector
+        self.num_samples = num_samples
+        self.train_loss = train_loss
+        self._shared: WireMessage | None = None
+        self._built: dict[int, WireMessage] = {}
+
+    def _raw(self) -> WireMessage:
+        e = self.encoder
+        return message_out(e.sender, self.round, self.vector, e.specs, num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes)
+
+    def _encoded(self, payload: memoryview, base_round: int | None = None) -> WireMessage:
+        e = self.encoder
+        return encoded_out(
+            e.sender, self.round, payload, e.specs, encoding=e.compression.encoding, base_round=base_round,
+            num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes,
+        )
+
+    def to(self, peer: int) -> WireMessage:
+        e = self.encoder
+        if peer in self._built:
+            return self._built[peer]
+        compression = e.compression
+        if not compression.stateful:
+            if self._shared is None:
+                if compression.encoding:
+                    payload, _ = compression.encode(self.vector, None, _generator(e.seed, e.sender, self.round))
+                    self._shared = self._encoded(payload)
+                else:
+                    self._shared = self._raw()
+            message = self._shared
+        else:
+            message = self._difference(peer)
+        self._built[peer] = message
+        return e.counted(peer, message)
+
+    def _difference(self, peer: int) -> WireMessage:
+        e = self.encoder
+        held = e.bases.get(peer)
+        refresh = e.compression.refresh
+        since = e.since_dense.get(peer, 0)
+        if held is None or peer in e.resync or (refresh and since + 1 >= refresh) or held[0] >= self.round:
+            return self._dense(peer)
+        base_round, base = held
+        payload, _ = e.compression.encode(self.vector, base, _generator(e.seed, e.sender, self.round))
+        e.bases[peer] = (self.round, base)
+        e.since_dense[peer] = since + 1
+        return self._encoded(payload, base_round)
+
+    def _dense(self, peer: int) -> WireMessage:
+        e = self.encoder
+        e.bases[peer] = (self.round, self.vector.detach().reshape(-1).to(torch.float32).clone())
+        e.since_dense[peer] = 0
+        e.resync.discard(peer)
+        e.dense_to[peer] = e.dense_to.get(peer, 0) + 1
+        if self._shared is None:
+            self._shared = self._raw()
+        return self._shared
+
+    def again(self, peer: int) -> WireMessage:
+        """The message for a neighbour that came back (it may hold nothing of this client)."""
+        e = self.encoder
+        if not e.compression.stateful:
+            return self.to(peer)
+        message = self._built[peer] = self._dense(peer)
+        return e.counted(peer, message)
+
+
+class Decoder:
+    """A client's receiving side of a compression: the payload size a header must declare
+    (:meth:`payload_bytes`), the model an encoded payload rebuilds (:meth:`decode`), and, for a
+    stateful compression, the model it holds of each sender (:meth:`keep`: every whole or rebuilt
+    model of a sender that passed its checks, kept or not by the inbox)."""
+
+    def __init__(self, compression: Compression, specs: Sequence[TensorSpec]) -> None:
+        self.compression = compression
+        self.numel = sum(s.numel for s in specs)
+        self.bases: dict[int, tuple[int, torch.Tensor]] = {}
+
+    @property
+    def stateful(self) -> bool:
+        return self.compression.stateful
+
+    def payload_bytes(self, header) -> int:
+        """The payload a message with ``header`` must have; raises :class:`WireError` for an
+        encoding this receiver does not take (``bad_encoding``)."""
+        encoding = header.encoding
+        if not encoding:
+            if header.HasField("base_round"):
+                raise WireError("bad_encoding", "a whole model names a base round")
+            return 4 * self.numel
+        if encoding != self.compression.encoding:
+            want = repr(self.compression.encoding) if self.compression.encoding else "none"
+            raise WireError("bad_encoding", f"encoding {quote(encoding)}, this network takes raw models or {want}")
+        if self.stateful != header.HasField("base_round"):
+            raise WireError("bad_encoding", f"a {encoding} message {'without' if self.stateful else 'with'} a base round")
+        return self.compression.payload_bytes(self.numel)
+
+    def decode(self, header, payload: memoryview) -> torch.Tensor:
+        """The model an encoded payload (checksum checked) rebuilds; raises :class:`WireError`.
+        Under a stateful compression the sender's held model is not changed (:meth:`keep` does)."""
+        base = None
+        if self.stateful:
+            held = self.bases.get(header.sender)
+            if held is None or held[0] != header.base_round or header.round <= held[0]:
+                have = "nothing" if held is None else f"round {held[0]}"
+                raise WireError("base_mismatch", f"a difference from round {header.base_round}; this receiver holds {have} of client {header.sender}")
+            base = held[1].clone()
+        return self.compression.decode(payload, self.numel, base)
+
+    def keep(self, sender: int, round_: int, vector: torch.Tensor, *, owned: bool = False) -> None:
+        """``vector`` (the sender's round-``round_`` model, checked) is what this receiver now
+        holds of ``sender`` (stateful compressions only; a copy is kept unless ``owned``: a
+        model :meth:`decode` rebuilt, which nothing else holds)."""
+        if not self.stateful:
+            return
+        held = self.bases.get(sender)
+        if held is None or held[0] < round_:
+            vector = vector.detach().reshape(-1)
+            self.bases[sender] = (round_, vector if owned else vector.to(torch.float32).clone())
