@@ -1,0 +1,248 @@
+"""The timeline of the synchronous round protocol over emulated links, on a simulated clock.
+
+A batched engine runs every client as one tensor, with no real time, so nothing in it ever
+waits for a message: :class:`SimulatedClock` works out, round by round, when each client would
+start, send and stop waiting, and so which of its senders' models a real client process would
+miss over the same links (:class:`~dfedrw.peer.transport.links.LinkSchedule`, one per directed
+link, each with its own seeded stream, so the timeline is reproducible).
+
+What it follows is the real client's round (``peer.client.rounds`` and ``peer.client.presence``):
+train for ``step_seconds``, send the round's model to every receiver of the round (to one
+presumed gone only every ``probe_every`` rounds, as a probe), wait for the expected senders
+until they are all in or the round's deadline passes, aggregate for ``aggregate_seconds``, and
+start the next round. A sender that misses ``max_missed_rounds`` deadlines in a row is presumed
+gone: not waited for, until a model of it arrives in time again. A model that arrives after its
+receiver stopped waiting is stale and never used.
+
+What it leaves out: a late model that brings a neighbour presumed gone back (the real client
+takes back one a few rounds behind, once per absence), the model sent again to a neighbour that
+comes back, the transport's word on reachability, and any time spent on the receiving side.
+Pure: no threads, no real time, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dfedrw.peer.transport.links import LinkProfile, LinkSchedule, links_for
+
+__all__ = ["RoundTiming", "SimulatedClock", "link_schedules"]
+
+Schedules = Mapping[tuple[int, int], LinkSchedule] | Callable[[int, int], LinkSchedule]
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """One round of every client: when it started, sent and stopped waiting (``start``,
+    ``send``, ``end``, seconds, per client); per receiver, the expected senders whose model it
+    missed (``missing``) and the senders whose model it aggregates (``used``), sorted ids; and
+    how many messages the links lost (``lost``) or delivered after their receiver's ``end``
+    (``late``)."""
+
+    round: int
+    start: tuple[float, ...]
+    send: tuple[float, ...]
+    end: tuple[float, ...]
+    missing: tuple[tuple[int, ...], ...]
+    used: tuple[tuple[int, ...], ...]
+    lost: int
+    late: int
+
+
+def link_schedules(default: LinkProfile, overrides: Mapping[tuple[int, int], LinkProfile], seed: int) -> Callable[[int, int], LinkSchedule]:
+    """A factory of the schedule of each link ``(src, dst)``, as :func:`links_for` builds it
+    for the real clients: the same profiles and the same seeded streams."""
+    return lambda src, dst: links_for(default, overrides, seed, src, (dst,))[dst]
+
+
+def _index(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r}: expected an int")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}={value!r}: expected an int") from None
+
+
+def _seconds(name: str, value: object, *, positive: bool = False) -> float:
+    expected = "finite seconds > 0" if positive else "finite seconds >= 0"
+    if isinstance(value, bool) or isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise ValueError(f"{name}={value!r}: expected {expected}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise ValueError(f"{name}={value!r}: expected {expected}")
+    return number
+
+
+def _items(value: object) -> tuple | None:
+    """``value``'s items, if it is a sized collection (a sequence, a numpy array) other than a
+    string or a mapping; else None."""
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
+        return None
+    return tuple(value)
+
+
+def _per_client(name: str, values: Sequence[float], n: int) -> tuple[float, ...]:
+    items = _items(values)
+    if items is None or len(items) != n:
+        raise ValueError(f"{name}: expected a sequence of {n} numbers (one per client)")
+    return tuple(_seconds(f"{name}[{i}]", v) for i, v in enumerate(items))
+
+
+class SimulatedClock:
+    """The rounds of ``num_clients`` clients over the links ``schedules`` times: a mapping
+    from ``(src, dst)`` to its schedule, or a factory called once per link, the first time it
+    is sent on (the schedule is kept: its stream and its queue go on from round to round).
+
+    ``step_seconds[i]`` is client ``i``'s local training per round, ``aggregate_seconds[i]``
+    its aggregation (scoring included); ``round_timeout``, ``max_missed_rounds`` are the
+    network's settings. ``probe_every``: a receiver presumed gone is sent a model only in the
+    rounds it divides; 5, the real client's ``PROBE_EVERY`` (``peer.client.presence``, which
+    this module may not import: peer.transport is below peer.client).
+    """
+
+    def __init__(
+        self,
+        num_clients: int,
+        schedules: Schedules,
+        *,
+        step_seconds: Sequence[float],
+        aggregate_seconds: Sequence[float],
+        round_timeout: float,
+        max_missed_rounds: int,
+        probe_every: int = 5,
+    ) -> None:
+        self.num_clients = n = _index("num_clients", num_clients)
+        if n < 0:
+            raise ValueError(f"num_clients={num_clients!r}: expected an int >= 0")
+        if not isinstance(schedules, Mapping) and not callable(schedules):
+            raise ValueError("schedules: expected a mapping (src, dst) -> LinkSchedule or a factory (src, dst) -> LinkSchedule")
+        self.step_seconds = _per_client("step_seconds", step_seconds, n)
+        self.aggregate_seconds = _per_client("aggregate_seconds", aggregate_seconds, n)
+        self.round_timeout = _seconds("round_timeout", round_timeout, positive=True)
+        self.max_missed_rounds = _index("max_missed_rounds", max_missed_rounds)
+        self.probe_every = _index("probe_every", probe_every)
+        for name, value in (("max_missed_rounds", self.max_missed_rounds), ("probe_every", self.probe_every)):
+            if value < 1:
+                raise ValueError(f"{name}={value!r}: expected an int >= 1")
+        self._schedules = schedules
+        self._links: dict[tuple[int, int], LinkSchedule] = {}
+        self._start = [0.0] * n
+        self._round = 0
+        # Per receiver: the senders it presumes gone, and the deadlines each missed in a row.
+        self._gone: list[set[int]] = [set() for _ in range(n)]
+        self._missed: list[dict[int, int]] = [{} for _ in range(n)]
+
+    @property
+    def now(self) -> tuple[float, ...]:
+        """When each client starts its next round."""
+        return tuple(self._start)
+
+    def link(self, src: int, dst: int) -> LinkSchedule:
+        """The schedule of the link ``src -> dst`` (built on first use; its counters tell what
+        was sent on it)."""
+        key = (src, dst)
+        schedule = self._links.get(key)
+        if schedule is None:
+            if isinstance(self._schedules, Mapping):
+                if key not in self._schedules:
+                    raise ValueError(f"schedules: no LinkSchedule for the link {key}")
+                schedule = self._schedules[key]
+            else:
+                schedule = self._schedules(src, dst)
+            if not isinstance(schedule, LinkSchedule) or (schedule.src, schedule.dst) != key:
+                raise ValueError(f"schedules: expected a LinkSchedule of the link {key}, got {schedule!r}")
+            self._links[key] = schedule
+        return schedule
+
+    def round(self, r: int, senders_to: Sequence[Sequence[int]], message_bytes: int | Sequence[int]) -> RoundTiming:
+        """Round ``r`` of every client. ``senders_to[i]``: who sends to client ``i`` in round
+        ``r`` (the round's graph, directed: ``j`` sends to ``i``). ``message_bytes``: the size of
+        every message, or per sender. Rounds must be asked in order 0, 1, 2..."""
+        n = self.num_clients
+        if _index("r", r) != self._round:
+            raise ValueError(f"round {r!r} out of order: the next round is {self._round}")
+        senders = self._graph(senders_to)
+        sizes = self._sizes(message_bytes)
+        start = tuple(self._start)
+        send = tuple(start[i] + self.step_seconds[i] for i in range(n))
+        receivers: list[list[int]] = [[] for _ in range(n)]
+        for j in range(n):
+            for k in senders[j]:
+                receivers[k].append(j)
+        arrival: dict[tuple[int, int], float | None] = {}  # (src, dst) -> arrival, None: lost
+        for i in range(n):
+            for j in sorted(receivers[i]):
+                if j in self._gone[i] and r % self.probe_every:
+                    continue  # presumed gone: only probed now and then
+                arrival[i, j] = self.link(i, j).plan(send[i], sizes[i])
+        end: list[float] = []
+        missing: list[tuple[int, ...]] = []
+        used: list[tuple[int, ...]] = []
+        for i in range(n):
+            got = {k: arrival.get((k, i)) for k in senders[i]}  # None: not sent, or lost
+            gone, missed = self._gone[i], self._missed[i]
+            expected = [k for k in senders[i] if k not in gone]
+            times = [got[k] for k in expected]
+            deadline = send[i] + self.round_timeout
+            if all(t is not None and t <= deadline for t in times):
+                end_i = max([send[i], *times])
+            else:
+                end_i = deadline
+            used_i = tuple(k for k in senders[i] if got[k] is not None and got[k] <= end_i)
+            missing_i = tuple(k for k in expected if k not in used_i)
+            for k in senders[i]:  # liveness, as the real client's Liveness
+                if k in used_i:
+                    gone.discard(k)  # back, if it was gone: waited for again from the next round
+                    missed[k] = 0
+                elif k not in gone:
+                    missed[k] = missed.get(k, 0) + 1
+                    if missed[k] >= self.max_missed_rounds:
+                        gone.add(k)
+                        missed[k] = 0
+            end.append(end_i)
+            missing.append(missing_i)
+            used.append(used_i)
+        lost = sum(1 for t in arrival.values() if t is None)
+        late = sum(1 for (_, j), t in arrival.items() if t is not None and t > end[j])
+        self._start = [end[i] + self.aggregate_seconds[i] for i in range(n)]
+        self._round += 1
+        return RoundTiming(r, start, send, tuple(end), tuple(missing), tuple(used), lost, late)
+
+    def _graph(self, senders_to: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        """``senders_to`` checked: one entry per client, ids in range, none its own receiver,
+        none twice; each entry sorted."""
+        n = self.num_clients
+        rows = _items(senders_to)
+        if rows is None or len(rows) != n:
+            raise ValueError(f"senders_to: expected a sequence of {n} sequences of sender ids (one per receiver)")
+        graph = []
+        for i, entry in enumerate(rows):
+            items = _items(entry)
+            if items is None:
+                raise ValueError(f"senders_to[{i}]={entry!r}: expected a sequence of sender ids")
+            ids = [_index(f"senders_to[{i}] id", k) for k in items]
+            for k in ids:
+                if not 0 <= k < n or k == i:
+                    raise ValueError(f"senders_to[{i}]: sender {k} is out of range(0, {n}) or the receiver itself")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"senders_to[{i}]={list(ids)!r}: a sender listed twice")
+            graph.append(tuple(sorted(ids)))
+        return graph
+
+    def _sizes(self, message_bytes: int | Sequence[int]) -> list[int]:
+        n = self.num_clients
+        items = _items(message_bytes)
+        if items is not None:
+            if len(items) != n:
+                raise ValueError(f"message_bytes: expected an int or a sequence of {n} ints (one per sender)")
+            sizes = [_index(f"message_bytes[{i}]", s) for i, s in enumerate(items)]
+        else:
+            sizes = [_index("message_bytes", message_bytes)] * n
+        for i, size in enumerate(sizes):
+            if size < 0:
+                raise ValueError(f"message_bytes={message_bytes!r}: sender {i}'s size {size} is negative")
+        return sizes
