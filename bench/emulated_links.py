@@ -1,7 +1,8 @@
 """What emulated links and a slow client cost a round: client processes over gRPC with mutual
 TLS, the built-in default scenario without Byzantine clients, run four times in one invocation:
 with perfect links, with ``--latency`` and ``--bandwidth`` on every link (``[links]``), with
-``--loss`` besides, and on perfect links with client 0 at ``--speed`` (``peers.0.speed``).
+``--loss`` besides, on perfect links with client 0 at ``--speed`` (``peers.0.speed``), and the
+same with a round deadline (``--cutoff``, ``network.round_timeout``) shorter than its lag.
 
     python bench/emulated_links.py                              # 50 ms, 10 Mbit/s, 10 % loss, 60 rounds
     python bench/emulated_links.py --hidden 2000 --rounds 30    # a larger model (an MLP): bandwidth shows
@@ -19,7 +20,9 @@ Also printed: the round over the links against a perfect round plus that predict
 links lost (their final records), the models the receivers missed (their round records), and
 whether every client completed. For the straggler: its round loop seconds per round against
 the others' (the median), which in the synchronous protocol wait for it, and the seconds it
-waited out.
+waited out; with the short deadline, the others' round against a perfect one, and how many of
+the straggler's models they missed (after ``network.max_missed_rounds`` misses they presume it
+gone and no longer wait for it).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def one_run(work: Path, name: str, rounds: int, hidden: int, steps: int, clients
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
     finals = [json.loads(p.read_text()) for p in sorted((out / "peers").glob("*.json"))]
-    per_message, missed = [], 0
+    per_message, missed, missed_from_0 = [], 0, 0
     for p in sorted((out / "peers").glob("*.jsonl")):
         for line in p.read_text().splitlines():
             record = json.loads(line)
@@ -58,6 +61,7 @@ def one_run(work: Path, name: str, rounds: int, hidden: int, steps: int, clients
             if receivers > 0 and record.get("bytes_sent"):
                 per_message.append(record["bytes_sent"] / receivers)
             missed += len(record.get("missing", []))
+            missed_from_0 += 0 in record.get("missing", [])
     summary = json.loads((out / "summary.json").read_text())
     return {
         "run": name,
@@ -68,6 +72,7 @@ def one_run(work: Path, name: str, rounds: int, hidden: int, steps: int, clients
         "message_bytes": statistics.median(per_message) if per_message else 0.0,
         "lost": sum(f.get("links", {}).get("lost", 0) for f in finals),
         "missed": missed,
+        "missed_from_0": missed_from_0,
         "completed": summary.get("honest_completed"),
         "clients": len(finals),
     }
@@ -84,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local-steps", type=int, default=1, help="train.local_steps (default 1)")
     parser.add_argument("--clients", type=int, default=10, help="honest clients (default 10, the default scenario's)")
     parser.add_argument("--speed", type=float, default=0.2, help="client 0's speed in the straggler run (default 0.2)")
+    parser.add_argument("--cutoff", type=float, default=0.05, help="network.round_timeout of the straggler's second run (default 0.05 s)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each run may take")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -98,12 +104,18 @@ def main(argv: list[str] | None = None) -> int:
             [*links, "--set", f"links.loss={args.loss}", "--set", f"network.round_timeout={args.round_timeout}"], args.timeout,
         )
         lag = one_run(work, "straggler", args.rounds, args.hidden, steps, n, ["--set", f"peers.0.speed={args.speed}"], args.timeout)
-    transfer = slow["message_bytes"] * 8 / args.bandwidth if args.bandwidth else 0.0
+        cut = one_run(
+            work, "cut off", args.rounds, args.hidden, steps, n,
+            ["--set", f"peers.0.speed={args.speed}", "--set", f"network.round_timeout={args.cutoff}"], args.timeout,
+        )
+    # The message's size from the perfect run: over the links a round's bytes_sent counts the
+    # messages its links released during it, which need not be the round's own.
+    transfer = base["message_bytes"] * 8 / args.bandwidth if args.bandwidth else 0.0
     predicted = args.latency + transfer
     increase = slow["seconds_per_round"] - base["seconds_per_round"]
     figures = {
         "rounds": args.rounds, "clients": args.clients, "latency": args.latency, "bandwidth": args.bandwidth, "hidden": args.hidden,
-        "message_bytes": slow["message_bytes"],
+        "message_bytes": base["message_bytes"],
         "perfect_seconds_per_round": round(base["seconds_per_round"], 4),
         "links_seconds_per_round": round(slow["seconds_per_round"], 4),
         "increase_seconds": round(increase, 4), "predicted_seconds": round(predicted, 4),
@@ -119,8 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         "straggler_waited_seconds": lag["client0"].get("speed", {}).get("waited_seconds"),
         "others_seconds_per_round_with_straggler": round(lag["others_seconds_per_round"], 4),
         "others_seconds_per_round_perfect": round(base["others_seconds_per_round"], 4),
+        "cutoff": args.cutoff,
+        "others_seconds_per_round_cut_off": round(cut["others_seconds_per_round"], 4),
+        "straggler_models_missed_cut_off": cut["missed_from_0"],
+        "straggler_models_missed_waiting": lag["missed_from_0"],
+        "cut_off_completed": f"{cut['completed']} of {cut['clients']}",
     }
-    print(f"model message: {slow['message_bytes']:.0f} bytes; links: {args.latency * 1e3:g} ms, {args.bandwidth / 1e6:g} Mbit/s")
+    print(f"model message: {base['message_bytes']:.0f} bytes; links: {args.latency * 1e3:g} ms, {args.bandwidth / 1e6:g} Mbit/s")
     print(f"round loop, median client: {base['seconds_per_round'] * 1e3:.1f} ms/round perfect, "
           f"{slow['seconds_per_round'] * 1e3:.1f} ms/round over the links")
     print(f"increase {increase * 1e3:.1f} ms/round; predicted {predicted * 1e3:.1f} ms "
@@ -134,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(waited {figures['straggler_waited_seconds']} s in all); the others "
           f"{figures['others_seconds_per_round_with_straggler'] * 1e3:.1f} ms/round, against "
           f"{figures['others_seconds_per_round_perfect'] * 1e3:.1f} without it")
+    print(f"the same with round_timeout {args.cutoff:g} s: the others {figures['others_seconds_per_round_cut_off'] * 1e3:.1f} ms/round; "
+          f"they missed {cut['missed_from_0']} of client 0's models (waiting for it: {lag['missed_from_0']}); completed {figures['cut_off_completed']}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
