@@ -138,13 +138,22 @@ class Scenario:
         return self.topology.num_clients
 
     def speed_of(self, client: int) -> float:
-        """Client ``client``'s compute speed: its [peers.K] speed, else train.speed."""
-        return self.speeds.get(client, self.train.speed)
+        """Client ``client``'s compute speed: its [peers.K] speed, else train.speed, or with
+        train.speed_spread its seeded draw from [speed * (1 - spread), speed]."""
+        if client in self.speeds:
+            return self.speeds[client]
+        t = self.train
+        if not t.speed_spread:
+            return t.speed
+        digest = hashlib.blake2b(f"speed/{self.seed}/{client}".encode(), digest_size=8).digest()
+        unit = int.from_bytes(digest, "big") / 2**64  # uniform in [0, 1), the same on every platform
+        return t.speed * (1.0 - t.speed_spread * unit)
 
     @property
     def paced(self) -> bool:
-        """Whether any client runs slower than the machine (train.speed or a [peers.K] speed below 1)."""
-        return self.train.speed < 1.0 or any(v < 1.0 for v in self.speeds.values())
+        """Whether any client runs slower than the machine (train.speed or a [peers.K] speed
+        below 1, or speeds drawn with train.speed_spread)."""
+        return self.train.speed < 1.0 or self.train.speed_spread > 0 or any(v < 1.0 for v in self.speeds.values())
 
     def aggregation_for(self, client: int) -> AggregationConfig:
         """The aggregation settings of one client: [aggregation] with its [peers.K] overrides."""

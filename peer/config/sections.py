@@ -107,6 +107,10 @@ class TrainConfig:
     # local steps and its aggregation (scoring included) as this machine does, waiting the
     # difference out after each; 1 = as fast as the machine runs it. [peers.K] speed overrides it.
     speed: float = 1.0
+    # Uneven speeds: 0 = every client at train.speed; s in (0, 1) = each client's speed drawn
+    # uniformly from [train.speed * (1 - s), train.speed], seeded by the run's seed and the
+    # client's id. [peers.K] speed still overrides a client's draw.
+    speed_spread: float = 0.0
     # The settings tables [train.NAME] of models (every one given is checked, the named one is used).
     model_params: Params = ()
 
@@ -125,6 +129,7 @@ class TrainConfig:
         check_in_range("train.lr_gamma", self.lr_gamma, 0.0, 1.0, open_lo=True)
         check_in_range("train.lr_step", self.lr_step, 1, MAX_ROUNDS)
         check_in_range("train.speed", self.speed, 0.0, 1.0, open_lo=True)
+        check_in_range("train.speed_spread", self.speed_spread, 0.0, 1.0, open_hi=True)
 
     def lr_at(self, r: int, rounds: int) -> float:
         """The learning rate of round ``r`` of ``rounds`` (:func:`peer.learning.training.learning_rate`)."""

@@ -68,3 +68,18 @@ def test_the_batched_engine_refuses_slow_clients(tmp_path):
     s = load_scenario(None, ["data.name=digits", "topology.byzantine=0", "attack.name=none", "peers.2.speed=0.5", "engine.name=batched"])
     with pytest.raises(ValueError, match="slower than the machine"):
         BatchedRun(s, tmp_path)
+
+
+def test_a_speed_spread_draws_each_clients_speed_seeded_and_in_range():
+    s = load_scenario(None, ["train.speed=0.8", "train.speed_spread=0.5", "peers.2.speed=0.1"])
+    speeds = [s.speed_of(k) for k in range(s.num_clients)]
+    assert s.paced and speeds[2] == 0.1
+    others = [v for k, v in enumerate(speeds) if k != 2]
+    assert all(0.4 <= v <= 0.8 for v in others) and len(set(others)) == len(others)
+    # The same seed draws the same speeds; another seed others.
+    assert [load_scenario(None, ["train.speed=0.8", "train.speed_spread=0.5"]).speed_of(k) for k in (0, 1)] == speeds[:2]
+    assert load_scenario(None, ["seed=2", "train.speed=0.8", "train.speed_spread=0.5"]).speed_of(0) != speeds[0]
+    # Over many clients the draws fill the range evenly.
+    wide = load_scenario(None, ["topology.honest=400", "train.speed_spread=0.5"])
+    draws = [wide.speed_of(k) for k in range(400)]
+    assert min(draws) < 0.53 and max(draws) > 0.97 and abs(sum(draws) / 400 - 0.75) < 0.03
