@@ -52,7 +52,9 @@ class RoundTiming:
     late: int
 
 
-def link_schedules(default: LinkProfile, overrides: Mapping[tuple[int, int], LinkProfile], seed: int) -> Callable[[int, int], LinkSchedule]:
+def link_schedules(
+    default: LinkProfile, overrides: Mapping[tuple[int, int], LinkProfile], seed: int
+) -> Callable[[int, int], LinkSchedule]:
     """A factory of the schedule of each link ``(src, dst)``, as :func:`links_for` builds it
     for the real clients: the same profiles and the same seeded streams."""
     return lambda src, dst: links_for(default, overrides, seed, src, (dst,))[dst]

@@ -87,7 +87,8 @@ def test_a_link_not_probed_draws_nothing_from_its_stream():
         probed.round(r, full(2), 10)
     assert probed.link(0, 1).sent == 2
     fresh = LinkSchedule(profiles[0, 1], 0, 0, 1)
-    fresh.plan(0.0, 10), fresh.plan(0.0, 10)
+    for _ in range(2):
+        fresh.plan(0.0, 10)
     assert probed.link(0, 1)._rng.random() == fresh._rng.random()  # the same position in the stream
 
 
