@@ -1,7 +1,10 @@
 """Figures for ``dfedrw report`` (matplotlib, Agg, PNG; file names depend only on the table).
 
 - ``accuracy_<i>_<row>.png``: honest mean accuracy per evaluation round, one line per column
-  (method), averaged over seeds; one figure per row.
+  (method), averaged over seeds; one figure per row. Where every run of the row has a clock
+  (its records give seconds: client processes and threads, a batched engine that keeps one),
+  ``accuracy_seconds_<i>_<row>.png`` and ``accuracy_bytes_sent_<i>_<row>.png`` too: the same
+  curves against the seconds and the bytes sent by that round.
 - ``clients_<i>_<row>.png``: each honest client's final accuracy, a box per method, all seeds
   pooled; one figure per row.
 - ``weights_<i>_<row>__<j>_<column>.png``: the mean aggregation weight each honest client gave
@@ -72,7 +75,21 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-def plot_accuracy(table: Table, row: tuple[str, ...], path: Path) -> Path:
+# What accuracy can be plotted against besides the round: a curve of the runs' records (those
+# with a clock), and its axis label.
+AGAINST = {"seconds": "seconds (honest mean)", "bytes_sent": "MB sent per honest client (mean)"}
+
+
+def timed(table: Table, row: tuple[str, ...]) -> bool:
+    """Whether every run of the row's cells has a clock (its record gives seconds)."""
+    runs = [r for c in table.columns if (cell := table.cells.get((row, c))) is not None for r in cell.runs]
+    return bool(runs) and all(accuracy_curve(r, "seconds") for r in runs)
+
+
+def plot_accuracy(table: Table, row: tuple[str, ...], path: Path, against: str = "round") -> Path:
+    """The row's honest mean accuracy per evaluation round, one line per column, against the
+    round or (``against``: a key of :data:`AGAINST`) the seconds or bytes the runs' records give
+    at that round, each the mean over seeds."""
     key = _accuracy_key(table)
     fig = new_figure(8.5, 4.5)
     ax = fig.add_subplot()
@@ -85,9 +102,13 @@ def plot_accuracy(table: Table, row: tuple[str, ...], path: Path) -> Path:
         if not rounds:
             continue
         mean = [np.mean([cv[r] for cv in curves if r in cv]) for r in rounds]
-        x = [r + 1 for r in rounds]
+        if against == "round":
+            x = [r + 1 for r in rounds]
+        else:
+            axis = [accuracy_curve(r, against) for r in cell.runs]
+            x = [np.mean([cv[r] for cv in axis if r in cv]) / (1e6 if against == "bytes_sent" else 1.0) for r in rounds]
         ax.plot(x, mean, marker="o" if len(x) <= 20 else None, label=f"{table.column_label(c)} (n={cell.n})")
-    ax.set_xlabel("round")
+    ax.set_xlabel(AGAINST.get(against, "round"))
     ax.set_ylabel(f"honest mean {'global' if key == 'global_accuracy' else 'local'} test accuracy (%)")
     ax.set_title(" / ".join(table.row_label(row)))
     ax.grid(alpha=0.3)
@@ -296,6 +317,10 @@ def make_plots(table: Table, out_dir: Path) -> list[Path]:
     for i, row in enumerate(table.rows):
         stem = f"{i:02d}_{slug('_'.join(table.row_label(row)))}"
         written.append(plot_accuracy(table, row, out_dir / f"accuracy_{stem}.png"))
+        if timed(table, row):
+            # Runs with a clock: accuracy against the time and the bytes it cost as well.
+            for against in AGAINST:
+                written.append(plot_accuracy(table, row, out_dir / f"accuracy_{against}_{stem}.png", against))
         written.append(plot_clients(table, row, out_dir / f"clients_{stem}.png"))
         for j, c in enumerate(table.columns):
             cell = table.cells.get((row, c))

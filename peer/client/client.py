@@ -416,6 +416,7 @@ class Client:
             record = honest_record(
                 r, loss, weights, missing, scores=scores, notes=notes,
                 bytes_sent=self.transport.bytes_sent - sent0, bytes_received=self.inbox.bytes_received - recv0,
+                seconds=round(time.monotonic() - loop_start, 3),
             )
             with_round_graph(record, self.graphs, self.id, r, told)
             if evaluation_due(r, sc.rounds, sc.eval.every):

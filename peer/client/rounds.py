@@ -57,11 +57,13 @@ def test_measures(model: Any, data: Any, backdoor: Any = None) -> dict[str, floa
 def honest_record(
     r: int, train_loss: float, weights: Mapping[int, float], missing: list[int], *,
     scores: Mapping[int, float] | None = None, bytes_sent: int = 0, bytes_received: int = 0, notes: Mapping[str, Any] | None = None,
+    seconds: float | None = None,
 ) -> dict[str, Any]:
     """An honest client's round record: its training loss, the weight its rule gave each
     candidate, bytes on the wire, the neighbours whose model did not come, ``notes`` (what a
-    client process adds of a resume), and the TPM's score of each candidate where the rule
-    scores them."""
+    client process adds of a resume), the TPM's score of each candidate where the rule
+    scores them, and ``seconds`` since its round loop began at the round's end, where there is
+    a clock (wall time for a client, simulated time in a batched engine that keeps one)."""
     record: dict[str, Any] = {
         "round": r,
         "train_loss": train_loss,
@@ -70,6 +72,8 @@ def honest_record(
         "bytes_received": bytes_received,
         "missing": missing,
     }
+    if seconds is not None:
+        record["seconds"] = seconds
     record.update(notes or {})
     if scores is not None:
         record["scores"] = {str(k): finite_or_none(v) for k, v in scores.items()}

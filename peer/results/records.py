@@ -174,10 +174,17 @@ def read_final(out_dir: Path, client_id: int) -> dict[str, Any] | None:
 
 RECORD_FILE = "record.json"
 RECORD_VERSION = 1
-CURVE_KEYS = ("accuracy", "global_accuracy", "attack_success")
-# Curves a run has only under some attacks (a backdoor's success rate): in a record only when
-# measured, so that the records of runs without them stay the same bytes.
-OPTIONAL_CURVES = frozenset({"attack_success"})
+# What a client measures on its evaluation rounds.
+VALUE_CURVES = ("accuracy", "global_accuracy", "attack_success")
+# What a run's clock and wire say at each evaluation round (a round with an accuracy): the
+# seconds since the client's round loop began (wall time in the client engine, simulated time
+# in a batched engine that keeps a clock), and the bytes it has sent up to and with that round.
+# Only for records that give ``seconds``: accuracy against time and against bytes.
+TIME_CURVES = ("seconds", "bytes_sent")
+CURVE_KEYS = (*VALUE_CURVES, *TIME_CURVES)
+# Curves a run has only under some attacks (a backdoor's success rate) or with a clock: in a
+# record only when measured, so that the records of runs without them stay the same bytes.
+OPTIONAL_CURVES = frozenset({"attack_success", *TIME_CURVES})
 
 
 class RoundDigest:
@@ -195,6 +202,8 @@ class RoundDigest:
         self.trailing_alone = 0  # how many of the last records in a row weighed at most one sender
         self.curves: dict[str, list[tuple[int, float]]] = {key: [] for key in CURVE_KEYS}
         self.weight_sums: dict[int, float] = {}  # sender -> its weights summed over the records
+        self.bytes_sent = 0  # over the records, in round order
+        self.seconds: float | None = None  # the last record's, when the records give it
         self._ids: dict[str, int] = {}  # a record's sender key -> the sender's id
 
     @classmethod
@@ -207,11 +216,20 @@ class RoundDigest:
     def add(self, rec: dict[str, Any]) -> None:
         self.rounds += 1
         round_ = rec.get("round")
+        sent = rec.get("bytes_sent")
+        if isinstance(sent, int):
+            self.bytes_sent += sent
+        seconds = rec.get("seconds")
+        if isinstance(seconds, (int, float)):
+            self.seconds = float(seconds)
         if isinstance(round_, int):
-            for key in CURVE_KEYS:
+            for key in VALUE_CURVES:
                 value = rec.get(key)
                 if value is not None:
                     self.curves[key].append((round_, float(value)))
+            if self.seconds is not None and rec.get("accuracy") is not None:
+                self.curves["seconds"].append((round_, self.seconds))
+                self.curves["bytes_sent"].append((round_, float(self.bytes_sent)))
         w = rec.get("weights") or {}
         self.trailing_alone = self.trailing_alone + 1 if len(w) <= 1 else 0
         sums, ids, byzantine = self.weight_sums, self._ids, self.byzantine
@@ -310,6 +328,8 @@ def summarize(
     gaccs: list[float] = []
     shares: list[float] = []
     successes: list[float] = []  # under a backdoor attack: each honest client's final success rate
+    seconds: list[float] = []  # with a clock: each honest client's seconds at its last round
+    sent: list[float] = []  # each honest client's bytes sent over the run
     success_by_round: dict[int, list[float]] = {}
     for k in sorted(roles):
         final = read_final(out_dir, k)
@@ -356,6 +376,9 @@ def summarize(
         if roles[k] == "honest" and ok:
             accs.append(final["accuracy"])
             gaccs.append(final["global_accuracy"])
+            if digest.seconds is not None:
+                seconds.append(digest.seconds)
+                sent.append(float(digest.bytes_sent))
             if final.get("attack_success") is not None:
                 successes.append(final["attack_success"])
                 for round_, value in digest.curves["attack_success"]:
@@ -380,6 +403,9 @@ def summarize(
         "restarted_peers": restarted,
         "honest_completed": len(accs),
         **({"attack_success": success_summary(successes, success_by_round)} if successes else {}),
+        # With a clock: what the run cost the mean honest client (record.json's curves give
+        # accuracy against both, round by round).
+        **({"honest_mean_seconds": stat(np.mean, seconds), "honest_mean_bytes_sent": stat(np.mean, sent)} if seconds else {}),
         "peers": peers,
     }
 

@@ -45,3 +45,10 @@ def test_compressed_models_are_taken_and_each_link_counts_its_bytes(tmp_path, co
             # A whole model on each link first and every 5 messages after: rounds 0, 5, 10.
             assert set(f["compression"]["dense_to"].values()) == {math.ceil(12 / 5)}
     assert summary["honest_mean_accuracy"] > 0.8 * raw["honest_mean_accuracy"]
+    # What it cost, in the summary and, round by round, in the run's record.
+    assert summary["honest_mean_bytes_sent"] == pytest.approx(
+        sum(sum(r["bytes_sent"] for r in read_rounds(out, k)) for k in finals) / len(finals)
+    )
+    assert summary["honest_mean_bytes_sent"] < raw["honest_mean_bytes_sent"] and summary["honest_mean_seconds"] > 0
+    curves = json.loads((out / "record.json").read_text())["curves"]
+    assert [r for r, _ in curves["seconds"]] == [r for r, _ in curves["accuracy"]] == [11]

@@ -228,6 +228,31 @@ def test_a_round_digest_is_what_summarize_reads_of_the_records():
     assert digest.rounds == 3
     assert digest.byzantine_shares == [0.5, 0.5, 0]
     assert digest.weight_sums == {0: 1.75, 3: 1.0, 1: 0.25}
-    assert digest.curves == {"accuracy": [(1, 50.0)], "global_accuracy": [(1, 40.0)], "attack_success": []}
+    assert digest.curves == {"accuracy": [(1, 50.0)], "global_accuracy": [(1, 40.0)], "attack_success": [], "seconds": [], "bytes_sent": []}
     assert digest.isolated()  # the last tenth of its rounds (one) weighed only itself
     assert not RoundDigest.of(records[:2]).isolated() and not RoundDigest().isolated()
+
+
+def test_records_with_seconds_give_accuracy_against_time_and_bytes():
+    from dfedrw.peer.results.records import RecordBuilder, RoundDigest
+
+    def log(seconds, sent):
+        return [
+            {"round": 0, "weights": {}, "bytes_sent": sent, "seconds": seconds},
+            {"round": 1, "weights": {}, "bytes_sent": sent, "seconds": 2 * seconds, "accuracy": 50.0},
+            {"round": 2, "weights": {}, "bytes_sent": sent, "seconds": 3 * seconds, "accuracy": 60.0},
+        ]
+
+    digest = RoundDigest.of(log(1.5, 100))
+    # At each evaluation round: the seconds of that round's end, the bytes sent through it.
+    assert digest.curves["seconds"] == [(1, 3.0), (2, 4.5)] and digest.curves["bytes_sent"] == [(1, 200.0), (2, 300.0)]
+    assert (digest.seconds, digest.bytes_sent) == (4.5, 300)
+    builder = RecordBuilder([0, 1], [0, 1])
+    builder.add(0, log(1.0, 100))
+    builder.add(1, log(2.0, 300))
+    curves = builder.result()["curves"]
+    assert curves["seconds"] == [[1, 3.0], [2, 4.5]] and curves["bytes_sent"] == [[1, 400.0], [2, 600.0]]
+    # Records without seconds (a batched run without a clock) have neither curve, as before.
+    plain = RecordBuilder([0], [0])
+    plain.add(0, [{"round": 1, "weights": {}, "bytes_sent": 0, "accuracy": 50.0}])
+    assert set(plain.result()["curves"]) == {"accuracy", "global_accuracy"}

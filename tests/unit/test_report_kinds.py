@@ -402,3 +402,26 @@ def test_tpm_pairs_spec_keeps_equal_rows_and_other_kinds_do_not_gain_it():
 
     assert normalize_report_spec({"kind": "tpm_pairs"}, axes)["equal_rows"] == ["iid"]
     assert "equal_rows" not in normalize_report_spec({"kind": "byzantine"}, axes)
+
+
+def test_runs_with_a_clock_are_plotted_against_seconds_and_bytes_too(tmp_path):
+    root = tmp_path / "s"
+    points = []
+    for method, pace in (("DFedAvg", 1.0), ("Ours", 2.0)):
+        name = method.lower()
+        records = [
+            {"round": r, "weights": {"0": 1.0}, "bytes_sent": 1000, "seconds": pace * (r + 1), **({"accuracy": 50.0 + r} if r % 2 else {})}
+            for r in range(6)
+        ]
+        write_run(root, name, {"accuracy_variance": 1.0, "honest_mean_accuracy": 55.0}, rounds={0: records})
+        points.append(({"seed": "43", "data.partition": "iid", "method": method}, name))
+    write_sweep(root, FAIR_SPEC, {**FAIR_AXES, "seed": ["43"], "data.partition": ["iid"]}, points)
+    table = load_results([root])
+
+    names = [p.name for p in make_plots(table, tmp_path / "plots")]
+
+    assert names[:3] == ["accuracy_00_iid.png", "accuracy_seconds_00_iid.png", "accuracy_bytes_sent_00_iid.png"]
+    assert all((tmp_path / "plots" / n).stat().st_size > 1000 for n in names[:3])
+    # Runs without a clock (no seconds in their records) get the plot against rounds only.
+    plain = [p.name for p in make_plots(load_results([make_fairness(tmp_path / "f")]), tmp_path / "plain")]
+    assert not any(n.startswith(("accuracy_seconds", "accuracy_bytes")) for n in plain)
