@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dfedrw.peer.transport.links import LinkProfile, LinkSchedule, links_for
@@ -103,7 +103,11 @@ class SimulatedClock:
     its aggregation (scoring included); ``round_timeout``, ``max_missed_rounds`` are the
     network's settings. ``probe_every``: a receiver presumed gone is sent a model only in the
     rounds it divides; 5, the real client's ``PROBE_EVERY`` (``peer.client.presence``, which
-    this module may not import: peer.transport is below peer.client).
+    this module may not import: peer.transport is below peer.client). ``reactive``: clients
+    that train nothing and answer what they receive, as a Byzantine client does: each waits for
+    its senders that are not reactive from its round's start (its deadline ``round_timeout``
+    after it), then sends, ``step_seconds`` later (its crafting), to its receivers that are not
+    reactive only, and starts its next round.
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class SimulatedClock:
         round_timeout: float,
         max_missed_rounds: int,
         probe_every: int = 5,
+        reactive: Collection[int] = (),
     ) -> None:
         self.num_clients = n = _index("num_clients", num_clients)
         if n < 0:
@@ -130,6 +135,9 @@ class SimulatedClock:
         for name, value in (("max_missed_rounds", self.max_missed_rounds), ("probe_every", self.probe_every)):
             if value < 1:
                 raise ValueError(f"{name}={value!r}: expected an int >= 1")
+        self.reactive = frozenset(_index("reactive id", k) for k in reactive)
+        if any(not 0 <= k < n for k in self.reactive):
+            raise ValueError(f"reactive={sorted(self.reactive)!r}: ids are 0..{n - 1}")
         self._schedules = schedules
         self._links: dict[tuple[int, int], LinkSchedule] = {}
         self._start = [0.0] * n
@@ -167,35 +175,35 @@ class SimulatedClock:
         n = self.num_clients
         if _index("r", r) != self._round:
             raise ValueError(f"round {r!r} out of order: the next round is {self._round}")
-        senders = self._graph(senders_to)
+        reactive = self.reactive
+        # A reactive client (a Byzantine one) hears from the others only and sends to them only.
+        senders = [tuple(k for k in row if k not in reactive) if i in reactive else row for i, row in enumerate(self._graph(senders_to))]
         sizes = self._sizes(message_bytes)
         start = tuple(self._start)
-        send = tuple(start[i] + self.step_seconds[i] for i in range(n))
+        send = [start[i] + self.step_seconds[i] for i in range(n)]
         receivers: list[list[int]] = [[] for _ in range(n)]
         for j in range(n):
             for k in senders[j]:
                 receivers[k].append(j)
         arrival: dict[tuple[int, int], float | None] = {}  # (src, dst) -> arrival, None: lost
-        for i in range(n):
+        end: list[float] = [0.0] * n
+        missing: list[tuple[int, ...]] = [()] * n
+        used: list[tuple[int, ...]] = [()] * n
+
+        def plan(i: int) -> None:
             for j in sorted(receivers[i]):
                 if j in self._gone[i] and r % self.probe_every:
                     continue  # presumed gone: only probed now and then
                 arrival[i, j] = self.link(i, j).plan(send[i], sizes[i])
-        end: list[float] = []
-        missing: list[tuple[int, ...]] = []
-        used: list[tuple[int, ...]] = []
-        for i in range(n):
+
+        def wait(i: int, since: float) -> None:
             got = {k: arrival.get((k, i)) for k in senders[i]}  # None: not sent, or lost
             gone, missed = self._gone[i], self._missed[i]
             expected = [k for k in senders[i] if k not in gone]
             times = [got[k] for k in expected]
-            deadline = send[i] + self.round_timeout
-            if all(t is not None and t <= deadline for t in times):
-                end_i = max([send[i], *times])
-            else:
-                end_i = deadline
+            deadline = since + self.round_timeout
+            end_i = max([since, *times]) if all(t is not None and t <= deadline for t in times) else deadline
             used_i = tuple(k for k in senders[i] if got[k] is not None and got[k] <= end_i)
-            missing_i = tuple(k for k in expected if k not in used_i)
             for k in senders[i]:  # liveness, as the real client's Liveness
                 if k in used_i:
                     gone.discard(k)  # back, if it was gone: waited for again from the next round
@@ -205,14 +213,23 @@ class SimulatedClock:
                     if missed[k] >= self.max_missed_rounds:
                         gone.add(k)
                         missed[k] = 0
-            end.append(end_i)
-            missing.append(missing_i)
-            used.append(used_i)
+            end[i], used[i], missing[i] = end_i, used_i, tuple(k for k in expected if k not in used_i)
+
+        others = [i for i in range(n) if i not in reactive]
+        for i in others:  # train, then send
+            plan(i)
+        for i in sorted(reactive):  # wait for the others' models from the round's start, craft, then send
+            wait(i, start[i])
+            send[i] = end[i] + self.step_seconds[i]
+            plan(i)
+        for i in others:
+            wait(i, send[i])
         lost = sum(1 for t in arrival.values() if t is None)
         late = sum(1 for (_, j), t in arrival.items() if t is not None and t > end[j])
-        self._start = [end[i] + self.aggregate_seconds[i] for i in range(n)]
+        # A reactive client begins its next round once it sent; the others after aggregating.
+        self._start = [send[i] if i in reactive else end[i] + self.aggregate_seconds[i] for i in range(n)]
         self._round += 1
-        return RoundTiming(r, start, send, tuple(end), tuple(missing), tuple(used), lost, late)
+        return RoundTiming(r, start, tuple(send), tuple(end), tuple(missing), tuple(used), lost, late)
 
     def _graph(self, senders_to: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         """``senders_to`` checked: one entry per client, ids in range, none its own receiver,

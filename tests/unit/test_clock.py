@@ -205,3 +205,20 @@ def test_schedule_checks():
     c.round(0, [[1], [0]], 10)
     with pytest.raises(ValueError, match="round 0 out of order: the next round is 1"):
         c.round(0, [[1], [0]], 10)
+
+
+def test_a_reactive_client_waits_for_the_others_then_answers_them():
+    # Client 1 is Byzantine: it trains nothing, waits for 0's and 2's models, then sends to
+    # them only; every link takes 1 s, local steps 0.5 s.
+    latency = {(i, j): LinkProfile(latency=1.0) for i in range(3) for j in range(3) if i != j}
+    c = clock(3, latency, step=[0.5, 0.0, 0.5], reactive=[1])
+    t = c.round(0, full(3), 10)
+    assert t.send == (0.5, 1.5, 0.5)  # the honest models reach it at 1.5, it answers at once
+    assert t.end == (2.5, 1.5, 2.5)  # its answer reaches the honest clients at 2.5
+    assert t.used == ((1, 2), (0, 2), (0, 1)) and t.missing == ((), (), ())
+    assert c.now == (2.5, 1.5, 2.5)  # it begins its next round as soon as it sent
+    assert c.link(1, 0).sent == 1 and (1, 1) not in c._links
+    # Its deadline runs from its round's start: models later than that are missed.
+    slow = clock(3, latency, step=[0.5, 0.0, 5.0], reactive=[1], timeout=2.0)
+    t = slow.round(0, full(3), 10)
+    assert t.end[1] == 2.0 and t.missing[1] == (2,) and t.used[1] == (0,)
