@@ -23,7 +23,11 @@ from dfedrw.peer.wiring.assembly import (
     move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.learning.datacache import test_set, training_set
-from dfedrw.peer.wiring.build import scenario_dataset
+from dfedrw.peer.client.presence import PROBE_EVERY
+from dfedrw.peer.transport.chunks import wire_size
+from dfedrw.peer.transport.clock import RoundTiming
+from dfedrw.peer.transport.serde import message_out
+from dfedrw.peer.wiring.build import scenario_clock, scenario_dataset, scenario_model_specs
 from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
 from dfedrw.peer.client.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
@@ -75,16 +79,11 @@ class BatchedRun:
 
     def __init__(self, scenario: Scenario, out_dir: Path, *, tensorboard: Path | None = None) -> None:
         self.scenario = sc = scenario
-        if sc.paced:
+        if sc.paced and not (sc.clock.step_seconds or sc.clock.aggregate_seconds):
+            # On the simulated clock a client computes for [clock]'s seconds over its speed.
             raise ValueError(
-                "train.speed or a [peers.K] speed makes clients slower than the machine, which the batched engine does not "
-                "model (it keeps no clock): use the client engine (engine.name = \"clients\")"
-            )
-        if sc.links.emulates:
-            # Its rounds have no time in them: a message that waits or is lost would arrive all the same.
-            raise ValueError(
-                "[links] emulates latency, bandwidth or loss, which the batched engine does not model (it keeps no "
-                "clock): use the client engine (engine.name = \"clients\")"
+                "train.speed, train.speed_spread or a [peers.K] speed slows a client's compute, which in the batched engine "
+                "takes the simulated seconds of [clock]: set clock.step_seconds (its local steps a round at speed 1)"
             )
         if sc.network.compression != "none":
             raise ValueError(
@@ -140,6 +139,14 @@ class BatchedRun:
         self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
         self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(self.byzantine)
         self.plausible = scenario_plausible(sc)
+        # With links that cost something, slow clients or [clock] compute: each round on a
+        # simulated clock, which says which models every receiver has by its deadline.
+        self.clock = scenario_clock(sc, frozenset(self.byzantine), probe_every=PROBE_EVERY) if sc.clocked else None
+        self.timing: RoundTiming | None = None
+        if self.clock is not None:
+            size = sum(s.numel for s in scenario_model_specs(sc))
+            probe = message_out(0, 0, torch.zeros(size), scenario_model_specs(sc), num_samples=1, train_loss=1.0, chunk_bytes=sc.network.chunk_bytes)
+            self.message_bytes = wire_size(probe)  # a model message on the wire, header and all
         self.begin_round(0)
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
         self.stale: dict[int, int] = {}  # receiver -> messages dropped as stale
@@ -152,6 +159,8 @@ class BatchedRun:
         n = self.topology.num_clients
         self.senders = {k: self.graphs.senders_to(k, r) for k in range(n)}
         self.receivers = {k: self.graphs.receivers_of(k, r) for k in range(n)} if self.graphs.dynamic else self.senders
+        if self.clock is not None:
+            self.timing = self.clock.round(r, [self.senders[k] for k in range(n)], self.message_bytes)
         if not self.graphs.dynamic:
             return
         for k in self.honest:
@@ -234,7 +243,7 @@ class BatchedRun:
         for b in self.byzantine:
             for k in sorted(k for k in self.senders[b] if k in refused):
                 self._reject(b, refused[k])
-            heard[b] = sorted(k for k in self.senders[b] if k in self.row and k not in refused)
+            heard[b] = sorted(k for k in self._arrived(b) if k in self.row and k not in refused)
         pool_senders = tuple(sorted({k for b in self.colluders for k in heard[b]}))
         pool = self._rows(pool_senders) if self.colluders else None
         for b in self.byzantine:
@@ -318,7 +327,7 @@ class BatchedRun:
         for k in self.honest:
             neighbours = sorted(self.senders[k])
             row, size, loss, senders = [honest_row[k]], [num_samples[k]], [losses[k]], [k]
-            for j in neighbours:
+            for j in self._arrived(k):
                 if j in honest_row:
                     if j in refused:
                         self._reject(k, refused[j])
@@ -338,7 +347,11 @@ class BatchedRun:
             ids.append(tuple(senders))
             sizes.append(tuple(size))
             declared.append(tuple(loss))
-            missing.append([] if len(senders) == len(neighbours) + 1 else sorted(set(neighbours) - set(senders)))
+            if self.timing is not None:
+                # Who it waited for in vain (its clock's), and what arrived but was refused.
+                missing.append(sorted({*self.timing.missing[k], *(set(self.timing.used[k]) - set(senders))}))
+            else:
+                missing.append([] if len(senders) == len(neighbours) + 1 else sorted(set(neighbours) - set(senders)))
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
         # On a GPU one copy to the CPU for the whole pool; on the CPU the pieces as they are.
@@ -351,13 +364,21 @@ class BatchedRun:
             evaluate=[self.aux[k] for k in self.honest], reference=reference, finite=finite,
         )
 
+    def _arrived(self, k: int) -> list[int]:
+        """The round's senders to ``k`` whose model reached it in time: all of them, without a
+        clock."""
+        return sorted(self.senders[k]) if self.timing is None else list(self.timing.used[k])
+
     def records(self, r: int, losses: dict[int, float], candidates: Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
         """The rules' results become the models; returns the clients' round records, in
-        ``self.honest`` order."""
+        ``self.honest`` order (with a clock: the simulated seconds at the round's end and the
+        bytes each client put on its links)."""
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
+        timing, now = self.timing, self.clock.now if self.clock is not None else None
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
-            record = honest_record(r, losses[k], agg.weights, candidates.missing[c], scores=agg.scores)
+            timed = {} if timing is None else {"seconds": round(now[k], 6), "bytes_sent": timing.sent[k] * self.message_bytes}
+            record = honest_record(r, losses[k], agg.weights, candidates.missing[c], scores=agg.scores, **timed)
             records.append(with_round_graph(record, self.graphs, k, r, self.told.get(k)))
         return records
 
@@ -462,6 +483,9 @@ class BatchedRun:
         )
         if self.graphs.dynamic:
             final["schedule"] = sc.topology.schedule
+        if self.clock is not None:
+            # What its links did (the clock's): messages they lost.
+            final["links"] = {"lost": self.clock.lost_from(k)}
         return final
 
 

@@ -11,9 +11,11 @@ A scenario file has the sections below (every key optional; defaults in the data
     [aggregation] rule, tpm, crs, assumed_byzantine
                   [aggregation.RULE]  [aggregation.tpm_params.TPM]  [aggregation.crs_params.CRS]
     [network]     transport, host, round_timeout, round_window, max_missed_rounds,
-                  connect_timeout, chunk_bytes, max_message_bytes, idle_channel_timeout, ...
+                  connect_timeout, chunk_bytes, max_message_bytes, idle_channel_timeout, compression, ...
+                  [network.TRANSPORT]  [network.compression_params.COMPRESSION]
     [links]       latency, jitter, bandwidth, loss, generator, latency_per_unit
                   [links.pairs] "I-J" = {latency = ..., ...}  one directed link's own settings
+    [clock]       step_seconds, aggregate_seconds   (the batched engine's simulated compute)
     [eval]        every
     [checkpoint]  every
     [engine]      name (clients, batched), device, threads
@@ -60,7 +62,7 @@ from dfedrw.peer.config.aggregation import (
 )
 from dfedrw.peer.config.tables import KIND_REGISTRY, Params, SettingsTables, parse_class_tables, settings_tables, toml_key
 from dfedrw.peer.config.sections import (  # noqa: F401 - the sections are named from here too
-    ENGINES, CheckpointConfig, DataConfig, EngineConfig, EvalConfig, LinksConfig, NetworkConfig, TopologyConfig, TrainConfig,
+    ENGINES, CheckpointConfig, ClockConfig, DataConfig, EngineConfig, EvalConfig, LinksConfig, NetworkConfig, TopologyConfig, TrainConfig,
     check_model, parse_link_pairs,
 )
 from dfedrw.peer.kinds.table import KINDS
@@ -82,6 +84,7 @@ class Scenario:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     links: LinksConfig = field(default_factory=LinksConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -155,6 +158,12 @@ class Scenario:
         below 1, or speeds drawn with train.speed_spread)."""
         return self.train.speed < 1.0 or self.train.speed_spread > 0 or any(v < 1.0 for v in self.speeds.values())
 
+    @property
+    def clocked(self) -> bool:
+        """Whether time changes what happens: links that cost something, slow clients, or
+        compute set on the batched engine's clock ([clock]); a batched run then keeps one."""
+        return self.links.emulates or self.paced or self.clock != ClockConfig()
+
     def aggregation_for(self, client: int) -> AggregationConfig:
         """The aggregation settings of one client: [aggregation] with its [peers.K] overrides."""
         over = self.peers.get(client)
@@ -171,6 +180,7 @@ _SECTIONS: dict[str, type] = {
     "aggregation": AggregationConfig,
     "network": NetworkConfig,
     "links": LinksConfig,
+    "clock": ClockConfig,
     "eval": EvalConfig,
     "checkpoint": CheckpointConfig,
     "engine": EngineConfig,
@@ -286,6 +296,9 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                 out[name] = {k: v for k, v in dataclasses.asdict(links).items() if k != "pairs"}
                 if links.pairs:
                     out[name]["pairs"] = links.pair_table()
+        elif name == "clock":
+            if scenario.clock != ClockConfig():  # written only when set, as [links]
+                out[name] = dataclasses.asdict(scenario.clock)
         else:
             out[name] = dataclasses.asdict(getattr(scenario, name))
             if name in _CLASS_TABLES:

@@ -430,3 +430,20 @@ def parse_link_pairs(value: Any) -> LinkPairs:
         values = tuple(sorted((k, coerce_value(f"{where}.\"{key}\".{k}", v, "float")) for k, v in table.items()))
         out.append(((src, dst), values))
     return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class ClockConfig:
+    """What a round's computing costs on the batched engine's simulated clock, in seconds of a
+    client at speed 1 (a client at ``speed`` s takes 1/s times as long): ``step_seconds`` its
+    local steps, ``aggregate_seconds`` its aggregation (scoring included); a Byzantine client
+    trains nothing and crafts at once. The client engine measures its own compute and ignores
+    both. The defaults cost nothing: a scenario without this section
+    is what it was."""
+
+    step_seconds: float = 0.0
+    aggregate_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_in_range("clock.step_seconds", self.step_seconds, 0.0, MAX_SECONDS)
+        check_in_range("clock.aggregate_seconds", self.aggregate_seconds, 0.0, MAX_SECONDS)

@@ -40,7 +40,7 @@ class RoundTiming:
     ``send``, ``end``, seconds, per client); per receiver, the expected senders whose model it
     missed (``missing``) and the senders whose model it aggregates (``used``), sorted ids; and
     how many messages the links lost (``lost``) or delivered after their receiver's ``end``
-    (``late``)."""
+    (``late``); per client, how many messages it sent (``sent``)."""
 
     round: int
     start: tuple[float, ...]
@@ -50,6 +50,7 @@ class RoundTiming:
     used: tuple[tuple[int, ...], ...]
     lost: int
     late: int
+    sent: tuple[int, ...] = ()  # per client, the messages it put on its links this round
 
 
 def link_schedules(
@@ -168,6 +169,10 @@ class SimulatedClock:
             self._links[key] = schedule
         return schedule
 
+    def lost_from(self, src: int) -> int:
+        """Messages the links of ``src`` lost so far."""
+        return sum(link.lost for (i, _), link in self._links.items() if i == src)
+
     def round(self, r: int, senders_to: Sequence[Sequence[int]], message_bytes: int | Sequence[int]) -> RoundTiming:
         """Round ``r`` of every client. ``senders_to[i]``: who sends to client ``i`` in round
         ``r`` (the round's graph, directed: ``j`` sends to ``i``). ``message_bytes``: the size of
@@ -189,12 +194,14 @@ class SimulatedClock:
         end: list[float] = [0.0] * n
         missing: list[tuple[int, ...]] = [()] * n
         used: list[tuple[int, ...]] = [()] * n
+        sent = [0] * n
 
         def plan(i: int) -> None:
             for j in sorted(receivers[i]):
                 if j in self._gone[i] and r % self.probe_every:
                     continue  # presumed gone: only probed now and then
                 arrival[i, j] = self.link(i, j).plan(send[i], sizes[i])
+                sent[i] += 1
 
         def wait(i: int, since: float) -> None:
             got = {k: arrival.get((k, i)) for k in senders[i]}  # None: not sent, or lost
@@ -229,7 +236,7 @@ class SimulatedClock:
         # A reactive client begins its next round once it sent; the others after aggregating.
         self._start = [send[i] if i in reactive else end[i] + self.aggregate_seconds[i] for i in range(n)]
         self._round += 1
-        return RoundTiming(r, start, tuple(send), tuple(end), tuple(missing), tuple(used), lost, late)
+        return RoundTiming(r, start, tuple(send), tuple(end), tuple(missing), tuple(used), lost, late, tuple(sent))
 
     def _graph(self, senders_to: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         """``senders_to`` checked: one entry per client, ids in range, none its own receiver,

@@ -158,6 +158,8 @@ RANGES = [
     ("engine.threads", [1, 1024], [0, 1025]),
     ("train.speed", [1e-9, 1.0], [0.0, 1.01]),
     ("train.speed_spread", [0.0, 0.99], [-0.1, 1.0]),
+    ("clock.step_seconds", [0.0, 86400.0], [-1.0, 86401.0]),
+    ("clock.aggregate_seconds", [0.0, 86400.0], [-1.0, 86401.0]),
     ("links.latency", [0.0, 86400.0], [-1.0, 86401.0]),
     ("links.jitter", [0.0, 86400.0], [-1.0, 86401.0]),
     ("links.bandwidth", [0.0, 1e15], [-1.0, 1.1e15]),

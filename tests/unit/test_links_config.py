@@ -53,12 +53,13 @@ def test_bad_links_name_the_key(sets, words):
     assert words in str(err.value)
 
 
-def test_the_batched_engine_refuses_emulated_links(tmp_path):
+def test_the_batched_engine_keeps_a_clock_only_when_time_matters(tmp_path):
     from dfedrw.engines.batched_run import BatchedRun
 
-    s = load_scenario(None, ["data.name=digits", "topology.byzantine=0", "attack.name=none", "links.latency=0.01", "engine.name=batched"])
-    with pytest.raises(ValueError, match="the batched engine does not model"):
-        BatchedRun(s, tmp_path)
+    base = ["data.name=digits", "topology.byzantine=0", "attack.name=none", "engine.name=batched"]
+    assert BatchedRun(load_scenario(None, [*base, "links.latency=0.01"]), tmp_path / "a").clock is not None
+    assert BatchedRun(load_scenario(None, [*base, "clock.step_seconds=0.01"]), tmp_path / "b").clock is not None
+    assert BatchedRun(load_scenario(None, base), tmp_path / "c").clock is None
 
 
 def test_link_profiles_take_the_generator_then_each_pair_over_it():
@@ -98,3 +99,13 @@ def test_with_links_wraps_a_transport_only_when_links_emulate_something():
         assert schedules[4].profile.loss == 0.5 and schedules[5].profile.loss == 0.0 and schedules[5].profile.latency == 0.02
     finally:
         wrapped.close()
+
+
+def test_the_clock_section_is_written_only_when_set():
+    plain = load_scenario(None, [])
+    assert "clock" not in scenario_to_dict(plain) and "clock" not in scenario_changes(plain) and not plain.clocked
+    s = load_scenario(None, ["clock.step_seconds=0.2", "clock.aggregate_seconds=0.05"])
+    assert scenario_to_dict(s)["clock"] == {"step_seconds": 0.2, "aggregate_seconds": 0.05}
+    assert scenario_from_dict(scenario_to_dict(s)) == s and s.clocked
+    with pytest.raises(ScenarioError, match="clock.step_seconds"):
+        load_scenario(None, ["clock.step_seconds=-1"])

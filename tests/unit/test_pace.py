@@ -62,12 +62,17 @@ def test_bad_speeds_name_the_key(sets, words):
     assert words in str(err.value)
 
 
-def test_the_batched_engine_refuses_slow_clients(tmp_path):
+def test_the_batched_engine_needs_simulated_compute_for_slow_clients(tmp_path):
     from dfedrw.engines.batched_run import BatchedRun
 
     s = load_scenario(None, ["data.name=digits", "topology.byzantine=0", "attack.name=none", "peers.2.speed=0.5", "engine.name=batched"])
-    with pytest.raises(ValueError, match="slower than the machine"):
+    with pytest.raises(ValueError, match="set clock.step_seconds"):
         BatchedRun(s, tmp_path)
+    # With it, client 2 computes twice as long on the simulated clock.
+    timed = load_scenario(None, ["data.name=digits", "topology.byzantine=0", "attack.name=none", "peers.2.speed=0.5", "engine.name=batched",
+                                 "clock.step_seconds=0.1"])
+    clock = BatchedRun(timed, tmp_path / "timed").clock
+    assert clock.step_seconds[2] == 0.2 and clock.step_seconds[0] == 0.1
 
 
 def test_a_speed_spread_draws_each_clients_speed_seeded_and_in_range():
