@@ -38,7 +38,7 @@ SCENARIOS = {
     ],
 }
 # What depends on the clock or on when messages arrived, not on the seed.
-_TIMING = {"wall_seconds", "loop_seconds", "loop_cpu_seconds", "loop_started_at", "pid", "launcher_pid", "pids", "address"}
+_TIMING = {"wall_seconds", "loop_seconds", "loop_cpu_seconds", "loop_started_at", "pid", "launcher_pid", "pids", "address", "seconds"}
 
 
 def _kept(value):
