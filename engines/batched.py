@@ -222,7 +222,7 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
         for r in range(sc.rounds):
             for run in runs:
                 run._reference = run.models.to("cpu", copy=True)  # the local steps update the models in place
-                if r and (run.graphs.dynamic or run.clock is not None):
+                if r and (run.graphs.dynamic or run.network.clock is not None):
                     run.begin_round(r)
             if dynamic and r:
                 # A schedule changes what a rule is told from round to round.

@@ -23,11 +23,9 @@ from dfedrw.peer.wiring.assembly import (
     move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.learning.datacache import test_set, training_set
-from dfedrw.peer.client.presence import PROBE_EVERY
-from dfedrw.peer.transport.chunks import wire_size
-from dfedrw.peer.transport.clock import RoundTiming
-from dfedrw.peer.transport.serde import message_out
-from dfedrw.peer.wiring.build import scenario_clock, scenario_dataset, scenario_model_specs
+from dfedrw.peer.wiring.build import scenario_dataset
+from dfedrw.engines.batched_network import SimulatedNetwork
+from dfedrw.engines.batched_network import pooled as pooled_links
 from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
 from dfedrw.peer.client.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
@@ -85,11 +83,6 @@ class BatchedRun:
                 "train.speed, train.speed_spread or a [peers.K] speed slows a client's compute, which in the batched engine "
                 "takes the simulated seconds of [clock]: set clock.step_seconds (its local steps a round at speed 1)"
             )
-        if sc.network.compression != "none":
-            raise ValueError(
-                f"network.compression = {sc.network.compression!r} encodes the models clients send each other, which the batched "
-                "engine does not (its models never go on a wire): use the client engine (engine.name = \"clients\")"
-            )
         self.out_dir = Path(out_dir)
         self.tensorboard = tensorboard  # a folder for the honest clients' TensorBoard event files
         self.device = engine_device(sc.engine.device)
@@ -139,14 +132,10 @@ class BatchedRun:
         self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
         self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(self.byzantine)
         self.plausible = scenario_plausible(sc)
-        # With links that cost something, slow clients or [clock] compute: each round on a
-        # simulated clock, which says which models every receiver has by its deadline.
-        self.clock = scenario_clock(sc, frozenset(self.byzantine), probe_every=PROBE_EVERY) if sc.clocked else None
-        self.timing: RoundTiming | None = None
-        if self.clock is not None:
-            size = sum(s.numel for s in scenario_model_specs(sc))
-            probe = message_out(0, 0, torch.zeros(size), scenario_model_specs(sc), num_samples=1, train_loss=1.0, chunk_bytes=sc.network.chunk_bytes)
-            self.message_bytes = wire_size(probe)  # a model message on the wire, header and all
+        # With links that cost something, slow clients or [clock] compute, each round on a
+        # simulated clock (which models reach each receiver by its deadline); with a compression,
+        # the models as their receivers rebuild them.
+        self.network = SimulatedNetwork(sc, self.honest, self.byzantine)
         self.begin_round(0)
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
         self.stale: dict[int, int] = {}  # receiver -> messages dropped as stale
@@ -159,8 +148,7 @@ class BatchedRun:
         n = self.topology.num_clients
         self.senders = {k: self.graphs.senders_to(k, r) for k in range(n)}
         self.receivers = {k: self.graphs.receivers_of(k, r) for k in range(n)} if self.graphs.dynamic else self.senders
-        if self.clock is not None:
-            self.timing = self.clock.round(r, [self.senders[k] for k in range(n)], self.message_bytes)
+        self.network.begin_round(r, self.senders)
         if not self.graphs.dynamic:
             return
         for k in self.honest:
@@ -226,10 +214,14 @@ class BatchedRun:
         counts = self.rejected.setdefault(receiver, {})
         counts[reason] = counts.get(reason, 0) + 1
 
-    def _rows(self, senders) -> torch.Tensor:
-        """The honest models of ``senders`` as a CPU tensor [len(senders), D]."""
+    def _rows(self, senders, at=None) -> torch.Tensor:
+        """The honest models of ``senders`` as a CPU tensor [len(senders), D]: under a
+        compression, as the receiver ``at`` (sender -> receiver, or one receiver) rebuilt them."""
         if not senders:
             return torch.empty(0, self.models.shape[1])
+        rebuilt = self.network.rows(senders, at) if at is not None else None
+        if rebuilt is not None:
+            return rebuilt
         return self.models.index_select(0, torch.tensor([self.row[k] for k in senders], device=self.models.device)).cpu()
 
     def byzantine_messages(
@@ -243,15 +235,17 @@ class BatchedRun:
         for b in self.byzantine:
             for k in sorted(k for k in self.senders[b] if k in refused):
                 self._reject(b, refused[k])
-            heard[b] = sorted(k for k in self._arrived(b) if k in self.row and k not in refused)
+            heard[b] = sorted(k for k in self.network.arrived(b, self.senders[b]) if k in self.row and k not in refused)
         pool_senders = tuple(sorted({k for b in self.colluders for k in heard[b]}))
-        pool = self._rows(pool_senders) if self.colluders else None
+        # Under a compression a pooled model is as the first colluder that heard it rebuilt it.
+        first = {k: min(b for b in self.colluders if k in heard[b]) for k in pool_senders}
+        pool = self._rows(pool_senders, first) if self.colluders else None
         for b in self.byzantine:
             senders = heard[b]
             claimed_size, claimed_loss = byzantine_claims([self.num_samples[k] for k in senders], [losses[k] for k in senders])
             view = AttackView(
                 round=r, attacker=b, receivers=tuple(k for k in self.receivers[b] if k in self.row), senders=tuple(senders),
-                received=self._rows(senders), colluders=self.colluders, pool_senders=pool_senders if self.colluders else (),
+                received=self._rows(senders, b), colluders=self.colluders, pool_senders=pool_senders if self.colluders else (),
                 pool=pool, reference=self.reference[b], total_rounds=self.scenario.rounds,
             )
             attack = self.attacks[b]
@@ -310,6 +304,10 @@ class BatchedRun:
         pool = [self.models]
         pooled = len(self.honest)
         byz_row = {}
+        # Under a compression: (sender, receiver) -> the row of the model the receiver rebuilt.
+        rows, link_row = pooled_links(self.network.rebuilt, self.row, pooled)
+        pool += [row.to(self.device) for row in rows]
+        pooled += len(rows)
         # One row per distinct message of a Byzantine sender: an attack that sends all its
         # receivers the same tensor (most do) is one row, scored, compared and summed once.
         # (Per sender: two senders' messages stay two rows, so no client holds a row twice.)
@@ -327,12 +325,12 @@ class BatchedRun:
         for k in self.honest:
             neighbours = sorted(self.senders[k])
             row, size, loss, senders = [honest_row[k]], [num_samples[k]], [losses[k]], [k]
-            for j in self._arrived(k):
+            for j in self.network.arrived(k, self.senders[k]):
                 if j in honest_row:
                     if j in refused:
                         self._reject(k, refused[j])
                         continue
-                    row.append(honest_row[j])
+                    row.append(link_row[(j, k)] if link_row else honest_row[j])
                     size.append(num_samples[j])
                     loss.append(believed[j])
                 else:
@@ -347,9 +345,9 @@ class BatchedRun:
             ids.append(tuple(senders))
             sizes.append(tuple(size))
             declared.append(tuple(loss))
-            if self.timing is not None:
-                # Who it waited for in vain (its clock's), and what arrived but was refused.
-                missing.append(sorted({*self.timing.missing[k], *(set(self.timing.used[k]) - set(senders))}))
+            timed = self.network.missing(k, senders)
+            if timed is not None:
+                missing.append(timed)
             else:
                 missing.append([] if len(senders) == len(neighbours) + 1 else sorted(set(neighbours) - set(senders)))
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
@@ -364,21 +362,14 @@ class BatchedRun:
             evaluate=[self.aux[k] for k in self.honest], reference=reference, finite=finite,
         )
 
-    def _arrived(self, k: int) -> list[int]:
-        """The round's senders to ``k`` whose model reached it in time: all of them, without a
-        clock."""
-        return sorted(self.senders[k]) if self.timing is None else list(self.timing.used[k])
-
     def records(self, r: int, losses: dict[int, float], candidates: Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
         """The rules' results become the models; returns the clients' round records, in
         ``self.honest`` order (with a clock: the simulated seconds at the round's end and the
         bytes each client put on its links)."""
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
-        timing, now = self.timing, self.clock.now if self.clock is not None else None
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
-            timed = {} if timing is None else {"seconds": round(now[k], 6), "bytes_sent": timing.sent[k] * self.message_bytes}
-            record = honest_record(r, losses[k], agg.weights, candidates.missing[c], scores=agg.scores, **timed)
+            record = honest_record(r, losses[k], agg.weights, candidates.missing[c], scores=agg.scores, **self.network.record(k))
             records.append(with_round_graph(record, self.graphs, k, r, self.told.get(k)))
         return records
 
@@ -426,6 +417,8 @@ class BatchedRun:
         reference = self._reference
         losses_by_id = dict(zip(self.honest, losses, strict=True))
         refused = self.refused_rows()
+        if self.network.codec is not None:
+            self.network.rebuild(r, {k: self.models[self.row[k]].cpu() for k in self.honest})
         self._silent_before = dict(self.silent)
         byz, self._heard = self.byzantine_messages(r, losses_by_id, refused)
         return losses_by_id, self.candidates(r, reference, losses_by_id, byz, refused)
@@ -483,9 +476,7 @@ class BatchedRun:
         )
         if self.graphs.dynamic:
             final["schedule"] = sc.topology.schedule
-        if self.clock is not None:
-            # What its links did (the clock's): messages they lost.
-            final["links"] = {"lost": self.clock.lost_from(k)}
+        final.update(self.network.final(k))  # with a clock: what its links lost
         return final
 
 

@@ -398,6 +398,11 @@ class LinksConfig:
             check_link(f"links.pairs.\"{src}-{dst}\"", **merged)
 
     @property
+    def lossy(self) -> bool:
+        """Whether a link may lose a message."""
+        return self.loss > 0 or any(dict(values).get("loss", 0.0) > 0 for _, values in self.pairs)
+
+    @property
     def emulates(self) -> bool:
         """Whether any message waits or may be lost (False: the links are left alone)."""
         if self.latency or self.jitter or self.bandwidth or self.loss or self.latency_per_unit:

@@ -40,7 +40,8 @@ class RoundTiming:
     ``send``, ``end``, seconds, per client); per receiver, the expected senders whose model it
     missed (``missing``) and the senders whose model it aggregates (``used``), sorted ids; and
     how many messages the links lost (``lost``) or delivered after their receiver's ``end``
-    (``late``); per client, how many messages it sent (``sent``)."""
+    (``late``); per client, how many messages it sent (``sent``), and the links that carried
+    one (``planned``)."""
 
     round: int
     start: tuple[float, ...]
@@ -51,6 +52,7 @@ class RoundTiming:
     lost: int
     late: int
     sent: tuple[int, ...] = ()  # per client, the messages it put on its links this round
+    planned: frozenset[tuple[int, int]] = frozenset()  # the links (src, dst) that carried one
 
 
 def link_schedules(
@@ -173,10 +175,12 @@ class SimulatedClock:
         """Messages the links of ``src`` lost so far."""
         return sum(link.lost for (i, _), link in self._links.items() if i == src)
 
-    def round(self, r: int, senders_to: Sequence[Sequence[int]], message_bytes: int | Sequence[int]) -> RoundTiming:
+    def round(
+        self, r: int, senders_to: Sequence[Sequence[int]], message_bytes: int | Sequence[int] | Mapping[tuple[int, int], int]
+    ) -> RoundTiming:
         """Round ``r`` of every client. ``senders_to[i]``: who sends to client ``i`` in round
         ``r`` (the round's graph, directed: ``j`` sends to ``i``). ``message_bytes``: the size of
-        every message, or per sender. Rounds must be asked in order 0, 1, 2..."""
+        every message, per sender, or per link ``(src, dst)``. Rounds must be asked in order 0, 1, 2..."""
         n = self.num_clients
         if _index("r", r) != self._round:
             raise ValueError(f"round {r!r} out of order: the next round is {self._round}")
@@ -200,7 +204,7 @@ class SimulatedClock:
             for j in sorted(receivers[i]):
                 if j in self._gone[i] and r % self.probe_every:
                     continue  # presumed gone: only probed now and then
-                arrival[i, j] = self.link(i, j).plan(send[i], sizes[i])
+                arrival[i, j] = self.link(i, j).plan(send[i], sizes(i, j))
                 sent[i] += 1
 
         def wait(i: int, since: float) -> None:
@@ -236,7 +240,7 @@ class SimulatedClock:
         # A reactive client begins its next round once it sent; the others after aggregating.
         self._start = [send[i] if i in reactive else end[i] + self.aggregate_seconds[i] for i in range(n)]
         self._round += 1
-        return RoundTiming(r, start, tuple(send), tuple(end), tuple(missing), tuple(used), lost, late, tuple(sent))
+        return RoundTiming(r, start, tuple(send), tuple(end), tuple(missing), tuple(used), lost, late, tuple(sent), frozenset(arrival))
 
     def _graph(self, senders_to: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         """``senders_to`` checked: one entry per client, ids in range, none its own receiver,
@@ -259,7 +263,24 @@ class SimulatedClock:
             graph.append(tuple(sorted(ids)))
         return graph
 
-    def _sizes(self, message_bytes: int | Sequence[int]) -> list[int]:
+    def _sizes(self, message_bytes: int | Sequence[int] | Mapping[tuple[int, int], int]) -> Callable[[int, int], int]:
+        """(src, dst) -> the bytes of the link's message: one size, one per sender, or one per
+        link (a mapping; a compression's messages differ from link to link)."""
+        if isinstance(message_bytes, Mapping):
+            per_link = {key: _index(f"message_bytes[{key}]", size) for key, size in message_bytes.items()}
+            if any(size < 0 for size in per_link.values()):
+                raise ValueError("message_bytes: a link's size is negative")
+
+            def of(src: int, dst: int) -> int:
+                if (src, dst) not in per_link:
+                    raise ValueError(f"message_bytes: no size for the link {(src, dst)}")
+                return per_link[src, dst]
+
+            return of
+        sizes = self._per_sender(message_bytes)
+        return lambda src, dst: sizes[src]
+
+    def _per_sender(self, message_bytes: int | Sequence[int]) -> list[int]:
         n = self.num_clients
         items = _items(message_bytes)
         if items is not None:

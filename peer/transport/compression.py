@@ -211,7 +211,7 @@ def encoded_out(
     return WireMessage(message_header(sender, round_, specs, payload, **fields), payload, chunk_bytes)
 
 
-def _generator(seed: int, sender: int, round_: int) -> torch.Generator:
+def rounding_generator(seed: int, sender: int, round_: int) -> torch.Generator:
     """The stochastic rounding of one sender's round: seeded from (seed, sender, round), so a
     run repeats to the bit."""
     digest = hashlib.blake2b(f"compression:{seed}:{sender}:{round_}".encode(), digest_size=8).digest()
@@ -290,7 +290,7 @@ class Outgoing:
         if not compression.stateful:
             if self._shared is None:
                 if compression.encoding:
-                    payload, _ = compression.encode(self.vector, None, _generator(e.seed, e.sender, self.round))
+                    payload, _ = compression.encode(self.vector, None, rounding_generator(e.seed, e.sender, self.round))
                     self._shared = self._encoded(payload)
                 else:
                     self._shared = self._raw()
@@ -308,7 +308,7 @@ class Outgoing:
         if held is None or peer in e.resync or (refresh and since + 1 >= refresh) or held[0] >= self.round:
             return self._dense(peer)
         base_round, base = held
-        payload, _ = e.compression.encode(self.vector, base, _generator(e.seed, e.sender, self.round))
+        payload, _ = e.compression.encode(self.vector, base, rounding_generator(e.seed, e.sender, self.round))
         e.bases[peer] = (self.round, base)
         e.since_dense[peer] = since + 1
         return self._encoded(payload, base_round)

@@ -52,3 +52,18 @@ def test_compressed_models_are_taken_and_each_link_counts_its_bytes(tmp_path, co
     assert summary["honest_mean_bytes_sent"] < raw["honest_mean_bytes_sent"] and summary["honest_mean_seconds"] > 0
     curves = json.loads((out / "record.json").read_text())["curves"]
     assert [r for r, _ in curves["seconds"]] == [r for r, _ in curves["accuracy"]] == [11]
+
+
+@pytest.mark.parametrize("compression", ["int8", "topk"])
+def test_the_batched_engine_compresses_as_clients_do(tmp_path, compression):
+    # Both engines with the compression and a clock (so the batched one counts bytes): the same
+    # bytes on the wire to a few header bytes a message, and about the same accuracy (the two
+    # engines' local steps differ in float rounding, which the rounding draws then follow).
+    sets = [*BASE, f"network.compression={compression}", "links.latency=0.001"]
+    out, clients = run_scenario(load_scenario(None, [*sets, "engine.name=clients"]), tmp_path / "clients", console=quiet_console())
+    sim_out, batched = run_scenario(load_scenario(None, [*sets, "engine.name=batched"]), tmp_path / "batched", console=quiet_console())
+
+    assert batched["honest_completed"] == 5
+    assert batched["honest_mean_bytes_sent"] == pytest.approx(clients["honest_mean_bytes_sent"], rel=0.01)
+    assert abs(batched["honest_mean_accuracy"] - clients["honest_mean_accuracy"]) < 2.0
+    assert all(r["missing"] == [] for k in range(5) for r in read_rounds(sim_out, k))

@@ -40,7 +40,8 @@ def clock(n, profiles=None, *, step=None, aggregate=None, timeout=100.0, missed=
 def test_perfect_links_nobody_misses_and_the_end_is_the_latest_send():
     c = clock(3, step=[1.0, 2.0, 3.0])
     t = c.round(0, full(3), 1000)
-    assert t == RoundTiming(0, (0.0, 0.0, 0.0), (1.0, 2.0, 3.0), (3.0, 3.0, 3.0), ((), (), ()), ((1, 2), (0, 2), (0, 1)), 0, 0, (2, 2, 2))
+    assert t == RoundTiming(0, (0.0, 0.0, 0.0), (1.0, 2.0, 3.0), (3.0, 3.0, 3.0), ((), (), ()), ((1, 2), (0, 2), (0, 1)), 0, 0, (2, 2, 2),
+                            frozenset({(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)}))
     assert c.now == (3.0, 3.0, 3.0)
 
 
@@ -222,3 +223,11 @@ def test_a_reactive_client_waits_for_the_others_then_answers_them():
     slow = clock(3, latency, step=[0.5, 0.0, 5.0], reactive=[1], timeout=2.0)
     t = slow.round(0, full(3), 10)
     assert t.end[1] == 2.0 and t.missing[1] == (2,) and t.used[1] == (0,)
+
+
+def test_messages_may_differ_in_size_from_link_to_link():
+    c = clock(2, {(0, 1): LinkProfile(bandwidth=8.0), (1, 0): LinkProfile(bandwidth=8.0)}, step=[0.0, 0.0])
+    t = c.round(0, full(2), {(0, 1): 2, (1, 0): 5})  # 1 byte a second
+    assert t.end == (5.0, 2.0)
+    with pytest.raises(ValueError, match=r"no size for the link \(1, 0\)"):
+        c.round(1, full(2), {(0, 1): 2})

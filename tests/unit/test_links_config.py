@@ -57,9 +57,9 @@ def test_the_batched_engine_keeps_a_clock_only_when_time_matters(tmp_path):
     from dfedrw.engines.batched_run import BatchedRun
 
     base = ["data.name=digits", "topology.byzantine=0", "attack.name=none", "engine.name=batched"]
-    assert BatchedRun(load_scenario(None, [*base, "links.latency=0.01"]), tmp_path / "a").clock is not None
-    assert BatchedRun(load_scenario(None, [*base, "clock.step_seconds=0.01"]), tmp_path / "b").clock is not None
-    assert BatchedRun(load_scenario(None, base), tmp_path / "c").clock is None
+    assert BatchedRun(load_scenario(None, [*base, "links.latency=0.01"]), tmp_path / "a").network.clock is not None
+    assert BatchedRun(load_scenario(None, [*base, "clock.step_seconds=0.01"]), tmp_path / "b").network.clock is not None
+    assert BatchedRun(load_scenario(None, base), tmp_path / "c").network.clock is None
 
 
 def test_link_profiles_take_the_generator_then_each_pair_over_it():

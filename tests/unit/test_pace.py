@@ -71,7 +71,7 @@ def test_the_batched_engine_needs_simulated_compute_for_slow_clients(tmp_path):
     # With it, client 2 computes twice as long on the simulated clock.
     timed = load_scenario(None, ["data.name=digits", "topology.byzantine=0", "attack.name=none", "peers.2.speed=0.5", "engine.name=batched",
                                  "clock.step_seconds=0.1"])
-    clock = BatchedRun(timed, tmp_path / "timed").clock
+    clock = BatchedRun(timed, tmp_path / "timed").network.clock
     assert clock.step_seconds[2] == 0.2 and clock.step_seconds[0] == 0.1
 
 

@@ -1,0 +1,194 @@
+"""What the batched engine's network does in a round (:class:`SimulatedNetwork`): its simulated
+clock says which models reach each receiver in time (``peer/transport/clock.py``), and
+``network.compression`` what each receiver rebuilds of each honest model and what each link's
+message costs on the wire (:class:`LinkCodec`).
+
+The same :class:`~dfedrw.peer.transport.compression.Compression` a client's encoder uses, on the
+rows of the batched engine's models: ``int8`` encodes each honest model once a round with the
+generator a client would draw its rounding from (seeded by the run's seed, the sender and the
+round), every receiver rebuilding the same model; ``topk`` keeps per link the model its
+receiver holds of the sender, as a client's encoder and its neighbour's decoder do (a whole
+model first and every ``refresh`` messages, a difference of the largest coordinates between).
+A link's state moves on only when the link carries a message (the clock says which: a neighbour
+presumed gone is only probed now and then). Byzantine clients send raw models, as theirs do.
+The batched engine has no replies, so a lossy link under ``topk`` is refused (see
+:func:`check_supported`): no receiver's copy falls out of step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+import torch
+
+from dfedrw.peer.client.presence import PROBE_EVERY
+from dfedrw.peer.config.scenario import Scenario
+from dfedrw.peer.transport.chunks import wire_size
+from dfedrw.peer.transport.clock import RoundTiming
+from dfedrw.peer.transport.compression import Compression, encoded_out, rounding_generator
+from dfedrw.peer.transport.serde import TensorSpec, message_out
+from dfedrw.peer.wiring.build import scenario_clock, scenario_compression, scenario_model_specs
+
+
+def message_bytes(specs: Sequence[TensorSpec], chunk_bytes: int) -> int:
+    """A raw model message's bytes on the wire, header and all (as a sender's links count it)."""
+    zeros = torch.zeros(sum(s.numel for s in specs))
+    return wire_size(message_out(0, 0, zeros, specs, num_samples=1, train_loss=1.0, chunk_bytes=chunk_bytes))
+
+
+def pooled(rebuilt: Mapping[tuple[int, int], torch.Tensor], receivers: Collection[int], first: int) -> tuple[list[torch.Tensor], dict[tuple[int, int], int]]:
+    """The rebuilt models the ``receivers`` aggregate, each once, as rows to pool after row
+    ``first - 1``; and each link's row."""
+    rows: list[torch.Tensor] = []
+    seen: dict[int, int] = {}
+    link_row: dict[tuple[int, int], int] = {}
+    for link, vector in rebuilt.items():
+        if link[1] not in receivers:
+            continue
+        if id(vector) not in seen:
+            seen[id(vector)] = first + len(rows)
+            rows.append(vector[None])
+        link_row[link] = seen[id(vector)]
+    return rows, link_row
+
+
+def check_supported(compression: Compression, lossy: bool) -> None:
+    """Raise ``ValueError`` for what the batched engine does not model: differences over links
+    that lose messages (a receiver's copy falls behind and is resynced by the sender's replies,
+    which the batched engine has none of)."""
+    if compression.stateful and lossy:
+        raise ValueError(
+            "network.compression = 'topk' over [links] that lose messages: the batched engine does not model the receivers' "
+            "refusals and the senders' resync; use the client engine (engine.name = \"clients\"), or links without loss"
+        )
+
+
+class LinkCodec:
+    """Per honest sender and link: the message's size on the wire (:meth:`sizes`, before a
+    round's links are timed) and the model its receiver rebuilds (:meth:`rebuilt`)."""
+
+    def __init__(self, compression: Compression, specs: Sequence[TensorSpec], *, seed: int, chunk_bytes: int, honest: Iterable[int]) -> None:
+        self.compression = compression
+        self.seed = seed
+        self.honest = frozenset(honest)
+        numel = sum(s.numel for s in specs)
+        self.raw_bytes = message_bytes(specs, chunk_bytes)
+        payload = memoryview(bytes(compression.payload_bytes(numel)))
+        base = 0 if compression.stateful else None
+        self.encoded_bytes = wire_size(
+            encoded_out(0, 0, payload, specs, encoding=compression.encoding, base_round=base, num_samples=1, train_loss=1.0, chunk_bytes=chunk_bytes)
+        )
+        # Per link (sender, receiver) under topk: (the round of the model the receiver holds, it).
+        self.bases: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
+        self.since_dense: dict[tuple[int, int], int] = {}
+
+    def _dense_next(self, link: tuple[int, int], r: int) -> bool:
+        held = self.bases.get(link)
+        refresh = self.compression.refresh
+        return held is None or held[0] >= r or bool(refresh and self.since_dense.get(link, 0) + 1 >= refresh)
+
+    def sizes(self, r: int, links: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        """The bytes of round ``r``'s message on each link (Byzantine senders': a raw model)."""
+        out = {}
+        for link in links:
+            if link[0] not in self.honest:
+                out[link] = self.raw_bytes
+            elif self.compression.stateful and self._dense_next(link, r):
+                out[link] = self.raw_bytes
+            else:
+                out[link] = self.encoded_bytes if self.compression.encoding else self.raw_bytes
+        return out
+
+    def rebuilt(self, r: int, models: Mapping[int, torch.Tensor], links: Iterable[tuple[int, int]]) -> dict[tuple[int, int], torch.Tensor]:
+        """Round ``r``: the model each link's receiver rebuilds of its honest sender
+        (``models``: sender -> its model, flat float32 on the CPU), for the links that carried
+        a message; the links' state moves on."""
+        compression = self.compression
+        out: dict[tuple[int, int], torch.Tensor] = {}
+        shared: dict[int, torch.Tensor] = {}
+        for link in sorted(links):
+            sender = link[0]
+            if sender not in self.honest:
+                continue
+            vector = models[sender]
+            if not compression.stateful:
+                if sender not in shared:
+                    _, rebuilt = compression.encode(vector, None, rounding_generator(self.seed, sender, r))
+                    shared[sender] = vector if rebuilt is None else rebuilt
+                out[link] = shared[sender]
+            elif self._dense_next(link, r):
+                self.bases[link] = (r, vector.detach().reshape(-1).to(torch.float32).clone())
+                self.since_dense[link] = 0
+                out[link] = self.bases[link][1]
+            else:
+                _, base = self.bases[link]
+                compression.encode(vector, base, rounding_generator(self.seed, sender, r))
+                self.bases[link] = (r, base)
+                self.since_dense[link] = self.since_dense.get(link, 0) + 1
+                out[link] = base
+        return out
+
+
+class SimulatedNetwork:
+    """The batched engine's network: with a clock (``scenario.clocked``) the models that reach
+    each receiver by its deadline and each round's simulated seconds and bytes; with a
+    compression the models as their receivers rebuild them. Neither: every model of the round's
+    graph arrives as it was sent, as the batched engine always had it."""
+
+    def __init__(self, scenario: Scenario, honest: Sequence[int], byzantine: Sequence[int]) -> None:
+        sc = scenario
+        specs = scenario_model_specs(sc)
+        self.clock = scenario_clock(sc, frozenset(byzantine), probe_every=PROBE_EVERY) if sc.clocked else None
+        self.codec: LinkCodec | None = None
+        if sc.network.compression != "none":
+            compression = scenario_compression(sc)
+            check_supported(compression, sc.links.lossy)
+            self.codec = LinkCodec(compression, specs, seed=sc.seed, chunk_bytes=sc.network.chunk_bytes, honest=honest)
+        self.raw_bytes = message_bytes(specs, sc.network.chunk_bytes)
+        self.timing: RoundTiming | None = None
+        self.link_bytes: dict[tuple[int, int], int] = {}
+        self.rebuilt: dict[tuple[int, int], torch.Tensor] = {}
+        self.links: list[tuple[int, int]] = []
+
+    def begin_round(self, r: int, senders: Mapping[int, Sequence[int]]) -> None:
+        """Round ``r``'s graph (receiver -> its senders): its links timed on the clock."""
+        self.links = [(j, k) for k in sorted(senders) for j in senders[k]]
+        if self.clock is not None:
+            self.link_bytes = self.codec.sizes(r, self.links) if self.codec is not None else dict.fromkeys(self.links, self.raw_bytes)
+            self.timing = self.clock.round(r, [senders[k] for k in sorted(senders)], self.link_bytes)
+
+    def arrived(self, k: int, senders: Sequence[int]) -> list[int]:
+        """Of the round's ``senders`` to ``k``, those whose model reached it in time."""
+        return sorted(senders) if self.timing is None else list(self.timing.used[k])
+
+    def missing(self, k: int, kept: Collection[int]) -> list[int] | None:
+        """With a clock: whom ``k`` waited for in vain, and what arrived but was not ``kept``
+        (refused); None without one."""
+        if self.timing is None:
+            return None
+        return sorted({*self.timing.missing[k], *(set(self.timing.used[k]) - set(kept))})
+
+    def rebuild(self, r: int, models: Mapping[int, torch.Tensor]) -> None:
+        """Under a compression: the round's honest models (sender -> flat CPU model) as each
+        link's receiver rebuilds them."""
+        if self.codec is not None:
+            carried = self.timing.planned if self.timing is not None else self.links
+            self.rebuilt = self.codec.rebuilt(r, models, carried)
+
+    def rows(self, senders: Sequence[int], at: int | Mapping[int, int]) -> torch.Tensor | None:
+        """Under a compression, the models of ``senders`` as receiver ``at`` (or, per sender,
+        ``at[sender]``) rebuilt them, ``[len(senders), D]``; else None."""
+        if self.codec is None or not senders:
+            return None
+        return torch.stack([self.rebuilt[(j, at[j] if isinstance(at, Mapping) else at)] for j in senders])
+
+    def record(self, k: int) -> dict[str, float | int]:
+        """What client ``k``'s round record gains with a clock: the simulated seconds at the
+        round's end, the bytes it put on its links."""
+        if self.timing is None:
+            return {}
+        return {"seconds": round(self.clock.now[k], 6), "bytes_sent": sum(self.link_bytes[link] for link in self.timing.planned if link[0] == k)}
+
+    def final(self, k: int) -> dict[str, dict[str, int]]:
+        """What client ``k``'s final record gains with a clock: the messages its links lost."""
+        return {} if self.clock is None else {"links": {"lost": self.clock.lost_from(k)}}
