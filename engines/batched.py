@@ -4,8 +4,11 @@ The honest clients' models are the rows of one ``[clients, params]`` tensor on o
 round is, for all of them together: the local SGD step(s) (one ``vmap`` of the model's
 per-sample-batch gradient over the clients), the Byzantine clients' messages (each attack
 called on the rows its neighbours sent it, as a Byzantine process would), and each client's
-aggregation rule on the rows its neighbours sent it. Nothing is serialised and nothing waits:
-no deadlines, no message loss, no threads.
+aggregation rule on the rows its neighbours sent it. Nothing is serialised and nothing waits,
+no threads: when time can change what happens (emulated links, slow clients, ``[clock]``
+compute) a simulated clock says which models each receiver has by its deadline, and under a
+compression each receiver aggregates the models as it would rebuild them
+(:mod:`dfedrw.engines.batched_network`).
 
 It is the same experiment as the other engines, not a re-implementation of it: the partition,
 graph, Byzantine placement, initial models, minibatch order (:class:`~dfedrw.peer.learning.training.BatchOrder`),

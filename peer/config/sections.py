@@ -326,7 +326,8 @@ class EngineConfig:
     ``clients``: every client is its own :class:`~dfedrw.peer.client.client.Client`, a process, a thread
     or a torchrun rank as ``network.transport`` says: the deployment and the parity reference.
     ``batched``: one process holds every honest client's model in one tensor and runs each
-    round for all of them at once (no network, no deadlines), calling the same rule and attack
+    round for all of them at once (no network; deadlines and lost messages on a simulated clock
+    when [links], slow clients or [clock] make time matter), calling the same rule and attack
     classes; for experiments (sweeps use it unless a sweep names an engine).
     ``device``: where the batched engine computes ("cpu", "cuda" or "cuda:N"). ``threads``:
     the CPU threads it lets torch use (its products are small: on a busy machine more threads
