@@ -149,6 +149,7 @@ class SimulatedNetwork:
         self.link_bytes: dict[tuple[int, int], int] = {}
         self.rebuilt: dict[tuple[int, int], torch.Tensor] = {}
         self.links: list[tuple[int, int]] = []
+        self.bytes_to: dict[tuple[int, int], int] = {}  # with a clock: bytes each link carried
 
     def begin_round(self, r: int, senders: Mapping[int, Sequence[int]]) -> None:
         """Round ``r``'s graph (receiver -> its senders): its links timed on the clock."""
@@ -156,6 +157,8 @@ class SimulatedNetwork:
         if self.clock is not None:
             self.link_bytes = self.codec.sizes(r, self.links) if self.codec is not None else dict.fromkeys(self.links, self.raw_bytes)
             self.timing = self.clock.round(r, [senders[k] for k in sorted(senders)], self.link_bytes)
+            for link in self.timing.planned:
+                self.bytes_to[link] = self.bytes_to.get(link, 0) + self.link_bytes[link]
 
     def arrived(self, k: int, senders: Sequence[int]) -> list[int]:
         """Of the round's ``senders`` to ``k``, those whose model reached it in time."""
@@ -190,5 +193,9 @@ class SimulatedNetwork:
         return {"seconds": round(self.clock.now[k], 6), "bytes_sent": sum(self.link_bytes[link] for link in self.timing.planned if link[0] == k)}
 
     def final(self, k: int) -> dict[str, dict[str, int]]:
-        """What client ``k``'s final record gains with a clock: the messages its links lost."""
-        return {} if self.clock is None else {"links": {"lost": self.clock.lost_from(k)}}
+        """What client ``k``'s final record gains with a clock: the messages its links lost and
+        the bytes each carried (``bytes_to``: receiver -> bytes)."""
+        if self.clock is None:
+            return {}
+        carried = {str(j): size for (i, j), size in sorted(self.bytes_to.items()) if i == k}
+        return {"links": {"lost": self.clock.lost_from(k)}, "bytes_to": carried}

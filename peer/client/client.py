@@ -278,8 +278,7 @@ class Client:
         if isinstance(self.transport, EmulatedLinks):
             # What its emulated links did with what it sent ([links]).
             final["links"] = {"lost": self.transport.lost, "delayed": self.transport.delayed}
-        if self.scenario.network.compression != "none":
-            final["compression"] = {"name": self.scenario.network.compression, **self.encoder.links()}
+        final.update(self.encoder.final(self.scenario.network.compression) if self.role == "honest" else {})  # per link
         if self.graphs.dynamic:
             final["schedule"] = self.scenario.topology.schedule
             if hasattr(self.transport, "channels_opened"):

@@ -249,11 +249,15 @@ class Encoder:
         if self.compression.stateful:
             self.resync.add(peer)
 
-    def links(self) -> dict[str, Any]:
-        """What every link carried, for the client's final record."""
+    def final(self, name: str) -> dict[str, Any]:
+        """What its final record gives of its links: ``bytes_to`` (receiver -> bytes on the
+        wire) and, under compression ``name``, ``compression`` (its name and, for a stateful
+        one, ``dense_to``: receiver -> whole models sent)."""
         out: dict[str, Any] = {"bytes_to": {str(k): v for k, v in sorted(self.bytes_to.items())}}
-        if self.compression.stateful:
-            out["dense_to"] = {str(k): v for k, v in sorted(self.dense_to.items())}
+        if self.compression.encoding:
+            out["compression"] = {"name": name}
+            if self.compression.stateful:
+                out["compression"]["dense_to"] = {str(k): v for k, v in sorted(self.dense_to.items())}
         return out
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config.scenario import load_scenario
-from dfedrw.peer.results.records import read_rounds
+from dfedrw.peer.results.records import read_final, read_rounds
 from tests.support.runs import quiet_console
 
 ROUNDS = 6
@@ -65,3 +65,6 @@ def test_a_clocked_batched_run_takes_the_rounds_the_profile_predicts(tmp_path):
     assert read_rounds(out, 2)[0]["seconds"] == pytest.approx(0.4 + 0.1)
     assert summary["honest_mean_seconds"] == pytest.approx(sum(read_rounds(out, k)[-1]["seconds"] for k in range(4)) / 4)
     assert all(r["missing"] == [] for k in range(4) for r in read_rounds(out, k))
+    # Each link's bytes in the final record: the records' bytes, one message a round per link.
+    final = read_final(out, 0)
+    assert final["bytes_to"] == {str(j): 3 * size for j in (1, 2, 3)} and final["links"] == {"lost": 0}

@@ -35,7 +35,7 @@ def test_compressed_models_are_taken_and_each_link_counts_its_bytes(tmp_path, co
     assert all(not f["rejected_by_reason"] for f in finals.values())
     assert sum(len(r["missing"]) for k in finals for r in read_rounds(out, k)) == 0
     for k, f in finals.items():
-        links = f["compression"]["bytes_to"]
+        links = f["bytes_to"]
         # Every round's model to every neighbour, at the encoding's size (headers aside).
         raw_bytes = sum(r["bytes_sent"] for r in read_rounds(raw_out, k))
         sent = sum(r["bytes_sent"] for r in read_rounds(out, k))
@@ -44,6 +44,8 @@ def test_compressed_models_are_taken_and_each_link_counts_its_bytes(tmp_path, co
         if compression == "topk":
             # A whole model on each link first and every 5 messages after: rounds 0, 5, 10.
             assert set(f["compression"]["dense_to"].values()) == {math.ceil(12 / 5)}
+        assert f["compression"]["name"] == compression
+        assert sum(raw_finals[k]["bytes_to"].values()) == raw_bytes  # counted without compression too
     assert summary["honest_mean_accuracy"] > 0.8 * raw["honest_mean_accuracy"]
     # What it cost, in the summary and, round by round, in the run's record.
     assert summary["honest_mean_bytes_sent"] == pytest.approx(
