@@ -102,7 +102,7 @@ def test_a_malformed_request_is_refused_and_the_server_goes_on(server, tmp_path)
 def test_forked_and_spawned_clients_compute_the_same_run(small_scenario, tmp_path):
     # Prepare
     scenario = small_scenario("rounds=15", "eval.every=5", "network.round_timeout=30", "attack.name=gaussian")
-    timing = ("bytes_", "loop_", "wall_seconds", "pid", "address")
+    timing = ("bytes_", "loop_", "wall_seconds", "pid", "address", "seconds")
 
     def figures(out):
         kept = {}
