@@ -84,8 +84,7 @@ class LinkCodec:
 
     def _dense_next(self, link: tuple[int, int], r: int) -> bool:
         held = self.bases.get(link)
-        refresh = self.compression.refresh
-        return held is None or held[0] >= r or bool(refresh and self.since_dense.get(link, 0) + 1 >= refresh)
+        return self.compression.whole_next(None if held is None else held[0], self.since_dense.get(link, 0), r)
 
     def sizes(self, r: int, links: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
         """The bytes of round ``r``'s message on each link (Byzantine senders': a raw model)."""

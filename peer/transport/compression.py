@@ -157,6 +157,12 @@ class TopK(Compression):
             raise ValueError(f"compression 'topk': fraction must be in (0, 1], got {fraction!r}")
         self.refresh = check_int("compression 'topk'", "refresh", refresh, minimum=0)
 
+    def whole_next(self, held_round: int | None, since_whole: int, round_: int) -> bool:
+        """Whether a link's round-``round_`` message is a whole model: the receiver holds
+        nothing of the sender (``held_round`` None) or a model of this round or later, or
+        ``refresh`` messages are due since the last whole one (``since_whole`` differences)."""
+        return held_round is None or held_round >= round_ or bool(self.refresh and since_whole + 1 >= self.refresh)
+
     def kept(self, numel: int) -> int:
         return max(1, min(numel, math.ceil(self.fraction * numel)))
 
@@ -307,9 +313,8 @@ class Outgoing:
     def _difference(self, peer: int) -> WireMessage:
         e = self.encoder
         held = e.bases.get(peer)
-        refresh = e.compression.refresh
         since = e.since_dense.get(peer, 0)
-        if held is None or peer in e.resync or (refresh and since + 1 >= refresh) or held[0] >= self.round:
+        if peer in e.resync or e.compression.whole_next(None if held is None else held[0], since, self.round):
             return self._dense(peer)
         base_round, base = held
         payload, _ = e.compression.encode(self.vector, base, rounding_generator(e.seed, e.sender, self.round))
