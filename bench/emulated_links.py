@@ -22,7 +22,9 @@ whether every client completed. For the straggler: its round loop seconds per ro
 the others' (the median), which in the synchronous protocol wait for it, and the seconds it
 waited out; with the short deadline, the others' round against a perfect one, and how many of
 the straggler's models they missed (after ``network.max_missed_rounds`` misses they presume it
-gone and no longer wait for it).
+gone and no longer wait for it). Under asynchronous gossip: each client's local steps per
+second, the others' (the median) with the straggler against without it (no barrier: the
+straggler does not slow them), and the straggler's own.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             work, "cut off", args.rounds, args.hidden, steps, n,
             ["--set", f"peers.0.speed={args.speed}", "--set", f"network.round_timeout={args.cutoff}"], args.timeout,
         )
+        gossip = ["--set", "network.protocol=async"]
+        free = one_run(work, "async", args.rounds, args.hidden, steps, n, gossip, args.timeout)
+        free_lag = one_run(work, "async straggler", args.rounds, args.hidden, steps, n, [*gossip, "--set", f"peers.0.speed={args.speed}"], args.timeout)
     # The message's size from the perfect run: over the links a round's bytes_sent counts the
     # messages its links released during it, which need not be the round's own.
     transfer = base["message_bytes"] * 8 / args.bandwidth if args.bandwidth else 0.0
@@ -136,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         "straggler_models_missed_cut_off": cut["missed_from_0"],
         "straggler_models_missed_waiting": lag["missed_from_0"],
         "cut_off_completed": f"{cut['completed']} of {cut['clients']}",
+        # Asynchronous gossip: local steps per second (rounds over each client's loop seconds).
+        "async_others_steps_per_second_perfect": round(1 / free["others_seconds_per_round"], 2),
+        "async_others_steps_per_second_with_straggler": round(1 / free_lag["others_seconds_per_round"], 2),
+        "async_straggler_steps_per_second": round(args.rounds / free_lag["client0"].get("loop_seconds", float("inf")), 2),
+        "async_completed": f"{free_lag['completed']} of {free_lag['clients']}",
     }
     print(f"model message: {base['message_bytes']:.0f} bytes; links: {args.latency * 1e3:g} ms, {args.bandwidth / 1e6:g} Mbit/s")
     print(f"round loop, median client: {base['seconds_per_round'] * 1e3:.1f} ms/round perfect, "
@@ -153,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{figures['others_seconds_per_round_perfect'] * 1e3:.1f} without it")
     print(f"the same with round_timeout {args.cutoff:g} s: the others {figures['others_seconds_per_round_cut_off'] * 1e3:.1f} ms/round; "
           f"they missed {cut['missed_from_0']} of client 0's models (waiting for it: {lag['missed_from_0']}); completed {figures['cut_off_completed']}")
+    print(f"asynchronous gossip: the others take {figures['async_others_steps_per_second_with_straggler']} steps/s with client 0 at "
+          f"speed {args.speed:g}, {figures['async_others_steps_per_second_perfect']} without it; client 0 "
+          f"{figures['async_straggler_steps_per_second']} steps/s; completed {figures['async_completed']}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

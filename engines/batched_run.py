@@ -83,6 +83,8 @@ class BatchedRun:
                 "train.speed, train.speed_spread or a [peers.K] speed slows a client's compute, which in the batched engine "
                 "takes the simulated seconds of [clock]: set clock.step_seconds (its local steps a round at speed 1)"
             )
+        if sc.network.asynchronous:
+            raise ValueError("network.protocol = \"async\" runs on the clients engine (engine.name = \"clients\"); the batched engine keeps the round protocol's clock")
         self.out_dir = Path(out_dir)
         self.tensorboard = tensorboard  # a folder for the honest clients' TensorBoard event files
         self.device = engine_device(sc.engine.device)

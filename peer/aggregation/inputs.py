@@ -42,6 +42,11 @@ class RoundInputs:
     # Which rows of ``vectors`` are finite, when the caller has checked (the batched engine
     # checks a round's pool once); None: a rule that needs it checks (:meth:`finite_list`).
     finite: tuple[bool, ...] | None = None
+    # Under asynchronous gossip: how many of the client's own local steps ago each candidate
+    # arrived (0 for its own model and for one that came during this step); None: the round
+    # protocol, where every candidate is of this round. Rules may weigh by it
+    # (:func:`staleness_factors`).
+    staleness: tuple[int, ...] | None = None
 
     def finite_list(self) -> list[bool]:
         """Per row of ``vectors``: whether every value is finite."""
@@ -104,6 +109,13 @@ class RoundInputs:
             if len(finite) != len(ids):
                 raise ValueError(f"RoundInputs: finite has {len(finite)} entries but there are {len(ids)} ids")
             object.__setattr__(self, "finite", finite)
+        if self.staleness is not None:
+            if isinstance(self.staleness, (str, bytes)) or not isinstance(self.staleness, Sequence):
+                raise ValueError(f"RoundInputs: staleness must be a sequence of ints, got {self.staleness!r}")
+            staleness = tuple(check_int("RoundInputs", "staleness[]", s, minimum=0) for s in self.staleness)
+            if len(staleness) != len(ids):
+                raise ValueError(f"RoundInputs: staleness has {len(staleness)} entries but there are {len(ids)} ids")
+            object.__setattr__(self, "staleness", staleness)
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "num_samples", num_samples)
 
@@ -172,6 +184,8 @@ class RoundBatch:
     # out (Flame's per-client seed) share one ``batched`` call; None: the called rule is every
     # client's.
     rules: tuple[Any, ...] | None = None
+    # Under asynchronous gossip, each client's candidates' staleness (as RoundInputs.staleness).
+    staleness: tuple[tuple[int, ...], ...] | None = None
 
     def finite(self) -> torch.Tensor:
         """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
@@ -189,6 +203,7 @@ class RoundBatch:
             total_rounds=self.total_rounds, declared_losses=None if self.declared_losses is None else self.declared_losses[c],
             reference=None if self.references is None else self.references[c],
             finite=None if self.finite_pool is None else tuple(self.finite_pool[list(self.rows[c])].tolist()),
+            staleness=None if self.staleness is None else self.staleness[c],
         )
 
     def select(self, clients: Sequence[int]) -> RoundBatch:
@@ -202,6 +217,7 @@ class RoundBatch:
             declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
             references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
             evaluate_many=self.evaluate_many, runs=pick(self.runs), finite_pool=self.finite_pool, rules=pick(self.rules),
+            staleness=pick(self.staleness),
         )
 
     def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:
@@ -261,6 +277,16 @@ class RoundBatch:
 
 
 _DENSE_COMBINE = 1 << 16  # entries of the [clients, rows] weight matrix below which it is dense
+
+
+def staleness_factors(staleness: Sequence[int] | None, exponent: float) -> list[float] | None:
+    """The polynomial staleness weighting of asynchronous training, ``(1 + s)^-exponent`` per
+    candidate (Xie et al. 2019, FedAsync's ``s(t - tau)``, with ``s`` the candidate's staleness
+    in the receiver's local steps); None when there is nothing to weigh (no staleness known,
+    or exponent 0)."""
+    if staleness is None or not exponent:
+        return None
+    return [(1.0 + s) ** -exponent for s in staleness]
 
 
 def finite_rows(vectors: torch.Tensor) -> torch.Tensor:

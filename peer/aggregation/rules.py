@@ -33,9 +33,9 @@ import torch
 
 from dfedrw.peer.aggregation.crs import CRS, ReweightingStrategy, make_crs
 from dfedrw.peer.aggregation.inputs import (  # noqa: F401 - importable from here, as plugins name them
-    Aggregate, RoundBatch, RoundInputs, Rule, finite_rows, weighted_aggregate, weighted_sum,
+    Aggregate, RoundBatch, RoundInputs, Rule, finite_rows, staleness_factors, weighted_aggregate, weighted_sum,
 )
-from dfedrw.peer.registry import Registry, check_choice, check_int
+from dfedrw.peer.registry import Registry, check_choice, check_int, check_real
 from dfedrw.peer.aggregation.tpm import TPM, make_tpm
 
 __all__ = [
@@ -76,10 +76,16 @@ class DFedReweighting:
     score is reported as NaN and their weight is 0, so a finite-looking score for a broken
     model cannot slip in, nor can it shift a CRS threshold such as the mean loss. If the CRS
     finds no finite score (all-zero weights) the client keeps its own model.
+
+    Under asynchronous gossip (``network.protocol = "async"``), ``staleness_exponent = a > 0``
+    multiplies each CRS weight by ``(1 + s_i)^-a``, ``s_i`` the candidate's staleness in the
+    client's local steps (FedAsync's polynomial weighting, Xie et al. 2019), and normalises
+    again; 0 (the default), or the round protocol, leaves the CRS's weights as they are.
     """
 
     tpm: TPM
     crs: CRS
+    staleness_exponent: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("tpm", "crs"):
@@ -87,6 +93,7 @@ class DFedReweighting:
                 raise ValueError(
                     f"DFedReweighting: {name} must be callable, got {getattr(self, name)!r}"
                 )
+        object.__setattr__(self, "staleness_exponent", check_real("DFedReweighting", "staleness_exponent", self.staleness_exponent, nonnegative=True))
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         self._needs_evaluate(inputs.evaluate is None)
@@ -94,7 +101,7 @@ class DFedReweighting:
         every = bool(finite.all())
         usable = inputs.vectors if every else inputs.vectors[finite.to(inputs.vectors.device)]
         scores = self._scores(finite, usable, inputs.evaluate).tolist()
-        weights = self._weights(scores, None if every else finite.tolist())
+        weights = _stale_weighted(self._weights(scores, None if every else finite.tolist()), inputs.staleness, self.staleness_exponent)
         return Aggregate(
             model=weighted_sum(inputs.vectors, torch.tensor(weights, dtype=torch.float64)),
             weights=dict(zip(inputs.ids, weights, strict=True)), scores=dict(zip(inputs.ids, scores, strict=True)),
@@ -141,7 +148,7 @@ class DFedReweighting:
                 evaluate = _Answered(usable, metrics[c], batch.evaluate[c]) if answered else batch.evaluate[c]
                 s = self._scores(None if mask is None else torch.tensor(mask), usable, evaluate).tolist()
             scores.append(s)
-            weights.append(self._weights(s, mask))
+            weights.append(_stale_weighted(self._weights(s, mask), None if batch.staleness is None else batch.staleness[c], self.staleness_exponent))
         models = batch.combine(weights)
         return [
             Aggregate(model=models[c], weights=dict(zip(batch.ids[c], w, strict=True)), scores=dict(zip(batch.ids[c], s, strict=True)))
@@ -239,6 +246,19 @@ class _Answered:
         return dict(self.metrics) if vectors is self.candidates else self.evaluate(vectors)
 
 
+def _stale_weighted(weights: list[float], staleness: Sequence[int] | None, exponent: float) -> list[float]:
+    """``weights`` times :func:`staleness_factors`, normalised again when they were (all on the
+    own model when none is left positive); as they are without staleness or exponent."""
+    factors = staleness_factors(staleness, exponent)
+    if factors is None:
+        return weights
+    scaled = [w * f for w, f in zip(weights, factors, strict=True)]
+    total = math.fsum(scaled)
+    if not total > 0:
+        return [1.0] + [0.0] * (len(weights) - 1)
+    return [w / total for w in scaled]
+
+
 # The weightings DFedAvg offers (and rules that average as it does, such as norm_bound).
 DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
 
@@ -254,15 +274,19 @@ class DFedAvg:
     Source: McMahan et al. 2017 (FedAvg) applied per client over its neighbourhood, the
     paper's DFedAvg baseline. Rows with NaN/Inf are excluded (weight 0) before normalising.
     The sizes are whatever senders declared: a Byzantine sender can inflate its own.
+    Under asynchronous gossip, ``staleness_exponent = a > 0`` multiplies each weight by
+    ``(1 + s_i)^-a`` (``s_i``: the candidate's staleness in local steps; Xie et al. 2019).
     """
 
     weighting: str = "data_size"
+    staleness_exponent: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("DFedAvg", "weighting", self.weighting, DFEDAVG_WEIGHTINGS)
+        object.__setattr__(self, "staleness_exponent", check_real("DFedAvg", "staleness_exponent", self.staleness_exponent, nonnegative=True))
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
-        weights = self.size_weights(inputs.finite_list(), inputs.num_samples)
+        weights = _stale_weighted(self.size_weights(inputs.finite_list(), inputs.num_samples), inputs.staleness, self.staleness_exponent)
         return weighted_aggregate(inputs, torch.tensor(weights, dtype=torch.float64), None)
 
     def size_weights(self, finite: Sequence[bool], num_samples: Sequence[int]) -> list[float]:
@@ -280,6 +304,7 @@ class DFedAvg:
         weights = []
         for c, rows in enumerate(batch.rows):
             w = self.size_weights([ok[i] for i in rows], batch.num_samples[c])
+            w = _stale_weighted(w, None if batch.staleness is None else batch.staleness[c], self.staleness_exponent)
             if not sum(w) > 0:  # as _normalised: all on the own model
                 w = [1.0] + [0.0] * (len(rows) - 1)
             total = sum(w)

@@ -55,7 +55,7 @@ from dfedrw.peer.wiring.build import client_codec, scenario_transport, with_link
 from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport
-from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.client.asynchronous import client_inbox, run_async
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,8 @@ class Client:
         # A Byzantine client trains nothing: it needs only the model's layout (from a model on
         # the meta device, which holds no values).
         self.model, self.specs = parts.model, parts.specs
-        self.inbox = Inbox(
-            client_id, self.neighbours, self.topology.num_clients, receive_window(net.round_window, scenario.topology.schedule),
+        self.inbox = client_inbox(
+            scenario, client_id, self.neighbours, self.topology.num_clients, receive_window(net.round_window, scenario.topology.schedule),
             senders_at=self.graphs.senders_at(client_id) if self.graphs.dynamic else None,
             model_size=sum(s.numel for s in self.specs), rows_at=self._candidate_rows,
         )
@@ -242,10 +242,10 @@ class Client:
         torch.set_num_threads(1)
         start = time.monotonic()
         try:
-            if self.role == "honest":
-                final = self._run_honest()
+            if self.scenario.network.asynchronous:
+                final = run_async(self)  # no round barrier (peer/client/asynchronous.py)
             else:
-                final = run_byzantine(self)
+                final = self._run_honest() if self.role == "honest" else run_byzantine(self)
         finally:
             self.transport.flush(timeout=5.0)
             self.results.close()

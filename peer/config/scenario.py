@@ -11,7 +11,8 @@ A scenario file has the sections below (every key optional; defaults in the data
     [aggregation] rule, tpm, crs, assumed_byzantine
                   [aggregation.RULE]  [aggregation.tpm_params.TPM]  [aggregation.crs_params.CRS]
     [network]     transport, host, round_timeout, round_window, max_missed_rounds,
-                  connect_timeout, chunk_bytes, max_message_bytes, idle_channel_timeout, compression, ...
+                  connect_timeout, chunk_bytes, max_message_bytes, idle_channel_timeout, compression,
+                  protocol (sync, async), max_staleness, ...
                   [network.TRANSPORT]  [network.compression_params.COMPRESSION]
     [links]       latency, jitter, bandwidth, loss, generator, latency_per_unit
                   [links.pairs] "I-J" = {latency = ..., ...}  one directed link's own settings
@@ -123,6 +124,12 @@ class Scenario:
                 f"choose an attack ({', '.join(ATTACK_REGISTRY.names())}) or set topology.byzantine=0"
             )
         check_model(self.train, self.data)
+        if self.network.asynchronous:
+            # Asynchronous gossip has no rounds for a schedule's graphs or a colluders' pool.
+            if self.topology.schedule:
+                raise ScenarioError(f"topology.schedule={self.topology.schedule!r}: a graph per round needs rounds; network.protocol = \"async\" has none (use a fixed graph)")
+            if self.attack.colluding:
+                raise ScenarioError("attack.colluding: colluders pool the models of a round, and network.protocol = \"async\" has no rounds")
         # Build every distinct rule and the attack once, with placeholders for what the running
         # system supplies, so a bad setting fails at load time, not inside client k.
         # The rule of [aggregation] is the first built: it stands for the defence an attack is told.
@@ -321,6 +328,9 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                     out[name]["compression"] = compression
                 if tables:
                     out[name]["compression_params"] = settings_tables(tables)
+                for key, default in (("protocol", "sync"), ("max_staleness", 0)):  # as compression
+                    if out[name][key] == default:
+                        del out[name][key]
     if scenario.peers or scenario.speeds:
         peers: dict[str, dict[str, Any]] = {}
         for k in sorted({*scenario.peers, *scenario.speeds}):

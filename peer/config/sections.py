@@ -225,6 +225,10 @@ class TopologyConfig:
         return self.honest + self.byzantine
 
 
+# The round protocols (network.protocol): with a barrier per round, or asynchronous gossip.
+PROTOCOLS = ("sync", "async")
+
+
 @dataclass(frozen=True)
 class NetworkConfig:
     transport: str = "grpc"
@@ -265,6 +269,14 @@ class NetworkConfig:
     compression: str = "none"
     # The settings tables [network.compression_params.NAME] of compressions.
     compression_params: Params = ()
+    # "sync": rounds with a barrier (a client waits for its neighbours' round-t models, up to
+    # round_timeout). "async": asynchronous gossip (peer/client/asynchronous.py): no barrier,
+    # each client steps at its own speed and aggregates with the newest model it holds from
+    # each neighbour.
+    protocol: str = "sync"
+    # Under "async": a held model that arrived more than this many of the receiver's local
+    # steps ago is no longer a candidate (0: every held model is, however old).
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         settings = checked_params("transport", self.transport, self.transport_params, "network.transport")
@@ -294,6 +306,15 @@ class NetworkConfig:
         check_in_range("network.idle_call_timeout", self.idle_call_timeout, 0.0, MAX_SECONDS, open_lo=True)
         check_in_range("network.calls_per_sender", self.calls_per_sender, 1, 64)
         check_in_range("network.idle_channel_timeout", self.idle_channel_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        check_choice_of("network.protocol", self.protocol, PROTOCOLS)
+        check_in_range("network.max_staleness", self.max_staleness, 0, MAX_ROUNDS)
+        if self.max_staleness and self.protocol != "async":
+            raise ScenarioError(f"network.max_staleness={self.max_staleness} applies to asynchronous gossip only: set network.protocol = \"async\"")
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether clients gossip without a round barrier (``protocol = "async"``)."""
+        return self.protocol == "async"
 
 
 @dataclass(frozen=True)

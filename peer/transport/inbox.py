@@ -220,6 +220,13 @@ class Inbox(RoundWaiting):
         with self._cond:
             return self._held()
 
+    def room_for(self, round_: int) -> bool:
+        """Whether a large message for ``round_`` is to be read now (see
+        :meth:`~dfedrw.peer.transport.intake.ModelIntake.has_room`): one for this round or
+        an earlier one always, one for a later round while the inbox holds fewer models than
+        this round has senders."""
+        return round_ <= self._round or self.held() < len(self.rows_at(self._round))
+
     def settle(self, outcome: str | None, sender: int, round_: int) -> tuple[bool, str]:
         """Count a message that :meth:`reserve` (or :meth:`offer`) judged: None accepted, else
         what the outcome says (a stale one is dropped, the others rejected)."""

@@ -79,10 +79,7 @@ class ModelIntake:
         client has all it needs for its round and is about to aggregate: meanwhile the sender
         is held by gRPC's flow control, and the client does not hold a second round's models on
         top of the first); anything else is read at once."""
-        inbox = self.inbox
-        if header.total_bytes <= LARGE_MESSAGE or header.round <= inbox.round:
-            return True
-        return inbox.held() < len(inbox.rows_at(inbox.round))
+        return header.total_bytes <= LARGE_MESSAGE or self.inbox.room_for(header.round)
 
     def begin(self, first, sender: int | None = None) -> "Incoming":
         """The message that ``first`` begins, from ``sender`` (the id the transport

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.peer.config.scenario import ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict
+from dfedrw.peer.config.scenario import ScenarioError, dump_scenario, load_scenario, scenario_changes, scenario_from_dict, scenario_to_dict
 from dfedrw.peer.config.overrides import parse_override
 
 
@@ -153,6 +153,7 @@ RANGES = [
     ("network.idle_call_timeout", [1e-12, 86400.0], [0.0, 86401.0]),
     ("network.calls_per_sender", [1, 64], [0, 65]),
     ("network.idle_channel_timeout", [1e-12, 86400.0], [0.0, 86401.0]),
+    ("network.max_staleness", [0, 10_000_000], [-1, 10_000_001]),
     ("eval.every", [0, 10_000_000], [-1, 10_000_001]),
     ("checkpoint.every", [0, 10_000_000], [-1, 10_000_001]),
     ("engine.threads", [1, 1024], [0, 1025]),
@@ -188,6 +189,8 @@ def _graph_for(key):
     """Client counts up to the limit load on a sparse graph (a dense one of that many is refused)."""
     if key == "links.latency_per_unit":  # read only by the distance generator
         return ["links.generator='distance'"]
+    if key == "network.max_staleness":  # asynchronous gossip's
+        return ["network.protocol='async'"]
     return ["topology.kind='ring'"] if key.startswith("topology.") else []
 
 
@@ -464,3 +467,20 @@ def test_a_byte_order_mark_is_dropped_and_a_file_not_utf8_is_one_line_naming_it(
     assert load_scenario(tmp_path / "bom.toml").rounds == 3
     with pytest.raises(ScenarioError, match=r"binary.toml: not valid TOML: 'utf-8' codec can't decode"):
         load_scenario(tmp_path / "binary.toml")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["network.max_staleness=3"], "asynchronous gossip only"),
+    (["network.protocol='async'", "topology.schedule='epidemic'"], "a graph per round needs rounds"),
+    (["network.protocol='async'", "attack.name='alie'", "attack.colluding=true"], "no rounds"),
+    (["network.protocol='gossip'"], "network.protocol"),
+])
+def test_what_asynchronous_gossip_cannot_do_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(None, overrides)
+
+
+def test_the_protocol_is_written_only_when_it_is_asynchronous():
+    assert "protocol" not in scenario_to_dict(load_scenario(None, []))["network"]
+    written = scenario_to_dict(load_scenario(None, ["network.protocol='async'", "network.max_staleness=4"]))["network"]
+    assert written["protocol"] == "async" and written["max_staleness"] == 4

@@ -1,0 +1,189 @@
+"""Asynchronous gossip (``network.protocol = "async"``): a client's loop without a round barrier.
+
+An honest client takes its local steps at its own speed, one after the other, and never waits
+for anyone. Its step ``t``:
+  1. local SGD step(s) -> w_k^{t+1/2};
+  2. send it to every neighbour, labelled ``t`` (a neighbour presumed gone is probed now and
+     then, as in the round protocol, :mod:`peer.client.presence`);
+  3. aggregate it with the newest model it holds from each neighbour, whenever that came
+     (:class:`~dfedrw.peer.transport.latest.LatestInbox`), with the client's rule, unchanged:
+     DFedReweighting scores the candidates at hand on its auxiliary set, a robust rule is told
+     the Byzantine neighbours as ever. Each candidate's staleness (how many of the client's
+     own steps ago it arrived) is in the rule's inputs, for a rule that weighs by it
+     (``staleness_exponent``), and in the step's record; ``network.max_staleness`` leaves out
+     the older ones. A neighbour that finished its steps stays a candidate with its last model.
+
+A Byzantine client has no steps of its own: each time models of its honest neighbours arrive
+it crafts its attack from the newest model it holds of each (what it received, as ever) and
+answers each neighbour whose model came with a message labelled as that model, so that its
+messages are as fresh as theirs. It stops when each honest neighbour sent its last step, or
+when none sent anything for ``max_missed_rounds + 1`` round timeouts.
+
+Records: one per local step (``round`` is the step), with ``seconds`` since the loop began
+and ``staleness``. What the round protocol has and this one has not: a schedule's graphs and
+colluders' pools (refused by the scenario's checks), deadlines (``missing`` lists the
+neighbours nothing is held from).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from dfedrw.peer.aggregation import RoundInputs
+from dfedrw.peer.aggregation.rules import finite_rows
+from dfedrw.peer.attacks import AttackView
+from dfedrw.peer.client import link_messages
+from dfedrw.peer.client.rounds import byzantine_record, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures
+from dfedrw.peer.learning.models import get_vector, set_vector
+from dfedrw.peer.transport.inbox import Inbox
+from dfedrw.peer.transport.latest import LatestInbox
+from dfedrw.peer.transport.serde import message_out
+from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
+from dfedrw.peer.wiring.plan import derive_seed
+
+log = logging.getLogger("dfedrw.peer.client.client")
+
+
+def client_inbox(scenario, client_id: int, neighbours, num_clients: int, window: int, **round_inbox: Any) -> Inbox:
+    """The inbox of a client: the round protocol's, keyed by round (``round_inbox``: its
+    arguments), or under asynchronous gossip the newest model of each neighbour."""
+    if scenario.network.asynchronous:
+        return LatestInbox(client_id, neighbours, num_clients, last_step=scenario.rounds - 1, model_size=round_inbox.get("model_size", 0))
+    return Inbox(client_id, neighbours, num_clients, window, **round_inbox)
+
+
+def run_async(client) -> dict[str, Any]:
+    """Every step of ``client`` (a :class:`~dfedrw.peer.client.client.Client`) under
+    asynchronous gossip; returns what its final file adds."""
+    return run_async_honest(client) if client.role == "honest" else run_async_byzantine(client)
+
+
+def run_async_honest(client) -> dict[str, Any]:
+    sc = client.scenario
+    data, trainer, inbox = client.data, client.trainer, client.inbox
+    num_samples = len(data.train.y)
+    receivers = client.graphs.receivers_of(client.id, 0)
+    last: dict[str, float] = {}
+    loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
+    log_every = max(1, sc.rounds // 20)
+    t = client.resumed.round + 1 if client.resumed is not None else 0
+    first_after_resume = client.resumed is not None
+    flat = client._flatten()  # on the CPU the parameters are views of one flat vector (the model to send)
+    stale_steps = 0
+    while t < sc.rounds:
+        client._check_stop()
+        inbox.advance(t)
+        client.presence.begin_round(t)
+        sent0, recv0 = client.transport.bytes_sent, inbox.bytes_received
+        reference = get_vector(client.model)
+        with client.pace.work():
+            loss = trainer.step(sc.train.lr_at(t, sc.rounds))
+        own = flat if flat is not None else get_vector(client.model)
+        client._send_all(t, own, num_samples, receivers, loss)
+        held = inbox.held_models(sc.network.max_staleness)
+        senders = sorted(held)
+        ids = (client.id, *senders)
+        messages = [held[k][0] for k in senders]
+        staleness = (0, *(held[k][1] for k in senders))
+        stale_steps += sum(staleness)
+        vectors = torch.stack([own, *(m.vector for m in messages)])
+        finite = (bool(finite_rows(own[None])[0]), *(True for _ in senders))  # the intake checked the others
+        with client.pace.work():
+            agg = client.rule(
+                RoundInputs(
+                    own_id=client.id, round=t, ids=ids, vectors=vectors, num_samples=(num_samples, *(m.num_samples for m in messages)),
+                    evaluate=client.aux_eval, total_rounds=sc.rounds, declared_losses=(loss, *(m.train_loss for m in messages)),
+                    reference=reference, finite=finite, staleness=staleness,
+                )
+            )
+        model = agg.model.clone() if agg.model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr() else agg.model
+        set_vector(client.model, model)
+        flat = model if flat is not None else None
+        notes: dict[str, Any] = {"staleness": {str(k): s for k, s in zip(senders, staleness[1:], strict=True)}}
+        if first_after_resume:
+            notes["resumed_from"], first_after_resume = client.resumed.round, False
+        record = honest_record(
+            t, loss, agg.weights, sorted(set(client.neighbours) - held.keys()), scores=agg.scores, notes=notes,
+            bytes_sent=client.transport.bytes_sent - sent0, bytes_received=inbox.bytes_received - recv0,
+            seconds=round(time.monotonic() - loop_start, 3),
+        )
+        del vectors, messages, held, agg, reference, own
+        if evaluation_due(t, sc.rounds, sc.eval.every):
+            last = test_measures(client.model, data, client.backdoor)
+            record.update(last)
+        client.results.write(record)
+        client.link.send(link_messages.round_event(client.id, t, loss, accuracy=last.get("accuracy"), global_accuracy=last.get("global_accuracy")))
+        if (t + 1) % log_every == 0 or t == sc.rounds - 1:
+            acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
+            log.info("client %d step %d/%d: train loss %.4f%s", client.id, t + 1, sc.rounds, loss, acc)
+        if checkpoint_due(t, sc.rounds, sc.checkpoint.every):
+            generators, arrays, pos = trainer.state()
+            client.resume.save(t, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+        del model
+        t += 1
+    seconds = time.monotonic() - loop_start
+    return {
+        **last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y),
+        "local_test_samples": len(data.local_test.y),
+        "gossip": {"protocol": "async", "steps_per_second": round(sc.rounds / seconds, 3) if seconds > 0 else None, "staleness_total": stale_steps},
+    }
+
+
+def run_async_byzantine(client) -> dict[str, Any]:
+    sc = client.scenario
+    inbox: LatestInbox = client.inbox
+    byzantine = client.topology.byzantine
+    gen = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", client.id))
+    loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
+    honest = tuple(k for k in client.neighbours if k not in byzantine)
+    answered = dict.fromkeys(honest, -1)  # per honest neighbour, the label it was last answered at
+    reference = None
+    seen, quiet, crafts = 0, 0, 0
+    size = sum(s.numel for s in client.specs)
+    while any(label < sc.rounds - 1 for label in answered.values()):
+        client._check_stop()
+        news = inbox.wait_news(seen, sc.network.round_timeout)
+        if news == seen:
+            quiet += 1
+            if quiet > sc.network.max_missed_rounds:
+                log.warning("client %d: nothing from its honest neighbours for %d timeouts; stopping", client.id, quiet)
+                break
+            continue
+        seen, quiet = news, 0
+        held = {k: m for k, (m, _) in inbox.held_models().items() if k in answered}
+        due = tuple(k for k in honest if k in held and held[k].round > answered[k])
+        if not due:
+            continue
+        senders = tuple(sorted(held))
+        messages = [held[k] for k in senders]
+        sent0, recv0 = client.transport.bytes_sent, inbox.bytes_received
+        label = max(held[k].round for k in due)
+        received = torch.stack([m.vector for m in messages]) if messages else torch.empty(0, size)
+        claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in messages], [m.train_loss for m in messages])
+        view = AttackView(round=label, attacker=client.id, receivers=due, senders=senders, received=received, reference=reference, total_rounds=sc.rounds)
+        crafted = craft_attack_round(sc, client.attack, view, gen)
+        reference = next_reference(client.attack, view)
+        chunk_bytes = sc.network.chunk_bytes
+        for k, labelled in crafted.extra.items():
+            for extra_label, extra in labelled:
+                client.transport.send(k, message_out(client.id, extra_label, extra, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=chunk_bytes))
+        silent = 0
+        for k in due:
+            answered[k] = held[k].round
+            if crafted.messages[k] is None:
+                silent += 1
+                continue
+            client.transport.send(
+                k, message_out(client.id, held[k].round, crafted.messages[k], client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=chunk_bytes)
+            )
+        record = byzantine_record(label, list(senders), silent, crafted, client.transport.bytes_sent - sent0, inbox.bytes_received - recv0)
+        record["answered"] = {str(k): held[k].round for k in due}  # each neighbour answered, at its model's label
+        client.results.write(record)
+        client.link.send(link_messages.round_event(client.id, label))
+        crafts += 1
+        del view, received, messages, held, crafted
+    return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at), "gossip": {"protocol": "async", "crafts": crafts}}

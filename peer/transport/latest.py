@@ -1,0 +1,155 @@
+"""The receive side of asynchronous gossip (``network.protocol = "async"``): the newest model of
+each neighbour, kept until a newer one replaces it.
+
+There are no rounds to wait for: a message is labelled with its sender's local step, and the
+receiver keeps, per neighbour, the message with the highest label it has taken so far. One with
+a label at or below that one is stale (it was overtaken on the way, or is a second copy of the
+one held: ``duplicate``), one past the run's last step is refused as ``future_round``; the other
+reasons are the round inbox's (:class:`~dfedrw.peer.transport.inbox.Inbox`, whose checks of the
+sender, the intake's of the header and payload, and whose counters this inbox keeps). A held
+model remembers the receiver's local step it arrived in, so that the receiver knows how stale
+each of its candidates is (:meth:`LatestInbox.held_models`), measured by the receiver itself:
+the label is the sender's word, the arrival the receiver's.
+
+A message whose header was taken is received into a buffer of its own (not a row of a round's
+matrix: the candidates of a step are the newest held models, whenever they came), so the inbox
+holds at most two models per neighbour (the one held, the one arriving) and a large message is
+always read at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from dfedrw.peer.transport.inbox import Inbox, Slot
+from dfedrw.peer.transport.serde import ModelMessage
+
+
+@dataclass(frozen=True)
+class Held:
+    """A neighbour's newest model and the receiver's local step it arrived in."""
+
+    message: ModelMessage
+    arrived_step: int
+
+
+class LatestInbox(Inbox):
+    """The newest model of each of ``neighbours`` (see the module). ``last_step``: the highest
+    label a message may carry (the run's last local step); ``model_size``: the float32 values
+    of a model."""
+
+    def __init__(self, own_id: int, neighbours: Iterable[int], num_clients: int, *, last_step: int, model_size: int = 0, log_interval: float = 10.0) -> None:
+        neighbours = frozenset(neighbours)
+        super().__init__(own_id, neighbours, num_clients, 0, log_interval=log_interval, model_size=model_size, capacity=2 * len(neighbours))
+        self.last_step = last_step
+        self._step = 0  # the receiver's own local step
+        self._latest: dict[int, Held] = {}
+        self._versions = 0  # messages kept so far: a waiter's mark of what it has seen
+
+    @property
+    def round(self) -> int:
+        """What a reply tells a sender of this client's progress: nothing (0), so that no sender
+        drops its queued messages as stale; every label above the one held is still news."""
+        return 0
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def _outcome(self, sender: int, round_: int) -> str | None:
+        if round_ > self.last_step or round_ < 0:
+            return "future"
+        held = self._latest.get(sender)
+        taken = [s.round for s in self._pending.values() if s.sender == sender]  # arriving now
+        newest = max([*taken, held.message.round if held is not None else -1])
+        if round_ == newest:
+            return "duplicate"
+        if round_ < newest:
+            return "stale"
+        if self._held() >= self.capacity:
+            return "inbox_full"
+        return None
+
+    def settle(self, outcome: str | None, sender: int, round_: int) -> tuple[bool, str]:
+        if outcome == "future":
+            return self.reject("future_round", f"step {round_} past the last step {self.last_step} from {sender}")
+        return super().settle(outcome, sender, round_)
+
+    def _held(self) -> int:
+        return len(self._latest) + sum(1 for s in self._pending.values() if s.buffer is not None)
+
+    def reserve(self, sender: int, round_: int) -> Slot | str:
+        with self._cond:
+            outcome = self._outcome(sender, round_)
+            if outcome is not None:
+                return outcome
+            slot = Slot(sender, round_, torch.empty(self.model_size, dtype=torch.float32))
+            self._pending[(round_, sender)] = slot
+            return slot
+
+    def fill(self, slot: Slot, msg: ModelMessage) -> tuple[bool, str]:
+        with self._cond:
+            self._pending.pop((slot.round, slot.sender), None)
+            held = self._latest.get(msg.sender)
+            outcome = "stale" if held is not None and held.message.round >= msg.round else None
+            if outcome is None:
+                self._keep(msg)
+        return self.settle(outcome, msg.sender, msg.round)
+
+    def _keep(self, msg: ModelMessage) -> None:
+        self._latest[msg.sender] = Held(msg, self._step)
+        self.bytes_received += msg.nbytes
+        self.accepted += 1
+        self._versions += 1
+        self._gone.discard(msg.sender)
+        self._cond.notify_all()
+
+    def room_for(self, round_: int) -> bool:
+        return True
+
+    def advance(self, step: int) -> None:
+        """The receiver is at its local step ``step`` now (what :meth:`held_models` measures
+        staleness from); nothing held is let go."""
+        with self._cond:
+            self._step = step
+
+    def close(self, round_: int) -> None:
+        """Nothing to let go: a held model stays until a newer one replaces it."""
+
+    def held_models(self, max_staleness: int = 0) -> dict[int, tuple[ModelMessage, int]]:
+        """Sender -> (its newest model, how many of the receiver's local steps ago it arrived),
+        those older than ``max_staleness`` steps left out (0: none left out)."""
+        with self._cond:
+            out = {k: (h.message, self._step - h.arrived_step) for k, h in self._latest.items()}
+        return {k: v for k, v in out.items() if not max_staleness or v[1] <= max_staleness}
+
+    def forget(self, sender: int) -> None:
+        """Let go of ``sender``'s held model (it is no longer a candidate anywhere)."""
+        with self._cond:
+            self._latest.pop(sender, None)
+
+    def versions(self) -> int:
+        """How many messages were kept so far (a mark for :meth:`wait_news`)."""
+        with self._cond:
+            return self._versions
+
+    def wait_news(self, seen: int, timeout: float) -> int:
+        """Block until a message beyond the first ``seen`` was kept, or ``timeout`` seconds;
+        returns the count kept by then."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._versions <= seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._versions
+
+    def stacked(self, round_: int, vectors, own: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.stack([own, *vectors] if own is not None else list(vectors))
+
+
