@@ -84,7 +84,7 @@ def batch_key(scenario: Scenario) -> tuple:
     return (
         scenario.engine.name, scenario.engine.device, scenario.engine.threads, scenario.data.name, t.model, t.hidden, t.lr,
         t.batch_size, t.local_steps, t.local_epochs, t.momentum, t.weight_decay, t.lr_schedule, t.lr_gamma, t.lr_step,
-        scenario.rounds, scenario.eval.every,
+        scenario.rounds, scenario.eval.every, scenario.network.protocol,
     )
 
 
@@ -188,6 +188,7 @@ def aggregate_together(
         evaluate_many=functools.partial(scorer, finite=finite), references=torch.cat([p.reference for p in parts]) if len(parts) > 1 else parts[0].reference,
         total_rounds=total_rounds, runs=tuple(i for i, p in enumerate(parts) for _ in p.rows) if len(parts) > 1 else None,
         rules=None if rules is None else tuple(rules),
+        staleness=tuple(s for p in parts for s in p.staleness) if all(p.staleness is not None for p in parts) else None,
     )
     results: list[Any] = [None] * len(batch)
     for rule, members in groups:
@@ -209,6 +210,11 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
     if len(keys) != 1:
         raise ValueError(f"runs of one batch must share the model, training, rounds and device; got {len(keys)} different settings")
     sc = runs[0].scenario
+    if sc.network.asynchronous:
+        # No rounds to share: each run's steps on its own clock (engines/batched_async.py).
+        from dfedrw.engines.batched_async import run_gossip
+
+        return [run_gossip(run, on_round) for run in runs]
     rules = [run.rules[k] for run in runs for k in run.honest]
     groups = rule_groups(rules)
     scorer = ManyEvaluator()

@@ -149,11 +149,13 @@ class SimulatedNetwork:
         self.rebuilt: dict[tuple[int, int], torch.Tensor] = {}
         self.links: list[tuple[int, int]] = []
         self.bytes_to: dict[tuple[int, int], int] = {}  # with a clock: bytes each link carried
+        self.asynchronous = sc.network.asynchronous
+        self.gossip: dict[int, dict] = {}  # under asynchronous gossip, what each client's final record says of it
 
     def begin_round(self, r: int, senders: Mapping[int, Sequence[int]]) -> None:
         """Round ``r``'s graph (receiver -> its senders): its links timed on the clock."""
         self.links = [(j, k) for k in sorted(senders) for j in senders[k]]
-        if self.clock is not None:
+        if self.clock is not None and not self.asynchronous:  # asynchronous gossip times each step itself (engines/batched_async.py)
             self.link_bytes = self.codec.sizes(r, self.links) if self.codec is not None else dict.fromkeys(self.links, self.raw_bytes)
             self.timing = self.clock.round(r, [senders[k] for k in sorted(senders)], self.link_bytes)
             for link in self.timing.planned:
@@ -197,4 +199,4 @@ class SimulatedNetwork:
         if self.clock is None:
             return {}
         carried = {str(j): size for (i, j), size in sorted(self.bytes_to.items()) if i == k}
-        return {"links": {"lost": self.clock.lost_from(k)}, "bytes_to": carried}
+        return {"links": {"lost": self.clock.lost_from(k)}, "bytes_to": carried, **({"gossip": self.gossip[k]} if k in self.gossip else {})}

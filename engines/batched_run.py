@@ -60,6 +60,8 @@ class Candidates:
     reference: torch.Tensor
     # Per pooled row, whether it is finite, as the intake found (None: not known).
     finite: list[bool] | None = None
+    # Under asynchronous gossip, per client its candidates' staleness (None: the round protocol).
+    staleness: list[tuple[int, ...]] | None = None
 
     @property
     def count(self) -> int:
@@ -83,8 +85,9 @@ class BatchedRun:
                 "train.speed, train.speed_spread or a [peers.K] speed slows a client's compute, which in the batched engine "
                 "takes the simulated seconds of [clock]: set clock.step_seconds (its local steps a round at speed 1)"
             )
-        if sc.network.asynchronous:
-            raise ValueError("network.protocol = \"async\" runs on the clients engine (engine.name = \"clients\"); the batched engine keeps the round protocol's clock")
+        if sc.network.asynchronous and not sc.clock.step_seconds:
+            # Each client's steps on the simulated clock: without compute time nothing is asynchronous.
+            raise ValueError("network.protocol = \"async\" in the batched engine times each client's steps on the simulated clock: set clock.step_seconds (its local steps at speed 1)")
         self.out_dir = Path(out_dir)
         self.tensorboard = tensorboard  # a folder for the honest clients' TensorBoard event files
         self.device = engine_device(sc.engine.device)
@@ -118,6 +121,7 @@ class BatchedRun:
         # do) and its momentum buffer (a row each; None until the first step, or without momentum).
         self.steps = [local_step_count(t.local_steps, t.local_epochs, n, t.batch_size) for n in sizes]
         self.momentum: torch.Tensor | None = None
+        self.wave: list[int] | None = None  # under asynchronous gossip: the rows that train now
         self.augment = [client_augmentation(sc, k) for k in self.honest]
         self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
         # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
@@ -163,7 +167,10 @@ class BatchedRun:
 
     def active_rows(self, step: int) -> torch.Tensor | None:
         """The rows of the clients that take local step ``step`` of the round: None for all of
-        them (the usual case), else their positions (int64, on the models' device)."""
+        them (the usual case), else their positions (int64, on the models' device). Under
+        asynchronous gossip only the clients of ``self.wave`` (positions) train, when set."""
+        if self.wave is not None:
+            return torch.tensor([c for c in self.wave if step < self.steps[c]], dtype=torch.long, device=self.device)
         if all(step < n for n in self.steps):
             return None
         return torch.tensor([c for c, n in enumerate(self.steps) if step < n], dtype=torch.long, device=self.device)
@@ -376,28 +383,30 @@ class BatchedRun:
         return records
 
     @torch.no_grad()
-    def accuracies(self) -> dict[int, dict[str, float]]:
+    def accuracies(self, only: list[int] | None = None) -> dict[int, dict[str, float]]:
         """Each honest client's local and global test accuracy (percent), as a client measures
         it, and under a backdoor attack its attack success rate on the triggered test rows. The global test set goes through the model once for a block of clients (blocks
         bounded so the logits stay under ~64 M values), and a client's local test set is rows
-        of it: its local accuracy is read from the same predictions."""
-        out: dict[int, dict[str, float]] = {k: {} for k in self.honest}
+        of it: its local accuracy is read from the same predictions. ``only``: of those clients."""
+        honest = self.honest if only is None else only
+        models = self.models if only is None else self.models[[self.row[k] for k in only]]
+        out: dict[int, dict[str, float]] = {k: {} for k in honest}
         test = self.test
         widest = max(self.scenario.train.hidden, test.num_classes)  # values per sample in the largest layer output
         block = max(1, (64 << 20) // max(1, len(test.y) * widest))
-        for lo in range(0, len(self.honest), block):
+        for lo in range(0, len(honest), block):
             # Classes first [C, K, N]: the layout the product writes fastest and the class
             # maximum reads fastest (as the scoring); max(dim).indices is argmax.
-            logits = self.model.class_first_logits(self.models[lo : lo + block], test.x)
+            logits = self.model.class_first_logits(models[lo : lo + block], test.x)
             hits = logits.max(1).indices == test.y  # [C, N]
             correct = hits.float().mean(1).tolist()
-            for i, k in enumerate(self.honest[lo : lo + block]):
+            for i, k in enumerate(honest[lo : lo + block]):
                 rows = self.data[k].local_test_index.to(self.device)
                 out[k]["accuracy"] = 100.0 * float(hits[i].index_select(0, rows).float().mean())
                 out[k]["global_accuracy"] = 100.0 * correct[i]
             if self.probe is not None:
-                probe = self.model.class_first_logits(self.models[lo : lo + block], self.probe.x).max(1).indices == self.probe.y
-                for i, k in enumerate(self.honest[lo : lo + block]):
+                probe = self.model.class_first_logits(models[lo : lo + block], self.probe.x).max(1).indices == self.probe.y
+                for i, k in enumerate(honest[lo : lo + block]):
                     out[k]["attack_success"] = 100.0 * float(probe[i].float().mean())
         return out
 

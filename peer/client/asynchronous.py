@@ -19,10 +19,13 @@ answers each neighbour whose model came with a message labelled as that model, s
 messages are as fresh as theirs. It stops when each honest neighbour sent its last step, or
 when none sent anything for ``max_missed_rounds + 1`` round timeouts.
 
+Under a schedule (``topology.schedule``, e.g. Epidemic Learning) a client sends each step to
+its receivers of that step's graph, and takes the newest model of anyone who sent it one.
+
 Records: one per local step (``round`` is the step), with ``seconds`` since the loop began
-and ``staleness``. What the round protocol has and this one has not: a schedule's graphs and
-colluders' pools (refused by the scenario's checks), deadlines (``missing`` lists the
-neighbours nothing is held from).
+and ``staleness``; ``missing``: the step's senders (its graph's) nothing is held from. What
+the round protocol has and this one has not: colluders' pools (refused by the scenario's
+checks) and deadlines.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.client import link_messages
-from dfedrw.peer.client.rounds import byzantine_record, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures
+from dfedrw.peer.client.rounds import byzantine_record, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures, with_round_graph
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.latest import LatestInbox
@@ -66,7 +69,7 @@ def run_async_honest(client) -> dict[str, Any]:
     sc = client.scenario
     data, trainer, inbox = client.data, client.trainer, client.inbox
     num_samples = len(data.train.y)
-    receivers = client.graphs.receivers_of(client.id, 0)
+    graphs = client.graphs
     last: dict[str, float] = {}
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
     log_every = max(1, sc.rounds // 20)
@@ -83,9 +86,10 @@ def run_async_honest(client) -> dict[str, Any]:
         with client.pace.work():
             loss = trainer.step(sc.train.lr_at(t, sc.rounds))
         own = flat if flat is not None else get_vector(client.model)
-        client._send_all(t, own, num_samples, receivers, loss)
+        client._send_all(t, own, num_samples, graphs.receivers_of(client.id, t), loss)
         held = inbox.held_models(sc.network.max_staleness)
         senders = sorted(held)
+        rule, told = client._rule_at(t, tuple(senders))  # under a schedule: told the Byzantine senders it holds
         ids = (client.id, *senders)
         messages = [held[k][0] for k in senders]
         staleness = (0, *(held[k][1] for k in senders))
@@ -93,7 +97,7 @@ def run_async_honest(client) -> dict[str, Any]:
         vectors = torch.stack([own, *(m.vector for m in messages)])
         finite = (bool(finite_rows(own[None])[0]), *(True for _ in senders))  # the intake checked the others
         with client.pace.work():
-            agg = client.rule(
+            agg = rule(
                 RoundInputs(
                     own_id=client.id, round=t, ids=ids, vectors=vectors, num_samples=(num_samples, *(m.num_samples for m in messages)),
                     evaluate=client.aux_eval, total_rounds=sc.rounds, declared_losses=(loss, *(m.train_loss for m in messages)),
@@ -107,10 +111,11 @@ def run_async_honest(client) -> dict[str, Any]:
         if first_after_resume:
             notes["resumed_from"], first_after_resume = client.resumed.round, False
         record = honest_record(
-            t, loss, agg.weights, sorted(set(client.neighbours) - held.keys()), scores=agg.scores, notes=notes,
+            t, loss, agg.weights, sorted(set(graphs.senders_to(client.id, t)) - held.keys()), scores=agg.scores, notes=notes,
             bytes_sent=client.transport.bytes_sent - sent0, bytes_received=inbox.bytes_received - recv0,
             seconds=round(time.monotonic() - loop_start, 3),
         )
+        with_round_graph(record, graphs, client.id, t, told)
         del vectors, messages, held, agg, reference, own
         if evaluation_due(t, sc.rounds, sc.eval.every):
             last = test_measures(client.model, data, client.backdoor)
@@ -133,6 +138,14 @@ def run_async_honest(client) -> dict[str, Any]:
     }
 
 
+def last_labels(graphs, own: int, senders, rounds: int) -> dict[int, int]:
+    """Per sender, the last step in which it sends to ``own`` (-1: never): the last step on a
+    fixed graph; under a schedule, the last step whose graph gives it the edge."""
+    if not graphs.dynamic:
+        return dict.fromkeys(senders, rounds - 1)
+    return {k: max((t for t in range(rounds) if own in graphs.receivers_of(k, t)), default=-1) for k in senders}
+
+
 def run_async_byzantine(client) -> dict[str, Any]:
     sc = client.scenario
     inbox: LatestInbox = client.inbox
@@ -141,10 +154,12 @@ def run_async_byzantine(client) -> dict[str, Any]:
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
     honest = tuple(k for k in client.neighbours if k not in byzantine)
     answered = dict.fromkeys(honest, -1)  # per honest neighbour, the label it was last answered at
+    # The last step each honest neighbour sends it a model in (a fixed graph: the last step).
+    last = last_labels(client.graphs, client.id, honest, sc.rounds)
     reference = None
     seen, quiet, crafts = 0, 0, 0
     size = sum(s.numel for s in client.specs)
-    while any(label < sc.rounds - 1 for label in answered.values()):
+    while any(answered[k] < last[k] for k in honest):
         client._check_stop()
         news = inbox.wait_news(seen, sc.network.round_timeout)
         if news == seen:

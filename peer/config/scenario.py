@@ -124,12 +124,8 @@ class Scenario:
                 f"choose an attack ({', '.join(ATTACK_REGISTRY.names())}) or set topology.byzantine=0"
             )
         check_model(self.train, self.data)
-        if self.network.asynchronous:
-            # Asynchronous gossip has no rounds for a schedule's graphs or a colluders' pool.
-            if self.topology.schedule:
-                raise ScenarioError(f"topology.schedule={self.topology.schedule!r}: a graph per round needs rounds; network.protocol = \"async\" has none (use a fixed graph)")
-            if self.attack.colluding:
-                raise ScenarioError("attack.colluding: colluders pool the models of a round, and network.protocol = \"async\" has no rounds")
+        if self.network.asynchronous and self.attack.colluding:
+            raise ScenarioError("attack.colluding: colluders pool the models of a round, and network.protocol = \"async\" has no rounds")
         # Build every distinct rule and the attack once, with placeholders for what the running
         # system supplies, so a bad setting fails at load time, not inside client k.
         # The rule of [aggregation] is the first built: it stands for the defence an attack is told.

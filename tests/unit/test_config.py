@@ -471,7 +471,6 @@ def test_a_byte_order_mark_is_dropped_and_a_file_not_utf8_is_one_line_naming_it(
 
 @pytest.mark.parametrize("overrides, message", [
     (["network.max_staleness=3"], "asynchronous gossip only"),
-    (["network.protocol='async'", "topology.schedule='epidemic'"], "a graph per round needs rounds"),
     (["network.protocol='async'", "attack.name='alie'", "attack.colluding=true"], "no rounds"),
     (["network.protocol='gossip'"], "network.protocol"),
 ])
