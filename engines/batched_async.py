@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from dfedrw.engines.batched import aggregate_together, rule_groups, train_together
+from dfedrw.engines.batched_steps import aggregate_together, rule_groups, train_together
 from dfedrw.engines.batched_run import BatchedRun, Candidates
 from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.client.rounds import byzantine_record, evaluation_due, honest_record, with_round_graph
