@@ -49,6 +49,22 @@ def batch_key(scenario: Scenario) -> tuple:
     )
 
 
+def _share(on_round: Callable[[int], None] | None, i: int, count: int, rounds: int) -> Callable[[int], None] | None:
+    """Run ``i`` of ``count`` run one after the other: its step ``t`` done reported to
+    ``on_round`` as the round of the whole batch's progress it makes (each once, in order)."""
+    if on_round is None:
+        return None
+    last = [(i * rounds) // count - 1]
+
+    def on_step(t: int) -> None:
+        r = (i * rounds + t + 1) // count - 1
+        for done in range(last[0] + 1, r + 1):
+            on_round(done)
+        last[0] = max(last[0], r)
+
+    return on_step
+
+
 def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Run several scenarios of one :func:`batch_key` as one batch: their clients are rows of
     the same products (local steps, scoring, mixing), each run's attacks, intake checks,
@@ -58,8 +74,9 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
         raise ValueError(f"runs of one batch must share the model, training, rounds and device; got {len(keys)} different settings")
     sc = runs[0].scenario
     if sc.network.asynchronous:
-        # No rounds to share: each run's steps on its own clock (engines/batched_async.py).
-        return [run_gossip(run, on_round) for run in runs]
+        # No rounds to share: each run's steps on its own clock (engines/batched_async.py), one
+        # run after the other; progress as the share of all their steps done.
+        return [run_gossip(run, _share(on_round, i, len(runs), sc.rounds)) for i, run in enumerate(runs)]
     rules = [run.rules[k] for run in runs for k in run.honest]
     groups = rule_groups(rules)
     scorer = ManyEvaluator()

@@ -90,6 +90,7 @@ class Gossip:
         self.bytes_step = dict.fromkeys(run.honest, 0)
         self.staleness_total = dict.fromkeys(run.honest, 0)
         self.crafts = dict.fromkeys(run.byzantine, 0)
+        self.skipped_busy: dict[int, int] = {}
         self.order = 0
         self.max_staleness = sc.network.max_staleness
         self.scorer = ManyEvaluator()
@@ -103,6 +104,18 @@ class Gossip:
         link = (sender, receiver)
         self.run.network.bytes_to[link] = self.run.network.bytes_to.get(link, 0) + size
         return arrival
+
+    def _free(self, sender: int, receivers, now: float) -> list[tuple[int, int]]:
+        """The links from ``sender`` to ``receivers`` that take a message at ``now``: not one
+        still transmitting the last (the next model goes instead, as over a client's emulated
+        links under asynchronous gossip); those turned away are counted."""
+        free = []
+        for j in receivers:
+            if self.clock.link(sender, j).busy(now):
+                self.skipped_busy[sender] = self.skipped_busy.get(sender, 0) + 1
+            else:
+                free.append((sender, j))
+        return free
 
     def _post(self, receiver: int, message: Message) -> None:
         self.order += 1
@@ -148,7 +161,7 @@ class Gossip:
     def send(self, k: int, t: int, vector: torch.Tensor, error) -> None:
         run = self.run
         now = self.end_of_training(k)
-        links = [(k, j) for j in self.graphs.receivers_of(k, t)]
+        links = self._free(k, self.graphs.receivers_of(k, t), now)
         sizes = self.codec.sizes(t, links) if self.codec is not None else dict.fromkeys(links, self.raw_bytes)
         arrivals = {link: self._plan(k, link[1], now, sizes[link]) for link in links}
         self.bytes_step[k] = sum(sizes.values())
@@ -265,6 +278,8 @@ class Gossip:
                 continue
             low, high = torch.aminmax(vector) if vector.numel() else (0.0, 0.0)
             error = run.plausible.samples_error(claimed_size) or run.plausible.values_error(float(low), float(high))
+            if not self._free(b, (j,), now):
+                continue
             arrival = self._plan(b, j, now, self.raw_bytes)
             sent += self.raw_bytes
             if arrival is not None:
@@ -320,6 +335,7 @@ class Gossip:
             }
         for b in run.byzantine:
             run.network.gossip[b] = {"protocol": "async", "crafts": self.crafts[b]}
+        run.network.skipped_busy = dict(self.skipped_busy)
 
 
 def run_gossip(run: BatchedRun, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:

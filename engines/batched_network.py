@@ -151,6 +151,7 @@ class SimulatedNetwork:
         self.bytes_to: dict[tuple[int, int], int] = {}  # with a clock: bytes each link carried
         self.asynchronous = sc.network.asynchronous
         self.gossip: dict[int, dict] = {}  # under asynchronous gossip, what each client's final record says of it
+        self.skipped_busy: dict[int, int] = {}  # and per sender, the models its busy links turned away
 
     def begin_round(self, r: int, senders: Mapping[int, Sequence[int]]) -> None:
         """Round ``r``'s graph (receiver -> its senders): its links timed on the clock."""
@@ -199,4 +200,7 @@ class SimulatedNetwork:
         if self.clock is None:
             return {}
         carried = {str(j): size for (i, j), size in sorted(self.bytes_to.items()) if i == k}
-        return {"links": {"lost": self.clock.lost_from(k)}, "bytes_to": carried, **({"gossip": self.gossip[k]} if k in self.gossip else {})}
+        links = {"lost": self.clock.lost_from(k)}
+        if self.asynchronous:  # models a busy link turned away (engines/batched_async.py)
+            links["skipped_busy"] = self.skipped_busy.get(k, 0)
+        return {"links": links, "bytes_to": carried, **({"gossip": self.gossip[k]} if k in self.gossip else {})}

@@ -88,3 +88,33 @@ def test_processes_over_mutual_tls_gossip_asynchronously(tmp_path):
         if final["role"] == "honest":
             assert len(read_rounds(out, k)) == 12 and final["gossip"]["protocol"] == "async"
             assert not final["rejected_by_reason"]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_gossip_asynchronously_with_compressed_models(tmp_path):
+    import os
+    import sys
+    from pathlib import Path
+
+    from dfedrw.peer.config.scenario import dump_scenario
+    from tests.support.runs import run_job
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"torchrun not found next to {sys.executable}")
+    scenario_file = tmp_path / "scenario.toml"
+    dump_scenario(load_scenario(None, [
+        "data.name=digits", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "rounds=8", "eval.every=8",
+        "network.protocol=async", "network.compression=int8", "aggregation.rule=trimmed_mean",
+    ]), scenario_file)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "4", "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(tmp_path / "out")]
+    rc, output = run_job(cmd, cwd=Path(__file__).resolve().parents[2], env=env, timeout=300)
+    assert rc == 0, output[-4000:]
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["launcher"] == "torchrun" and summary["failed_peers"] == []
+    for k, final in _finals(out).items():
+        assert final["gossip"]["protocol"] == "async" and not final["rejected_by_reason"]
+        if final["role"] == "honest":
+            assert len(read_rounds(out, k)) == 8 and final["compression"]["name"] == "int8"
