@@ -277,7 +277,7 @@ class Client:
             final["speed"] = {"speed": self.scenario.speed_of(self.id), "waited_seconds": round(self.pace.waited, 3)}
         if isinstance(self.transport, EmulatedLinks):
             # What its emulated links did with what it sent ([links]).
-            final["links"] = {"lost": self.transport.lost, "delayed": self.transport.delayed}
+            final["links"] = {"lost": self.transport.lost, "delayed": self.transport.delayed, "skipped_busy": self.transport.skipped_busy}
         final.update(self.encoder.final(self.scenario.network.compression) if self.role == "honest" else {})  # per link
         if self.graphs.dynamic:
             final["schedule"] = self.scenario.topology.schedule

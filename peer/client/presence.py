@@ -130,11 +130,16 @@ class Presence:
         # A receiver whose last reply said it holds another model of this client than the one
         # a difference is from gets a whole model next (transports whose replies reach here).
         replies = getattr(self.transport, "peer_replies", None) or {}
+        # Emulated links under asynchronous gossip: a link still busy with the last model takes
+        # none now (asked before the model is encoded for it: a difference not sent is no base).
+        offer = getattr(self.transport, "offer", None)
         for k in to:
             # A neighbour presumed gone only gets a probe now and then: a send to a silently
             # dead host hangs until its timeout, but two clients that lost each other must keep
             # probing or neither would ever hear from the other again.
             if k in gone and k not in self.shut_out and round_ % PROBE_EVERY:
+                continue
+            if offer is not None and not offer(k):
                 continue
             reply = replies.get(k)
             if reply is not None and reply[2] == "base_mismatch":

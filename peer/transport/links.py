@@ -120,6 +120,10 @@ class LinkSchedule:
         self.lost = 0
         self.bytes = 0
 
+    def busy(self, now: float) -> bool:
+        """Whether the link is still transmitting what it was given at ``now``."""
+        return now < self.busy_until
+
     def plan(self, now: float, size_bytes: int) -> float | None:
         """The arrival time of a message of ``size_bytes`` sent at ``now``, or None when it is
         lost. The link is taken for the message's transfer time either way."""
@@ -182,9 +186,13 @@ class EmulatedLinks:
     messages fall due by ``clock`` (which must then count seconds, as ``time.monotonic``);
     with ``start_worker=False`` there is none, and the caller pumps (tests, with a fake clock).
 
+    With ``newest_only`` (asynchronous gossip) a link takes no message while it still
+    transmits the one before: the sender's next model goes instead (:meth:`offer`).
+
     Counters: ``bytes_sent``, ``dropped``, ``skipped_stale`` are the inner transport's (a
     message is counted there when it is handed over); ``lost`` counts the messages the links
-    lost, ``delayed`` those handed over after waiting for their arrival time.
+    lost, ``delayed`` those handed over after waiting for their arrival time, ``skipped_busy``
+    those a busy link turned away (``newest_only``).
     """
 
     def __init__(
@@ -194,8 +202,11 @@ class EmulatedLinks:
         *,
         clock: Callable[[], float] = time.monotonic,
         start_worker: bool = True,
+        newest_only: bool = False,
     ) -> None:
         self.inner = inner
+        self.newest_only = newest_only
+        self.skipped_busy = 0
         self.schedules = dict(schedules)
         self._clock = clock
         self._cond = threading.Condition()
@@ -255,6 +266,18 @@ class EmulatedLinks:
         with self._cond:
             return len(self._heap)
 
+    def offer(self, to: int) -> bool:
+        """Whether a message to ``to`` is to be made and sent now: not while its link still
+        transmits the last one, with ``newest_only`` (counted in ``skipped_busy``)."""
+        schedule = self.schedules.get(to)
+        if not self.newest_only or schedule is None:
+            return True
+        with self._cond:
+            if schedule.busy(self._clock()):
+                self.skipped_busy += 1
+                return False
+            return True
+
     def send(self, to: int, chunks: list[pb.ModelChunk] | WireMessage) -> None:
         """Queue one message for its arrival time on the link to ``to`` (never blocks)."""
         if not isinstance(chunks, Sequence):  # an iterator: read once, here
@@ -270,6 +293,9 @@ class EmulatedLinks:
             if self._closed:
                 return
             now = self._clock()
+            if self.newest_only and schedule.busy(now):
+                self.skipped_busy += 1
+                return
             arrival = schedule.plan(now, size)
             if arrival is None:
                 self.lost += 1

@@ -217,7 +217,7 @@ def with_links(scenario: Scenario, client: int, transport: Any) -> Any:
     """``transport`` sending over the scenario's emulated links (:class:`EmulatedLinks`), or
     itself when ``[links]`` emulates nothing."""
     schedules = client_links(scenario, client)
-    return transport if schedules is None else EmulatedLinks(transport, schedules)
+    return transport if schedules is None else EmulatedLinks(transport, schedules, newest_only=scenario.network.asynchronous)
 
 
 # -- compression ---------------------------------------------------------------------------------
