@@ -413,3 +413,28 @@ def test_it_wraps_the_in_process_transport():
     links.pump(0.3)
     assert received == [list(message)] and links.bytes_sent == message.nbytes
     links.close()
+
+
+def test_under_asynchronous_gossip_a_busy_link_takes_no_new_model():
+    # 1 MB at 8 Mbit/s: the link transmits for 1 s. While it does, the sender's next models
+    # are turned away (asked before encoding, or at the send), then the link takes one again.
+    schedule = LinkSchedule(LinkProfile(latency=0.05, bandwidth=8 * MBIT), 0, 0, 1)
+    links = EmulatedLinks(Recorder(), {1: schedule}, clock=(clock := FakeClock(0.0)), start_worker=False, newest_only=True)
+    assert not schedule.busy(0.0) and links.offer(1)
+    links.send(1, [Chunk(MB)])
+    assert schedule.busy(0.5) and not schedule.busy(1.0)
+    clock.now = 0.5
+    assert not links.offer(1)
+    links.send(1, [Chunk(MB)])  # sent without asking: turned away all the same
+    assert links.skipped_busy == 2 and links.pending == 1 and schedule.sent == 1
+    clock.now = 1.0
+    assert links.offer(1)
+    links.send(1, [Chunk(MB)])
+    assert links.pending == 2 and links.skipped_busy == 2
+    # Under the round protocol the same link queues the message behind the one before.
+    queued = LinkSchedule(LinkProfile(bandwidth=8 * MBIT), 0, 0, 1)
+    sync = EmulatedLinks(Recorder(), {1: queued}, clock=FakeClock(0.0), start_worker=False)
+    sync.send(1, [Chunk(MB)])
+    assert sync.offer(1)
+    sync.send(1, [Chunk(MB)])
+    assert sync.pending == 2 and sync.skipped_busy == 0
