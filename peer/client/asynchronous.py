@@ -25,7 +25,8 @@ its receivers of that step's graph, and takes the newest model of anyone who sen
 Records: one per local step (``round`` is the step), with ``seconds`` since the loop began
 and ``staleness``; ``missing``: the step's senders (its graph's) nothing is held from. What
 the round protocol has and this one has not: colluders' pools (refused by the scenario's
-checks) and deadlines.
+checks) and deadlines. A client that restarts resumes from its checkpoint's step; until its
+steps pass the last one a neighbour holds of it, that neighbour drops its models as stale.
 """
 
 from __future__ import annotations
