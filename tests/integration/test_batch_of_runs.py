@@ -51,6 +51,25 @@ def test_every_parity_case_in_one_batch_gives_what_each_gives_alone(tmp_path):
     assert _run_alone_and_together(CASES, 60, tmp_path) == []
 
 
+# The network costs study's links and clock (examples/grids/studies/network_costs_fmnist.toml):
+# under a compression each receiver aggregates rebuilt models, per link (topk) or per sender (int8).
+CLOCKED = (
+    "links.generator=distance", "links.latency=0.02", "links.latency_per_unit=0.2", "links.jitter=0.005", "links.bandwidth=2e6",
+    "peers.2.speed=0.2", "peers.3.speed=0.2", "clock.step_seconds=0.05", "clock.aggregate_seconds=0.01", "network.round_timeout=1.0",
+)
+
+
+@pytest.mark.parametrize("compression", ["int8", "topk"])
+def test_compressed_runs_on_the_clock_in_a_batch_give_what_each_gives_alone(tmp_path, compression):
+    cases = [SOME[0], SOME[1], SOME[2]]
+    sets = [(*CLOCKED, f"network.compression={compression}"), CLOCKED, (*CLOCKED, f"network.compression={compression}", "seed=44")]
+    rounds = 30
+    for case, extra in zip(cases, sets, strict=True):
+        run_together([BatchedRun(scenario(case, "batched", rounds, *extra), tmp_path / "alone" / case.id)])
+    run_together([BatchedRun(scenario(case, "batched", rounds, *extra), tmp_path / "together" / case.id) for case, extra in zip(cases, sets, strict=True)])
+    assert [f"{c.id}: {p}" for c in cases for p in differences(tmp_path / "alone" / c.id, tmp_path / "together" / c.id)] == []
+
+
 def test_the_comparison_sees_a_run_that_drifted(tmp_path):
     # The check above must be able to fail: the same case with another seed differs.
     case = SOME[0]
