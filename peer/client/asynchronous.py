@@ -82,7 +82,7 @@ def run_async_honest(client) -> dict[str, Any]:
         client._check_stop()
         inbox.advance(t)
         client.presence.begin_round(t)
-        sent0, recv0 = client.transport.bytes_sent, inbox.bytes_received
+        sent0, recv0 = client.encoder.total, inbox.bytes_received  # bytes as it made them for its links
         reference = get_vector(client.model)
         with client.pace.work():
             loss = trainer.step(sc.train.lr_at(t, sc.rounds))
@@ -113,7 +113,7 @@ def run_async_honest(client) -> dict[str, Any]:
             notes["resumed_from"], first_after_resume = client.resumed.round, False
         record = honest_record(
             t, loss, agg.weights, sorted(set(graphs.senders_to(client.id, t)) - held.keys()), scores=agg.scores, notes=notes,
-            bytes_sent=client.transport.bytes_sent - sent0, bytes_received=inbox.bytes_received - recv0,
+            bytes_sent=client.encoder.total - sent0, bytes_received=inbox.bytes_received - recv0,
             seconds=round(time.monotonic() - loop_start, 3),
         )
         with_round_graph(record, graphs, client.id, t, told)

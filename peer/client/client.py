@@ -306,13 +306,14 @@ class Client:
 
     def begin_round(self, r: int) -> tuple[int, int, int]:
         """The start of round ``r`` (a client rejoining may skip ahead): (the round it is in,
-        bytes sent and received so far, from which the round's own are counted)."""
+        bytes sent and received so far, from which the round's own are counted: an honest
+        client's as it made them for its links, not as a transport or link let them go)."""
         self._check_stop()
         r = self.resume.catch_up(r)
         self.inbox.advance(r)
         self.presence.begin_round(r)
         self.resume.note_round(r)
-        return r, self.transport.bytes_sent, self.inbox.bytes_received
+        return r, self.encoder.total if self.role == "honest" else self.transport.bytes_sent, self.inbox.bytes_received
 
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
         self.presence.send_all(round_, self.encoder.round(round_, vector, num_samples=num_samples, train_loss=train_loss), to)
@@ -414,7 +415,7 @@ class Client:
                 notes["took_neighbours_model"] = True
             record = honest_record(
                 r, loss, weights, missing, scores=scores, notes=notes,
-                bytes_sent=self.transport.bytes_sent - sent0, bytes_received=self.inbox.bytes_received - recv0,
+                bytes_sent=self.encoder.total - sent0, bytes_received=self.inbox.bytes_received - recv0,
                 seconds=round(time.monotonic() - loop_start, 3),
             )
             with_round_graph(record, self.graphs, self.id, r, told)

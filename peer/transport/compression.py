@@ -246,6 +246,11 @@ class Encoder:
     def round(self, round_: int, vector: torch.Tensor, *, num_samples: int, train_loss: float) -> Outgoing:
         return Outgoing(self, round_, vector, num_samples, train_loss)
 
+    @property
+    def total(self) -> int:
+        """Bytes of every message it made for its links so far (what a round record counts)."""
+        return sum(self.bytes_to.values())
+
     def counted(self, peer: int, message: WireMessage) -> WireMessage:
         self.bytes_to[peer] = self.bytes_to.get(peer, 0) + wire_size(message)
         return message
