@@ -44,7 +44,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from dfedrw.peer.registry import Registry, check_choice, check_real
+from dfedrw.peer.registry import Registry, check_choice, check_int, check_real
 
 __all__ = [
     "CRS",
@@ -245,19 +245,97 @@ class LossClippedAtMean(ReweightingStrategy):
         # The mean lies in [min, max]; taking max(mean, min) only undoes rounding, and
         # guarantees the best candidate is always kept.
         threshold = max(_mean(scores), min(scores))
-        kept = [s <= threshold for s in scores]
-        if self.weighting == "uniform":
-            return [float(k) for k in kept]
-        losses = [max(s, 0.0) for s in scores]
-        if self.weighting == "proportional":
-            raw = [x if k else 0.0 for x, k in zip(losses, kept, strict=True)]
-            return raw if any(x > 0 for x in raw) else [float(k) for k in kept]
-        perfect = [k and x == 0 for x, k in zip(losses, kept, strict=True)]
-        if any(perfect):
-            return [float(p) for p in perfect]
-        # min/m_i lies in (0, 1]: no overflow even for denormal losses.
-        smallest = min(x for x, k in zip(losses, kept, strict=True) if k)
-        return [smallest / x if k else 0.0 for x, k in zip(losses, kept, strict=True)]
+        return _weigh_kept(scores, [s <= threshold for s in scores], self.weighting)
+
+
+def _weigh_kept(scores: list[float], kept: list[bool], weighting: str) -> list[float]:
+    """The raw weights of the ``kept`` candidates under a loss clip's ``weighting``
+    (``proportional``, ``inverse``, ``uniform``: see :class:`LossClippedAtMean`), 0 elsewhere."""
+    if weighting == "uniform":
+        return [float(k) for k in kept]
+    losses = [max(s, 0.0) for s in scores]
+    if weighting == "proportional":
+        raw = [x if k else 0.0 for x, k in zip(losses, kept, strict=True)]
+        return raw if any(x > 0 for x in raw) else [float(k) for k in kept]
+    perfect = [k and x == 0 for x, k in zip(losses, kept, strict=True)]
+    if any(perfect):
+        return [float(p) for p in perfect]
+    # min/m_i lies in (0, 1]: no overflow even for denormal losses.
+    smallest = min(x for x, k in zip(losses, kept, strict=True) if k)
+    return [smallest / x if k else 0.0 for x, k in zip(losses, kept, strict=True)]
+
+
+@CRS_REGISTRY.register("loss_clip_median")
+@dataclass(frozen=True)
+class LossClippedAtMedian(ReweightingStrategy):
+    """Loss clipping at the median (Byzantine robustness; TPM = loss): a threshold that a few
+    extreme candidates cannot move.
+
+    ``mu = median_low_j m_j`` (the lower middle score: one candidate's own); ``v_i = 0`` if
+    ``m_i > mu * (1 + margin)``; the kept candidates are weighted by ``weighting`` as in
+    :class:`LossClippedAtMean` (``"inverse"`` by default: a lower loss, more weight).
+
+    Against :class:`LossClippedAtMean`, whose threshold one huge loss lifts as far as it
+    likes (the colluding decoy of :class:`~dfedrw.peer.attacks.reweighting.DecoyStealth`),
+    the median moves by at most one candidate's place per outlier: with ``b`` Byzantine
+    candidates among ``n`` the threshold stays within the honest scores while ``b < n / 2``,
+    and a model kept must score at least as well as about half the candidates. It clips about
+    half the candidates every round, honest ones too (on non-IID shards the neighbours whose
+    data differ most): ``margin`` keeps those within a share of the threshold.
+
+    Source: this project's answer to the decoy on the mean threshold; the median as a
+    breakdown-point-1/2 statistic follows the coordinate-wise median of Yin et al., ICML 2018,
+    applied to the scores instead of the coordinates.
+    """
+
+    weighting: str = "inverse"
+    margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choice("LossClippedAtMedian", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
+        object.__setattr__(self, "margin", check_real("LossClippedAtMedian", "margin", self.margin, nonnegative=True))
+
+    def weigh_values(self, scores: list[float]) -> list[float]:
+        ordered = sorted(scores)
+        median = ordered[(len(ordered) - 1) // 2]
+        threshold = median * (1.0 + self.margin) if median > 0 else median
+        return _weigh_kept(scores, [s <= threshold for s in scores], self.weighting)
+
+
+@CRS_REGISTRY.register("loss_drop_highest")
+@dataclass(frozen=True)
+class LossDropHighest(ReweightingStrategy):
+    """Drop the ``num_byzantine`` highest losses (Byzantine robustness; TPM = loss), weigh the
+    rest by ``weighting`` as :class:`LossClippedAtMean` does (``"uniform"`` by default).
+
+    ``b = num_byzantine`` (what the client is told of its Byzantine neighbours); of the
+    neighbours' candidates the ``b`` with the highest scores get 0 (with those that equal the
+    ``b``-th highest: an order of the neighbours decides nothing), the first candidate (the own
+    model, when finite) is never dropped, and the others are kept. Told 0, it keeps every candidate: without attackers it
+    is the average of every neighbour, as DFedAvg's, whatever the shards; a threshold on the
+    losses (the mean, the median) clips the honest neighbours whose data differ from the
+    client's, every round.
+
+    An attacker kept must score better than ``b`` candidates; one extreme loss lifts nothing.
+    Source: this project's; the trimming of the ``b`` worst follows the trimmed mean's
+    (Yin et al., ICML 2018) and Multi-Krum's ``n - b`` kept (Blanchard et al., NeurIPS 2017),
+    on the scores.
+    """
+
+    num_byzantine: int = 0
+    weighting: str = "uniform"
+
+    def __post_init__(self) -> None:
+        check_int("LossDropHighest", "num_byzantine", self.num_byzantine, minimum=0)
+        check_choice("LossDropHighest", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
+
+    def weigh_values(self, scores: list[float]) -> list[float]:
+        others = sorted(scores[1:], reverse=True)  # the own model (first) stays
+        if not self.num_byzantine or not others:
+            return _weigh_kept(scores, [True] * len(scores), self.weighting)
+        # The b-th highest neighbour score: it and every one above it go (equal ones alike).
+        bound = others[min(self.num_byzantine, len(others)) - 1]
+        return _weigh_kept(scores, [i == 0 or s < bound for i, s in enumerate(scores)], self.weighting)
 
 
 @CRS_REGISTRY.register("acc_clip_mean")

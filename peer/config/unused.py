@@ -62,7 +62,10 @@ def _aggregation(sc: Scenario) -> list[str]:
     top = sc.aggregation
     names = ", ".join(dict.fromkeys(repr(cfg.rule) for cfg in configs))
     scores = any(takes_tpm_and_crs(cfg.rule) for cfg in configs)
-    told = any(KIND_REGISTRY["rule"].takes(cfg.rule, "num_byzantine") for cfg in configs)
+    told = any(
+        KIND_REGISTRY["rule"].takes(cfg.rule, "num_byzantine") or (takes_tpm_and_crs(cfg.rule) and KIND_REGISTRY["crs"].takes(cfg.crs, "num_byzantine"))
+        for cfg in configs
+    )
     out = []
     for settings, unread, what in (
         (("tpm", "crs"), not scores, "takes a TPM or CRS"),

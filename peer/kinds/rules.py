@@ -31,8 +31,10 @@ def build_named_rule(rule: str, tpm: str, crs: str, settings: Mapping[str, Mappi
     takes them; the TPM ``tpm`` and CRS ``crs`` (with ``settings["tpm"]``, ``settings["crs"]``)
     are built only for a rule that takes them (DFedReweighting). Raises ``ValueError`` from the
     classes."""
-    supplied = dict(supplied)
+    given = dict(supplied)
     if takes_tpm_and_crs(rule):
-        supplied["tpm"] = TPM_REGISTRY.build(tpm, settings.get("tpm"))
-        supplied["crs"] = CRS_REGISTRY.build(crs, settings.get("crs"))
+        # A CRS may take what the running system gives too (a bound on Byzantine neighbours).
+        given["tpm"] = TPM_REGISTRY.build(tpm, settings.get("tpm"))
+        given["crs"] = CRS_REGISTRY.build(crs, settings.get("crs"), supplied)
+    supplied = given
     return RULE_REGISTRY.build(rule, settings.get("rule"), supplied)

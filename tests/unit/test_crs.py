@@ -18,6 +18,8 @@ from dfedrw.peer.aggregation.crs import (
     AccuracyClippedAtMean,
     Clip,
     LossClippedAtMean,
+    LossClippedAtMedian,
+    LossDropHighest,
     Proportional,
     Rank,
     Softmax,
@@ -35,6 +37,12 @@ ALL_CRS = [
     LossClippedAtMean(),
     LossClippedAtMean("inverse"),
     LossClippedAtMean("uniform"),
+    LossClippedAtMedian(),
+    LossClippedAtMedian("proportional", margin=0.2),
+    LossClippedAtMedian("uniform"),
+    LossDropHighest(),
+    LossDropHighest(2),
+    LossDropHighest(1, "inverse"),
     AccuracyClippedAtMean(),
     Proportional(),
     Clip(threshold=2.0),
@@ -438,6 +446,9 @@ def test_crs_is_permutation_equivariant(values, index, data):
     # Prepare
     crs = ALL_CRS[index]
     perm = data.draw(st.permutations(range(len(values))))
+    if isinstance(crs, LossDropHighest):
+        # It never drops the first candidate (the own model): equivariant in the others' order.
+        perm = [0, *data.draw(st.permutations(range(1, len(values))))]
     tensor = scores(*values)
     permuted = tensor[list(perm)]
 
@@ -488,3 +499,86 @@ def test_rank_hand_computed():
 def test_rank_refuses_bad_preference(prefer):
     with pytest.raises(ValueError, match="Rank: prefer must be one of"):
         Rank(prefer=prefer)
+
+
+# ---------------------------------------------------------------- loss clipped at the median
+
+
+@pytest.mark.parametrize(
+    "weighting, expected",
+    [
+        # Losses (1, 2, 3, 10, 100): lower median 3, kept 1, 2, 3.
+        ("inverse", [6 / 11, 3 / 11, 2 / 11, 0.0, 0.0]),  # (1, 1/2, 1/3) / (11/6)
+        ("uniform", [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]),
+        ("proportional", [1 / 6, 2 / 6, 3 / 6, 0.0, 0.0]),
+    ],
+)
+def test_loss_clipped_at_median_hand_computed(weighting, expected):
+    assert_weights(LossClippedAtMedian(weighting)(scores(1.0, 2.0, 3.0, 10.0, 100.0)), expected)
+
+
+def test_the_median_of_an_even_count_is_the_lower_middle_and_the_margin_widens_it():
+    # (1, 2, 3, 4): lower middle 2; with margin 0.5 the threshold is 3.
+    assert_weights(LossClippedAtMedian("uniform")(scores(4.0, 1.0, 3.0, 2.0)), [0.0, 0.5, 0.0, 0.5])
+    assert_weights(LossClippedAtMedian("uniform", margin=0.5)(scores(4.0, 1.0, 3.0, 2.0)), [0.0, 1 / 3, 1 / 3, 1 / 3])
+
+
+def test_a_decoy_that_lifts_the_mean_does_not_lift_the_median():
+    # The decoy's huge loss lifts the mean past a stealth model's 5.0 (kept by the mean clip),
+    # not the median: the stealth model is clipped, as the decoy is.
+    losses = scores(1.0, 1.2, 1.4, 1.6, 5.0, 1000.0)
+    assert LossClippedAtMean("proportional")(losses)[4].item() > 0.45  # 5 / 10.2
+    kept = LossClippedAtMedian()(losses)
+    assert kept[4].item() == 0.0 and kept[5].item() == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    honest=st.lists(st.floats(0.01, 10.0), min_size=2, max_size=9),
+    outliers=st.lists(st.floats(10.5, 1e9), min_size=1, max_size=8),
+    weighting=st.sampled_from(["inverse", "uniform", "proportional"]),
+)
+def test_fewer_outliers_than_honest_scores_never_get_weight(honest, outliers, weighting):
+    # Outliers above every honest score, fewer than the honest ones: the lower median is an
+    # honest score, whatever the outliers' size, so none of them is kept.
+    outliers = outliers[: len(honest) - 1]
+    weights = LossClippedAtMedian(weighting)(scores(*honest, *outliers))
+    assert all(w == 0.0 for w in weights[len(honest):].tolist())
+    assert math.isclose(weights[: len(honest)].sum().item(), 1.0, abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("settings_, message", [({"weighting": "mean"}, "weighting"), ({"margin": -0.1}, "margin"), ({"margin": float("nan")}, "margin")])
+def test_loss_clip_median_refuses_bad_settings(settings_, message):
+    with pytest.raises(ValueError, match=message):
+        LossClippedAtMedian(**settings_)
+
+
+# ---------------------------------------------------------------- drop the highest losses
+
+
+def test_drop_highest_hand_computed():
+    # Told 2: of the neighbours' losses (5, 2, 100, 3) the two highest (100, 5) go; the own
+    # model (first, loss 9: the worst) stays.
+    losses = scores(9.0, 5.0, 2.0, 100.0, 3.0)
+    assert_weights(LossDropHighest(2)(losses), [1 / 3, 0.0, 1 / 3, 0.0, 1 / 3])
+    # (1/9, 1/2, 1/3) over their sum 17/18.
+    assert_weights(LossDropHighest(2, "inverse")(losses), [2 / 17, 0.0, 9 / 17, 0.0, 6 / 17])
+    # Told 0: every candidate, as an average.
+    assert_weights(LossDropHighest(0)(losses), [0.2] * 5)
+    # Told more than there are neighbours: the own model alone.
+    assert_weights(LossDropHighest(9)(losses), [1.0, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_drop_highest_drops_every_neighbour_tied_with_the_last_one_dropped():
+    assert_weights(LossDropHighest(1)(scores(1.0, 4.0, 4.0, 2.0)), [0.5, 0.0, 0.0, 0.5])
+
+
+def test_the_rule_gives_the_crs_the_number_of_byzantine_neighbours_it_is_told():
+    from dfedrw.peer.config.scenario import load_scenario
+    from dfedrw.peer.wiring.assembly import client_rule
+    from dfedrw.peer.wiring.plan import scenario_topology
+
+    sc = load_scenario(None, ["aggregation.crs=loss_drop_highest", "aggregation.assumed_byzantine=3"])
+    assert client_rule(sc, scenario_topology(sc), 0).crs == LossDropHighest(3)
+    with pytest.raises(ValueError, match="set by the running system"):
+        load_scenario(None, ["aggregation.crs=loss_drop_highest", "aggregation.crs_params.loss_drop_highest.num_byzantine=1"])
