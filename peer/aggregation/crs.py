@@ -329,13 +329,23 @@ class LossDropHighest(ReweightingStrategy):
         check_int("LossDropHighest", "num_byzantine", self.num_byzantine, minimum=0)
         check_choice("LossDropHighest", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
 
+    def values(self, scores: Sequence[float]) -> list[float]:
+        # The first score is the own model's only when it is finite: a non-finite one is left
+        # out before the weighing, and then no candidate is kept whatever its score.
+        own = bool(len(scores)) and math.isfinite(scores[0])
+        return contract_values(scores, lambda finite: self._weigh(finite, own), owner=type(self).__name__)
+
     def weigh_values(self, scores: list[float]) -> list[float]:
-        others = sorted(scores[1:], reverse=True)  # the own model (first) stays
+        return self._weigh(scores, True)
+
+    def _weigh(self, scores: list[float], own: bool) -> list[float]:
+        first = 1 if own else 0  # the own model stays
+        others = sorted(scores[first:], reverse=True)
         if not self.num_byzantine or not others:
             return _weigh_kept(scores, [True] * len(scores), self.weighting)
         # The b-th highest neighbour score: it and every one above it go (equal ones alike).
         bound = others[min(self.num_byzantine, len(others)) - 1]
-        return _weigh_kept(scores, [i == 0 or s < bound for i, s in enumerate(scores)], self.weighting)
+        return _weigh_kept(scores, [i < first or s < bound for i, s in enumerate(scores)], self.weighting)
 
 
 @CRS_REGISTRY.register("acc_clip_mean")
