@@ -41,7 +41,7 @@ from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.client import link_messages
-from dfedrw.peer.client.rounds import byzantine_record, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures, with_round_graph
+from dfedrw.peer.client.rounds import byzantine_record, end_of_round, honest_record, loop_times, with_round_graph
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.latest import LatestInbox
@@ -73,7 +73,6 @@ def run_async_honest(client) -> dict[str, Any]:
     graphs = client.graphs
     last: dict[str, float] = {}
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-    log_every = max(1, sc.rounds // 20)
     t = client.resumed.round + 1 if client.resumed is not None else 0
     first_after_resume = client.resumed is not None
     flat = client._flatten()  # on the CPU the parameters are views of one flat vector (the model to send)
@@ -118,17 +117,7 @@ def run_async_honest(client) -> dict[str, Any]:
         )
         with_round_graph(record, graphs, client.id, t, told)
         del vectors, messages, held, agg, reference, own
-        if evaluation_due(t, sc.rounds, sc.eval.every):
-            last = test_measures(client.model, data, client.backdoor)
-            record.update(last)
-        client.results.write(record)
-        client.link.send(link_messages.round_event(client.id, t, loss, accuracy=last.get("accuracy"), global_accuracy=last.get("global_accuracy")))
-        if (t + 1) % log_every == 0 or t == sc.rounds - 1:
-            acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
-            log.info("client %d step %d/%d: train loss %.4f%s", client.id, t + 1, sc.rounds, loss, acc)
-        if checkpoint_due(t, sc.rounds, sc.checkpoint.every):
-            generators, arrays, pos = trainer.state()
-            client.resume.save(t, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+        last = end_of_round(client, t, loss, record, model, last, step="step")
         del model
         t += 1
     seconds = time.monotonic() - loop_start

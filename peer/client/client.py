@@ -47,7 +47,7 @@ from dfedrw.peer.client.rendezvous import LauncherRendezvous, Rendezvous, Static
 from dfedrw.peer.client.presence import PROBE_EVERY, Presence
 from dfedrw.peer.client.rejoin import Resume, coordinate_median
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
-from dfedrw.peer.client.rounds import Liveness, Pace, aggregation_summary, checkpoint_due, evaluation_due, honest_record, loop_times, test_measures, with_round_graph
+from dfedrw.peer.client.rounds import Liveness, Pace, aggregation_summary, end_of_round, honest_record, loop_times, with_round_graph
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.transport.links import EmulatedLinks
@@ -347,7 +347,6 @@ class Client:
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
         loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-        log_every = max(1, sc.rounds // 20)
         r = self.resume.rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
         first_after_resume = self.resumed is not None
         # On the CPU the parameters are views of one flat vector (set_vector makes them so):
@@ -419,19 +418,7 @@ class Client:
                 seconds=round(time.monotonic() - loop_start, 3),
             )
             with_round_graph(record, self.graphs, self.id, r, told)
-            if evaluation_due(r, sc.rounds, sc.eval.every):
-                last = test_measures(self.model, data, self.backdoor)
-                record.update(last)
-            self.results.write(record)
-            self.link.send(link_messages.round_event(self.id, r, loss, accuracy=last.get("accuracy"), global_accuracy=last.get("global_accuracy")))
-            if (r + 1) % log_every == 0 or r == sc.rounds - 1:
-                # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
-                acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
-                log.info("client %d round %d/%d: train loss %.4f%s", self.id, r + 1, sc.rounds, loss, acc)
-            if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
-                generators, arrays, pos = trainer.state()
-                # The model's parameters are views of the aggregate: saved as it is, not copied.
-                self.resume.save(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+            last = end_of_round(self, r, loss, record, model, last)
             del model
             r += 1
         return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}

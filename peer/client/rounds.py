@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
+from dfedrw.peer.client import link_messages
 from dfedrw.peer.learning.training import evaluate
 
 log = logging.getLogger("dfedrw.peer.client.client")
@@ -78,6 +79,28 @@ def honest_record(
     if scores is not None:
         record["scores"] = {str(k): finite_or_none(v) for k, v in scores.items()}
     return record
+
+
+def end_of_round(client, r: int, loss: float, record: dict[str, Any], model: Any, last: dict[str, float], *, step: str = "round") -> dict[str, float]:
+    """Honest ``client``'s round ``r`` (under asynchronous gossip its step: ``step``) ends with
+    ``record``: the evaluation when due, the record written, the launcher told, a progress line
+    now and then, a checkpoint when due (``model``: the aggregate whose vector the parameters
+    view, saved as it is, not copied). Returns the latest test measures (``last`` when none
+    were due)."""
+    sc = client.scenario
+    if evaluation_due(r, sc.rounds, sc.eval.every):
+        last = test_measures(client.model, client.data, client.backdoor)
+        record.update(last)
+    client.results.write(record)
+    client.link.send(link_messages.round_event(client.id, r, loss, accuracy=last.get("accuracy"), global_accuracy=last.get("global_accuracy")))
+    if (r + 1) % max(1, sc.rounds // 20) == 0 or r == sc.rounds - 1:
+        # A progress line for whoever reads this client's log (docker-compose logs, torchrun).
+        acc = f", local accuracy {last['accuracy']:.2f}%" if last else ""
+        log.info("client %d %s %d/%d: train loss %.4f%s", client.id, step, r + 1, sc.rounds, loss, acc)
+    if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
+        generators, arrays, pos = client.trainer.state()
+        client.resume.save(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+    return last
 
 
 def byzantine_record(
