@@ -86,6 +86,7 @@ class Gossip:
         self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(run.byzantine)
         self.byzantine_events: list[tuple[float, int, int]] = []  # (arrival, order, Byzantine receiver)
         self.losses: dict[int, float] = {}
+        self.errors: dict[int, Any] = {}  # each honest client's last trained model: what an intake refuses it for, or None
         self.references: dict[int, torch.Tensor] = {}
         self.bytes_step = dict.fromkeys(run.honest, 0)
         self.staleness_total = dict.fromkeys(run.honest, 0)
@@ -156,7 +157,8 @@ class Gossip:
         low, high = run.models[rows].amin(dim=1).tolist(), run.models[rows].amax(dim=1).tolist()
         for i, (k, row) in enumerate(zip(wave, rows, strict=True)):
             self.losses[k] = losses[row]
-            self.send(k, t, run.models[row].to("cpu", copy=True), run.plausible.values_error(low[i], high[i]))
+            self.errors[k] = run.plausible.values_error(low[i], high[i])  # as every receiver's intake finds it
+            self.send(k, t, run.models[row].to("cpu", copy=True), self.errors[k])
 
     def send(self, k: int, t: int, vector: torch.Tensor, error) -> None:
         run = self.run
@@ -202,8 +204,8 @@ class Gossip:
             declared.append((self.losses[k], *(held[j].message.loss for j in senders)))
             missing.append(sorted(set(self.graphs.senders_to(k, t)) - set(senders)))
             staleness.append((0, *(t - held[j].arrived_step for j in senders)))
-        refused = {k for k in wave if self._own_refused(k)}
-        finite = [k not in refused for k in wave] + [True] * (sum(len(p) for p in pool) - len(wave))
+        # The own trained model is non-finite exactly when the intake's check found it so.
+        finite = [self.errors[k] is None or self.errors[k].reason != "non_finite" for k in wave] + [True] * (sum(len(p) for p in pool) - len(wave))
         parts = Candidates(
             pieces=pool, rows=cand_rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
             evaluate=[run.aux[k] for k in wave], reference=torch.stack([self.references[k] for k in wave]).to(run.device),
@@ -241,10 +243,6 @@ class Gossip:
             run._rules_by_told[(k, told)] = client_rule(run.scenario, self.topology, k, senders)
         run.told_most[k] = max(run.told_most[k], told)
         return run._rules_by_told[(k, told)], told
-
-    def _own_refused(self, k: int) -> bool:
-        """Whether client ``k``'s own trained model is not finite (its rule leaves it out)."""
-        return not bool(torch.isfinite(self.run.models[self.run.row[k]]).all())
 
     # -- Byzantine clients -------------------------------------------------------------------
     def answer(self, b: int, now: float) -> None:
