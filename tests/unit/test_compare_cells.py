@@ -1,16 +1,12 @@
 """scripts/compare_cells.py: which cells of a rerun leave the committed spread over seeds."""
 
-import importlib.util
-from pathlib import Path
+from tests.support.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compare_cells.py"
 HEADER = "data.partition,method,seeds,acc_mean,acc_std\n"
 
 
 def run(tmp_path, capsys, old: str, new: str) -> tuple[int, str]:
-    spec = importlib.util.spec_from_file_location("compare_cells", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("compare_cells")
     (tmp_path / "old.csv").write_text(HEADER + old)
     (tmp_path / "new.csv").write_text(HEADER + new)
     code = module.main([str(tmp_path / "old.csv"), str(tmp_path / "new.csv")])

@@ -1,21 +1,18 @@
 """scripts/grid_round_logs.py: one seed's runs of a grid, cut short, and whether two such
 folders hold the same round logs byte for byte."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "grid_round_logs.py"
 TINY = REPO / "examples" / "grids" / "tiny.toml"
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("grid_round_logs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("grid_round_logs")
 
 
 def test_two_runs_of_one_code_compare_equal_and_a_changed_log_is_named(tmp_path, capsys):

@@ -1,18 +1,13 @@
 """scripts/time_to_accuracy.py: per cell of an exported sweep, the seconds and MB until the
 honest mean first reached an accuracy, per seed (hand-made folder)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "time_to_accuracy.py"
+from tests.support.scripts import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("time_to_accuracy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("time_to_accuracy")
 
 
 def test_each_seed_gets_the_first_evaluation_at_the_target_and_a_dash_when_it_never_got_there(tmp_path, capsys):
