@@ -73,7 +73,7 @@ def run_async_honest(client) -> dict[str, Any]:
     graphs = client.graphs
     last: dict[str, float] = {}
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-    t = client.resumed.round + 1 if client.resumed is not None else 0
+    t = first = client.resumed.round + 1 if client.resumed is not None else 0
     first_after_resume = client.resumed is not None
     flat = client._flatten()  # on the CPU the parameters are views of one flat vector (the model to send)
     stale_steps = 0
@@ -124,7 +124,7 @@ def run_async_honest(client) -> dict[str, Any]:
     return {
         **last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y),
         "local_test_samples": len(data.local_test.y),
-        "gossip": {"protocol": "async", "steps_per_second": round(sc.rounds / seconds, 3) if seconds > 0 else None, "staleness_total": stale_steps},
+        "gossip": {"protocol": "async", "steps_per_second": round((sc.rounds - first) / seconds, 3) if seconds > 0 else None, "staleness_total": stale_steps},
     }
 
 
