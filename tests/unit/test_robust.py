@@ -30,7 +30,9 @@ from dfedrw.peer.aggregation import (
     TrimmedMean,
     build_rule,
 )
+from dfedrw.peer.aggregation.crs import LossDropHighest
 from dfedrw.peer.aggregation.distance import pairwise_squared_distances
+from dfedrw.peer.aggregation.tpm import Loss
 from tests.support.rules import NAN, assert_model, assert_weights, inputs_for
 
 # ---------------------------------------------------------------- Median
@@ -313,6 +315,8 @@ ALL_RULES = [
     Balance(),
     QFDFL(),
     AccuracyAboveMean(),
+    RULE_REGISTRY.create("screened_reweighting", tpm=Loss(), crs=LossDropHighest(num_byzantine=1), num_byzantine=1),
+    RULE_REGISTRY.create("screened_reweighting", tpm=Loss(), crs=LossDropHighest(num_byzantine=2, weighting="inverse"), num_byzantine=2),
 ]
 
 
