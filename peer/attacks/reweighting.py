@@ -37,7 +37,7 @@ from dfedrw.peer.aggregation.rules import RoundInputs
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.attacks.moments import column_std
 
-__all__ = ["DIRECTIONS", "DecoyStealth", "TPMAware", "bisect_kept", "harmful_direction"]
+__all__ = ["DIRECTIONS", "ColludingTwins", "DecoyStealth", "TPMAware", "bisect_kept", "harmful_direction"]
 
 DIRECTIONS = ("reverse", "alie", "away")
 
@@ -98,7 +98,8 @@ def _defence_parts(owner: str, defence: Any) -> tuple[Callable, Callable] | None
     """The defence's TPM and CRS when it scores candidates with them (DFedReweighting), None
     for any other rule (then the whole rule is played, see :meth:`_Tuned._predict`)."""
     tpm, crs = getattr(defence, "tpm", None), getattr(defence, "crs", None)
-    if callable(tpm) and callable(crs):
+    # A rule with a stage before its TPM and CRS (``scores_decide`` false) is played whole.
+    if callable(tpm) and callable(crs) and getattr(defence, "scores_decide", True):
         return tpm, crs
     if not callable(defence):
         raise ValueError(
@@ -162,14 +163,15 @@ class _Tuned:
         if self.attacker_data is None:
             raise ValueError(f"{owner}: no attacker_data: the running system supplies the attacker's sample; give one when building it by hand")
 
-    def _predict(self, fixed: torch.Tensor, message: torch.Tensor, evaluate: Callable) -> tuple[float, list[float]]:
+    def _predict(self, fixed: torch.Tensor, message: torch.Tensor, evaluate: Callable, copies: int = 1) -> tuple[float, list[float]]:
         """(weight of ``message``, every candidate's score) when a receiver weighs ``fixed``
-        (float32 [m, D]) and ``message`` (float64 [D], sent as float32: scored as sent)."""
+        (float32 [m, D]) and ``copies`` copies of ``message`` (float64 [D], sent as float32:
+        scored as sent; the weight is the last copy's)."""
         sent = message.to(torch.float32)
         if not bool(torch.isfinite(sent).all()):
-            return 0.0, [math.nan] * (len(fixed) + 1)
+            return 0.0, [math.nan] * (len(fixed) + copies)
         parts = _defence_parts(type(self).__name__, self.defence)
-        candidates = torch.cat([fixed, sent[None]])
+        candidates = torch.cat([fixed, sent[None].expand(copies, -1)])
         if parts is None:
             # Any other rule is played whole, as a receiver whose own model is the first
             # known one, with the attacker's sample standing in for its data; the round is
@@ -185,16 +187,17 @@ class _Tuned:
         weights = torch.as_tensor(crs(scores)).detach().to("cpu", torch.float64)
         return float(weights[-1]), scores.tolist()
 
-    def _tune(self, fixed: torch.Tensor, centre: torch.Tensor, d: torch.Tensor) -> _Prediction:
-        """The largest ``lam`` predicted kept beside ``fixed``, times ``1 - margin``."""
+    def _tune(self, fixed: torch.Tensor, centre: torch.Tensor, d: torch.Tensor, copies: int = 1) -> _Prediction:
+        """The largest ``lam`` predicted kept beside ``fixed`` (with ``copies`` copies of the
+        message), times ``1 - margin``."""
         evaluate = self.attacker_data.evaluate(self.samples)
         fixed = fixed.to(torch.float32)
 
         def kept(lam: float) -> bool:
-            return self._predict(fixed, centre + lam * d, evaluate)[0] > 0
+            return self._predict(fixed, centre + lam * d, evaluate, copies)[0] > 0
 
         lam = bisect_kept(kept, self.lam_max, self.steps) * (1 - self.margin)
-        weight, scores = self._predict(fixed, centre + lam * d, evaluate)
+        weight, scores = self._predict(fixed, centre + lam * d, evaluate, copies)
         return _Prediction(lam, weight, scores[-1], scores)
 
     def _alone(self, view: AttackView, tailored: bool) -> tuple[dict[int, torch.Tensor | None], dict[str, Any]]:
@@ -381,3 +384,69 @@ class DecoyStealth(_Tuned):
             "sent_decoy": self.send_decoy, "known": len(known),
         }
         return Crafted(dict.fromkeys(view.receivers, message), note)
+
+
+@ATTACK_REGISTRY.register("colluding_twins")
+@dataclass(frozen=True)
+class ColludingTwins(_Tuned):
+    """Colluding twins: every colluder sends one model, tuned with its copies in the candidates.
+
+    Every round the colluders ``B`` agree one plan from the pool ``W`` of honest models they
+    received (``mu`` its mean, ``d`` the harmful direction of :func:`harmful_direction`)::
+
+        m(lam) = mu + lam * d
+        lam*   = max {lam : RULE([W; m(lam) x |B|])[-1] > 0} * (1 - margin)
+        every colluder sends m(lam*)
+
+    ``RULE`` is the defence played whole (or its TPM and CRS), the first pooled model standing
+    for the receiver's own, the shared sample for its data. Aimed at a distance stage
+    (:class:`~dfedrw.peer.aggregation.screened.ScreenedReweighting`, multi-Krum): Krum's score
+    sums a candidate's distances to its nearest others, and ``|B|`` equal copies are each
+    other's nearest at distance 0, so each copy counts ``|B| - 1`` honest distances fewer and
+    the copies go further from the honest models before the screen drops them. A receiver next
+    to only one colluder sees one copy: the prediction is then optimistic, hence ``margin``.
+
+    The note of each colluder: ``role`` ("twin"), ``copies``, ``lam``, ``predicted_weight``,
+    ``predicted_score`` and ``plan``, a short digest of (round, pool senders, lam): equal
+    digests in the records show the colluders agreed. No randomness. With one colluder (or
+    ``attack.colluding`` unset) it acts as :class:`TPMAware` (role "alone"); with nothing known
+    it is silent.
+
+    Source: this project's, against the Krum screen; the copies that lower each other's Krum
+    scores are the "omniscient" colluders of Blanchard et al., NeurIPS 2017 and El Mhamdi,
+    Guerraoui and Rouault, ICML 2018, and the kept-scale search is Shejwalkar and
+    Houmansadr's, NDSS 2021 (see :class:`TPMAware`).
+
+    THREAT MODEL: as :class:`DecoyStealth`: colluders that pool every honest model any of them
+    received this round, know the defence with its settings, and share one sample of
+    ``samples`` rows of the training set. Every receiver of a colluder gets the same message.
+
+    Example::
+
+        attack = ColludingTwins(defence=build_rule("multi_krum", rule_params={"num_byzantine": 2}),
+                                attacker_data=data, direction="alie")
+        crafted = craft_round(attack, view, torch.Generator().manual_seed(view.round))
+    """
+
+    threat_model: ClassVar[ThreatModel] = ThreatModel(
+        models="pooled", data="`samples` rows of the training set, one sample the colluders share (setting samples)", defence=True, colludes=True
+    )
+
+    def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
+        self._check_supplied()
+        colluders = tuple(sorted(view.colluders))
+        if len(colluders) < 2:
+            messages, note = self._alone(view, tailored=False)
+            return Crafted(messages, {"role": "alone", **note})
+        senders, known = _finite_known(view)
+        if len(known) == 0:
+            return Crafted(dict.fromkeys(view.receivers), {"role": "twin", "known": 0})
+        mean = known.to(torch.float64).mean(dim=0)
+        d = harmful_direction(self.direction, mean, known, view.reference)
+        best = self._tune(known, mean, d, copies=len(colluders))
+        digest = hashlib.sha256(json.dumps({"round": view.round, "pool": list(senders), "lam": best.lam.hex()}).encode()).hexdigest()[:16]
+        note = {
+            "role": "twin", "copies": len(colluders), "lam": best.lam, "predicted_weight": best.weight,
+            "predicted_score": _number(best.score), "plan": digest, "known": len(known),
+        }
+        return Crafted(dict.fromkeys(view.receivers, (mean + best.lam * d).to(torch.float32)), note)

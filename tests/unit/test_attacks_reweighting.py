@@ -370,3 +370,87 @@ def test_bisection_from_a_clipped_centre_starts_at_the_first_kept_grid_point():
     # 0.53125 yes; 0.578125 yes -> 0.578125
     assert bisect_kept(lambda lam: 0.25 <= lam <= 0.6, 1.0, 4) == 0.578125
     assert bisect_kept(lambda lam: 0.9 < lam < 0.95, 1.0, 4) == 0.0  # between grid points: none found
+
+
+# ---------------------------------------------------------------- colluding twins
+
+ColludingTwins = ATTACK_REGISTRY.resolve("colluding_twins")
+KRUM_SCREEN = build_rule("multi_krum", rule_params={"num_byzantine": 2})
+
+
+def test_twins_agree_across_colluders():
+    # Prepare: the same pool in each colluder
+    attack = ColludingTwins(defence=PAPER, attacker_data=sample_data())
+
+    # Execute
+    at8 = craft_round(attack, colluder_view(8), seeded(42))
+    at9 = craft_round(attack, colluder_view(9), seeded(7))
+
+    # Assert: one plan, one message, to every receiver
+    assert at8.note["role"] == at9.note["role"] == "twin" and at8.note["copies"] == 2
+    assert at8.note["plan"] == at9.note["plan"] and at8.note["lam"] == at9.note["lam"]
+    assert torch.equal(at8.messages[0], at9.messages[1])
+
+
+def test_twins_go_further_than_one_attacker_before_the_krum_screen_drops_them():
+    # Prepare: multi-Krum told 2 keeps C - 2 of the candidates by Krum's score. Two equal
+    # copies are each other's nearest (distance 0), so each counts one honest distance fewer.
+    twins = ColludingTwins(defence=KRUM_SCREEN, attacker_data=sample_data())
+    alone = TPMAware(defence=KRUM_SCREEN, attacker_data=sample_data())
+    view = AttackView(round=0, attacker=9, receivers=(0, 1), senders=POOL_SENDERS, received=HONEST, colluders=(8, 9), pool_senders=POOL_SENDERS, pool=HONEST)
+
+    # Execute
+    pair = craft_round(twins, view, seeded())
+    single = craft_round(alone, view, seeded())
+
+    # Assert: both predicted kept, the twins at a larger scale
+    assert pair.note["predicted_weight"] > 0 and single.note["predicted_weight"] > 0
+    assert pair.note["lam"] > single.note["lam"] > 0
+    message = pair.messages[0]
+    ids = (*POOL_SENDERS, 8, 9)
+    with_both = KRUM_SCREEN(RoundInputs(own_id=0, round=0, ids=ids, vectors=torch.cat([HONEST, message[None], message[None]]), num_samples=(1,) * 6))
+    assert with_both.weights[8] > 0 and with_both.weights[9] > 0
+    with_one = KRUM_SCREEN(RoundInputs(own_id=0, round=0, ids=ids[:5], vectors=torch.cat([HONEST, message[None]]), num_samples=(1,) * 5))
+    assert with_one.weights[8] == 0  # alone at that scale the screen drops it
+
+
+def test_a_single_twin_acts_as_tpm_aware():
+    attack = ColludingTwins(defence=PAPER, attacker_data=sample_data())
+    view = AttackView(round=0, attacker=9, receivers=(0, 1), senders=POOL_SENDERS, received=HONEST)
+
+    crafted = craft_round(attack, view, seeded())
+    expected = craft_round(TPMAware(defence=PAPER, attacker_data=sample_data()), view, seeded())
+
+    assert crafted.note["role"] == "alone"
+    assert torch.equal(crafted.messages[0], expected.messages[0])
+
+
+def test_twins_silent_when_nothing_known():
+    attack = ColludingTwins(defence=PAPER, attacker_data=sample_data())
+    view = AttackView(
+        round=0, attacker=9, receivers=(0, 1), senders=(), received=torch.empty(0, HONEST.shape[1]),
+        colluders=(8, 9), pool_senders=(), pool=torch.empty(0, HONEST.shape[1]),
+    )
+
+    crafted = craft_round(attack, view, seeded(0))
+
+    assert crafted.messages == {0: None, 1: None}
+    assert crafted.note == {"role": "twin", "known": 0}
+
+
+def test_the_screened_rule_is_played_whole():
+    # Prepare: ScreenedReweighting has a TPM and a CRS, but its screen decides too: the
+    # attacker's prediction must be the rule's own weight for the message beside the pool.
+    rule = build_rule("screened_reweighting", "loss", "loss_drop_highest", crs_params={"num_byzantine": 1}, rule_params={"num_byzantine": 1})
+    attack = TPMAware(defence=rule, attacker_data=sample_data(7), samples=150, margin=0.0)
+    view = AttackView(round=0, attacker=9, receivers=(0, 1), senders=POOL_SENDERS, received=HONEST)
+
+    # Execute
+    crafted = craft_round(attack, view, seeded())
+
+    # Assert: the rule, run on the candidates the attacker predicted (the first known model as
+    # the receiver's own, its sample as the receiver's data: exact here), gives the predicted weight
+    message = crafted.messages[0]
+    agg = rule(RoundInputs(own_id=0, round=0, ids=(0, 1, 2, 3, 4), vectors=torch.cat([HONEST, message[None]]), num_samples=(1,) * 5, evaluate=AUX))
+    assert agg.weights[4] == pytest.approx(crafted.note["predicted_weight"], rel=1e-6)
+    assert crafted.note["predicted_weight"] > 0
