@@ -71,20 +71,25 @@ def _squared_distances(rows: torch.Tensor, origin: int | None) -> list[list[floa
     return distances
 
 
-def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int) -> torch.Tensor:
-    """Uniform weights (CPU [F]) on the ``keep`` lowest Krum scores, ties to the lower id; the
-    distances measured from the client's own model (from the first finite candidate where the
-    own model is not finite).
+def krum_scores(finite: FiniteCandidates, num_byzantine: int) -> list[float]:
+    """Krum's score of each row of ``finite`` (at least two rows): the sum of its squared
+    distances to its ``C - f - 2`` nearest others (at least one, at most ``C - 1``: a score of 0
+    for everybody would make a choice arbitrary), summed exactly rounded (``math.fsum``), so no
+    order of the terms enters it; the distances measured from the client's own model (from the
+    first finite candidate where the own model is not finite)."""
+    count = len(finite.ids)
+    distances = _squared_distances(finite.rows, 0 if finite.own is None else finite.own)
+    neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
+    return [math.fsum(sorted(row[:i] + row[i + 1 :])[:neighbours]) for i, row in enumerate(distances)]
 
-    Krum score of row ``i``: the sum of its squared distances to its ``C - f - 2`` nearest
-    others (at least one, at most ``C - 1``: a score of 0 for everybody would make the choice
-    arbitrary), summed exactly rounded (``math.fsum``), so no order of the terms enters it."""
+
+def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int) -> torch.Tensor:
+    """Uniform weights (CPU [F]) on the ``keep`` lowest :func:`krum_scores`, ties to the lower
+    id."""
     count = len(finite.ids)
     if count == 1:
         return torch.ones(1, dtype=torch.float64)
-    distances = _squared_distances(finite.rows, 0 if finite.own is None else finite.own)
-    neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
-    scores = [math.fsum(sorted(row[:i] + row[i + 1 :])[:neighbours]) for i, row in enumerate(distances)]
+    scores = krum_scores(finite, num_byzantine)
     chosen = set(sorted(range(count), key=lambda i: (scores[i], i))[:keep])
     return torch.tensor([1.0 / keep if i in chosen else 0.0 for i in range(count)], dtype=torch.float64)
 

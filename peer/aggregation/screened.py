@@ -18,7 +18,7 @@ import torch
 
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, finite_by_id, keep_own
-from dfedrw.peer.aggregation.distance import _squared_distances
+from dfedrw.peer.aggregation.distance import krum_scores
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, DFedReweighting, RoundInputs
 
 
@@ -32,7 +32,8 @@ class ScreenedReweighting:
     ``w_i``; the ``f`` neighbours of highest score are dropped (never the own model; ties: the
     higher id goes); the TPM scores the candidates left and the CRS weighs them, as
     :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does. Screened candidates weigh 0
-    and get no score (NaN). Told ``f = 0`` it is DFedReweighting. Non-finite rows are never
+    and get no score (NaN). Told ``f = 0``, or with two finite candidates or fewer (each one's
+    score would be their one distance), nothing is screened: it is DFedReweighting. Non-finite rows are never
     scored and take no part in the distances; with the own model non-finite, the first finite
     candidate by id stands in for it.
 
@@ -89,9 +90,7 @@ class ScreenedReweighting:
         if self.num_byzantine == 0 or count <= 2:
             dropped: set[int] = set()
         else:
-            distances = _squared_distances(finite.rows, own)
-            near = min(max(count - self.num_byzantine - 2, 1), count - 1)
-            scores = [math.fsum(sorted(row[:i] + row[i + 1 :])[:near]) for i, row in enumerate(distances)]
+            scores = krum_scores(finite, self.num_byzantine)
             others = [i for i in range(count) if i != own]
             dropped = set(sorted(others, key=lambda i: (-scores[i], -finite.ids[i]))[: self.num_byzantine])
         return [own] + [i for i in range(count) if i != own and i not in dropped]
