@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End to end on docker-compose: a 6-client scenario (1 Byzantine) on digits, one container per
-# client, built offline and run four times: Gaussian; sign-flip, regenerated with --set;
+# client, built offline and run five times: Gaussian; sign-flip, regenerated with --set;
 # ALIE, by editing the Byzantine service's one attack line; ALIE by two colluding Byzantine
-# clients (4 honest), which pool what they receive over their own mutual-TLS calls. Each run must finish on every
+# clients (4 honest), which pool what they receive over their own mutual-TLS calls; and two
+# colluding twins against the screened rule, which they play whole. Each run must finish on every
 # client and give, round for round, the weights and accuracies of the same scenario run in
 # one process on the host. About 3 minutes on an idle 2-core machine (2.5 with the cache).
 #
@@ -314,5 +315,12 @@ step "a colluding attack: two Byzantine clients pool what they receive and agree
 generate alie --set topology.honest=4 --set topology.byzantine=2 --set attack.colluding=true
 [ "$(grep -c '^  client-[0-9]*:  # Byzantine' "$CLUSTER/docker-compose.yml")" = 2 ] || fail "expected 2 Byzantine services"
 run_cluster alie alie-colluding
+mv "$CLUSTER/results" "$WORK/results-alie-colluding"
+
+step "a defence played whole by colluders: the colluding twins against the screened rule (Krum's screen, then the loss)"
+generate colluding_twins --set topology.honest=4 --set topology.byzantine=2 --set attack.colluding=true \
+    --set aggregation.rule=screened_reweighting --set aggregation.tpm=loss --set aggregation.crs=loss_drop_highest
+grep -q 'rule = "screened_reweighting"' "$CLUSTER/scenario.toml" || fail "the compose folder's scenario lacks the screened rule"
+run_cluster colluding_twins twins-screened
 
 step "passed in $((SECONDS - T0)) s"

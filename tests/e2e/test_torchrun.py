@@ -183,6 +183,30 @@ def test_an_epidemic_schedule_runs_over_the_torch_transport_as_in_process(tmp_pa
         assert (p["accuracy"], p["global_accuracy"]) == (inproc["peers"][k]["accuracy"], inproc["peers"][k]["global_accuracy"])
 
 
+def test_colluding_twins_against_the_screened_rule_under_torchrun(tmp_path):
+    """Two colluding Byzantine ranks pool over their own mutual-TLS calls and play the screened
+    rule whole; the run computes what the in-process transport does."""
+    base = write_scenario(tmp_path / "scenario.toml", transport="grpc", byzantine=2, attack="colluding_twins").read_text()
+    scenario_file = tmp_path / "scenario.toml"
+    scenario_file.write_text(
+        base.replace('[attack]\n', '[attack]\ncolluding = true\n')
+        + '\n[aggregation]\nrule = "screened_reweighting"\ntpm = "loss"\ncrs = "loss_drop_highest"\n'
+    )
+    rc, output, _ = torchrun(scenario_file, tmp_path / "out", 6)
+    assert rc == 0, output[-4000:]
+    _, inproc = run_scenario(load_scenario(scenario_file, ["network.transport=inproc"]), tmp_path / "inproc", console=quiet_console())
+
+    summary = read_summary(tmp_path / "out")
+    assert summary["failed_peers"] == [] and summary["tls"] == "mutual"
+    byzantine = sorted(int(k) for k, p in summary["peers"].items() if p["role"] == "byzantine")
+    assert len(byzantine) == 2
+    for b in byzantine:
+        records = [json.loads(line) for line in (tmp_path / "out" / "peers" / f"{b}.jsonl").read_text().splitlines()]
+        assert {r["attack"]["role"] for r in records} == {"twin"} and all(r["pooled_from"] == byzantine for r in records)
+    for k, p in summary["peers"].items():
+        assert (p["accuracy"], p["global_accuracy"]) == (inproc["peers"][k]["accuracy"], inproc["peers"][k]["global_accuracy"])
+
+
 def test_world_size_other_than_the_clients_fails_with_both_numbers(tmp_path):
     scenario = write_scenario(tmp_path / "s.toml", transport="grpc")
 

@@ -44,6 +44,10 @@ IID = "data.partition=iid"
 DIR = "data.partition=dirichlet:0.1"
 COMPLETE = "topology.kind=complete"
 LOSS_CLIP = ("aggregation.rule=dfedreweighting", "aggregation.tpm=loss", "aggregation.crs=loss_clip_mean")
+SCREENED = (
+    "aggregation.rule=screened_reweighting", "aggregation.tpm=loss", "aggregation.crs=loss_drop_highest",
+    "aggregation.crs_params.loss_drop_highest.weighting=inverse",
+)
 SOFTMAX = ("aggregation.rule=dfedreweighting", "aggregation.tpm=accuracy", "aggregation.crs=softmax")
 # Graphs that change every round: Epidemic Learning's push to 3 random peers (directed), and a
 # random 4-regular graph re-drawn each round (what a robust rule is told changes with it).
@@ -116,6 +120,9 @@ CASES = [
     # client engine waits out the deadline for it (the same timing as a silent client).
     make_case("lossclip-decoystealth-iid", LOSS_CLIP, "decoy_stealth", 2, IID, "attack.colluding=true", "attack.decoy_stealth.decoy_scale=10"),
     make_case("dfedavg-labelflip-iid", "dfedavg", "label_flip", 2, IID),
+    # The screened rule: the colluding twins played against it whole, and dissensus screened.
+    make_case("screened-twins-dirichlet", SCREENED, "colluding_twins", 2, DIR, "attack.colluding=true"),
+    make_case("screened-dissensus-iid", SCREENED, "dissensus", 2, IID),
     # A backdoor, its success rate measured in both engines, and an attack window: the
     # attackers send the mean of what they know after round 20.
     make_case("dfedavg-badnets-iid-window", "dfedavg", "badnets", 2, IID, "attack.stop=20"),
