@@ -14,8 +14,6 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, finite_by_id, keep_own
 from dfedrw.peer.aggregation.distance import krum_scores
@@ -33,9 +31,9 @@ class ScreenedReweighting:
     higher id goes); the TPM scores the candidates left and the CRS weighs them, as
     :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does. Screened candidates weigh 0
     and get no score (NaN). Told ``f = 0``, or with two finite candidates or fewer (each one's
-    score would be their one distance), nothing is screened: it is DFedReweighting. Non-finite rows are never
-    scored and take no part in the distances; with the own model non-finite, the first finite
-    candidate by id stands in for it.
+    score would be their one distance), nothing is screened: it is DFedReweighting. Non-finite
+    rows are never scored and take no part in the distances; with the own model non-finite, the
+    first finite candidate by id stands in for it.
 
     With the CRS ``loss_drop_highest`` (the setting docs/robustness.md measures) an attacker is
     kept only if it is not among the ``f`` furthest and not among the ``f`` worst on the
@@ -45,10 +43,11 @@ class ScreenedReweighting:
     them.
 
     Sources: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
-    Descent", NeurIPS 2017 (Krum's score; Multi-Krum keeps ``C - f``); El Mhamdi,
-    Guerraoui and Rouault, "The Hidden Vulnerability of Distributed Learning in Byzantium", ICML 2018 (Bulyan: a
-    distance selection, then a second robust step); the scoring stage is the paper's
-    DFedReweighting.
+    Descent", NeurIPS 2017 (Krum's score; Multi-Krum keeps ``C - f``); El Mhamdi, Guerraoui
+    and Rouault, "The Hidden Vulnerability of Distributed Learning in Byzantium", ICML 2018
+    (Bulyan: a distance selection, then a second robust step); the scoring stage is the paper's
+    DFedReweighting. Measured against every attack of the robustness table in
+    docs/robustness.md ("Two stages").
     """
 
     tpm: object
