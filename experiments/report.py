@@ -446,7 +446,8 @@ def render_files(table: Table) -> dict[str, str]:
 def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, *, plots: bool = True) -> list[Path]:
     """Write the kind's table files (table.md, table.csv, cells.csv, and comparison.md with
     paper values or worst_case.csv for robustness) and the plots to ``out_dir`` (default: the
-    first folder's ``report/``); returns the files written."""
+    first folder's ``report/``); returns the files written. Files of an earlier report there
+    that this one does not write (an optional table, a plot in ``plots/``) are removed."""
     table = load_results(dirs)
     if not any(cell.runs for cell in table.cells.values()):
         first = f"; the first, {table.missing[0].run}: {table.missing[0].state}" if table.missing else ""
@@ -475,5 +476,10 @@ def write_report(dirs: Sequence[str | Path], out_dir: str | Path | None = None, 
         else:
             from dfedrw.experiments.plots import make_plots
 
-        written += make_plots(table, out / "plots")
+        made = make_plots(table, out / "plots")
+        written += made
+        # An earlier report's plots that this one did not draw (other rows, so other numbers in
+        # their names) would sit beside the new ones as if they were of this table.
+        for stale in sorted(set((out / "plots").glob("*.png")) - set(made)):
+            stale.unlink()
     return written

@@ -321,6 +321,23 @@ def test_robustness_plots(tmp_path):
     assert all((tmp_path / "plots" / n).stat().st_size > 1000 for n in names)
 
 
+def test_a_report_removes_the_plots_an_earlier_report_drew_and_this_one_does_not(tmp_path):
+    # Prepare: an earlier report's plot under a number this table's rows no longer give, and a
+    # file of the user's that is no plot
+    plots = tmp_path / "out" / "plots"
+    plots.mkdir(parents=True)
+    (plots / "accuracy_07_labelskew-4-ours.png").write_bytes(b"old")
+    (plots / "notes.txt").write_text("mine")
+
+    # Execute
+    written = write_report([make_robustness(tmp_path / "s")], tmp_path / "out")
+
+    # Assert: every plot left is one this report wrote; the other file stays
+    assert sorted(plots.glob("*.png")) == sorted(p for p in written if p.suffix == ".png")
+    assert not (plots / "accuracy_07_labelskew-4-ours.png").exists()
+    assert (plots / "notes.txt").read_text() == "mine"
+
+
 def test_tpm_pairs_table_and_verdicts_exact(tmp_path):
     table = load_results([make_pairs(tmp_path / "s")])
 
