@@ -42,6 +42,7 @@ __all__ = ["DIRECTIONS", "ColludingTwins", "DecoyStealth", "TPMAware", "bisect_k
 DIRECTIONS = ("reverse", "alie", "away")
 
 _DATA = "`samples` rows of the training set drawn by its own seed (setting samples)"
+_SHARED_DATA = "`samples` rows of the training set, one sample the colluders share (setting samples)"
 
 
 def harmful_direction(direction: str, centre: torch.Tensor, known: torch.Tensor, reference: torch.Tensor | None) -> torch.Tensor:
@@ -200,6 +201,16 @@ class _Tuned:
         weight, scores = self._predict(fixed, centre + lam * d, evaluate, copies)
         return _Prediction(lam, weight, scores[-1], scores)
 
+    def _colluders(self, view: AttackView) -> tuple[tuple[int, ...], Crafted | None]:
+        """The colluders, sorted, and with fewer than two the single-attacker plan to send
+        instead (role "alone"): what every colluding attack does first."""
+        self._check_supplied()
+        colluders = tuple(sorted(view.colluders))
+        if len(colluders) >= 2:
+            return colluders, None
+        messages, note = self._alone(view, tailored=False)
+        return colluders, Crafted(messages, {"role": "alone", **note})
+
     def _alone(self, view: AttackView, tailored: bool) -> tuple[dict[int, torch.Tensor | None], dict[str, Any]]:
         """The single-attacker plan: each receiver is predicted to weigh the honest models known
         and this message."""
@@ -341,7 +352,7 @@ class DecoyStealth(_Tuned):
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(
-        models="pooled", data="`samples` rows of the training set, one sample the colluders share (setting samples)", defence=True, colludes=True
+        models="pooled", data=_SHARED_DATA, defence=True, colludes=True
     )
     decoy_scale: float = 100.0
     rotate: bool = True
@@ -355,11 +366,9 @@ class DecoyStealth(_Tuned):
                 raise ValueError(f"DecoyStealth: {name} must be true or false, got {getattr(self, name)!r}")
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
-        self._check_supplied()
-        colluders = tuple(sorted(view.colluders))
-        if len(colluders) < 2:
-            messages, note = self._alone(view, tailored=False)
-            return Crafted(messages, {"role": "alone", **note})
+        colluders, alone = self._colluders(view)
+        if alone is not None:
+            return alone
         decoy = colluders[view.round % len(colluders)] if self.rotate else colluders[0]
         role = "decoy" if view.attacker == decoy else "stealth"
         senders, known = _finite_known(view)
@@ -429,15 +438,13 @@ class ColludingTwins(_Tuned):
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(
-        models="pooled", data="`samples` rows of the training set, one sample the colluders share (setting samples)", defence=True, colludes=True
+        models="pooled", data=_SHARED_DATA, defence=True, colludes=True
     )
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
-        self._check_supplied()
-        colluders = tuple(sorted(view.colluders))
-        if len(colluders) < 2:
-            messages, note = self._alone(view, tailored=False)
-            return Crafted(messages, {"role": "alone", **note})
+        colluders, alone = self._colluders(view)
+        if alone is not None:
+            return alone
         senders, known = _finite_known(view)
         if len(known) == 0:
             return Crafted(dict.fromkeys(view.receivers), {"role": "twin", "known": 0})

@@ -263,6 +263,14 @@ def colluder_view(attacker: int, round: int = 0, colluders=(8, 9)) -> AttackView
     )
 
 
+def nothing_known_view() -> AttackView:
+    """A colluder's view of a round in which neither it nor its colluders received a model."""
+    return AttackView(
+        round=0, attacker=9, receivers=(0, 1), senders=(), received=torch.empty(0, HONEST.shape[1]),
+        colluders=(8, 9), pool_senders=(), pool=torch.empty(0, HONEST.shape[1]),
+    )
+
+
 def test_tpm_aware_message_is_kept_and_further_from_the_mean():
     # Prepare
     attack = TPMAware(defence=PAPER, attacker_data=sample_data())
@@ -354,12 +362,7 @@ def test_a_single_colluder_acts_as_tpm_aware():
 
 def test_decoy_stealth_silent_when_nothing_known():
     attack = DecoyStealth(defence=PAPER, attacker_data=sample_data())
-    view = AttackView(
-        round=0, attacker=9, receivers=(0, 1), senders=(), received=torch.empty(0, HONEST.shape[1]),
-        colluders=(8, 9), pool_senders=(), pool=torch.empty(0, HONEST.shape[1]),
-    )
-
-    crafted = craft_round(attack, view, seeded(0))
+    crafted = craft_round(attack, nothing_known_view(), seeded(0))
 
     assert crafted.messages == {0: None, 1: None}
     assert crafted.note == {"role": "stealth", "decoy": 8, "known": 0}
@@ -427,12 +430,7 @@ def test_a_single_twin_acts_as_tpm_aware():
 
 def test_twins_silent_when_nothing_known():
     attack = ColludingTwins(defence=PAPER, attacker_data=sample_data())
-    view = AttackView(
-        round=0, attacker=9, receivers=(0, 1), senders=(), received=torch.empty(0, HONEST.shape[1]),
-        colluders=(8, 9), pool_senders=(), pool=torch.empty(0, HONEST.shape[1]),
-    )
-
-    crafted = craft_round(attack, view, seeded(0))
+    crafted = craft_round(attack, nothing_known_view(), seeded(0))
 
     assert crafted.messages == {0: None, 1: None}
     assert crafted.note == {"role": "twin", "known": 0}
