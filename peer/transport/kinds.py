@@ -105,7 +105,7 @@ class Grpc(TransportKind):
         identity's) is whose transport it is: a receiver buffers at most ``message_bytes(client)``
         per open call."""
         from dfedrw.peer.transport.identity import IdentityError
-        from dfedrw.peer.transport.grpc.admission import CallLimits
+        from dfedrw.peer.transport.grpc.limits import CallLimits
         from dfedrw.peer.transport.grpc.transport import GrpcTransport
 
         if self.message_bytes is None:
@@ -140,6 +140,7 @@ class Grpc(TransportKind):
             advertise=advertise, identity=identity, limits=limits,
             # A graph that changes from round to round: connect to a peer when first sending to it.
             on_demand=bool(scenario.topology.schedule), idle_channel_timeout=net.idle_channel_timeout,
+            newest_only=net.asynchronous,
         )
 
 

@@ -21,7 +21,7 @@ import torch
 
 from dfedrw.peer.transport.identity import load_identity, make_certificates
 from dfedrw.peer.wiring.build import grpc_transport_for
-from dfedrw.peer.transport.grpc.admission import CallLimits
+from dfedrw.peer.transport.grpc.limits import CallLimits
 from dfedrw.peer.transport.grpc.loop import on_loop
 from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options
 from dfedrw.peer.transport.grpc.transport import GrpcTransport

@@ -14,7 +14,8 @@ from dfedrw.peer.client.client import Client
 from dfedrw.peer.client.rounds import Liveness
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.framing import MessageSplitter, handle_push, split_messages
-from dfedrw.peer.transport.grpc.admission import CallLimits, PeerServicer
+from dfedrw.peer.transport.grpc.admission import PeerServicer
+from dfedrw.peer.transport.grpc.limits import CallLimits
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
 from tests.support.wire import D, SPECS, roundtrip, vec
@@ -393,7 +394,7 @@ def test_a_shut_out_neighbour_is_not_waited_for_until_its_next_accepted_message(
     # It is alive: it still gets every model, unlike a neighbour that cannot be reached.
     sent = []
     peer.transport.send = lambda to, chunks: sent.append(to)
-    peer.inbox.set_gone(3)
+    peer.presence.on_reachability(3, "unreachable")
     for r in range(1, 5):
         peer._send_all(r, good, 10, (1, 3), 0.0)
     assert sent == [1, 1, 1, 1]
@@ -473,15 +474,16 @@ def test_a_sender_past_its_bucket_is_answered_rate_limited_then_shut_out():
     servicer = PeerServicer(deliver, 1 << 20, limits=limits)
     replies, refusal = _flood(servicer, [encode(1, 0, vec(), SPECS)] * 100)
     reasons = [r.reason for r in replies]
-    # 4 delivered (the burst), 8 answered unread (2 x burst past empty), then it is shut out.
-    assert reasons == ["stale_round"] * 4 + ["rate_limited"] * 8 and len(delivered) == 4
+    # The first copy is news (a late model, the sender's newest): it costs nothing. Then 4
+    # delivered (the burst), 8 answered unread (2 x burst past empty), and it is shut out.
+    assert reasons == ["stale_round"] * 5 + ["rate_limited"] * 8 and len(delivered) == 5
     assert refusal == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert servicer.refused == {"rate_limited": 8, "disconnected": 1, "blocked": 1}
     # While it is shut out even a new call is refused before a chunk is read, after being held
     # (here for the idle timeout, 0.3 s): one call after another costs it time, not us work.
     t0 = time.monotonic()
     replies, refusal = _flood(servicer, [encode(1, 0, vec(), SPECS)])
-    assert replies == [] and refusal == grpc.StatusCode.RESOURCE_EXHAUSTED and len(delivered) == 4
+    assert replies == [] and refusal == grpc.StatusCode.RESOURCE_EXHAUSTED and len(delivered) == 5
     assert 0.25 < time.monotonic() - t0 < 5
     assert servicer.refused["blocked"] == 2
 
@@ -492,11 +494,11 @@ def test_the_client_is_told_which_authenticated_sender_was_shut_out():
     limits = CallLimits(burst=2, per_round=0, per_second=0.0, block_seconds=60.0)
     flood = [encode(1, 0, vec(), SPECS)] * 20
     shut_out = []
-    servicer = PeerServicer(lambda chunks, sender=None: (False, "stale_round", 0), 1 << 20, "run1", limits=limits, on_shut_out=shut_out.append)
+    servicer = PeerServicer(lambda chunks, sender=None: (False, "duplicate", 0), 1 << 20, "run1", limits=limits, on_shut_out=shut_out.append)
     replies = exchange(servicer, [c for m in flood for c in m], CertifiedContext("run1", 3))
-    assert [r.reason for r in replies] == ["stale_round"] * 2 + ["rate_limited"] * 4
+    assert [r.reason for r in replies] == ["duplicate"] * 2 + ["rate_limited"] * 4
     assert shut_out == [3] and servicer.refused["disconnected"] == 1
-    anonymous = PeerServicer(lambda chunks, sender=None: (False, "stale_round", 0), 1 << 20, limits=limits, on_shut_out=shut_out.append)
+    anonymous = PeerServicer(lambda chunks, sender=None: (False, "duplicate", 0), 1 << 20, limits=limits, on_shut_out=shut_out.append)
     exchange(anonymous, [c for m in flood for c in m])
     assert anonymous.refused["disconnected"] == 1 and shut_out == [3]
 

@@ -1,6 +1,6 @@
 """The gRPC server's side: which calls it admits and how much each sender may send.
 
-Each sender has its own call slots and message rate bound (:class:`CallLimits`); idle calls
+Each sender has its own call slots and message rate bound (:class:`~.limits.CallLimits`); idle calls
 are ended; a sender that is not a neighbour, unknown, or claiming another's id has its call
 ended at once. The servicer is thin: it cuts a call into messages, hands each to the client's
 ``deliver`` callback chunk by chunk as it arrives (its ``begin``, see
@@ -14,66 +14,17 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 import grpc
 from dfedrw.peer.transport.base import Deliver
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.framing import MessageSplitter, handle_push, message_begin
+from dfedrw.peer.transport.grpc.limits import CallLimits, Caller
 from dfedrw.peer.transport.grpc.tls import authenticated_sender
 from dfedrw.peer.transport.chunks import parse_chunk
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CallLimits:
-    """What one sender may ask of a receiver's server.
-
-    Calls: one open ``Exchange`` call (a newer one replaces it) and ``calls_per_sender`` open
-    ``Push``/``PushOne`` calls; a call beyond is refused at once with RESOURCE_EXHAUSTED. A
-    call that carries no chunk for ``idle_call_timeout`` seconds is ended.
-
-    Messages: a token bucket per sender, ``burst`` deep, refilled by ``per_round`` tokens each
-    round the receiver advances and by ``per_second`` tokens a second (so a receiver whose round
-    is stuck still hears from everyone). An honest neighbour sends one message a round (a
-    neighbour that fell behind catches up a few rounds at once, within the burst). A message
-    without a token is answered ``rate_limited`` unread; a sender that keeps sending without
-    tokens (``2 * burst`` past empty) has its calls ended and every new one refused for
-    ``block_seconds``. A refused call costs a token too.
-
-    ``shared_host``: without TLS a caller is known only by its IP address, which every client on
-    one host shares: such a caller gets this many times every bound."""
-
-    calls_per_sender: int = 2
-    idle_call_timeout: float = 60.0
-    burst: int = 16
-    per_round: float = 4.0
-    per_second: float = 0.4
-    block_seconds: float = 50.0
-    shared_host: int = 1
-
-
-class _Caller:
-    """A sender's open calls and message bucket, on the receiver's side."""
-
-    __slots__ = ("key", "scale", "tokens", "round", "stamp", "blocked_until", "exchanges", "pushes", "tasks", "held")
-
-    def __init__(self, key: Any, scale: int, tokens: float, round_: int) -> None:
-        self.key = key  # the client id, or ("ip", address) without TLS
-        self.scale = scale
-        self.tokens = tokens
-        self.round = round_
-        self.stamp = time.monotonic()
-        self.blocked_until = 0.0
-        self.exchanges: set[asyncio.Task] = set()
-        self.pushes = 0
-        self.tasks: set[asyncio.Task] = set()
-        self.held = False  # a call of this (shut out) sender is being held before its refusal
-
-    def idle(self) -> bool:
-        return not self.tasks and self.pushes == 0 and not self.held and self.blocked_until <= time.monotonic()
 
 
 class _Refused(Exception):
@@ -123,6 +74,9 @@ class PeerServicer(pb_grpc.PeerServicer):
         self._begin_message = message_begin(deliver)
         # Whether the client takes a message with this header now (else it is read later).
         self._has_room = getattr(deliver, "has_room", None)
+        # The receiver's round, for the buckets' refill (a client's intake says; else the round
+        # its latest verdict named).
+        self._progress = getattr(deliver, "progress", None)
         # Told the id of an authenticated sender when it is shut out (its messages cannot
         # arrive until the time is up, so the client need not wait for them).
         self._on_shut_out = on_shut_out or (lambda sender: None)
@@ -131,7 +85,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         self._run_id = run_id
         self.limits = limits or CallLimits()
         self._open_calls: set[asyncio.Task] = set()  # the tasks serving open calls
-        self._callers: dict[Any, _Caller] = {}
+        self._callers: dict[Any, Caller] = {}
         self._round = 0  # the receiver's round, as its latest verdict said
         # Calls this servicer is ending from outside (their task cancelled): why. A handler task
         # cancelled without ending its call leaves the call open at the caller, and holding its
@@ -161,7 +115,7 @@ class PeerServicer(pb_grpc.PeerServicer):
             self.refused["no_identity"] += 1
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no client identity of this run")
 
-    def _caller(self, sender: int | None, context) -> _Caller:
+    def _caller(self, sender: int | None, context) -> Caller:
         if sender is not None:
             key: Any = sender
             scale = 1
@@ -172,27 +126,19 @@ class PeerServicer(pb_grpc.PeerServicer):
             if len(self._callers) >= _MAX_CALLERS:
                 for k in [k for k, c in self._callers.items() if c.idle()]:
                     del self._callers[k]
-            caller = self._callers[key] = _Caller(key, scale, float(self.limits.burst * scale), self._round)
+            caller = self._callers[key] = Caller(key, scale, float(self.limits.burst * scale), self._round)
         return caller
 
     # -- the message bucket ------------------------------------------------------------------
-    def _spend(self, caller: _Caller) -> bool:
+    def _spend(self, caller: Caller) -> bool:
         """Take a token from the caller's bucket; False when it had none (it may be blocked now)."""
-        lim, now = self.limits, time.monotonic()
-        depth = lim.burst * caller.scale
-        if now > caller.stamp:  # after a block, refilling starts when it ends
-            rounds = max(0, self._round - caller.round)
-            gain = (rounds * lim.per_round + (now - caller.stamp) * lim.per_second) * caller.scale
-            caller.tokens = min(depth, caller.tokens + gain)
-            caller.stamp, caller.round = now, self._round
-        caller.tokens -= 1
-        if caller.tokens >= 0:
+        if caller.spend(self.limits, self._round):
             return True
-        if caller.tokens < -2 * depth:
-            self._block(caller, now)
+        if caller.tokens < -2 * self.limits.burst * caller.scale:
+            self._block(caller, time.monotonic())
         return False
 
-    def _block(self, caller: _Caller, now: float) -> None:
+    def _block(self, caller: Caller, now: float) -> None:
         self.refused["disconnected"] += 1
         caller.blocked_until = caller.stamp = now + self.limits.block_seconds
         caller.tokens, caller.round = 0.0, self._round
@@ -221,11 +167,11 @@ class PeerServicer(pb_grpc.PeerServicer):
         task.uncancel()
         await self._refuse(context, reason)
 
-    def _blocked(self, caller: _Caller) -> bool:
+    def _blocked(self, caller: Caller) -> bool:
         return caller.blocked_until > time.monotonic()
 
     # -- call slots ----------------------------------------------------------------------
-    def _open(self, caller: _Caller, kind: str, authenticated: bool) -> asyncio.Task:
+    def _open(self, caller: Caller, kind: str, authenticated: bool) -> asyncio.Task:
         """Take a call slot for the current task, or raise :class:`_Refused`."""
         if self._blocked(caller):
             raise _Refused("blocked")
@@ -252,7 +198,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         self._open_calls.add(task)
         return task
 
-    def _close(self, caller: _Caller, kind: str, task: asyncio.Task) -> None:
+    def _close(self, caller: Caller, kind: str, task: asyncio.Task) -> None:
         self._open_calls.discard(task)
         self._ending.pop(task, None)
         caller.tasks.discard(task)
@@ -261,7 +207,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         else:
             caller.pushes -= 1
 
-    async def _turn_away(self, caller: _Caller, context, reason: str) -> None:
+    async def _turn_away(self, caller: Caller, context, reason: str) -> None:
         """Refuse a call at its start. A shut-out sender's first such call is held until its
         block ends (at most ``idle_call_timeout``) before it is refused, so a sender that opens
         one call after another waits instead of costing a refusal each time; its calls beside
@@ -298,7 +244,7 @@ class PeerServicer(pb_grpc.PeerServicer):
                 return
             yield chunk
 
-    def _admit(self, caller: _Caller) -> tuple[bool, pb.PushReply | None]:
+    def _admit(self, caller: Caller) -> tuple[bool, pb.PushReply | None]:
         """Whether a message of the caller's is read: (True, None); else (False, the reply it
         gets unread: ``rate_limited``, or None when its sender is blocked now: end the call)."""
         if self._blocked(caller):
@@ -312,26 +258,31 @@ class PeerServicer(pb_grpc.PeerServicer):
 
     def _reply(self, verdict: tuple[bool, str, int]) -> pb.PushReply:
         accepted, reason, round_ = verdict
-        if round_ > self._round:
-            self._round = round_
+        progress = round_ if self._progress is None else self._progress()
+        if progress > self._round:
+            self._round = progress
         return pb.PushReply(accepted=accepted, reason=reason, round=round_)
 
-    def _handle(self, caller: _Caller, message: list[pb.ModelChunk], sender: int | None) -> pb.PushReply | None:
+    def _handle(self, caller: Caller, message: list[pb.ModelChunk], sender: int | None) -> pb.PushReply | None:
         """The reply to one whole message; None when its sender is blocked now (end the call)."""
         admitted, unread = self._admit(caller)
-        return self._reply(self._deliver(message, sender)) if admitted else unread
+        if not admitted:
+            return unread
+        verdict = self._deliver(message, sender)
+        caller.settle(self.limits, _label(message[0]) if message else None, verdict)
+        return self._reply(verdict)
 
-    def _begin(self, caller: _Caller, first: pb.ModelChunk, sender: int | None) -> "_Incoming | _Unread":
+    def _begin(self, caller: Caller, first: pb.ModelChunk, sender: int | None) -> "_Incoming | _Unread":
         """A message of the caller's that begins with ``first``: handed to the client chunk by
         chunk as it arrives, or (past its rate bound) skipped and answered unread."""
         admitted, unread = self._admit(caller)
-        return _Incoming(self, self._begin_message(first, sender)) if admitted else _Unread(unread)
+        return _Incoming(self, caller, _label(first), self._begin_message(first, sender)) if admitted else _Unread(unread)
 
-    def _splitter(self, caller: _Caller, sender: int | None) -> MessageSplitter:
+    def _splitter(self, caller: Caller, sender: int | None) -> MessageSplitter:
         return MessageSplitter(self._max_bytes, self._max_chunks, begin=lambda first: self._begin(caller, first, sender))
 
     # -- the calls -----------------------------------------------------------------------
-    async def _one(self, caller: _Caller, chunks: AsyncIterator[pb.ModelChunk], sender: int | None, context) -> pb.PushReply:
+    async def _one(self, caller: Caller, chunks: AsyncIterator[pb.ModelChunk], sender: int | None, context) -> pb.PushReply:
         """The reply to the call's first message: what follows it is not read."""
         splitter = self._splitter(caller, sender)
         replies: list[pb.PushReply | None] = []
@@ -348,7 +299,7 @@ class PeerServicer(pb_grpc.PeerServicer):
             await self._refuse(context, "blocked")
         return reply
 
-    async def _serve(self, context, kind: str, body: Callable[[_Caller, int | None], Any]):
+    async def _serve(self, context, kind: str, body: Callable[[Caller, int | None], Any]):
         """One call of ``kind`` ("push" or "exchange"): admitted (or turned away), ``body(caller,
         sender)`` run, ended with the reason's status if this servicer cancelled it, closed."""
         sender = await self._sender(context)
@@ -370,7 +321,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         )
 
     async def PushOne(self, request, context):  # noqa: N802 - gRPC method name
-        async def body(caller: _Caller, sender: int | None) -> pb.PushReply:
+        async def body(caller: Caller, sender: int | None) -> pb.PushReply:
             reply = self._handle(caller, [request], sender)
             if reply is None:
                 await self._refuse(context, "blocked")
@@ -379,7 +330,7 @@ class PeerServicer(pb_grpc.PeerServicer):
         return await self._serve(context, "push", body)
 
     async def Exchange(self, request_iterator, context):  # noqa: N802 - gRPC method name
-        async def body(caller: _Caller, sender: int | None) -> None:
+        async def body(caller: Caller, sender: int | None) -> None:
             splitter = self._splitter(caller, sender)
             async for chunk in self._chunks(request_iterator, context):
                 if self._has_room is not None and chunk.HasField("header"):
@@ -417,19 +368,26 @@ class PeerServicer(pb_grpc.PeerServicer):
         return True
 
 
+def _label(first) -> int | None:
+    """The round (or step) a message's first chunk labels it with; None without a header."""
+    return first.header.round if first.HasField("header") else None
+
+
 class _Incoming:
     """A message being handed to the client as it arrives; its end is the reply."""
 
-    __slots__ = ("servicer", "assembly")
+    __slots__ = ("servicer", "caller", "label", "assembly")
 
-    def __init__(self, servicer: PeerServicer, assembly) -> None:
-        self.servicer, self.assembly = servicer, assembly
+    def __init__(self, servicer: PeerServicer, caller: Caller, label: int | None, assembly) -> None:
+        self.servicer, self.caller, self.label, self.assembly = servicer, caller, label, assembly
 
     def add(self, chunk) -> None:
         self.assembly.add(chunk)
 
     def end(self) -> pb.PushReply:
-        return self.servicer._reply(self.assembly.end())
+        verdict = self.assembly.end()
+        self.caller.settle(self.servicer.limits, self.label, verdict)
+        return self.servicer._reply(verdict)
 
 
 class _Unread:

@@ -22,6 +22,7 @@ class SendingTransport(Protocol):
 
     send_timeout: float
     idle_call_timeout: float
+    newest_only: bool  # queue the newest message only (asynchronous gossip)
     # Neighbour -> (round, accepted, reason) of its last reply.
     peer_replies: dict[int, tuple[int, bool, str]]
     # Told (peer, "reachable" | "unreachable") as replies come back or fail to.
@@ -57,6 +58,10 @@ class Sender:
     only while it is queued or in flight: so a client holds, per neighbour, at most one model
     in flight and one queued.
 
+    Under asynchronous gossip (the transport's ``newest_only``) only the newest model matters
+    to a receiver, which keeps one per neighbour: the queue holds one message, the newest, so
+    that what goes next is never older than what the sender has.
+
     :meth:`put` is called from the round loop's thread; everything else runs on the gRPC event
     loop, in one task per neighbour that opens a call when there is something to send. A call
     that fails, or whose reply is more than ``send_timeout`` late (the call is cancelled), loses
@@ -74,6 +79,7 @@ class Sender:
         # Exchange with chunks written as bytes (serialized_chunks) and replies parsed.
         self.exchange = channel.stream_stream(EXCHANGE, request_serializer=None, response_deserializer=pb.PushReply.FromString)
         self.transport = transport
+        self.max_queued = 1 if transport.newest_only else self.MAX_QUEUED
         self.lock = threading.Lock()  # guards the queue, shared with the round loop's thread
         self.queue: deque[list[pb.ModelChunk]] = deque()  # each message starts with its header chunk
         self.queued_bytes = 0
@@ -99,7 +105,7 @@ class Sender:
         round_ = wire_round(chunks)
         dropped = 0
         with self.lock:
-            while self.queue and (len(self.queue) >= self.MAX_QUEUED or self.queued_bytes + size > self.MAX_QUEUED_BYTES):
+            while self.queue and (len(self.queue) >= self.max_queued or self.queued_bytes + size > self.MAX_QUEUED_BYTES):
                 self.queued_bytes -= wire_size(self.queue.popleft())
                 dropped += 1
             self.queue.append(chunks)

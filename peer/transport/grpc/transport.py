@@ -41,7 +41,8 @@ from dfedrw.peer.transport.identity import ClientIdentity
 from dfedrw.peer.transport.base import Deliver, Reachability
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.framing import FRAMING
-from dfedrw.peer.transport.grpc.admission import CallLimits, PeerServicer, add_peer_servicer
+from dfedrw.peer.transport.grpc.admission import PeerServicer, add_peer_servicer
+from dfedrw.peer.transport.grpc.limits import CallLimits
 from dfedrw.peer.transport.grpc.loop import io_loop, on_loop
 from dfedrw.peer.transport.grpc.sender import Sender
 from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options, server_credentials
@@ -65,6 +66,7 @@ class GrpcTransport:
         limits: CallLimits | None = None,
         on_demand: bool = False,
         idle_channel_timeout: float = 120.0,
+        newest_only: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -96,6 +98,8 @@ class GrpcTransport:
         # On demand: channels opened when first needed, closed when idle (see the module).
         self.on_demand = on_demand
         self.idle_channel_timeout = idle_channel_timeout
+        # Asynchronous gossip: a neighbour's queue keeps only the newest model (see Sender).
+        self.newest_only = newest_only
         self._last_used: dict[int, float] = {}  # peer -> when a message was last queued for it
         self._next_sweep = 0.0
         self.channels_opened = 0
