@@ -73,7 +73,7 @@ def run_async_honest(client) -> dict[str, Any]:
     graphs = client.graphs
     last: dict[str, float] = {}
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-    t = first = client.resumed.round + 1 if client.resumed is not None else 0
+    t = first = client.resume.resume_steps() if client.resumed is not None else 0
     first_after_resume = client.resumed is not None
     flat = client._flatten()  # on the CPU the parameters are views of one flat vector (the model to send)
     stale_steps = 0
@@ -81,6 +81,7 @@ def run_async_honest(client) -> dict[str, Any]:
         client._check_stop()
         inbox.advance(t)
         client.presence.begin_round(t)
+        client.resume.note_round(t)
         sent0, recv0 = client.encoder.total, inbox.bytes_received  # bytes as it made them for its links
         reference = get_vector(client.model)
         with client.pace.work():

@@ -152,6 +152,20 @@ class Resume:
         )
         return target
 
+    def resume_steps(self) -> int:
+        """Under asynchronous gossip: the step to continue at, one past the checkpoint's, noted
+        as a resume (the steps it does again are counted as they come, :meth:`note_round`). No
+        neighbour is asked anything: each keeps the newest model it holds of this client and
+        names its label in its replies, and is sent nothing older (see
+        :class:`~dfedrw.peer.client.presence.Presence`, ``newest_only``)."""
+        c = self.resumed.round
+        self.resumed_from.append({
+            "checkpoint_round": c, "last_logged": self.results.last_logged, "resumed_at": c + 1, "neighbour_rounds": {},
+            "skipped": 0, "redone": 0, "took_neighbours_model": False,
+        })
+        log.warning("client %d: restart %d; checkpoint of step %d, continuing at step %d", self.id, self.restarts, c, c + 1)
+        return c + 1
+
     def catch_up(self, r: int) -> int:
         """While rejoining: when a neighbour's reply says it is further on than the round window
         (it went on without this client and will not take it back from a late message), skip
@@ -189,6 +203,7 @@ class Resume:
         outgoing = last[1]
         deadline = time.monotonic() + timeout
         passed: set[int] = set()
+        resent: dict[int, int] = {}  # neighbour -> its round when it was last sent the model again
         for _ in range(int(timeout / 0.05) + 2):
             left = deadline - time.monotonic()
             got = self.inbox.wait(r, expected - passed, min(0.05, max(left, 0.0)))
@@ -199,7 +214,9 @@ class Resume:
                 v = replies.get(k)
                 if v is not None and not v[1] and v[2] == "stale_round" and v[0] > r:
                     passed.add(k)
-                elif v is not None and not v[1] and v[2] == "future_round" and k in self.graphs.receivers_of(self.id, r):
+                elif v is not None and not v[1] and v[2] == "future_round" and resent.get(k) != v[0] and k in self.graphs.receivers_of(self.id, r):
+                    # Again once it moved on: a copy it would refuse once more is no news to it.
+                    resent[k] = v[0]
                     self.transport.send(k, outgoing.again(k))
         got = self.inbox.wait(r, expected - passed, 0.0)
         return got, frozenset(passed - got.keys())

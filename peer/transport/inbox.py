@@ -162,6 +162,11 @@ class Inbox(RoundWaiting):
     def round(self) -> int:
         return self._round
 
+    def told(self, sender: int | None) -> int:
+        """The round a reply to ``sender`` names: this client's (a message of an earlier round
+        would reach it stale)."""
+        return self._round
+
     def reject(self, reason: str, detail: str = "") -> tuple[bool, str]:
         """Count a rejected message. ``reason`` is a fixed tag; ``detail`` must hold no text
         from the message that is not escaped (:func:`peer.transport.ratelog.quote`)."""

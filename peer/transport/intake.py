@@ -73,6 +73,11 @@ class ModelIntake:
             message.fail(("malformed", type(exc).__name__))
         return message.end()
 
+    def progress(self) -> int:
+        """The client's round, as its transport counts it for the senders' rate bounds (under
+        asynchronous gossip 0: no round of the receiver's moves on)."""
+        return self.inbox.round
+
     def has_room(self, header) -> bool:
         """Whether a message with ``header`` is to be read now. A large one for a later round
         than the client's waits while the inbox holds a whole round's models already (the
@@ -212,7 +217,7 @@ class Incoming:
                 # Its chunks' buffers were freed into the heap: let the system have the pages
                 # back, or the ten models a round brings leave a hundred MB behind in it.
                 release_free_heap()
-        return (*verdict, inbox.round)
+        return (*verdict, inbox.told(self.header.sender if self.header is not None else None))
 
     def _verdict(self) -> tuple[bool, str]:
         inbox = self.intake.inbox

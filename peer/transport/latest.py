@@ -52,9 +52,17 @@ class LatestInbox(Inbox):
 
     @property
     def round(self) -> int:
-        """What a reply tells a sender of this client's progress: nothing (0), so that no sender
-        drops its queued messages as stale; every label above the one held is still news."""
+        """No round of this client's moves on (0); a reply names the label held of its sender
+        instead (:meth:`told`)."""
         return 0
+
+    def told(self, sender: int | None) -> int:
+        """The label of ``sender``'s model held here (0: none): a reply names it, so that the
+        sender drops what it has queued of older steps, and a sender that restarted from an
+        older step sends nothing until its steps pass it (nothing older is news here)."""
+        with self._cond:
+            held = self._latest.get(sender) if sender is not None else None
+        return held.message.round if held is not None else 0
 
     @property
     def step(self) -> int:

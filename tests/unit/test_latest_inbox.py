@@ -47,13 +47,17 @@ def test_staleness_counts_the_receivers_own_steps_since_a_model_arrived():
     assert list(inbox.held_models()) == [1]
 
 
-def test_a_reply_never_tells_a_sender_to_drop_its_queued_models():
+def test_a_reply_names_the_label_held_of_its_sender_not_the_receivers_step():
     # A sender drops its queued messages labelled below the round a reply carries: under
-    # asynchronous gossip a slow sender's labels lag the receiver's steps, and are news all the same.
-    inbox = LatestInbox(0, [1], 2, last_step=99, model_size=20)
+    # asynchronous gossip a slow sender's labels lag the receiver's steps, and are news all the
+    # same; only those at or below the label held of it would arrive stale.
+    inbox = LatestInbox(0, [1, 2], 3, last_step=99, model_size=20)
     inbox.advance(50)
     intake = ModelIntake(inbox, SPECS, Plausible(), 81)
-    assert intake(encode(1, 3, torch.ones(20), SPECS, chunk_bytes=16), 1) == (True, "", 0)
+    assert intake(encode(1, 3, torch.ones(20), SPECS, chunk_bytes=16), 1) == (True, "", 3)
+    assert intake(encode(1, 2, torch.ones(20), SPECS, chunk_bytes=16), 1) == (False, "stale_round", 3)
+    assert intake(encode(2, 0, torch.ones(20), SPECS, chunk_bytes=16), 2) == (True, "", 0)
+    assert intake.progress() == 0  # no round of the receiver's moves on for the senders' buckets
 
 
 def test_through_the_intake_in_chunks_a_model_overtaken_while_arriving_ends_stale():
@@ -62,10 +66,10 @@ def test_through_the_intake_in_chunks_a_model_overtaken_while_arriving_ends_stal
     old = encode(1, 2, torch.full((20,), 2.0), SPECS, chunk_bytes=16)
     arriving = intake.begin(old[0], 1)  # its header taken: a buffer of its own
     assert inbox.held() == 1 and inbox.room_for(5)
-    assert intake(encode(1, 3, torch.full((20,), 3.0), SPECS, chunk_bytes=16), 1) == (True, "", 0)
+    assert intake(encode(1, 3, torch.full((20,), 3.0), SPECS, chunk_bytes=16), 1) == (True, "", 3)
     for chunk in old[1:]:
         arriving.add(chunk)
-    assert arriving.end() == (False, "stale_round", 0)
+    assert arriving.end() == (False, "stale_round", 3)
     message, staleness = inbox.held_models()[1]
     assert message.round == 3 and torch.equal(message.vector, torch.full((20,), 3.0)) and staleness == 0
     assert inbox.held() == 1
