@@ -129,7 +129,7 @@ class Client:
         self.contacts = (*self.neighbours, *(k for k in colluders if k != client_id and k not in self.neighbours))
         self.presence = Presence(
             client_id, self.neighbours, inbox=self.inbox, transport=transport, graphs=self.graphs, round_timeout=net.round_timeout,
-            round_window=net.round_window, collusion=self.collusion,
+            round_window=net.round_window, collusion=self.collusion, stall_timeout=net.stall_timeout, newest_only=net.asynchronous,
         )
         self.encoder, decoder = client_codec(scenario, client_id, self.specs)  # its models on the wire, and its neighbours'
         self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self.presence.after_offer, decoder=decoder)
@@ -273,6 +273,13 @@ class Client:
             rounds_lost=self.resume.rounds_lost(),
             resumed_from=self.resume.resumed_from,
         )
+        presence = self.presence
+        if presence.held_rounds:
+            # Rounds begun late because a neighbour was more than round_window rounds behind.
+            final["held_back"] = {"rounds": presence.held_rounds, "seconds": round(presence.held_seconds, 3)}
+        if presence.shut_out_count:
+            # Senders this client's server shut out for sending past their rate bound, and how often.
+            final["shut_out"] = {str(k): n for k, n in sorted(presence.shut_out_count.items())}
         if self.pace.extra:
             final["speed"] = {"speed": self.scenario.speed_of(self.id), "waited_seconds": round(self.pace.waited, 3)}
         if isinstance(self.transport, EmulatedLinks):
@@ -310,6 +317,8 @@ class Client:
         client's as it made them for its links, not as a transport or link let them go)."""
         self._check_stop()
         r = self.resume.catch_up(r)
+        if self.role == "honest":
+            self.presence.hold_back(r, self._check_stop)
         self.inbox.advance(r)
         self.presence.begin_round(r)
         self.resume.note_round(r)

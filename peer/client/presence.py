@@ -1,13 +1,27 @@
-"""Which of a running client's neighbours it waits for, and what it sends them.
+"""Which of a running client's neighbours it waits for, what it sends them, and how far ahead
+of them it may run.
 
-A neighbour that misses its deadlines, or that the transport finds unreachable, is presumed
-gone (:class:`peer.transport.inbox.Inbox` keeps that set): it is not waited for, and is sent
-a model only every :data:`PROBE_EVERY` rounds, as a probe. One that sends a model again is
-back, and waited for from the round of that model on. One that the client's own server shut
-out for sending past its rate bound is alive: not waited for until it is heard from again, but
-still sent every model, or it would wait out its deadlines for ours and hold up its own
-neighbours in turn. The model sent last is kept until its round has passed, so that a
-neighbour that comes back in that round can be sent it again.
+A neighbour that misses ``max_missed_rounds`` deadlines in a row is not waited for at the round
+barrier (:class:`peer.transport.inbox.Inbox` keeps that set), but it is slow, not gone: it is
+still sent every model, and a model of any round from it (accepted, late or early) is a sign
+of life that has it waited for again from the next round on. Only a neighbour the transport
+finds unreachable (its process is gone) is sent a model no more than every
+:data:`PROBE_EVERY` rounds, as a probe, until it is heard from again. One that the client's own
+server shut out for sending past its rate bound is alive too: not waited for until it is heard
+from again, but still sent every model. The model sent last is kept until its round has
+passed, so that a neighbour that comes back in that round can be sent it again.
+
+The lead bound (synchronous rounds on a fixed graph): a client does not begin round ``r``
+while a neighbour it stopped waiting for, and can reach, is known to be in a round before
+``r - round_window``: its model of ``r`` would reach that neighbour too far ahead to be kept,
+and a client that stopped waiting for everyone would otherwise race through its remaining
+rounds alone. (A neighbour it still waits for holds it back at the barrier.) What a client
+knows of a neighbour's round is the highest label of any model it had from it and the round
+named in its replies. A neighbour whose known round has not moved for ``stall_timeout``
+seconds (stopped, or hung) does not hold the client back until it moves again, so a silent
+neighbour cannot stall the network; a slow one holds its neighbours within ``round_window``
+rounds of it. What it cost is counted (:attr:`Presence.held_rounds`,
+:attr:`Presence.held_seconds`).
 
 :class:`Presence` holds that state for one client; the client gives it the callbacks of its
 intake (:meth:`Presence.after_offer`) and transport (:meth:`Presence.on_reachability`).
@@ -16,8 +30,9 @@ intake (:meth:`Presence.after_offer`) and transport (:meth:`Presence.on_reachabi
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger("dfedrw.peer.client.client")
@@ -28,54 +43,86 @@ PROBE_EVERY = 5
 
 class Presence:
     """The neighbours client ``own_id`` waits for and sends to. ``inbox``: its inbox (the set
-    presumed gone, the round it is in); ``transport``: what it sends with; ``graphs``: the
-    round graphs; ``round_timeout`` and ``round_window``: the network's settings;
-    ``collusion``: a colluder's exchange with the other colluders (told of their reachability
-    too), or None."""
+    not waited for, the round it is in); ``transport``: what it sends with; ``graphs``: the
+    round graphs; ``round_timeout``, ``round_window`` and ``max_missed_rounds``: the network's
+    settings (``stall_timeout``: see the module); ``collusion``: a colluder's exchange with the other colluders (told of their
+    reachability too), or None; ``newest_only`` (asynchronous gossip): a neighbour whose reply
+    says it holds a newer model of this client is not sent an older one."""
 
     def __init__(
         self, own_id: int, neighbours: Iterable[int], *, inbox, transport, graphs, round_timeout: float, round_window: int, collusion=None,
+        stall_timeout: float = 60.0, newest_only: bool = False,
     ) -> None:
         self.id = own_id
         self.neighbours = tuple(neighbours)
         self.inbox, self.transport, self.graphs, self.collusion = inbox, transport, graphs, collusion
         self.round_timeout, self.round_window = round_timeout, round_window
-        # Neighbours that came back after being presumed gone -> the first round they sent:
-        # they are not waited for before it.
+        self.newest_only = newest_only
+        # Neighbours that came back after not being waited for -> the first round they are
+        # waited for again.
         self.back_at: dict[int, int] = {}
         self._back_since: dict[int, float] = {}  # when each came back (monotonic seconds)
-        self._rearmed: set[int] = set()  # taken back on a late message since last heard in step
         # Neighbours our server shut out for sending past their rate bound, not heard from
         # since: alive, so still sent every model (see send_all), but not waited for.
         self.shut_out: set[int] = set()
+        self.shut_out_count: dict[int, int] = {}  # times our server shut each one out
+        # Neighbours the transport could not reach, not heard from since: only probed.
+        self.unreachable: set[int] = set()
         self.last_sent: tuple[int, Any] | None = None  # (round, chunks) this client sent last
+        # The lead bound: each neighbour's highest known round and when it last moved on.
+        self.stall_seconds = stall_timeout
+        self.known: dict[int, int] = {}
+        self._moved_at: dict[int, float] = {}
+        self._news = threading.Condition()
+        self.held_rounds = 0  # rounds it began late because a neighbour was too far behind
+        self.held_seconds = 0.0
 
     # -- what it hears -------------------------------------------------------------------
+    def heard(self, peer: int, round_: int) -> None:
+        """``peer`` is known to be in round ``round_`` at least (a model of that round came from
+        it, or its reply named it)."""
+        if peer not in self.neighbours:
+            return
+        with self._news:
+            if round_ > self.known.get(peer, -1):
+                self.known[peer] = round_
+                self._moved_at[peer] = time.monotonic()
+                self._news.notify_all()
+
     def after_offer(self, sender: int, round_: int, accepted: bool, reason: str, was_gone: bool) -> None:
-        """A model message reached the inbox: a neighbour presumed gone that sent one is back."""
-        if accepted and was_gone:
-            self._rearmed.discard(sender)
+        """A model message of ``sender``'s reached the inbox (whatever its verdict): a sign of
+        life. One not waited for is waited for again: from the model's round when the inbox
+        kept it, else from the next round."""
+        self.heard(sender, round_)
+        if not was_gone:
+            return
+        if accepted:
             self.on_back(sender, round_)
-        elif was_gone and reason == "stale_round" and sender not in self._rearmed and round_ >= self.inbox.round - self.round_window:
-            # A neighbour presumed gone that is only a few rounds behind (e.g. it restarted and
-            # is catching up, and this client passed the round it came back at just before
-            # its message arrived): waited for again from the next round, which it reaches
-            # quickly. Once per absence, so a client that is merely slow costs at most
-            # max_missed_rounds deadlines more.
-            self._rearmed.add(sender)
+        elif sender in self.neighbours:
             self.inbox.set_gone(sender, False)
             self.on_back(sender, self.inbox.round + 1)
 
     def on_reachability(self, peer: int, state: str) -> None:
-        """The transport's word on ``peer``: ``"shut_out"`` (our server refuses its calls for a
-        while), ``"unreachable"`` (a send to it failed), or another state (ignored)."""
+        """The transport's word on ``peer``: ``"reachable"`` (a reply came: the round it names is
+        the peer's), ``"shut_out"`` (our server refuses its calls for a while), ``"unreachable"``
+        (a send to it failed)."""
         if self.collusion is not None:
             self.collusion.on_reachability(peer, state)
             if peer not in self.neighbours:
                 return
+        if state == "reachable":
+            reply = (getattr(self.transport, "peer_replies", None) or {}).get(peer)
+            if reply is not None and not self.newest_only:
+                self.heard(peer, int(reply[0]))
+            if peer in self.unreachable:
+                self.unreachable.discard(peer)
+                with self._news:
+                    self._news.notify_all()
+            return
         if state == "shut_out":
             # Nothing it sends can arrive until then. Its next accepted message brings it back.
             self.shut_out.add(peer)
+            self.shut_out_count[peer] = self.shut_out_count.get(peer, 0) + 1
             if peer not in self.inbox.gone():
                 log.warning("client %d: neighbour %d is shut out for sending past its rate bound, no longer waiting for it", self.id, peer)
                 self.inbox.set_gone(peer)
@@ -86,19 +133,24 @@ class Presence:
             # It just sent us a model: alive. What failed is a send on our channel to its
             # earlier process; missed deadlines will tell if it is gone again.
             return
-        self.shut_out.discard(peer)  # only probed from now on
+        self.shut_out.discard(peer)
+        if peer not in self.unreachable:
+            self.unreachable.add(peer)  # only probed from now on, and no lead bound
+            with self._news:
+                self._news.notify_all()
         if peer not in self.inbox.gone():
             log.warning("client %d: neighbour %d unreachable, no longer waiting for it", self.id, peer)
             self.inbox.set_gone(peer)
 
     def on_back(self, peer: int, round_: int) -> None:
-        """A neighbour presumed gone sent a model it can be waited for with (e.g. it restarted
-        and caught up): wait for it again from that round on, not before (it skipped the
-        rounds in between), and if this client already sent that round's model (while the
-        neighbour was presumed gone, so to it only as an occasional probe), send it again."""
+        """A neighbour not waited for sent a model (it caught up, restarted, or is merely slow):
+        wait for it again from ``round_`` on, not before, and if this client already sent that
+        round's model (to a neighbour it could not reach, only as an occasional probe), send it
+        again."""
         self.back_at[peer] = round_
         self._back_since[peer] = time.monotonic()
         self.shut_out.discard(peer)
+        self.unreachable.discard(peer)
         log.warning("client %d: neighbour %d is back (round %d); waiting for it again", self.id, peer, round_)
         reconnect = getattr(self.transport, "reconnect", None)
         if reconnect is not None:
@@ -109,7 +161,7 @@ class Presence:
 
     # -- whom it waits for and sends to -----------------------------------------------------
     def expected(self, r: int, among: frozenset[int]) -> frozenset[int]:
-        """Who is waited for in round ``r``: not the neighbours presumed gone, nor those that
+        """Who is waited for in round ``r``: not the neighbours given up on, nor those that
         came back at a later round."""
         for k in [k for k, b in list(self.back_at.items()) if b <= r]:
             self.back_at.pop(k, None)
@@ -121,12 +173,43 @@ class Presence:
         if self.last_sent is not None and self.last_sent[0] < r:
             self.last_sent = None
 
+    def behind(self, r: int) -> list[int]:
+        """The neighbours that hold round ``r`` back (see the module): not waited for but
+        reachable, known to be in a round before ``r - round_window``, and moving on (their
+        known round moved within ``stall_seconds``)."""
+        now, floor = time.monotonic(), r - self.round_window
+        given_up = self.inbox.gone()
+        with self._news:
+            return [
+                k for k in self.neighbours
+                if k in given_up and k not in self.unreachable and self.known.get(k, -1) < floor
+                and now - self._moved_at.setdefault(k, now) < self.stall_seconds
+            ]
+
+    def hold_back(self, r: int, check_stop: Callable[[], None]) -> None:
+        """Before round ``r`` (a fixed graph, synchronous rounds): wait until no neighbour holds
+        it back (:meth:`behind`); ``check_stop`` is called now and then (it raises to stop)."""
+        if self.graphs.dynamic or not self.behind(r):
+            return
+        start = time.monotonic()
+        waited = self.behind(r)
+        log.info("client %d: round %d waits for neighbours %s to catch up (more than %d rounds behind)", self.id, r, waited, self.round_window)
+        while True:
+            check_stop()
+            late = self.behind(r)
+            if not late:
+                break
+            with self._news:
+                left = min(self.stall_seconds - (time.monotonic() - self._moved_at[k]) for k in late)
+                self._news.wait(min(0.5, max(left, 0.01)))
+        self.held_rounds += 1
+        self.held_seconds += time.monotonic() - start
+
     def send_all(self, round_: int, outgoing, to: Iterable[int]) -> None:
         """Send the round's model (``outgoing``: a
         :class:`~dfedrw.peer.transport.compression.Outgoing`, the message each neighbour gets)
         to ``to``, and keep it as the one sent last."""
         self.last_sent = (round_, outgoing)
-        gone = self.inbox.gone()
         # A receiver whose last reply said it holds another model of this client than the one
         # a difference is from gets a whole model next (transports whose replies reach here).
         replies = getattr(self.transport, "peer_replies", None) or {}
@@ -134,14 +217,20 @@ class Presence:
         # none now (asked before the model is encoded for it: a difference not sent is no base).
         offer = getattr(self.transport, "offer", None)
         for k in to:
-            # A neighbour presumed gone only gets a probe now and then: a send to a silently
-            # dead host hangs until its timeout, but two clients that lost each other must keep
-            # probing or neither would ever hear from the other again.
-            if k in gone and k not in self.shut_out and round_ % PROBE_EVERY:
-                continue
-            if offer is not None and not offer(k):
+            # A neighbour that could not be reached only gets a probe now and then: a send to a
+            # silently dead host hangs until its timeout, but two clients that lost each other
+            # must keep probing or neither would ever hear from the other again.
+            if k in self.unreachable and round_ % PROBE_EVERY:
                 continue
             reply = replies.get(k)
+            if self.newest_only and reply is not None and not reply[1] and reply[2] in _HOLDS_NEWER and round_ <= reply[0]:
+                continue  # it holds a newer model of ours (we restarted from an older step): not news there
+            if offer is not None and not offer(k):
+                continue
             if reply is not None and reply[2] == "base_mismatch":
                 outgoing.encoder.mismatch(k)
             self.transport.send(k, outgoing.to(k))
+
+
+# Refusals whose reply names the label of a newer model the receiver holds of the sender.
+_HOLDS_NEWER = frozenset({"stale_round", "duplicate"})

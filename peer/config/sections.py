@@ -240,6 +240,10 @@ class NetworkConfig:
     # After this many consecutive missed deadlines a neighbour is presumed gone and no longer
     # waited for (its messages are still accepted if it comes back).
     max_missed_rounds: int = 2
+    # Seconds a neighbour's rounds may stand still (it is stopped or hung) before it no longer
+    # holds back a client that stopped waiting for it: until then such a client does not run
+    # more than round_window rounds ahead of it (peer/client/presence.py).
+    stall_timeout: float = 60.0
     connect_timeout: float = 120.0
     chunk_bytes: int = 1 << 20
     max_message_bytes: int = 256 << 20
@@ -299,6 +303,7 @@ class NetworkConfig:
         check_in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
         check_in_range("network.round_window", self.round_window, 1, 1000)
         check_in_range("network.max_missed_rounds", self.max_missed_rounds, 1, 1_000_000)
+        check_in_range("network.stall_timeout", self.stall_timeout, 0.0, MAX_SECONDS, open_lo=True)
         check_in_range("network.connect_timeout", self.connect_timeout, 0.0, MAX_SECONDS, open_lo=True)
         # gRPC message limits are int32: a chunk plus its framing must stay well below 2 GiB.
         check_in_range("network.chunk_bytes", self.chunk_bytes, 1 << 10, 64 << 20)

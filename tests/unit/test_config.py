@@ -147,6 +147,7 @@ RANGES = [
     ("network.connect_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.round_window", [1, 1000], [0, 1001]),
     ("network.max_missed_rounds", [1, 1_000_000], [0, 1_000_001]),
+    ("network.stall_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.chunk_bytes", [1024, 64 << 20], [1023, (64 << 20) + 1, 3 << 30]),
     ("network.max_message_bytes", [1024, 1 << 30], [1023, (1 << 30) + 1]),
     ("network.max_abs_value", [1e-6, 3e38], [0.0, 3.1e38]),
