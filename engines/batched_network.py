@@ -9,8 +9,7 @@ generator a client would draw its rounding from (seeded by the run's seed, the s
 round), every receiver rebuilding the same model; ``topk`` keeps per link the model its
 receiver holds of the sender, as a client's encoder and its neighbour's decoder do (a whole
 model first and every ``refresh`` messages, a difference of the largest coordinates between).
-A link's state moves on only when the link carries a message (the clock says which: a neighbour
-presumed gone is only probed now and then). Byzantine clients send raw models, as theirs do.
+A link's state moves on only when the link carries a message (the clock says which). Byzantine clients send raw models, as theirs do.
 The batched engine has no replies, so a lossy link under ``topk`` is refused (see
 :func:`check_supported`): no receiver's copy falls out of step.
 """
@@ -21,7 +20,6 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import torch
 
-from dfedrw.peer.client.presence import PROBE_EVERY
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.transport.chunks import wire_size
 from dfedrw.peer.transport.clock import RoundTiming
@@ -137,7 +135,7 @@ class SimulatedNetwork:
     def __init__(self, scenario: Scenario, honest: Sequence[int], byzantine: Sequence[int]) -> None:
         sc = scenario
         specs = scenario_model_specs(sc)
-        self.clock = scenario_clock(sc, frozenset(byzantine), probe_every=PROBE_EVERY) if sc.clocked else None
+        self.clock = scenario_clock(sc, frozenset(byzantine)) if sc.clocked else None
         self.codec: LinkCodec | None = None
         if sc.network.compression != "none":
             compression = scenario_compression(sc)

@@ -7,17 +7,20 @@ miss over the same links (:class:`~dfedrw.peer.transport.links.LinkSchedule`, on
 link, each with its own seeded stream, so the timeline is reproducible).
 
 What it follows is the real client's round (``peer.client.rounds`` and ``peer.client.presence``):
-train for ``step_seconds``, send the round's model to every receiver of the round (to one
-presumed gone only every ``probe_every`` rounds, as a probe), wait for the expected senders
-until they are all in or the round's deadline passes, aggregate for ``aggregate_seconds``, and
-start the next round. A sender that misses ``max_missed_rounds`` deadlines in a row is presumed
-gone: not waited for, until a model of it arrives in time again. A model that arrives after its
-receiver stopped waiting is stale and never used.
+train for ``step_seconds``, send the round's model to every receiver of the round, wait for the
+expected senders until they are all in or the round's deadline passes, aggregate for
+``aggregate_seconds``, and start the next round. A sender that misses ``max_missed_rounds``
+deadlines in a row is not waited for, until a model of it arrives (in time, or late: a sign of
+life, which has it waited for again from the receiver's next round that begins after it
+arrived); it is still sent every model. A model that arrives after its receiver stopped waiting
+is stale and never used.
 
-What it leaves out: a late model that brings a neighbour presumed gone back (the real client
-takes back one a few rounds behind, once per absence), the model sent again to a neighbour that
-comes back, the transport's word on reachability, and any time spent on the receiving side.
-Pure: no threads, no real time, no I/O.
+What it leaves out: the lead bound (a real client does not begin a round more than
+``round_window`` rounds ahead of a neighbour it knows to be behind, :mod:`peer.client.presence`;
+here a client that stopped waiting for a slower one runs on at its own pace), the model sent
+again to a neighbour that comes back, the transport's word on reachability (no client here is
+ever unreachable, so none is only probed), and any time spent on the receiving side. Pure: no
+threads, no real time, no I/O.
 """
 
 from __future__ import annotations
@@ -104,9 +107,7 @@ class SimulatedClock:
 
     ``step_seconds[i]`` is client ``i``'s local training per round, ``aggregate_seconds[i]``
     its aggregation (scoring included); ``round_timeout``, ``max_missed_rounds`` are the
-    network's settings. ``probe_every``: a receiver presumed gone is sent a model only in the
-    rounds it divides; 5, the real client's ``PROBE_EVERY`` (``peer.client.presence``, which
-    this module may not import: peer.transport is below peer.client). ``reactive``: clients
+    network's settings. ``reactive``: clients
     that train nothing and answer what they receive, as a Byzantine client does: each waits for
     its senders that are not reactive from its round's start (its deadline ``round_timeout``
     after it), then sends, ``step_seconds`` later (its crafting), to its receivers that are not
@@ -122,7 +123,6 @@ class SimulatedClock:
         aggregate_seconds: Sequence[float],
         round_timeout: float,
         max_missed_rounds: int,
-        probe_every: int = 5,
         reactive: Collection[int] = (),
     ) -> None:
         self.num_clients = n = _index("num_clients", num_clients)
@@ -134,8 +134,7 @@ class SimulatedClock:
         self.aggregate_seconds = _per_client("aggregate_seconds", aggregate_seconds, n)
         self.round_timeout = _seconds("round_timeout", round_timeout, positive=True)
         self.max_missed_rounds = _index("max_missed_rounds", max_missed_rounds)
-        self.probe_every = _index("probe_every", probe_every)
-        for name, value in (("max_missed_rounds", self.max_missed_rounds), ("probe_every", self.probe_every)):
+        for name, value in (("max_missed_rounds", self.max_missed_rounds),):
             if value < 1:
                 raise ValueError(f"{name}={value!r}: expected an int >= 1")
         self.reactive = frozenset(_index("reactive id", k) for k in reactive)
@@ -148,6 +147,11 @@ class SimulatedClock:
         # Per receiver: the senders it presumes gone, and the deadlines each missed in a row.
         self._gone: list[set[int]] = [set() for _ in range(n)]
         self._missed: list[dict[int, int]] = [{} for _ in range(n)]
+        # Per receiver and sender given up on: when it was given up.
+        self._given_up_at: list[dict[int, float]] = [{} for _ in range(n)]
+        # Per link: when its models of the rounds past arrive (those not yet past at the
+        # receiver), for a sender given up on whose late model brings it back.
+        self._arriving: dict[tuple[int, int], list[float]] = {}
 
     @property
     def now(self) -> tuple[float, ...]:
@@ -202,14 +206,20 @@ class SimulatedClock:
 
         def plan(i: int) -> None:
             for j in sorted(receivers[i]):
-                if j in self._gone[i] and r % self.probe_every:
-                    continue  # presumed gone: only probed now and then
                 arrival[i, j] = self.link(i, j).plan(send[i], sizes(i, j))
                 sent[i] += 1
 
         def wait(i: int, since: float) -> None:
             got = {k: arrival.get((k, i)) for k in senders[i]}  # None: not sent, or lost
-            gone, missed = self._gone[i], self._missed[i]
+            gone, missed, given_up = self._gone[i], self._missed[i], self._given_up_at[i]
+            for k in senders[i]:
+                times = self._arriving.get((k, i))
+                if not times:
+                    continue
+                if k in gone and any(given_up[k] < t <= since for t in times):
+                    gone.discard(k)  # a late model of it came since: waited for again from this round
+                    missed[k] = 0
+                self._arriving[k, i] = [t for t in times if t > since]
             expected = [k for k in senders[i] if k not in gone]
             times = [got[k] for k in expected]
             deadline = since + self.round_timeout
@@ -223,6 +233,7 @@ class SimulatedClock:
                     missed[k] = missed.get(k, 0) + 1
                     if missed[k] >= self.max_missed_rounds:
                         gone.add(k)
+                        given_up[k] = end_i
                         missed[k] = 0
             end[i], used[i], missing[i] = end_i, used_i, tuple(k for k in expected if k not in used_i)
 
@@ -235,6 +246,9 @@ class SimulatedClock:
             plan(i)
         for i in others:
             wait(i, send[i])
+        for link, t in arrival.items():
+            if t is not None and t > end[link[1]]:
+                self._arriving.setdefault(link, []).append(t)
         lost = sum(1 for t in arrival.values() if t is None)
         late = sum(1 for (_, j), t in arrival.items() if t is not None and t > end[j])
         # A reactive client begins its next round once it sent; the others after aggregating.

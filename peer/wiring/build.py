@@ -196,11 +196,11 @@ def client_links(scenario: Scenario, client: int) -> dict[int, LinkSchedule] | N
     return links_for(default, own, scenario.seed, client, others)
 
 
-def scenario_clock(scenario: Scenario, byzantine: frozenset[int] | set[int], *, probe_every: int) -> SimulatedClock:
+def scenario_clock(scenario: Scenario, byzantine: frozenset[int] | set[int]) -> SimulatedClock:
     """The simulated clock of a batched run: the scenario's links (the same profiles and seeded
     streams as its clients' :class:`EmulatedLinks`), each client's ``[clock]`` compute at its
     speed, the network's deadline and liveness; the Byzantine clients answer what they receive
-    (``reactive``). ``probe_every``: how often a client sends to a neighbour it presumes gone."""
+    (``reactive``)."""
     default, own = link_profiles(scenario)
     clock, n = scenario.clock, scenario.num_clients
     speeds = [scenario.speed_of(k) for k in range(n)]
@@ -209,7 +209,7 @@ def scenario_clock(scenario: Scenario, byzantine: frozenset[int] | set[int], *, 
         step_seconds=[0.0 if k in byzantine else clock.step_seconds / speeds[k] for k in range(n)],
         aggregate_seconds=[0.0 if k in byzantine else clock.aggregate_seconds / speeds[k] for k in range(n)],
         round_timeout=scenario.network.round_timeout, max_missed_rounds=scenario.network.max_missed_rounds,
-        probe_every=probe_every, reactive=byzantine,
+        reactive=byzantine,
     )
 
 

@@ -1,6 +1,6 @@
 """The simulated clock (peer/transport/clock.py): the round timeline over emulated links, as
 computed by hand: who waits for whom, the deadline, queueing on a link's bandwidth, loss,
-senders presumed gone and probed only now and then, coming back, and reproducible draws."""
+senders given up on and waited for again once heard from, and reproducible draws."""
 
 from __future__ import annotations
 
@@ -67,30 +67,22 @@ def test_the_deadline_cuts_off_a_straggler():
     assert (t.lost, t.late) == (0, 2)  # the straggler's two messages arrive at 10 > 4
 
 
-def test_a_sender_beyond_the_deadline_is_presumed_gone_then_only_probed():
-    # 1 -> 0 takes 10 s, over the 3 s timeout: 0 misses 1 twice, then stops waiting for it.
-    c = clock(2, {(1, 0): LinkProfile(latency=10.0)}, timeout=3.0, missed=2, probe_every=3)
-    ends, missing = [], []
-    for r in range(9):
+def test_a_sender_beyond_the_deadline_is_given_up_and_waited_for_again_once_a_late_model_of_it_arrives():
+    # 1 -> 0 takes 10 s, over the 3 s timeout: 0 misses 1 twice, then stops waiting for it until
+    # one of its late models arrives (its round-0 model, at 11 s), and so on: a slow neighbour
+    # is not a dead one. 0 -> 1 is perfect: 1 waits for 0's model, sent at the end of its step.
+    c = clock(2, {(1, 0): LinkProfile(latency=10.0)}, timeout=3.0, missed=2)
+    sends, ends, missing = [], [], []
+    for r in range(8):
         t = c.round(r, full(2), 10)
-        ends.append(t.end[0] - t.send[0])
+        sends.append(t.send[0])
+        ends.append(t.end[0])
         missing.append(t.missing[0])
-    assert missing == [(1,), (1,)] + [()] * 7
-    assert ends == [3.0, 3.0] + [0.0] * 7  # waits out the deadline twice, then its own send is its end
-    # 0 sends to 1 in rounds 0 and 1, then only in the probe rounds 3 and 6.
-    assert c.link(0, 1).sent == 4
-
-
-def test_a_link_not_probed_draws_nothing_from_its_stream():
-    profiles = {(1, 0): LinkProfile(latency=10.0), (0, 1): LinkProfile(jitter=0.1)}
-    probed = clock(2, profiles, timeout=3.0, missed=1, probe_every=2)
-    for r in range(4):  # 0 gives 1 up after round 0: it sends to it in rounds 0 and 2 only
-        probed.round(r, full(2), 10)
-    assert probed.link(0, 1).sent == 2
-    fresh = LinkSchedule(profiles[0, 1], 0, 0, 1)
-    for _ in range(2):
-        fresh.plan(0.0, 10)
-    assert probed.link(0, 1)._rng.random() == fresh._rng.random()  # the same position in the stream
+    assert sends == [1.0, 5.0, 9.0, 10.0, 11.0, 15.0, 19.0, 20.0]
+    assert ends == [4.0, 8.0, 9.0, 10.0, 14.0, 18.0, 19.0, 23.0]  # the deadline while waited for, else its own send
+    assert missing == [(1,), (1,), (), (), (1,), (1,), (), (1,)]  # given up at 8 s; its model of round 0 arrives at 11 s, ...
+    # Given up or not, 0 sends 1 every model.
+    assert c.link(0, 1).sent == 8
 
 
 def test_messages_queue_on_a_link_one_transfer_time_apart():
@@ -172,7 +164,6 @@ GOOD = dict(step_seconds=[1.0, 1.0], aggregate_seconds=[0.0, 0.0], round_timeout
     (dict(step_seconds=[1.0, float("nan")]), r"step_seconds\[1\]=nan"),
     (dict(round_timeout=0.0), "round_timeout=0.0: expected finite seconds > 0"),
     (dict(max_missed_rounds=0), "max_missed_rounds=0: expected an int >= 1"),
-    (dict(probe_every=1.5), "probe_every=1.5: expected an int"),
 ])
 def test_constructor_checks(change, message):
     with pytest.raises(ValueError, match=message):
