@@ -303,6 +303,19 @@ def _last_line(path: Path) -> str:
     return lines[-1][:300] if lines else "(no output)"
 
 
+def _network_note(summary: dict[str, Any]) -> str:
+    """The closing line's word on what the network did to honest clients (empty when nothing):
+    who ran alone, who was shut out; the summary's warnings say it in full."""
+    alone = summary.get("alone_peers") or {}
+    shut = summary.get("honest_senders_shut_out") or {}
+    parts = []
+    if alone:
+        parts.append("alone " + ", ".join(f"{k} ({100 * v:.0f}%)" for k, v in alone.items()))
+    if shut:
+        parts.append("honest shut out " + ", ".join(f"{s} by {k}" for k, v in shut.items() for s in v))
+    return "".join(f"[yellow]{p}[/yellow]; " for p in parts)
+
+
 def print_summary(summary: dict[str, Any], console: Console) -> None:
     interrupted = bool(summary.get("interrupted"))
     table = Table(title="per-client results" + (" (interrupted)" if interrupted else ""))
@@ -311,7 +324,7 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     for k, p in summary["peers"].items():
         fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
         stopped = "[yellow]stopped" if interrupted else "[red]failed"
-        status = "ok" if p["completed"] else f"{stopped} ({p.get('rounds_done', 0)} rounds)[/]"
+        status = ("ok" if not p.get("notes") else f"[yellow]ok, {'; '.join(p['notes'])}[/]") if p["completed"] else f"{stopped} ({p.get('rounds_done', 0)} rounds)[/]"
         table.add_row(k, p["role"], str(p["pid"]), fmt(p["accuracy"]), fmt(p["global_accuracy"]), str(p["rejected_messages"] if p["rejected_messages"] is not None else "-"), status)
     console.print(table)
 
@@ -326,9 +339,12 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         f"global {f('honest_mean_global_accuracy', '%')}; Byzantine weight share {f('byzantine_weight_share')}; "
         + (
             f"interrupted after {summary['wall_seconds']:.1f} s, before the last of its {summary['rounds']} rounds"
-            if interrupted else f"failed {summary['failed_peers'] or 'none'}; {summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
+            if interrupted
+            else f"failed {summary['failed_peers'] or 'none'}; {_network_note(summary)}{summary['rounds']} rounds in {summary['wall_seconds']:.1f} s"
         )
     )
+    for line in summary.get("warnings") or []:
+        console.print(f"[yellow]warning: {line}[/yellow]")
     success = summary.get("attack_success")
     if success:
         console.print(

@@ -200,6 +200,7 @@ class RoundDigest:
         self.rounds = 0
         self.byzantine_shares: list[float] = []  # per record, when there are Byzantine ids
         self.trailing_alone = 0  # how many of the last records in a row weighed at most one sender
+        self.alone = 0  # how many records weighed at most one sender (its own model only)
         self.curves: dict[str, list[tuple[int, float]]] = {key: [] for key in CURVE_KEYS}
         self.weight_sums: dict[int, float] = {}  # sender -> its weights summed over the records
         self.bytes_sent = 0  # over the records, in round order
@@ -232,6 +233,7 @@ class RoundDigest:
                 self.curves["bytes_sent"].append((round_, float(self.bytes_sent)))
         w = rec.get("weights") or {}
         self.trailing_alone = self.trailing_alone + 1 if len(w) <= 1 else 0
+        self.alone += len(w) <= 1
         sums, ids, byzantine = self.weight_sums, self._ids, self.byzantine
         share = 0  # as sum() adds them: from int 0, in the record's order
         for s, v in w.items():
@@ -323,6 +325,8 @@ def summarize(
     peers: dict[str, Any] = {}
     failed: list[int] = []
     isolated: list[int] = []
+    alone: dict[int, float] = {}  # honest clients alone in more than ALONE_SHARE of their rounds: the share
+    shut_out: dict[int, dict[int, int]] = {}  # honest receiver -> honest senders it shut out: times
     restarted: list[int] = []
     accs: list[float] = []
     gaccs: list[float] = []
@@ -359,6 +363,19 @@ def summarize(
             "restarts": 0,
             "rounds_lost": 0,
         }
+        if roles[k] == "honest":
+            # Rounds it aggregated its own model only: a client cut off from its neighbours
+            # learns alone, whatever its final accuracy says.
+            entry["rounds_alone"] = digest.alone
+            if digest.rounds and digest.alone > ALONE_SHARE * digest.rounds:
+                entry.setdefault("notes", []).append(f"alone {100 * digest.alone / digest.rounds:.0f}% of rounds")
+                alone[k] = round(digest.alone / digest.rounds, 4)
+        if final is not None and final.get("shut_out") and roles[k] == "honest":
+            honest_out = {int(s): n for s, n in final["shut_out"].items() if roles.get(int(s)) == "honest"}
+            if honest_out:
+                # An honest sender shut out by an honest receiver: the rate bound misjudged it.
+                shut_out[k] = honest_out
+                entry.setdefault("notes", []).append(f"shut out honest {', '.join(map(str, sorted(honest_out)))}")
         if final is not None:
             for key in ("accuracy", "global_accuracy", "rejected_messages", "rejected_by_reason", "stale_messages"):
                 entry[key] = final.get(key)
@@ -400,6 +417,11 @@ def summarize(
         "byzantine_weight_share": (float(np.mean(shares)) if shares else 0.0) if byzantine else None,
         "failed_peers": failed,
         "isolated_peers": isolated,
+        # What the network did to honest clients that a final accuracy does not show (see
+        # network_warnings): none in a healthy run.
+        "alone_peers": {str(k): v for k, v in alone.items()},
+        "honest_senders_shut_out": {str(k): {str(s): n for s, n in v.items()} for k, v in shut_out.items()},
+        "warnings": network_warnings(alone, shut_out),
         "restarted_peers": restarted,
         "honest_completed": len(accs),
         **({"attack_success": success_summary(successes, success_by_round)} if successes else {}),
@@ -408,6 +430,25 @@ def summarize(
         **({"honest_mean_seconds": stat(np.mean, seconds), "honest_mean_bytes_sent": stat(np.mean, sent)} if seconds else {}),
         "peers": peers,
     }
+
+
+# A client that aggregated its own model only in more than this share of its rounds is named in
+# a run's summary: in a healthy network an honest client hears from a neighbour every round.
+ALONE_SHARE = 0.01
+
+
+def network_warnings(alone: Mapping[int, float], shut_out: Mapping[int, Mapping[int, int]]) -> list[str]:
+    """One line for each thing the network did to honest clients that a run must say instead of
+    "ok": honest clients that ran alone for a share of their rounds, honest senders that an
+    honest receiver shut out for sending past its rate bound."""
+    lines = []
+    if alone:
+        who = ", ".join(f"{k} ({100 * v:.0f}%)" for k, v in sorted(alone.items()))
+        lines.append(f"honest clients aggregated their own model only in more than {100 * ALONE_SHARE:g}% of their rounds: {who}")
+    if shut_out:
+        pairs = ", ".join(f"{s} by {k}" for k, v in sorted(shut_out.items()) for s in sorted(v))
+        lines.append(f"honest senders were shut out for sending past their rate bound: {pairs}")
+    return lines
 
 
 def success_summary(finals: list[float], by_round: Mapping[int, list[float]]) -> dict[str, Any]:
