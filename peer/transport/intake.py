@@ -29,8 +29,8 @@ from dfedrw.peer.transport.compression import Decoder
 from dfedrw.peer.transport.heap import release_free_heap
 from dfedrw.peer.transport.inbox import Inbox, Slot
 from dfedrw.peer.transport.serde import (
-    LARGE_MESSAGE, PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, check_pool_header, first_header, model_message,
-    pool_message,
+    LARGE_MESSAGE, PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, check_pool_header, checksum_start, first_header,
+    model_message, pool_message,
 )
 
 # (sender, round, accepted, reason, sender presumed gone before) of every model message that
@@ -142,7 +142,7 @@ class Incoming:
             self.refusal = (exc.reason, exc.detail)
             return
         self.buffer = torch.empty(header.total_bytes // 4, dtype=torch.float32)
-        self.decoder = PayloadDecoder(header.total_bytes, header.crc32, self.intake.plausible, self.buffer)
+        self.decoder = PayloadDecoder(header.total_bytes, header.crc32, self.intake.plausible, self.buffer, crc_start=checksum_start(header))
 
     def _start_model(self, header) -> None:
         intake, inbox = self.intake, self.intake.inbox
@@ -163,16 +163,18 @@ class Incoming:
             # keeps the model: a difference must still reach what this client holds of the
             # sender), the model rebuilt from it and its values checked at the end.
             self.encoded = torch.empty(header.total_bytes, dtype=torch.uint8)
-            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, None, self.encoded)
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, None, self.encoded, crc_start=checksum_start(header))
         elif isinstance(self.slot, Slot):
-            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, self.slot.buffer, self.slot.lock)
+            self.decoder = PayloadDecoder(
+                header.total_bytes, header.crc32, intake.plausible, self.slot.buffer, self.slot.lock, crc_start=checksum_start(header),
+            )
             # The inbox lets go of the buffer if the client moves past the round, or takes it, meanwhile.
             self.slot.on_release = self.decoder.drop_buffer
         else:
             # A whole model the inbox will not keep: under a compression that sends
             # differences it is still what this client holds of its sender from now on.
             held = torch.empty(header.total_bytes // 4, dtype=torch.float32) if codec is not None and codec.stateful else None
-            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, held)
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, held, crc_start=checksum_start(header))
 
     def _take(self, chunk) -> None:
         self.decoder.add(chunk.data, chunk.offset if chunk.HasField("offset") else None)

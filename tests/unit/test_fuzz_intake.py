@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from dfedrw.peer.client.client import Client
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.serde import encode
+from dfedrw.peer.transport.serde import checksum_start, encode
 
 ROUND = 100  # the client's current round; the window is ROUND .. ROUND + 2
 U64 = 2**64 - 1
@@ -115,7 +115,7 @@ def random_message(rng: random.Random, peer: Client):
     nbytes = rng.choice([0, 1, 100, 2600, 2601, rng.randrange(5000)])
     payload = rng.randbytes(nbytes)
     header.total_bytes = rng.choice([nbytes, nbytes, 0, 2600, U64, rng.randrange(2**20)])
-    header.crc32 = zlib.crc32(payload) if rng.random() < 0.7 else rng.randrange(2**32)
+    header.crc32 = zlib.crc32(payload, checksum_start(header)) if rng.random() < 0.7 else rng.randrange(2**32)
     header.num_samples = rng.choice(SAMPLES)
     header.train_loss = rng.choice(LOSSES)
     chunks = rechunk(header, payload, rng)
@@ -149,7 +149,7 @@ def with_values(chunks, values, peer):
     header = pb.ModelHeader()
     header.CopyFrom(chunks[0].header)
     payload = np.asarray(values, dtype="<f4").tobytes()
-    header.crc32 = zlib.crc32(payload)
+    header.crc32 = zlib.crc32(payload, checksum_start(header))
     return rechunk(header, payload, random.Random(len(payload)))
 
 
@@ -274,7 +274,10 @@ def corpus(peer: Client):
     late_header = copy(v[1, ROUND])
     late_header[1].header.CopyFrom(late_header[0].header)
     case("bad_chunk", late_header)
-    case("future_round", edited(lambda h: setattr(h, "round", U64)))
+    case("future_round", encode(1, U64, torch.zeros(d), peer.specs, num_samples=300))
+    # The round is inside the checksum: one changed on the way is a changed payload.
+    case("bad_checksum", edited(lambda h: setattr(h, "round", U64)))
+    case("bad_checksum", edited(lambda h: setattr(h, "round", ROUND - 1)))
     case("no_sender", edited(lambda h: h.ClearField("sender")), None)
     case("no_sender", edited(lambda h: h.ClearField("sender")), 1)
     case("shape_mismatch", edited(lambda h: setattr(h.tensors[0], "name", "0.weight\n2026-01-01 ERROR peer.client.client: forged")))
