@@ -22,8 +22,9 @@ encoding and its scenario's, nothing else (``bad_encoding``).
   the message the difference is from (``base_round``): a receiver whose rebuilt model is of
   another round (it lost a message, or restarted) rejects the message (``base_mismatch``) and
   waits for the next whole model, which the sender sends on every link first, every
-  ``refresh`` messages after, and again after a receiver's reply says ``base_mismatch`` (on
-  transports whose replies reach the sender).
+  ``refresh`` messages after, and again after a receiver's reply says ``base_mismatch`` or
+  ``future_round`` (on transports whose replies reach the sender). Which messages change what a
+  receiver holds: :meth:`Decoder.keep`.
 
 Pure: bytes and tensors in, bytes and tensors out; no transport here.
 """
@@ -256,7 +257,9 @@ class Encoder:
         return message
 
     def mismatch(self, peer: int) -> None:
-        """``peer`` rejected a difference (``base_mismatch``): its next message is a whole model."""
+        """``peer`` does not hold what this encoder counts on: it refused a difference
+        (``base_mismatch``), or a message as too far ahead (``future_round``, which does not
+        change what it holds, see :meth:`Decoder.keep`). Its next message is a whole model."""
         if self.compression.stateful:
             self.resync.add(peer)
 
@@ -350,7 +353,8 @@ class Decoder:
     """A client's receiving side of a compression: the payload size a header must declare
     (:meth:`payload_bytes`), the model an encoded payload rebuilds (:meth:`decode`), and, for a
     stateful compression, the model it holds of each sender (:meth:`keep`: every whole or rebuilt
-    model of a sender that passed its checks, kept or not by the inbox)."""
+    model of a sender that passed its checks, kept or not by the inbox, unless the inbox refused
+    its round as too far ahead)."""
 
     def __init__(self, compression: Compression, specs: Sequence[TensorSpec]) -> None:
         self.compression = compression
@@ -391,7 +395,22 @@ class Decoder:
     def keep(self, sender: int, round_: int, vector: torch.Tensor, *, owned: bool = False) -> None:
         """``vector`` (the sender's round-``round_`` model, checked) is what this receiver now
         holds of ``sender`` (stateful compressions only; a copy is kept unless ``owned``: a
-        model :meth:`decode` rebuilt, which nothing else holds)."""
+        model :meth:`decode` rebuilt, which nothing else holds); one of an earlier round than
+        the model held changes nothing.
+
+        Which messages come here (the receiver's intake decides). What a receiver holds must
+        stay what the sender's :class:`Encoder` counts on, and the encoder moves its copy with
+        every message it sends, told otherwise only by a reply (:meth:`Encoder.mismatch`, on
+        transports that have replies). So every message that passed its own checks (form,
+        checksum, which covers its rounds, values) comes here whether or not the inbox keeps
+        its model: one that arrived after its round passed (``stale_round``: at a slow receiver,
+        or one rejoining that skipped past it) still carries the difference the sender's next
+        message is from, and leaving it out would turn that one into a ``base_mismatch`` and a
+        whole model. All but one refused as too far ahead (``future_round``): the inbox does not
+        believe that round, and held, a label the sender's later messages do not reach (one it
+        never meant, or a round it is far from) would refuse each of its differences and whole
+        models of an earlier round, the link alternating between the two until then. Left out,
+        it costs a sender that is that far ahead one whole model: the reply tells it."""
         if not self.stateful:
             return
         held = self.bases.get(sender)

@@ -161,7 +161,7 @@ class Incoming:
         if header.encoding:
             # A compressed model: its payload is kept as it comes (whether or not the inbox
             # keeps the model: a difference must still reach what this client holds of the
-            # sender), the model rebuilt from it and its values checked at the end.
+            # sender, see Decoder.keep), the model rebuilt from it and its values checked at the end.
             self.encoded = torch.empty(header.total_bytes, dtype=torch.uint8)
             self.decoder = PayloadDecoder(header.total_bytes, header.crc32, None, self.encoded, crc_start=checksum_start(header))
         elif isinstance(self.slot, Slot):
@@ -172,9 +172,17 @@ class Incoming:
             self.slot.on_release = self.decoder.drop_buffer
         else:
             # A whole model the inbox will not keep: under a compression that sends
-            # differences it is still what this client holds of its sender from now on.
-            held = torch.empty(header.total_bytes // 4, dtype=torch.float32) if codec is not None and codec.stateful else None
+            # differences it is still what this client holds of its sender from now on,
+            # unless its round is not believed (Decoder.keep).
+            follows = codec is not None and codec.stateful and self._moves_held()
+            held = torch.empty(header.total_bytes // 4, dtype=torch.float32) if follows else None
             self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, held, crc_start=checksum_start(header))
+
+    def _moves_held(self) -> bool:
+        """Whether this model, once it passed its own checks, is what this client holds of its
+        sender (under a compression that sends differences): unless the inbox refuses its round
+        as too far ahead (see :meth:`~dfedrw.peer.transport.compression.Decoder.keep`)."""
+        return self.slot != "future"
 
     def _take(self, chunk) -> None:
         self.decoder.add(chunk.data, chunk.offset if chunk.HasField("offset") else None)
@@ -252,7 +260,8 @@ class Incoming:
         error = self.intake.plausible.values_error(*_extremes(rebuilt))
         if error is not None:
             raise error
-        codec.keep(header.sender, header.round, rebuilt, owned=True)
+        if self._moves_held():
+            codec.keep(header.sender, header.round, rebuilt, owned=True)
         if not isinstance(self.slot, Slot):
             return None
         with self.slot.lock:

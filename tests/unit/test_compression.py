@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from dfedrw.peer.client.presence import Presence
 from dfedrw.peer.transport.compression import COMPRESSION_REGISTRY, Decoder, Encoder, Int8, NoCompression, TopK, encoded_out
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.intake import ModelIntake
@@ -312,3 +313,43 @@ def test_a_round_changed_on_the_way_fails_the_checksum_and_leaves_the_held_model
     assert torch.equal(decoder.bases[1][1], e.bases[0][1]) and decoder.bases[1][0] == 2
     assert inbox.rejected == {"bad_checksum": 1}
 
+
+
+def test_a_message_refused_as_too_far_ahead_does_not_change_the_held_model():
+    # Checksummed as sent (by a sender that says it is that far on): the inbox does not believe
+    # its round, so the model held of the sender keeps its own, and the next difference from it is taken.
+    compression = TopK(fraction=0.1, refresh=0)
+    inbox, intake, decoder = intake_for(compression)
+    e = encoder(compression)
+    assert deliver(intake, e.round(0, vec(0), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    held0 = decoder.bases[1][1].clone()
+    far = e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0)
+    far = encoded_out(1, 2**40, memoryview(payload_of(far)), SPECS, encoding="topk", base_round=0, chunk_bytes=256)
+    assert deliver(intake, far)[:2] == (False, "future_round")
+    whole = encoder(compression).round(2**40 + 1, vec(9), num_samples=1, train_loss=0.0).to(0)
+    assert deliver(intake, whole)[:2] == (False, "future_round")
+    assert decoder.bases[1][0] == 0 and torch.equal(decoder.bases[1][1], held0)
+    e.mismatch(0)  # the replies said future_round: the encoder no longer counts on them
+    assert deliver(intake, e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    inbox.advance(2)
+    assert deliver(intake, e.round(2, vec(2), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    assert torch.equal(decoder.bases[1][1], e.bases[0][1]) and "base_mismatch" not in inbox.rejected
+
+
+def test_a_reply_that_refused_a_message_as_too_far_ahead_gets_a_whole_model_next():
+    # The receiver does not hold a model it refused as future_round: the sender must not count on it.
+    class Replying:
+        def __init__(self) -> None:
+            self.peer_replies, self.sent = {}, []
+
+        def send(self, peer, message) -> None:
+            self.sent.append(message.header.encoding or "whole")
+
+    e, transport = encoder(TopK(fraction=0.1, refresh=0)), Replying()
+    presence = Presence(1, (0,), inbox=Inbox(1, (0,), 3, 2), transport=transport, graphs=None, round_timeout=1.0, round_window=2)
+    replies = [None, (1, True, ""), (1, False, "future_round"), (1, True, ""), (1, False, "base_mismatch"), (1, True, "")]
+    for r, reply in enumerate(replies):
+        if reply is not None:
+            transport.peer_replies[0] = reply
+        presence.send_all(r, e.round(r, vec(r), num_samples=1, train_loss=0.0), (0,))
+    assert transport.sent == ["whole", "topk", "whole", "topk", "whole", "topk"]
