@@ -13,7 +13,9 @@ encoding and its scenario's, nothing else (``bad_encoding``).
 * ``int8``: per block of ``block`` values a float32 scale (the block's largest magnitude / 127),
   then each value as an int8 multiple of it, rounded stochastically (up with probability the
   fraction left over, so the rebuilt value's expectation is the value): about 1 byte a value.
-  Stateless: one encoding per round serves every neighbour.
+  Stateless: one encoding per round serves every neighbour. The header names the block size
+  (``block``): a receiver whose own differs refuses the message (``bad_encoding``), as the
+  payload's size cannot tell (blocks of other sizes can make as many scales).
 * ``topk``: the ``fraction`` of coordinates where the model differs most from the model the
   receiver rebuilt from this sender's previous message, as uint32 positions (increasing) and
   their float32 differences: 8 bytes a kept coordinate. What is not sent stays in the
@@ -72,6 +74,16 @@ class Compression:
         """The bytes of an encoded model of ``numel`` values."""
         return 4 * numel
 
+    def header_fields(self) -> dict[str, Any]:
+        """The header's fields (beyond the encoding) that say how its payload is to be read."""
+        return {}
+
+    def check_header(self, header) -> None:
+        """Refuse (:class:`WireError`) a header of this encoding whose fields say its payload is
+        to be read otherwise than this compression reads it (:meth:`header_fields`)."""
+        if header.HasField("block"):
+            raise WireError("bad_encoding", f"a {quote(header.encoding)} message names a block size")
+
     def encode(self, vector: torch.Tensor, base: torch.Tensor | None, generator: torch.Generator) -> tuple[memoryview, torch.Tensor | None]:
         """``vector`` (flat float32) as a payload, and what the receiver will rebuild from it
         (None: ``vector`` itself). ``base``: what the receiver holds of this sender (stateful
@@ -107,6 +119,15 @@ class Int8(Compression):
 
     def payload_bytes(self, numel: int) -> int:
         return 4 * self.blocks(numel) + numel
+
+    def header_fields(self) -> dict[str, Any]:
+        return {"block": self.block}
+
+    def check_header(self, header) -> None:
+        if not header.HasField("block"):
+            raise WireError("bad_encoding", f"an int8 message without its block size; this network's is {self.block}")
+        if header.block != self.block:
+            raise WireError("bad_encoding", f"int8 blocks of {header.block} values; this network's are of {self.block}")
 
     def quantize(self, vector: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(scales float32 [blocks], values int8 [numel]) of ``vector``."""
@@ -205,16 +226,20 @@ def encoded_out(
     *,
     encoding: str,
     base_round: int | None = None,
+    block: int | None = None,
     num_samples: int = 1,
     train_loss: float = float("nan"),
     chunk_bytes: int = 1 << 20,
 ) -> WireMessage:
     """A model a compression encoded, as a
     message to send: ``payload`` as it is, the header naming ``encoding`` (and the
-    ``base_round`` a difference is from)."""
+    ``base_round`` a difference is from, the ``block`` size of int8's scales: the
+    compression's :meth:`~Compression.header_fields`)."""
     fields = {"num_samples": num_samples, "train_loss": train_loss, "encoding": encoding}
     if base_round is not None:
         fields["base_round"] = base_round
+    if block is not None:
+        fields["block"] = block
     return WireMessage(message_header(sender, round_, specs, payload, **fields), payload, chunk_bytes)
 
 
@@ -297,7 +322,7 @@ class Outgoing:
         e = self.encoder
         return encoded_out(
             e.sender, self.round, payload, e.specs, encoding=e.compression.encoding, base_round=base_round,
-            num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes,
+            num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes, **e.compression.header_fields(),
         )
 
     def to(self, peer: int) -> WireMessage:
@@ -367,17 +392,19 @@ class Decoder:
 
     def payload_bytes(self, header) -> int:
         """The payload a message with ``header`` must have; raises :class:`WireError` for an
-        encoding this receiver does not take (``bad_encoding``)."""
+        encoding this receiver does not take, or one it would read otherwise than the header
+        says (``bad_encoding``)."""
         encoding = header.encoding
         if not encoding:
-            if header.HasField("base_round"):
-                raise WireError("bad_encoding", "a whole model names a base round")
+            if header.HasField("base_round") or header.HasField("block"):
+                raise WireError("bad_encoding", "a whole model names a base round or a block size")
             return 4 * self.numel
         if encoding != self.compression.encoding:
             want = repr(self.compression.encoding) if self.compression.encoding else "none"
             raise WireError("bad_encoding", f"encoding {quote(encoding)}, this network takes raw models or {want}")
         if self.stateful != header.HasField("base_round"):
             raise WireError("bad_encoding", f"a {encoding} message {'without' if self.stateful else 'with'} a base round")
+        self.compression.check_header(header)
         return self.compression.payload_bytes(self.numel)
 
     def decode(self, header, payload: memoryview) -> torch.Tensor:

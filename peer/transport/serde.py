@@ -349,7 +349,7 @@ def check_model_header(
     if header.origins:
         # A colluders' pool is never a neighbour's model (see decode_pool).
         raise WireError("pool_message", f"a pool of {len(header.origins)} models where a model was expected")
-    if payload_bytes is None and (header.encoding or header.HasField("base_round")):
+    if payload_bytes is None and (header.encoding or header.HasField("base_round") or header.HasField("block")):
         raise WireError("bad_encoding", f"encoding {quote(header.encoding)}: this network takes raw models only")
     expected = sum(s.nbytes for s in specs) if payload_bytes is None else payload_bytes
     if header.total_bytes != expected:

@@ -207,6 +207,9 @@ def test_without_compression_a_client_takes_raw_models_and_refuses_encoded_ones(
     assert deliver(intake, message_out(1, 0, vec(), SPECS, chunk_bytes=256))[:2] == (True, "")
     message = encoder(Int8(), sender=2).round(0, vec(), num_samples=1, train_loss=0.0).to(0)
     assert deliver(intake, message, sender=2)[:2] == (False, "bad_encoding")
+    raw = message_out(2, 0, vec(), SPECS, chunk_bytes=256)
+    raw.header.block = 256
+    assert deliver(intake, type(raw)(raw.header, memoryview(payload_of(raw)), 256), sender=2)[:2] == (False, "bad_encoding")
 
 
 def test_an_int8_model_is_rebuilt_into_the_round_matrix():
@@ -353,3 +356,21 @@ def test_a_reply_that_refused_a_message_as_too_far_ahead_gets_a_whole_model_next
             transport.peer_replies[0] = reply
         presence.send_all(r, e.round(r, vec(r), num_samples=1, train_loss=0.0), (0,))
     assert transport.sent == ["whole", "topk", "whole", "topk", "whole", "topk"]
+
+
+def test_an_int8_message_of_another_block_size_is_refused_even_when_the_payload_size_agrees():
+    # 630 values: blocks of 100 and of 91 both make 7 scales, so the payloads are of one size.
+    ours, theirs = Int8(block=100), Int8(block=91)
+    assert ours.payload_bytes(D) == theirs.payload_bytes(D)
+    inbox, intake, _ = intake_for(ours)
+    theirs_message = encoder(theirs).round(0, vec(5), num_samples=1, train_loss=0.0).to(0)
+    assert theirs_message.header.block == 91
+    assert deliver(intake, theirs_message)[:2] == (False, "bad_encoding")
+    # Nor is one that does not say, or a message of another encoding that names a block size.
+    unnamed = encoded_out(1, 0, memoryview(payload_of(theirs_message)), SPECS, encoding="int8", chunk_bytes=256)
+    assert deliver(intake, unnamed)[:2] == (False, "bad_encoding")
+    raw = message_out(1, 0, vec(5), SPECS, chunk_bytes=256)
+    raw.header.block = 100
+    assert deliver(intake, type(raw)(raw.header, memoryview(payload_of(raw)), 256))[:2] == (False, "bad_encoding")
+    assert deliver(intake, encoder(ours).round(0, vec(5), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    assert inbox.rejected == {"bad_encoding": 3}
