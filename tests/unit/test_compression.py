@@ -293,6 +293,29 @@ def test_a_difference_that_comes_too_late_still_reaches_what_the_receiver_holds(
     assert torch.equal(held(inbox, 2), e.bases[0][1])
 
 
+def test_a_whole_model_whose_round_passes_while_it_arrives_is_still_what_the_receiver_holds():
+    # The inbox lets go of its row when the round passes, and does not keep one for a round it
+    # closed: the sender counts on the model all the same, and its next difference is from it.
+    compression = TopK(fraction=0.1, refresh=0)
+    for passes in ("advance", "close"):
+        inbox, intake, decoder = intake_for(compression)
+        e = encoder(compression)
+        whole = e.round(0, vec(0), num_samples=1, train_loss=0.0).to(0)
+        if passes == "close":
+            inbox.close(0)
+        incoming = intake.begin(whole[0], 1)
+        incoming.add(whole[1])
+        if passes == "advance":
+            inbox.advance(1)
+        for chunk in whole[2:]:
+            incoming.add(chunk)
+        assert incoming.end()[:2] == ((False, "stale_round") if passes == "advance" else (True, ""))
+        assert decoder.bases[1][0] == 0 and torch.equal(decoder.bases[1][1], vec(0))
+        inbox.advance(1)
+        assert deliver(intake, e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+        assert torch.equal(held(inbox, 1), e.bases[0][1]) and not inbox.rejected
+
+
 def relabelled(message, round_: int):
     """``message`` with its header's round changed on the way (the checksum as it was)."""
     header = type(message.header)()
