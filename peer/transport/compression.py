@@ -423,7 +423,10 @@ class Decoder:
         """``vector`` (the sender's round-``round_`` model, checked) is what this receiver now
         holds of ``sender`` (stateful compressions only; a copy is kept unless ``owned``: a
         model :meth:`decode` rebuilt, which nothing else holds); one of an earlier round than
-        the model held changes nothing.
+        the model held changes nothing. One of the same round replaces it (only a whole model
+        can be: :meth:`decode` takes a difference only of a later round than its base): the
+        round's model sent again, whole, to a neighbour that came back (:meth:`Outgoing.again`)
+        is what the sender counts on from then, even where a difference of it came first.
 
         Which messages come here (the receiver's intake decides). What a receiver holds must
         stay what the sender's :class:`Encoder` counts on, and the encoder moves its copy with
@@ -441,6 +444,6 @@ class Decoder:
         if not self.stateful:
             return
         held = self.bases.get(sender)
-        if held is None or held[0] < round_:
+        if held is None or held[0] <= round_:
             vector = vector.detach().reshape(-1)
             self.bases[sender] = (round_, vector if owned else vector.to(torch.float32).clone())

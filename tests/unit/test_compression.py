@@ -316,6 +316,19 @@ def test_a_whole_model_whose_round_passes_while_it_arrives_is_still_what_the_rec
         assert torch.equal(held(inbox, 1), e.bases[0][1]) and not inbox.rejected
 
 
+def test_a_whole_model_sent_again_in_a_round_the_receiver_had_a_difference_of_replaces_it():
+    # A neighbour that came back gets the round's model again, whole: the sender's copy is now
+    # that model, not the difference it sent before, and so must the receiver's be.
+    compression = TopK(fraction=0.1, refresh=0)
+    inbox, intake, decoder = intake_for(compression)
+    e = encoder(compression)
+    assert deliver(intake, e.round(0, vec(0), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    out = e.round(1, vec(1), num_samples=1, train_loss=0.0)
+    assert deliver(intake, out.to(0))[:2] == (True, "")
+    assert deliver(intake, out.again(0))[:2] == (False, "duplicate")
+    assert decoder.bases[1][0] == 1 and torch.equal(decoder.bases[1][1], e.bases[0][1])
+
+
 def relabelled(message, round_: int):
     """``message`` with its header's round changed on the way (the checksum as it was)."""
     header = type(message.header)()
