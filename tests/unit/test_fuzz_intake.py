@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dfedrw.peer.client.client import Client
+from dfedrw.peer.transport.compression import Encoder
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import checksum_start, encode
@@ -475,3 +476,65 @@ def test_a_message_no_check_foresaw_is_rejected_not_raised(client, caplog):
         assert client.deliver(broken(), 1) == (False, "malformed", ROUND)
     assert client.inbox.rejected["malformed"] == 2
     assert all(r.exc_info is None and "forged" not in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------ the compressed intake
+
+
+@pytest.fixture
+def topk_client(small_scenario, tmp_path):
+    """Client 0 of a 4-ring under top-k (no refresh: every message after the first a difference)."""
+    scenario = small_scenario(
+        "topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "network.compression=topk",
+        "network.compression_params.topk.refresh=0",
+    )
+    peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+def label_defect(rng: random.Random, chunks, r: int):
+    """A copy of a top-k message whose labels or payload changed on the way (the checksum as sent)."""
+    chunks = copy(chunks)
+    h = chunks[0].header
+    kind = rng.randrange(5)
+    if kind == 0:
+        h.round = rng.choice([r - 1, r + 1, r + 2, r + 3, 2**32, 2**63, U64])
+    elif kind == 1 and h.HasField("base_round"):
+        h.base_round = rng.choice([h.base_round + 1, h.base_round + 2, h.base_round ^ 1, U64])
+    elif kind == 2:
+        h.encoding = rng.choice(["int8", "", "topk\x00"])
+    elif kind == 3:
+        h.block = rng.choice([0, 1, 256])
+    else:
+        i = rng.randrange(len(chunks))
+        data = bytearray(chunks[i].data)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        chunks[i].data = bytes(data)
+    return chunks
+
+
+def test_fuzz_top_k_labels_changed_on_the_way_are_refused_and_the_link_stays_in_step(topk_client):
+    # Each round the sender's message comes twice: a copy changed on the way first, then as
+    # sent. The copy is refused, whatever changed, and leaves what the receiver holds of the
+    # sender as it was: the message itself is taken, and the two copies of the link agree.
+    peer, rng = topk_client, random.Random(3)
+    d = sum(s.numel for s in peer.specs)
+    sender = Encoder(peer.encoder.compression, 1, peer.specs, seed=0, chunk_bytes=512)
+    gen = torch.Generator().manual_seed(0)
+    model = torch.randn(d, generator=gen)
+    refused = {}
+    for r in range(300):
+        peer.inbox.advance(r)
+        model = model + 0.01 * torch.randn(d, generator=gen)
+        message = sender.round(r, model, num_samples=300, train_loss=0.5).to(0)
+        if r:
+            accepted, reason, _ = peer.deliver(iter(label_defect(rng, message, r)), 1)
+            assert not accepted and reason not in ("", "duplicate")
+            refused[reason] = refused.get(reason, 0) + 1
+        assert peer.deliver(iter(message), 1) == (True, "", r)
+        held_round, held_model = peer.intake.decoder.bases[1]
+        assert held_round == r and torch.equal(held_model, sender.bases[0][1])
+    assert "base_mismatch" not in peer.inbox.rejected and {"bad_checksum", "bad_encoding"} <= refused.keys()
