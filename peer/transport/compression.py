@@ -436,7 +436,7 @@ class Decoder:
         its model: one that arrived after its round passed (``stale_round``: at a slow receiver,
         or one rejoining that skipped past it) still carries the difference the sender's next
         message is from, and leaving it out would turn that one into a ``base_mismatch`` and a
-        whole model. All but one refused as too far ahead (``future_round``): the inbox does not
+        whole model. Not one refused as too far ahead (``future_round``): the inbox does not
         believe that round, and held, a label the sender's later messages do not reach (one it
         never meant, or a round it is far from) would refuse each of its differences and whole
         models of an earlier round, the link alternating between the two until then. Left out,
