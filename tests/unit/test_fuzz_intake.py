@@ -158,6 +158,16 @@ def payload_of(chunks):
     return b"".join(c.data for c in chunks)
 
 
+def relabel(h, chunks, round_: int) -> None:
+    """Label the message with ``round_`` as its sender would (the checksum covers the round),
+    and no more: CRC-32 is affine in the value it starts from, so the checksum moves by the
+    change of round alone, and one that did not match the payload before still does not."""
+    zeros = bytes(len(payload_of(chunks)))
+    before = checksum_start(h)
+    h.round = round_
+    h.crc32 ^= zlib.crc32(zeros, before ^ checksum_start(h)) ^ zlib.crc32(zeros)
+
+
 def defect(rng: random.Random, chunks, peer: Client, sender, kind: int):
     """Apply defect ``kind``, which no check may let through; returns (chunks, authenticated sender).
 
@@ -170,9 +180,9 @@ def defect(rng: random.Random, chunks, peer: Client, sender, kind: int):
     if kind == 5 and len(payload_of(chunks)) != 4 * d:  # an earlier defect cut the payload
         kind = 6
     if kind == 0:  # stale round
-        h.round = rng.choice([0, ROUND - 1, ROUND - 2])
+        relabel(h, chunks, rng.choice([0, ROUND - 1, ROUND - 2]))
     elif kind == 1:  # far-future round
-        h.round = rng.choice([ROUND + 3, 2**63, U64])
+        relabel(h, chunks, rng.choice([ROUND + 3, 2**63, U64]))
     elif kind == 2:  # a sender that is no neighbour, or no client at all
         h.sender = rng.choice([0, 2, 4, 2**31, 2**32 - 1])
         sender = rng.choice([None, h.sender])
