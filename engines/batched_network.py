@@ -74,7 +74,10 @@ class LinkCodec:
         payload = memoryview(bytes(compression.payload_bytes(numel)))
         base = 0 if compression.stateful else None
         self.encoded_bytes = wire_size(
-            encoded_out(0, 0, payload, specs, encoding=compression.encoding, base_round=base, num_samples=1, train_loss=1.0, chunk_bytes=chunk_bytes)
+            encoded_out(
+                0, 0, payload, specs, encoding=compression.encoding, base_round=base, num_samples=1, train_loss=1.0, chunk_bytes=chunk_bytes,
+                **compression.header_fields(),
+            )
         )
         # Per link (sender, receiver) under topk: (the round of the model the receiver holds, it).
         self.bases: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}

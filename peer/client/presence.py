@@ -211,7 +211,8 @@ class Presence:
         to ``to``, and keep it as the one sent last."""
         self.last_sent = (round_, outgoing)
         # A receiver whose last reply said it holds another model of this client than the one
-        # a difference is from gets a whole model next (transports whose replies reach here).
+        # a difference is from, or that refused the last as too far ahead (which does not
+        # change what it holds), gets a whole model next (transports whose replies reach here).
         replies = getattr(self.transport, "peer_replies", None) or {}
         # Emulated links under asynchronous gossip: a link still busy with the last model takes
         # none now (asked before the model is encoded for it: a difference not sent is no base).
@@ -227,7 +228,7 @@ class Presence:
                 continue  # it holds a newer model of ours (we restarted from an older step): not news there
             if offer is not None and not offer(k):
                 continue
-            if reply is not None and reply[2] == "base_mismatch":
+            if reply is not None and reply[2] in ("base_mismatch", "future_round"):
                 outgoing.encoder.mismatch(k)
             self.transport.send(k, outgoing.to(k))
 

@@ -13,7 +13,9 @@ encoding and its scenario's, nothing else (``bad_encoding``).
 * ``int8``: per block of ``block`` values a float32 scale (the block's largest magnitude / 127),
   then each value as an int8 multiple of it, rounded stochastically (up with probability the
   fraction left over, so the rebuilt value's expectation is the value): about 1 byte a value.
-  Stateless: one encoding per round serves every neighbour.
+  Stateless: one encoding per round serves every neighbour. The header names the block size
+  (``block``): a receiver whose own differs refuses the message (``bad_encoding``), as the
+  payload's size cannot tell (blocks of other sizes can make as many scales).
 * ``topk``: the ``fraction`` of coordinates where the model differs most from the model the
   receiver rebuilt from this sender's previous message, as uint32 positions (increasing) and
   their float32 differences: 8 bytes a kept coordinate. What is not sent stays in the
@@ -22,8 +24,9 @@ encoding and its scenario's, nothing else (``bad_encoding``).
   the message the difference is from (``base_round``): a receiver whose rebuilt model is of
   another round (it lost a message, or restarted) rejects the message (``base_mismatch``) and
   waits for the next whole model, which the sender sends on every link first, every
-  ``refresh`` messages after, and again after a receiver's reply says ``base_mismatch`` (on
-  transports whose replies reach the sender).
+  ``refresh`` messages after, and again after a receiver's reply says ``base_mismatch`` or
+  ``future_round`` (on transports whose replies reach the sender). Which messages change what a
+  receiver holds: :meth:`Decoder.keep`.
 
 Pure: bytes and tensors in, bytes and tensors out; no transport here.
 """
@@ -71,6 +74,16 @@ class Compression:
         """The bytes of an encoded model of ``numel`` values."""
         return 4 * numel
 
+    def header_fields(self) -> dict[str, Any]:
+        """The header's fields (beyond the encoding) that say how its payload is to be read."""
+        return {}
+
+    def check_header(self, header) -> None:
+        """Refuse (:class:`WireError`) a header of this encoding whose fields say its payload is
+        to be read otherwise than this compression reads it (:meth:`header_fields`)."""
+        if header.HasField("block"):
+            raise WireError("bad_encoding", f"a {quote(header.encoding)} message names a block size")
+
     def encode(self, vector: torch.Tensor, base: torch.Tensor | None, generator: torch.Generator) -> tuple[memoryview, torch.Tensor | None]:
         """``vector`` (flat float32) as a payload, and what the receiver will rebuild from it
         (None: ``vector`` itself). ``base``: what the receiver holds of this sender (stateful
@@ -106,6 +119,15 @@ class Int8(Compression):
 
     def payload_bytes(self, numel: int) -> int:
         return 4 * self.blocks(numel) + numel
+
+    def header_fields(self) -> dict[str, Any]:
+        return {"block": self.block}
+
+    def check_header(self, header) -> None:
+        if not header.HasField("block"):
+            raise WireError("bad_encoding", f"an int8 message without its block size; this network's is {self.block}")
+        if header.block != self.block:
+            raise WireError("bad_encoding", f"int8 blocks of {header.block} values; this network's are of {self.block}")
 
     def quantize(self, vector: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(scales float32 [blocks], values int8 [numel]) of ``vector``."""
@@ -204,16 +226,20 @@ def encoded_out(
     *,
     encoding: str,
     base_round: int | None = None,
+    block: int | None = None,
     num_samples: int = 1,
     train_loss: float = float("nan"),
     chunk_bytes: int = 1 << 20,
 ) -> WireMessage:
     """A model a compression encoded, as a
     message to send: ``payload`` as it is, the header naming ``encoding`` (and the
-    ``base_round`` a difference is from)."""
+    ``base_round`` a difference is from, the ``block`` size of int8's scales: the
+    compression's :meth:`~Compression.header_fields`)."""
     fields = {"num_samples": num_samples, "train_loss": train_loss, "encoding": encoding}
     if base_round is not None:
         fields["base_round"] = base_round
+    if block is not None:
+        fields["block"] = block
     return WireMessage(message_header(sender, round_, specs, payload, **fields), payload, chunk_bytes)
 
 
@@ -256,7 +282,9 @@ class Encoder:
         return message
 
     def mismatch(self, peer: int) -> None:
-        """``peer`` rejected a difference (``base_mismatch``): its next message is a whole model."""
+        """``peer`` does not hold what this encoder counts on: it refused a difference
+        (``base_mismatch``), or a message as too far ahead (``future_round``, which does not
+        change what it holds, see :meth:`Decoder.keep`). Its next message is a whole model."""
         if self.compression.stateful:
             self.resync.add(peer)
 
@@ -294,7 +322,7 @@ class Outgoing:
         e = self.encoder
         return encoded_out(
             e.sender, self.round, payload, e.specs, encoding=e.compression.encoding, base_round=base_round,
-            num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes,
+            num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes, **e.compression.header_fields(),
         )
 
     def to(self, peer: int) -> WireMessage:
@@ -350,7 +378,8 @@ class Decoder:
     """A client's receiving side of a compression: the payload size a header must declare
     (:meth:`payload_bytes`), the model an encoded payload rebuilds (:meth:`decode`), and, for a
     stateful compression, the model it holds of each sender (:meth:`keep`: every whole or rebuilt
-    model of a sender that passed its checks, kept or not by the inbox)."""
+    model of a sender that passed its checks, kept or not by the inbox, unless the inbox refused
+    its round as too far ahead)."""
 
     def __init__(self, compression: Compression, specs: Sequence[TensorSpec]) -> None:
         self.compression = compression
@@ -363,17 +392,19 @@ class Decoder:
 
     def payload_bytes(self, header) -> int:
         """The payload a message with ``header`` must have; raises :class:`WireError` for an
-        encoding this receiver does not take (``bad_encoding``)."""
+        encoding this receiver does not take, or one it would read otherwise than the header
+        says (``bad_encoding``)."""
         encoding = header.encoding
         if not encoding:
-            if header.HasField("base_round"):
-                raise WireError("bad_encoding", "a whole model names a base round")
+            if header.HasField("base_round") or header.HasField("block"):
+                raise WireError("bad_encoding", "a whole model names a base round or a block size")
             return 4 * self.numel
         if encoding != self.compression.encoding:
             want = repr(self.compression.encoding) if self.compression.encoding else "none"
             raise WireError("bad_encoding", f"encoding {quote(encoding)}, this network takes raw models or {want}")
         if self.stateful != header.HasField("base_round"):
             raise WireError("bad_encoding", f"a {encoding} message {'without' if self.stateful else 'with'} a base round")
+        self.compression.check_header(header)
         return self.compression.payload_bytes(self.numel)
 
     def decode(self, header, payload: memoryview) -> torch.Tensor:
@@ -391,10 +422,28 @@ class Decoder:
     def keep(self, sender: int, round_: int, vector: torch.Tensor, *, owned: bool = False) -> None:
         """``vector`` (the sender's round-``round_`` model, checked) is what this receiver now
         holds of ``sender`` (stateful compressions only; a copy is kept unless ``owned``: a
-        model :meth:`decode` rebuilt, which nothing else holds)."""
+        model :meth:`decode` rebuilt, which nothing else holds); one of an earlier round than
+        the model held changes nothing. One of the same round replaces it (only a whole model
+        can be: :meth:`decode` takes a difference only of a later round than its base): the
+        round's model sent again, whole, to a neighbour that came back (:meth:`Outgoing.again`)
+        is what the sender counts on from then, even where a difference of it came first.
+
+        Which messages come here (the receiver's intake decides). What a receiver holds must
+        stay what the sender's :class:`Encoder` counts on, and the encoder moves its copy with
+        every message it sends, told otherwise only by a reply (:meth:`Encoder.mismatch`, on
+        transports that have replies). So every message that passed its own checks (form,
+        checksum, which covers its rounds, values) comes here whether or not the inbox keeps
+        its model: one that arrived after its round passed (``stale_round``: at a slow receiver,
+        or one rejoining that skipped past it) still carries the difference the sender's next
+        message is from, and leaving it out would turn that one into a ``base_mismatch`` and a
+        whole model. Not one refused as too far ahead (``future_round``): the inbox does not
+        believe that round, and held, a label the sender's later messages do not reach (one it
+        never meant, or a round it is far from) would refuse each of its differences and whole
+        models of an earlier round, the link alternating between the two until then. Left out,
+        it costs a sender that is that far ahead one whole model: the reply tells it."""
         if not self.stateful:
             return
         held = self.bases.get(sender)
-        if held is None or held[0] < round_:
+        if held is None or held[0] <= round_:
             vector = vector.detach().reshape(-1)
             self.bases[sender] = (round_, vector if owned else vector.to(torch.float32).clone())

@@ -15,6 +15,12 @@ goes to :class:`~dfedrw.peer.client.collusion.Collusion`; a stranger, or a sende
 graph), the header (layout, size, declared samples), the payload (checksum, values), the
 inbox (stale, too far ahead, a second copy, the inbox full). Every message ends in exactly one
 of the inbox's counters; nothing a message holds can raise out of here (``malformed``).
+
+A compressed model, and under a compression that sends differences (``topk``) a whole one too,
+is received into a buffer of its own instead and put into the inbox's row at the end (a
+compressed one rebuilt first): under ``topk`` it is what this client holds of its sender from
+then on, whatever the inbox does with it (see
+:meth:`~dfedrw.peer.transport.compression.Decoder.keep`).
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ from dfedrw.peer.transport.compression import Decoder
 from dfedrw.peer.transport.heap import release_free_heap
 from dfedrw.peer.transport.inbox import Inbox, Slot
 from dfedrw.peer.transport.serde import (
-    LARGE_MESSAGE, PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, check_pool_header, first_header, model_message,
-    pool_message,
+    LARGE_MESSAGE, PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, check_pool_header, checksum_start, first_header,
+    model_message, pool_message,
 )
 
 # (sender, round, accepted, reason, sender presumed gone before) of every model message that
@@ -105,6 +111,7 @@ class Incoming:
         self.origins: tuple[int, ...] | None = None  # set for a colluder's pool
         self.buffer: torch.Tensor | None = None  # a pool's
         self.encoded: torch.Tensor | None = None  # a compressed model's payload, as it came
+        self.whole: torch.Tensor | None = None  # a whole model this client holds of its sender once checked
         # What ends the message, by the order of the checks: a verdict counted already (a
         # stranger), a defect of the stream (later chunks are not read), one found in its header.
         self.verdict: tuple[bool, str] | None = None
@@ -147,7 +154,7 @@ class Incoming:
             self.refusal = (exc.reason, exc.detail)
             return
         self.buffer = torch.empty(header.total_bytes // 4, dtype=torch.float32)
-        self.decoder = PayloadDecoder(header.total_bytes, header.crc32, self.intake.plausible, self.buffer)
+        self.decoder = PayloadDecoder(header.total_bytes, header.crc32, self.intake.plausible, self.buffer, crc_start=checksum_start(header))
 
     def _start_model(self, header) -> None:
         intake, inbox = self.intake, self.intake.inbox
@@ -166,18 +173,30 @@ class Incoming:
         if header.encoding:
             # A compressed model: its payload is kept as it comes (whether or not the inbox
             # keeps the model: a difference must still reach what this client holds of the
-            # sender), the model rebuilt from it and its values checked at the end.
+            # sender, see Decoder.keep), the model rebuilt from it and its values checked at the end.
             self.encoded = torch.empty(header.total_bytes, dtype=torch.uint8)
-            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, None, self.encoded)
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, None, self.encoded, crc_start=checksum_start(header))
+        elif codec is not None and codec.stateful and self._moves_held():
+            # A whole model under a compression that sends differences: what this client holds
+            # of its sender from now on, even if the inbox lets go of its row (the round passes
+            # while it arrives) or keeps none (a round closed). Copied into the row at the end,
+            # in place of the copy of the row keep() would make: no dearer than before.
+            self.whole = torch.empty(header.total_bytes // 4, dtype=torch.float32)
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, self.whole, crc_start=checksum_start(header))
         elif isinstance(self.slot, Slot):
-            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, self.slot.buffer, self.slot.lock)
+            self.decoder = PayloadDecoder(
+                header.total_bytes, header.crc32, intake.plausible, self.slot.buffer, self.slot.lock, crc_start=checksum_start(header),
+            )
             # The inbox lets go of the buffer if the client moves past the round, or takes it, meanwhile.
             self.slot.on_release = self.decoder.drop_buffer
         else:
-            # A whole model the inbox will not keep: under a compression that sends
-            # differences it is still what this client holds of its sender from now on.
-            held = torch.empty(header.total_bytes // 4, dtype=torch.float32) if codec is not None and codec.stateful else None
-            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, held)
+            self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, None, crc_start=checksum_start(header))
+
+    def _moves_held(self) -> bool:
+        """Whether this model, once it passed its own checks, is what this client holds of its
+        sender (under a compression that sends differences): unless the inbox refuses its round
+        as too far ahead (see :meth:`~dfedrw.peer.transport.compression.Decoder.keep`)."""
+        return self.slot != "future"
 
     def _take(self, chunk) -> None:
         self.decoder.add(chunk.data, chunk.offset if chunk.HasField("offset") else None)
@@ -234,34 +253,33 @@ class Incoming:
             return self.intake.collusion.keep(pool_message(header, self.origins, self.buffer, self.intake.specs, self.wire))
         was_gone = header.sender in inbox.gone()
         codec = self.intake.decoder
-        if self.encoded is not None:
-            row = self._rebuilt(codec)
-        elif codec is not None and self.decoder.tensor is not None:
-            codec.keep(header.sender, header.round, self.decoder.tensor)
+        own = self._rebuilt(codec) if self.encoded is not None else self.whole
+        if own is not None and self._moves_held():
+            codec.keep(header.sender, header.round, own, owned=True)
         if isinstance(self.slot, Slot):
-            vector = row if self.encoded is not None else self.decoder.tensor
+            vector = self._into_row(own) if own is not None else self.decoder.tensor
             accepted, reason = inbox.fill(self.slot, model_message(header, vector if vector is not None else _NOT_KEPT, self.wire, self.intake.plausible))
         else:
             accepted, reason = inbox.settle(self.slot, header.sender, header.round)
         self.intake.after(header.sender, header.round, accepted, reason, was_gone)
         return accepted, reason
 
-    def _rebuilt(self, codec: Decoder) -> torch.Tensor | None:
-        """Rebuild the model of a compressed payload (its checksum checked) and check its
-        values; it goes into the inbox's row when there is one, which is returned (None: not
-        kept). Raises :class:`WireError`."""
-        header = self.header
-        rebuilt = codec.decode(header, memoryview(self.encoded.numpy()).cast("B"))
+    def _rebuilt(self, codec: Decoder) -> torch.Tensor:
+        """The model a compressed payload (its checksum checked) rebuilds, its values checked.
+        Raises :class:`WireError`."""
+        rebuilt = codec.decode(self.header, memoryview(self.encoded.numpy()).cast("B"))
         error = self.intake.plausible.values_error(*_extremes(rebuilt))
         if error is not None:
             raise error
-        codec.keep(header.sender, header.round, rebuilt, owned=True)
-        if not isinstance(self.slot, Slot):
-            return None
+        return rebuilt
+
+    def _into_row(self, vector: torch.Tensor) -> torch.Tensor | None:
+        """``vector`` copied into the inbox's row for this message, which is returned (None:
+        the inbox let go of it, the model is not kept)."""
         with self.slot.lock:
             row = self.slot.buffer
             if row is not None:
-                row.copy_(rebuilt)
+                row.copy_(vector)
         return row
 
 

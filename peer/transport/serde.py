@@ -130,12 +130,27 @@ class ModelMessage:
     train_loss: float = float("nan")  # declared by the sender; NaN when absent or out of range
 
 
+def checksum_start(header: pb.ModelHeader) -> int:
+    """The CRC-32 a message's checksum runs on from into its payload: that of its ``round`` and
+    then, when it names one, its ``base_round`` (8 bytes each, little-endian). The rounds say
+    what the payload is (which round's model it is, which model a difference is from): a round
+    changed on the way fails the checksum as a changed payload byte does, instead of placing
+    the model in another round, or relabelling what a receiver holds of its sender."""
+    start = zlib.crc32(header.round.to_bytes(8, "little"))
+    if header.HasField("base_round"):
+        start = zlib.crc32(header.base_round.to_bytes(8, "little"), start)
+    return start
+
+
 def message_header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: memoryview, **fields) -> pb.ModelHeader:
-    """The header of a message whose payload is ``payload``, laid out as ``specs``."""
-    return pb.ModelHeader(
+    """The header of a message whose payload is ``payload``, laid out as ``specs``; its checksum
+    covers its rounds and the payload (:func:`checksum_start`)."""
+    header = pb.ModelHeader(
         sender=sender, round=round_, tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
-        total_bytes=len(payload), crc32=zlib.crc32(payload), **fields,
+        total_bytes=len(payload), **fields,
     )
+    header.crc32 = zlib.crc32(payload, checksum_start(header))
+    return header
 
 
 def message_out(
@@ -181,17 +196,18 @@ class PayloadDecoder:
     :class:`WireError`: ``chunk_out_of_order`` / ``chunk_overlap`` (an offset past or before
     where the data so far ends), ``size_mismatch`` (longer or shorter than declared),
     ``bad_checksum``, ``non_finite``, ``implausible``. With ``crc32`` None (a message whose
-    verdict is known already) only its size is followed."""
+    verdict is known already) only its size is followed. The CRC-32 runs on from
+    ``crc_start``: a message's :func:`checksum_start` (0: the payload's alone)."""
 
     def __init__(
         self, total_bytes: int, crc32: int | None, plausible: Plausible | None = None, buffer: torch.Tensor | None = None,
-        lock: threading.Lock | None = None,
+        lock: threading.Lock | None = None, *, crc_start: int = 0,
     ) -> None:
         self.total_bytes = total_bytes
         self.crc32 = crc32
         self.plausible = plausible
         self.have = 0
-        self._crc = 0
+        self._crc = crc_start
         self._into: tuple[torch.Tensor, memoryview] | None = None
         if buffer is not None:
             if buffer.data_ptr() != buffer.contiguous().data_ptr() or buffer.dtype not in (torch.float32, torch.uint8):
@@ -333,7 +349,7 @@ def check_model_header(
     if header.origins:
         # A colluders' pool is never a neighbour's model (see decode_pool).
         raise WireError("pool_message", f"a pool of {len(header.origins)} models where a model was expected")
-    if payload_bytes is None and (header.encoding or header.HasField("base_round")):
+    if payload_bytes is None and (header.encoding or header.HasField("base_round") or header.HasField("block")):
         raise WireError("bad_encoding", f"encoding {quote(header.encoding)}: this network takes raw models only")
     expected = sum(s.nbytes for s in specs) if payload_bytes is None else payload_bytes
     if header.total_bytes != expected:
@@ -365,7 +381,7 @@ def decode(
     """Check a message against the receiver's model layout and turn it into a vector.
 
     Raises :class:`WireError` on any mismatch: no sender, tensor count, name, dtype, shape,
-    byte size, checksum, a non-finite value, a value or a declared sample count outside
+    byte size, checksum (of the rounds and the payload), a non-finite value, a value or a declared sample count outside
     ``plausible``. Text from the message goes into an error only through :func:`quote`.
     """
     check_model_header(header, specs, plausible)
@@ -392,7 +408,7 @@ def _check_layout(header: pb.ModelHeader, specs: Sequence[TensorSpec]) -> None:
 def _checked_values(header: pb.ModelHeader, payload: bytes, plausible: Plausible) -> torch.Tensor:
     """The payload as a flat float32 tensor once its checksum and values passed."""
     vector = torch.empty(len(payload) // _FLOAT32.itemsize, dtype=torch.float32)
-    decoder = PayloadDecoder(len(payload), header.crc32, plausible, vector)
+    decoder = PayloadDecoder(len(payload), header.crc32, plausible, vector, crc_start=checksum_start(header))
     decoder.add(payload)
     decoder.verify()
     return vector

@@ -331,10 +331,10 @@ def test_collusion_refuses_bad_settings():
         Collusion(4, (4, 6), specs=SPECS, num_clients=NUM_CLIENTS, transport=None, counters=None, window=2, max_missed=0)
 
 
-def test_crc_is_over_the_whole_pool():
-    chunks = encode_pool(5, 0, (1, 2), rows(1.0, 2.0), SPECS)
+def test_crc_is_over_the_round_and_the_whole_pool():
+    chunks = encode_pool(5, 3, (1, 2), rows(1.0, 2.0), SPECS)
     header, payload, _ = parts(chunks)
-    assert header.crc32 == zlib.crc32(payload) and len(payload) == 2 * 24
+    assert header.crc32 == zlib.crc32((3).to_bytes(8, "little") + payload) and len(payload) == 2 * 24
 
 
 # -- a client's intake, and whom it reaches ----------------------------------------------------

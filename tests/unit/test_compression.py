@@ -5,12 +5,12 @@ rebuilding and checking what they send."""
 from __future__ import annotations
 
 import math
-import zlib
 
 import numpy as np
 import pytest
 import torch
 
+from dfedrw.peer.client.presence import Presence
 from dfedrw.peer.transport.compression import COMPRESSION_REGISTRY, Decoder, Encoder, Int8, NoCompression, TopK, encoded_out
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.intake import ModelIntake
@@ -207,6 +207,9 @@ def test_without_compression_a_client_takes_raw_models_and_refuses_encoded_ones(
     assert deliver(intake, message_out(1, 0, vec(), SPECS, chunk_bytes=256))[:2] == (True, "")
     message = encoder(Int8(), sender=2).round(0, vec(), num_samples=1, train_loss=0.0).to(0)
     assert deliver(intake, message, sender=2)[:2] == (False, "bad_encoding")
+    raw = message_out(2, 0, vec(), SPECS, chunk_bytes=256)
+    raw.header.block = 256
+    assert deliver(intake, type(raw)(raw.header, memoryview(payload_of(raw)), 256), sender=2)[:2] == (False, "bad_encoding")
 
 
 def test_an_int8_model_is_rebuilt_into_the_round_matrix():
@@ -241,20 +244,18 @@ def test_a_defective_compressed_message_is_refused(change, reason):
     good = e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0)
     data = bytearray(payload_of(good))
     k = len(data) // 8
-    encoding, crc = "topk", None
+    encoding = "topk"
     if change == "encoding":
         encoding = "int8"
     elif change == "size":
         data = data[:-8]
-    elif change == "checksum":
-        crc = zlib.crc32(bytes(data)) ^ 1
     elif change == "order":
         data[0:4], data[4:8] = data[4:8], data[0:4]
     elif change == "nan":
         data[4 * k : 4 * k + 4] = np.float32(np.nan).tobytes()
     bad = encoded_out(1, 1, memoryview(bytes(data)), SPECS, encoding=encoding, base_round=0, chunk_bytes=256)
-    if crc is not None:
-        bad.header.crc32 = crc
+    if change == "checksum":
+        bad.header.crc32 ^= 1
         bad = type(bad)(bad.header, memoryview(bytes(data)), 256)
     assert deliver(intake, bad)[:2] == (False, reason)
 
@@ -290,3 +291,122 @@ def test_a_difference_that_comes_too_late_still_reaches_what_the_receiver_holds(
     assert decoder.bases[1][0] == 1
     assert deliver(intake, e.round(2, vec(2), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
     assert torch.equal(held(inbox, 2), e.bases[0][1])
+
+
+def test_a_whole_model_whose_round_passes_while_it_arrives_is_still_what_the_receiver_holds():
+    # The inbox lets go of its row when the round passes, and does not keep one for a round it
+    # closed: the sender counts on the model all the same, and its next difference is from it.
+    compression = TopK(fraction=0.1, refresh=0)
+    for passes in ("advance", "close"):
+        inbox, intake, decoder = intake_for(compression)
+        e = encoder(compression)
+        whole = e.round(0, vec(0), num_samples=1, train_loss=0.0).to(0)
+        if passes == "close":
+            inbox.close(0)
+        incoming = intake.begin(whole[0], 1)
+        incoming.add(whole[1])
+        if passes == "advance":
+            inbox.advance(1)
+        for chunk in whole[2:]:
+            incoming.add(chunk)
+        assert incoming.end()[:2] == ((False, "stale_round") if passes == "advance" else (True, ""))
+        assert decoder.bases[1][0] == 0 and torch.equal(decoder.bases[1][1], vec(0))
+        inbox.advance(1)
+        assert deliver(intake, e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+        assert torch.equal(held(inbox, 1), e.bases[0][1]) and not inbox.rejected
+
+
+def test_a_whole_model_sent_again_in_a_round_the_receiver_had_a_difference_of_replaces_it():
+    # A neighbour that came back gets the round's model again, whole: the sender's copy is now
+    # that model, not the difference it sent before, and so must the receiver's be.
+    compression = TopK(fraction=0.1, refresh=0)
+    inbox, intake, decoder = intake_for(compression)
+    e = encoder(compression)
+    assert deliver(intake, e.round(0, vec(0), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    out = e.round(1, vec(1), num_samples=1, train_loss=0.0)
+    assert deliver(intake, out.to(0))[:2] == (True, "")
+    assert deliver(intake, out.again(0))[:2] == (False, "duplicate")
+    assert decoder.bases[1][0] == 1 and torch.equal(decoder.bases[1][1], e.bases[0][1])
+
+
+def relabelled(message, round_: int):
+    """``message`` with its header's round changed on the way (the checksum as it was)."""
+    header = type(message.header)()
+    header.CopyFrom(message.header)
+    header.round = round_
+    return type(message)(header, memoryview(payload_of(message)), 256)
+
+
+def test_a_round_changed_on_the_way_fails_the_checksum_and_leaves_the_held_model_as_it_was():
+    compression = TopK(fraction=0.1, refresh=0)
+    inbox, intake, decoder = intake_for(compression)
+    e = encoder(compression)
+    assert deliver(intake, e.round(0, vec(0), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    message = e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0)
+    assert deliver(intake, relabelled(message, 2**40))[:2] == (False, "bad_checksum")
+    assert decoder.bases[1][0] == 0
+    # The message itself, as sent, is taken, and the link goes on in step.
+    assert deliver(intake, message)[:2] == (True, "")
+    inbox.advance(2)
+    assert deliver(intake, e.round(2, vec(2), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    assert torch.equal(decoder.bases[1][1], e.bases[0][1]) and decoder.bases[1][0] == 2
+    assert inbox.rejected == {"bad_checksum": 1}
+
+
+
+def test_a_message_refused_as_too_far_ahead_does_not_change_the_held_model():
+    # Checksummed as sent (by a sender that says it is that far on): the inbox does not believe
+    # its round, so the model held of the sender keeps its own, and the next difference from it is taken.
+    compression = TopK(fraction=0.1, refresh=0)
+    inbox, intake, decoder = intake_for(compression)
+    e = encoder(compression)
+    assert deliver(intake, e.round(0, vec(0), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    held0 = decoder.bases[1][1].clone()
+    far = e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0)
+    far = encoded_out(1, 2**40, memoryview(payload_of(far)), SPECS, encoding="topk", base_round=0, chunk_bytes=256)
+    assert deliver(intake, far)[:2] == (False, "future_round")
+    whole = encoder(compression).round(2**40 + 1, vec(9), num_samples=1, train_loss=0.0).to(0)
+    assert deliver(intake, whole)[:2] == (False, "future_round")
+    assert decoder.bases[1][0] == 0 and torch.equal(decoder.bases[1][1], held0)
+    e.mismatch(0)  # the replies said future_round: the encoder no longer counts on them
+    assert deliver(intake, e.round(1, vec(1), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    inbox.advance(2)
+    assert deliver(intake, e.round(2, vec(2), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    assert torch.equal(decoder.bases[1][1], e.bases[0][1]) and "base_mismatch" not in inbox.rejected
+
+
+def test_a_reply_that_refused_a_message_as_too_far_ahead_gets_a_whole_model_next():
+    # The receiver does not hold a model it refused as future_round: the sender must not count on it.
+    class Replying:
+        def __init__(self) -> None:
+            self.peer_replies, self.sent = {}, []
+
+        def send(self, peer, message) -> None:
+            self.sent.append(message.header.encoding or "whole")
+
+    e, transport = encoder(TopK(fraction=0.1, refresh=0)), Replying()
+    presence = Presence(1, (0,), inbox=Inbox(1, (0,), 3, 2), transport=transport, graphs=None, round_timeout=1.0, round_window=2)
+    replies = [None, (1, True, ""), (1, False, "future_round"), (1, True, ""), (1, False, "base_mismatch"), (1, True, "")]
+    for r, reply in enumerate(replies):
+        if reply is not None:
+            transport.peer_replies[0] = reply
+        presence.send_all(r, e.round(r, vec(r), num_samples=1, train_loss=0.0), (0,))
+    assert transport.sent == ["whole", "topk", "whole", "topk", "whole", "topk"]
+
+
+def test_an_int8_message_of_another_block_size_is_refused_even_when_the_payload_size_agrees():
+    # 630 values: blocks of 100 and of 91 both make 7 scales, so the payloads are of one size.
+    ours, theirs = Int8(block=100), Int8(block=91)
+    assert ours.payload_bytes(D) == theirs.payload_bytes(D)
+    inbox, intake, _ = intake_for(ours)
+    theirs_message = encoder(theirs).round(0, vec(5), num_samples=1, train_loss=0.0).to(0)
+    assert theirs_message.header.block == 91
+    assert deliver(intake, theirs_message)[:2] == (False, "bad_encoding")
+    # Nor is one that does not say, or a message of another encoding that names a block size.
+    unnamed = encoded_out(1, 0, memoryview(payload_of(theirs_message)), SPECS, encoding="int8", chunk_bytes=256)
+    assert deliver(intake, unnamed)[:2] == (False, "bad_encoding")
+    raw = message_out(1, 0, vec(5), SPECS, chunk_bytes=256)
+    raw.header.block = 100
+    assert deliver(intake, type(raw)(raw.header, memoryview(payload_of(raw)), 256))[:2] == (False, "bad_encoding")
+    assert deliver(intake, encoder(ours).round(0, vec(5), num_samples=1, train_loss=0.0).to(0))[:2] == (True, "")
+    assert inbox.rejected == {"bad_encoding": 3}

@@ -24,9 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dfedrw.peer.client.client import Client
+from dfedrw.peer.transport.compression import Encoder
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.serde import encode
+from dfedrw.peer.transport.serde import checksum_start, encode
 
 ROUND = 100  # the client's current round; the window is ROUND .. ROUND + 2
 U64 = 2**64 - 1
@@ -115,7 +116,7 @@ def random_message(rng: random.Random, peer: Client):
     nbytes = rng.choice([0, 1, 100, 2600, 2601, rng.randrange(5000)])
     payload = rng.randbytes(nbytes)
     header.total_bytes = rng.choice([nbytes, nbytes, 0, 2600, U64, rng.randrange(2**20)])
-    header.crc32 = zlib.crc32(payload) if rng.random() < 0.7 else rng.randrange(2**32)
+    header.crc32 = zlib.crc32(payload, checksum_start(header)) if rng.random() < 0.7 else rng.randrange(2**32)
     header.num_samples = rng.choice(SAMPLES)
     header.train_loss = rng.choice(LOSSES)
     chunks = rechunk(header, payload, rng)
@@ -149,12 +150,22 @@ def with_values(chunks, values, peer):
     header = pb.ModelHeader()
     header.CopyFrom(chunks[0].header)
     payload = np.asarray(values, dtype="<f4").tobytes()
-    header.crc32 = zlib.crc32(payload)
+    header.crc32 = zlib.crc32(payload, checksum_start(header))
     return rechunk(header, payload, random.Random(len(payload)))
 
 
 def payload_of(chunks):
     return b"".join(c.data for c in chunks)
+
+
+def relabel(h, chunks, round_: int) -> None:
+    """Label the message with ``round_`` as its sender would (the checksum covers the round),
+    and no more: CRC-32 is affine in the value it starts from, so the checksum moves by the
+    change of round alone, and one that did not match the payload before still does not."""
+    zeros = bytes(len(payload_of(chunks)))
+    before = checksum_start(h)
+    h.round = round_
+    h.crc32 ^= zlib.crc32(zeros, before ^ checksum_start(h)) ^ zlib.crc32(zeros)
 
 
 def defect(rng: random.Random, chunks, peer: Client, sender, kind: int):
@@ -169,9 +180,9 @@ def defect(rng: random.Random, chunks, peer: Client, sender, kind: int):
     if kind == 5 and len(payload_of(chunks)) != 4 * d:  # an earlier defect cut the payload
         kind = 6
     if kind == 0:  # stale round
-        h.round = rng.choice([0, ROUND - 1, ROUND - 2])
+        relabel(h, chunks, rng.choice([0, ROUND - 1, ROUND - 2]))
     elif kind == 1:  # far-future round
-        h.round = rng.choice([ROUND + 3, 2**63, U64])
+        relabel(h, chunks, rng.choice([ROUND + 3, 2**63, U64]))
     elif kind == 2:  # a sender that is no neighbour, or no client at all
         h.sender = rng.choice([0, 2, 4, 2**31, 2**32 - 1])
         sender = rng.choice([None, h.sender])
@@ -274,7 +285,10 @@ def corpus(peer: Client):
     late_header = copy(v[1, ROUND])
     late_header[1].header.CopyFrom(late_header[0].header)
     case("bad_chunk", late_header)
-    case("future_round", edited(lambda h: setattr(h, "round", U64)))
+    case("future_round", encode(1, U64, torch.zeros(d), peer.specs, num_samples=300))
+    # The round is inside the checksum: one changed on the way is a changed payload.
+    case("bad_checksum", edited(lambda h: setattr(h, "round", U64)))
+    case("bad_checksum", edited(lambda h: setattr(h, "round", ROUND - 1)))
     case("no_sender", edited(lambda h: h.ClearField("sender")), None)
     case("no_sender", edited(lambda h: h.ClearField("sender")), 1)
     case("shape_mismatch", edited(lambda h: setattr(h.tensors[0], "name", "0.weight\n2026-01-01 ERROR peer.client.client: forged")))
@@ -472,3 +486,65 @@ def test_a_message_no_check_foresaw_is_rejected_not_raised(client, caplog):
         assert client.deliver(broken(), 1) == (False, "malformed", ROUND)
     assert client.inbox.rejected["malformed"] == 2
     assert all(r.exc_info is None and "forged" not in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------ the compressed intake
+
+
+@pytest.fixture
+def topk_client(small_scenario, tmp_path):
+    """Client 0 of a 4-ring under top-k (no refresh: every message after the first a difference)."""
+    scenario = small_scenario(
+        "topology.kind=ring", "topology.honest=4", "topology.byzantine=0", "network.compression=topk",
+        "network.compression_params.topk.refresh=0",
+    )
+    peer = Client(scenario, 0, tmp_path, transport=InprocTransport(InprocHub(), "inproc:0"))
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+def label_defect(rng: random.Random, chunks, r: int):
+    """A copy of a top-k message whose labels or payload changed on the way (the checksum as sent)."""
+    chunks = copy(chunks)
+    h = chunks[0].header
+    kind = rng.randrange(5)
+    if kind == 0:
+        h.round = rng.choice([r - 1, r + 1, r + 2, r + 3, 2**32, 2**63, U64])
+    elif kind == 1 and h.HasField("base_round"):
+        h.base_round = rng.choice([h.base_round + 1, h.base_round + 2, h.base_round ^ 1, U64])
+    elif kind == 2:
+        h.encoding = rng.choice(["int8", "", "topk\x00"])
+    elif kind == 3:
+        h.block = rng.choice([0, 1, 256])
+    else:
+        i = rng.randrange(len(chunks))
+        data = bytearray(chunks[i].data)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        chunks[i].data = bytes(data)
+    return chunks
+
+
+def test_fuzz_top_k_labels_changed_on_the_way_are_refused_and_the_link_stays_in_step(topk_client):
+    # Each round the sender's message comes twice: a copy changed on the way first, then as
+    # sent. The copy is refused, whatever changed, and leaves what the receiver holds of the
+    # sender as it was: the message itself is taken, and the two copies of the link agree.
+    peer, rng = topk_client, random.Random(3)
+    d = sum(s.numel for s in peer.specs)
+    sender = Encoder(peer.encoder.compression, 1, peer.specs, seed=0, chunk_bytes=512)
+    gen = torch.Generator().manual_seed(0)
+    model = torch.randn(d, generator=gen)
+    refused = {}
+    for r in range(300):
+        peer.inbox.advance(r)
+        model = model + 0.01 * torch.randn(d, generator=gen)
+        message = sender.round(r, model, num_samples=300, train_loss=0.5).to(0)
+        if r:
+            accepted, reason, _ = peer.deliver(iter(label_defect(rng, message, r)), 1)
+            assert not accepted and reason not in ("", "duplicate")
+            refused[reason] = refused.get(reason, 0) + 1
+        assert peer.deliver(iter(message), 1) == (True, "", r)
+        held_round, held_model = peer.intake.decoder.bases[1]
+        assert held_round == r and torch.equal(held_model, sender.bases[0][1])
+    assert "base_mismatch" not in peer.inbox.rejected and {"bad_checksum", "bad_encoding"} <= refused.keys()
