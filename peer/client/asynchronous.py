@@ -11,7 +11,13 @@ for anyone. Its step ``t``:
      the Byzantine neighbours as ever. Each candidate's staleness (how many of the client's
      own steps ago it arrived) is in the rule's inputs, for a rule that weighs by it
      (``staleness_exponent``), and in the step's record; ``network.max_staleness`` leaves out
-     the older ones. A neighbour that finished its steps stays a candidate with its last model.
+     the older ones. A neighbour that finished its steps stays a candidate with its last model;
+     one that cannot be reached mid-run does not (until it sends again).
+
+Pacing: a client takes its next step only once the model it sent last went out to each
+neighbour (at most ``round_timeout``; :meth:`~peer.client.presence.Presence.pace`), so that it
+makes no model faster than its neighbours take them; and as it (re)starts it waits once, at
+most ``round_timeout``, for a first model of each neighbour.
 
 A Byzantine client has no steps of its own: each time models of its honest neighbours arrive
 it crafts its attack from the newest model it holds of each (what it received, as ever) and
@@ -87,7 +93,14 @@ def run_async_honest(client) -> dict[str, Any]:
         with client.pace.work():
             loss = trainer.step(sc.train.lr_at(t, sc.rounds))
         own = flat if flat is not None else get_vector(client.model)
-        client._send_all(t, own, num_samples, graphs.receivers_of(client.id, t), loss)
+        receivers = graphs.receivers_of(client.id, t)
+        client.presence.pace(receivers)
+        client._send_all(t, own, num_samples, receivers, loss)
+        if t == first:
+            # Once, as it (re)starts: its neighbours' first models, so that its first steps are
+            # not taken alone while they start up (at most round_timeout; not from one that
+            # cannot be reached).
+            inbox.wait_for_all([k for k in graphs.senders_to(client.id, t) if k not in client.presence.unreachable], sc.network.round_timeout)
         held = inbox.held_models(sc.network.max_staleness)
         senders = sorted(held)
         rule, told = client._rule_at(t, tuple(senders))  # under a schedule: told the Byzantine senders it holds
@@ -125,7 +138,10 @@ def run_async_honest(client) -> dict[str, Any]:
     return {
         **last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y),
         "local_test_samples": len(data.local_test.y),
-        "gossip": {"protocol": "async", "steps_per_second": round((sc.rounds - first) / seconds, 3) if seconds > 0 else None, "staleness_total": stale_steps},
+        "gossip": {
+            "protocol": "async", "steps_per_second": round((sc.rounds - first) / seconds, 3) if seconds > 0 else None, "staleness_total": stale_steps,
+            "paced_seconds": round(client.presence.paced_seconds, 3),
+        },
     }
 
 

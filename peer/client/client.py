@@ -266,7 +266,7 @@ class Client:
             rejected_messages=sum(rejected.values()),
             rejected_by_reason=rejected,
             stale_messages=self.resume.stale_messages(),
-            unsent_messages={"dropped": self.transport.dropped, "stale": self.transport.skipped_stale},
+            unsent_messages=self._unsent(),
             refused_calls_by_reason=dict(getattr(self.transport, "refused", {})),
             tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
             restarts=self.resume.restarts,
@@ -296,6 +296,16 @@ class Client:
         self.checkpoint_file.unlink(missing_ok=True)
         self.link.send(link_messages.done(self.id, final.get("accuracy"), final.get("global_accuracy")))
         return final
+
+    def _unsent(self) -> dict[str, int]:
+        """What this client's transport did not send: queued messages pushed out by newer ones
+        (``dropped``), those for rounds their receiver had passed (``stale``), and under
+        asynchronous gossip models not made for a neighbour that still had one waiting
+        (``busy``; emulated links count theirs in ``links``)."""
+        unsent = {"dropped": self.transport.dropped, "stale": self.transport.skipped_stale}
+        if self.scenario.network.asynchronous:
+            unsent["busy"] = getattr(getattr(self.transport, "inner", self.transport), "skipped_busy", 0)
+        return unsent
 
     @property
     def resumed(self) -> Checkpoint | None:

@@ -76,6 +76,10 @@ class Presence:
         self._news = threading.Condition()
         self.held_rounds = 0  # rounds it began late because a neighbour was too far behind
         self.held_seconds = 0.0
+        # Asynchronous gossip: neighbours whose queue did not empty within a round_timeout (not
+        # paced for until they answer again), and the seconds the client waited for its links.
+        self.lagging: set[int] = set()
+        self.paced_seconds = 0.0
 
     # -- what it hears -------------------------------------------------------------------
     def heard(self, peer: int, round_: int) -> None:
@@ -111,6 +115,7 @@ class Presence:
             if peer not in self.neighbours:
                 return
         if state == "reachable":
+            self.lagging.discard(peer)
             reply = (getattr(self.transport, "peer_replies", None) or {}).get(peer)
             if reply is not None and not self.newest_only:
                 self.heard(peer, int(reply[0]))
@@ -134,6 +139,8 @@ class Presence:
             # earlier process; missed deadlines will tell if it is gone again.
             return
         self.shut_out.discard(peer)
+        if self.newest_only:
+            self.inbox.forget_unfinished(peer)
         if peer not in self.unreachable:
             self.unreachable.add(peer)  # only probed from now on, and no lead bound
             with self._news:
@@ -204,6 +211,25 @@ class Presence:
                 self._news.wait(min(0.5, max(left, 0.01)))
         self.held_rounds += 1
         self.held_seconds += time.monotonic() - start
+
+    def pace(self, to: Iterable[int]) -> None:
+        """Asynchronous gossip: wait, at most ``round_timeout`` seconds, until the model sent last
+        to each of ``to`` went out (transports that queue per neighbour), so that a client makes
+        no model faster than its neighbours take them: a receiver that answers slowly slows its
+        senders down instead of being sent models that go stale in a queue. A neighbour whose
+        queue did not empty in that time (stopped, hung, or far slower) is not waited for again
+        until it answers."""
+        wait = getattr(self.transport, "wait_room", None)
+        if not self.newest_only or wait is None:
+            return
+        peers = [k for k in to if k not in self.unreachable and k not in self.lagging]
+        if not peers:
+            return
+        start = time.monotonic()
+        for k in wait(peers, self.round_timeout):
+            log.warning("client %d: neighbour %d took no model for %.0f s; not waiting for it until it answers", self.id, k, self.round_timeout)
+            self.lagging.add(k)
+        self.paced_seconds += time.monotonic() - start
 
     def send_all(self, round_: int, outgoing, to: Iterable[int]) -> None:
         """Send the round's model (``outgoing``: a

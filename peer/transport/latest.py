@@ -140,6 +140,25 @@ class LatestInbox(Inbox):
         with self._cond:
             self._latest.pop(sender, None)
 
+    def forget_unfinished(self, sender: int) -> None:
+        """``sender`` cannot be reached: let go of its held model unless it is of the run's last
+        step (a neighbour that finished stays a candidate with its last model; one that died
+        mid-run would otherwise be aggregated, unchanged, at every step until it comes back)."""
+        with self._cond:
+            held = self._latest.get(sender)
+            if held is not None and held.message.round < self.last_step:
+                del self._latest[sender]
+
+    def wait_for_all(self, senders, timeout: float) -> None:
+        """Block until a model of each of ``senders`` is held, or ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while any(k not in self._latest for k in senders):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
     def versions(self) -> int:
         """How many messages were kept so far (a mark for :meth:`wait_news`)."""
         with self._cond:

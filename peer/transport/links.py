@@ -266,9 +266,17 @@ class EmulatedLinks:
         with self._cond:
             return len(self._heap)
 
+    def wait_room(self, peers, timeout: float) -> list[int]:
+        """The inner transport's (see :meth:`GrpcTransport.wait_room`); [] when it has none."""
+        wait = getattr(self.inner, "wait_room", None)
+        return wait(peers, timeout) if wait is not None else []
+
     def offer(self, to: int) -> bool:
         """Whether a message to ``to`` is to be made and sent now: not while its link still
         transmits the last one, with ``newest_only`` (counted in ``skipped_busy``)."""
+        inner = getattr(self.inner, "offer", None)
+        if inner is not None and not inner(to):
+            return False
         schedule = self.schedules.get(to)
         if not self.newest_only or schedule is None:
             return True

@@ -23,6 +23,9 @@ class SendingTransport(Protocol):
     send_timeout: float
     idle_call_timeout: float
     newest_only: bool  # queue the newest message only (asynchronous gossip)
+
+    def room_made(self) -> None:
+        """A neighbour's queue has room again (a queued message went into flight, or was let go)."""
     # Neighbour -> (round, accepted, reason) of its last reply.
     peer_replies: dict[int, tuple[int, bool, str]]
     # Told (peer, "reachable" | "unreachable") as replies come back or fail to.
@@ -126,6 +129,7 @@ class Sender:
         self.in_flight = True
         chunks = self.queue.popleft()
         self.queued_bytes -= wire_size(chunks)
+        self.transport.room_made()
         return chunks
 
     async def wait_idle(self) -> None:
@@ -140,6 +144,7 @@ class Sender:
         with self.lock:
             self.queue.clear()
             self.queued_bytes = 0
+        self.transport.room_made()
         self.task.cancel()
         self._settle()
 
@@ -263,6 +268,7 @@ class Sender:
             while self.queue and wire_round(self.queue[0]) < reply.round:
                 self.queued_bytes -= wire_size(self.queue.popleft())  # queued in round order: the oldest go first
                 self.skipped_stale += 1
+                self.transport.room_made()
         self.transport.peer_replies[self.peer] = (reply.round, reply.accepted, reply.reason)
         self.transport._on_reachability(self.peer, "reachable")
         if not reply.accepted:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -90,6 +91,8 @@ class GrpcTransport:
         self._on_reachability: Reachability = lambda peer, state: None
         self.bytes_sent = 0
         self.dropped = 0  # queued messages pushed out by newer ones
+        self.skipped_busy = 0  # models not made for a neighbour whose queue was full (offer)
+        self._room = threading.Condition()  # notified when a neighbour's queue has room again
         self._closed_stale = 0  # skipped_stale of the senders already closed
         # Each neighbour's latest reply: (its round, accepted, reason). A client that resumed
         # from a checkpoint learns from it which round its neighbours are in.
@@ -269,6 +272,41 @@ class GrpcTransport:
             return await asyncio.gather(*(ready(ch) for ch in self._channels.values()))
 
         return [peer for peer, ok in zip(self._channels, on_loop(every())) if not ok]
+
+    def offer(self, to: int) -> bool:
+        """Whether a model for ``to`` is to be made and sent now. Under asynchronous gossip
+        (``newest_only``) not while one already waits behind the message in flight: it would be
+        dropped for the newer one, and under a compression that sends differences a dropped
+        message leaves the receiver's copy behind the sender's (``skipped_busy`` counts these).
+        Asked before the model is encoded for the link."""
+        sender = self._senders.get(to)
+        if not self.newest_only or sender is None:
+            return True
+        with sender.lock:
+            if sender.queue:
+                self.skipped_busy += 1
+                return False
+        return True
+
+    def room_made(self) -> None:
+        with self._room:
+            self._room.notify_all()
+
+    def wait_room(self, peers: Iterable[int], timeout: float) -> list[int]:
+        """Wait until no message waits in the queue of any of ``peers`` (one may be in flight),
+        at most ``timeout`` seconds; returns those whose queue still holds one. Under
+        asynchronous gossip a client takes its next step only when its last model went out:
+        a receiver that answers slowly tells the sender to slow down, rather than have it
+        make models nobody will take in time."""
+        deadline = time.monotonic() + timeout
+        with self._room:
+            while True:
+                # A queue's length is read without its lock: a stale read only costs a recheck.
+                busy = [p for p in peers if (s := self._senders.get(p)) is not None and s.queue]
+                left = deadline - time.monotonic()
+                if not busy or left <= 0:
+                    return busy
+                self._room.wait(min(left, 0.5))
 
     def send(self, to: int, chunks: list[pb.ModelChunk]) -> None:
         if self.on_demand:
