@@ -3,7 +3,7 @@
 
     python bench/soak.py                                  # every case at full length (about an hour on 2 cores)
     python bench/soak.py --scenario ring --protocol async # one scenario and protocol, its four process cases
-    python bench/soak.py --short                          # the slow test's lengths (tests/multiprocess/test_soak.py)
+    python bench/soak.py --short --scenario ring           # the slow test's version (tests/multiprocess/test_soak.py)
     python bench/soak.py --json soak.json                 # the figures as JSON too
 
 Scenarios: ``ring`` (digits, a ring of 6 honest clients, DFedAvg, no attack: the ring of issue
@@ -49,7 +49,9 @@ SCENARIOS = {
     "default": [],
 }
 LENGTHS = {"sync": 3000, "async": 2400}
-SHORT = {"sync": 400, "async": 400}
+# The slow test's lengths: past every burst (16 messages) and deadline, and long enough that a
+# client restarted under load (its process start takes seconds then) rejoins a running network.
+SHORT = {"sync": 1000, "async": 2000}
 # The batched engine times asynchronous steps on its clock: every client at this compute.
 ASYNC_STEP_SECONDS = 0.01
 
@@ -87,6 +89,7 @@ class Figures:
     shut_out: int = 0
     held_back: int = 0
     restarts: int = 0
+    restarted: int | None = None  # the client killed and started again
     rounds_lost: int = 0
     seconds: float = 0.0
     failed: list[int] = field(default_factory=list)
@@ -279,14 +282,19 @@ def figures_of(case: Case, out: Path, summary: dict[str, Any], restart: dict[str
         case=case.name, rounds=summary["rounds"], accuracy=summary.get("honest_mean_accuracy"), worst=summary.get("worst_accuracy"),
         with_neighbours=round(sum(shares) / len(shares), 4) if shares else None, with_neighbours_min=round(min(shares), 4) if shares else None,
         restarted_after=round(after, 4) if after is not None else None, honest_shut_out=honest_shut, shut_out=shut, held_back=held,
-        restarts=restarts, rounds_lost=lost, seconds=round(summary.get("wall_seconds") or 0.0, 1), failed=list(summary.get("failed_peers") or []),
+        restarts=restarts, restarted=victim, rounds_lost=lost, seconds=round(summary.get("wall_seconds") or 0.0, 1), failed=list(summary.get("failed_peers") or []),
         warnings=list(summary.get("warnings") or []),
     )
 
 
+def folder_of(case: Case) -> str:
+    """The run folder of ``case`` under the bench's ``--out``."""
+    return case.name.replace("/", "-").replace("+", "-")
+
+
 def run_case(case: Case, rounds: int, out_root: Path, *, extra: list[str], restart_after: float, max_seconds: float) -> Figures:
     args = scenario_args(case.scenario, case.protocol, rounds, extra)
-    out = out_root / case.name.replace("/", "-").replace("+", "-")
+    out = out_root / folder_of(case)
     log(f"{case.name}: {rounds} {'steps' if case.protocol == 'async' else 'rounds'}")
     if case.engine == "batched":
         if case.protocol == "async":
@@ -344,9 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=["sync", "async", "all"], default="all")
     parser.add_argument("--restart", choices=["yes", "no", "both"], default="both")
     parser.add_argument("--load", choices=["yes", "no", "both"], default="both")
-    parser.add_argument("--short", action="store_true", help="the slow test's lengths (400 rounds and steps) and round_timeout 2 s")
+    parser.add_argument(
+        "--short", action="store_true",
+        help="the slow test's version: 1,000 rounds, 2,000 steps, round_timeout 2 s, a checkpoint every 20 rounds, a restart after 1 s",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="rounds (steps) of every case (default: sync 3000, async 2400)")
-    parser.add_argument("--restart-after", type=float, default=5.0, help="seconds a killed client stays down")
+    parser.add_argument("--restart-after", type=float, default=None, help="seconds a killed client stays down (default 5, --short 1)")
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="a process run is stopped after this long")
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE", help="more scenario settings")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' folders here (default: a temporary folder)")
@@ -361,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = list(args.extra)
     if args.short:
         extra = ["network.round_timeout=2", "checkpoint.every=20", *extra]
+    restart_after = args.restart_after if args.restart_after is not None else (1.0 if args.short else 5.0)
     temp = None
     out_root = args.out
     if out_root is None:
@@ -371,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for case in cases(scenarios, protocols, both[args.restart], both[args.load]):
             rounds = args.rounds or (SHORT if args.short else LENGTHS)[case.protocol]
-            f = run_case(case, rounds, out_root, extra=extra, restart_after=args.restart_after, max_seconds=args.max_seconds)
+            f = run_case(case, rounds, out_root, extra=extra, restart_after=restart_after, max_seconds=args.max_seconds)
             if case.engine == "batched":
                 reference[case.scenario, case.protocol] = f.accuracy
             else:

@@ -64,6 +64,46 @@ def test_a_client_that_ended_alone_is_listed_as_isolated(tmp_path):
     assert s["isolated_peers"] == [1] and s["failed_peers"] == []
 
 
+def test_what_the_network_did_to_honest_clients_is_said_not_hidden_behind_ok(tmp_path):
+    # Prepare: 100 rounds. Client 0 alone in 2 of them (over 1 %), client 1 in 1 (not over);
+    # client 0's server shut out honest client 1 twice and Byzantine client 2 once.
+    write_peer(tmp_path, 0, "honest", 80.0, 80.0, [{0: 0.5, 1: 0.5}] * 98 + [{0: 1.0}] * 2)
+    write_peer(tmp_path, 1, "honest", 82.0, 82.0, [{1: 1.0}] + [{1: 0.5, 0: 0.5}] * 99)
+    write_peer(tmp_path, 2, "byzantine", None, None, [{}] * 100)
+    final = json.loads((tmp_path / "peers" / "0.json").read_text())
+    write_json_atomic(tmp_path / "peers" / "0.json", {**final, "shut_out": {"1": 2, "2": 1}})
+
+    # Execute
+    s = summarize(tmp_path, roles={0: "honest", 1: "honest", 2: "byzantine"}, pids={}, exit_codes={}, rounds=100, wall_seconds=1.0)
+
+    # Assert
+    assert s["alone_peers"] == {"0": 0.02} and s["honest_senders_shut_out"] == {"0": {"1": 2}}
+    assert s["peers"]["0"]["rounds_alone"] == 2 and s["peers"]["1"]["rounds_alone"] == 1
+    assert s["peers"]["0"]["notes"] == ["alone 2% of rounds", "shut out honest 1"] and "notes" not in s["peers"]["1"]
+    assert s["warnings"] == [
+        "honest clients aggregated their own model only in more than 1% of their rounds: 0 (2%)",
+        "honest senders were shut out for sending past their rate bound: 1 by 0",
+    ]
+    # The launcher's table and closing line say it too.
+    from rich.console import Console
+
+    from dfedrw.launch.local import print_summary
+
+    console = Console(record=True, width=200)
+    print_summary(s, console)
+    text = console.export_text()
+    assert "ok, alone 2% of rounds; shut out honest 1" in text
+    assert "failed none; alone 0 (2%); honest shut out 1 by 0; 100 rounds in 1.0 s" in text
+    assert "warning: honest senders were shut out for sending past their rate bound: 1 by 0" in text
+
+
+def test_a_healthy_run_has_no_warnings(tmp_path):
+    write_peer(tmp_path, 0, "honest", 80.0, 80.0, [{0: 0.5, 1: 0.5}] * 10)
+    write_peer(tmp_path, 1, "honest", 80.0, 80.0, [{0: 0.5, 1: 0.5}] * 10)
+    s = summarize(tmp_path, roles={0: "honest", 1: "honest"}, pids={}, exit_codes={}, rounds=10, wall_seconds=0)
+    assert s["warnings"] == [] and s["alone_peers"] == {} and s["honest_senders_shut_out"] == {}
+
+
 # -- one run per results folder ------------------------------------------------------------------
 def test_a_client_started_again_moves_the_earlier_round_log_aside(tmp_path):
     write_peer(tmp_path, 0, "honest", None, None, [{0: 1.0}, {0: 1.0}, {0: 1.0}], completed=False)
