@@ -130,6 +130,7 @@ class Client:
         self.presence = Presence(
             client_id, self.neighbours, inbox=self.inbox, transport=transport, graphs=self.graphs, round_timeout=net.round_timeout,
             round_window=net.round_window, collusion=self.collusion, stall_timeout=net.stall_timeout, newest_only=net.asynchronous,
+            tolerate=told_byzantine(scenario.aggregation_for(client_id), self.topology, client_id) if self.role == "honest" else 0,
         )
         self.encoder, decoder = client_codec(scenario, client_id, self.specs)  # its models on the wire, and its neighbours'
         self.intake = ModelIntake(self.inbox, self.specs, self.plausible, self.max_bytes, collusion=self.collusion, after=self.presence.after_offer, decoder=decoder)

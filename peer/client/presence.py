@@ -12,8 +12,9 @@ from again, but still sent every model. The model sent last is kept until its ro
 passed, so that a neighbour that comes back in that round can be sent it again.
 
 The lead bound (synchronous rounds on a fixed graph): a client does not begin round ``r``
-while a neighbour it stopped waiting for, and can reach, is known to be in a round before
-``r - round_window``: its model of ``r`` would reach that neighbour too far ahead to be kept,
+while neighbours it stopped waiting for, and can reach, are known to be in a round before
+``r - round_window``, more of them than the Byzantine neighbours it is told of (``tolerate``: a
+Byzantine neighbour that lies about its round, or creeps on, cannot set its pace): its model of ``r`` would reach that neighbour too far ahead to be kept,
 and a client that stopped waiting for everyone would otherwise race through its remaining
 rounds alone. (A neighbour it still waits for holds it back at the barrier.) What a client
 knows of a neighbour's round is the highest label of any model it had from it and the round
@@ -45,13 +46,13 @@ class Presence:
     """The neighbours client ``own_id`` waits for and sends to. ``inbox``: its inbox (the set
     not waited for, the round it is in); ``transport``: what it sends with; ``graphs``: the
     round graphs; ``round_timeout``, ``round_window`` and ``max_missed_rounds``: the network's
-    settings (``stall_timeout``: see the module); ``collusion``: a colluder's exchange with the other colluders (told of their
+    settings (``stall_timeout``, ``tolerate``: see the module); ``collusion``: a colluder's exchange with the other colluders (told of their
     reachability too), or None; ``newest_only`` (asynchronous gossip): a neighbour whose reply
     says it holds a newer model of this client is not sent an older one."""
 
     def __init__(
         self, own_id: int, neighbours: Iterable[int], *, inbox, transport, graphs, round_timeout: float, round_window: int, collusion=None,
-        stall_timeout: float = 60.0, newest_only: bool = False,
+        stall_timeout: float = 60.0, newest_only: bool = False, tolerate: int = 0,
     ) -> None:
         self.id = own_id
         self.neighbours = tuple(neighbours)
@@ -71,6 +72,7 @@ class Presence:
         self.last_sent: tuple[int, Any] | None = None  # (round, chunks) this client sent last
         # The lead bound: each neighbour's highest known round and when it last moved on.
         self.stall_seconds = stall_timeout
+        self.tolerate = tolerate
         self.known: dict[int, int] = {}
         self._moved_at: dict[int, float] = {}
         self._news = threading.Condition()
@@ -194,9 +196,10 @@ class Presence:
             ]
 
     def hold_back(self, r: int, check_stop: Callable[[], None]) -> None:
-        """Before round ``r`` (a fixed graph, synchronous rounds): wait until no neighbour holds
-        it back (:meth:`behind`); ``check_stop`` is called now and then (it raises to stop)."""
-        if self.graphs.dynamic or not self.behind(r):
+        """Before round ``r`` (a fixed graph, synchronous rounds): wait until no more than
+        ``tolerate`` neighbours hold it back (:meth:`behind`); ``check_stop`` is called now and
+        then (it raises to stop)."""
+        if self.graphs.dynamic or len(self.behind(r)) <= self.tolerate:
             return
         start = time.monotonic()
         waited = self.behind(r)
@@ -204,7 +207,7 @@ class Presence:
         while True:
             check_stop()
             late = self.behind(r)
-            if not late:
+            if len(late) <= self.tolerate:
                 break
             with self._news:
                 left = min(self.stall_seconds - (time.monotonic() - self._moved_at[k]) for k in late)
