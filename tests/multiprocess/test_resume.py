@@ -4,12 +4,7 @@ processes on loopback with static addresses and mutual TLS, as ``python -m dfedr
 from __future__ import annotations
 
 import json
-import os
-import random
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,8 +15,8 @@ from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 from dfedrw.peer.transport.identity import make_certificates
 from dfedrw.peer.results.records import read_final, read_rounds
 from tests.support.runs import wait_for
+from tests.support.scripts import load_bench
 
-REPO = Path(__file__).resolve().parents[2]
 N = 5
 VICTIM = 2
 NEIGHBOURS = (1, 3)  # on the ring
@@ -34,56 +29,16 @@ SCENARIO = [
 ]
 
 
-def _free_ports(n: int) -> list[int]:
-    """Ports nobody listens on now, below the ephemeral range: a port handed out by bind(0)
-    could be taken meanwhile by an outgoing connection (the clients' own among them)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random(os.getpid())
-    ports: list[int] = []
-    for _ in range(2000):
-        if len(ports) == n:
-            break
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if port not in ports:
-            ports.append(port)
-    assert len(ports) == n, "no free ports below the ephemeral range"
-    return ports
-
-
 class Clients:
+    """The bench's client processes (bench/soak.py ``Processes``: static addresses, mutual TLS),
+    with the waits and log tails this test reads."""
+
     def __init__(self, out: Path, certs: Path, scenario_file: Path) -> None:
-        self.out, self.certs, self.scenario_file = out, certs, scenario_file
-        self.ports = _free_ports(N)
-        self.procs: dict[int, subprocess.Popen] = {}
-        (out / "logs").mkdir(parents=True, exist_ok=True)
-
-    def start(self, k: int, log_name: str | None = None) -> None:
-        book = [f"--peer={j}=127.0.0.1:{p}" for j, p in enumerate(self.ports)]
-        argv = [
-            sys.executable, "-m", "dfedrw.peer", "--scenario", str(self.scenario_file), "--id", str(k), "--out", str(self.out),
-            "--listen-port", str(self.ports[k]), "--certs", str(self.certs), *book,
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        with (self.out / "logs" / (log_name or f"{k}.log")).open("w") as log:
-            self.procs[k] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        self.out = out
+        self.processes = load_bench("soak").Processes(out, scenario_file, certs, N)
+        self.procs = self.processes.procs
+        self.start = self.processes.start
+        self.kill_all = self.processes.stop_all
 
     def tails(self) -> str:
         parts = []
@@ -95,8 +50,8 @@ class Clients:
         wait_for(predicate, timeout, what, step=step, detail=self.tails)
 
     def wait_exit(self, timeout: float) -> dict[int, int]:
-        self.wait_for(lambda: all(p.poll() is not None for p in self.procs.values()), timeout, "every client to finish")
-        return {k: p.returncode for k, p in self.procs.items()}
+        self.wait_for(lambda: not self.processes.running(), timeout, "every client to finish")
+        return self.processes.exit_codes()
 
 
 def _last_round(out: Path, k: int) -> int:
@@ -155,9 +110,9 @@ def test_killed_client_resumes_and_rejoins_its_ring(tmp_path, record_property):
         )
         clients.wait_for(gone, 60, f"clients {NEIGHBOURS} to stop waiting for client {VICTIM}")
         neighbour_rounds_at_restart = {j: _last_round(out, j) for j in NEIGHBOURS}
-        clients.start(VICTIM, log_name=f"{VICTIM}.restarted.log")
+        clients.start(VICTIM)
         t_launched = time.monotonic()
-        restarted_log = out / "logs" / f"{VICTIM}.restarted.log"
+        restarted_log = out / "logs" / f"{VICTIM}.2.log"  # its second process's
         # Time from the resumed client's first round to the first round it aggregated both
         # neighbours' models of that same round: back in step.
         clients.wait_for(lambda: "restart 1;" in restarted_log.read_text(errors="replace"), 60, "the restarted client to resume", step=0.02)
