@@ -11,6 +11,7 @@ from typing import Any
 import tomli_w
 from dfedrw.peer.config.scenario import ScenarioError
 from dfedrw.peer.config.overrides import parse_override
+from dfedrw.peer.quote import shown
 
 
 GRID_KEYS = ("base", "set", "axes", "variants", "exclude", "report")
@@ -76,7 +77,7 @@ def _label(value: Any) -> str:
 
 def _string_list(where: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SweepError(f"{where} must be a list of \"key=value\" strings, got {value!r}")
+        raise SweepError(f"{where} must be a list of \"key=value\" strings, got {shown(value)}")
     for text in value:
         try:
             parse_override(text)
@@ -103,7 +104,7 @@ def load_grid(path: str | Path) -> Grid:
     base = None
     if raw.get("base"):
         if not isinstance(raw["base"], str):
-            raise SweepError(f"{path}: base must be a path string, got {raw['base']!r}")
+            raise SweepError(f"{path}: base must be a path string, got {shown(raw['base'])}")
         base = (path.parent / raw["base"]).resolve()
         if not base.is_file():
             raise SweepError(f"{path}: base scenario file {'is a folder' if base.is_dir() else 'not found'}: {base}")
@@ -121,13 +122,13 @@ def load_grid(path: str | Path) -> Grid:
         raise SweepError(f"{path}: [axes] must be a table of key = [values]")
     for name, values in plain.items():
         if not isinstance(values, list) or not values:
-            raise SweepError(f"{path}: axis '{name}' needs a non-empty list of values, got {values!r}")
+            raise SweepError(f"{path}: axis '{name}' needs a non-empty list of values, got {shown(values)}")
         if name in fixed_keys:
-            raise SweepError(f"{path}: {name} is an axis and is also in set ({fixed_keys[name]!r}), which the axis overrides at every point; drop one")
+            raise SweepError(f"{path}: {name} is an axis and is also in set ({shown(fixed_keys[name])}), which the axis overrides at every point; drop one")
         entries = []
         for v in values:
             if not isinstance(v, (str, int, float, bool)):
-                raise SweepError(f"{path}: axis '{name}': value {v!r} must be a string, number or boolean")
+                raise SweepError(f"{path}: axis '{name}': value {shown(v)} must be a string, number or boolean")
             entries.append(AxisValue(_label(v), (f"{name}={toml_value(v)}",), v))
         axes.append(Axis(name, tuple(entries)))
 

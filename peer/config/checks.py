@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Any
+from dfedrw.peer.quote import shown
 
 
 class ScenarioError(ValueError):
@@ -13,7 +14,7 @@ class ScenarioError(ValueError):
 
 def check_choice_of(key: str, value: Any, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ScenarioError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+        raise ScenarioError(f"{key}={shown(value)} is not valid; choose one of: {', '.join(choices)}")
 
 
 def bound_text(x: float) -> str:
@@ -28,7 +29,7 @@ def check_in_range(key: str, value: float, lo: float, hi: float, *, open_lo: boo
     if not (finite and above and below):
         interval = f"{'(' if open_lo else '['}{bound_text(lo)}, {bound_text(hi)}{')' if open_hi else ']'}"
         what = "an integer" if isinstance(value, int) else "a finite number"
-        raise ScenarioError(f"{key}={value!r} must be {what} in {interval}")
+        raise ScenarioError(f"{key}={shown(value)} must be {what} in {interval}")
 
 
 # Limits shared by several keys. Clients are OS processes with a gRPC server each, so a few
@@ -60,25 +61,25 @@ def coerce_value(key: str, value: Any, type_name: str) -> Any:
     """Check a TOML value against a field's annotated type (annotations are strings here)."""
     t = str(type_name)
     if isinstance(value, bool) and t != "bool":
-        raise ScenarioError(f"{key}={value!r}: expected {t}, got a boolean")
+        raise ScenarioError(f"{key}={shown(value)}: expected {t}, got a boolean")
     if t == "int":
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if not isinstance(value, int):
-            raise ScenarioError(f"{key}={value!r}: expected an integer")
+            raise ScenarioError(f"{key}={shown(value)}: expected an integer")
         return value
     if t == "float":
         if not isinstance(value, (int, float)):
-            raise ScenarioError(f"{key}={value!r}: expected a number")
+            raise ScenarioError(f"{key}={shown(value)}: expected a number")
         return float(value)
     if t == "str":
         if not isinstance(value, str):
-            raise ScenarioError(f"{key}={value!r}: expected a string")
+            raise ScenarioError(f"{key}={shown(value)}: expected a string")
         return value
     if t == "float | str":
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str):
             return value
-        raise ScenarioError(f"{key}={value!r}: expected a number or a string")
+        raise ScenarioError(f"{key}={shown(value)}: expected a number or a string")
     return value

@@ -5,6 +5,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 from dfedrw.peer.config.checks import ScenarioError
+from dfedrw.peer.quote import shown
 
 
 def _key_path(key: str) -> list[str] | None:
@@ -35,7 +36,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             except tomllib.TOMLDecodeError:
                 parsed = value
             return path, parsed
-    raise ScenarioError(f"override {text!r} must look like key=value, e.g. rounds=100 or attack.\"mylab:MyAttack\".k=2")
+    raise ScenarioError(f"override {shown(text)} must look like key=value, e.g. rounds=100 or attack.\"mylab:MyAttack\".k=2")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -47,7 +48,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ScenarioError(f"override {text!r}: '{part}' is not a table")
+                raise ScenarioError(f"override {shown(text)}: {shown(part)} is not a table")
             node = child
         node[path[-1]] = value
     return out

@@ -68,6 +68,7 @@ from dfedrw.peer.config.sections import (  # noqa: F401 - the sections are named
 )
 from dfedrw.peer.kinds.table import KINDS
 from dfedrw.peer.config.checks import MAX_ROUNDS, check_in_range, coerce_value
+from dfedrw.peer.quote import shown
 
 
 # Set while :func:`load_validated` reads a scenario that was validated before: its checks are not run again.
@@ -237,7 +238,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     for name, cls in _SECTIONS.items():
         table = raw.get(name, {})
         if not isinstance(table, Mapping):
-            raise ScenarioError(f"'{name}' must be a table, got {table!r}")
+            raise ScenarioError(f"'{name}' must be a table, got {shown(table)}")
         if name == "aggregation":
             kwargs[name] = parse_aggregation(name, table)
             continue
@@ -274,7 +275,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
             continue
         over = table["aggregation"]
         if not isinstance(over, Mapping):
-            raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {over!r}")
+            raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {shown(over)}")
         peers[client] = deep_copy(over)
     kwargs["peers"] = peers
     kwargs["speeds"] = speeds

@@ -483,3 +483,31 @@ def test_the_protocol_is_written_only_when_it_is_asynchronous():
     assert "protocol" not in scenario_to_dict(load_scenario(None, []))["network"]
     written = scenario_to_dict(load_scenario(None, ["network.protocol='async'", "network.max_staleness=4"]))["network"]
     assert written["protocol"] == "async" and written["max_staleness"] == 4
+
+
+# -- a value of megabytes: quoted cut, with its length -------------------------------------------
+
+
+@pytest.mark.parametrize("value, where", [
+    ('"' + "x" * 5_000_000 + '"', "rounds"),  # a scenario key's own check
+    ('"' + "x" * 5_000_000 + '"', "attack.alie.z"),  # a class's check, repeated by the key's
+    ('"' + "x" * 5_000_000 + '"', "data.partition"),
+    ("[" + ", ".join(["1"] * 100_000) + "]", "rounds"),
+])
+def test_a_huge_value_is_quoted_cut_with_its_length(value, where):
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(None, [f"{where}={value}"])
+    message = str(caught.value)
+    assert message.startswith(f"{where}=") and len(message) < 600, message[:600]
+    assert re.search(r"\.\.\. \([\d_]+ characters\)", message)
+
+
+def test_shown_quotes_short_values_whole_and_long_ones_cut():
+    from dfedrw.peer.quote import SHOWN_CHARS, cut, shown
+
+    assert shown("abc") == "'abc'" and shown(3.5) == "3.5" and shown([1, 2]) == "[1, 2]"
+    assert shown("x" * 1000) == repr("x" * SHOWN_CHARS) + "... (1_000 characters)"
+    assert shown(list(range(1000))).endswith(f"... ({len(repr(list(range(1000)))):_} characters)")
+    assert cut("short") == "short"
+    long = "head " + "y" * 10_000 + " tail"
+    assert cut(long, 100).startswith("head ") and cut(long, 100).endswith(" tail") and "(9_910 characters left out)" in cut(long, 100)
