@@ -3,13 +3,13 @@ for the format in full and what a sweep does with the points)."""
 
 from __future__ import annotations
 import itertools
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 import tomli_w
 from dfedrw.peer.config.scenario import ScenarioError
+from dfedrw.peer.config.checks import parse_toml
 from dfedrw.peer.config.overrides import parse_override
 from dfedrw.peer.quote import shown
 
@@ -90,11 +90,13 @@ def load_grid(path: str | Path) -> Grid:
     """Read and check a grid file (the module docstring describes the format)."""
     path = Path(path).resolve()
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not TOML: dropped
+        raw = parse_toml(path.read_text(encoding="utf-8-sig"), str(path))  # a byte-order mark is not TOML: dropped
     except FileNotFoundError:
         raise SweepError(f"grid file not found: {path}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise SweepError(f"{path}: not valid TOML: {exc}") from None
+    except ScenarioError as exc:
+        raise SweepError(str(exc)) from None
     if not raw:
         raise SweepError(f"{path}: an empty grid; give it a base, set, [axes] or [[variants.NAME]] (see `dfedrw sweep --help`)")
     for key in raw:

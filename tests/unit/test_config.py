@@ -485,7 +485,62 @@ def test_the_protocol_is_written_only_when_it_is_asynchronous():
     assert written["protocol"] == "async" and written["max_staleness"] == 4
 
 
-# -- a value of megabytes: quoted cut, with its length -------------------------------------------
+# -- input too deep or too long: one line naming it, never a RecursionError or megabytes ---------
+
+
+def _nested_array(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("text, at", [
+    (f"zz = {_nested_array(3000)}\n", None),  # past the parser's own recursion
+    (f"zz = {_nested_array(40)}\n", "zz[0]"),  # parsed, then refused by the nesting check
+    (f"zz = {'{a = ' * 3000}1{'}' * 3000}\n", None),  # inline tables recurse like arrays
+    ("[" + ".".join(["a"] * 1200) + "]\n", "a.a.a"),  # a header is parsed without recursion
+    (".".join(["a"] * 1200) + " = 1\n", "a.a.a"),
+])
+def test_a_scenario_nested_too_deep_is_one_line(tmp_path, text, at):
+    from dfedrw.peer.config.checks import MAX_NESTING
+
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=f"deep.toml: tables and arrays nested more than {MAX_NESTING} deep") as caught:
+        load_scenario(path)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 400
+    if at:
+        assert f" at '{at}" in message
+
+
+@pytest.mark.parametrize("override", [
+    "rounds=" + _nested_array(3000),
+    "rounds=" + _nested_array(40),
+    ".".join(["a"] * 1200) + "=1",
+    "peers.1.aggregation." + ".".join(["a"] * 1200) + "=1",
+    "x = " + _nested_array(3000) + " = 1",  # what stands before the second "=" is no key
+])
+def test_an_override_nested_too_deep_is_one_line(override):
+    with pytest.raises(ScenarioError, match=r"^override '.*: tables and arrays nested more than 32 deep") as caught:
+        load_scenario(None, [override])
+    assert len(str(caught.value)) < 500
+
+
+def test_a_scenario_of_the_deepest_useful_nesting_loads():
+    # A CRS's settings table of one client: the deepest place a scenario has.
+    s = load_scenario(None, ["peers.1.aggregation.crs=softmax", "peers.1.aggregation.crs_params.softmax.temperature=0.5"])
+    assert s.aggregation_for(1).params("crs") == {"temperature": 0.5}
+
+
+def test_a_table_built_in_code_is_measured_without_recursion():
+    from dfedrw.peer.config.checks import check_nesting
+
+    deep: dict = {}
+    node = deep
+    for _ in range(100_000):
+        node["a"] = node = {}
+    with pytest.raises(ScenarioError, match="more than 32 deep"):
+        scenario_from_dict(deep)
+    check_nesting("shallow", {"a": [{"b": [1, 2]}]})
 
 
 @pytest.mark.parametrize("value, where", [
