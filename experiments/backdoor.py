@@ -33,10 +33,10 @@ group.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dfedrw.peer.config.checks import ScenarioError, parse_toml
 from dfedrw.experiments.formatting import (
     MISSING, NOT_IN_GRID, cells_csv, csv_text, fmt, md_header, md_row, missing_lines, seed_note, signed,
 )
@@ -354,8 +354,8 @@ def _attack_stop(table: Table, rows: list[tuple[str, ...]], column: str) -> int:
             continue
         for run in cell.runs:
             try:
-                scenario = tomllib.loads((run.folder / "scenario.toml").read_text(encoding="utf-8"))
-            except (OSError, tomllib.TOMLDecodeError):
+                scenario = parse_toml((run.folder / "scenario.toml").read_text(encoding="utf-8"), str(run.folder))
+            except (OSError, UnicodeDecodeError, ScenarioError):
                 return 0
             stops.add(int(scenario.get("attack", {}).get("stop", 0)))
     return stops.pop() if len(stops) == 1 else 0

@@ -3,14 +3,15 @@ for the format in full and what a sweep does with the points)."""
 
 from __future__ import annotations
 import itertools
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 import tomli_w
 from dfedrw.peer.config.scenario import ScenarioError
+from dfedrw.peer.config.checks import parse_toml
 from dfedrw.peer.config.overrides import parse_override
+from dfedrw.peer.quote import shown
 
 
 GRID_KEYS = ("base", "set", "axes", "variants", "exclude", "report")
@@ -76,7 +77,7 @@ def _label(value: Any) -> str:
 
 def _string_list(where: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SweepError(f"{where} must be a list of \"key=value\" strings, got {value!r}")
+        raise SweepError(f"{where} must be a list of \"key=value\" strings, got {shown(value)}")
     for text in value:
         try:
             parse_override(text)
@@ -89,11 +90,13 @@ def load_grid(path: str | Path) -> Grid:
     """Read and check a grid file (the module docstring describes the format)."""
     path = Path(path).resolve()
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not TOML: dropped
+        raw = parse_toml(path.read_text(encoding="utf-8-sig"), str(path))  # a byte-order mark is not TOML: dropped
     except FileNotFoundError:
         raise SweepError(f"grid file not found: {path}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise SweepError(f"{path}: not valid TOML: {exc}") from None
+    except ScenarioError as exc:
+        raise SweepError(str(exc)) from None
     if not raw:
         raise SweepError(f"{path}: an empty grid; give it a base, set, [axes] or [[variants.NAME]] (see `dfedrw sweep --help`)")
     for key in raw:
@@ -103,7 +106,7 @@ def load_grid(path: str | Path) -> Grid:
     base = None
     if raw.get("base"):
         if not isinstance(raw["base"], str):
-            raise SweepError(f"{path}: base must be a path string, got {raw['base']!r}")
+            raise SweepError(f"{path}: base must be a path string, got {shown(raw['base'])}")
         base = (path.parent / raw["base"]).resolve()
         if not base.is_file():
             raise SweepError(f"{path}: base scenario file {'is a folder' if base.is_dir() else 'not found'}: {base}")
@@ -121,13 +124,13 @@ def load_grid(path: str | Path) -> Grid:
         raise SweepError(f"{path}: [axes] must be a table of key = [values]")
     for name, values in plain.items():
         if not isinstance(values, list) or not values:
-            raise SweepError(f"{path}: axis '{name}' needs a non-empty list of values, got {values!r}")
+            raise SweepError(f"{path}: axis '{name}' needs a non-empty list of values, got {shown(values)}")
         if name in fixed_keys:
-            raise SweepError(f"{path}: {name} is an axis and is also in set ({fixed_keys[name]!r}), which the axis overrides at every point; drop one")
+            raise SweepError(f"{path}: {name} is an axis and is also in set ({shown(fixed_keys[name])}), which the axis overrides at every point; drop one")
         entries = []
         for v in values:
             if not isinstance(v, (str, int, float, bool)):
-                raise SweepError(f"{path}: axis '{name}': value {v!r} must be a string, number or boolean")
+                raise SweepError(f"{path}: axis '{name}': value {shown(v)} must be a string, number or boolean")
             entries.append(AxisValue(_label(v), (f"{name}={toml_value(v)}",), v))
         axes.append(Axis(name, tuple(entries)))
 

@@ -9,7 +9,6 @@ import json
 import re
 import sys
 from collections import Counter
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, TextIO
 import tomli_w
 from rich.console import Console
 from dfedrw.peer.config.scenario import Scenario, ScenarioError, load_scenario, scenario_changes, scenario_from_dict, scenario_to_dict
+from dfedrw.peer.config.checks import parse_toml
 from dfedrw.peer.config.unused import unused_settings
 from dfedrw.experiments.grid import Grid, Point, SweepError, expand
 from dfedrw.experiments.report_spec import normalize_report_spec
@@ -94,8 +94,8 @@ def _names_engine(grid: Grid, points: Sequence[Point]) -> bool:
     """Whether the grid's base file, ``set``, axes or variants choose ``engine.name``."""
     if grid.base is not None:
         try:
-            base = tomllib.loads(Path(grid.base).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError):
+            base = parse_toml(Path(grid.base).read_text(encoding="utf-8"), str(grid.base))
+        except (OSError, UnicodeDecodeError, ScenarioError):
             base = {}  # load_scenario reports it, with the point
         if isinstance(base.get("engine"), Mapping) and "name" in base["engine"]:
             return True
@@ -156,8 +156,8 @@ def run_state(folder: Path, scenario: Scenario) -> str:
     if summary.get("interrupted") or summary.get("honest_mean_accuracy") is None:
         return "unfinished"
     try:
-        recorded = scenario_from_dict(tomllib.loads((folder / "scenario.toml").read_text(encoding="utf-8")))
-    except (OSError, tomllib.TOMLDecodeError, ScenarioError):
+        recorded = scenario_from_dict(parse_toml((folder / "scenario.toml").read_text(encoding="utf-8"), str(folder)))
+    except (OSError, UnicodeDecodeError, ScenarioError):
         return "different"
     # The engine that computed it is not part of what it is (a run of the clients engine is a
     # finished run of the same scenario for a sweep that uses the batched one).

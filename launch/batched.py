@@ -46,7 +46,7 @@ def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Pa
     (TOML files) as one batch (:func:`run_together`), each writing its results folder ``OUT``
     (and, with ``tensorboard``, its event files in ``tensorboard/<name of OUT>``). What a sweep
     runs for runs of one :func:`batch_key`."""
-    from dfedrw.launch.preflight import preflight
+    from dfedrw.launch.preflight import check_batch_memory, preflight
     from dfedrw.peer.config.scenario import load_scenario
     from dfedrw.peer.results.records import check_fresh_out_dir
     from dfedrw.peer.results.tensorboard import check_fresh_event_dir, require_tensorboard
@@ -69,6 +69,9 @@ def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Pa
         if board is not None:
             check_fresh_event_dir(board, range(scenario.num_clients))
         preflight(scenario)
+    if len(scenarios) > 1:
+        # Each run fits alone (preflight); the batch holds them all in this one process.
+        check_batch_memory(scenarios)
     runs = [BatchedRun(scenario, out, tensorboard=board) for scenario, (_, out), board in zip(scenarios, jobs, boards, strict=True)]
     rounds = scenarios[0].rounds
     console.print(f"batched engine: {len(runs)} runs as one batch, {sum(len(r.honest) for r in runs)} honest clients on {runs[0].device}")

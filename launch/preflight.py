@@ -8,7 +8,8 @@ from dfedrw.peer.config.scenario import Scenario, ScenarioError
 from dfedrw.peer.learning.datacache import verify_stored
 from dfedrw.peer.learning.datasets import check_available
 from dfedrw.peer.wiring.assembly import client_attack, client_rule
-from dfedrw.peer.wiring.memory import run_needs
+from dfedrw.peer.graph.topology import Topology
+from dfedrw.peer.wiring.memory import batched_needs, run_needs
 from dfedrw.peer.wiring.plan import scenario_graphs, scenario_topology
 from dfedrw.peer.wiring.build import scenario_dataset, scenario_model_specs
 
@@ -20,10 +21,17 @@ class NotEnoughMemory(ScenarioError):
     """The models a run's clients would hold do not fit the memory this machine has available."""
 
 
+# What to change, by where the memory goes: client processes each hold an inbox of the round window.
+_ADVICE = {
+    "clients": "use fewer clients, a smaller model, fewer neighbours (topology.rho) or a smaller network.round_window",
+    "batched": "use fewer clients, a smaller model or fewer neighbours (topology.rho)",
+}
+
+
 def preflight(scenario: Scenario) -> None:
     """Build every client's rule or attack and check the data first, so a bad setting fails
-    once, clearly, before any client starts; check that the clients' models fit the memory
-    available (:func:`check_memory`); then build (or check, digests and all) the data set's
+    once, clearly, before any client starts; check that the run fits the memory available
+    (:func:`check_memory`); then build (or check, digests and all) the data set's
     entry in the machine's data cache, which every client maps."""
     topology = scenario_topology(scenario)
     # A schedule is built, and its first round drawn and checked, before any client starts.
@@ -33,7 +41,7 @@ def preflight(scenario: Scenario) -> None:
             client_attack(scenario, topology, k)
         else:
             client_rule(scenario, topology, k)
-    check_memory(scenario)
+    check_memory(scenario, topology=topology)
     source = scenario_dataset(scenario.data)
     check_available(source)
     verify_stored(source)
@@ -53,16 +61,29 @@ def available_memory(meminfo: Path | None = None) -> int | None:
     return None
 
 
-def check_memory(scenario: Scenario, available: int | None = None) -> None:
-    """Refuse, in one line that gives the estimate, a run of client processes whose models
-    would not fit: the bound of every client (:mod:`dfedrw.peer.wiring.memory`) against
-    ``available`` bytes (default: what /proc/meminfo says is available now)."""
+def check_memory(scenario: Scenario, available: int | None = None, *, topology: Topology | None = None) -> None:
+    """Refuse, in one line that gives the estimate, a run that would not fit in ``available``
+    bytes (default: what /proc/meminfo says is available now): client processes by the bound
+    of every client (:func:`~dfedrw.peer.wiring.memory.run_needs`), the batched engine by what
+    its one process holds (:func:`~dfedrw.peer.wiring.memory.batched_needs`). ``topology``:
+    the scenario's graph, where the caller has drawn it."""
+    if scenario.engine.name == "batched":
+        check_batch_memory([scenario], available, topologies=[topology])
+        return
     available = available_memory() if available is None else available
     if available is None:
         return
     needs = run_needs(scenario, scenario_model_specs(scenario))
     if needs.total > available:
-        raise NotEnoughMemory(
-            f"{needs.describe()}; this machine has {available / 1e9:.1f} GB available: "
-            "use fewer clients, a smaller model, fewer neighbours (topology.rho) or a smaller network.round_window"
-        )
+        raise NotEnoughMemory(f"{needs.describe()}; this machine has {available / 1e9:.1f} GB available: {_ADVICE['clients']}")
+
+
+def check_batch_memory(scenarios: list[Scenario], available: int | None = None, *, topologies: list[Topology | None] | None = None) -> None:
+    """:func:`check_memory` of runs of the batched engine that one process runs as one batch."""
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    needs = batched_needs(scenarios, [scenario_model_specs(s) for s in scenarios], topologies)
+    if needs.total > available:
+        more = " or a smaller batch (dfedrw sweep --batch)" if len(scenarios) > 1 else ""
+        raise NotEnoughMemory(f"{needs.describe()}; this machine has {available / 1e9:.1f} GB available: {_ADVICE['batched']}{more}")

@@ -29,6 +29,7 @@ from dfedrw.peer.learning.data import DatasetUnavailable
 from dfedrw.peer.client.rendezvous import host_port
 from dfedrw.peer.client.link_messages import TOKEN_ENV
 from dfedrw.peer.results.tensorboard import INSTALL, TensorBoardUnavailable
+from dfedrw.peer.quote import cut
 
 
 # The variables that stand for ``dfedrw peer``'s flags.
@@ -180,21 +181,23 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Each message is cut to a readable length: the values it quotes are (peer.quote.shown), but
+    # a key, or a plugin's own message, may still carry megabytes of what it was given.
     try:
         return args.func(args)
     except ScenarioError as exc:
-        print(f"dfedrw: {exc}", file=sys.stderr)
+        print(f"dfedrw: {cut(str(exc))}", file=sys.stderr)
         return 2
     except (FileExistsError, DatasetUnavailable, TensorBoardUnavailable, ValueError) as exc:
         # Bad input: one clear line, no traceback.
-        print(f"dfedrw: {exc}", file=sys.stderr)
+        print(f"dfedrw: {cut(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:
         # A path that is not what the command needs (a folder for a file, a file for a folder,
         # nothing there, no permission), or the system refusing a write: one line that names
         # the path (the traceback with --verbose).
         logging.getLogger("dfedrw").debug("the error in full", exc_info=True)
-        print(f"dfedrw: {exc}", file=sys.stderr)
+        print(f"dfedrw: {cut(str(exc))}", file=sys.stderr)
         return 2 if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)) else 1
 
 

@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dfedrw.peer.quote import shown
+
 __all__ = [
     "SUPPLIED",
     "Registry",
@@ -169,12 +171,12 @@ class Registry(Mapping[str, type]):
     def register(self, name: str) -> Callable[[type], type]:
         """Class decorator: ``@REGISTRY.register("name")``. A name is registered once."""
         if not isinstance(name, str) or not name or ":" in name or "." in name:
-            raise ValueError(f"{self.kind} name {name!r}: a non-empty string without ':' or '.'")
+            raise ValueError(f"{self.kind} name {shown(name)}: a non-empty string without ':' or '.'")
 
         def add(cls: type) -> type:
             self.check_class(name, cls)
             if name in self._classes and self._classes[name] is not cls:
-                raise ValueError(f"{self.kind} {name!r} is already registered ({self._classes[name].__qualname__})")
+                raise ValueError(f"{self.kind} {shown(name)} is already registered ({self._classes[name].__qualname__})")
             self._classes[name] = cls
             return cls
 
@@ -185,9 +187,9 @@ class Registry(Mapping[str, type]):
             return
         if not inspect.isclass(cls):
             what = "a class or a function" if self._functions else "a class"
-            raise ValueError(f"{self.kind} {name!r}: {cls!r} is not {what}")
+            raise ValueError(f"{self.kind} {shown(name)}: {shown(cls)} is not {what}")
         if self._required and not any(_defines(cls, method) for method in self._required):
-            raise ValueError(f"{self.kind} {name!r}: class {cls.__qualname__} has no {' or '.join(self._required)} method")
+            raise ValueError(f"{self.kind} {shown(name)}: class {cls.__qualname__} has no {' or '.join(self._required)} method")
         for method, arguments in self._calls.items():
             if not _defines(cls, method):
                 continue
@@ -195,7 +197,7 @@ class Registry(Mapping[str, type]):
             if not _takes(found, len(arguments)):
                 kind = f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind}"
                 raise ValueError(
-                    f"{self.kind} {name!r}: {cls.__qualname__}.{method}{_signature_text(found)} cannot be "
+                    f"{self.kind} {shown(name)}: {cls.__qualname__}.{method}{_signature_text(found)} cannot be "
                     f"called as {kind}'s {method}({', '.join(arguments)}); is {cls.__qualname__} {kind}?"
                 )
 
@@ -254,7 +256,7 @@ class Registry(Mapping[str, type]):
         fails to import, a missing attribute, or something that is not a class with ``__call__``.
         """
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.kind} must be a name, got {name!r}")
+            raise ValueError(f"{self.kind} must be a name, got {shown(name)}")
         self._import_builtins()
         if name in self._classes:
             return self._classes[name]
@@ -263,25 +265,25 @@ class Registry(Mapping[str, type]):
             try:
                 cls = plugins[name].load()
             except Exception as exc:  # noqa: BLE001 - any failure of the plugin is reported
-                raise ValueError(f"{self.kind} {name!r}: plugin {plugins[name].value!r} failed to load: {_one_line(exc)}") from None
+                raise ValueError(f"{self.kind} {shown(name)}: plugin {shown(plugins[name].value)} failed to load: {_one_line(exc)}") from None
             self.check_class(name, cls)
             return cls
         if ":" not in name:
             raise ValueError(
-                f"unknown {self.kind} {name!r}; valid choices: {sorted(self.names())} "
+                f"unknown {self.kind} {shown(name)}; valid choices: {sorted(self.names())} "
                 f"(or an import path 'module:Class')"
             )
         module_name, _, attribute = name.partition(":")
         if not module_name or not attribute:
-            raise ValueError(f"{self.kind} {name!r}: an import path looks like 'package.module:Class'")
+            raise ValueError(f"{self.kind} {shown(name)}: an import path looks like 'package.module:Class'")
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # noqa: BLE001 - ImportError, or the module's own error
-            raise ValueError(f"{self.kind} {name!r}: cannot import module {module_name!r}: {_one_line(exc)}") from None
+            raise ValueError(f"{self.kind} {shown(name)}: cannot import module {shown(module_name)}: {_one_line(exc)}") from None
         cls: Any = module
         for part in attribute.split("."):
             if not hasattr(cls, part):
-                raise ValueError(f"{self.kind} {name!r}: module {module_name!r} has no attribute {attribute!r}")
+                raise ValueError(f"{self.kind} {shown(name)}: module {shown(module_name)} has no attribute {shown(attribute)}")
             cls = getattr(cls, part)
         self.check_class(name, cls)
         return cls
@@ -317,10 +319,10 @@ class Registry(Mapping[str, type]):
         supplied key, or a boolean for a non-boolean setting; the class checks the rest."""
         settings = {s.name: s for s in self.settings(name)}
         if key in self.supplied_names:
-            raise ValueError(f"{key!r} is set by the running system and cannot be configured")
+            raise ValueError(f"{shown(key)} is set by the running system and cannot be configured")
         if key not in settings:
             raise ValueError(
-                f"{self.kind} {name!r} has no setting {key!r}; settings: {', '.join(settings) or '(none)'}"
+                f"{self.kind} {shown(name)} has no setting {shown(key)}; settings: {', '.join(settings) or '(none)'}"
             )
         words = {w.strip() for w in settings[key].annotation.split("|")}
         if isinstance(value, bool):
@@ -341,13 +343,13 @@ class Registry(Mapping[str, type]):
         accepted = {p.name for p in _keyword_parameters(cls)}
         for key in params:
             if not isinstance(key, str):
-                raise ValueError(f"{self.kind} {name!r}: parameter names must be strings, got {key!r}")
+                raise ValueError(f"{self.kind} {shown(name)}: parameter names must be strings, got {shown(key)}")
             if key in self.supplied_names or key in (supplied or {}):
-                raise ValueError(f"{self.kind} {name!r}: {key!r} is set by the running system and cannot be configured")
+                raise ValueError(f"{self.kind} {shown(name)}: {shown(key)} is set by the running system and cannot be configured")
             if key not in accepted:
                 settings = [s.name for s in self.settings(name)]
                 raise ValueError(
-                    f"{self.kind} {name!r} has no setting {key!r}; settings: {', '.join(settings) or '(none)'}"
+                    f"{self.kind} {shown(name)} has no setting {shown(key)}; settings: {', '.join(settings) or '(none)'}"
                 )
         given = {k: v for k, v in (supplied or {}).items() if k in accepted}
         missing = [
@@ -356,7 +358,7 @@ class Registry(Mapping[str, type]):
             if p.default is inspect.Parameter.empty and p.name not in params and p.name not in given
         ]
         if missing:
-            raise ValueError(f"{self.kind} {name!r} requires {', '.join(missing)}")
+            raise ValueError(f"{self.kind} {shown(name)} requires {', '.join(missing)}")
         return cls(**given, **params)
 
     def create(self, name: str, **arguments: Any) -> Any:
@@ -368,7 +370,7 @@ class Registry(Mapping[str, type]):
         unused = [k for k in supplied if not self.takes(name, k)]
         if unused:
             settings = [s.name for s in self.settings(name)]
-            raise ValueError(f"{self.kind} {name!r} has no setting {unused[0]!r}; settings: {', '.join(settings) or '(none)'}")
+            raise ValueError(f"{self.kind} {shown(name)} has no setting {shown(unused[0])}; settings: {', '.join(settings) or '(none)'}")
         return self.build(name, {k: v for k, v in arguments.items() if k not in supplied}, supplied)
 
     def describe(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
@@ -404,7 +406,7 @@ def export_registered(package: str, names: dict[str, Any], *registries: Registry
         classes = registered()
         if name in classes:
             return classes[name]
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        raise AttributeError(f"module {shown(package)} has no attribute {shown(name)}")
 
     def dir_() -> list[str]:
         return sorted({*names, *registered()})
@@ -458,24 +460,24 @@ def check_real(
     more likely a configuration slip than a request for 1.0.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{owner}: {name} must be a real number, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be a real number, got {shown(value)}")
     number = float(value)
     if not math.isfinite(number):
-        raise ValueError(f"{owner}: {name} must be finite, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be finite, got {shown(value)}")
     if positive and not number > 0:
-        raise ValueError(f"{owner}: {name} must be > 0, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be > 0, got {shown(value)}")
     if nonnegative and not number >= 0:
-        raise ValueError(f"{owner}: {name} must be >= 0, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be >= 0, got {shown(value)}")
     return number
 
 
 def check_int(owner: str, name: str, value: object, *, minimum: int | None = None) -> int:
     """Return ``int(value)`` if it is an integer (not a bool) and at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{owner}: {name} must be an integer, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be an integer, got {shown(value)}")
     number = int(value)
     if minimum is not None and number < minimum:
-        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {shown(value)}")
     return number
 
 
@@ -483,5 +485,5 @@ def check_choice(owner: str, name: str, value: object, choices: Iterable[str]) -
     """Return ``value`` if it is one of ``choices``; otherwise name the valid ones."""
     valid = tuple(choices)
     if not isinstance(value, str) or value not in valid:
-        raise ValueError(f"{owner}: {name} must be one of {list(valid)}, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be one of {list(valid)}, got {shown(value)}")
     return value

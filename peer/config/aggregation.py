@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from dfedrw.peer.quote import shown
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.attacks.base import AttackerData, threat_model_of
 from dfedrw.peer.kinds.rules import ATTACK_REGISTRY
@@ -39,7 +40,7 @@ class AttackConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.colluding, bool):
-            raise ScenarioError(f"{self.prefix}.colluding={self.colluding!r}: expected true or false")
+            raise ScenarioError(f"{self.prefix}.colluding={shown(self.colluding)}: expected true or false")
         check_in_range(f"{self.prefix}.start", self.start, 0, MAX_ROUNDS)
         check_in_range(f"{self.prefix}.stop", self.stop, 0, MAX_ROUNDS)
         if self.stop and self.stop <= self.start:
@@ -49,7 +50,7 @@ class AttackConfig:
             model = threat_model_of(cls)
             if model is not None and model.colludes and not self.colluding:
                 raise ScenarioError(
-                    f"{self.prefix}.name={self.name!r} is an attack of colluding clients: set {self.prefix}.colluding = true"
+                    f"{self.prefix}.name={shown(self.name)} is an attack of colluding clients: set {self.prefix}.colluding = true"
                 )
 
     def attacks_in(self, r: int) -> bool:
@@ -92,7 +93,7 @@ class AggregationConfig:
         for kind in ("rule", "tpm", "crs"):
             resolve_class(kind, getattr(self, kind), f"{self.prefix}.{kind}")
         if isinstance(self.assumed_byzantine, bool) or not isinstance(self.assumed_byzantine, int):
-            raise ScenarioError(f"{self.prefix}.assumed_byzantine={self.assumed_byzantine!r}: expected an integer")
+            raise ScenarioError(f"{self.prefix}.assumed_byzantine={shown(self.assumed_byzantine)}: expected an integer")
         check_in_range(f"{self.prefix}.assumed_byzantine", self.assumed_byzantine, -1, MAX_CLIENTS)
 
     def tables(self, kind: str) -> dict[str, dict[str, Any]]:
@@ -117,7 +118,7 @@ AGGREGATION_KEYS = ("rule", "tpm", "crs", "assumed_byzantine")
 def parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationConfig | None = None) -> AggregationConfig:
     """An [aggregation] table (or a [peers.K.aggregation] override of ``base``)."""
     if not isinstance(table, Mapping):
-        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
+        raise ScenarioError(f"'{prefix}' must be a table, got {shown(table)}")
     base = base or AggregationConfig()
     tables = SettingsTables({k: getattr(base, f"{k}_params") for k in ("rule", "tpm", "crs")}, base.origins)
     scalars: dict[str, Any] = {}
@@ -125,7 +126,7 @@ def parse_aggregation(prefix: str, table: Mapping[str, Any], base: AggregationCo
         where = f"{prefix}.{key}"
         if key in ("rule", "tpm", "crs"):
             if not isinstance(value, str):
-                raise ScenarioError(f"{where}={value!r}: expected a string")
+                raise ScenarioError(f"{where}={shown(value)}: expected a string")
             scalars[key] = value
         elif key == "assumed_byzantine":
             scalars[key] = coerce_value(where, value, "int")
@@ -168,7 +169,7 @@ def _class_table_or_legacy(tables: SettingsTables, section: str, prefix: str, ke
 
 def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     if not isinstance(table, Mapping):
-        raise ScenarioError(f"'{prefix}' must be a table, got {table!r}")
+        raise ScenarioError(f"'{prefix}' must be a table, got {shown(table)}")
     tables = SettingsTables({}, ())
     name: Any = AttackConfig.name
     colluding = AttackConfig.colluding
@@ -177,11 +178,11 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
         where = f"{prefix}.{key}"
         if key == "name":
             if not isinstance(value, str):
-                raise ScenarioError(f"{where}={value!r}: expected a string")
+                raise ScenarioError(f"{where}={shown(value)}: expected a string")
             name = value
         elif key == "colluding":
             if not isinstance(value, bool):
-                raise ScenarioError(f"{where}={value!r}: expected true or false")
+                raise ScenarioError(f"{where}={shown(value)}: expected true or false")
             colluding = value
         elif key in window:
             window[key] = coerce_value(where, value, "int")
@@ -203,7 +204,7 @@ def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], sup
         try:
             registry.build(name, {setting: value}, supplied)
         except ValueError:
-            raise ScenarioError(f"{key(setting)}={toml_value(value)!r}: {message}") from None
+            raise ScenarioError(f"{key(setting)}={shown(toml_value(value))}: {message}") from None
     raise ScenarioError(f"{key(None)}: {message}")
 
 

@@ -1,10 +1,13 @@
 """The checks every scenario key goes through: the error they raise (one line naming the key and
-what it accepts), choices, ranges and their limits, and a TOML value coerced to a field's type."""
+what it accepts), choices, ranges and their limits, and a TOML value coerced to a field's type;
+and TOML text read with its nesting bounded."""
 
 from __future__ import annotations
 import math
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Mapping, Sequence
 from typing import Any
+from dfedrw.peer.quote import shown
 
 
 class ScenarioError(ValueError):
@@ -13,7 +16,7 @@ class ScenarioError(ValueError):
 
 def check_choice_of(key: str, value: Any, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ScenarioError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+        raise ScenarioError(f"{key}={shown(value)} is not valid; choose one of: {', '.join(choices)}")
 
 
 def bound_text(x: float) -> str:
@@ -28,7 +31,7 @@ def check_in_range(key: str, value: float, lo: float, hi: float, *, open_lo: boo
     if not (finite and above and below):
         interval = f"{'(' if open_lo else '['}{bound_text(lo)}, {bound_text(hi)}{')' if open_hi else ']'}"
         what = "an integer" if isinstance(value, int) else "a finite number"
-        raise ScenarioError(f"{key}={value!r} must be {what} in {interval}")
+        raise ScenarioError(f"{key}={shown(value)} must be {what} in {interval}")
 
 
 # Limits shared by several keys. Clients are OS processes with a gRPC server each, so a few
@@ -60,25 +63,66 @@ def coerce_value(key: str, value: Any, type_name: str) -> Any:
     """Check a TOML value against a field's annotated type (annotations are strings here)."""
     t = str(type_name)
     if isinstance(value, bool) and t != "bool":
-        raise ScenarioError(f"{key}={value!r}: expected {t}, got a boolean")
+        raise ScenarioError(f"{key}={shown(value)}: expected {t}, got a boolean")
     if t == "int":
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if not isinstance(value, int):
-            raise ScenarioError(f"{key}={value!r}: expected an integer")
+            raise ScenarioError(f"{key}={shown(value)}: expected an integer")
         return value
     if t == "float":
         if not isinstance(value, (int, float)):
-            raise ScenarioError(f"{key}={value!r}: expected a number")
+            raise ScenarioError(f"{key}={shown(value)}: expected a number")
         return float(value)
     if t == "str":
         if not isinstance(value, str):
-            raise ScenarioError(f"{key}={value!r}: expected a string")
+            raise ScenarioError(f"{key}={shown(value)}: expected a string")
         return value
     if t == "float | str":
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str):
             return value
-        raise ScenarioError(f"{key}={value!r}: expected a number or a string")
+        raise ScenarioError(f"{key}={shown(value)}: expected a number or a string")
     return value
+
+
+# Tables and arrays nested deeper than this are refused where TOML is read. A scenario or grid
+# needs a handful of levels (a setting's list in [peers.K.aggregation.crs_params.NAME] is at
+# the sixth); past a few hundred, Python's parser and every walk of a table (copies,
+# comparisons, the TOML writer) run out of stack and end in a RecursionError, not a message.
+MAX_NESTING = 32
+
+
+def too_deep(where: str, at: str = "") -> ScenarioError:
+    """The error of a table nested past :data:`MAX_NESTING` (``at``: the dotted path where it did)."""
+    place = f" at {shown(at)}" if at else ""
+    return ScenarioError(f"{where}: tables and arrays nested more than {MAX_NESTING} deep{place}; no scenario or grid needs more than a handful")
+
+
+def check_nesting(where: str, table: Mapping[str, Any]) -> None:
+    """Refuse ``table`` if tables and arrays in it nest more than :data:`MAX_NESTING` deep. The walk
+    keeps its own stack, so a table nested thousands deep is measured, not recursed into."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(table, ())]
+    while stack:
+        node, path = stack.pop()
+        if len(path) > MAX_NESTING:
+            raise too_deep(where, "".join(path).lstrip("."))
+        items = ((f".{k}", v) for k, v in node.items()) if isinstance(node, Mapping) else ((f"[{i}]", v) for i, v in enumerate(node))
+        for part, child in items:
+            if isinstance(child, (Mapping, list, tuple)):
+                stack.append((child, (*path, part)))
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """``text`` read as TOML, refused with a :class:`ScenarioError` naming ``where`` when it is
+    not TOML or nests past :data:`MAX_NESTING`."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:
+        # Arrays and inline tables are parsed by recursion: a few hundred levels exhaust the stack.
+        raise too_deep(where) from None
+    check_nesting(where, raw)
+    return raw

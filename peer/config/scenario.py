@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import hashlib
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -67,7 +66,8 @@ from dfedrw.peer.config.sections import (  # noqa: F401 - the sections are named
     check_model, parse_link_pairs,
 )
 from dfedrw.peer.kinds.table import KINDS
-from dfedrw.peer.config.checks import MAX_ROUNDS, check_in_range, coerce_value
+from dfedrw.peer.config.checks import MAX_ROUNDS, check_in_range, check_nesting, coerce_value, parse_toml
+from dfedrw.peer.quote import shown
 
 
 # Set while :func:`load_validated` reads a scenario that was validated before: its checks are not run again.
@@ -226,6 +226,7 @@ def _nested_tables(kind: str, where: str, value: Any) -> Params:
 
 def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     """Build and validate a :class:`Scenario` from a parsed TOML table."""
+    check_nesting("scenario", raw)
     valid_top = [*_TOP_SCALARS, *_SECTIONS, "peers"]
     for key in raw:
         if key not in valid_top:
@@ -237,7 +238,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     for name, cls in _SECTIONS.items():
         table = raw.get(name, {})
         if not isinstance(table, Mapping):
-            raise ScenarioError(f"'{name}' must be a table, got {table!r}")
+            raise ScenarioError(f"'{name}' must be a table, got {shown(table)}")
         if name == "aggregation":
             kwargs[name] = parse_aggregation(name, table)
             continue
@@ -274,7 +275,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
             continue
         over = table["aggregation"]
         if not isinstance(over, Mapping):
-            raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {over!r}")
+            raise ScenarioError(f"'peers.{key}.aggregation' must be a table, got {shown(over)}")
         peers[client] = deep_copy(over)
     kwargs["peers"] = peers
     kwargs["speeds"] = speeds
@@ -392,11 +393,12 @@ def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ())
     """Read a scenario TOML file (the built-in default when ``path`` is None) and apply overrides."""
     source = Path(path) if path else DEFAULT_SCENARIO
     try:
-        raw = tomllib.loads(source.read_text(encoding="utf-8-sig"))  # a byte-order mark is not TOML: dropped
+        text = source.read_text(encoding="utf-8-sig")  # a byte-order mark is not TOML: dropped
     except FileNotFoundError:
         raise ScenarioError(f"scenario file not found: {source}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
+    raw = parse_toml(text, str(source))
     return scenario_from_dict(apply_overrides(raw, overrides))
 
 
@@ -427,6 +429,6 @@ def load_validated(path: str | Path, digest: str) -> Scenario:
         raise ScenarioError(f"{source}: not the scenario its launcher validated (its SHA-256 differs from the one the launcher gave)")
     token = _VALIDATED.set(True)
     try:
-        return scenario_from_dict(tomllib.loads(data.decode()))
+        return scenario_from_dict(parse_toml(data.decode(), str(source)))
     finally:
         _VALIDATED.reset(token)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dfedrw.peer.quote import shown
 from dfedrw.peer.config.checks import (
     MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_EDGES, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, ScenarioError, check_choice_of, check_in_range,
     coerce_value,
@@ -55,7 +56,7 @@ class DataConfig:
 
             shape = input_shape_of(source)
             if len(shape) != 3:
-                raise ScenarioError(f"data.augment={self.augment!r} needs images; data.name={self.name!r} declares input_shape = {shape}")
+                raise ScenarioError(f"data.augment={shown(self.augment)} needs images; data.name={shown(self.name)} declares input_shape = {shape}")
         p = self.partition
         kind, _, arg = p.partition(":")
         if kind == "iid" and arg in ("", "balanced"):
@@ -70,13 +71,13 @@ class DataConfig:
             except ValueError:
                 alpha = -1.0
             if not (0 < alpha <= MAX_MAGNITUDE):
-                raise ScenarioError(f"data.partition={p!r}: dirichlet:ALPHA needs 0 < ALPHA <= {MAX_MAGNITUDE:g}")
+                raise ScenarioError(f"data.partition={shown(p)}: dirichlet:ALPHA needs 0 < ALPHA <= {MAX_MAGNITUDE:g}")
         elif kind == "labelskew" and arg:
             if not arg.isdigit() or not 1 <= int(arg) <= 1_000_000:
-                raise ScenarioError(f"data.partition={p!r}: labelskew:H needs an integer H in [1, 1_000_000]")
+                raise ScenarioError(f"data.partition={shown(p)}: labelskew:H needs an integer H in [1, 1_000_000]")
         else:
             raise ScenarioError(
-                f"data.partition={p!r} is not valid; use iid, iid:balanced, dirichlet:ALPHA, labelskew:H or natural"
+                f"data.partition={shown(p)} is not valid; use iid, iid:balanced, dirichlet:ALPHA, labelskew:H or natural"
             )
         check_in_range("data.aux_fraction", self.aux_fraction, 0.0, 1.0, open_lo=True)
         # Capped by the test set's size when drawn; the bound only refuses nonsense.
@@ -154,7 +155,7 @@ def check_model(train: TrainConfig, data: DataConfig) -> None:
                 params=settings_of(train.model_params, train.model),
             )
     except ValueError as exc:
-        raise ScenarioError(f"train.model={train.model!r} with data.name={data.name!r}: {' '.join(str(exc).split())}") from None
+        raise ScenarioError(f"train.model={shown(train.model)} with data.name={shown(data.name)}: {' '.join(str(exc).split())}") from None
 
 
 @dataclass(frozen=True)
@@ -191,18 +192,18 @@ class TopologyConfig:
         edges = density * self.num_clients * (self.num_clients - 1) / 2  # expected; 0 for the kinds not listed
         if edges > MAX_EDGES:
             raise ScenarioError(
-                f"topology.kind={self.kind!r} with {self.num_clients:_} clients{f' and rho={self.rho}' if self.kind == 'erdos_renyi' else ''} "
+                f"topology.kind={shown(self.kind)} with {self.num_clients:_} clients{f' and rho={self.rho}' if self.kind == 'erdos_renyi' else ''} "
                 f"has about {edges:.2g} edges, each a model sent both ways every round; at most {MAX_EDGES:.0e}: "
                 "use a sparse graph: topology.kind = \"ring\", or \"erdos_renyi\" with a small topology.rho"
             )
         if not self.file and any(p.name == "file" and p.default is Setting.REQUIRED for p in TOPOLOGY_REGISTRY.parameters(self.kind)):
-            raise ScenarioError(f"topology.kind={self.kind!r} needs topology.file (an edge-list path)")
+            raise ScenarioError(f"topology.kind={shown(self.kind)} needs topology.file (an edge-list path)")
         if self.file and not TOPOLOGY_REGISTRY.takes(self.kind, "file"):
-            raise ScenarioError(f"topology.file={self.file!r} is only read by a topology that takes a file (edgelist), not {self.kind!r}")
+            raise ScenarioError(f"topology.file={shown(self.file)} is only read by a topology that takes a file (edgelist), not {shown(self.kind)}")
 
     def _check_schedule(self) -> None:
         if not isinstance(self.schedule, str):
-            raise ScenarioError(f"topology.schedule={self.schedule!r}: expected a string")
+            raise ScenarioError(f"topology.schedule={shown(self.schedule)}: expected a string")
         # Every table given is checked (the key only names where they sit), the named one used.
         where = "topology.schedule_params.NAME"
         if not self.schedule:
@@ -218,7 +219,7 @@ class TopologyConfig:
         try:
             SCHEDULE_REGISTRY.build(self.schedule, settings, supplied)
         except ValueError as exc:
-            raise ScenarioError(f"topology.schedule={self.schedule!r}: {' '.join(str(exc).split())}") from None
+            raise ScenarioError(f"topology.schedule={shown(self.schedule)}: {' '.join(str(exc).split())}") from None
 
     @property
     def num_clients(self) -> int:
@@ -289,7 +290,7 @@ class NetworkConfig:
         except ValueError as exc:
             raise ScenarioError(f"[network.{toml_key(self.transport)}]: {' '.join(str(exc).split())}") from None
         if not isinstance(self.compression, str):
-            raise ScenarioError(f"network.compression={self.compression!r}: expected a string")
+            raise ScenarioError(f"network.compression={shown(self.compression)}: expected a string")
         resolve_class("compression", self.compression, "network.compression")
         settings = checked_params("compression", self.compression, self.compression_params, "network.compression_params.NAME")
         try:
@@ -299,7 +300,7 @@ class NetworkConfig:
         check_in_range("network.max_abs_value", self.max_abs_value, 0.0, MAX_ABS_VALUE_LIMIT, open_lo=True)
         check_choice_of("network.tls", self.tls, ("mutual", "off"))
         if not self.host or any(c.isspace() or c in "/[]" for c in self.host):
-            raise ScenarioError(f"network.host={self.host!r}: expected an address or host name to listen on, e.g. 127.0.0.1, 0.0.0.0 or ::1")
+            raise ScenarioError(f"network.host={shown(self.host)}: expected an address or host name to listen on, e.g. 127.0.0.1, 0.0.0.0 or ::1")
         check_in_range("network.round_timeout", self.round_timeout, 0.0, MAX_SECONDS, open_lo=True)
         check_in_range("network.round_window", self.round_window, 1, 1000)
         check_in_range("network.max_missed_rounds", self.max_missed_rounds, 1, 1_000_000)
@@ -368,7 +369,7 @@ class EngineConfig:
         check_choice_of("engine.name", self.name, ENGINES)
         check_in_range("engine.threads", self.threads, 1, 1024)
         if not (self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
-            raise ScenarioError(f"engine.device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+            raise ScenarioError(f"engine.device={shown(self.device)}: expected 'cpu', 'cuda' or 'cuda:N'")
 
 
 LINK_GENERATORS = ("none", "distance")
@@ -416,8 +417,8 @@ class LinksConfig:
         check_in_range("links.latency_per_unit", self.latency_per_unit, 0.0, MAX_SECONDS)
         if self.latency_per_unit and self.generator != "distance":
             raise ScenarioError(
-                f"links.latency_per_unit={self.latency_per_unit!r} is read only by links.generator = \"distance\" "
-                f"(links.generator={self.generator!r})"
+                f"links.latency_per_unit={shown(self.latency_per_unit)} is read only by links.generator = \"distance\" "
+                f"(links.generator={shown(self.generator)})"
             )
         for (src, dst), values in self.pairs:
             settings = dict(values)
@@ -450,10 +451,10 @@ def parse_link_pairs(value: Any) -> LinkPairs:
     for key, table in value.items():
         parts = str(key).split("-")
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise ScenarioError(f"{where}: {key!r}: expected \"I-J\", the ids of the sending and the receiving client")
+            raise ScenarioError(f"{where}: {shown(key)}: expected \"I-J\", the ids of the sending and the receiving client")
         src, dst = int(parts[0]), int(parts[1])
         if src == dst:
-            raise ScenarioError(f"{where}: {key!r}: a link joins two different clients")
+            raise ScenarioError(f"{where}: {shown(key)}: a link joins two different clients")
         if not isinstance(table, Mapping) or not table:
             raise ScenarioError(f"{where}.\"{key}\" must be a table of some of: {', '.join(LINK_FIELDS)}")
         for k in table:

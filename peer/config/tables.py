@@ -8,6 +8,7 @@ that differ from the class's defaults)."""
 from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
+from dfedrw.peer.quote import shown
 from dfedrw.peer.config.checks import ScenarioError
 from dfedrw.peer.kinds.table import KINDS, by_name
 from dfedrw.peer.registry import Registry
@@ -61,11 +62,11 @@ def default_of(kind: str, name: str, setting: str) -> Any:
 
 def resolve_class(kind: str, name: Any, key: str) -> type:
     if not isinstance(name, str):
-        raise ScenarioError(f"{key}={name!r}: expected a string")
+        raise ScenarioError(f"{key}={shown(name)}: expected a string")
     try:
         return KIND_REGISTRY[kind].resolve(name)
     except ValueError as exc:
-        raise ScenarioError(f"{key}={name!r}: {exc}") from None
+        raise ScenarioError(f"{key}={shown(name)}: {exc}") from None
 
 
 class SettingsTables:
@@ -87,7 +88,7 @@ class SettingsTables:
         try:
             value = registry.coerce(name, setting, value)
         except ValueError as exc:
-            raise ScenarioError(f"{key}={value!r}: {exc}") from None
+            raise ScenarioError(f"{key}={shown(value)}: {exc}") from None
         value = frozen_value(value)
         default = default_of(kind, name, setting)
         if value == default and type(value) is type(default):
@@ -99,7 +100,7 @@ class SettingsTables:
     def table(self, kind: str, name: str, values: Any, key: str) -> None:
         resolve_class(kind, name, key)
         if not isinstance(values, Mapping):
-            raise ScenarioError(f"{key} must be a table of {name!r}'s settings, got {values!r}")
+            raise ScenarioError(f"{key} must be a table of {shown(name)}'s settings, got {shown(values)}")
         for setting, value in values.items():
             self.set(kind, name, setting, value, f"{key}.{setting}")
 

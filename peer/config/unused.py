@@ -11,6 +11,7 @@ included.
 
 from __future__ import annotations
 
+from dfedrw.peer.quote import shown
 from dfedrw.peer.config.scenario import DataConfig, Scenario, TopologyConfig, TrainConfig
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
 from dfedrw.peer.config.aggregation import AggregationConfig
@@ -33,18 +34,18 @@ def _attack(sc: Scenario) -> list[str]:
     if sc.attack.name != "none" and hasattr(ATTACK_REGISTRY.resolve(sc.attack.name), "backdoor"):
         # Not unused: the trigger is still measured (scenario_backdoor), the base rate of success.
         probe.append(
-            f"attack.name={sc.attack.name!r} plants no backdoor: topology.byzantine=0; its trigger is only measured "
+            f"attack.name={shown(sc.attack.name)} plants no backdoor: topology.byzantine=0; its trigger is only measured "
             "on the honest models (attack_success is the base rate: triggered inputs a clean model puts in the target class)"
         )
     elif sc.attack.name != "none":
-        told.append((f"attack.name={sc.attack.name!r}", "attack.name='none'"))
+        told.append((f"attack.name={shown(sc.attack.name)}", "attack.name='none'"))
     if sc.attack.colluding:
         told.append(("attack.colluding=true", "attack.colluding=false"))
     for key, default in (("start", 0), ("stop", 0)):
         if getattr(sc.attack, key) != default:
             told.append((f"attack.{key}={getattr(sc.attack, key)}", f"attack.{key}={default}"))
     if sc.topology.placement != "random":
-        told.append((f"topology.placement={sc.topology.placement!r}", "topology.placement='random'"))
+        told.append((f"topology.placement={shown(sc.topology.placement)}", "topology.placement='random'"))
     if not told:
         return probe
     return [
@@ -80,7 +81,7 @@ def _aggregation(sc: Scenario) -> list[str]:
                 value = getattr(cfg, setting)
                 if value != getattr(AggregationConfig, setting):
                     prefix = cfg.prefix if setting in written else top.prefix
-                    given.append(f"{prefix}.{setting}={value!r}")
+                    given.append(f"{prefix}.{setting}={shown(value)}")
                 if setting in ("tpm", "crs"):
                     given += [cfg.key(setting, name, key) for name, table in cfg.tables(setting).items() for key in table]
         if given:
@@ -91,13 +92,13 @@ def _aggregation(sc: Scenario) -> list[str]:
 def _train(sc: Scenario) -> list[str]:
     t, out = sc.train, []
     if t.hidden != TrainConfig.hidden and not KIND_REGISTRY["model"].takes(t.model, "hidden"):
-        out.append(f"train.hidden={t.hidden} not used: train.model={t.model!r} has no hidden width")
+        out.append(f"train.hidden={t.hidden} not used: train.model={shown(t.model)} has no hidden width")
     if t.local_epochs and t.local_steps != TrainConfig.local_steps:
-        out.append(f"train.local_steps={t.local_steps} not used: train.local_epochs={t.local_epochs!r} sets the steps of a round")
+        out.append(f"train.local_steps={t.local_steps} not used: train.local_epochs={shown(t.local_epochs)} sets the steps of a round")
     if t.lr_schedule != "step":
-        given = [f"train.{k}={getattr(t, k)!r}" for k in ("lr_gamma", "lr_step") if getattr(t, k) != getattr(TrainConfig, k)]
+        given = [f"train.{k}={shown(getattr(t, k))}" for k in ("lr_gamma", "lr_step") if getattr(t, k) != getattr(TrainConfig, k)]
         if given:
-            out.append(f"{', '.join(given)} not used: train.lr_schedule={t.lr_schedule!r} is not 'step'")
+            out.append(f"{', '.join(given)} not used: train.lr_schedule={shown(t.lr_schedule)} is not 'step'")
     return out
 
 
@@ -108,12 +109,12 @@ def _topology(sc: Scenario) -> list[str]:
     if topo.schedule and KIND_REGISTRY["schedule"].takes(topo.schedule, "rho"):
         return []
     if topo.schedule:
-        return [f"topology.rho={topo.rho} not used: neither topology.kind={topo.kind!r} nor topology.schedule={topo.schedule!r} reads it"]
-    return [f"topology.rho={topo.rho} not used: topology.kind={topo.kind!r} does not read it"]
+        return [f"topology.rho={topo.rho} not used: neither topology.kind={shown(topo.kind)} nor topology.schedule={shown(topo.schedule)} reads it"]
+    return [f"topology.rho={topo.rho} not used: topology.kind={shown(topo.kind)} does not read it"]
 
 
 def _data(sc: Scenario) -> list[str]:
     data = sc.data
     if data.labelskew_assign != DataConfig.labelskew_assign and not data.partition.startswith("labelskew:"):
-        return [f"data.labelskew_assign={data.labelskew_assign!r} not used: data.partition={data.partition!r} is not labelskew:H"]
+        return [f"data.labelskew_assign={shown(data.labelskew_assign)} not used: data.partition={shown(data.partition)} is not labelskew:H"]
     return []

@@ -21,6 +21,7 @@ from typing import Any
 
 import networkx as nx
 
+from dfedrw.peer.quote import shown
 from dfedrw.peer.registry import Registry
 from dfedrw.topologies import (
     PLACEMENTS, Topology, check_usable, complete, erdos_renyi_connected, place_by_centrality, place_byzantine, read_edgelist, ring,
@@ -95,10 +96,10 @@ def build_topology(
     if n < 2:
         raise ValueError(f"a topology needs at least 2 clients so each has a neighbour, got {n}")
     if placement not in PLACEMENTS:
-        raise ValueError(f"unknown placement {placement!r}; valid choices: {', '.join(PLACEMENTS)}")
+        raise ValueError(f"unknown placement {shown(placement)}; valid choices: {', '.join(PLACEMENTS)}")
     builder = TOPOLOGY_REGISTRY.resolve(kind)
     if file and not TOPOLOGY_REGISTRY.takes(kind, "file"):
-        raise ValueError(f"file={str(file)!r} is only used by a topology that reads a file (edgelist), not {kind!r}")
+        raise ValueError(f"file={shown(str(file))} is only used by a topology that reads a file (edgelist), not {shown(kind)}")
     byzantine = place_byzantine(n, num_byzantine, seed) if placement == "random" else frozenset()
     supplied = {"num_clients": n, "byzantine": byzantine, "seed": seed, "rho": rho, "file": str(file) if file else ""}
     graph = TOPOLOGY_REGISTRY.build(kind, params, supplied)

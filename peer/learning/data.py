@@ -23,6 +23,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from dfedrw.peer.quote import shown
+
 __all__ = [
     "PARTITION_FORMS",
     "Dataset",
@@ -142,7 +144,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def _partition_error(spec: object, why: str) -> ValueError:
-    return ValueError(f"bad partition spec {spec!r}: {why}; valid forms: {', '.join(PARTITION_FORMS)}")
+    return ValueError(f"bad partition spec {shown(spec)}: {why}; valid forms: {', '.join(PARTITION_FORMS)}")
 
 
 def parse_partition(spec: str) -> tuple[str, float | int | str | None]:
@@ -276,7 +278,7 @@ def _partition_labelskew(
         # clients and some by none, as in the usual "pathological non-IID" set-ups.
         held = [list(rng.choice(classes, size=h, replace=False)) for _ in range(num_clients)]
     else:
-        raise ValueError(f"labelskew assignment {assign!r} is not valid; choose one of: {', '.join(LABELSKEW_ASSIGN)}")
+        raise ValueError(f"labelskew assignment {shown(assign)} is not valid; choose one of: {', '.join(LABELSKEW_ASSIGN)}")
     holders: dict[int, list[int]] = {int(c): [] for c in classes}
     for k, cls in enumerate(held):
         for c in cls:
@@ -434,9 +436,9 @@ def augment_batch(x: torch.Tensor, input_shape: Sequence[int], kind: str, paddin
     if kind == "none":
         return x
     if kind not in AUGMENTATIONS:
-        raise ValueError(f"augmentation {kind!r} is not valid; choose one of: {', '.join(AUGMENTATIONS)}")
+        raise ValueError(f"augmentation {shown(kind)} is not valid; choose one of: {', '.join(AUGMENTATIONS)}")
     if len(input_shape) != 3:
-        raise ValueError(f"augmentation {kind!r} needs images (channels, height, width), got input_shape {tuple(input_shape)}")
+        raise ValueError(f"augmentation {shown(kind)} needs images (channels, height, width), got input_shape {tuple(input_shape)}")
     c, h, w = (int(n) for n in input_shape)
     count = x.shape[0]
     rows = torch.randint(0, 2 * padding + 1, (count,), generator=generator)

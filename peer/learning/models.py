@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dfedrw.peer.quote import shown
 from dfedrw.peer.registry import Registry
 
 
@@ -62,7 +63,7 @@ def _norm(kind: str, channels: int, groups: int) -> nn.Module:
 
 def _check_norm(model: str, norm: str, groups: int) -> None:
     if norm not in ("group", "none"):
-        raise ValueError(f"{model}: norm={norm!r} is not valid; choose one of: group, none")
+        raise ValueError(f"{model}: norm={shown(norm)} is not valid; choose one of: group, none")
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"{model}: groups must be an integer >= 1, got {groups!r}")
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dfedrw.peer.quote import shown
 from dfedrw.peer.learning.data import Dataset, augment_batch
 from dfedrw.peer.learning.model_matrix import _layer_plan, block_rows, in_blocks
 
@@ -65,7 +66,7 @@ def learning_rate(lr: float, schedule: str, r: int, rounds: int, *, gamma: float
         return lr * gamma ** (r // step)
     if schedule == "cosine":
         return lr * (1.0 + math.cos(math.pi * r / rounds)) / 2.0
-    raise ValueError(f"learning-rate schedule {schedule!r} is not valid; choose one of: {', '.join(LR_SCHEDULES)}")
+    raise ValueError(f"learning-rate schedule {shown(schedule)} is not valid; choose one of: {', '.join(LR_SCHEDULES)}")
 
 
 def local_step_count(local_steps: int, local_epochs: float, shard_size: int, batch_size: int) -> int:

@@ -24,14 +24,22 @@ coordinates at a time (DFedAvg, the Gaussian attack: :mod:`~dfedrw.peer.aggregat
 a rule or an attack that makes copies of its own (a sort, a distance matrix, float64 rows) holds
 those besides. :func:`run_needs` adds the launcher and the fork server: the launcher refuses a
 run that needs more than the machine has available (:mod:`dfedrw.launch.preflight`).
+
+The batched engine (``engine.name = "batched"``) holds no process and no inbox per client:
+one process holds every honest client's model as a row of one matrix, and :func:`batched_needs`
+counts what it holds (see :class:`BatchedNeeds`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, DFedAvg, DFedReweighting
 from dfedrw.peer.config.scenario import Scenario
-from dfedrw.peer.wiring.plan import colluding_group, scenario_graphs, scenario_topology
+from dfedrw.peer.graph.topology import Topology
+from dfedrw.peer.wiring.build import scenario_dataset
+from dfedrw.peer.wiring.plan import colluding_group, dataset_shape, scenario_graphs, scenario_topology
 from dfedrw.peer.graph.schedule import receive_window
 from dfedrw.peer.transport.serde import TensorSpec
 
@@ -139,3 +147,141 @@ def run_needs(scenario: Scenario, specs: tuple[TensorSpec, ...]) -> RunNeeds:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
+
+
+def _size(n: int) -> str:
+    if n >= 10**9:
+        return _gb(n)
+    if n >= 10**6:
+        return f"{n / 1e6:.0f} MB" if n >= 10**8 else f"{n / 1e6:.1f} MB"
+    return f"{n / 1e3:.1f} KB"
+
+
+# -- the batched engine --------------------------------------------------------------------------
+
+# The batched engine's process besides what grows with its clients: the interpreter, torch, the
+# engine. Measured: 266 MB of peak RSS for 10 clients of the softmax regression on digits;
+# rounded up.
+BATCHED_BASELINE = 280 * 10**6
+# A client's Python objects besides its model rows: its rule, minibatch order, evaluator and
+# round log, its share of a round's records, weights and scores, its final file. Measured: about
+# 90 KB a client at 1,000 clients of digits over 100 rounds, 60-80 KB at 10,000 of Gaussian
+# blobs; rounded up.
+BATCHED_CLIENT = 120 * 10**3
+# Model rows a round holds per honest client: its model, its copy at the start of the round
+# (the rule's reference), a local step's gradient and what autograd keeps of it, its aggregate
+# in float64 and in float32, and the new models stacked (with momentum, its buffer: one more).
+BATCHED_ROWS = 8
+# Rows per pooled candidate (the honest models and the Byzantine messages): the pool
+# concatenated, and its float64 copy that the weighted sum of DFedAvg and DFedReweighting reads.
+POOL_ROWS = 3
+# The test set, which no data set declares: at most a quarter of the training set for the
+# built-in ones (digits 0.25, Fashion-MNIST 0.17, CIFAR 0.2).
+TEST_SHARE = 0.25
+# Bytes per entry of the run's mean weight matrix (each honest client by every client) as the
+# run ends and writes record.json (peer.results.records.RecordBuilder): 8 as float64, 8 as a
+# list of Python values, and about 5 as JSON text, held three times while it is written (the
+# text, with its newline, in UTF-8). Measured: 2.9 GB at 10,000 clients.
+MATRIX_ENTRY = 30
+
+
+@dataclass(frozen=True)
+class BatchedNeeds:
+    """What one process of the batched engine needs for a run, or a batch of runs (each row of
+    :attr:`runs`: clients, honest clients, model rows, model bytes, minibatch bytes;
+    :attr:`data`: the bytes of each data set, held once however many runs read it),
+    :attr:`total` in bytes.
+
+    With ``C`` honest clients of a run, ``d_k`` client ``k``'s neighbours (under a schedule,
+    every client it may hear from) and ``X`` the Byzantine messages a round may pool (one per
+    honest neighbour of each Byzantine client; colluders' pools, ``C`` more; under a
+    compression, the models each receiver rebuilds: one per link), a run holds
+
+    * ``C x 8 (+ C with momentum) + 3 x (C + X) + sum_k (d_k + 1)`` model rows
+      (:data:`BATCHED_ROWS`, :data:`POOL_ROWS`, and each client's candidates gathered once, as
+      the coordinate-wise and distance rules gather them; the sum leaves out the clients whose
+      rule weighs the pool as it is, DFedAvg and DFedReweighting; a rule that sorts the
+      candidates holds a sorted copy besides);
+    * a local step's minibatches, ``C x batch_size x features`` float32 values;
+    * its clients' objects, :data:`BATCHED_CLIENT` each;
+    * its mean weight matrix as the run ends, :data:`MATRIX_ENTRY` per honest client and
+      client (the runs of a batch end one after the other);
+
+    and the process holds each data set once (its training set, its clients' auxiliary copies
+    and a test set of :data:`TEST_SHARE` of it, float32, with their indexes), plus
+    :data:`BATCHED_BASELINE`. A model whose local step keeps activations (the convolutional
+    ones) holds those besides."""
+
+    runs: tuple[tuple[int, int, int, int, int], ...]  # (clients, honest, rows, model bytes, minibatch bytes)
+    data: tuple[int, ...]
+
+    def run_bytes(self, run: tuple[int, int, int, int, int]) -> int:
+        clients, _, rows, model, batches = run
+        return rows * model + clients * BATCHED_CLIENT + batches
+
+    @property
+    def matrix(self) -> int:
+        return max(clients * honest for clients, honest, *_ in self.runs) * MATRIX_ENTRY
+
+    @property
+    def total(self) -> int:
+        return sum(self.run_bytes(r) for r in self.runs) + self.matrix + sum(self.data) + BATCHED_BASELINE
+
+    def describe(self) -> str:
+        """One line: the estimate and where it comes from."""
+        clients = sum(r[0] for r in self.runs)
+        models = sum(r[2] * r[3] + r[4] for r in self.runs)
+        what = f"{len(self.runs)} runs as one batch, {clients:_} clients" if len(self.runs) > 1 else f"{clients:_} clients"
+        return (
+            f"this run needs about {_gb(self.total)} in the batched engine ({what}, model {_size(self.runs[0][3])}: "
+            f"{_size(models)} of model rows and minibatches, {_size(clients * BATCHED_CLIENT)} for the clients at "
+            f"{BATCHED_CLIENT / 1e3:.0f} KB each, {_size(self.matrix)} for the weight matrix, {_size(sum(self.data))} of data, "
+            f"{_size(BATCHED_BASELINE)} for the process)"
+        )
+
+
+def batched_rows(scenario: Scenario, topology: Topology | None = None) -> tuple[int, int, int]:
+    """(clients, honest clients, model rows) of one run of the batched engine (see
+    :class:`BatchedNeeds`; ``topology``: the scenario's, where the caller has drawn it)."""
+    topology = scenario_topology(scenario) if topology is None else topology
+    graphs = scenario_graphs(scenario, topology)
+    honest = [k for k in range(topology.num_clients) if k not in topology.byzantine]
+    links = sum(len(graphs.possible(k)) for k in honest)
+    weighs = {rule: issubclass(RULE_REGISTRY.resolve(rule), (DFedAvg, DFedReweighting)) for rule in scenario_rules(scenario)}
+    gathered = sum(len(graphs.possible(k)) + 1 for k in honest if not weighs[scenario.aggregation_for(k).rule])
+    messages = sum(1 for b in topology.byzantine for j in graphs.possible(b) if j not in topology.byzantine)
+    if scenario.attack.colluding and topology.byzantine:
+        messages += len(honest)
+    if scenario.network.compression != "none":
+        messages += links
+    c = len(honest)
+    rows = c * (BATCHED_ROWS + (1 if scenario.train.momentum else 0)) + POOL_ROWS * (c + messages) + gathered
+    return topology.num_clients, c, rows
+
+
+def scenario_rules(scenario: Scenario) -> set[str]:
+    """The rules of ``scenario``'s clients: [aggregation]'s and any of [peers.K.aggregation]."""
+    return {scenario.aggregation.rule, *(scenario.aggregation_for(k).rule for k in scenario.peers)}
+
+
+def data_bytes(scenario: Scenario) -> int:
+    """The data set of ``scenario`` as the batched engine holds it (see :class:`BatchedNeeds`)."""
+    rows = int(scenario_dataset(scenario.data).train_size)
+    features = dataset_shape(scenario)[0]
+    values = rows * features * (1 + scenario.data.aux_fraction + TEST_SHARE)
+    return int(values * 4 + rows * 8 * 3)  # float32 values; labels, shard rows and clients' indexes int64
+
+
+def batched_needs(
+    scenarios: Sequence[Scenario], specs: Sequence[tuple[TensorSpec, ...]], topologies: Sequence[Topology | None] | None = None,
+) -> BatchedNeeds:
+    """What one process of the batched engine needs for ``scenarios`` run as one batch
+    (``specs``: each one's model layout; ``topologies``: their graphs, where drawn already)."""
+    runs, data = [], {}
+    for scenario, layout, topology in zip(scenarios, specs, topologies or [None] * len(scenarios), strict=True):
+        clients, honest, rows = batched_rows(scenario, topology)
+        features = dataset_shape(scenario)[0]
+        runs.append((clients, honest, rows, model_bytes(layout), honest * scenario.train.batch_size * features * 4))
+        d = scenario.data
+        data.setdefault((d.name, d.params, d.dir), data_bytes(scenario))
+    return BatchedNeeds(tuple(runs), tuple(data.values()))

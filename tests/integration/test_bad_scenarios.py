@@ -158,3 +158,72 @@ def test_peer_process_refuses(case, tmp_path, plugin_dir):
     assert proc.returncode == 2, proc.stderr
     _one_line(proc.stderr, key)
     assert not out.exists()
+
+
+# -- input too deep or too long, from a file, --set or a grid: one line, exit 2 ----------------
+
+DEPTH = 3000
+NESTED_ARRAY = "[" * DEPTH + "]" * DEPTH
+DOTTED_KEY = ".".join(["a"] * 1200)
+HUGE = "x" * 5_000_000
+# The longest line allowed: "dfedrw: " and a message cut to peer.quote.MESSAGE_CHARS, with the
+# count of what was left out.
+LONGEST_LINE = 2_100
+
+# (case id, the scenario file's text or None, --set overrides, what the one line must say)
+TOO_MUCH = [
+    ("nested-array", f"zz = {NESTED_ARRAY}\n", [], "nested more than 32 deep"),
+    ("dotted-header", f"[{DOTTED_KEY}]\n", [], "nested more than 32 deep"),
+    ("set-nested-array", None, [f"rounds={NESTED_ARRAY}"], "nested more than 32 deep"),
+    ("set-dotted-key", None, [f"peers.1.aggregation.{DOTTED_KEY}=1"], "nested more than 32 deep"),
+    ("huge-value", f'rounds = "{HUGE}"\n', [], "(5_000_000 characters): expected an integer"),
+    ("set-huge-class-setting", None, [f'attack.alie.z="{HUGE}"'], "must be a real number"),
+    ("huge-key", f'"{HUGE}" = 1\n', [], "characters left out"),
+]
+TOO_MUCH_IDS = [c[0] for c in TOO_MUCH]
+
+
+def _bounded_line(err: str, words: str) -> str:
+    line = _one_line(err, words)
+    assert len(line) <= LONGEST_LINE, len(line)
+    return line
+
+
+@pytest.mark.parametrize(("text", "overrides", "words"), [c[1:] for c in TOO_MUCH], ids=TOO_MUCH_IDS)
+def test_run_refuses_input_too_deep_or_too_long(text, overrides, words, tmp_path, capsys):
+    scenario = []
+    if text is not None:
+        (tmp_path / "s.toml").write_text(text)
+        scenario = [str(tmp_path / "s.toml")]
+    out = tmp_path / "out"
+    assert dfedrw_main(["run", *scenario, *(a for o in overrides for a in ("--set", o)), "--out", str(out)]) == 2
+    _bounded_line(capsys.readouterr().err, words)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("grid", "words"), [
+    (f"[report]\nx = {NESTED_ARRAY}\n", "grid.toml: tables and arrays nested more than 32 deep"),
+    (f"[{'.'.join(['report'] * 1200)}]\n", "grid.toml: tables and arrays nested more than 32 deep at 'report.report"),
+    ('base = "s.toml"\n[axes]\nseed = [1, 2]\n', "s.toml: tables and arrays nested more than 32 deep"),
+    (f'set = ["rounds={NESTED_ARRAY}"]\n', "nested more than 32 deep"),
+    (f'[axes]\nrounds = ["{HUGE}"]\n', "(5_000_000 characters): expected an integer"),
+], ids=["nested-array", "dotted-header", "nested-base", "set-nested-array", "huge-axis-value"])
+def test_sweep_refuses_a_grid_too_deep_or_too_long(grid, words, tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(f"zz = {NESTED_ARRAY}\n")
+    (tmp_path / "grid.toml").write_text(grid)
+    out = tmp_path / "sweep"
+    assert dfedrw_main(["sweep", str(tmp_path / "grid.toml"), "--out", str(out), "--dry-run"]) == 2
+    _bounded_line(capsys.readouterr().err, words)
+    assert not (out / "runs").exists()
+
+
+def test_the_dfedrw_process_refuses_input_too_deep(tmp_path):
+    """The ``dfedrw`` program as a process of its own, at Python's own recursion limit."""
+    (tmp_path / "s.toml").write_text(f"zz = {NESTED_ARRAY}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dfedrw.experiments.cli", "run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    _bounded_line(proc.stderr, "nested more than 32 deep")
+    assert not (tmp_path / "out").exists()

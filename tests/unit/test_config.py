@@ -484,3 +484,86 @@ def test_the_protocol_is_written_only_when_it_is_asynchronous():
     assert "protocol" not in scenario_to_dict(load_scenario(None, []))["network"]
     written = scenario_to_dict(load_scenario(None, ["network.protocol='async'", "network.max_staleness=4"]))["network"]
     assert written["protocol"] == "async" and written["max_staleness"] == 4
+
+
+# -- input too deep or too long: one line naming it, never a RecursionError or megabytes ---------
+
+
+def _nested_array(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("text, at", [
+    (f"zz = {_nested_array(3000)}\n", None),  # past the parser's own recursion
+    (f"zz = {_nested_array(40)}\n", "zz[0]"),  # parsed, then refused by the nesting check
+    (f"zz = {'{a = ' * 3000}1{'}' * 3000}\n", None),  # inline tables recurse like arrays
+    ("[" + ".".join(["a"] * 1200) + "]\n", "a.a.a"),  # a header is parsed without recursion
+    (".".join(["a"] * 1200) + " = 1\n", "a.a.a"),
+])
+def test_a_scenario_nested_too_deep_is_one_line(tmp_path, text, at):
+    from dfedrw.peer.config.checks import MAX_NESTING
+
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=f"deep.toml: tables and arrays nested more than {MAX_NESTING} deep") as caught:
+        load_scenario(path)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 400
+    if at:
+        assert f" at '{at}" in message
+
+
+@pytest.mark.parametrize("override", [
+    "rounds=" + _nested_array(3000),
+    "rounds=" + _nested_array(40),
+    ".".join(["a"] * 1200) + "=1",
+    "peers.1.aggregation." + ".".join(["a"] * 1200) + "=1",
+    "x = " + _nested_array(3000) + " = 1",  # what stands before the second "=" is no key
+])
+def test_an_override_nested_too_deep_is_one_line(override):
+    with pytest.raises(ScenarioError, match=r"^override '.*: tables and arrays nested more than 32 deep") as caught:
+        load_scenario(None, [override])
+    assert len(str(caught.value)) < 500
+
+
+def test_a_scenario_of_the_deepest_useful_nesting_loads():
+    # A CRS's settings table of one client: the deepest place a scenario has.
+    s = load_scenario(None, ["peers.1.aggregation.crs=softmax", "peers.1.aggregation.crs_params.softmax.temperature=0.5"])
+    assert s.aggregation_for(1).params("crs") == {"temperature": 0.5}
+
+
+def test_a_table_built_in_code_is_measured_without_recursion():
+    from dfedrw.peer.config.checks import check_nesting
+
+    deep: dict = {}
+    node = deep
+    for _ in range(100_000):
+        node["a"] = node = {}
+    with pytest.raises(ScenarioError, match="more than 32 deep"):
+        scenario_from_dict(deep)
+    check_nesting("shallow", {"a": [{"b": [1, 2]}]})
+
+
+@pytest.mark.parametrize("value, where", [
+    ('"' + "x" * 5_000_000 + '"', "rounds"),  # a scenario key's own check
+    ('"' + "x" * 5_000_000 + '"', "attack.alie.z"),  # a class's check, repeated by the key's
+    ('"' + "x" * 5_000_000 + '"', "data.partition"),
+    ("[" + ", ".join(["1"] * 100_000) + "]", "rounds"),
+])
+def test_a_huge_value_is_quoted_cut_with_its_length(value, where):
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(None, [f"{where}={value}"])
+    message = str(caught.value)
+    assert message.startswith(f"{where}=") and len(message) < 600, message[:600]
+    assert re.search(r"\.\.\. \([\d_]+ characters\)", message)
+
+
+def test_shown_quotes_short_values_whole_and_long_ones_cut():
+    from dfedrw.peer.quote import SHOWN_CHARS, cut, shown
+
+    assert shown("abc") == "'abc'" and shown(3.5) == "3.5" and shown([1, 2]) == "[1, 2]"
+    assert shown("x" * 1000) == repr("x" * SHOWN_CHARS) + "... (1_000 characters)"
+    assert shown(list(range(1000))).endswith(f"... ({len(repr(list(range(1000)))):_} characters)")
+    assert cut("short") == "short"
+    long = "head " + "y" * 10_000 + " tail"
+    assert cut(long, 100).startswith("head ") and cut(long, 100).endswith(" tail") and "(9_910 characters left out)" in cut(long, 100)

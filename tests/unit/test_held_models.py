@@ -135,3 +135,48 @@ def test_available_memory_is_read_from_meminfo(tmp_path, monkeypatch, ring):
         check_memory(ring)
     meminfo.write_text("MemTotal: 1 kB\n")  # says nothing of what is available: not checked
     check_memory(ring)
+
+
+# ------------------------------------------------------------------ the batched engine's needs
+
+THOUSAND = ("engine.name=batched", "topology.honest=1000", "topology.byzantine=0", "attack.name=none", "topology.rho=0.01")
+
+
+def test_the_batched_engine_is_checked_by_what_its_one_process_holds(small_scenario):
+    from dfedrw.peer.wiring.memory import BATCHED_BASELINE, BATCHED_CLIENT, batched_needs
+
+    sc = small_scenario(*THOUSAND)
+    needs = batched_needs([sc], [scenario_model_specs(sc)])
+    # Client processes would need 160 MB each; the batched engine holds rows and objects.
+    assert run_needs(sc, scenario_model_specs(sc)).total > 100e9
+    assert BATCHED_BASELINE + 1000 * BATCHED_CLIENT < needs.total < 1e9
+    check_memory(sc, available=int(1e9))  # fits: nothing said
+    with pytest.raises(NotEnoughMemory) as refused:
+        check_memory(sc, available=needs.total - 1)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"this run needs about {needs.total / 1e9:.1f} GB in the batched engine (1_000 clients")
+    assert "available: use fewer clients, a smaller model or fewer neighbours (topology.rho)" in line
+
+
+def test_the_batched_estimate_counts_rows_by_clients_neighbours_and_rule(small_scenario):
+    from dfedrw.peer.wiring.memory import BATCHED_ROWS, POOL_ROWS, batched_rows
+
+    ring = small_scenario("engine.name=batched", "topology.kind=ring", "topology.honest=6", "topology.byzantine=0", "attack.name=none")
+    assert batched_rows(ring) == (6, 6, 6 * BATCHED_ROWS + POOL_ROWS * 6)  # DFedReweighting weighs the pool as it is
+    median = small_scenario("engine.name=batched", "topology.kind=ring", "topology.honest=6", "topology.byzantine=0", "attack.name=none", "aggregation.rule=median")
+    assert batched_rows(median)[2] == batched_rows(ring)[2] + 6 * 3  # each client's candidates gathered: itself and 2 neighbours
+    attacked = small_scenario("engine.name=batched", "topology.kind=ring", "topology.honest=5", "topology.byzantine=1", "attack.name=gaussian")
+    assert batched_rows(attacked) == (6, 5, 5 * BATCHED_ROWS + POOL_ROWS * (5 + 2))  # a message to each honest neighbour
+
+
+def test_a_batch_of_runs_holds_the_data_once_and_every_runs_rows(small_scenario):
+    from dfedrw.launch.preflight import check_batch_memory
+    from dfedrw.peer.wiring.memory import batched_needs
+
+    runs = [small_scenario(*THOUSAND, f"seed={s}") for s in (1, 2, 3)]
+    one = batched_needs(runs[:1], [scenario_model_specs(runs[0])])
+    three = batched_needs(runs, [scenario_model_specs(s) for s in runs])
+    assert three.data == one.data and three.matrix == one.matrix
+    assert three.total - one.total == 2 * one.run_bytes(one.runs[0])
+    with pytest.raises(NotEnoughMemory, match=r"3 runs as one batch, 3_000 clients.* or a smaller batch \(dfedrw sweep --batch\)$"):
+        check_batch_memory(runs, available=three.total - 1)

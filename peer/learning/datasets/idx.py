@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dfedrw.peer.quote import shown
 from dfedrw.peer.learning.data import DatasetUnavailable, read_idx
 from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
 from dfedrw.peer.learning.datasets.files import data_folder, file_digest, file_stamps, scaled_splits
@@ -144,7 +145,7 @@ def _idx_class(name: str) -> type[IdxDataset]:
     downloadable = {n: DATASET_REGISTRY.resolve(n) for n in DATASET_REGISTRY.builtin_names()}
     downloadable = {n: c for n, c in downloadable.items() if isinstance(c, type) and issubclass(c, IdxDataset) and c.download_url}
     if name not in downloadable:
-        raise ValueError(f"dataset {name!r} cannot be downloaded; valid choices: {', '.join(downloadable)}")
+        raise ValueError(f"dataset {shown(name)} cannot be downloaded; valid choices: {', '.join(downloadable)}")
     return downloadable[name]
 
 
