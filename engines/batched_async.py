@@ -330,6 +330,9 @@ class Gossip:
             seconds = self.starts[k][-1]
             run.network.gossip[k] = {
                 "protocol": "async", "steps_per_second": round(rounds / seconds, 3) if seconds > 0 else None, "staleness_total": self.staleness_total[k],
+                # A client process waits for its links to take its models; on the simulated clock
+                # a link takes one whenever it is not still transmitting the last (skipped_busy).
+                "paced_seconds": 0.0,
             }
         for b in run.byzantine:
             run.network.gossip[b] = {"protocol": "async", "crafts": self.crafts[b]}

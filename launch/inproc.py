@@ -20,7 +20,8 @@ from rich.console import Console
 from dfedrw.peer.results.collect import collect_summary
 from dfedrw.launch.progress import ProgressBoard
 from dfedrw.peer.config.scenario import Scenario, dump_scenario
-from dfedrw.peer.client.client import Client, start_and_run
+from dfedrw.peer.client.client import Client
+from dfedrw.peer.client.process import start_and_run
 from dfedrw.peer.wiring.plan import role_of, scenario_topology
 from dfedrw.peer.client.rendezvous import SharedRendezvous
 from dfedrw.peer.transport.kinds import TRANSPORT_REGISTRY

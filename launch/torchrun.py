@@ -35,7 +35,8 @@ from dfedrw.peer import cli as peer_cli
 from dfedrw.peer.config.scenario import Scenario, dump_scenario, load_scenario
 from dfedrw.peer.transport.identity import make_certificates
 from dfedrw.peer.wiring.assembly import client_identity
-from dfedrw.peer.client.client import Client, start_and_run
+from dfedrw.peer.client.client import Client
+from dfedrw.peer.client.process import start_and_run
 from dfedrw.peer.wiring.plan import role_of, scenario_graphs, scenario_topology
 from dfedrw.peer.results.records import check_fresh_out_dir
 from dfedrw.peer.results.tensorboard import check_fresh_event_dir, require_tensorboard

@@ -88,7 +88,7 @@ def under_torchrun(args: argparse.Namespace) -> bool:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from dfedrw.peer.client.client import run_grpc_client
+    from dfedrw.peer.client.process import run_grpc_client
 
     if under_torchrun(args):
         raise SystemExit(

@@ -1,7 +1,8 @@
 """A client: its state and round loop, honest or Byzantine, from start to final record. Its
 parts (transport, rule or attack, model, data) come from :mod:`peer.wiring.assembly`, which every
 launcher and the batched engine use too; checkpoints and the way back after a restart, its own
-or a neighbour's, from :mod:`peer.client.rejoin`.
+or a neighbour's, from :mod:`peer.client.rejoin`; a client process's start-up and end from
+:mod:`peer.client.process`.
 
 Round t at an honest client k (paper, Algorithm 1):
   1. local SGD step(s) -> w_k^{t+1/2};
@@ -31,7 +32,7 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.wiring.assembly import (
-    ClientParts, client_attack, client_augmentation, client_data, client_identity, client_parts, client_rule, scenario_backdoor, scenario_plausible,
+    ClientParts, client_attack, client_augmentation, client_data, client_parts, client_rule, scenario_backdoor, scenario_plausible,
 )
 from dfedrw.peer.client.byzantine import run_byzantine
 from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
@@ -40,10 +41,9 @@ from dfedrw.peer.transport.intake import ModelIntake
 from dfedrw.peer.transport.heap import release_free_heap
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.models import get_vector, set_vector
-from dfedrw.peer.wiring.plan import colluding_group, derive_seed, role_of, scenario_graphs, told_byzantine
+from dfedrw.peer.wiring.plan import colluding_group, derive_seed, scenario_graphs, told_byzantine
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.graph.schedule import receive_window
-from dfedrw.peer.client.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.client.presence import PROBE_EVERY, Presence
 from dfedrw.peer.client.rejoin import Resume, coordinate_median
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
@@ -51,7 +51,7 @@ from dfedrw.peer.client.rounds import Liveness, Pace, aggregation_summary, end_o
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.transport.links import EmulatedLinks
-from dfedrw.peer.wiring.build import client_codec, scenario_transport, with_links
+from dfedrw.peer.wiring.build import client_codec, with_links
 from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.base import Transport
@@ -442,66 +442,3 @@ class Client:
             del model
             r += 1
         return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
-
-
-def run_grpc_client(scenario: Scenario, client_id: int, out_dir: Path, **where: Any) -> dict[str, Any]:
-    """Run one client process to completion: :func:`grpc_client` (``where``: its arguments),
-    then :func:`start_and_run`: start, find the neighbours, run every round, write results."""
-    return start_and_run(*grpc_client(scenario, client_id, out_dir, **where))
-
-
-def grpc_client(
-    scenario: Scenario,
-    client_id: int,
-    out_dir: Path,
-    *,
-    rendezvous: str | None = None,
-    addresses: Mapping[int, str] | None = None,
-    listen_port: int = 0,
-    advertise: str | None = None,
-    certs: Path | None = None,
-    link_token: str | None = None,
-    tensorboard: Path | None = None,
-) -> tuple[Client, Rendezvous]:
-    """One client process's client and the way it meets its neighbours, built and not started;
-    its graph and model are built once (:func:`~dfedrw.peer.wiring.assembly.client_parts`), for its
-    transport and for the client.
-
-    Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
-    registers with ``link_token``, the secret the launcher gave it) or are given.
-    ``certs`` is the run's certificate folder (``dfedrw certs``), needed with TLS.
-    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``).
-    """
-    if (rendezvous is None) == (addresses is None):
-        raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
-    net = scenario.network
-    parts = client_parts(scenario, client_id)
-    kind = scenario_transport(scenario, topology=parts.topology, specs=parts.specs)
-    if kind.placement != "processes":
-        if kind.placement == "torchrun":
-            raise ValueError(
-                f"network.transport = {net.transport!r} runs only under torchrun: "
-                "torchrun --nproc-per-node N -m dfedrw.launch.torchrun --scenario FILE"
-            )
-        raise ValueError(f"network.transport = {net.transport!r} runs its clients as {kind.placement}, not as processes")
-    transport = kind.process_transport(
-        scenario, client_id, host=net.host, port=listen_port, advertise=advertise, identity=client_identity(scenario, certs, client_id)
-    )
-    link = LauncherLink(rendezvous, link_token) if rendezvous else NullLink()
-    meeting = (
-        LauncherRendezvous(link, role_of(parts.topology, client_id)) if rendezvous else StaticRendezvous(addresses)
-    )
-    return Client(scenario, client_id, out_dir, transport=transport, link=link, tensorboard=tensorboard, parts=parts), meeting
-
-
-def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:
-    """A client's start-up sequence, the same under every launcher: start a built client's
-    server, exchange addresses through ``rendezvous``, connect to the neighbours (and a colluder to the other colluders), run every round; the client is closed
-    whatever happens."""
-    try:
-        address = client.start()
-        addresses = rendezvous.exchange(client.id, address, client.contacts, client.scenario.network.connect_timeout)
-        client.connect(addresses)
-        return client.run()
-    finally:
-        client.close()

@@ -7,7 +7,7 @@ colluder
 1. waits for its honest neighbours' round-r models, as every Byzantine client does;
 2. sends every other colluder not presumed gone one *pool message*: round r, the sorted ids of
    the honest senders it heard (``origins``) and their models in that order
-   (:func:`~dfedrw.peer.transport.serde.pool_out`);
+   (:func:`~dfedrw.peer.transport.pools.pool_out`);
 3. waits, until the round deadline, for the round-r pool of every other colluder not presumed
    gone;
 4. takes the union by origin (:func:`pool_union`): ``pool_senders = sorted(union)``, each
@@ -41,7 +41,8 @@ from dfedrw.peer.client.rounds import Liveness
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.inbox import RoundWaiting
-from dfedrw.peer.transport.serde import Plausible, PoolMessage, TensorSpec, WireError, decode_pool, pool_bytes, pool_out
+from dfedrw.peer.transport.pools import PoolMessage, decode_pool, pool_bytes, pool_out
+from dfedrw.peer.transport.serde import Plausible, TensorSpec, WireError
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,10 @@ import torch
 from dfedrw.peer.transport.compression import Decoder
 from dfedrw.peer.transport.heap import release_free_heap
 from dfedrw.peer.transport.inbox import Inbox, Slot
+from dfedrw.peer.transport.pools import check_pool_header, pool_message
 from dfedrw.peer.transport.serde import (
-    LARGE_MESSAGE, PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, check_pool_header, checksum_start, first_header,
-    model_message, pool_message,
+    LARGE_MESSAGE, PayloadDecoder, Plausible, TensorSpec, WireError, check_model_header, checksum_start, first_header,
+    model_message,
 )
 
 # (sender, round, accepted, reason, sender presumed gone before) of every model message that

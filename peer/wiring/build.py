@@ -134,7 +134,7 @@ def message_bytes(
 ) -> int:
     """The largest message ``client`` receives: one model, or for a colluding Byzantine client
     a pool of up to one model per client (``topology``, ``specs``: as built already, or None)."""
-    from dfedrw.peer.transport.serde import pool_bytes
+    from dfedrw.peer.transport.pools import pool_bytes
 
     specs = scenario_model_specs(scenario) if specs is None else specs
     if client is not None and client in scenario_colluders(scenario, topology):

@@ -102,12 +102,12 @@ def test_run_refuses(overrides, key, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize(("overrides", "key"), [c[1:] for c in CASES], ids=IDS)
 def test_peer_refuses(overrides, key, tmp_path, capsys, monkeypatch):
-    import dfedrw.peer.client.client
+    import dfedrw.peer.client.process
     from dfedrw import peer
     def no_client(*args, **kwargs):
         raise AssertionError("dfedrw peer got as far as starting its client")
 
-    monkeypatch.setattr(peer.client.client, "run_grpc_client", no_client)
+    monkeypatch.setattr(peer.client.process, "run_grpc_client", no_client)
     out = tmp_path / "out"
     argv = ["peer", "--scenario", str(_default_scenario(tmp_path)), "--id", "0", "--peer", "1=127.0.0.1:1", "--out", str(out)]
     assert peer_cli.main([*argv, *_sets(overrides)]) == 2

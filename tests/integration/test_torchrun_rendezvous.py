@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from dfedrw.launch import torchrun as tr
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.client.client import run_grpc_client
+from dfedrw.peer.client.process import run_grpc_client
 from dfedrw.peer.transport import torchdist
 
 

@@ -12,7 +12,7 @@ from dfedrw.peer.learning import models
 from dfedrw.peer.graph import topology as topology_module
 from dfedrw.peer.cli import client_scenario
 from dfedrw.peer.config.scenario import SCENARIO_DIGEST_ENV, Scenario, ScenarioError, dump_scenario, load_scenario, load_validated
-from dfedrw.peer.client.client import grpc_client
+from dfedrw.peer.client.process import grpc_client
 from dfedrw.peer.wiring.plan import scenario_topology
 
 SMALL = ["rounds=3", "topology.honest=4", "topology.byzantine=1", "network.tls=off"]

@@ -22,9 +22,8 @@ from dfedrw.peer.wiring.plan import scenario_topology
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.serde import (
-    Plausible, PoolMessage, TensorSpec, WireError, decode, decode_pool, encode, encode_pool, join_chunks, pool_bytes,
-)
+from dfedrw.peer.transport.pools import PoolMessage, decode_pool, encode_pool, pool_bytes
+from dfedrw.peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks
 
 SPECS = (TensorSpec("0.weight", "float32", (2, 2)), TensorSpec("0.bias", "float32", (2,)))
 D = 6  # 4 + 2 values, 24 bytes a model
