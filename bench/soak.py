@@ -11,9 +11,10 @@ reports) and ``default`` (the built-in default scenario: 10 honest and 2 Gaussia
 DFedReweighting). Protocols: ``sync`` (3,000 rounds) and ``async`` (asynchronous gossip, 2,400
 steps; the batched engine times its steps on the simulated clock, every client at the same
 speed). For each scenario and protocol the batched engine runs once (the reference), then the
-client processes four times: as they are; with one honest client killed (SIGKILL) a third of
+client processes four times: as they are; with one honest client killed (SIGKILL) a quarter of
 the way in and started again with its command line ``--restart-after`` seconds later (it
-resumes from its checkpoint); with both cores kept busy by a bounded load generator (one
+resumes from its checkpoint; its process takes seconds more to start, ten under load, and an
+asynchronous network runs on meanwhile: the run must be long enough for it to come back); with both cores kept busy by a bounded load generator (one
 busy-looping process per core, each stopped at the end of the run, and after ``--max-seconds``
 in any case); and with both.
 
@@ -216,7 +217,7 @@ def run_processes(case: Case, args: list[str], out: Path, *, restart_after: floa
             procs.start(k)
         deadline = started + max_seconds
         if victim is not None:
-            kill_at = scenario.rounds // 3
+            kill_at = scenario.rounds // 4
             ckpt = out / "peers" / f"{victim}.ckpt.npz"
             while time.monotonic() < deadline and not (last_round(out, victim) >= kill_at and ckpt.exists()):
                 if procs.procs[victim].poll() is not None:
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the slow test's version: 1,000 rounds, 2,000 steps, round_timeout 2 s, a checkpoint every 20 rounds, a restart after 1 s",
     )
     parser.add_argument("--rounds", type=int, default=None, help="rounds (steps) of every case (default: sync 3000, async 2400)")
-    parser.add_argument("--restart-after", type=float, default=None, help="seconds a killed client stays down (default 5, --short 1)")
+    parser.add_argument("--restart-after", type=float, default=None, help="seconds a killed client stays down (default 2, --short 1)")
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="a process run is stopped after this long")
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE", help="more scenario settings")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' folders here (default: a temporary folder)")
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = list(args.extra)
     if args.short:
         extra = ["network.round_timeout=2", "checkpoint.every=20", *extra]
-    restart_after = args.restart_after if args.restart_after is not None else (1.0 if args.short else 5.0)
+    restart_after = args.restart_after if args.restart_after is not None else (1.0 if args.short else 2.0)
     temp = None
     out_root = args.out
     if out_root is None:
