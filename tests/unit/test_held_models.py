@@ -135,3 +135,17 @@ def test_available_memory_is_read_from_meminfo(tmp_path, monkeypatch, ring):
         check_memory(ring)
     meminfo.write_text("MemTotal: 1 kB\n")  # says nothing of what is available: not checked
     check_memory(ring)
+
+
+def test_the_batched_engine_is_not_held_to_the_bound_of_client_processes(tmp_path, monkeypatch, small_scenario):
+    """The batched engine holds every model in one tensor of one process: the bound of client
+    processes (a baseline each) would refuse 1,000 clients for 160 GB it does not need."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:     2048 kB\n")
+    monkeypatch.setattr(preflight, "MEMINFO", meminfo)
+    many = ("topology.kind=ring", "topology.honest=200", "topology.byzantine=0", "attack.name=none")
+
+    preflight.preflight(small_scenario(*many, "engine.name=batched"))  # nothing said
+
+    with pytest.raises(NotEnoughMemory):
+        preflight.preflight(small_scenario(*many, "engine.name=clients"))
