@@ -314,6 +314,12 @@ class ManyEvaluator:
         """``finite``: which rows of ``vectors`` are finite, when the caller has checked (bool [R]);
         ``metrics``: the keys wanted, the others neither computed nor returned."""
         finite = (torch.isfinite(vectors).all(1) if finite is None else finite).tolist()
+        device = owners[0].data.x.device if owners else vectors.device
+        if vectors.device != device and all(e.data.x.device == device for e in owners):
+            # The pool on the CPU (as rules get it) and the owners' data on a GPU: the pool
+            # goes over once, not each owner's candidates one owner at a time (the same
+            # float32 values either way, so the same scores).
+            vectors = vectors.to(device, torch.float32)
         where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
         picked = [[r[j] for j in w] for r, w in zip(rows, where, strict=True)]
         laid = _LaidOut.of(vectors, owners, picked)

@@ -119,6 +119,26 @@ def test_many_evaluator_scores_as_each_owners_evaluator(name, features, classes,
         assert torch.isnan(got["loss"][list(r).index(4)]) if 4 in r else True
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("name, features", [("softmax_regression", 784), ("mlp", 6), ("resnet20", 64)], ids=["softmax-regression", "mlp", "resnet20"])
+def test_many_evaluator_scores_a_cpu_pool_for_owners_on_cuda_as_each_owners_evaluator(name, features):
+    """The pool on the CPU (as rules get it), the auxiliary sets on the GPU: the pool goes over
+    once, and each owner gets its own evaluator's scores (to float tolerance: the laid-out
+    product may take other kernels than each owner's)."""
+    gen = torch.Generator().manual_seed(3)
+    shape = (1, 8, 8) if name == "resnet20" else None
+    template = build_model(name, features, 10, hidden=5, seed=0, input_shape=shape)
+    aux = {k: Dataset(d.x.cuda(), d.y.cuda(), 10) for k, d in _aux_sets(gen, {3: 30, 5: 17, 9: 40}, features, 10).items()}
+    evaluators = {k: VectorEvaluator(template, d) for k, d in aux.items()}
+    vectors = torch.randn(8, sum(p.numel() for p in template.parameters()), generator=gen) * 0.1
+    vectors[4, 1] = float("nan")
+    owners, rows = [9, 3, 5], [(0, 1, 2, 4), (3,), (5, 6, 7, 4)]
+    for k, r, got in zip(owners, rows, ManyEvaluator()(vectors, [evaluators[k] for k in owners], rows), strict=True):
+        want = evaluators[k](vectors[list(r)])
+        for key in ("accuracy", "loss"):
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 class _Reevaluates:
     """A TPM that scores a perturbed copy of the candidates: its own tensor, not the one given."""
 
