@@ -268,12 +268,28 @@ def main(argv: list[str] | None = None) -> int:
     evals = sum(eval_due(sc, r) for r in range(sc.rounds))
     total_flops = sc.rounds * flops["round"] + evals * flops["evaluation"]
 
+    arithmetic = total_flops / rate
+    machine = {"device": args.device, "where": where, "torch": torch.__version__, "threads": args.threads}
+    rows: list[dict[str, Any]] = []
+
+    def add(row: dict[str, Any]) -> None:
+        """A row with its ratios, and --json written again: a run stopped part way keeps the
+        rows it finished."""
+        row["per_round"] = row["loop_seconds"] / sc.rounds
+        row["vs_loop"] = row["loop_seconds"] / plain["loop_seconds"]
+        row["vs_arithmetic"] = row["loop_seconds"] / arithmetic
+        row["gflops"] = total_flops / row["loop_seconds"] / 1e9
+        rows.append(row)
+        if args.json:
+            ordered = [r for r in rows if r["what"] != "plain PyTorch loop"] + [r for r in rows if r["what"] == "plain PyTorch loop"]
+            args.json.write_text(json.dumps({"flops": flops, "matmul_flops_per_s": rate, "rows": ordered, "overrides": overrides, "machine": machine}, indent=1) + "\n")
+
+    add({"what": "plain PyTorch loop", **plain})
     if args.warmup:
         # The process's first engine run pays what later ones do not (kernel selection, CUDA's
         # start, the first touch of the data): one round of it, untimed, before the rows.
         log("the batched engine, one round untimed (warm-up)")
         engine_round_loop([*overrides, "rounds=1", "engine.layout=loop"])
-    rows: list[dict[str, Any]] = []
     said = {"loop": "models called one by one", "vmap": "models vmapped", "auto": "the engine's pick"}
     for layout in layouts:
         log(f"the batched engine ({said[layout]})")
@@ -283,10 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         what = f"batched engine ({layout}: {engine.get('layout', '?')})" if layout == "auto" else f"batched engine ({layout})"
         if layout == "auto":
             log(f"the engine picked {engine.get('layout')} ({engine.get('layout_choice')}; {engine.get('layout_seconds') or 'not timed'})")
-        rows.append({"what": what, **engine})
-    rows.append({"what": "plain PyTorch loop", **plain})
+        add({"what": what, **engine})
+    rows.append(rows.pop(0))  # the plain loop last, as the reference under the engine's rows
 
-    arithmetic = total_flops / rate
     print(f"{sc.train.model}, {sc.data.name}, {len(loop.honest)} + {len(loop.byzantine)} clients, {sc.aggregation.rule}, "
           f"{sc.rounds} rounds ({evals} with an evaluation), {where}")
     print(f"arithmetic: {flops['round'] / 1e9:.2f} GFLOP a round, {flops['evaluation'] / 1e9:.2f} GFLOP an evaluation; "
@@ -294,19 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':34} {'s / round':>10} {'total s':>9} {'vs loop':>8} {'vs arithmetic':>14} {'GFLOP/s':>8} {'accuracy %':>11}"
           + (f" {'GPU MiB':>8}" if args.device != "cpu" else ""))
     for row in rows:
-        row["per_round"] = row["loop_seconds"] / sc.rounds
-        row["vs_loop"] = row["loop_seconds"] / plain["loop_seconds"]
-        row["vs_arithmetic"] = row["loop_seconds"] / arithmetic
-        row["gflops"] = total_flops / row["loop_seconds"] / 1e9
         print(f"{row['what']:34} {row['per_round']:10.3f} {row['loop_seconds']:9.2f} {row['vs_loop']:7.2f}x {row['vs_arithmetic']:13.1f}x "
               f"{row['gflops']:8.1f} {row['accuracy']:11.2f}" + (f" {row['cuda_max_allocated_mib']:8.0f}" if args.device != "cpu" else ""))
     plain_rounds = plain["seconds"]["plain"]
     if plain_rounds:
         print(f"plain loop: {sum(plain_rounds) / len(plain_rounds):.3f} s a round without evaluation, "
               f"{sum(plain['seconds']['eval']) / max(1, evals):.3f} s with one")
-    if args.json:
-        machine = {"device": args.device, "where": where, "torch": torch.__version__, "threads": args.threads}
-        args.json.write_text(json.dumps({"flops": flops, "matmul_flops_per_s": rate, "rows": rows, "overrides": overrides, "machine": machine}, indent=1) + "\n")
     return 0
 
 

@@ -82,6 +82,8 @@ SCALE = [
     "aggregation.rule=dfedreweighting", "aggregation.tpm=loss", "aggregation.crs=loss_clip_mean",
 ]
 SCALE_ROUNDS = 100
+# Each round's end (monotonic seconds) as a point's batched run finishes it, in its results folder.
+ROUND_ENDS = "round_ends.txt"
 
 
 def log(message: str) -> None:
@@ -271,13 +273,18 @@ def batched_rounds(scenario, out: Path) -> tuple[Path, dict[str, Any], dict[str,
     preflight(scenario)
     run = BatchedRun(scenario, out)
     ends: list[float] = []
+    out.mkdir(parents=True, exist_ok=True)
+    progress = (out / ROUND_ENDS).open("a")  # for the sweep to read if this point is stopped
 
     def on_round(r: int) -> None:
         ends.append(time.monotonic())
+        progress.write(f"{r} {ends[-1]!r}\n")
+        progress.flush()
         if (r + 1) % max(1, scenario.rounds // 10) == 0:
             log(f"round {r + 1}/{scenario.rounds}")
 
     summary = run_together([run], on_round)[0]
+    progress.close()
     loop = json.loads((out / "peers" / f"{run.honest[0]}.json").read_text())["loop_seconds"]
     # The loop's start is not reported to the callback: the first round is what the loop took
     # beyond the others.
@@ -286,6 +293,17 @@ def batched_rounds(scenario, out: Path) -> tuple[Path, dict[str, Any], dict[str,
     plain = sorted(t for r, t in enumerate(seconds) if not evaluation_due(r, scenario.rounds, scenario.eval.every))
     median = plain[len(plain) // 2] if plain else None
     return out, summary, {"round_seconds": [round(t, 4) for t in seconds], "median_round_seconds": median}
+
+
+def partial_rounds(path: Path) -> dict[str, Any]:
+    """What a stopped point had done: the rounds it finished and the median of their seconds
+    (each from the end of the one before: the first round is not among them)."""
+    try:
+        ends = [float(line.split()[1]) for line in (path / ROUND_ENDS).read_text().splitlines() if line.strip()]
+    except (OSError, ValueError, IndexError):
+        return {}
+    steps = sorted(b - a for a, b in zip(ends, ends[1:]))
+    return {"rounds_done": len(ends), "median_round_seconds": steps[len(steps) // 2] if steps else None}
 
 
 def run_point(clients: int, rounds: int, overrides: list[str], timeout: float, keep: Path | None, threads: int) -> dict[str, Any]:
@@ -339,7 +357,7 @@ def run_point(clients: int, rounds: int, overrides: list[str], timeout: float, k
         if result is not None:
             row.update(result)
         if timed_out:
-            row.update(ok=False, error=f"timed out after --point-timeout {timeout:g} s")
+            row.update(ok=False, error=f"timed out after --point-timeout {timeout:g} s", **partial_rounds(path))
         elif result is None:
             rc = proc.returncode
             if rc is not None and rc < 0:
@@ -426,8 +444,9 @@ def print_sweep(rows: list[dict[str, Any]], data: str, device: str, degree: floa
                 fmt(r["honest_mean_accuracy"], ".2f"), "ok",
             ])
         else:
-            body.append([str(r["clients"]), str(r.get("rounds", "-")), "-", "-", "-", "-", "-", fmt(r.get("peak_rss_mib"), ".0f"), "-", "-",
-                         "failed: " + str(r.get("error"))])
+            done = f" ({r['rounds_done']} rounds done)" if r.get("rounds_done") is not None else ""
+            body.append([str(r["clients"]), str(r.get("rounds", "-")), "-", "-", fmt(r.get("median_round_seconds"), ".4f"), "-", "-",
+                         fmt(r.get("peak_rss_mib"), ".0f"), "-", "-", "failed: " + str(r.get("error")) + done])
     print(table(["clients", "rounds", "torch threads", "s/round", "median s/round", "round loop s", "wall s", "peak RSS MiB", "CUDA max MiB",
                  "honest acc %", "status"], body, left=(0, 10)))
     print("(s/round: the round loop over the rounds, evaluations in; median s/round: the median round without an evaluation)")
