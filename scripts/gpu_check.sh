@@ -264,7 +264,7 @@ PYTEST=("$PYTHON" -m pytest -p no:cacheprovider -rA -o addopts=)
 # The CUDA tests that skip on a CPU (with each file's CPU tests: they are quick), then the
 # figures, the most wanted first, then the slow CUDA tests (client processes, torchrun).
 CUDA_TESTS=(tests/unit/test_batched_layout.py tests/unit/test_batched.py)
-ready clients && CUDA_TESTS+=(tests/unit/test_client_device.py)
+ready clients && CUDA_TESTS+=(tests/integration/test_client_device.py)
 STEP_LOG="$OUT/tests.log" step tests_cuda 90 "batched tests" "${PYTEST[@]}" -m "not slow" "${CUDA_TESTS[@]}"
 step cnn_lenet5 90 batched "${CNN[@]}" --rounds "$LENET_ROUNDS" --json "$WORK/fig/cnn_lenet5.json"
 step clients_12 75 "batched clients" "${CLIENTS[@]}" --out "$WORK/runs/clients_12" --json "$WORK/fig/clients_12.json"
