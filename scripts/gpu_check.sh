@@ -263,7 +263,7 @@ step() {
     rc=$?
     case "$rc" in
         0) status=ok ;;
-        124|137) status="timed out after ${limit}s" ;;
+        124|137) if [ "$limit" = 0 ]; then status="killed (exit $rc; out of memory?)"; else status="timed out after ${limit}s"; fi ;;
         *) status="failed (exit $rc)" ;;
     esac
     [ "$log" != "$LOG" ] && tail -n 1 "$log" >>"$LOG"
