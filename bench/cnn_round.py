@@ -220,6 +220,13 @@ def matmul_rate(threads: int, device: str = "cpu") -> float:
     return 2 * n**3 / best
 
 
+def load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15 minute load averages (on a shared machine, how busy it was)."""
+    import os
+
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
 def peak_memory(device) -> float | None:
     """MiB the GPU held at most since the last reset (None on the CPU), and a reset."""
     import torch
@@ -269,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     total_flops = sc.rounds * flops["round"] + evals * flops["evaluation"]
 
     arithmetic = total_flops / rate
-    machine = {"device": args.device, "where": where, "torch": torch.__version__, "threads": args.threads}
+    machine = {"device": args.device, "where": where, "torch": torch.__version__, "threads": args.threads, "load_average_at_start": load_average()}
     rows: list[dict[str, Any]] = []
 
     def add(row: dict[str, Any]) -> None:
@@ -280,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         row["vs_arithmetic"] = row["loop_seconds"] / arithmetic
         row["gflops"] = total_flops / row["loop_seconds"] / 1e9
         rows.append(row)
+        machine["load_average_at_end"] = load_average()
         if args.json:
             ordered = [r for r in rows if r["what"] != "plain PyTorch loop"] + [r for r in rows if r["what"] == "plain PyTorch loop"]
             args.json.write_text(json.dumps({"flops": flops, "matmul_flops_per_s": rate, "rows": ordered, "overrides": overrides, "machine": machine}, indent=1) + "\n")
