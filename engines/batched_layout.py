@@ -5,8 +5,8 @@ A model with a layer plan (a stack of Linear and elementwise layers) runs as bat
 products whatever the setting. Any other model (the convolutional ones) runs in one of
 :attr:`~dfedrw.peer.learning.model_matrix.FlatModel.LAYOUTS`: ``loop``, each model called in
 turn, or ``vmap``, every model in one call per layer (grouped convolutions). On the CPU
-``loop`` is the faster by 2.7-4x (docs/batched-speed.md), so ``auto`` takes it there without
-measuring, and the CPU's results do not depend on a timing. On another device ``auto`` times
+``loop`` is the faster (1.3x for LeNet-5, 1.5x for ResNet-20: docs/gpu.md), so ``auto`` takes
+it there without measuring, and the CPU's results do not depend on a timing. On another device ``auto`` times
 both on this run's own work (one local step of up to :data:`MEASURED_ROWS` clients and the
 scoring of a few clients' candidates on their auxiliary sets) and keeps the faster: which one
 wins on a GPU depends on the model, the client count and the card. The two layouts compute

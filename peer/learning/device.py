@@ -25,8 +25,8 @@ def engine_device(name: str, *, resolve: bool = True) -> torch.device:
 
 def device_memory(device: torch.device | str) -> dict[str, float]:
     """On a CUDA device, the most this process's tensors held there and the most its caching
-    allocator reserved (MiB; a process's CUDA context, a few hundred MiB, is in neither); on
-    any other device nothing."""
+    allocator reserved (MiB; the process's CUDA context is in neither); on any other device
+    nothing."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_initialized():
         return {}

@@ -165,10 +165,11 @@ class FlatModel:
     through each layer as one product for all of them (reading the data once, not once per
     model). Any other module (the convolutional models) is called once per model
     (``functional_call`` on views of its vector: ``layout = "loop"``), its rows in blocks of
-    :func:`block_rows` when no gradient is wanted; on the CPU that is 2.7x faster than
-    ``torch.func.vmap`` of the same call for LeNet-5's scoring (measured: docs/batched-speed.md),
-    which turns the models' convolutions into grouped ones. ``layout = "vmap"`` keeps that form
-    (for comparison).
+    :func:`block_rows` when no gradient is wanted; on the CPU that is faster than
+    ``torch.func.vmap`` of the same call, which turns the models' convolutions into grouped ones
+    (2.7x for LeNet-5's scoring when vmap took every row at once, docs/models.md; 1.3-1.5x a
+    round since it takes them in blocks, docs/gpu.md). ``layout = "vmap"`` keeps that form
+    (``engine.layout``: a GPU may favour it).
     """
 
     LAYOUTS = ("loop", "vmap")
