@@ -13,6 +13,8 @@ batched engine alone at growing client counts (seconds per round and peak memory
     python bench/engines.py --scale                      # batched only: 100 and 1000 clients on a ring,
                                                          # digits, DFedReweighting loss-clip, 100 rounds
     python bench/engines.py --scale --clients 100,1000,4096 --scale-data fashion-mnist --device cuda --json scale.json
+    python bench/engines.py --scale --clients 1000,10000 --scale-degree 10 --rounds 20 --set train.model=lenet5 \
+        --scale-data fashion-mnist --set data.dir=DIR --device cuda      # a sparse random graph, about 10 neighbours each
 
 What it measures. Comparison (``--case``): for each engine the round loop (the slowest honest
 client's ``loop_seconds``, from its final record: process start, imports and data loading left
@@ -80,6 +82,8 @@ SCALE = [
     "aggregation.rule=dfedreweighting", "aggregation.tpm=loss", "aggregation.crs=loss_clip_mean",
 ]
 SCALE_ROUNDS = 100
+# Each round's end (monotonic seconds) as a point's batched run finishes it, in its results folder.
+ROUND_ENDS = "round_ends.txt"
 
 
 def log(message: str) -> None:
@@ -214,7 +218,6 @@ def one_point(spec: dict[str, Any]) -> int:
         import torch
         from rich.console import Console
 
-        from dfedrw.launch.runner import run_scenario
         from dfedrw.peer.config.scenario import load_scenario
 
         if spec.get("torch_threads"):
@@ -224,7 +227,13 @@ def one_point(spec: dict[str, Any]) -> int:
         cuda = scenario.engine.device.startswith("cuda")
         if cuda and torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        out, summary = run_scenario(scenario, Path(spec["out"]), console=Console(stderr=True))
+        if scenario.engine.name == "batched" and not scenario.network.asynchronous:
+            out, summary, rounds = batched_rounds(scenario, Path(spec["out"]))
+            result.update(rounds)
+        else:
+            from dfedrw.launch.runner import run_scenario  # the clients engines need the network libraries
+
+            out, summary = run_scenario(scenario, Path(spec["out"]), console=Console(stderr=True))
         loop, loop_cpu = loop_figures(out, summary)
         result.update(
             ok=not summary.get("failed_peers"),
@@ -238,6 +247,7 @@ def one_point(spec: dict[str, Any]) -> int:
             peak_rss_mib=peak_rss_mib(),
             cuda_max_allocated_mib=torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
             torch_threads=torch.get_num_threads(),
+            **{key: summary[key] for key in ("layout", "layout_choice", "layout_seconds") if key in summary},
         )
         if summary.get("failed_peers"):
             result["error"] = f"clients failed: {summary['failed_peers']}"
@@ -248,6 +258,52 @@ def one_point(spec: dict[str, Any]) -> int:
         result["peak_rss_mib"] = peak_rss_mib()
     print(json.dumps(result), flush=True)
     return 0 if result["ok"] else 1
+
+
+def batched_rounds(scenario, out: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """A batched run as ``dfedrw run`` makes it, timing each round (from the end of the one
+    before; the first from the start of the loop): the results folder, the summary, and
+    ``round_seconds`` with ``median_round_seconds``, the median of the rounds without an
+    evaluation (what a round costs, the test set left out)."""
+    from dfedrw.engines.batched import run_together
+    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.launch.preflight import preflight
+    from dfedrw.peer.client.rounds import evaluation_due
+
+    preflight(scenario)
+    run = BatchedRun(scenario, out)
+    ends: list[float] = []
+    out.mkdir(parents=True, exist_ok=True)
+    progress = (out / ROUND_ENDS).open("a")  # for the sweep to read if this point is stopped
+
+    def on_round(r: int) -> None:
+        ends.append(time.monotonic())
+        progress.write(f"{r} {ends[-1]!r}\n")
+        progress.flush()
+        if (r + 1) % max(1, scenario.rounds // 10) == 0:
+            log(f"round {r + 1}/{scenario.rounds}")
+
+    summary = run_together([run], on_round)[0]
+    progress.close()
+    loop = json.loads((out / "peers" / f"{run.honest[0]}.json").read_text())["loop_seconds"]
+    # The loop's start is not reported to the callback: the first round is what the loop took
+    # beyond the others.
+    steps = [b - a for a, b in zip(ends, ends[1:])]
+    seconds = [max(0.0, loop - sum(steps)), *steps] if ends else []
+    plain = sorted(t for r, t in enumerate(seconds) if not evaluation_due(r, scenario.rounds, scenario.eval.every))
+    median = plain[len(plain) // 2] if plain else None
+    return out, summary, {"round_seconds": [round(t, 4) for t in seconds], "median_round_seconds": median}
+
+
+def partial_rounds(path: Path) -> dict[str, Any]:
+    """What a stopped point had done: the rounds it finished and the median of their seconds
+    (each from the end of the one before: the first round is not among them)."""
+    try:
+        ends = [float(line.split()[1]) for line in (path / ROUND_ENDS).read_text().splitlines() if line.strip()]
+    except (OSError, ValueError, IndexError):
+        return {}
+    steps = sorted(b - a for a, b in zip(ends, ends[1:]))
+    return {"rounds_done": len(ends), "median_round_seconds": steps[len(steps) // 2] if steps else None}
 
 
 def run_point(clients: int, rounds: int, overrides: list[str], timeout: float, keep: Path | None, threads: int) -> dict[str, Any]:
@@ -301,7 +357,7 @@ def run_point(clients: int, rounds: int, overrides: list[str], timeout: float, k
         if result is not None:
             row.update(result)
         if timed_out:
-            row.update(ok=False, error=f"timed out after --point-timeout {timeout:g} s")
+            row.update(ok=False, error=f"timed out after --point-timeout {timeout:g} s", **partial_rounds(path))
         elif result is None:
             rc = proc.returncode
             if rc is not None and rc < 0:
@@ -325,8 +381,11 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     rounds = args.rounds or SCALE_ROUNDS
     for n in args.clients:
+        # A sparse random graph of about --scale-degree neighbours each, whatever the count
+        # (networkx draws G(10,000, 0.001) in about 3 s), in place of the ring.
+        graph = [] if args.scale_degree is None else ["topology.kind=erdos_renyi", f"topology.rho={min(1.0, args.scale_degree / max(1, n - 1))!r}"]
         overrides = [
-            *SCALE, f"data.name={args.scale_data}", f"topology.honest={n}", f"rounds={rounds}",
+            *SCALE, *graph, f"data.name={args.scale_data}", f"topology.honest={n}", f"rounds={rounds}",
             *args.set, *ENGINES["batched"], f"engine.device={args.device}", f"engine.threads={args.torch_threads}",
         ]
         rows.append(run_point(n, rounds, overrides, args.point_timeout, args.keep, args.torch_threads))
@@ -370,23 +429,27 @@ def print_comparison(rows: list[dict[str, Any]]) -> None:
                       f"round-loop CPU {r['cpu_ratio']:.2f}x   (accuracy difference {fmt(r['accuracy_difference'], '+.2f')} points)")
 
 
-def print_sweep(rows: list[dict[str, Any]], data: str, device: str) -> None:
+def print_sweep(rows: list[dict[str, Any]], data: str, device: str, degree: float | None = None) -> None:
     rounds = next((r["rounds"] for r in rows if r.get("rounds")), None)
-    print(f"Scale sweep: batched engine on {device}, {data}, ring, DFedReweighting loss / loss_clip_mean"
+    graph = "ring" if degree is None else f"Erdos-Renyi of mean degree {degree:g}"
+    print(f"Scale sweep: batched engine on {device}, {data}, {graph}, DFedReweighting loss / loss_clip_mean"
           + (f", {rounds} rounds" if rounds else "") + ", one fresh process per point:")
     body = []
     for r in rows:
         if r["ok"]:
             body.append([
-                str(r["clients"]), str(r["rounds"]), str(r.get("torch_threads", "-")), fmt(r["seconds_per_round"], ".4f"), fmt(r["loop_seconds"], ".2f"),
+                str(r["clients"]), str(r["rounds"]), str(r.get("torch_threads", "-")), fmt(r["seconds_per_round"], ".4f"),
+                fmt(r.get("median_round_seconds"), ".4f"), fmt(r["loop_seconds"], ".2f"),
                 fmt(r["wall_seconds"], ".2f"), fmt(r["peak_rss_mib"], ".0f"), fmt(r.get("cuda_max_allocated_mib"), ".0f"),
                 fmt(r["honest_mean_accuracy"], ".2f"), "ok",
             ])
         else:
-            body.append([str(r["clients"]), str(r.get("rounds", "-")), "-", "-", "-", "-", fmt(r.get("peak_rss_mib"), ".0f"), "-", "-",
-                         "failed: " + str(r.get("error"))])
-    print(table(["clients", "rounds", "torch threads", "s/round", "round loop s", "wall s", "peak RSS MiB", "CUDA max MiB",
-                 "honest acc %", "status"], body, left=(0, 9)))
+            done = f" ({r['rounds_done']} rounds done)" if r.get("rounds_done") is not None else ""
+            body.append([str(r["clients"]), str(r.get("rounds", "-")), "-", "-", fmt(r.get("median_round_seconds"), ".4f"), "-", "-",
+                         fmt(r.get("peak_rss_mib"), ".0f"), "-", "-", "failed: " + str(r.get("error")) + done])
+    print(table(["clients", "rounds", "torch threads", "s/round", "median s/round", "round loop s", "wall s", "peak RSS MiB", "CUDA max MiB",
+                 "honest acc %", "status"], body, left=(0, 10)))
+    print("(s/round: the round loop over the rounds, evaluations in; median s/round: the median round without an evaluation)")
 
 
 def machine() -> dict[str, Any]:
@@ -422,6 +485,8 @@ def main() -> int:
     parser.add_argument("--scale", action="store_true", help="run the batched engine's scale sweep")
     parser.add_argument("--clients", type=client_counts, default=client_counts("100,1000"), help="sweep client counts (default: 100,1000)")
     parser.add_argument("--scale-data", choices=["digits", "fashion-mnist", "mnist"], default="digits", help="the sweep's data set (default: digits)")
+    parser.add_argument("--scale-degree", type=float, default=None, metavar="D",
+                        help="the sweep's graph: Erdos-Renyi with rho = D / (clients - 1), about D neighbours each (default: a ring)")
     parser.add_argument("--device", default="cpu", help="engine.device of the batched runs: cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--torch-threads", type=int, default=1, metavar="N",
                         help="torch intra-op threads of the batched runs, its engine.threads (default: 1, the engine's default)")
@@ -465,7 +530,7 @@ def main() -> int:
     if results["scale"]:
         if results["comparison"]:
             print()
-        print_sweep(results["scale"], args.scale_data, args.device)
+        print_sweep(results["scale"], args.scale_data, args.device, args.scale_degree)
     if args.keep:
         print(f"runs kept in {args.keep}")
     if args.json:

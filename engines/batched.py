@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from dfedrw.engines.batched_async import run_gossip
+from dfedrw.engines.batched_layout import choose_layout
 from dfedrw.engines.batched_run import BatchedRun, Candidates  # noqa: F401 - importable from here
 from dfedrw.engines.batched_steps import aggregate_together, rule_groups, train_together  # noqa: F401 - importable from here
 from dfedrw.peer.config.scenario import Scenario
@@ -39,11 +40,11 @@ from dfedrw.peer.learning.model_matrix import ManyEvaluator
 def batch_key(scenario: Scenario) -> tuple:
     """What runs must share to be rows of one batch (:func:`run_together`): the data set and
     model (one parameter shape), the local training (one SGD step for all rows), the rounds and
-    evaluation rounds (one loop), the device and threads. Seeds, partitions, graphs, rules and
+    evaluation rounds (one loop), the device, threads and layout. Seeds, partitions, graphs, rules and
     attacks may differ."""
     t = scenario.train
     return (
-        scenario.engine.name, scenario.engine.device, scenario.engine.threads, scenario.data.name, t.model, t.hidden, t.lr,
+        scenario.engine.name, scenario.engine.device, scenario.engine.threads, scenario.engine.layout, scenario.data.name, t.model, t.hidden, t.lr,
         t.batch_size, t.local_steps, t.local_epochs, t.momentum, t.weight_decay, t.lr_schedule, t.lr_gamma, t.lr_step,
         scenario.rounds, scenario.eval.every, scenario.network.protocol,
     )
@@ -88,6 +89,7 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
     try:
         for run in runs:
             run.begin()
+        choose_layout(runs)
         loop_start, cpu_start = time.monotonic(), time.process_time()
         dynamic = any(run.graphs.dynamic for run in runs)
         for r in range(sc.rounds):

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from dfedrw.engines.batched_layout import choose_layout
 from dfedrw.engines.batched_steps import aggregate_together, rule_groups, train_together
 from dfedrw.engines.batched_run import BatchedRun, Candidates
 from dfedrw.peer.attacks import AttackView
@@ -349,6 +350,7 @@ def run_gossip(run: BatchedRun, on_step: Callable[[int], None] | None = None) ->
     interrupted = False
     try:
         run.begin()
+        choose_layout([run])
         loop_start, cpu_start = time.monotonic(), time.process_time()
         Gossip(run).run_all(on_step)
     except KeyboardInterrupt:

@@ -30,18 +30,8 @@ from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topol
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
 from dfedrw.peer.client.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.training import BatchOrder, local_step_count
+from dfedrw.peer.learning.device import device_memory, engine_device
 from dfedrw.peer.learning.model_matrix import FlatModel, VectorEvaluator
-
-
-def engine_device(name: str) -> torch.device:
-    """The device ``engine.device`` names, refused with one line when it is not here."""
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"engine.device={name!r}: this machine has no CUDA device (torch.cuda.is_available() is False)")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"engine.device={name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    return device
 
 
 @dataclasses.dataclass
@@ -106,6 +96,8 @@ class BatchedRun:
         t = sc.train
         template = scenario_model(sc)
         self.model = FlatModel(template, self.device)
+        # The layout its models run in, once picked for its batch (engines/batched_layout.py).
+        self.layout: dict[str, Any] = {}
         self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
         # The training set once (shared by every run of a batch: the dataset is read once per
         # process), each client's shard as rows of it: client c's minibatch rows are
@@ -464,7 +456,10 @@ class BatchedRun:
         return collect_summary(
             self.out_dir, self.scenario, pids=dict.fromkeys(range(n), os.getpid()), exit_codes=dict.fromkeys(range(n), 130 if interrupted else 0),
             wall_seconds=wall, digests={k: log.digest for k, log in self.logs.items()},
-            extra={"interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device)},
+            extra={
+                "interrupted": interrupted, "launcher_pid": os.getpid(), "transport": "none", "tls": "n/a (batched engine)", "device": str(self.device),
+                **self.layout, **device_memory(self.device),
+            },
         )
 
     def _final(self, k: int, last: dict[str, float], loop: dict[str, float], wall: float) -> dict[str, Any]:
@@ -483,7 +478,7 @@ class BatchedRun:
             id=k, role="honest" if k in self.row else "byzantine", pid=os.getpid(), address="batched", device=str(self.device),
             completed=True, wall_seconds=wall, rejected_messages=sum(rejected.values()), rejected_by_reason=dict(rejected),
             stale_messages=self.stale.get(k, 0), unsent_messages={"dropped": 0, "stale": 0}, refused_calls_by_reason={}, tls="n/a (batched engine)",
-            restarts=0, rounds_lost=0, resumed_from=[], engine="batched",
+            restarts=0, rounds_lost=0, resumed_from=[], engine="batched", **self.layout,
         )
         if self.graphs.dynamic:
             final["schedule"] = sc.topology.schedule

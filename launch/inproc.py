@@ -22,6 +22,7 @@ from dfedrw.launch.progress import ProgressBoard
 from dfedrw.peer.config.scenario import Scenario, dump_scenario
 from dfedrw.peer.client.client import Client
 from dfedrw.peer.client.process import start_and_run
+from dfedrw.peer.learning.device import engine_device
 from dfedrw.peer.wiring.plan import role_of, scenario_topology
 from dfedrw.peer.client.rendezvous import SharedRendezvous
 from dfedrw.peer.transport.kinds import TRANSPORT_REGISTRY
@@ -62,8 +63,9 @@ def run_inproc(scenario: Scenario, out_dir: Path, *, console: Console, tensorboa
     if kind.placement != "threads":  # a scenario of another transport runs over the in-process one
         kind, transport_name = TRANSPORT_REGISTRY.build("inproc"), "inproc"
     network = kind.network(scenario)
+    device = engine_device(scenario.engine.device)  # every thread's model on it
     peers = {
-        k: Client(scenario, k, out_dir, transport=kind.thread_transport(network, k), link=QueueLink(events), tensorboard=tensorboard)
+        k: Client(scenario, k, out_dir, transport=kind.thread_transport(network, k), link=QueueLink(events), device=device, tensorboard=tensorboard)
         for k in roles
     }
     # Every client publishes its address once its server is up and waits for the others'.

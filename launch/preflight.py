@@ -6,6 +6,7 @@ from pathlib import Path
 
 from dfedrw.peer.config.scenario import Scenario, ScenarioError
 from dfedrw.peer.learning.datacache import verify_stored
+from dfedrw.peer.learning.device import engine_device
 from dfedrw.peer.learning.datasets import check_available
 from dfedrw.peer.wiring.assembly import client_attack, client_rule
 from dfedrw.peer.graph.topology import Topology
@@ -30,9 +31,10 @@ _ADVICE = {
 
 def preflight(scenario: Scenario) -> None:
     """Build every client's rule or attack and check the data first, so a bad setting fails
-    once, clearly, before any client starts; check that the run fits the memory available
-    (:func:`check_memory`); then build (or check, digests and all) the data set's
+    once, clearly, before any client starts; check that the device is here and that the run fits
+    the memory available (:func:`check_memory`); then build (or check, digests and all) the data set's
     entry in the machine's data cache, which every client maps."""
+    engine_device(scenario.engine.device, resolve=False)  # a GPU named where there is none: one line, before any client starts
     topology = scenario_topology(scenario)
     # A schedule is built, and its first round drawn and checked, before any client starts.
     scenario_graphs(scenario, topology).senders_to(0, 0)

@@ -268,13 +268,20 @@ def _transport(scenario: Scenario, env: RankEnv, device: torch.device, environ: 
             scenario, env.rank, host=host, port=0, advertise=advertise, identity=client_identity(scenario, certs, env.rank)
         )
     if kind.placement == "torchrun":
+        note = None
         if device.type == "cuda" and env.local_world_size > torch.cuda.device_count():
-            # NCCL refuses two ranks on one GPU; the messages go through gloo on the CPU instead.
-            log.warning(
-                "client %d: %d ranks on %d GPUs; the torch transport uses gloo", env.rank, env.local_world_size, torch.cuda.device_count()
+            # NCCL refuses two ranks on one GPU (a communicator per device and process), so
+            # the messages go through gloo, from the CPU; the model still trains on the GPU.
+            note = (
+                f"{env.local_world_size} ranks share {torch.cuda.device_count()} GPU(s) on this node and NCCL needs one GPU per rank: "
+                f"messages go through gloo on the CPU, the model stays on {device}"
             )
+            log.warning("client %d: %s", env.rank, note)
             device = torch.device("cpu")
-        return kind.rank_transport(scenario, env.rank, edges=transport_edges(scenario), device=device, linger=finish_skew(scenario))
+        transport = kind.rank_transport(scenario, env.rank, edges=transport_edges(scenario), device=device, linger=finish_skew(scenario))
+        if note is not None:
+            transport.backend_note = note  # in the client's final record, beside transport_backend
+        return transport
     raise ValueError(f"network.transport = {net.transport!r} cannot run under torchrun: it runs its clients as {kind.placement}")
 
 

@@ -54,6 +54,7 @@ from dfedrw.peer.transport.links import EmulatedLinks
 from dfedrw.peer.wiring.build import client_codec, with_links
 from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
+from dfedrw.peer.learning.device import device_memory
 from dfedrw.peer.transport.base import Transport
 from dfedrw.peer.client.asynchronous import client_inbox, run_async
 
@@ -101,6 +102,11 @@ class Client:
         self.neighbours = self.graphs.possible(client_id)
         self.link = link or NullLink()
         net = scenario.network
+        # What carries its messages underneath, where the transport picks one (the torch
+        # transport: gloo or NCCL), and why, for its final record.
+        self.transport_backend = {
+            key: value for key, value in (("transport_backend", getattr(transport, "backend", None)), ("transport_backend_note", getattr(transport, "backend_note", None))) if value
+        }
         # What it sends waits on the scenario's emulated links ([links]), under any transport.
         self.transport = transport = with_links(scenario, client_id, transport)
         # A straggler's local steps and aggregation take 1/speed times as long ([peers.K] speed).
@@ -183,7 +189,10 @@ class Client:
         if self.role == "honest":
             self.data = client_data(sc, self.topology, self.id)
             if self.device.type != "cpu":
+                # The model computes where its data is; what goes on the wire and into the
+                # rule stays on the CPU (get_vector copies it back).
                 self.data = self.data.to(self.device)
+                self.model.to(self.device)
             t = sc.train
             self.trainer = LocalTrainer(
                 self.model, self.data.train, lr=t.lr, batch_size=t.batch_size, local_steps=t.local_steps,
@@ -273,6 +282,8 @@ class Client:
             restarts=self.resume.restarts,
             rounds_lost=self.resume.rounds_lost(),
             resumed_from=self.resume.resumed_from,
+            **self.transport_backend,
+            **device_memory(self.device),
         )
         presence = self.presence
         if presence.held_rounds:

@@ -12,6 +12,7 @@ from dfedrw.peer.client.client import Client
 from dfedrw.peer.client.rendezvous import LauncherRendezvous, Rendezvous, StaticRendezvous
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.config.scenario import Scenario
+from dfedrw.peer.learning.device import engine_device
 from dfedrw.peer.wiring.assembly import client_identity, client_parts
 from dfedrw.peer.wiring.build import scenario_transport
 from dfedrw.peer.wiring.plan import role_of
@@ -64,7 +65,8 @@ def grpc_client(
     meeting = (
         LauncherRendezvous(link, role_of(parts.topology, client_id)) if rendezvous else StaticRendezvous(addresses)
     )
-    return Client(scenario, client_id, out_dir, transport=transport, link=link, tensorboard=tensorboard, parts=parts), meeting
+    device = engine_device(scenario.engine.device)
+    return Client(scenario, client_id, out_dir, transport=transport, link=link, device=device, tensorboard=tensorboard, parts=parts), meeting
 
 
 def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:

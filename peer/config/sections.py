@@ -344,6 +344,8 @@ class CheckpointConfig:
 
 
 ENGINES = ("clients", "batched")
+# How the batched engine runs many models that have no layer plan (FlatModel.LAYOUTS, or the pick).
+ENGINE_LAYOUTS = ("auto", "loop", "vmap")
 
 
 @dataclass(frozen=True)
@@ -356,17 +358,25 @@ class EngineConfig:
     round for all of them at once (no network; deadlines and lost messages on a simulated clock
     when [links], slow clients or [clock] make time matter), calling the same rule and attack
     classes; for experiments (sweeps use it unless a sweep names an engine).
-    ``device``: where the batched engine computes ("cpu", "cuda" or "cuda:N"). ``threads``:
+    ``device``: where the models compute ("cpu", "cuda" or "cuda:N"): the batched engine's
+    tensor of models, or each client's model and data (client processes and threads; under
+    torchrun each rank takes a GPU of its own node when there is one). ``threads``:
     the CPU threads it lets torch use (its products are small: on a busy machine more threads
-    wait on each other more than they help).
+    wait on each other more than they help). ``layout``: how the batched engine runs many
+    models without a layer plan (the convolutional ones) at once: ``loop`` (one model after
+    the other), ``vmap`` (``torch.func.vmap``: each layer one grouped call for every model), or
+    ``auto`` (the CPU takes ``loop``, measured the faster there; another device times both
+    before the first round and keeps the faster); the run's summary says which it used.
     """
 
     name: str = "clients"
     device: str = "cpu"
     threads: int = 1
+    layout: str = "auto"
 
     def __post_init__(self) -> None:
         check_choice_of("engine.name", self.name, ENGINES)
+        check_choice_of("engine.layout", self.layout, ENGINE_LAYOUTS)
         check_in_range("engine.threads", self.threads, 1, 1024)
         if not (self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ScenarioError(f"engine.device={shown(self.device)}: expected 'cpu', 'cuda' or 'cuda:N'")

@@ -22,6 +22,10 @@ from dfedrw.peer.learning.data import Dataset
 # convolutional models on the CPU (LeNet-5, ResNet-20), blocks of about 2 M values (8 MB) are
 # the fastest (a whole test set at once is 1.5-2.5x slower: the activations leave the caches).
 BLOCK_VALUES = 1 << 21
+# On another device (a GPU) blocks that small leave it idle between launches: 64 M values
+# (256 MB of float32) a block there, enough rows to fill a GPU, and several models' blocks still
+# fit beside each other (chosen, not measured).
+DEVICE_BLOCK_VALUES = 1 << 26
 
 
 def activation_width(module: nn.Module, in_features: int) -> int:
@@ -50,10 +54,12 @@ _ROWS: "weakref.WeakKeyDictionary[nn.Module, dict[int, int]]" = weakref.WeakKeyD
 
 def block_rows(module: nn.Module, in_features: int) -> int:
     """Rows per block (at least 1) so that a block's widest activation holds about
-    :data:`BLOCK_VALUES` values; measured once per module and input width."""
+    :data:`BLOCK_VALUES` values on the CPU, :data:`DEVICE_BLOCK_VALUES` on another device;
+    measured once per module and input width."""
     known = _ROWS.setdefault(module, {})
     if in_features not in known:
-        known[in_features] = max(1, BLOCK_VALUES // activation_width(module, in_features))
+        values = BLOCK_VALUES if next(module.parameters()).device.type == "cpu" else DEVICE_BLOCK_VALUES
+        known[in_features] = max(1, values // activation_width(module, in_features))
     return known[in_features]
 
 
@@ -159,10 +165,11 @@ class FlatModel:
     through each layer as one product for all of them (reading the data once, not once per
     model). Any other module (the convolutional models) is called once per model
     (``functional_call`` on views of its vector: ``layout = "loop"``), its rows in blocks of
-    :func:`block_rows` when no gradient is wanted; on the CPU that is 2.7x faster than
-    ``torch.func.vmap`` of the same call for LeNet-5's scoring (measured: docs/batched-speed.md),
-    which turns the models' convolutions into grouped ones. ``layout = "vmap"`` keeps that form
-    (for comparison).
+    :func:`block_rows` when no gradient is wanted; on the CPU that is faster than
+    ``torch.func.vmap`` of the same call, which turns the models' convolutions into grouped ones
+    (2.7x for LeNet-5's scoring when vmap took every row at once, docs/models.md; 1.3-1.5x a
+    round since it takes them in blocks, docs/gpu.md). ``layout = "vmap"`` keeps that form
+    (``engine.layout``: a GPU may favour it).
     """
 
     LAYOUTS = ("loop", "vmap")
@@ -205,7 +212,14 @@ class FlatModel:
         inputs) or ``[N, F]`` (inputs all models share)."""
         if self.plan is None:
             if self.layout == "vmap":
-                return vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))(vectors, x)
+                call = vmap(self.logits, in_dims=(0, 0 if x.dim() == 3 else None))
+                rows = max(1, self.block_rows(x.shape[-1]) // max(1, len(vectors)))
+                if x.dim() == 2 and len(x) > rows and not torch.is_grad_enabled():
+                    # Every model's activations at once: the shared rows in blocks that hold,
+                    # for all models together, what one model's block holds in the loop (ten
+                    # ResNet-20s on a whole test set at once outgrow a 24 GB machine).
+                    return torch.cat([call(vectors, part) for part in x.split(rows)], dim=1)
+                return call(vectors, x)
             return torch.stack([self.logits(v, x[i] if x.dim() == 3 else x) for i, v in enumerate(vectors)])
         count, h = len(vectors), x
         for step, weight, b in self._steps(vectors):
@@ -314,6 +328,12 @@ class ManyEvaluator:
         """``finite``: which rows of ``vectors`` are finite, when the caller has checked (bool [R]);
         ``metrics``: the keys wanted, the others neither computed nor returned."""
         finite = (torch.isfinite(vectors).all(1) if finite is None else finite).tolist()
+        device = owners[0].data.x.device if owners else vectors.device
+        if vectors.device != device and all(e.data.x.device == device for e in owners):
+            # The pool on the CPU (as rules get it) and the owners' data on a GPU: the pool
+            # goes over once, not each owner's candidates one owner at a time (the same
+            # float32 values either way, so the same scores).
+            vectors = vectors.to(device, torch.float32)
         where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
         picked = [[r[j] for j in w] for r, w in zip(rows, where, strict=True)]
         laid = _LaidOut.of(vectors, owners, picked)

@@ -138,6 +138,8 @@ class TorchDistTransport:
         self.rank = rank
         self.device = torch.device(device)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        # Why the backend is not the one the device would take (set by the launcher), or None.
+        self.backend_note: str | None = None
         self.edges = [(int(u), int(v)) for u, v in edges]
         self.timeout = timeout
         self.max_frame_bytes = max_message_bytes + FRAMING

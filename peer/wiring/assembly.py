@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,7 +23,6 @@ from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.data import Dataset, aux_indices, local_test_indices, partition
 from dfedrw.peer.learning.datacache import StoredSplit, stored_dataset
 from dfedrw.peer.learning.datasets import input_shape_of, natural_groups_error
-from dfedrw.peer.transport.identity import ClientIdentity, load_identity
 from dfedrw.peer.learning.models import build_model
 from dfedrw.peer.wiring.plan import dataset_input_shape, dataset_shape, derive_seed, scenario_topology, told_byzantine
 from dfedrw.peer.registry import settings_of
@@ -33,12 +32,18 @@ from dfedrw.peer.learning.model_matrix import VectorEvaluator
 from dfedrw.peer.transport.serde import Plausible, TensorSpec, model_specs
 from dfedrw.topologies import Topology
 
+if TYPE_CHECKING:
+    from dfedrw.peer.transport.identity import ClientIdentity
 
 
 def client_identity(scenario: Scenario, certs: Path | None, client: int) -> ClientIdentity | None:
     """Client ``client``'s credentials from a certificate folder when the scenario uses TLS."""
     if scenario.network.tls == "off" or certs is None:
         return None
+    # Here, not at the top: the batched engine and the in-process threads build their clients
+    # from this module and need no TLS library (cryptography) where nothing is sent.
+    from dfedrw.peer.transport.identity import load_identity
+
     return load_identity(Path(certs), client)
 
 

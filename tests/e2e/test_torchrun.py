@@ -57,7 +57,9 @@ def write_scenario(path, *, transport, honest=4, byzantine=1, attack="gaussian",
 
 
 def torchrun(scenario_file, out, nproc, env=None):
-    """Run one torchrun job to completion (bounded); returns (exit code, output, seconds)."""
+    """Run one torchrun job to completion (bounded); returns (exit code, output, seconds). The
+    ranks see no GPU unless ``env`` names some (CUDA_VISIBLE_DEVICES): a rank takes a GPU when
+    it sees one, and the CPU runs here are compared with in-process runs on the CPU."""
     if not TORCHRUN.exists():
         pytest.skip(f"torchrun not found next to {sys.executable}")
     child_env = {
@@ -65,6 +67,7 @@ def torchrun(scenario_file, out, nproc, env=None):
         "OMP_NUM_THREADS": "1",
         # gloo binds to the address the host name resolves to unless told otherwise: keep it on loopback.
         "GLOO_SOCKET_IFNAME": "lo",
+        "CUDA_VISIBLE_DEVICES": "",
         **(env or {}),
     }
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(out)]
@@ -229,16 +232,34 @@ def test_four_clients_share_one_gpu_over_grpc(tmp_path):
     assert devices == {"cuda:0"}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA; torch.cuda.is_available() is False")
+def test_torch_transport_with_four_ranks_on_one_gpu_goes_through_gloo_and_says_so(tmp_path):
+    """NCCL needs a GPU per rank: with four ranks on one GPU the messages go through gloo on the
+    CPU while each model trains on the GPU, and every client's final record says why."""
+    scenario = write_scenario(tmp_path / "s.toml", transport="torch", honest=3, byzantine=1)
+
+    rc, output, _ = torchrun(scenario, tmp_path / "out", 4, env={"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]})
+
+    assert rc == 0, output[-4000:]
+    assert "NCCL needs one GPU per rank" in (tmp_path / "out" / "logs" / "0.log").read_text()
+    summary = read_summary(tmp_path / "out")
+    assert summary["failed_peers"] == [] and summary["transport"] == "torch"
+    finals = [json.loads((tmp_path / "out" / "peers" / f"{k}.json").read_text()) for k in range(4)]
+    assert {f["device"] for f in finals} == {"cuda:0"} and {f["transport_backend"] for f in finals} == {"gloo"}
+    assert all("4 ranks share 1 GPU(s)" in f["transport_backend_note"] for f in finals)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL refuses two ranks on one GPU; needs >= 2 GPUs")
 def test_torch_transport_over_nccl_one_gpu_per_rank(tmp_path):
     n = min(torch.cuda.device_count(), 4)
     scenario = write_scenario(tmp_path / "s.toml", transport="torch", honest=n, byzantine=0, attack="none", kind="complete")
 
-    rc, output, _ = torchrun(scenario, tmp_path / "out", n)
+    rc, output, _ = torchrun(scenario, tmp_path / "out", n, env={"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(n))})
 
     assert rc == 0, output[-4000:]
     summary = read_summary(tmp_path / "out")
     assert summary["failed_peers"] == [] and summary["transport"] == "torch"
-    devices = [json.loads((tmp_path / "out" / "peers" / f"{k}.json").read_text())["device"] for k in range(n)]
-    assert devices == [f"cuda:{k}" for k in range(n)]
+    finals = [json.loads((tmp_path / "out" / "peers" / f"{k}.json").read_text()) for k in range(n)]
+    assert [f["device"] for f in finals] == [f"cuda:{k}" for k in range(n)]
+    assert {f["transport_backend"] for f in finals} == {"nccl"} and not any("transport_backend_note" in f for f in finals)
 

@@ -119,6 +119,26 @@ def test_many_evaluator_scores_as_each_owners_evaluator(name, features, classes,
         assert torch.isnan(got["loss"][list(r).index(4)]) if 4 in r else True
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("name, features", [("softmax_regression", 784), ("mlp", 6), ("resnet20", 64)], ids=["softmax-regression", "mlp", "resnet20"])
+def test_many_evaluator_scores_a_cpu_pool_for_owners_on_cuda_as_each_owners_evaluator(name, features):
+    """The pool on the CPU (as rules get it), the auxiliary sets on the GPU: the pool goes over
+    once, and each owner gets its own evaluator's scores (to float tolerance: the laid-out
+    product may take other kernels than each owner's)."""
+    gen = torch.Generator().manual_seed(3)
+    shape = (1, 8, 8) if name == "resnet20" else None
+    template = build_model(name, features, 10, hidden=5, seed=0, input_shape=shape)
+    aux = {k: Dataset(d.x.cuda(), d.y.cuda(), 10) for k, d in _aux_sets(gen, {3: 30, 5: 17, 9: 40}, features, 10).items()}
+    evaluators = {k: VectorEvaluator(template, d) for k, d in aux.items()}
+    vectors = torch.randn(8, sum(p.numel() for p in template.parameters()), generator=gen) * 0.1
+    vectors[4, 1] = float("nan")
+    owners, rows = [9, 3, 5], [(0, 1, 2, 4), (3,), (5, 6, 7, 4)]
+    for k, r, got in zip(owners, rows, ManyEvaluator()(vectors, [evaluators[k] for k in owners], rows), strict=True):
+        want = evaluators[k](vectors[list(r)])
+        for key in ("accuracy", "loss"):
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 class _Reevaluates:
     """A TPM that scores a perturbed copy of the candidates: its own tensor, not the one given."""
 
@@ -482,3 +502,38 @@ def test_evaluate_takes_a_convolutional_models_rows_in_blocks(monkeypatch):
     assert calls[-5:] == [2, 2, 2, 2, 1]
     assert blocked["accuracy"] == whole["accuracy"]
     assert blocked["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+
+
+def test_vmapped_models_take_shared_rows_in_blocks_for_all_of_them_together(monkeypatch):
+    """Without gradients the vmap layout splits the shared rows so that every model's block
+    together holds what one model's block holds in the loop: the same logits as at once."""
+    from dfedrw.peer.learning import model_matrix
+
+    import weakref
+
+    model = FlatModel(small_lenet(), torch.device("cpu"), layout="vmap")
+    vectors = torch.randn(3, sum(model.sizes)) * 0.1
+    x = torch.randn(10, 144)
+    with torch.no_grad():
+        whole = model.batch_logits(vectors, x)
+    monkeypatch.setattr(model_matrix, "BLOCK_VALUES", 6 * 12 * 12 * 6)  # 6 rows for one model: 2 for three
+    monkeypatch.setattr(model_matrix, "_ROWS", weakref.WeakKeyDictionary())
+    seen = []
+    real = model_matrix.vmap
+    monkeypatch.setattr(model_matrix, "vmap", lambda f, in_dims: (lambda v, rows: seen.append(len(rows)) or real(f, in_dims=in_dims)(v, rows)))
+    with torch.no_grad():
+        blocked = model.batch_logits(vectors, x)
+
+    assert seen == [2, 2, 2, 2, 2]
+    torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
+    looped = FlatModel(small_lenet(), torch.device("cpu"), layout="loop")
+    with torch.no_grad():
+        torch.testing.assert_close(looped.batch_logits(vectors, x), whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_on_a_gpu_blocks_are_larger_than_on_the_cpu():
+    from dfedrw.peer.learning.model_matrix import BLOCK_VALUES, DEVICE_BLOCK_VALUES, block_rows
+
+    cpu, cuda = small_lenet(), small_lenet().cuda()
+    assert block_rows(cuda, 144) == max(1, DEVICE_BLOCK_VALUES // (6 * 12 * 12)) > block_rows(cpu, 144) == max(1, BLOCK_VALUES // (6 * 12 * 12))

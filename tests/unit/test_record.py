@@ -206,7 +206,9 @@ def test_a_batched_runs_summary_comes_from_what_its_logs_kept_and_equals_one_rea
         summary = run_together([BatchedRun(scenario, tmp_path)])[0]
     written = {name: (tmp_path / name).read_bytes() for name in ("summary.json", "record.json")}
     assert summary["byzantine_weight_share"] is not None and all(p["rounds_done"] == scenario.rounds for p in summary["peers"].values())
-    keep = ("interrupted", "launcher_pid", "transport", "tls", "device")
+    # What the engine adds: how it ran (and, on a GPU, the layout's timing and what it held there).
+    keep = ("interrupted", "launcher_pid", "transport", "tls", "device", "layout", "layout_choice")
+    keep += tuple(key for key in ("layout_seconds", "cuda_max_allocated_mib", "cuda_max_reserved_mib") if key in summary)
     rebuilt = collect.collect_summary(
         tmp_path, scenario, pids={int(k): p["pid"] for k, p in summary["peers"].items()},
         exit_codes={int(k): p["exit_code"] for k, p in summary["peers"].items()}, wall_seconds=summary["wall_seconds"],
