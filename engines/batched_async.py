@@ -331,9 +331,11 @@ class Gossip:
             seconds = self.starts[k][-1]
             run.network.gossip[k] = {
                 "protocol": "async", "steps_per_second": round(rounds / seconds, 3) if seconds > 0 else None, "staleness_total": self.staleness_total[k],
-                # A client process waits for its links to take its models; on the simulated clock
-                # a link takes one whenever it is not still transmitting the last (skipped_busy).
-                "paced_seconds": 0.0,
+                # A client process waits for its links to take its models, and for its
+                # neighbours' models of its step; on the simulated clock a link takes one whenever
+                # it is not still transmitting the last (skipped_busy), and a model of the same
+                # step is in when it arrived by the end of the step's training.
+                "paced_seconds": 0.0, "fresh_seconds": 0.0,
             }
         for b in run.byzantine:
             run.network.gossip[b] = {"protocol": "async", "crafts": self.crafts[b]}

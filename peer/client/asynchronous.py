@@ -16,8 +16,9 @@ for anyone. Its step ``t``:
 
 Pacing: a client takes its next step only once the model it sent last went out to each
 neighbour (at most ``round_timeout``; :meth:`~peer.client.presence.Presence.pace`), so that it
-makes no model faster than its neighbours take them; and as it (re)starts it waits once, at
-most ``round_timeout``, for a first model of each neighbour.
+makes no model faster than its neighbours take them; after it sent step ``t`` it waits, briefly,
+for the step-``t`` models of the neighbours keeping pace with it (:class:`Freshness`); as it
+(re)starts, once, for a first model of each neighbour.
 
 A Byzantine client has no steps of its own: each time models of its honest neighbours arrive
 it crafts its attack from the newest model it holds of each (what it received, as ever) and
@@ -83,6 +84,7 @@ def run_async_honest(client) -> dict[str, Any]:
     first_after_resume = client.resumed is not None
     flat = client._flatten()  # on the CPU the parameters are views of one flat vector (the model to send)
     stale_steps = 0
+    fresh = Freshness(sc.network.round_timeout, getattr(client.transport, "message_seconds", None))
     while t < sc.rounds:
         client._check_stop()
         inbox.advance(t)
@@ -96,11 +98,7 @@ def run_async_honest(client) -> dict[str, Any]:
         receivers = graphs.receivers_of(client.id, t)
         client.presence.pace(receivers)
         client._send_all(t, own, num_samples, receivers, loss)
-        if t == first:
-            # Once, as it (re)starts: its neighbours' first models, so that its first steps are
-            # not taken alone while they start up (at most round_timeout; not from one that
-            # cannot be reached).
-            inbox.wait_for_all([k for k in graphs.senders_to(client.id, t) if k not in client.presence.unreachable], sc.network.round_timeout)
+        fresh.wait(inbox, [k for k in graphs.senders_to(client.id, t) if k not in client.presence.unreachable], t, t == first)
         held = inbox.held_models(sc.network.max_staleness)
         senders = sorted(held)
         rule, told = client._rule_at(t, tuple(senders))  # under a schedule: told the Byzantine senders it holds
@@ -140,9 +138,45 @@ def run_async_honest(client) -> dict[str, Any]:
         "local_test_samples": len(data.local_test.y),
         "gossip": {
             "protocol": "async", "steps_per_second": round((sc.rounds - first) / seconds, 3) if seconds > 0 else None, "staleness_total": stale_steps,
-            "paced_seconds": round(client.presence.paced_seconds, 3),
+            "paced_seconds": round(client.presence.paced_seconds, 3), "fresh_seconds": round(fresh.seconds, 3),
         },
     }
+
+
+class Freshness:
+    """What a client waits for after it sent its step ``t``: the step-``t`` models of the
+    neighbours that keep pace with it (the model it holds of each is of step ``t - 1`` or later),
+    at most a grace of a few times what a message takes lately (its transport's
+    ``message_seconds``: sent to answered; :data:`FLOOR` where it does not say), never more than
+    ``timeout``; as it (re)starts, a first model of each neighbour, at most ``timeout``. So that,
+    where neighbours step at one speed, a step aggregates models of that step, as the batched
+    engine's clock does: a message between two processes takes about as long as a local step of
+    a small model, and aggregating each neighbour's step before at every step halves what a step
+    learns. A neighbour whose steps take longer than the grace more falls a step behind and is
+    not waited for: a straggler slows only itself. What it waited is counted (:attr:`seconds`)."""
+
+    FACTOR = 6.0  # the grace: this many times what a message takes
+    FLOOR = 0.002  # seconds: the least grace
+
+    def __init__(self, timeout: float, message_seconds=None) -> None:
+        self.timeout = timeout
+        self.message_seconds = message_seconds or (lambda: None)
+        self.seconds = 0.0  # waited in all
+
+    def grace(self) -> float:
+        took = self.message_seconds()
+        return min(self.timeout, max(self.FLOOR, self.FACTOR * (took or 0.0)))
+
+    def wait(self, inbox: LatestInbox, senders, t: int, first: bool) -> None:
+        if first:
+            waited_for, label, grace = senders, 0, self.timeout
+        else:
+            held = inbox.labels()
+            waited_for, label, grace = [k for k in senders if held.get(k, -1) >= t - 1], t, self.grace()
+        if waited_for:
+            start = time.monotonic()
+            inbox.wait_for_step(waited_for, label, grace)
+            self.seconds += time.monotonic() - start
 
 
 def last_labels(graphs, own: int, senders, rounds: int) -> dict[int, int]:

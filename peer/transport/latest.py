@@ -149,15 +149,22 @@ class LatestInbox(Inbox):
             if held is not None and held.message.round < self.last_step:
                 del self._latest[sender]
 
-    def wait_for_all(self, senders, timeout: float) -> None:
-        """Block until a model of each of ``senders`` is held, or ``timeout`` seconds."""
+    def labels(self) -> dict[int, int]:
+        """Sender -> the label (step) of its model held here."""
+        with self._cond:
+            return {k: h.message.round for k, h in self._latest.items()}
+
+    def wait_for_step(self, senders, step: int, timeout: float) -> bool:
+        """Block until a model labelled ``step`` or later is held of each of ``senders``, or
+        ``timeout`` seconds; whether they all came."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while any(k not in self._latest for k in senders):
+            while any(k not in self._latest or self._latest[k].message.round < step for k in senders):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return
+                    return False
                 self._cond.wait(left)
+            return True
 
     def versions(self) -> int:
         """How many messages were kept so far (a mark for :meth:`wait_news`)."""

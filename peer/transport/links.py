@@ -266,6 +266,12 @@ class EmulatedLinks:
         with self._cond:
             return len(self._heap)
 
+    def message_seconds(self) -> float | None:
+        """The inner transport's (see :meth:`GrpcTransport.message_seconds`), None when it has none;
+        what the links add is their own profile's."""
+        seconds = getattr(self.inner, "message_seconds", None)
+        return seconds() if seconds is not None else None
+
     def wait_room(self, peers, timeout: float) -> list[int]:
         """The inner transport's (see :meth:`GrpcTransport.wait_room`); [] when it has none."""
         wait = getattr(self.inner, "wait_room", None)

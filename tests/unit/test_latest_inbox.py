@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import torch
 
 from dfedrw.peer.transport.intake import ModelIntake
@@ -94,3 +97,26 @@ def test_waiting_for_news_returns_once_a_model_was_kept_and_at_the_timeout_other
     assert inbox.wait_news(seen, 10.0) == seen + 1  # at once: it came already
     inbox.offer(msg(1, 0))  # a duplicate is no news
     assert inbox.versions() == seen + 1
+
+
+def test_a_step_waits_for_the_same_steps_models_of_the_neighbours_keeping_pace_only():
+    from dfedrw.peer.client.asynchronous import Freshness
+
+    inbox = LatestInbox(0, [1, 2, 3], 4, last_step=99, model_size=20)
+    intake = ModelIntake(inbox, SPECS, Plausible(), 81)
+    for sender, label in ((1, 4), (2, 3), (3, 1)):  # at step 5: only 1 keeps pace (it holds step 4)
+        assert intake(encode(sender, label, torch.ones(20), SPECS, chunk_bytes=16), sender)[0]
+    fresh = Freshness(timeout=5.0, message_seconds=lambda: 0.01)
+    assert fresh.grace() == pytest.approx(Freshness.FACTOR * 0.01)
+    # Step 5: it waits for 1's step-5 model only (2 holds step 3, two behind; 3 is far behind).
+    waiter = threading.Thread(target=fresh.wait, args=(inbox, [1, 2, 3], 5, False))
+    waiter.start()
+    assert intake(encode(1, 5, torch.ones(20), SPECS, chunk_bytes=16), 1)[0]
+    waiter.join(5.0)
+    assert not waiter.is_alive() and fresh.seconds < 1.0
+    # A neighbour keeping pace that does not come within the grace is waited for no longer.
+    fresh.wait(inbox, [1, 2, 3], 6, False)
+    assert fresh.seconds >= fresh.grace()
+    # As it starts: a first model of each, whatever its step.
+    fresh.wait(inbox, [1, 2, 3], 0, True)
+    assert Freshness(1.0).grace() == Freshness.FLOOR  # a transport that does not say: the floor

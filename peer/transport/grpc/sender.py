@@ -26,6 +26,9 @@ class SendingTransport(Protocol):
 
     def room_made(self) -> None:
         """A neighbour's queue has room again (a queued message went into flight, or was let go)."""
+
+    def replied_in(self, seconds: float) -> None:
+        """A message was answered ``seconds`` after it began to go out."""
     # Neighbour -> (round, accepted, reason) of its last reply.
     peer_replies: dict[int, tuple[int, bool, str]]
     # Told (peer, "reachable" | "unreachable") as replies come back or fail to.
@@ -221,6 +224,7 @@ class Sender:
         with self.lock:
             self.give_up, self.flight_round, self.flight_bytes = give_up, wire_round(chunks), wire_size(chunks)
         sending = self.loop.create_task(self._send(call, chunks))
+        started = self.loop.time()
         try:
             done, _ = await asyncio.wait((sending, give_up), timeout=self.transport.send_timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -230,7 +234,9 @@ class Sender:
                 if self.give_up is give_up:
                     self.give_up = None
         if sending in done:
-            return sending.result()
+            reply = sending.result()
+            self.transport.replied_in(self.loop.time() - started)
+            return reply
         if give_up in done:
             raise _GivenUp
         raise TimeoutError

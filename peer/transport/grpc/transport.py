@@ -93,6 +93,7 @@ class GrpcTransport:
         self.dropped = 0  # queued messages pushed out by newer ones
         self.skipped_busy = 0  # models not made for a neighbour whose queue was full (offer)
         self._room = threading.Condition()  # notified when a neighbour's queue has room again
+        self._reply_seconds: float | None = None  # see message_seconds
         self._closed_stale = 0  # skipped_stale of the senders already closed
         # Each neighbour's latest reply: (its round, accepted, reason). A client that resumed
         # from a checkpoint learns from it which round its neighbours are in.
@@ -287,6 +288,16 @@ class GrpcTransport:
                 self.skipped_busy += 1
                 return False
         return True
+
+    def replied_in(self, seconds: float) -> None:
+        # A mean over the last messages to every neighbour (only read as a scale, so unlocked).
+        self._reply_seconds = seconds if self._reply_seconds is None else 0.9 * self._reply_seconds + 0.1 * seconds
+
+    def message_seconds(self) -> float | None:
+        """How long a message to a neighbour takes until it is answered, lately (a running mean;
+        None before the first reply): the time a message of this size takes on these links and
+        at these receivers, whatever their steps cost."""
+        return self._reply_seconds
 
     def room_made(self) -> None:
         with self._room:
