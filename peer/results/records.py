@@ -386,6 +386,9 @@ def summarize(
                 entry["attack_success"] = final["attack_success"]
             entry["restarts"] = int(final.get("restarts") or 0)
             entry["rounds_lost"] = int(final.get("rounds_lost") or 0)
+            if final.get("held_back"):
+                # Rounds it began late, waiting for neighbours too far behind (the lead bound).
+                entry["held_back"] = final["held_back"]
         if entry["restarts"]:
             restarted.append(k)
         if roles[k] == "honest" and digest.isolated():

@@ -71,7 +71,7 @@ def test_what_the_network_did_to_honest_clients_is_said_not_hidden_behind_ok(tmp
     write_peer(tmp_path, 1, "honest", 82.0, 82.0, [{1: 1.0}] + [{1: 0.5, 0: 0.5}] * 99)
     write_peer(tmp_path, 2, "byzantine", None, None, [{}] * 100)
     final = json.loads((tmp_path / "peers" / "0.json").read_text())
-    write_json_atomic(tmp_path / "peers" / "0.json", {**final, "shut_out": {"1": 2, "2": 1}})
+    write_json_atomic(tmp_path / "peers" / "0.json", {**final, "shut_out": {"1": 2, "2": 1}, "held_back": {"rounds": 3, "seconds": 1.5}})
 
     # Execute
     s = summarize(tmp_path, roles={0: "honest", 1: "honest", 2: "byzantine"}, pids={}, exit_codes={}, rounds=100, wall_seconds=1.0)
@@ -79,6 +79,7 @@ def test_what_the_network_did_to_honest_clients_is_said_not_hidden_behind_ok(tmp
     # Assert
     assert s["alone_peers"] == {"0": 0.02} and s["honest_senders_shut_out"] == {"0": {"1": 2}}
     assert s["peers"]["0"]["rounds_alone"] == 2 and s["peers"]["1"]["rounds_alone"] == 1
+    assert s["peers"]["0"]["held_back"] == {"rounds": 3, "seconds": 1.5} and "held_back" not in s["peers"]["1"]
     assert s["peers"]["0"]["notes"] == ["alone 2% of rounds", "shut out honest 1"] and "notes" not in s["peers"]["1"]
     assert s["warnings"] == [
         "honest clients aggregated their own model only in more than 1% of their rounds: 0 (2%)",
