@@ -120,7 +120,7 @@ def test_a_client_killed_under_a_schedule_resumes_and_aggregates_its_round_neigh
         others = [k for k in range(N) if k != victim]
         gone = lambda: all(f"neighbour {victim} " in (out / "logs" / f"{j}.log").read_text(errors="replace") for j in others)  # noqa: E731
         clients.wait_for(gone, 60, f"the others to stop waiting for client {victim}")
-        clients.start(victim, log_name=f"{victim}.restarted.log")
+        clients.start(victim)  # its log: logs/{victim}.2.log
         codes = clients.wait_exit(600)
     finally:
         clients.kill_all()
