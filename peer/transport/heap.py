@@ -6,22 +6,53 @@ import ctypes
 import ctypes.util
 import functools
 
+# Free bytes malloc may keep before a client gives them back. Below this the pages stay for the
+# next round's buffers: trimming them each round costs a system call per free run and a page
+# fault per page when they are used again (with a 247 KB model, 39 of a round's 49 ms of system
+# time on a ring of 8; docs/performance.md, "A round at the cost of its work").
+KEEP_FREE_BYTES = 32 << 20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
 
 @functools.cache
-def _malloc_trim():
+def _glibc():
+    """(malloc_trim, mallinfo2) of glibc; (None, None) elsewhere, mallinfo2 None before glibc 2.33."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
+        trim = libc.malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to trim
-        return None
+        return None, None
+    info = getattr(libc, "mallinfo2", None)
+    if info is not None:
+        info.restype = _MallInfo2
+    return trim, info
 
 
-def release_free_heap() -> None:
+def free_heap_bytes() -> int | None:
+    """The free bytes malloc's arenas hold (glibc's ``mallinfo2().fordblks``), or None where
+    that is not known."""
+    _, info = _glibc()
+    return None if info is None else int(info().fordblks)
+
+
+def release_free_heap(keep: int = KEEP_FREE_BYTES) -> bool:
     """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
-    nothing). gRPC and the interpreter free the buffers of the chunks a client received into
-    malloc's arenas, which keep those pages: about 100 MB on a client that received ten 44 MB
-    models (measured). A client calls this once it has its round's models, before aggregating
-    or crafting, whose tensors come from fresh pages: so those pages do not add to them."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    nothing) once malloc holds more than ``keep`` free bytes. gRPC and the interpreter free the
+    buffers of the chunks a client received into malloc's arenas, which keep those pages: about
+    100 MB on a client that received ten 44 MB models (measured). A client calls this once it has
+    its round's models, before aggregating or crafting, whose tensors come from fresh pages: so
+    those pages do not add to them. Returns whether it trimmed."""
+    trim, _ = _glibc()
+    if trim is None:
+        return False
+    free = free_heap_bytes()
+    if free is not None and free <= keep:
+        return False
+    trim(0)
+    return True
