@@ -93,7 +93,7 @@ def layout_work(run: Any) -> Callable[[], None]:
     sizes = torch.diff(torch.cat([run.offsets, run.offsets.new_tensor([len(run.shard_rows)])]))[:count]
     width = max(1, min(run.scenario.train.batch_size, int(sizes.min())))
     rows = run.shard_rows[run.offsets[:count, None] + torch.arange(width, device=run.offsets.device)]
-    x = run.train_x.index_select(0, rows.view(-1)).view(count, width, -1)
+    x = run.train_features(run.train_x.index_select(0, rows.view(-1))).view(count, width, -1)
     y = run.train_y.index_select(0, rows.view(-1)).view(count, width)
     owners = []
     for k in run.honest[:MEASURED_OWNERS]:

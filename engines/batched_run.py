@@ -22,7 +22,7 @@ from dfedrw.peer.wiring.assembly import (
     byzantine_claims, client_attack, craft_attack_round, scenario_backdoor, client_augmentation, client_rule, clients_data, initial_model,
     move, next_reference, scenario_model, scenario_plausible,
 )
-from dfedrw.peer.learning.datacache import test_set, training_set
+from dfedrw.peer.learning.datacache import test_set, training_pixels
 from dfedrw.peer.wiring.build import scenario_dataset
 from dfedrw.engines.batched_network import SimulatedNetwork
 from dfedrw.engines.batched_network import pooled as pooled_links
@@ -102,8 +102,10 @@ class BatchedRun:
         # The training set once (shared by every run of a batch: the dataset is read once per
         # process), each client's shard as rows of it: client c's minibatch rows are
         # shard_rows[offsets[c] + i] for the positions i its BatchOrder draws.
-        train = training_set(scenario_dataset(sc.data))
-        self.train_x, self.train_y = train.x.to(self.device), train.y.to(self.device)
+        # Kept as stored (uint8 pixels for a cached set): each minibatch's rows are converted as
+        # they are gathered (``train_features``), the same values as converting all of them first.
+        self.pixels = training_pixels(scenario_dataset(sc.data))
+        self.train_x, self.train_y = self.pixels.x.to(self.device), self.pixels.y.to(self.device)
         self.shard_rows = torch.cat([self.data[k].train_index for k in self.honest]).to(self.device)
         sizes = [len(self.data[k].train_index) for k in self.honest]
         self.num_samples = dict(zip(self.honest, sizes, strict=True))
@@ -138,6 +140,10 @@ class BatchedRun:
         self.rejected: dict[int, dict[str, int]] = {}  # receiver -> reason -> messages refused
         self.stale: dict[int, int] = {}  # receiver -> messages dropped as stale
         self.silent = dict.fromkeys(self.byzantine, 0)
+
+    def train_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows gathered from ``train_x`` as float32 features."""
+        return self.pixels.features(x)
 
     # -- one round ---------------------------------------------------------------------------
     def begin_round(self, r: int) -> None:

@@ -79,10 +79,10 @@ def train_together(runs: list[BatchedRun], r: int = 0) -> list[list[float]]:
         for members in groups.values():
             if all(runs[i].train_x is runs[members[0]].train_x for i in members):  # one training set: one gather
                 index = torch.cat([picks[i][0] for i in members])
-                x = runs[members[0]].train_x.index_select(0, index.view(-1)).view(*index.shape, -1)
+                x = runs[members[0]].train_features(runs[members[0]].train_x.index_select(0, index.view(-1))).view(*index.shape, -1)
                 y = runs[members[0]].train_y.index_select(0, index.view(-1)).view(index.shape)
             else:
-                x = torch.cat([runs[i].train_x[picks[i][0]] for i in members])
+                x = torch.cat([runs[i].train_features(runs[i].train_x[picks[i][0]]) for i in members])
                 y = torch.cat([runs[i].train_y[picks[i][0]] for i in members])
             if any(runs[i].augment[0] is not None for i in members):
                 x = torch.cat([runs[i].augmented(part, active[i], picks[i][1]) for i, part in zip(members, x.split([len(picks[i][0]) for i in members]), strict=True)])

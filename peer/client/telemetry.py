@@ -2,7 +2,9 @@
 per-round telemetry.
 
 Telemetry is best effort: sends never block the round loop, and results never depend on it
-(each client writes its own JSONL). Registration is a DEALER -> ROUTER request: the client sends
+(each client writes its own JSONL). A round event goes at most every ``ROUND_EVENT_EVERY``
+seconds (one with a test's accuracy always): the board shows the newest round, and an event a
+round would wake the launcher and the link's I/O thread hundreds of times a second. Registration is a DEALER -> ROUTER request: the client sends
 its id, address, pid and the secret the launcher gave it (``DFEDRW_LINK_TOKEN`` in its
 environment); the launcher answers once every client has registered with the full address book,
 and from then on takes this client's telemetry only from this connection. The messages
@@ -12,6 +14,7 @@ themselves, and the check of the reply, are in ``peer.client.link_messages``.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import zmq
@@ -19,6 +22,8 @@ import zmq
 from dfedrw.peer.client import link_messages
 
 log = logging.getLogger(__name__)
+
+ROUND_EVENT_EVERY = 0.25  # seconds
 
 
 class LauncherLink:
@@ -30,6 +35,8 @@ class LauncherLink:
         self._sock.setsockopt(zmq.SNDHWM, 10000)
         self._sock.connect(endpoint)
         self.dropped = 0
+        self.held = 0  # round events not sent, a newer one due soon
+        self._next_round_event = 0.0
 
     def register(self, client_id: int, address: str, pid: int, role: str, timeout: float) -> dict[int, str]:
         """Announce this client and wait for every client's address (id -> host:port)."""
@@ -39,7 +46,15 @@ class LauncherLink:
         return link_messages.read_address_book(self._sock.recv())
 
     def send(self, event: dict[str, Any]) -> None:
-        """Send an event built by ``link_messages`` (``round_event``, ``done``) without blocking."""
+        """Send an event built by ``link_messages`` (``round_event``, ``done``) without blocking;
+        a round event without an accuracy only when ``ROUND_EVENT_EVERY`` has passed since the
+        last one sent."""
+        if event.get("type") == "round" and event.get("accuracy") is None:
+            now = time.monotonic()
+            if now < self._next_round_event:
+                self.held += 1
+                return
+            self._next_round_event = now + ROUND_EVENT_EVERY
         try:
             self._sock.send(link_messages.encode(event), zmq.NOBLOCK)
         except zmq.Again:

@@ -318,7 +318,7 @@ def test_a_shard_smaller_than_the_batch_is_padded_and_the_padding_weighs_nothing
         idx = order._order[order._pos - order.batch_size : order._pos]  # its first minibatch
         w = before[c].clone().requires_grad_()
         rows = run.shard_rows[run.offsets[c] + idx]  # its shard's rows of the training set
-        x, y = run.train_x[rows], run.train_y[rows]
+        x, y = run.train_features(run.train_x[rows]), run.train_y[rows]
         loss = torch.nn.functional.cross_entropy(run.model.logits(w, x), y)
         loss.backward()
         assert abs(losses[c] - float(loss.detach())) < 1e-5

@@ -60,6 +60,31 @@ def test_stored_rows_are_load_datasets_values_to_the_bit(fresh_cache, idx_dir, n
     assert torch.equal(stored.train.y, train.y)
 
 
+@pytest.mark.parametrize("name", ["digits", "mnist"])
+def test_training_pixels_gathered_then_converted_are_load_datasets_values_to_the_bit(fresh_cache, idx_dir, name):
+    from dfedrw.peer.learning.datacache import training_pixels
+
+    folder = None if name == "digits" else idx_dir
+    train, _ = load_dataset(name, folder)
+    pixels = training_pixels(build_dataset(name, None, folder))
+    assert pixels.x.dtype == torch.uint8 and pixels.scale is not None
+    rows = torch.tensor([5, 1, 1, len(train.y) - 1])
+    assert_same(type(train)(x=pixels.features(pixels.x[rows]), y=pixels.y[rows], num_classes=train.num_classes), train.subset(rows.tolist()))
+    assert torch.equal(pixels.features(pixels.x), train.x)
+
+
+def test_training_pixels_of_a_set_held_in_memory_are_its_features(tmp_path, monkeypatch):
+    from dfedrw.peer.learning import datacache
+
+    monkeypatch.setattr(datacache, "_cacheable", lambda source: False)
+    clear_stored()
+    pixels = datacache.training_pixels(build_dataset("digits", None, None))
+    train, _ = load_dataset("digits", None)
+    assert pixels.scale is None and pixels.x.dtype == torch.float32
+    assert torch.equal(pixels.features(pixels.x[:7]), train.x[:7])
+    clear_stored()
+
+
 def test_an_entry_is_built_once_and_mapped_by_later_processes(fresh_cache, idx_dir):
     # Prepare
     first = stored_dataset("mnist", idx_dir)

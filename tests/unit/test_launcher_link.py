@@ -113,3 +113,26 @@ def test_progress_board_ignores_ill_typed_events():
     board.refresh()
     assert board.round == {0: 2, 1: 4} and board.last == {0: {}, 1: {"train_loss": 0.25, "accuracy": 91.5}}
 
+
+
+def test_round_events_go_at_most_every_quarter_second_and_evaluations_always(monkeypatch):
+    from dfedrw.peer.client import link_messages, telemetry
+
+    sent = []
+
+    class _Sock:
+        def send(self, data, flags=0):
+            sent.append(json.loads(data))
+
+    clock = [100.0]
+    monkeypatch.setattr(telemetry.time, "monotonic", lambda: clock[0])
+    link = telemetry.LauncherLink.__new__(telemetry.LauncherLink)
+    link._sock, link.dropped, link.held, link._next_round_event = _Sock(), 0, 0, 0.0
+    for r in range(10):  # ten rounds in 0.09 s: one event, then the evaluation's
+        link.send(link_messages.round_event(0, r, 0.5, accuracy=80.0 if r == 7 else None))
+        clock[0] += 0.01
+    clock[0] += telemetry.ROUND_EVENT_EVERY
+    link.send(link_messages.round_event(0, 10, 0.4))
+    link.send(link_messages.done(0, 81.0, None))
+    assert [(m["type"], m.get("round")) for m in sent] == [("round", 0), ("round", 7), ("round", 10), ("done", None)]
+    assert link.held == 8

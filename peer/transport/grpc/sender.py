@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections import deque
 from typing import Protocol
 import grpc
@@ -45,6 +46,44 @@ class _GivenUp(Exception):
 def _settle_future(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
+
+
+class Waker:
+    """Sets events of one event loop from other threads, with one hand-over to the loop for all
+    those set before it runs: a round queues a message for every neighbour at once, and each
+    ``call_soon_threadsafe`` is a write to the loop's wake-up socket and a wake-up of its
+    thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[asyncio.Event] = []
+        self.handovers = 0
+
+    def set(self, event: asyncio.Event) -> None:
+        with self.lock:
+            first = not self.pending
+            self.pending.append(event)
+        if first:
+            self.handovers += 1
+            self.loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for event in pending:
+            event.set()
+
+
+_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Waker] = weakref.WeakKeyDictionary()
+
+
+def waker(loop: asyncio.AbstractEventLoop) -> Waker:
+    """The loop's :class:`Waker` (made on the loop's thread, with its first sender)."""
+    found = _wakers.get(loop)
+    if found is None:
+        found = _wakers[loop] = Waker(loop)
+    return found
 
 
 class Sender:
@@ -98,6 +137,7 @@ class Sender:
         self.closed = False
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()  # set when a message was queued or the sender closed
+        self.waker = waker(self.loop)
         self.idle_waiters: list[asyncio.Future] = []
         self.task = self.loop.create_task(self._run(), name=f"send-{peer}")
 
@@ -124,7 +164,7 @@ class Sender:
                 give_up = None
         if give_up is not None:
             self.loop.call_soon_threadsafe(_settle_future, give_up)
-        self.loop.call_soon_threadsafe(self.wake.set)
+        self.waker.set(self.wake)
         return dropped
 
     def _take(self) -> list[pb.ModelChunk]:
