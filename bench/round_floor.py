@@ -25,7 +25,8 @@ The jobs:
   Gaussian clients, Erdos-Renyi rho 0.7, DFedReweighting with the loss TPM and the loss clipped
   at the mean), the test at the end.
 
-Each system runs each job at two lengths (``--rounds SHORT,LONG``); a round's figures are the
+Each system runs each job at two lengths (``--rounds SHORT,LONG``; by default 20 and 320 rounds
+for the LeNet-5 ring, 20 and 1,020 for the default scenario, whose rounds are short); a round's figures are the
 differences between the two runs over the difference in rounds, so start-up and the end's test
 cancel: seconds (launch to exit), CPU user and system seconds (``wait4`` on the processes, which
 counts every process they waited for: the launcher's fork servers and clients). The two systems
@@ -60,6 +61,8 @@ JOBS: dict[str, list[str]] = {
     ],
     "default": ["eval.every=0"],
 }
+# Each job's two lengths (its rounds are short: enough of them that start-up's noise is small)
+LENGTHS = {"lenet-ring": (20, 320), "default": (20, 1020)}
 HEADER = struct.Struct("<qqq")  # round, sender, payload bytes
 
 
@@ -256,7 +259,7 @@ def run_floor(overrides: list[str], rounds: int, work: Path) -> dict[str, float]
     from dfedrw.peer.transport.identity import make_certificates
 
     n = load_scenario(None, overrides).num_clients
-    certs = work / "floor-certs"
+    certs = work / f"floor-certs-{n}"
     if not certs.exists():
         make_certificates(n, certs)
     ports = free_ports(n)
@@ -312,22 +315,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", choices=[*JOBS, "all"], default="all")
     parser.add_argument("--pairs", type=int, default=3, help="alternated pairs of the two systems (default 3)")
-    parser.add_argument("--rounds", default="20,320", help="SHORT,LONG: the two lengths each system runs (default 20,320)")
+    parser.add_argument("--rounds", default=None, help="SHORT,LONG: the two lengths each system runs (default: lenet-ring 20,320, default 20,1020)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--floor-client", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_client is not None:
         floor_client(json.loads(args.floor_client))
         return 0
-    short, long = (int(x) for x in args.rounds.split(","))
-    if not 1 <= short < long or args.pairs < 1:
+    lengths = dict(LENGTHS)
+    if args.rounds is not None:
+        try:
+            short, long = (int(x) for x in args.rounds.split(","))
+        except ValueError:
+            parser.error(f"--rounds {args.rounds!r}: expected SHORT,LONG")
+        lengths = dict.fromkeys(LENGTHS, (short, long))
+    if any(not 1 <= a < b for a, b in lengths.values()) or args.pairs < 1:
         parser.error("--rounds needs 1 <= SHORT < LONG, --pairs at least 1")
     jobs = list(JOBS) if args.job == "all" else [args.job]
-    report: dict[str, Any] = {"rounds": [short, long], "pairs": args.pairs, "cpus": os.cpu_count(), "jobs": {}}
+    report: dict[str, Any] = {"pairs": args.pairs, "cpus": os.cpu_count(), "jobs": {}}
     with tempfile.TemporaryDirectory(prefix="round-floor-") as tmp:
         work = Path(tmp)
         lenet_data(work / "lenet-data")
         for job in jobs:
+            short, long = lengths[job]
             overrides = [*JOBS[job], *([f"data.dir={work / 'lenet-data'}"] if job == "lenet-ring" else [])]
             figures: dict[str, list[dict[str, float]]] = {"processes": [], "floor": []}
             accuracy: dict[str, float] = {}
@@ -341,8 +351,9 @@ def main() -> int:
                     log(f"{job} pair {pair + 1}/{args.pairs}: {name}: {1000 * f['seconds']:.1f} ms a round, CPU user {1000 * f['user']:.1f} ms, system {1000 * f['system']:.1f} ms; accuracy after {long} rounds {b['accuracy']:.2f}%")
             med = {name: {key: statistics.median(f[key] for f in rows) for key in ("seconds", "user", "system")} for name, rows in figures.items()}
             ratios = {key: statistics.median(p[key] / f[key] for p, f in zip(figures["processes"], figures["floor"], strict=True)) for key in ("seconds", "user", "system")}
-            report["jobs"][job] = {"per_round": figures, "median": med, "ratio_median": ratios, "accuracy": accuracy}
-    print(f"round_floor: a round's figures, medians of {args.pairs} alternated pairs, rounds {short} and {long} differenced; {os.cpu_count()} CPUs")
+            report["jobs"][job] = {"rounds": [short, long], "per_round": figures, "median": med, "ratio_median": ratios, "accuracy": accuracy}
+    spans = ", ".join(f"{job} {rep['rounds'][0]} and {rep['rounds'][1]}" for job, rep in report["jobs"].items())
+    print(f"round_floor: a round's figures, medians of {args.pairs} alternated pairs, the rounds of two runs differenced ({spans}); {os.cpu_count()} CPUs")
     print("| job | system | seconds a round | CPU user a round | CPU system a round | accuracy % |")
     print("|---|---|---:|---:|---:|---:|")
     for job, rep in report["jobs"].items():

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,14 @@ def _pixels(source: Any) -> Pixels:
     if isinstance(stored, Held):
         return Pixels(stored.train.x, stored.train.y, None)
     split = stored.train
-    return Pixels(torch.from_numpy(np.array(split.images, dtype=np.uint8)), split.y, float(split.scale))
+    images = split.images
+    if isinstance(images, np.memmap) and not images.flags.writeable:
+        # The mapped file itself, no copy: its pages are the page cache's, shared with every
+        # process that maps it. torch warns of a tensor it may not write to; nothing writes to it.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return Pixels(torch.from_numpy(images), split.y, float(split.scale))
+    return Pixels(torch.from_numpy(np.ascontiguousarray(images, dtype=np.uint8)), split.y, float(split.scale))
 
 
 def test_set(source: Any) -> Dataset:
