@@ -360,14 +360,48 @@ def prestart(argv: list[str]) -> None:
 
 
 def may_fork_clients(argv: list[str]) -> bool:
-    """Whether the ``dfedrw`` command line ``argv`` is a ``run`` that may fork client processes
-    (not one that asks for ``--start spawn`` or ``--engine batched``; a scenario file may still
-    name another engine or transport)."""
+    """Whether the ``dfedrw`` command line ``argv`` is a ``run`` that may fork client processes:
+    not one that asks for ``--start spawn`` or the batched engine (``--engine batched``, a
+    ``--set engine.name=batched``, or a scenario file that names it and is not overridden). A
+    fork server started for nothing imports torch beside the launcher: a second of CPU."""
     words = [a for a in argv if not a.startswith("-")]
     if not words or words[0] != "run":
         return False
     flags = " ".join(argv)
-    return not any(f in flags for f in ("--start spawn", "--start=spawn", "--engine batched", "--engine=batched"))
+    if any(f in flags for f in ("--start spawn", "--start=spawn")):
+        return False
+    return _engine_named(argv) != "batched"
+
+
+def _engine_named(argv: list[str]) -> str | None:
+    """The engine a ``run`` command line names: the last ``--engine`` or ``--set
+    engine.name=...``, else its scenario file's (read with tomllib), else None."""
+    named = None
+    for i, arg in enumerate(argv):
+        for flag in ("--engine", "--set"):
+            if arg == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1 :]
+            else:
+                continue
+            if flag == "--engine":
+                named = value
+            elif value.replace(" ", "").startswith("engine.name="):
+                named = value.split("=", 1)[1].strip().strip("'\"")
+    if named is not None:
+        return named
+    position = argv.index("run") + 1 if "run" in argv else len(argv)
+    if position < len(argv) and argv[position].endswith(".toml") and not argv[position].startswith("-"):
+        try:
+            import tomllib
+
+            with open(argv[position], "rb") as f:
+                engine = tomllib.load(f).get("engine", {})
+            return engine.get("name") if isinstance(engine, dict) else None
+        except (OSError, ValueError):
+            return None
+    return None
 
 
 def take_prestarted(python: str) -> ForkServer | None:

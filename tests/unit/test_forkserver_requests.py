@@ -36,6 +36,12 @@ def test_a_malformed_request_is_refused(bad):
         (["run", "--start", "spawn"], False),
         (["run", "--start=spawn"], False),
         (["run", "--engine", "batched"], False),
+        (["run", "--engine=batched"], False),
+        (["run", "--set", "engine.name=batched", "--set", "rounds=1"], False),
+        (["run", "--set=engine.name = \"batched\""], False),
+        (["run", "--set", "engine.name=batched", "--engine", "clients"], True),
+        (["run", "--set", "engine.name=clients"], True),
+        (["run", "missing.toml"], True),
         (["sweep", "grid.toml"], False),
         (["peer", "--id", "1"], False),
         ([], False),
@@ -43,3 +49,16 @@ def test_a_malformed_request_is_refused(bad):
 )
 def test_which_command_lines_start_the_fork_server_early(argv, expected):
     assert may_fork_clients(argv) is expected
+
+
+@pytest.mark.parametrize(("text", "extra", "expected"), [
+    ('[engine]\nname = "batched"\n', [], False),
+    ('[engine]\nname = "batched"\n', ["--set", "engine.name=clients"], True),
+    ('[engine]\nname = "clients"\n', [], True),
+    ("rounds = 3\n", [], True),
+    ("not toml [", [], True),
+])
+def test_a_scenario_file_that_names_the_batched_engine_starts_no_fork_server(tmp_path, text, extra, expected):
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(text)
+    assert may_fork_clients(["run", str(scenario), "--out", "x", *extra]) is expected
