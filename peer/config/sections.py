@@ -5,6 +5,8 @@ dataclass checked in ``__post_init__`` (each class's settings tables against its
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -134,9 +136,7 @@ class TrainConfig:
 
     def lr_at(self, r: int, rounds: int) -> float:
         """The learning rate of round ``r`` of ``rounds`` (:func:`peer.learning.training.learning_rate`)."""
-        from dfedrw.peer.learning.training import learning_rate
-
-        return learning_rate(self.lr, self.lr_schedule, r, rounds, gamma=self.lr_gamma, step=self.lr_step)
+        return _learning_rate()(self.lr, self.lr_schedule, r, rounds, gamma=self.lr_gamma, step=self.lr_step)
 
 
 def check_model(train: TrainConfig, data: DataConfig) -> None:
@@ -490,3 +490,12 @@ class ClockConfig:
     def __post_init__(self) -> None:
         check_in_range("clock.step_seconds", self.step_seconds, 0.0, MAX_SECONDS)
         check_in_range("clock.aggregate_seconds", self.aggregate_seconds, 0.0, MAX_SECONDS)
+
+
+@functools.cache
+def _learning_rate():
+    """:func:`peer.learning.training.learning_rate`, imported on first use (the configuration
+    does not import torch) and then held: an import statement each round costs more than the rate."""
+    from dfedrw.peer.learning.training import learning_rate
+
+    return learning_rate

@@ -142,13 +142,18 @@ def checksum_start(header: pb.ModelHeader) -> int:
     return start
 
 
+@functools.lru_cache(maxsize=8)
+def _layout_header(specs: tuple[TensorSpec, ...]) -> pb.ModelHeader:
+    """A header holding only the layout ``specs`` (a client sends one layout all run long)."""
+    return pb.ModelHeader(tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs])
+
+
 def message_header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: memoryview, **fields) -> pb.ModelHeader:
     """The header of a message whose payload is ``payload``, laid out as ``specs``; its checksum
     covers its rounds and the payload (:func:`checksum_start`)."""
-    header = pb.ModelHeader(
-        sender=sender, round=round_, tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
-        total_bytes=len(payload), **fields,
-    )
+    header = pb.ModelHeader()
+    header.CopyFrom(_layout_header(tuple(specs)))  # the layout's specs, built once
+    header.MergeFrom(pb.ModelHeader(sender=sender, round=round_, total_bytes=len(payload), **fields))
     header.crc32 = zlib.crc32(payload, checksum_start(header))
     return header
 
