@@ -5,12 +5,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import time
 
 # Free bytes malloc may keep before a client gives them back. Below this the pages stay for the
 # next round's buffers: trimming them each round costs a system call per free run and a page
 # fault per page when they are used again (with a 247 KB model, 39 of a round's 49 ms of system
 # time on a ring of 8; docs/performance.md, "A round at the cost of its work").
 KEEP_FREE_BYTES = 32 << 20
+# Below that, the free pages still go back, at most once in this many seconds: a client's heap
+# stays as small as when it trimmed every round, for a small share of the system calls.
+TRIM_EVERY_SECONDS = 1.0
+_last_trim = [0.0]
 
 
 class _MallInfo2(ctypes.Structure):
@@ -41,18 +46,21 @@ def free_heap_bytes() -> int | None:
     return None if info is None else int(info().fordblks)
 
 
-def release_free_heap(keep: int = KEEP_FREE_BYTES) -> bool:
+def release_free_heap(keep: int = KEEP_FREE_BYTES, every: float = TRIM_EVERY_SECONDS) -> bool:
     """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
-    nothing) once malloc holds more than ``keep`` free bytes. gRPC and the interpreter free the
-    buffers of the chunks a client received into malloc's arenas, which keep those pages: about
-    100 MB on a client that received ten 44 MB models (measured). A client calls this once it has
-    its round's models, before aggregating or crafting, whose tensors come from fresh pages: so
-    those pages do not add to them. Returns whether it trimmed."""
+    nothing) when malloc holds more than ``keep`` free bytes, or ``every`` seconds have passed
+    since the last time. gRPC and the interpreter free the buffers of the chunks a client
+    received into malloc's arenas, which keep those pages: about 100 MB on a client that
+    received ten 44 MB models (measured). A client calls this once it has its round's models,
+    before aggregating or crafting, whose tensors come from fresh pages: so those pages do not
+    add to them. Returns whether it trimmed."""
     trim, _ = _glibc()
     if trim is None:
         return False
+    now = time.monotonic()
     free = free_heap_bytes()
-    if free is not None and free <= keep:
+    if free is not None and free <= keep and now - _last_trim[0] < every:
         return False
     trim(0)
+    _last_trim[0] = now
     return True

@@ -15,8 +15,8 @@ def test_free_bytes_below_the_bound_are_kept_and_above_it_trimmed():
     del buffers[::2]
     free = free_heap_bytes()
     assert free >= 200 * 20_000
-    assert release_free_heap(keep=free + (1 << 20)) is False
-    assert release_free_heap(keep=free // 2) is True
+    assert release_free_heap(keep=free // 2, every=3600) is True
+    assert release_free_heap(keep=free + (1 << 20), every=3600) is False  # just trimmed, and below the bound
     del buffers
 
 
@@ -29,4 +29,19 @@ def test_the_default_bound_keeps_a_small_model_round_of_buffers():
         pytest.skip("this process already holds more free heap than the bound")
     buffers = [bytearray(250_000 // 8) for _ in range(16)]
     del buffers
-    assert release_free_heap() is False
+    release_free_heap(every=0)  # trims: the clock starts now
+    assert release_free_heap() is False  # within TRIM_EVERY_SECONDS, below the bound
+
+
+@glibc
+def test_below_the_bound_the_heap_is_still_trimmed_once_a_while(monkeypatch):
+    from dfedrw.peer.transport import heap
+
+    clock = [1000.0]
+    monkeypatch.setattr(heap.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(heap, "_last_trim", [0.0])
+    assert release_free_heap(keep=1 << 40, every=0) is True
+    clock[0] += heap.TRIM_EVERY_SECONDS / 2
+    assert release_free_heap(keep=1 << 40) is False
+    clock[0] += heap.TRIM_EVERY_SECONDS
+    assert release_free_heap(keep=1 << 40) is True
