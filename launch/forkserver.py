@@ -399,7 +399,7 @@ def _engine_named(argv: list[str]) -> str | None:
             with open(argv[position], "rb") as f:
                 engine = tomllib.load(f).get("engine", {})
             return engine.get("name") if isinstance(engine, dict) else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # the run itself reports what is wrong with the file
             return None
     return None
 

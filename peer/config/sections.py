@@ -494,8 +494,7 @@ class ClockConfig:
 
 @functools.cache
 def _learning_rate():
-    """:func:`peer.learning.training.learning_rate`, imported on first use (the configuration
-    does not import torch) and then held: an import statement each round costs more than the rate."""
+    """:func:`peer.learning.training.learning_rate`, imported once, on first use (no torch here)."""
     from dfedrw.peer.learning.training import learning_rate
 
     return learning_rate

@@ -57,6 +57,7 @@ def test_which_command_lines_start_the_fork_server_early(argv, expected):
     ('[engine]\nname = "clients"\n', [], True),
     ("rounds = 3\n", [], True),
     ("not toml [", [], True),
+    ("zz = " + "[" * 5000 + "]" * 5000 + "\n", [], True),
 ])
 def test_a_scenario_file_that_names_the_batched_engine_starts_no_fork_server(tmp_path, text, extra, expected):
     scenario = tmp_path / "s.toml"
