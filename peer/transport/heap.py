@@ -58,9 +58,12 @@ def release_free_heap(keep: int = KEEP_FREE_BYTES, every: float = TRIM_EVERY_SEC
     if trim is None:
         return False
     now = time.monotonic()
-    free = free_heap_bytes()
-    if free is not None and free <= keep and now - _last_trim[0] < every:
-        return False
+    if now - _last_trim[0] < every:
+        # Not yet due by the clock: only a full heap makes it due (mallinfo2 walks the arenas'
+        # bins, so it is asked only here).
+        free = free_heap_bytes()
+        if free is not None and free <= keep:
+            return False
     trim(0)
     _last_trim[0] = now
     return True

@@ -6,8 +6,6 @@ asserted is what each process wrote: its round records' times and weights, its f
 
 from __future__ import annotations
 
-from itertools import groupby
-
 import signal
 import time
 
@@ -16,6 +14,7 @@ import pytest
 from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 from dfedrw.peer.results.records import read_final, read_rounds
 from dfedrw.peer.transport.identity import make_certificates
+from tests.multiprocess.test_resume import _longest_run
 from tests.support.runs import wait_for
 from tests.support.scripts import load_bench
 
@@ -85,10 +84,12 @@ def test_a_stopped_neighbour_is_waited_for_again_and_nobody_runs_more_than_the_w
     # Nobody was shut out. Client 0, whose neighbours were both held back, stopped waiting for
     # them too, and ran alone for at most the window before the bound held it as well (a lone
     # round elsewhere, a deadline of 1 s missed on a machine whose cores are busy, is no run
-    # ahead: the bound is on rounds alone in a row).
+    # ahead: the bound is on rounds alone in a row). On busy cores one more lone round in a row
+    # was seen (rounds 63-65 of client 0, in one of eight loaded runs): the round in which it
+    # missed its neighbours' deadline, before the window it may run ahead of them.
     for k, f in finals.items():
         assert "shut_out" not in f and "disconnected" not in f["refused_calls_by_reason"], (k, f["refused_calls_by_reason"])
     for k in range(N):
         alone = [r["round"] for r in read_rounds(tmp_path, k) if len(r["weights"]) <= 1]
-        in_a_row = max((sum(1 for _ in run) for _, run in groupby(enumerate(alone), lambda p: p[1] - p[0])), default=0)
-        assert in_a_row <= WINDOW and len(alone) <= 3 * WINDOW, (k, alone)
+        in_a_row = _longest_run(alone)
+        assert in_a_row <= WINDOW + 1 and len(alone) <= 3 * WINDOW, (k, alone)
