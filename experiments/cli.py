@@ -1,7 +1,7 @@
 """``dfedrw``: the whole command line, the launchers' commands (:mod:`launch.cli`) plus the
 experiments' ones.
 
-    dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--batch N] [--dry-run] [--tensorboard DIR]
+    dfedrw sweep GRID.toml [--out DIR] [--jobs N] [--batch N] [--dry-run] [--tensorboard DIR] [--ray [ADDRESS]]
     dfedrw report DIR... [--out OUTDIR] [--no-plots]
     dfedrw export SWEEP_DIR --out DIR
 """
@@ -28,7 +28,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         require_tensorboard()
     stop_on_signals()
     try:
-        result = run_sweep(args.grid, out, jobs=args.jobs, batch=args.batch, dry_run=args.dry_run, console=Console(stderr=True), tensorboard=args.tensorboard)
+        result = run_sweep(
+            args.grid, out, jobs=args.jobs, batch=args.batch, dry_run=args.dry_run, console=Console(stderr=True), tensorboard=args.tensorboard, ray=args.ray,
+        )
     except KeyboardInterrupt:
         # Before any run started (while checking the grid): nothing to stop or record.
         print("dfedrw sweep: interrupted", file=sys.stderr)
@@ -65,12 +67,16 @@ def add_commands(sub) -> None:
     sw = sub.add_parser("sweep", help="run every scenario of a grid file, in parallel and resumably")
     sw.add_argument("grid", type=Path, help="grid TOML (base, set, [axes], [[variants.NAME]], [[exclude]], [report])")
     sw.add_argument("--out", type=folder_path, default=None, help="sweep folder (default: sweeps/<grid name>); rerun to resume")
-    sw.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the number of CPUs)")
+    sw.add_argument("--jobs", type=int, default=None, help="runs (or batches) at a time (default: the number of CPUs; with --ray, the cluster's CPUs)")
     sw.add_argument(
         "--batch", type=int, default=16, metavar="N",
         help="runs of the batched engine per process: runs of one model, training and number of rounds go as rows of one batch (default: 16; 1: each run alone)",
     )
     sw.add_argument("--dry-run", action="store_true", help="print the points and their run folders, run nothing")
+    sw.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="run the batches as tasks on the Ray cluster at ADDRESS (HOST:PORT, ray://HOST:PORT or auto; default: $RAY_ADDRESS, else auto); needs pip install 'dfedrw[ray]'",
+    )
     add_tensorboard_flag(sw, what="each run's honest clients and their honest mean (a subfolder per run, named like its run folder)")
     sw.set_defaults(func=cmd_sweep)
 

@@ -46,7 +46,6 @@ deleted under it: the sweep refuses to start until it has ended.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -65,7 +64,8 @@ from dfedrw.peer.results.records import write_json_atomic
 from dfedrw.experiments.record import read_record, write_record
 from dfedrw.experiments.grid import SweepError, load_grid
 from dfedrw.experiments.sweep_board import SweepBoard, rounds_done, seconds_text  # noqa: F401 - rounds_done named from here too
-from dfedrw.experiments.sweep_record import check_same_grid, now_text, previous_sittings, sweep_lock, sweep_record
+from dfedrw.experiments.sweep_settle import _clear, log_tail, settle  # noqa: F401 - log_tail named from here too
+from dfedrw.experiments.sweep_record import check_same_grid, now_text, previous_nodes, previous_sittings, sweep_lock, sweep_record
 from dfedrw.experiments.sweep_plan import (  # noqa: F401 - print_plan named from here too
     DEFAULT_BATCH, LOG_FILE, PID_FILE, REQUEST_FILE, SWEEP_FILE, print_plan, warn_unused, Plan, PlannedRun, plan_batches, plan_sweep, run_seconds, run_state,
     still_running,
@@ -82,7 +82,6 @@ _PROGRESS_EVERY = 5.0
 # The last line of a run's or a batch's log saying how far its rounds have come.
 # How often (seconds) a sitting's time is saved to sweep.json besides at each finished run.
 _CHECKPOINT_EVERY = 60.0
-_LOG_TAIL_LINES = 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,14 +129,6 @@ def _child_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
-
-
-def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
@@ -286,33 +277,9 @@ def _execute(
                 if job.log is not None:
                     job.log.close()
                 seconds = (time.monotonic() - job.start) / len(job.runs)
-                head_log = job.runs[0].folder / LOG_FILE
-                retry = []
                 for run in job.runs:
                     (run.folder / PID_FILE).unlink(missing_ok=True)
-                    state = run_state(run.folder, run.scenario)
-                    # A run finished with its summary written counts, even in a batch that failed.
-                    ok = state == "done" and (rc == 0 or len(job.runs) > 1)
-                    if not ok and len(job.runs) > 1:
-                        board.finished(run, False, seconds, retried=True)
-                        retry.append(run)
-                    elif ok:
-                        board.finished(run, True, seconds)
-                        on_done(run)
-                    else:
-                        board.finished(run, False, seconds)
-                        reason = f"exit code {rc}" if rc != 0 else f"exit code 0 but the run folder is {state}"
-                        on_failure(run, reason, log_tail(head_log))
-                if retry:
-                    if console is not None:
-                        console.print(
-                            f"a batch of {len(job.runs)} runs failed (exit code {rc}; log {head_log}); running its {len(retry)} "
-                            f"unfinished runs one by one:\n{log_tail(head_log, 5)}",
-                            markup=False, highlight=False, soft_wrap=True,
-                        )
-                    for run in retry:
-                        _clear(run, tensorboard)
-                    queue.extend([run] for run in retry)
+                queue.extend([run] for run in settle(job.runs, rc, seconds, board, on_done, on_failure, console=console, tensorboard=tensorboard))
             now = time.monotonic()
             if now >= next_progress:
                 next_progress = now + _PROGRESS_EVERY
@@ -332,14 +299,6 @@ def _execute(
         forker.close()
 
 
-def _clear(run: PlannedRun, tensorboard: Path | None) -> None:
-    """Delete what an unfinished attempt at ``run`` left (its folder, its event files)."""
-    if run.folder.exists():
-        shutil.rmtree(run.folder)
-    if tensorboard is not None:
-        shutil.rmtree(Path(tensorboard) / run.name, ignore_errors=True)
-
-
 def run_sweep(
     grid_path: str | Path,
     out_dir: str | Path,
@@ -350,34 +309,55 @@ def run_sweep(
     console: Console | None = None,
     check_runnable: bool = True,
     tensorboard: Path | None = None,
+    ray: str | None = None,
 ) -> SweepResult:
     """Run every distinct scenario of a grid under ``out_dir`` (see the module docstring).
 
     Finished runs are skipped, interrupted ones redone; up to ``jobs`` processes at a time,
     each a ``dfedrw run`` subprocess or, for runs of the batched engine, a batch of up to
     ``batch`` runs of one shape (:func:`plan_batches`). Returns counts, failures and wall time;
-    the caller maps :attr:`SweepResult.exit_code` to the process exit status.
+    the caller maps :attr:`SweepResult.exit_code` to the process exit status. ``ray``: run the
+    batches on the Ray cluster at that address (``""``: ``RAY_ADDRESS`` or ``auto``), up to
+    ``jobs`` (default: the cluster's CPUs) at a time (:mod:`experiments.sweep_ray`).
     """
     console = console or Console(stderr=True)
-    jobs = (os.cpu_count() or 1) if jobs is None else jobs
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise SweepError(f"--jobs {jobs}: must be at least 1")
     if batch < 1:
         raise SweepError(f"--batch {batch}: must be at least 1")
     grid = load_grid(grid_path)
-    plan = plan_sweep(grid, out_dir, check_runnable=check_runnable and not dry_run)
+    plan = plan_sweep(grid, out_dir, check_runnable=check_runnable and not dry_run, here=ray is None)
     check_same_grid(plan)
     warn_unused(plan, console)
     result = SweepResult(plan.out_dir, total=len(plan.runs))
     if dry_run:
         print_plan(plan)
         return result
+    cluster = None
+    if ray is not None:
+        from dfedrw.experiments.sweep_ray import RayCluster
+
+        cluster = RayCluster.connect(ray or None)
+        console.print(f"Ray cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus} CPU(s)", markup=False, highlight=False, soft_wrap=True)
+    jobs = jobs or (cluster.cpus if cluster is not None else os.cpu_count()) or 1
+    if cluster is not None:
+        from dfedrw.experiments.sweep_ray import check_fits, ray_batches
+
+        try:
+            check_fits(ray_batches(list(plan.runs.values()), jobs, batch), cluster)  # before anything is submitted
+        except SweepError:
+            cluster.close()
+            raise
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    with sweep_lock(plan.out_dir):
-        return _run_plan(plan, jobs, console, result, batch=batch, tensorboard=tensorboard)
+    try:
+        with sweep_lock(plan.out_dir):
+            return _run_plan(plan, jobs, console, result, batch=batch, tensorboard=tensorboard, cluster=cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
 
 
-def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, batch: int = 1, tensorboard: Path | None = None) -> SweepResult:
+def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, batch: int = 1, tensorboard: Path | None = None, cluster=None) -> SweepResult:
     orphans = {run.name: pid for run in plan.runs.values() if (pid := still_running(run.folder)) is not None}
     if orphans:
         listed = ", ".join(f"{name} (pid {pid})" for name, pid in orphans.items())
@@ -409,7 +389,10 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
             to_run.append(run)
 
     sittings = previous_sittings(plan.out_dir)
+    nodes = previous_nodes(plan)  # where each run ran, on a Ray cluster
     sitting: dict[str, Any] = {"start": now_text(), "jobs": jobs, "batch": batch, "runs_total": len(plan.runs)}
+    if cluster is not None:
+        sitting["ray"] = cluster.address
     sittings.append(sitting)
     start = time.monotonic()
     last_save = start
@@ -424,7 +407,7 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
             runs_skipped=result.skipped, runs_failed=len(result.failures),
             interrupted=result.interrupted if final else None,
         )
-        record = sweep_record(plan, statuses, sittings)
+        record = sweep_record(plan, statuses, sittings, nodes)
         result.total_wall_seconds = record["wall_seconds"]
         write_json_atomic(plan.out_dir / SWEEP_FILE, record)
         last_save = time.monotonic()
@@ -462,7 +445,12 @@ def _run_plan(plan: Plan, jobs: int, console: Console, result: SweepResult, *, b
     restore = _sigterm_as_interrupt()
     try:
         with SweepBoard(console, len(plan.runs), result.skipped, jobs=jobs, prior_seconds=prior_seconds) as board:
-            _execute(to_run, jobs, board, on_done, on_failure, on_tick, batch=batch, console=console, tensorboard=tensorboard)
+            if cluster is None:
+                _execute(to_run, jobs, board, on_done, on_failure, on_tick, batch=batch, console=console, tensorboard=tensorboard)
+            else:
+                from dfedrw.experiments.sweep_ray import execute_on_ray
+
+                execute_on_ray(cluster, to_run, jobs, board, on_done, on_failure, on_tick, batch=batch, console=console, tensorboard=tensorboard, nodes=nodes)
     except KeyboardInterrupt:
         result.interrupted = True
     finally:

@@ -82,12 +82,13 @@ class Plan:
     report: dict[str, Any] | None
 
 
-def _check_runnable(scenario: Scenario) -> None:
+def _check_runnable(scenario: Scenario, memory: bool = True) -> None:
     # The launcher's own pre-flight (rules, attacks, data on disk), so a missing dataset or a
-    # bad rule parameter fails the sweep before it starts rather than in every run.
+    # bad rule parameter fails the sweep before it starts rather than in every run. ``memory``:
+    # whether the runs run on this machine (a sweep on Ray checks its nodes' memory instead).
     from dfedrw.launch.preflight import preflight
 
-    preflight(scenario)
+    preflight(scenario, memory=memory)
 
 
 def _names_engine(grid: Grid, points: Sequence[Point]) -> bool:
@@ -102,11 +103,12 @@ def _names_engine(grid: Grid, points: Sequence[Point]) -> bool:
     return any(o.split("=", 1)[0].strip() == "engine.name" for p in points for o in p.overrides)
 
 
-def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False) -> Plan:
+def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False, here: bool = True) -> Plan:
     """Resolve and validate every point, group identical scenarios, and name their folders.
 
     A point whose scenario is invalid raises :class:`SweepError` naming the point, before
-    anything runs. An existing folder whose name ends in the same hash is reused whatever its
+    anything runs (``here``: whether the runs run on this machine, whose memory is then checked
+    too). An existing folder whose name ends in the same hash is reused whatever its
     slug, so reordering the grid does not orphan finished runs.
     """
     out_dir = Path(out_dir).resolve()
@@ -131,7 +133,7 @@ def plan_sweep(grid: Grid, out_dir: str | Path, *, check_runnable: bool = False)
             runs[key] = PlannedRun(key, folder, scenario, scenario_text(scenario))
             if check_runnable:
                 try:
-                    _check_runnable(scenario)
+                    _check_runnable(scenario, memory=here)
                 except (ValueError, RuntimeError) as exc:
                     raise SweepError(f"point {point.describe()}: {exc}") from None
         runs[key].points.append(i)

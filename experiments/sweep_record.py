@@ -20,7 +20,9 @@ def now_text() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def sweep_record(plan: Plan, statuses: Mapping[str, str], sittings: list[dict[str, Any]]) -> dict[str, Any]:
+def sweep_record(plan: Plan, statuses: Mapping[str, str], sittings: list[dict[str, Any]], nodes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The record; ``nodes``: the Ray node each run ran on (a sweep on Ray), by run hash."""
+    nodes = nodes or {}
     return {
         "grid": str(plan.grid.path),
         "base": str(plan.grid.base) if plan.grid.base else None,
@@ -37,6 +39,7 @@ def sweep_record(plan: Plan, statuses: Mapping[str, str], sittings: list[dict[st
         ],
         "runs": {
             f"{RUNS_DIR}/{r.name}": {"hash": r.key, "status": statuses.get(r.key, "pending"), "points": len(r.points)}
+            | ({"node": nodes[r.key]} if r.key in nodes else {})
             for r in plan.runs.values()
         },
         "sittings": sittings,
@@ -58,6 +61,15 @@ def previous_sittings(out_dir: Path) -> list[dict[str, Any]]:
         if isinstance(s, dict) and s.get("interrupted") is None:
             s.update(interrupted=True, killed=True)
     return sittings
+
+
+def previous_nodes(plan: Plan) -> dict[str, Any]:
+    """The Ray node of each run that an earlier sitting recorded (by run hash)."""
+    try:
+        runs = json.loads((plan.out_dir / SWEEP_FILE).read_text(encoding="utf-8")).get("runs", {})
+        return {entry["hash"]: entry["node"] for entry in runs.values() if isinstance(entry, dict) and "node" in entry and "hash" in entry}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
 
 
 def check_same_grid(plan: Plan) -> None:

@@ -84,6 +84,27 @@ def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Pa
     return summaries
 
 
+def run_batch(pairs: list[tuple[Path, Path]], *, console: Console, tensorboard: Path | None = None) -> int:
+    """:func:`run_many` as a command: its exit status (0, 2 for a bad setting, 130 when
+    interrupted), each run's honest mean accuracy or the error printed on ``console``. What
+    ``python -m dfedrw.launch.batched`` runs, and a sweep's batch on a Ray node
+    (:mod:`dfedrw.experiments.sweep_ray`)."""
+    try:
+        summaries = run_many(pairs, console=console, tensorboard=tensorboard)
+    except KeyboardInterrupt:  # before the rounds began
+        console.print("interrupted: the batch's runs are unfinished", markup=False)
+        return 130
+    except (ValueError, RuntimeError, OSError) as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    if any(summary.get("interrupted") for summary in summaries):
+        console.print("interrupted: the batch's runs are unfinished (their summaries say so)", markup=False)
+        return 130
+    for (_, out), summary in zip(pairs, summaries, strict=True):
+        console.print(f"{out}: honest mean accuracy {summary.get('honest_mean_accuracy')}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -95,21 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tensorboard", type=folder_path, default=None, metavar="DIR", help="TensorBoard event files of each run in DIR/<name of its OUT>")
     args = parser.parse_args(argv)
     stop_on_signals()
-    console = Console(stderr=True)
-    try:
-        summaries = run_many([tuple(pair) for pair in args.run], console=console, tensorboard=args.tensorboard)
-    except KeyboardInterrupt:  # before the rounds began
-        console.print("interrupted: the batch's runs are unfinished", markup=False)
-        return 130
-    except (ValueError, RuntimeError, OSError) as exc:
-        console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        return 2
-    if any(summary.get("interrupted") for summary in summaries):
-        console.print("interrupted: the batch's runs are unfinished (their summaries say so)", markup=False)
-        return 130
-    for (_, out), summary in zip(args.run, summaries, strict=True):
-        console.print(f"{out}: honest mean accuracy {summary.get('honest_mean_accuracy')}", markup=False, highlight=False, soft_wrap=True)
-    return 0
+    return run_batch([tuple(pair) for pair in args.run], console=Console(stderr=True), tensorboard=args.tensorboard)
 
 
 if __name__ == "__main__":

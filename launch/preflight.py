@@ -29,10 +29,10 @@ _ADVICE = {
 }
 
 
-def preflight(scenario: Scenario) -> None:
+def preflight(scenario: Scenario, *, memory: bool = True) -> None:
     """Build every client's rule or attack and check the data first, so a bad setting fails
-    once, clearly, before any client starts; check that the device is here and that the run fits
-    the memory available (:func:`check_memory`); then build (or check, digests and all) the data set's
+    once, clearly, before any client starts; check that the device is here and (``memory``)
+    that the run fits the memory available here (:func:`check_memory`); then build (or check, digests and all) the data set's
     entry in the machine's data cache, which every client maps."""
     engine_device(scenario.engine.device, resolve=False)  # a GPU named where there is none: one line, before any client starts
     topology = scenario_topology(scenario)
@@ -43,7 +43,8 @@ def preflight(scenario: Scenario) -> None:
             client_attack(scenario, topology, k)
         else:
             client_rule(scenario, topology, k)
-    check_memory(scenario, topology=topology)
+    if memory:
+        check_memory(scenario, topology=topology)
     source = scenario_dataset(scenario.data)
     check_available(source)
     verify_stored(source)

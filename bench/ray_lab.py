@@ -1,0 +1,176 @@
+"""A real Ray cluster on this machine for the tests and the bench: a head and worker nodes
+started with ``ray start``, each node its own raylet and daemons, all on loopback inside a network
+namespace of their own, and stopped by their PIDs.
+
+    with RayLab(workers=2) as lab:
+        lab.run([dfedrw, "sweep", GRID, "--ray", lab.address, ...])   # inside the namespace
+        lab.kill_node(1)                                              # node 1's processes, by PID
+
+Why a namespace: Ray binds some of its servers to the host's first address whatever
+``--node-ip-address`` says. Inside a namespace of ours with only ``lo`` up, that address is
+127.0.0.1 and nothing can leave. Needs root and iproute2 (:func:`unusable_reason` says why not).
+The head offers no CPU (``--num-cpus 0``), so that tasks run on the worker nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+PORT = 6379
+# Ray's own settings for a cluster on one machine: nodes marked dead within seconds of their
+# raylet's end, and no usage report.
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+    "RAY_health_check_initial_delay_ms": "1000",
+}
+_START_TIMEOUT = 120.0
+
+
+def ray_bin() -> str | None:
+    """The ``ray`` command beside this Python, or on the PATH."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else shutil.which("ray")
+
+
+def unusable_reason() -> str | None:
+    """Why a lab cannot start here, or None."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "Ray is not installed (pip install 'dfedrw[ray]')"
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return "a Ray lab needs Linux network namespaces, that is root"
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if ray_bin() is None:
+        return "the ray command is not installed"
+    name = f"dfrw-{os.getpid()}-probe-ray"
+    done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None if done.returncode == 0 else f"cannot make a network namespace here: {done.stderr.strip()}"
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    """``pids`` and every live process below them."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, []))
+    return out
+
+
+class RayLab:
+    """A head and ``workers`` worker nodes (``cpus`` CPUs each; ``memory``: the bytes each offers
+    tasks, Ray's default where None) in a network namespace of their own."""
+
+    _count = 0
+
+    def __init__(self, workers: int = 2, cpus: int = 1, memory: int | None = None) -> None:
+        RayLab._count += 1
+        self.ns = f"dfrw-{os.getpid()}-ray{RayLab._count}"
+        self.workers, self.cpus, self.memory = workers, cpus, memory
+        self.address = f"127.0.0.1:{PORT}"
+        # Short: Ray's socket paths live under it, and a socket's path is at most 107 bytes.
+        self.temp = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))
+        self.nodes: list[set[int]] = []  # each node's daemons, head first
+        self.env = {**os.environ, **RAY_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    # -- the namespace -------------------------------------------------------------------
+    def _pids(self) -> set[int]:
+        done = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True, timeout=20)
+        return {int(p) for p in done.stdout.split()}
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside the lab's namespace."""
+        return ["ip", "netns", "exec", self.ns, *argv]
+
+    def run(self, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(argv), env=kwargs.pop("env", self.env), **kwargs)
+
+    def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(self.command(argv), env=kwargs.pop("env", self.env), **kwargs)
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def _start_node(self, args: Sequence[str]) -> None:
+        before = self._pids()
+        done = self.run([ray_bin(), "start", "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args], capture_output=True, text=True, timeout=_START_TIMEOUT)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start {' '.join(args)}: exit {done.returncode}: {done.stderr[-2000:]}")
+        self.nodes.append(self._pids() - before)
+
+    def start(self) -> RayLab:
+        subprocess.run(["ip", "netns", "add", self.ns], check=True, capture_output=True, timeout=20)
+        subprocess.run(["ip", "-n", self.ns, "link", "set", "lo", "up"], check=True, capture_output=True, timeout=20)
+        self._start_node(["--head", "--port", str(PORT), "--num-cpus", "0", "--include-dashboard", "false", "--temp-dir", str(self.temp)])
+        for _ in range(self.workers):
+            self.add_worker()
+        return self
+
+    def add_worker(self) -> int:
+        """Start one more worker node; returns its index in :attr:`nodes`."""
+        memory = [] if self.memory is None else ["--memory", str(self.memory)]
+        self._start_node(["--address", self.address, "--num-cpus", str(self.cpus), *memory])
+        return len(self.nodes) - 1
+
+    def node_processes(self, index: int) -> set[int]:
+        """Node ``index``'s processes now (its daemons and the workers they started)."""
+        return _descendants(self.nodes[index]) & self._pids()
+
+    def kill_node(self, index: int) -> list[int]:
+        """Kill node ``index`` (0: the head) outright: its processes, by PID; returns them."""
+        pids = sorted(self.node_processes(index))
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def close(self) -> None:
+        """Stop every process in the namespace (all of them started here), then remove it."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = self._pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 10
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.2)
+                pids = self._pids()
+            if not pids:
+                break
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, timeout=20)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def __enter__(self) -> RayLab:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,148 @@
+"""What a sweep on Ray runs on a node: one batch of runs of the batched engine (:func:`run_batch_task`),
+and the actor its progress goes through (:class:`Progress`). Imported on the nodes (and by the
+driver, :mod:`dfedrw.experiments.sweep_ray`) only where Ray is installed.
+
+A task gets each run's name and resolved scenario (TOML text), runs them as one batch in a
+folder of its own under the node's temporary directory (the batched engine in the Ray worker's
+process: torch and the engine stay imported from one batch to the next), and returns the files
+of every run folder as bytes, with its exit status and the node it ran on; the folder is then
+deleted. Nothing is written to a shared file system: the driver writes the files where a local
+sweep writes them. Ray moves the task's arguments and its result with its own serializer between
+the driver and the cluster's workers (one trust domain: see docs/cluster.md); the client
+processes' model messages never go through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import ray
+
+# Seconds between two reads of a running batch's log for its progress.
+PROGRESS_EVERY = 2.0
+
+
+@ray.remote(num_cpus=0)
+class Progress:
+    """Where each running batch says how far its rounds have come (a fraction), and the driver
+    reads them all; it holds no CPU."""
+
+    def __init__(self) -> None:
+        self._done: dict[int, float] = {}
+
+    def update(self, job: int, fraction: float) -> None:
+        self._done[job] = fraction
+
+    def read(self) -> dict[int, float]:
+        return dict(self._done)
+
+
+def version() -> str:
+    """The installed dfedrw's version (a node must run the driver's)."""
+    try:
+        return metadata.version("dfedrw")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def node() -> dict[str, str]:
+    """The Ray node this runs on: its id, address and host name."""
+    context = ray.get_runtime_context()
+    return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address(), "host": socket.gethostname()}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, by its path relative to it, and each empty folder (its
+    path and a ``/``, no bytes)."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            out[path.relative_to(folder).as_posix()] = path.read_bytes()
+        elif path.is_dir() and not any(path.iterdir()):
+            out[path.relative_to(folder).as_posix() + "/"] = b""
+    return out
+
+
+def _report(progress: Any, job: int, log: Path, stop: threading.Event) -> None:
+    from dfedrw.experiments.sweep_board import rounds_done
+
+    last = None
+    while not stop.wait(PROGRESS_EVERY):
+        fraction = rounds_done(log)
+        if fraction is not None and fraction != last:
+            last = fraction
+            progress.update.remote(job, fraction)
+
+
+def run_batch_task(
+    runs: list[tuple[str, str]], driver_version: str, progress: Any = None, job: int = 0, tensorboard: bool = False,
+) -> dict[str, Any]:
+    """Run ``runs`` (each its folder's name and its scenario's TOML) as one batch on this node;
+    return ``rc`` (the batch's exit status), ``node`` (:func:`node`), ``files`` (each run's
+    files: name -> relative path -> bytes), ``log`` (the batch's log) and, with ``tensorboard``,
+    ``events`` (each run's event files, the same way)."""
+    from rich.console import Console
+
+    from dfedrw.experiments.sweep_plan import LOG_FILE, REQUEST_FILE
+    from dfedrw.launch.batched import run_batch
+
+    here = node()
+    if version() != driver_version:
+        message = f"this node runs dfedrw {version()}, the sweep's driver {driver_version}: install the same version on every node\n"
+        return {"rc": 2, "node": here, "files": {}, "log": message, "events": {}}
+    work = Path(tempfile.mkdtemp(prefix="dfedrw-ray-"))
+    try:
+        folders = []
+        for name, toml in runs:
+            folder = work / "runs" / name
+            folder.mkdir(parents=True)
+            (folder / REQUEST_FILE).write_text(toml, encoding="utf-8")
+            folders.append(folder)
+        for folder in folders[1:]:
+            (folder / LOG_FILE).write_text(f"run in a batch of {len(runs)} runs; its log: ../{folders[0].name}/{LOG_FILE}\n", encoding="utf-8")
+        log = folders[0] / LOG_FILE
+        events = work / "events" if tensorboard else None
+        stop = threading.Event()
+        reporter = None
+        if progress is not None:
+            reporter = threading.Thread(target=_report, args=(progress, job, log, stop), name="progress", daemon=True)
+            reporter.start()
+        pairs = [(folder / REQUEST_FILE, folder) for folder in folders]
+        with log.open("a", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+            try:
+                rc = run_batch(pairs, console=Console(file=fh, width=120, soft_wrap=True), tensorboard=events)
+            except Exception:  # noqa: BLE001 - the batch failed: its traceback goes in its log
+                import traceback
+
+                traceback.print_exc(file=fh)
+                rc = 1
+        stop.set()
+        if reporter is not None:
+            reporter.join()
+        return {
+            "rc": rc,
+            "node": here,
+            "files": {folder.name: _files(folder) for folder in folders},
+            "log": _tail(log),
+            "events": {folder.name: _files(events / folder.name) for folder in folders if events is not None and (events / folder.name).is_dir()},
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tail(path: Path, size: int = 8192) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - size))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
