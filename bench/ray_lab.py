@@ -15,13 +15,14 @@ The head offers no CPU (``--num-cpus 0``), so that tasks run on the worker nodes
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PORT = 6379
@@ -112,9 +113,18 @@ class RayLab:
         return subprocess.Popen(self.command(argv), env=kwargs.pop("env", self.env), **kwargs)
 
     # -- nodes ---------------------------------------------------------------------------------
-    def _start_node(self, args: Sequence[str]) -> None:
+    def _start_node(self, args: Sequence[str], mounts: Mapping[str, str | None] | None = None) -> None:
         before = self._pids()
-        done = self.run([ray_bin(), "start", "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args], capture_output=True, text=True, timeout=_START_TIMEOUT)
+        argv = [ray_bin(), "start", "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args]
+        if mounts:
+            # The node's own view of the file system: a mount namespace in which each folder
+            # named is empty (None) or another folder.
+            steps = [
+                f"mount -t tmpfs tmpfs {shlex.quote(path)}" if other is None else f"mount --bind {shlex.quote(other)} {shlex.quote(path)}"
+                for path, other in mounts.items()
+            ]
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join([*steps, "exec " + shlex.join(argv)])]
+        done = self.run(argv, capture_output=True, text=True, timeout=_START_TIMEOUT)
         if done.returncode != 0:
             raise RuntimeError(f"ray start {' '.join(args)}: exit {done.returncode}: {done.stderr[-2000:]}")
         self.nodes.append(self._pids() - before)
@@ -127,10 +137,11 @@ class RayLab:
             self.add_worker()
         return self
 
-    def add_worker(self) -> int:
-        """Start one more worker node; returns its index in :attr:`nodes`."""
+    def add_worker(self, mounts: Mapping[str, str | None] | None = None) -> int:
+        """Start one more worker node; returns its index in :attr:`nodes`. ``mounts``: folders
+        this node sees empty (None) or as another folder (a machine with other files)."""
         memory = [] if self.memory is None else ["--memory", str(self.memory)]
-        self._start_node(["--address", self.address, "--num-cpus", str(self.cpus), *memory])
+        self._start_node(["--address", self.address, "--num-cpus", str(self.cpus), *memory], mounts)
         return len(self.nodes) - 1
 
     def node_processes(self, index: int) -> set[int]:

@@ -15,6 +15,7 @@ processes' model messages never go through it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -24,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 
 # Seconds between two reads of a running batch's log for its progress.
@@ -59,6 +61,76 @@ def node() -> dict[str, str]:
     return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address(), "host": socket.gethostname()}
 
 
+def data_key(data: Any) -> str:
+    """Which data set a scenario's ``[data]`` section reads (its name, folder and settings)."""
+    return json.dumps([data.name, data.dir, [list(p) for p in data.params]], default=str)
+
+
+def ship_data(scenarios: list[Any]) -> dict[str, tuple[str | None, list[Any]]]:
+    """The driver's side: for each data set that ``scenarios`` read, the SHA-256 of its contents
+    (:func:`~dfedrw.peer.learning.datacache.content_digest`) and, in a list (so that a task
+    fetches it only if it needs it), a reference to its arrays in Ray's object store, put once:
+    a node fetches them at most once, and its workers share them. None and [] for a set the
+    data cache cannot store (each node then reads its own files)."""
+    from dfedrw.peer.learning.datacache import content_digest, stored_arrays
+    from dfedrw.peer.wiring.build import scenario_dataset
+
+    shipped: dict[str, tuple[str | None, list[Any]]] = {}
+    for scenario in scenarios:
+        key = data_key(scenario.data)
+        if key in shipped:
+            continue
+        source = scenario_dataset(scenario.data)
+        found = stored_arrays(source)
+        if found is None:
+            shipped[key] = (None, [])
+            continue
+        arrays, scale, classes = found
+        shipped[key] = (content_digest(source), [ray.put(({k: np.asarray(v) for k, v in arrays.items()}, scale, classes))])
+    return shipped
+
+
+_DIGESTS: dict[str, str | None] = {}  # this node's digest of each data set it read from its files
+
+
+def use_data(scenarios: list[Any], shipped: dict[str, tuple[str | None, list[Any]]]) -> str | None:
+    """A node's side, before a batch: each data set the batch reads is this node's own copy,
+    checked against the driver's (the same contents, whatever the files' names and times), or,
+    where this node lacks its files, the driver's arrays (:func:`ship_data`). Returns why the
+    batch cannot run here, or None."""
+    from dfedrw.peer.learning.data import DatasetUnavailable
+    from dfedrw.peer.learning.datacache import content_digest, provide, provided
+    from dfedrw.peer.learning.datasets import check_available
+    from dfedrw.peer.wiring.build import scenario_dataset
+
+    for scenario in scenarios:
+        key = data_key(scenario.data)
+        digest, refs = shipped.get(key, (None, []))
+        source = scenario_dataset(scenario.data)
+        if provided(source):
+            continue
+        try:
+            check_available(source)
+        except DatasetUnavailable:
+            if not refs:
+                raise
+            arrays, scale, classes = ray.get(refs[0])
+            provide(source, arrays, scale, classes)
+            continue
+        if digest is None:
+            continue
+        if key not in _DIGESTS:
+            _DIGESTS[key] = content_digest(source)
+        if _DIGESTS[key] != digest:
+            where = scenario.data.dir or "its default folder"
+            return (
+                f"this node's copy of data set {scenario.data.name} ({where}) differs from the driver's (SHA-256 of its contents "
+                f"{str(_DIGESTS[key])[:16]}..., the driver's {digest[:16]}...): give every node the same files, or remove them "
+                "from this node so that it takes the driver's"
+            )
+    return None
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder``, by its path relative to it, and each empty folder (its
     path and a ``/``, no bytes)."""
@@ -84,15 +156,18 @@ def _report(progress: Any, job: int, log: Path, stop: threading.Event) -> None:
 
 def run_batch_task(
     runs: list[tuple[str, str]], driver_version: str, progress: Any = None, job: int = 0, tensorboard: bool = False,
+    data: dict[str, tuple[str | None, list[Any]]] | None = None,
 ) -> dict[str, Any]:
     """Run ``runs`` (each its folder's name and its scenario's TOML) as one batch on this node;
     return ``rc`` (the batch's exit status), ``node`` (:func:`node`), ``files`` (each run's
     files: name -> relative path -> bytes), ``log`` (the batch's log) and, with ``tensorboard``,
-    ``events`` (each run's event files, the same way)."""
+    ``events`` (each run's event files, the same way). ``data``: the driver's data sets
+    (:func:`ship_data`), checked against this node's or used where it has none (:func:`use_data`)."""
     from rich.console import Console
 
     from dfedrw.experiments.sweep_plan import LOG_FILE, REQUEST_FILE
     from dfedrw.launch.batched import run_batch
+    from dfedrw.peer.config.scenario import load_scenario
 
     here = node()
     if version() != driver_version:
@@ -109,6 +184,14 @@ def run_batch_task(
         for folder in folders[1:]:
             (folder / LOG_FILE).write_text(f"run in a batch of {len(runs)} runs; its log: ../{folders[0].name}/{LOG_FILE}\n", encoding="utf-8")
         log = folders[0] / LOG_FILE
+        try:
+            why = use_data([load_scenario(folder / REQUEST_FILE) for folder in folders], data or {})
+        except (ValueError, RuntimeError, OSError) as exc:  # a data set missing here and not shipped: DatasetUnavailable
+            why = f"error: {exc}"
+        if why is not None:
+            with log.open("a", encoding="utf-8") as fh:
+                fh.write(why + "\n")
+            return {"rc": 2, "node": here, "files": {folder.name: _files(folder) for folder in folders}, "log": _tail(log), "events": {}}
         events = work / "events" if tensorboard else None
         stop = threading.Event()
         reporter = None

@@ -180,6 +180,7 @@ def execute_on_ray(
     remote = ray.remote(ray_task.run_batch_task)
     progress = ray_task.Progress.options(max_restarts=RETRIES).remote()
     version = ray_task.version()
+    data = ray_task.ship_data([run.scenario for run in runs])
     running: dict[Any, _Task] = {}
     jobs_started = 0
     next_progress = time.monotonic()
@@ -195,7 +196,7 @@ def execute_on_ray(
                     run.folder.mkdir(parents=True, exist_ok=True)
                     (run.folder / LOG_FILE).write_text(f"running on the Ray cluster {cluster.address}; the log comes back when the batch ends\n", encoding="utf-8")
                 task = _Task(group, time.monotonic(), jobs_started)
-                task.ref = remote.options(**options).remote([(run.name, run.toml) for run in group], version, progress, task.job, tensorboard is not None)
+                task.ref = remote.options(**options).remote([(run.name, run.toml) for run in group], version, progress, task.job, tensorboard is not None, data)
                 running[task.ref] = task
                 for run in group:
                     board.started(run, task.job)

@@ -28,6 +28,18 @@ if ! $PY -c 'import torch' 2>/dev/null; then
         $PY -m pip install -q "$TORCH" --index-url "$TORCH_CPU_INDEX"
     fi
 fi
+# Debian's Fashion-MNIST (/usr/share/datasets/fashion-mnist): the runs and tests on the real
+# data set read it. Installed where this runs as root with apt; elsewhere one line says how.
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing Debian's dataset-fashion-mnist" >&2
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; }; then
+            echo "setup: could not install dataset-fashion-mnist; the Fashion-MNIST tests skip until it is there" >&2
+        fi
+    else
+        echo "setup: Fashion-MNIST is not installed; run 'sudo apt-get install dataset-fashion-mnist' (its tests skip until then)" >&2
+    fi
+fi
 # The test tools and the tensorboard extra, whose tests run in CI too.
 $PY -m pip install -q -e ".[dev,tensorboard]"
 echo "setup: ready ($($PY -c 'import torch, grpc; print("torch", torch.__version__, "grpcio", grpc.__version__)'))" >&2

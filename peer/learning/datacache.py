@@ -43,7 +43,8 @@ from dfedrw.peer.learning.data import Dataset
 from dfedrw.peer.learning.datasets import check_available, checked_groups, describe, load_grouped_splits, source_key
 
 __all__ = [
-    "CACHE_ENV", "Held", "Stored", "StoredSplit", "cache_root", "clear_stored", "stored_dataset", "test_set", "training_pixels", "training_set", "verify_stored",
+    "CACHE_ENV", "Held", "Stored", "StoredSplit", "cache_root", "clear_stored", "content_digest", "provide", "provided", "stored_arrays", "stored_dataset",
+    "test_set", "training_pixels", "training_set", "verify_stored",
 ]
 
 CACHE_ENV = "DFEDRW_CACHE_DIR"
@@ -196,13 +197,71 @@ def _entry(source: Any) -> tuple[Path, dict]:
 
 
 _STORED: dict[Any, Stored | Held] = {}
+# Data sets this process was given as arrays (:func:`provide`), not read from files here.
+_PROVIDED: dict[Any, Stored] = {}
+
+
+def provide(source: Any, arrays: dict[str, np.ndarray], scale: float, classes: int) -> None:
+    """Serve ``source`` in this process from ``arrays`` (its parts as :func:`stored_arrays`
+    gives them: uint8 ``train_x``, ``train_y``, ``test_x``, ``test_y``, and int32
+    ``train_groups`` where it has them) instead of its files, which this machine lacks: a node
+    of a sweep on Ray given the driver's copy. Kept until :func:`clear_stored`."""
+    _PROVIDED[source] = _splits(dict(arrays), float(scale), int(classes), None)
+
+
+def provided(source: Any) -> bool:
+    """Whether :func:`provide` gave this process ``source``."""
+    try:
+        return source in _PROVIDED
+    except TypeError:
+        return False
+
+
+def stored_arrays(source: Any) -> tuple[dict[str, np.ndarray], float, int] | None:
+    """A cacheable data set's parts (uint8 pixels and labels; the groups where it has them),
+    its scale and its number of classes, checked (:func:`verify_stored`); None for a set the
+    cache cannot store."""
+    stored = verify_stored(source)
+    if isinstance(stored, Held):
+        return None
+    arrays = {"train_x": stored.train.images, "train_y": stored.train.labels, "test_x": stored.test.images, "test_y": stored.test.labels}
+    if stored.train.groups is not None:
+        arrays["train_groups"] = stored.train.groups
+    return arrays, stored.train.scale, stored.train.num_classes
+
+
+def content_digest(source: Any) -> str | None:
+    """The SHA-256 of a cacheable data set's contents (every part's values, shape and type,
+    its scale and classes): equal where two machines hold the same data, whatever their files'
+    names and times. None for a set the cache cannot store."""
+    found = stored_arrays(source) if not provided(source) else _provided_arrays(source)
+    if found is None:
+        return None
+    arrays, scale, classes = found
+    h = hashlib.sha256(json.dumps({"scale": scale, "classes": classes}).encode())
+    for part in sorted(arrays):
+        array = np.ascontiguousarray(arrays[part])
+        h.update(f"{part}:{array.dtype.str}:{array.shape}".encode())
+        h.update(memoryview(array).cast("B"))
+    return h.hexdigest()
+
+
+def _provided_arrays(source: Any) -> tuple[dict[str, np.ndarray], float, int]:
+    stored = _PROVIDED[source]
+    arrays = {"train_x": stored.train.images, "train_y": stored.train.labels, "test_x": stored.test.images, "test_y": stored.test.labels}
+    if stored.train.groups is not None:
+        arrays["train_groups"] = stored.train.groups
+    return arrays, stored.train.scale, stored.train.num_classes
 
 
 def stored_dataset(source: Any) -> Stored | Held:
     """The splits of a built data set (:mod:`peer.learning.datasets`), mapped from the cache (built
     first if missing or damaged), or loaded and held for a set the cache cannot store. Kept
-    per process. Raises :class:`~dfedrw.peer.learning.data.DatasetUnavailable` when its files are
-    missing, ``ValueError`` when its values do not match what it declares."""
+    per process (a set given with :func:`provide`: its arrays). Raises
+    :class:`~dfedrw.peer.learning.data.DatasetUnavailable` when its files are missing,
+    ``ValueError`` when its values do not match what it declares."""
+    if provided(source):
+        return _PROVIDED[source]
     try:
         return _STORED[source]
     except TypeError:  # an unhashable data set object: not kept
@@ -215,8 +274,9 @@ def stored_dataset(source: Any) -> Stored | Held:
 
 
 def clear_stored() -> None:
-    """Forget what this process mapped, loaded or verified (as a new process would start)."""
+    """Forget what this process mapped, loaded, verified or was given (as a new process would start)."""
     _STORED.clear()
+    _PROVIDED.clear()
     _VERIFIED.clear()
     _split.cache_clear()
     _pixels.cache_clear()
@@ -332,7 +392,10 @@ def verify_stored(source: Any) -> Stored | Held:
     """:func:`stored_dataset`, with every cache file's SHA-256 checked against its manifest
     first; an entry that fails is built again. For a launcher, once before its clients start;
     an entry this process has checked already, whose files have the sizes and modification
-    times they had then, is not hashed again (a batch of runs checks its data set once)."""
+    times they had then, is not hashed again (a batch of runs checks its data set once). A set
+    given with :func:`provide` is what it was given."""
+    if provided(source):
+        return _PROVIDED[source]
     if _cacheable(source):
         check_available(source)
         folder, _ = _entry(source)

@@ -180,3 +180,28 @@ def test_a_batch_larger_than_every_node_is_refused_before_anything_is_submitted(
     line = [ln for ln in done.stderr.splitlines() if ln.startswith("dfedrw:")]
     assert len(line) == 1 and "the largest node of the Ray cluster offers" in line[0], done.stderr
     assert not (out / "runs").exists()
+
+
+@pytest.mark.timeout(900)
+def test_a_node_without_the_data_files_takes_the_drivers_and_one_with_other_files_is_refused(tmp_path):
+    from tests.support.datafiles import write_image_idx
+
+    data = write_image_idx(tmp_path / "data", seed=1)
+    other = write_image_idx(tmp_path / "other", seed=2)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'set = ["engine.name=batched", "rounds=30", "data.name=mnist", "data.dir={data}", "topology.honest=4", "topology.byzantine=0", "attack.name=none"]\n[axes]\nseed = [1, 2]\n')
+    local = tmp_path / "local"
+    done = subprocess.run(_sweep_cli(str(grid), "--out", str(local), "--jobs", "2"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with lab_module.RayLab(workers=0) as lab:
+        lab.add_worker({str(data): None})  # this node's data folder is empty
+        out = tmp_path / "ray"
+        done = lab.run(_sweep_cli(str(grid), "--out", str(out), "--ray", lab.address), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert results(out) == results(local)
+    with lab_module.RayLab(workers=0) as lab:
+        lab.add_worker({str(data): str(other)})  # this node's data.dir holds other images
+        out = tmp_path / "refused"
+        done = lab.run(_sweep_cli(str(grid), "--out", str(out), "--ray", lab.address), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert "differs from the driver's" in done.stderr and "2 failed" in done.stderr, done.stderr[-3000:]
