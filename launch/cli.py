@@ -3,6 +3,7 @@
     dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR] [--engine clients|batched] [--tensorboard DIR]
     dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR] [--tensorboard DIR]
     dfedrw certs [SCENARIO] [--set key=value ...] --out DIR [--days N]
+    dfedrw slurm [SCENARIO] [--set key=value ...] --out DIR [--ntasks N] [--cpus-per-task N] [--partition P] [--time LIMIT] [--python PATH]
     dfedrw fetch {mnist,fashion-mnist} --dir DIR
     dfedrw compose [SCENARIO] [--set key=value ...] --out DIR [--offline] [--image NAME] [--base-image IMAGE] [--port N] [--user UID:GID]
     dfedrw summarize OUT [--scenario FILE]
@@ -74,6 +75,17 @@ def cmd_certs(args: argparse.Namespace) -> int:
         f"run {run_id}: a CA and {scenario.num_clients} client certificates in {args.out} "
         f"(ca.pem, client-K.pem, client-K.key; give client K only its own key)"
     )
+    return 0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from dfedrw.launch.slurm import write_job
+
+    scenario = load_told(args.scenario, args.set)
+    script = write_job(
+        scenario, args.out, ntasks=args.ntasks, python=args.python, cpus_per_task=args.cpus_per_task, partition=args.partition, time_limit=args.time,
+    )
+    print(f"{scenario.num_clients} clients as {scenario.num_clients} Slurm tasks: submit with `sbatch {script}`; results in {args.out / 'run'}")
     return 0
 
 
@@ -157,6 +169,17 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
     ce.set_defaults(func=cmd_certs)
 
     add_peer_command(sub, cmd_peer)
+
+    sl = sub.add_parser("slurm", help="write an sbatch script that runs a scenario's clients as Slurm tasks (one peer network across an allocation)")
+    sl.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario)")
+    sl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    sl.add_argument("--out", type=folder_path, required=True, metavar="DIR", help="new or empty folder on a file system every node sees: job.sbatch, scenario.toml, certs/, logs/, run/")
+    sl.add_argument("--ntasks", type=int, default=None, help="Slurm tasks (default and only accepted value: the scenario's number of clients)")
+    sl.add_argument("--cpus-per-task", type=int, default=1, help="CPUs each client's task asks (default: 1)")
+    sl.add_argument("--partition", default=None, help="the partition to ask (default: the cluster's)")
+    sl.add_argument("--time", default=None, metavar="LIMIT", help="the job's time limit, as sbatch --time takes it")
+    sl.add_argument("--python", default=None, help="the Python with dfedrw installed on every node (default: this one)")
+    sl.set_defaults(func=cmd_slurm)
 
     f = sub.add_parser("fetch", help="download MNIST / Fashion-MNIST IDX files (needs internet)")
     f.add_argument("dataset", choices=["mnist", "fashion-mnist"])
