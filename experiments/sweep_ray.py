@@ -169,12 +169,12 @@ def execute_on_ray(
 ) -> None:
     """:func:`~dfedrw.experiments.sweep._execute` on a Ray cluster: at most ``jobs`` batches
     submitted at a time; each finished task's files written under its runs' folders, then
-    settled as a local process's (:func:`~dfedrw.experiments.sweep.settle`). ``nodes`` is
+    settled as a local process's (:func:`~dfedrw.experiments.sweep_settle.settle`). ``nodes`` is
     filled with each finished run's node."""
     import ray
 
     from dfedrw.experiments import ray_task
-    from dfedrw.experiments.sweep import _clear, settle
+    from dfedrw.experiments.sweep_settle import _clear, settle
 
     queue = deque(ray_batches(runs, jobs, batch))
     remote = ray.remote(ray_task.run_batch_task)

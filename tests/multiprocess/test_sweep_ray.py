@@ -99,16 +99,24 @@ def test_a_grid_on_ray_writes_the_files_the_local_sweep_writes_on_two_nodes(lab,
     assert (head / "run.log").read_text().strip() and (head / "scenario.request.toml").is_file() and (head / "peers").is_dir()
 
 
+def _batch_pids(lab, index: int) -> list[int]:
+    """The processes of node ``index`` that run a batch now (Ray names a worker by its task)."""
+    found = []
+    for pid in lab.node_processes(index):
+        try:
+            if b"run_batch_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def _running_task(lab, index: int, timeout: float) -> bool:
     """Whether node ``index`` is running a batch within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid in lab.node_processes(index):
-            try:
-                if b"run_batch_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return True
-            except OSError:
-                continue
+        if _batch_pids(lab, index):
+            return True
         time.sleep(0.2)
     return False
 
@@ -164,6 +172,33 @@ def test_a_driver_killed_and_started_again_resumes(lab, grid, local, tmp_path):
     assert results(out) == local
     sittings = json.loads((out / "sweep.json").read_text())["sittings"]
     assert len(sittings) == 2 and sittings[0].get("killed") is True
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_cancels_the_tasks_and_leaves_a_sweep_that_resumes(lab, grid, local, tmp_path):
+    out = tmp_path / "out"
+    args = _sweep_cli(str(grid), "--out", str(out), "--ray", lab.address)
+    sweep = lab.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _running_task(lab, 1, 120) and _running_task(lab, 2, 120), "no batch ran on the worker nodes"
+        sweep.send_signal(signal.SIGINT)
+        _, stderr = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+    assert sweep.returncode == 130, stderr[-2000:]
+    assert "cancelling 2 Ray task(s)" in stderr, stderr[-2000:]
+    # The cancelled batches' workers are gone: no node runs a batch any more.
+    deadline = time.monotonic() + 30
+    while (_batch_pids(lab, 1) or _batch_pids(lab, 2)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _batch_pids(lab, 1) and not _batch_pids(lab, 2)
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["sittings"][0]["interrupted"] is True
+    again = lab.run(args, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert results(out) == local
 
 
 @pytest.mark.timeout(300)

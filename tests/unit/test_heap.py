@@ -2,7 +2,7 @@
 
 import pytest
 
-from dfedrw.peer.transport.heap import KEEP_FREE_BYTES, free_heap_bytes, release_free_heap
+from dfedrw.peer.transport.heap import free_heap_bytes, release_free_heap
 
 glibc = pytest.mark.skipif(free_heap_bytes() is None, reason="needs glibc's mallinfo2")
 
@@ -18,19 +18,6 @@ def test_free_bytes_below_the_bound_are_kept_and_above_it_trimmed():
     assert release_free_heap(keep=free // 2, every=3600) is True
     assert release_free_heap(keep=free + (1 << 20), every=3600) is False  # just trimmed, and below the bound
     del buffers
-
-
-@glibc
-def test_the_default_bound_keeps_a_small_model_round_of_buffers():
-    # A round of a 247 KB model's buffers leaves far less than the bound free: no trim.
-    assert KEEP_FREE_BYTES >= 16 << 20
-    before = free_heap_bytes()
-    if before > KEEP_FREE_BYTES:
-        pytest.skip("this process already holds more free heap than the bound")
-    buffers = [bytearray(250_000 // 8) for _ in range(16)]
-    del buffers
-    release_free_heap(every=0)  # trims: the clock starts now
-    assert release_free_heap() is False  # within TRIM_EVERY_SECONDS, below the bound
 
 
 @glibc
