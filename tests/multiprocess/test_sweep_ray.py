@@ -111,6 +111,11 @@ def _batch_pids(lab, index: int) -> list[int]:
     return found
 
 
+def _all_batch_pids(lab) -> list[int]:
+    """Every worker node's processes that run a batch now (an earlier test may have replaced a node)."""
+    return [pid for index in range(1, len(lab.nodes)) for pid in _batch_pids(lab, index)]
+
+
 def _running_task(lab, index: int, timeout: float) -> bool:
     """Whether node ``index`` is running a batch within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -180,7 +185,10 @@ def test_ctrl_c_cancels_the_tasks_and_leaves_a_sweep_that_resumes(lab, grid, loc
     args = _sweep_cli(str(grid), "--out", str(out), "--ray", lab.address)
     sweep = lab.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        assert _running_task(lab, 1, 120) and _running_task(lab, 2, 120), "no batch ran on the worker nodes"
+        deadline = time.monotonic() + 120
+        while len(_all_batch_pids(lab)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_all_batch_pids(lab)) >= 2, "two batches never ran at once"
         sweep.send_signal(signal.SIGINT)
         _, stderr = sweep.communicate(timeout=120)
     finally:
@@ -191,9 +199,9 @@ def test_ctrl_c_cancels_the_tasks_and_leaves_a_sweep_that_resumes(lab, grid, loc
     assert "cancelling 2 Ray task(s)" in stderr, stderr[-2000:]
     # The cancelled batches' workers are gone: no node runs a batch any more.
     deadline = time.monotonic() + 30
-    while (_batch_pids(lab, 1) or _batch_pids(lab, 2)) and time.monotonic() < deadline:
+    while _all_batch_pids(lab) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _batch_pids(lab, 1) and not _batch_pids(lab, 2)
+    assert not _all_batch_pids(lab)
     record = json.loads((out / "sweep.json").read_text())
     assert record["sittings"][0]["interrupted"] is True
     again = lab.run(args, capture_output=True, text=True, timeout=600)
