@@ -8,7 +8,7 @@ invocation: wall time of each, their ratio, and Ray's overhead per batch.
 The grid: 24 runs of softmax regression on digits (6 seeds x 2 rules x 2 attacks, 10 + 2
 clients, ``--rounds`` rounds, the batched engine) in batches of ``--batch`` runs. ``local`` is
 ``dfedrw sweep GRID --jobs 2``; ``ray`` is ``dfedrw sweep GRID --ray ADDRESS`` on a cluster that
-offers 2 CPUs: by default one this bench starts (bench/ray_lab.py: a head offering no CPU and
+offers 2 CPUs: by default one this bench starts (tests/support/ray_lab.py: a head offering no CPU and
 one worker node of 2 CPUs, on loopback in a network namespace of its own, so it needs root), and
 whose start is not timed. Each is a whole process timed from outside, in a fresh folder, the two
 alternating pair by pair. The ratio is Ray / local (the target: at most 1.15); Ray's overhead
@@ -27,16 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ray_lab  # noqa: E402 - beside this file
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.support import ray_lab  # noqa: E402 - the tests' cluster, started the same way
 
-GRID = """
-set = ["engine.name=batched", "rounds={rounds}", "eval.every=100"]
-[axes]
-seed = [1, 2, 3, 4, 5, 6]
-"aggregation.rule" = ["dfedavg", "dfedreweighting"]
-"attack.name" = ["gaussian", "sign_flip"]
-"""
+GRID = ray_lab.GRID
 RUNS = 24
 
 

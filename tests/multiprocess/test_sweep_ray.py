@@ -1,5 +1,5 @@
 """``dfedrw sweep --ray`` on a real Ray cluster: a head and two worker nodes started with
-``ray start`` on loopback in a network namespace of the test's (bench/ray_lab.py). The grid's
+``ray start`` on loopback in a network namespace of the test's (tests/support/ray_lab.py). The grid's
 result files are those of the local sweep; a worker node killed mid-batch, or the driver killed
 and started again, changes none of them."""
 
@@ -15,23 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.scripts import load_bench
-
-lab_module = load_bench("ray_lab")
+from tests.support import ray_lab as lab_module
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(lab_module.unusable_reason() is not None, reason=str(lab_module.unusable_reason())),
 ]
 
 DFEDRW = [sys.executable, "-m", "dfedrw.experiments.cli"]
-# 6 seeds x 2 rules x 2 attacks: 24 runs of softmax regression on digits, batched engine.
-GRID = """
-set = ["engine.name=batched", "rounds=300", "eval.every=100"]
-[axes]
-seed = [1, 2, 3, 4, 5, 6]
-"aggregation.rule" = ["dfedavg", "dfedreweighting"]
-"attack.name" = ["gaussian", "sign_flip"]
-"""
+GRID = lab_module.GRID.format(rounds=300)
 # What differs from one run of a scenario to the next wherever it runs: its times and PIDs.
 VOLATILE = {"wall_seconds", "pid", "launcher_pid", "loop_seconds", "loop_cpu_seconds"}
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from tests.support.nslab import NamespaceLab
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo", "nsenter")
 _TIMEOUT = 60.0
@@ -74,13 +74,11 @@ def unusable_reason() -> str | None:
     return None
 
 
-class SlurmLab:
-    _count = 0
+class SlurmLab(NamespaceLab):
+    kind = "slurm"
 
     def __init__(self) -> None:
-        SlurmLab._count += 1
-        self.ns = f"dfrw-{os.getpid()}-slurm{SlurmLab._count}"
-        self.root = Path(tempfile.mkdtemp(prefix="sl", dir="/tmp"))
+        super().__init__()
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.daemons: list[subprocess.Popen] = []
@@ -161,32 +159,10 @@ class SlurmLab:
             time.sleep(1.0)
 
     # -- stopping --------------------------------------------------------------------------------
-    def _pids(self) -> set[int]:
-        done = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True, timeout=20)
-        return {int(p) for p in done.stdout.split()}
+    def _others(self) -> set[int]:
+        return {d.pid for d in self.daemons if d.poll() is None}
 
     def close(self) -> None:
-        """Stop every process in the namespace (the daemons and what they started), then remove it."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self._pids() | {d.pid for d in self.daemons if d.poll() is None}:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 10
-            while (self._pids() or any(d.poll() is None for d in self.daemons)) and time.monotonic() < deadline:
-                time.sleep(0.2)
+        super().close()
         for d in self.daemons:
             d.wait(timeout=10)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, timeout=20)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> SlurmLab:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -1,6 +1,6 @@
-"""A real Ray cluster on this machine for the tests and the bench: a head and worker nodes
-started with ``ray start``, each node its own raylet and daemons, all on loopback inside a network
-namespace of their own, and stopped by their PIDs.
+"""A real Ray cluster on this machine for the tests and the bench (bench/ray_sweep.py): a head
+and worker nodes started with ``ray start``, each node its own raylet and daemons, all on
+loopback inside a network namespace of their own, and stopped by their PIDs.
 
     with RayLab(workers=2) as lab:
         lab.run([dfedrw, "sweep", GRID, "--ray", lab.address, ...])   # inside the namespace
@@ -20,10 +20,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from tests.support.nslab import NamespaceLab
 
 PORT = 6379
 # Ray's own settings for a cluster on one machine: nodes marked dead within seconds of their
@@ -35,6 +35,15 @@ RAY_ENV = {
     "RAY_health_check_initial_delay_ms": "1000",
 }
 _START_TIMEOUT = 120.0
+# The grid the tests and the bench run on a lab (format it with ``rounds``): 6 seeds x 2 rules x
+# 2 attacks, 24 runs of softmax regression on digits, the batched engine.
+GRID = """
+set = ["engine.name=batched", "rounds={rounds}", "eval.every=100"]
+[axes]
+seed = [1, 2, 3, 4, 5, 6]
+"aggregation.rule" = ["dfedavg", "dfedreweighting"]
+"attack.name" = ["gaussian", "sign_flip"]
+"""
 
 
 def ray_bin() -> str | None:
@@ -81,27 +90,20 @@ def _descendants(pids: set[int]) -> set[int]:
     return out
 
 
-class RayLab:
+class RayLab(NamespaceLab):
     """A head and ``workers`` worker nodes (``cpus`` CPUs each; ``memory``: the bytes each offers
     tasks, Ray's default where None) in a network namespace of their own."""
 
-    _count = 0
+    kind = "ray"
 
     def __init__(self, workers: int = 2, cpus: int = 1, memory: int | None = None) -> None:
-        RayLab._count += 1
-        self.ns = f"dfrw-{os.getpid()}-ray{RayLab._count}"
+        super().__init__()
         self.workers, self.cpus, self.memory = workers, cpus, memory
         self.address = f"127.0.0.1:{PORT}"
-        # Short: Ray's socket paths live under it, and a socket's path is at most 107 bytes.
-        self.temp = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))
         self.nodes: list[set[int]] = []  # each node's daemons, head first
         self.env = {**os.environ, **RAY_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     # -- the namespace -------------------------------------------------------------------
-    def _pids(self) -> set[int]:
-        done = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True, timeout=20)
-        return {int(p) for p in done.stdout.split()}
-
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside the lab's namespace."""
         return ["ip", "netns", "exec", self.ns, *argv]
@@ -132,7 +134,7 @@ class RayLab:
     def start(self) -> RayLab:
         subprocess.run(["ip", "netns", "add", self.ns], check=True, capture_output=True, timeout=20)
         subprocess.run(["ip", "-n", self.ns, "link", "set", "lo", "up"], check=True, capture_output=True, timeout=20)
-        self._start_node(["--head", "--port", str(PORT), "--num-cpus", "0", "--include-dashboard", "false", "--temp-dir", str(self.temp)])
+        self._start_node(["--head", "--port", str(PORT), "--num-cpus", "0", "--include-dashboard", "false", "--temp-dir", str(self.root)])
         for _ in range(self.workers):
             self.add_worker()
         return self
@@ -157,31 +159,3 @@ class RayLab:
             except ProcessLookupError:
                 pass
         return pids
-
-    def close(self) -> None:
-        """Stop every process in the namespace (all of them started here), then remove it."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = self._pids()
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 10
-            while pids and time.monotonic() < deadline:
-                time.sleep(0.2)
-                pids = self._pids()
-            if not pids:
-                break
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, timeout=20)
-        shutil.rmtree(self.temp, ignore_errors=True)
-
-    def __enter__(self) -> RayLab:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.close()
