@@ -7,7 +7,9 @@ client id = RANK. Addresses are exchanged through the key-value store torchrun a
 (the default store of ``init_process_group``): each rank sets ``dfedrw/addr/<rank>`` and reads
 the keys of the clients it talks to (its neighbours and, for a colluding Byzantine client, the
 other colluders); no other rendezvous service. After its run each rank sets
-``dfedrw/done/<rank>``; rank 0 waits (bounded) for every rank and writes ``summary.json`` in
+``dfedrw/done/<rank>``, and while it runs it beats every 3 s (``dfedrw/alive/<rank>``); rank 0
+waits for every rank (bounded, and giving up on a rank whose heartbeat stopped for 15 s: a rank
+killed outright) and writes ``summary.json`` in
 the format of ``dfedrw run`` (and, with ``--tensorboard DIR``, the honest mean's event files,
 each rank writing its own client's). The results folder must be one folder every rank writes to (on
 several nodes: a shared file system).
@@ -20,6 +22,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -46,6 +49,12 @@ log = logging.getLogger(__name__)
 
 ADDR_KEY = "dfedrw/addr/{}"
 DONE_KEY = "dfedrw/done/{}"
+ALIVE_KEY = "dfedrw/alive/{}"
+# Seconds between a rank's heartbeats in the store, and how many missed ones make rank 0 give
+# up on a rank that is not done: a rank killed outright (its Slurm step cancelled, its node
+# lost) is then summarised as failed within about 15 s, not after the whole finish_skew.
+HEARTBEAT_SECONDS = 3.0
+HEARTBEATS_MISSED = 5
 CERTS_KEY = "dfedrw/certs"
 
 
@@ -197,18 +206,60 @@ def mark_done(store, rank: int, ok: bool) -> None:
     store.set(DONE_KEY.format(rank), "ok" if ok else "failed")
 
 
-def wait_done(store, ranks: Iterable[int], timeout: float) -> dict[int, str | None]:
-    """Each rank's done status ("ok" / "failed"), None for one not done within ``timeout`` s."""
-    deadline = time.monotonic() + timeout
+class Heartbeat:
+    """A daemon thread that sets this rank's ``ALIVE_KEY`` (a counter) every ``every`` seconds
+    until :meth:`stop`: rank 0 tells a rank that still runs from one that is gone."""
+
+    def __init__(self, store, rank: int, every: float = HEARTBEAT_SECONDS) -> None:
+        self._store, self._key, self._every = store, ALIVE_KEY.format(rank), every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        beat = 0
+        while True:
+            try:
+                self._store.set(self._key, str(beat))
+            except RuntimeError:  # the store is gone (rank 0 ended): nobody is waiting
+                return
+            beat += 1
+            if self._stop.wait(self._every):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._every + 5)
+
+
+def wait_done(
+    store, ranks: Iterable[int], timeout: float, *, beat: float = HEARTBEAT_SECONDS, missed: int = HEARTBEATS_MISSED,
+) -> dict[int, str | None]:
+    """Each rank's done status ("ok" / "failed"), None for one not done within ``timeout`` s or
+    whose heartbeat (:class:`Heartbeat`) has not moved for ``missed`` beats of ``beat`` s (a rank
+    that never beat counts from when the wait began)."""
+    start = time.monotonic()
+    deadline = start + timeout
+    pending = set(ranks)
     status: dict[int, str | None] = {}
-    for k in sorted(ranks):
-        key = DONE_KEY.format(k)
-        try:
-            store.wait([key], timedelta(seconds=max(0.001, deadline - time.monotonic())))
-            status[k] = store.get(key).decode()
-        except RuntimeError:
-            status[k] = None
-    return status
+    seen: dict[int, tuple[bytes | None, float]] = {k: (None, start) for k in pending}
+    while pending:
+        now = time.monotonic()
+        for k in sorted(pending):
+            if store.check([DONE_KEY.format(k)]):
+                status[k] = store.get(DONE_KEY.format(k)).decode()
+                pending.discard(k)
+                continue
+            key = ALIVE_KEY.format(k)
+            value = store.get(key) if store.check([key]) else None
+            if value != seen[k][0]:
+                seen[k] = (value, now)
+            elif now - seen[k][1] > beat * missed or now > deadline:
+                status[k] = None
+                pending.discard(k)
+        if pending:
+            time.sleep(min(0.2, max(0.0, deadline - now)) or 0.01)
+    return {k: status[k] for k in sorted(status)}
 
 
 def finish_skew(scenario: Scenario) -> float:
@@ -352,6 +403,7 @@ def _run_rank(
     if env.rank == 0:
         dump_scenario(scenario, out_dir / "scenario.toml")
     ok = interrupted = False
+    heartbeat = Heartbeat(store, env.rank)
     try:
         rendezvous = StoreRendezvous(store, role_of(scenario_topology(scenario), env.rank), env.world_size, device)
         transport = _transport(scenario, env, device, environ, certs)
@@ -362,6 +414,7 @@ def _run_rank(
         interrupted = True
         raise
     finally:
+        heartbeat.stop()
         mark_done(store, env.rank, ok)
         # Rank 0 writes the summary even when its own client failed: the others' results stand.
         if env.rank == 0:
@@ -373,7 +426,7 @@ def _summarize(scenario: Scenario, out_dir: Path, store, env: RankEnv, start: fl
     status = wait_done(store, range(env.world_size), finish_skew(scenario))
     late = sorted(k for k, s in status.items() if s is None)
     if late:
-        log.warning("no done mark from ranks %s within %.0f s; summarising without them", late, finish_skew(scenario))
+        log.warning("no done mark from ranks %s (their heartbeat stopped, or %.0f s passed); summarising without them", late, finish_skew(scenario))
     collect_summary(
         out_dir,
         scenario,

@@ -61,6 +61,29 @@ def test_done_marks_are_read_and_a_missing_rank_is_none(store):
     assert status == {0: "ok", 1: None, 2: "failed"}
 
 
+def test_a_rank_whose_heartbeat_stops_is_given_up_long_before_the_timeout_and_one_that_beats_is_waited_for(store):
+    import time
+
+    def connection():
+        return dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
+
+    alive, gone = tr.Heartbeat(connection(), 1, every=0.05), tr.Heartbeat(connection(), 2, every=0.05)
+    time.sleep(0.2)
+    gone.stop()  # rank 2 killed outright: no more beats, no done mark
+
+    def finish_later():
+        time.sleep(1.5)  # past missed x beat: only its beats keep rank 0 waiting
+        alive.stop()
+        tr.mark_done(connection(), 1, True)
+
+    threading.Thread(target=finish_later).start()
+    tr.mark_done(store, 0, True)
+    start = time.monotonic()
+    status = tr.wait_done(store, range(3), timeout=30, beat=0.05, missed=6)
+    assert status == {0: "ok", 1: "ok", 2: None}
+    assert time.monotonic() - start < 10  # not the 30 s timeout
+
+
 def test_route_to_a_loopback_master_is_loopback():
     assert tr.route_address("127.0.0.1", 29500) == "127.0.0.1"
 
