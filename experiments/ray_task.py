@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import socket
 import tempfile
@@ -160,7 +159,8 @@ def run_batch_task(
 ) -> dict[str, Any]:
     """Run ``runs`` (each its folder's name and its scenario's TOML) as one batch on this node;
     return ``rc`` (the batch's exit status), ``node`` (:func:`node`), ``files`` (each run's
-    files: name -> relative path -> bytes), ``log`` (the batch's log) and, with ``tensorboard``,
+    files, its log among them: name -> relative path -> bytes; ``log`` says why where there are
+    none) and, with ``tensorboard``,
     ``events`` (each run's event files, the same way). ``data``: the driver's data sets
     (:func:`ship_data`), checked against this node's or used where it has none (:func:`use_data`)."""
     from rich.console import Console
@@ -191,7 +191,7 @@ def run_batch_task(
         if why is not None:
             with log.open("a", encoding="utf-8") as fh:
                 fh.write(why + "\n")
-            return {"rc": 2, "node": here, "files": {folder.name: _files(folder) for folder in folders}, "log": _tail(log), "events": {}}
+            return {"rc": 2, "node": here, "files": {folder.name: _files(folder) for folder in folders}, "events": {}}
         events = work / "events" if tensorboard else None
         stop = threading.Event()
         reporter = None
@@ -214,18 +214,7 @@ def run_batch_task(
             "rc": rc,
             "node": here,
             "files": {folder.name: _files(folder) for folder in folders},
-            "log": _tail(log),
             "events": {folder.name: _files(events / folder.name) for folder in folders if events is not None and (events / folder.name).is_dir()},
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _tail(path: Path, size: int = 8192) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - size))
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-

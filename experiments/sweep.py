@@ -339,17 +339,13 @@ def run_sweep(
 
         cluster = RayCluster.connect(ray or None)
         console.print(f"Ray cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus} CPU(s)", markup=False, highlight=False, soft_wrap=True)
-    jobs = jobs or (cluster.cpus if cluster is not None else os.cpu_count()) or 1
-    if cluster is not None:
-        from dfedrw.experiments.sweep_ray import check_fits, ray_batches
-
-        try:
-            check_fits(ray_batches(list(plan.runs.values()), jobs, batch), cluster)  # before anything is submitted
-        except SweepError:
-            cluster.close()
-            raise
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
     try:
+        jobs = jobs or (cluster.cpus if cluster is not None else os.cpu_count()) or 1
+        if cluster is not None:
+            from dfedrw.experiments.sweep_ray import check_fits, ray_batches
+
+            check_fits(ray_batches(list(plan.runs.values()), jobs, batch), cluster)  # before anything is submitted
+        plan.out_dir.mkdir(parents=True, exist_ok=True)
         with sweep_lock(plan.out_dir):
             return _run_plan(plan, jobs, console, result, batch=batch, tensorboard=tensorboard, cluster=cluster)
     finally:

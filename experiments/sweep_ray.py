@@ -22,7 +22,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +114,9 @@ def check_fits(batches: Sequence[Sequence[PlannedRun]], cluster: RayCluster) -> 
     """Refuse, in one line and before anything is submitted, batches that no node could hold."""
     if cluster.nodes == 0 or cluster.cpus == 0:
         raise SweepError(f"--ray {cluster.address}: the cluster offers no CPU to run on")
-    largest = max(batches, key=batch_memory, default=None)
-    if largest is None or cluster.node_memory <= 0:
+    if not batches or cluster.node_memory <= 0:
         return
-    needs = batch_memory(largest)
+    needs, largest = max(((batch_memory(b), b) for b in batches), key=lambda pair: pair[0])
     if needs > cluster.node_memory:
         more = " or a smaller batch (--batch)" if len(largest) > 1 else ""
         raise SweepError(
@@ -144,8 +143,6 @@ class _Task:
     start: float
     job: int
     ref: Any = None
-    retried: int = 0
-    nodes: list[str] = field(default_factory=list)
 
 
 def write_files(folder: Path, files: dict[str, bytes]) -> None:
@@ -216,7 +213,7 @@ def execute_on_ray(
                     if tensorboard is not None and run.name in result.get("events", {}):
                         write_files(Path(tensorboard) / run.name, result["events"][run.name])
                 head_log = task.runs[0].folder / LOG_FILE
-                if not head_log.exists() or result["rc"] != 0 and not result["files"]:
+                if not head_log.exists():  # the task returned no files: why, in its place
                     head_log.write_text(result.get("log", ""), encoding="utf-8")
                 if nodes is not None and result.get("node"):
                     for run in task.runs:

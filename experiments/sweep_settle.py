@@ -26,14 +26,14 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
 
 def settle(
     runs: Sequence[PlannedRun], rc: int, seconds: float, board: SweepBoard, on_done, on_failure, *, console: Console | None = None,
-    tensorboard: Path | None = None, log: Path | None = None,
+    tensorboard: Path | None = None,
 ) -> list[PlannedRun]:
     """A process (or a Ray task) that ran ``runs`` ended with exit status ``rc``: each run that
     finished is done (in a batch, even if the batch then failed); a lone run that did not is a
     failure with its log's tail; the unfinished runs of a batch that failed are cleared and
-    returned, to run again one by one, so that one broken run does not fail the others.
-    ``log``: the batch's log (default: its first run's)."""
-    head_log = log or runs[0].folder / LOG_FILE
+    returned, to run again one by one, so that one broken run does not fail the others. The
+    batch's log is its first run's."""
+    head_log = runs[0].folder / LOG_FILE
     retry = []
     for run in runs:
         state = run_state(run.folder, run.scenario)

@@ -58,9 +58,10 @@ def check_job(scenario: Scenario, ntasks: int | None) -> int:
 
 def job_script(
     scenario: Scenario, out: Path, *, python: str, cpus_per_task: int = 1, partition: str | None = None, time_limit: str | None = None,
-    name: str | None = None,
+    name: str | None = None, certs: bool = True,
 ) -> str:
-    """The sbatch script of the job (see the module docstring)."""
+    """The sbatch script of the job (see the module docstring); ``certs``: whether the clients
+    load their identities from ``DIR/certs`` (mutual TLS)."""
     out = Path(out).resolve()
     n = scenario.num_clients
     q = shlex.quote
@@ -79,6 +80,7 @@ def job_script(
     if time_limit:
         lines.append(f"#SBATCH --time={time_limit}")
     step_gpu = " --gpus-per-task=1" if gpu else ""
+    certs_flag = f' --certs "$DIR/{CERTS_DIR}"' if certs else ""
     lines += [
         "# Written by dfedrw slurm: one client per Slurm task, each a job step of its own (step name",
         "# client-K), meeting through the c10d store that client 0 hosts on the first node.",
@@ -94,7 +96,7 @@ def job_script(
         '    if [ "$k" = 0 ]; then where=(--nodelist "$HEAD"); fi',
         f'    srun --ntasks=1 --nodes=1 --cpus-per-task={cpus_per_task}{step_gpu} --job-name="client-$k" "${{where[@]}}" \\',
         '        --export="ALL,RANK=$k,WORLD_SIZE=$CLIENTS,LOCAL_RANK=0,LOCAL_WORLD_SIZE=1,MASTER_ADDR=$HEAD,MASTER_PORT=$PORT" \\',
-        f'        "$PYTHON" -m dfedrw.launch.torchrun --scenario "$DIR/scenario.toml" --out "$DIR/{RUN_DIR}" --certs "$DIR/{CERTS_DIR}" \\',
+        f'        "$PYTHON" -m dfedrw.launch.torchrun --scenario "$DIR/scenario.toml" --out "$DIR/{RUN_DIR}"{certs_flag} \\',
         f'        > "$DIR/{LOGS_DIR}/client-$k.out" 2>&1 &',
         "done",
         "wait",
@@ -122,9 +124,10 @@ def write_job(
     if uses_tls:
         make_certificates(scenario.num_clients, out / CERTS_DIR, days=days)
     script = out / SCRIPT
-    text = job_script(scenario, out, python=python or sys.executable, cpus_per_task=cpus_per_task, partition=partition, time_limit=time_limit, name=f"dfedrw-{out.resolve().name}")
-    if not uses_tls:
-        text = text.replace(f' --certs "$DIR/{CERTS_DIR}"', "")
+    text = job_script(
+        scenario, out, python=python or sys.executable, cpus_per_task=cpus_per_task, partition=partition, time_limit=time_limit,
+        name=f"dfedrw-{out.resolve().name}", certs=uses_tls,
+    )
     script.write_text(text, encoding="utf-8")
     script.chmod(0o755)
     return script

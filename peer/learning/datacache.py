@@ -221,7 +221,7 @@ def stored_arrays(source: Any) -> tuple[dict[str, np.ndarray], float, int] | Non
     """A cacheable data set's parts (uint8 pixels and labels; the groups where it has them),
     its scale and its number of classes, checked (:func:`verify_stored`); None for a set the
     cache cannot store."""
-    stored = verify_stored(source)
+    stored = verify_stored(source)  # a set given with provide() is what it was given
     if isinstance(stored, Held):
         return None
     arrays = {"train_x": stored.train.images, "train_y": stored.train.labels, "test_x": stored.test.images, "test_y": stored.test.labels}
@@ -234,7 +234,7 @@ def content_digest(source: Any) -> str | None:
     """The SHA-256 of a cacheable data set's contents (every part's values, shape and type,
     its scale and classes): equal where two machines hold the same data, whatever their files'
     names and times. None for a set the cache cannot store."""
-    found = stored_arrays(source) if not provided(source) else _provided_arrays(source)
+    found = stored_arrays(source)
     if found is None:
         return None
     arrays, scale, classes = found
@@ -244,14 +244,6 @@ def content_digest(source: Any) -> str | None:
         h.update(f"{part}:{array.dtype.str}:{array.shape}".encode())
         h.update(memoryview(array).cast("B"))
     return h.hexdigest()
-
-
-def _provided_arrays(source: Any) -> tuple[dict[str, np.ndarray], float, int]:
-    stored = _PROVIDED[source]
-    arrays = {"train_x": stored.train.images, "train_y": stored.train.labels, "test_x": stored.test.images, "test_y": stored.test.labels}
-    if stored.train.groups is not None:
-        arrays["train_groups"] = stored.train.groups
-    return arrays, stored.train.scale, stored.train.num_classes
 
 
 def stored_dataset(source: Any) -> Stored | Held:
@@ -321,9 +313,10 @@ def _pixels(source: Any) -> Pixels:
         return Pixels(stored.train.x, stored.train.y, None)
     split = stored.train
     images = split.images
-    if isinstance(images, np.memmap) and not images.flags.writeable:
-        # The mapped file itself, no copy: its pages are the page cache's, shared with every
-        # process that maps it. torch warns of a tensor it may not write to; nothing writes to it.
+    if not images.flags.writeable and images.flags.c_contiguous and images.dtype == np.uint8:
+        # The mapped file (or the arrays a Ray node was given) itself, no copy: its pages are
+        # shared with every process that maps them. torch warns of a tensor it may not write
+        # to; nothing writes to it.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return Pixels(torch.from_numpy(images), split.y, float(split.scale))
