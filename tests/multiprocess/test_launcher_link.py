@@ -33,10 +33,12 @@ def _start(small_scenario, tmp_path):
 
 def _attack(endpoint, frames_list, sent):
     """Send each message (a list of frames) once, in order, from one DEALER; every send is
-    bounded in time."""
+    bounded in time. Closing waits (at most a minute) until every queued frame has reached
+    the launcher: a shorter linger discarded the frames a busy launcher had not read yet, and
+    the count of those it dropped fell short of those sent."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 2000)
+    sock.setsockopt(zmq.LINGER, 60_000)
     sock.setsockopt(zmq.SNDTIMEO, 30_000)
     sock.connect(endpoint)
     try:
