@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
-    from dfedrw.engines import batched
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
     from scoring_clock import scoring_clock
     from tests.support.parity import differences
 
@@ -61,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         with scoring_clock() as scoring:
             start = time.process_time()
             for scenario, name in zip(scenarios, names, strict=True):
-                batched.run_together([BatchedRun(scenario, work / "alone" / name)])
+                run_together([BatchedRun(scenario, work / "alone" / name)])
             alone_cpu, alone_scoring = time.process_time() - start, scoring["seconds"]
             scoring["seconds"] = 0.0
             start = time.process_time()
-            batched.run_together([BatchedRun(s, work / "together" / n) for s, n in zip(scenarios, names, strict=True)])
+            run_together([BatchedRun(s, work / "together" / n) for s, n in zip(scenarios, names, strict=True)])
             together_cpu, together_scoring = time.process_time() - start, scoring["seconds"]
         problems = [f"{n}: {p}" for n in names for p in differences(work / "alone" / n, work / "together" / n)]
         figures = {

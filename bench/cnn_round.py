@@ -76,7 +76,7 @@ def engine_round_loop(overrides: list[str]) -> dict[str, Any]:
 
     # The batched engine's own launcher (what `dfedrw run` calls for it), which needs no
     # network library: the bench runs where only torch and the project's data libraries are.
-    from dfedrw.launch.batched import run_batched
+    from dfedrw.launch.batched_engine import run_batched
     from dfedrw.peer.config.scenario import load_scenario
 
     scenario = load_scenario(None, overrides)

@@ -265,8 +265,8 @@ def batched_rounds(scenario, out: Path) -> tuple[Path, dict[str, Any], dict[str,
     before; the first from the start of the loop): the results folder, the summary, and
     ``round_seconds`` with ``median_round_seconds``, the median of the rounds without an
     evaluation (what a round costs, the test set left out)."""
-    from dfedrw.engines.batched import run_together
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
     from dfedrw.launch.preflight import preflight
     from dfedrw.peer.client.rounds import evaluation_due
 

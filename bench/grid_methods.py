@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
-    from dfedrw.engines import batched
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
     from dfedrw.peer.config.scenario import scenario_from_dict, scenario_to_dict
     from dfedrw.peer.config.overrides import apply_overrides
     from scoring_clock import scoring_clock
@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 full_rounds = chosen[0].scenario.rounds
                 # A 2-round batch first, untimed: what a process pays once (imports such as
                 # scikit-learn's, first calls) is not a cost per round of a 3,000-round run.
-                batched.run_together([BatchedRun(changed(r.scenario, 2), work / "warm" / r.name) for r in chosen])
+                run_together([BatchedRun(changed(r.scenario, 2), work / "warm" / r.name) for r in chosen])
                 batch = [BatchedRun(changed(r.scenario, args.rounds), work / "runs" / r.name) for r in chosen]
                 scoring["seconds"] = 0.0
-                batched.run_together(batch)
+                run_together(batch)
                 # The batch's round loop (every run's final files carry the same figure).
                 cpu = json.loads((batch[0].out_dir / "peers" / f"{batch[0].honest[0]}.json").read_text())["loop_cpu_seconds"]
                 per = cpu / (len(chosen) * args.rounds)

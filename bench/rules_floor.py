@@ -212,8 +212,8 @@ def record_calls(grid: Path, runs_per_method: int, rounds: int, keep: int, work:
     """The rules' batched calls of the last ``keep`` rounds of a batch of the grid's robust runs."""
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_sweep
-    from dfedrw.engines import batched
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import batch_key, run_together
+    from dfedrw.engines.run import BatchedRun
     from dfedrw.peer.aggregation import RULE_REGISTRY
 
     plan = plan_sweep(load_grid(grid), work / "plan")
@@ -222,7 +222,7 @@ def record_calls(grid: Path, runs_per_method: int, rounds: int, keep: int, work:
         return {}, collections.Counter()
     by_rule: dict[str, list] = collections.defaultdict(list)
     for run in robust:  # the runs that can share a batch with the first (model, training, rounds)
-        if batched.batch_key(run.scenario) == batched.batch_key(robust[0].scenario):
+        if batch_key(run.scenario) == batch_key(robust[0].scenario):
             by_rule[run.scenario.aggregation.rule].append(run)
     chosen = [run for runs in by_rule.values() for run in runs[:: max(1, len(runs) // runs_per_method)][:runs_per_method]]
     calls: dict[str, list] = collections.defaultdict(list)
@@ -238,7 +238,7 @@ def record_calls(grid: Path, runs_per_method: int, rounds: int, keep: int, work:
 
         cls.batched = recorded
     try:
-        batched.run_together([BatchedRun(dataclasses.replace(r.scenario, rounds=rounds), work / "runs" / r.name) for r in chosen])
+        run_together([BatchedRun(dataclasses.replace(r.scenario, rounds=rounds), work / "runs" / r.name) for r in chosen])
     finally:
         for family in FAMILIES:
             RULE_REGISTRY.get(family).batched = originals[family]

@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--at rounds must not exceed --rounds")
     every = int(np.gcd.reduce(args.at))
 
-    from dfedrw.engines.batched import run_together
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
     from dfedrw.peer.config.scenario import load_scenario
     from dfedrw.peer.wiring.plan import scenario_graphs
     from dfedrw.peer.results.records import read_rounds

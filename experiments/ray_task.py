@@ -166,7 +166,7 @@ def run_batch_task(
     from rich.console import Console
 
     from dfedrw.experiments.sweep_plan import LOG_FILE, REQUEST_FILE
-    from dfedrw.launch.batched import run_batch
+    from dfedrw.launch.batched_engine import run_batch
     from dfedrw.peer.config.scenario import load_scenario
 
     here = node()

@@ -102,20 +102,20 @@ def child_command(request: Path, folder: Path) -> list[str]:
 
 
 def batch_arguments(runs: Sequence[PlannedRun]) -> list[str]:
-    """The arguments of ``python -m dfedrw.launch.batched`` that run ``runs`` as one batch."""
+    """The arguments of ``python -m dfedrw.launch.batched_engine`` that run ``runs`` as one batch."""
     return [x for run in runs for x in ("--run", str(run.folder / REQUEST_FILE), str(run.folder))]
 
 
 def batch_command(runs: Sequence[PlannedRun]) -> list[str]:
     """The command that runs several scenarios of the batched engine as one batch of runs."""
-    return [sys.executable, "-m", "dfedrw.launch.batched", *batch_arguments(runs)]
+    return [sys.executable, "-m", "dfedrw.launch.batched_engine", *batch_arguments(runs)]
 
 
 def batch_server(env: dict[str, str]) -> ForkServer | None:
     """Where the sweep forks its batches from: a fork server with the batched engine imported
     (:mod:`dfedrw.launch.forkserver`), so that a batch does not spend its first two seconds
     importing torch and the engine, and ends without tearing an interpreter down. None where
-    ``os.fork`` is missing: each batch is then a fresh ``python -m dfedrw.launch.batched``."""
+    ``os.fork`` is missing: each batch is then a fresh ``python -m dfedrw.launch.batched_engine``."""
     return ForkServer(sys.executable, env, entry="batched") if fork_available() else None
 
 

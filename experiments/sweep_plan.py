@@ -224,7 +224,7 @@ TAPER_FROM = 4  # batches per job from which the last ones are cut smaller (plan
 
 def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list[PlannedRun]]:
     """The runs as the sweep hands them out: runs of the batched engine that share a
-    :func:`~dfedrw.launch.batched.batch_key` (model, training, rounds, device) go in batches of
+    :func:`~dfedrw.launch.batched_engine.batch_key` (model, training, rounds, device) go in batches of
     at most ``batch``, split evenly into a multiple of ``jobs`` batches where there are enough
     runs, so that every job has work to the end; every other run alone. Grid order is kept within a batch.
 
@@ -232,7 +232,7 @@ def plan_batches(runs: Sequence[PlannedRun], jobs: int, batch: int) -> list[list
     halves and the last ``jobs`` halves in halves again: the jobs then end within about a
     quarter of a batch of each other, not up to a whole batch apart, as batches of the same
     size take different times (their rules and attacks differ)."""
-    from dfedrw.engines.batched import batch_key
+    from dfedrw.engines.together import batch_key
 
     groups: dict[Any, list[PlannedRun]] = {}
     out: list[list[PlannedRun]] = []

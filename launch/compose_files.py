@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from dfedrw.peer.config.scenario import Scenario
-from dfedrw.peer.kinds.rules import ATTACK_REGISTRY
+from dfedrw.peer.kinds.registries import ATTACK_REGISTRY
 from dfedrw.launch.compose_plan import (
     ATTACK_ENV, CLIENT_RESULTS_PATH, CONTAINER_UID, PLUGINS_DIR, PLUGINS_PATH, RESULTS_DIR, RESULTS_PATH, SCENARIO_PATH, SECRETS_PATH,
     SUMMARIZE_SERVICE, TORCH_CPU_INDEX, TORCH_REQUIREMENT, ClientService, ComposeOptions, Mount, client_results_dir, client_secrets,

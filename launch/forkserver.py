@@ -10,7 +10,7 @@ child does not write to, and so copy, the pages it shares with the server), and 
 child per request. A child starts in well under a tenth of a second, and the pages it has not
 written stay shared with the server and every other client.
 
-A sweep starts its batches of runs of the batched engine (``python -m dfedrw.launch.batched``)
+A sweep starts its batches of runs of the batched engine (``python -m dfedrw.launch.batched_engine``)
 the same way, from a server that has the batched engine imported (:data:`ENTRIES`): each batch
 is still a process of its own, so a crash ends only that batch.
 
@@ -68,8 +68,8 @@ class Entry(NamedTuple):
 ENTRIES: dict[str, Entry] = {
     "peer": Entry("dfedrw.peer.cli", ("peer",), PRELOAD),
     "batched": Entry(
-        "dfedrw.launch.batched", (),
-        ("torch", "numpy", "statistics", "dfedrw.launch.batched", "dfedrw.engines.batched", "dfedrw.engines.batched_run", "dfedrw.launch.preflight", "dfedrw.launch.procs",
+        "dfedrw.launch.batched_engine", (),
+        ("torch", "numpy", "statistics", "dfedrw.launch.batched_engine", "dfedrw.engines.together", "dfedrw.engines.run", "dfedrw.launch.preflight", "dfedrw.launch.procs",
          "dfedrw.peer.cli", "dfedrw.peer.config.scenario", "dfedrw.peer.results.records", "dfedrw.peer.learning.datacache", "dfedrw.peer.results.tensorboard",
          "dfedrw.peer.aggregation.*", "dfedrw.peer.attacks.*"),
     ),

@@ -62,7 +62,7 @@ def run_scenario(
         if unused:
             console.print(f"[yellow]--certs {certs} is not used: {unused}[/yellow]")
     if scenario.engine.name == "batched":
-        from dfedrw.launch.batched import run_batched
+        from dfedrw.launch.batched_engine import run_batched
 
         summary = run_batched(scenario, out, console=console, tensorboard=tensorboard)
     elif placement == "threads":

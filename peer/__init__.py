@@ -5,7 +5,3 @@ they share), :mod:`.aggregation` and :mod:`.attacks` (rules and attacks), :mod:`
 (models on the wire), :mod:`.wiring` (from a scenario to objects), :mod:`.client` (the round
 loop and its lifecycle) and :mod:`.results` (what a run leaves on disk); :mod:`.cli` runs one
 client process."""
-
-from dfedrw.peer import moved as _moved
-
-_moved.install()

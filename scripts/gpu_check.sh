@@ -182,7 +182,7 @@ def imports(*modules):
             failed.append(f"{m}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     return failed
 
-env["missing_batched"] = imports("torch", "numpy", "networkx", "sklearn", "rich", "tomli_w", "dfedrw.engines.batched", "dfedrw.launch.batched")
+env["missing_batched"] = imports("torch", "numpy", "networkx", "sklearn", "rich", "tomli_w", "dfedrw.engines.together", "dfedrw.launch.batched_engine")
 env["missing_clients"] = imports("grpc", "zmq", "cryptography", "dfedrw.peer.transport.pb.peer_pb2_grpc", "dfedrw.launch.runner", "dfedrw.launch.torchrun")
 env["missing_tests"] = imports("pytest", "hypothesis", "pytest_timeout")
 json.dump(env, open(out, "w"), indent=1)
@@ -285,7 +285,7 @@ PYTEST=("$PYTHON" -m pytest -p no:cacheprovider -rA -o addopts=)
 
 # The CUDA tests that skip on a CPU (with each file's CPU tests: they are quick), then the
 # figures, the most wanted first, then the slow CUDA tests (client processes, torchrun).
-CUDA_TESTS=(tests/unit/test_batched_layout.py tests/unit/test_batched.py)
+CUDA_TESTS=(tests/unit/test_engine_layout.py tests/unit/test_batched.py)
 ready clients && CUDA_TESTS+=(tests/integration/test_client_device.py)
 STEP_LOG="$OUT/tests.log" step tests_cuda 90 "batched tests" "${PYTEST[@]}" -m "not slow" "${CUDA_TESTS[@]}"
 step cnn_lenet5 90 batched "${CNN[@]}" --rounds "$LENET_ROUNDS" --json "$WORK/fig/cnn_lenet5.json"

@@ -25,8 +25,8 @@ def run(grid: Path, out: Path, seed: int, rounds: int, batch: int) -> int:
 
     from dfedrw.experiments.grid import load_grid
     from dfedrw.experiments.sweep_plan import plan_batches, plan_sweep
-    from dfedrw.engines import batched
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
 
     runs_dir = out / "runs"
     if runs_dir.exists() and any(runs_dir.iterdir()):
@@ -42,7 +42,7 @@ def run(grid: Path, out: Path, seed: int, rounds: int, batch: int) -> int:
         if any(r.scenario.engine.name != "batched" for r in group):
             raise SystemExit(f"{grid}: run {group[0].name} is not a batched-engine run")
         print(f"batch {i}/{len(groups)}: {len(group)} runs", flush=True)
-        batched.run_together([BatchedRun(dataclasses.replace(r.scenario, rounds=rounds), runs_dir / r.name) for r in group])
+        run_together([BatchedRun(dataclasses.replace(r.scenario, rounds=rounds), runs_dir / r.name) for r in group])
     print(f"{len(runs)} runs of seed {seed}, {rounds} rounds: {runs_dir}")
     return 0
 

@@ -1,4 +1,4 @@
-"""What the baseline rules share (see :mod:`peer.aggregation.robust` for the conventions): a
+"""What the baseline rules share (see :mod:`peer.aggregation.baselines` for the conventions): a
 client's finite candidates in increasing id order as float64 rows, and an aggregate packaged
 with every id's weight."""
 

@@ -1,5 +1,5 @@
 """Coordinate-wise rules: the median and the trimmed mean (Yin et al., ICML 2018), each
-coordinate on its own (conventions: :mod:`peer.aggregation.robust`).
+coordinate on its own (conventions: :mod:`peer.aggregation.baselines`).
 
 ``batched`` (the batched engine's path) gives every client exactly what ``rule(batch.one(c))``
 gives, bit for bit. The clients with the same number of finite candidates are sorted together,

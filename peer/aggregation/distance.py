@@ -1,5 +1,5 @@
 """Distance-based rules: Krum and multi-Krum (Blanchard et al., NeurIPS 2017) and the geometric
-median (Pillutla et al., 2022) (conventions: :mod:`peer.aggregation.robust`).
+median (Pillutla et al., 2022) (conventions: :mod:`peer.aggregation.baselines`).
 
 A client's squared distances come from the Gram matrix of its finite candidates (float64,
 :func:`pairwise_squared_distances`): one matrix product instead of a pass over each pair's

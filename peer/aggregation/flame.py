@@ -1,5 +1,5 @@
 """FLAME (Nguyen et al. 2022) adapted to decentralized FL, with the HDBSCAN clustering it runs
-on the candidates' cosine distances (conventions: :mod:`peer.aggregation.robust`)."""
+on the candidates' cosine distances (conventions: :mod:`peer.aggregation.baselines`)."""
 
 from __future__ import annotations
 

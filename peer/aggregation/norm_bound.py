@@ -1,6 +1,6 @@
 """Norm bounding with weak differential privacy (Sun et al. 2019), run by each client around
-its own model with the self-centred clipping step of :mod:`peer.aggregation.gossip`
-(conventions: :mod:`peer.aggregation.robust`)."""
+its own model with the self-centred clipping step of :mod:`peer.aggregation.decentralized`
+(conventions: :mod:`peer.aggregation.baselines`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, combine_rows, finite_by_id, package_for, pooled_finite
-from dfedrw.peer.aggregation.gossip import self_centred_coefficients
+from dfedrw.peer.aggregation.decentralized import self_centred_coefficients
 from dfedrw.peer.aggregation.rules import DFEDAVG_WEIGHTINGS, RULE_REGISTRY, Aggregate, DFedAvg, RoundBatch, RoundInputs
 
 __all__ = ["NormBound"]

@@ -1,5 +1,5 @@
 """q-FDFL: the fairness baseline of the paper, q-FFL (Li et al. 2020) run by each client
-(conventions: :mod:`peer.aggregation.robust`)."""
+(conventions: :mod:`peer.aggregation.baselines`)."""
 
 from __future__ import annotations
 

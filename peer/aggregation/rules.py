@@ -60,7 +60,7 @@ __all__ = [
 # ``modules`` only orders the listing.
 RULE_REGISTRY = Registry(
     "rule", "dfedrw.rules", package=__package__, calls={"__call__": ("inputs",)},
-    modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "flame", "robust", "qfdfl", "gossip", "norm_bound", "screened")),
+    modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "flame", "baselines", "qfdfl", "decentralized", "norm_bound", "screened")),
 )
 """The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""
 

@@ -1,5 +1,5 @@
 """DFedReweighting behind a distance stage: the candidates Krum's score lets through are then
-scored by the TPM and weighed by the CRS (conventions: :mod:`peer.aggregation.robust`).
+scored by the TPM and weighed by the CRS (conventions: :mod:`peer.aggregation.baselines`).
 
 The two stages catch different attackers. A loss on the client's auxiliary data cannot tell a
 model far from every honest one but good on those rows (the dissensus attack pushes each

@@ -15,7 +15,7 @@ import torch
 
 from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
 from dfedrw.peer.attacks import AttackView
-from dfedrw.peer.transport.heap import release_free_heap
+from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.wiring.plan import derive_seed
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.rounds import Liveness, byzantine_record, checkpoint_due, loop_times, with_round_graph

@@ -38,7 +38,7 @@ from dfedrw.peer.client.byzantine import run_byzantine
 from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.client.collusion import Collusion
 from dfedrw.peer.transport.intake import ModelIntake
-from dfedrw.peer.transport.heap import release_free_heap
+from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.wiring.plan import colluding_group, derive_seed, scenario_graphs, told_byzantine

@@ -14,7 +14,7 @@ colluder
    sender's model once (an honest client sends every neighbour the same model; its own copy
    first), which its attack sees as ``AttackView.pool``.
 
-The batched engine (``engines/batched_run.py``) computes the same union from the rows of the honest
+The batched engine (``engines/run.py``) computes the same union from the rows of the honest
 models, so a seeded run gives the same records in both.
 
 The pool messages travel over the clients' transport, authenticated like every message (gRPC:

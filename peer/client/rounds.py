@@ -2,7 +2,7 @@
 honest and a Byzantine client, the round's graph in them under a schedule, when an evaluation
 and a checkpoint are due, what a client's final file says of its rule, the round loop's clock,
 and how many missed deadlines make a neighbour gone. A client process (:mod:`peer.client.client`) and
-the batched engine (:mod:`engines.batched_run`) both call these, so that their results folders
+the batched engine (:mod:`engines.run`) both call these, so that their results folders
 cannot drift apart (``tests/integration/test_engine_parity.py`` holds them together)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 from dfedrw.peer.quote import shown
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.attacks.base import AttackerData, threat_model_of
-from dfedrw.peer.kinds.rules import ATTACK_REGISTRY
+from dfedrw.peer.kinds.registries import ATTACK_REGISTRY
 from dfedrw.peer.config.checks import ScenarioError
 from dfedrw.peer.config.legacy import LEGACY, set_legacy
 from dfedrw.peer.config.tables import (
@@ -211,7 +211,7 @@ def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], sup
 def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> Any:
     """Build every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
     with placeholder supplied values, so a bad setting fails with one line naming its key.
-    Returns the rule in use, built as :func:`peer.kinds.rules.build_named_rule` builds it."""
+    Returns the rule in use, built as :func:`peer.kinds.registries.build_named_rule` builds it."""
     supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
     built: dict[str, Any] = {}
     for kind in ("tpm", "crs", "rule"):

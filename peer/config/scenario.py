@@ -53,7 +53,7 @@ from typing import Any
 
 import tomli_w
 
-from dfedrw.peer.kinds.rules import ATTACK_REGISTRY
+from dfedrw.peer.kinds.registries import ATTACK_REGISTRY
 from dfedrw.peer.config.checks import ScenarioError
 from dfedrw.peer.config.legacy import LEGACY_AGGREGATION_ORDER, legacy_view
 from dfedrw.peer.config.overrides import apply_overrides, deep_copy

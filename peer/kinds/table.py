@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dfedrw.peer.learning.datasets import DATASET_REGISTRY
 from dfedrw.peer.learning.models import MODEL_REGISTRY
-from dfedrw.peer.kinds.rules import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
+from dfedrw.peer.kinds.registries import ATTACK_REGISTRY, CRS_REGISTRY, RULE_REGISTRY, TPM_REGISTRY
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.graph.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.graph.topology import TOPOLOGY_REGISTRY

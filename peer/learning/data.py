@@ -10,11 +10,9 @@ writes to disk.
 
 from __future__ import annotations
 
-import gzip
 import heapq
 import math
 import numbers
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,20 +31,9 @@ __all__ = [
     "local_test_indices",
     "parse_partition",
     "partition",
-    "read_idx",
 ]
 
 PARTITION_FORMS = ("iid", "iid:balanced", "dirichlet:ALPHA (ALPHA > 0)", "labelskew:H (1 <= H <= num_classes)", "natural")
-
-# IDX type code -> big-endian numpy dtype (format by LeCun et al., the MNIST page).
-_IDX_DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype("u1"),
-    0x09: np.dtype("i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
 
 # Bounded so that an impossible request (e.g. more clients than samples allow) fails fast.
 DIRICHLET_MAX_TRIES = 1000
@@ -89,54 +76,6 @@ class Dataset:
 
 class DatasetUnavailable(RuntimeError):
     """The dataset's files are not on this machine; the message says how to get them."""
-
-
-# ---------------------------------------------------------------------------------------------
-# IDX files
-
-
-def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read one IDX file (plain or gzip-compressed) into a numpy array.
-
-    Header: two zero bytes, a type code (0x08 ubyte, 0x09 byte, 0x0B int16, 0x0C int32,
-    0x0D float32, 0x0E float64), the number of dimensions, then each dimension as a
-    big-endian int32; the data follow in C order, big-endian. The returned array has native
-    byte order. A bad magic number, unknown type code or truncated/overlong body raises
-    ValueError naming the file.
-    """
-    path = Path(path)
-    with open(path, "rb") as handle:
-        raw = handle.read()
-    # Detect gzip by content rather than by name so a renamed file still loads.
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise ValueError(f"{path}: corrupt or truncated gzip data ({exc})") from exc
-    if len(raw) < 4:
-        raise ValueError(f"{path}: too short for an IDX header ({len(raw)} bytes, need at least 4)")
-    if raw[0] != 0 or raw[1] != 0:
-        raise ValueError(f"{path}: not an IDX file (magic number must start with two zero bytes)")
-    code, ndims = raw[2], raw[3]
-    if code not in _IDX_DTYPES:
-        valid = ", ".join(f"0x{c:02X}" for c in _IDX_DTYPES)
-        raise ValueError(f"{path}: unknown IDX type code 0x{code:02X}; valid codes: {valid}")
-    header_len = 4 + 4 * ndims
-    if len(raw) < header_len:
-        raise ValueError(f"{path}: truncated IDX header ({ndims} dimensions need {header_len} bytes)")
-    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndims, offset=4))
-    if any(d < 0 for d in dims):
-        raise ValueError(f"{path}: negative dimension in IDX header {dims}")
-    dtype = _IDX_DTYPES[code]
-    expected = math.prod(dims) * dtype.itemsize
-    actual = len(raw) - header_len
-    if actual != expected:
-        kind = "truncated" if actual < expected else "has trailing bytes"
-        raise ValueError(
-            f"{path}: IDX file {kind}: dimensions {dims} need {expected} data bytes, found {actual}"
-        )
-    data = np.frombuffer(raw, dtype=dtype, count=math.prod(dims), offset=header_len)
-    return data.reshape(dims).astype(dtype.newbyteorder("="))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from dfedrw.peer.transport.compression import Decoder
-from dfedrw.peer.transport.heap import release_free_heap
+from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.transport.inbox import Inbox, Slot
 from dfedrw.peer.transport.pools import check_pool_header, pool_message
 from dfedrw.peer.transport.serde import (

@@ -21,8 +21,6 @@ authenticate its senders some other way, or every claim of a sender id is taken 
 A hook's ``scenario`` is the run's validated :class:`~dfedrw.peer.config.scenario.Scenario`; this module
 only reads it (its kinds are built from a scenario by :func:`dfedrw.peer.wiring.build.scenario_transport`,
 which gives the gRPC kind ``message_bytes``, the largest message a client receives).
-``scenario_transport``, ``grpc_transport_for``, ``scenario_colluders`` and
-``scenario_model_specs`` lived here and are still importable from here, with a deprecation warning.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from dfedrw.peer.moved import moved_names
 from dfedrw.peer.registry import Registry
 
 if TYPE_CHECKING:
@@ -42,9 +39,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PLACEMENTS", "TRANSPORT_REGISTRY", "Grpc", "Inproc", "TorchDistributed", "TransportKind"]
 
-__getattr__ = moved_names(
-    __name__, dict.fromkeys(("grpc_transport_for", "scenario_colluders", "scenario_model_specs", "scenario_transport"), "dfedrw.peer.wiring.build")
-)
 
 PLACEMENTS = ("processes", "threads", "torchrun")
 

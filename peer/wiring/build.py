@@ -4,7 +4,7 @@ transport kind and the model's wire layout.
 The layer above both configuration and the registries. :mod:`peer.config.scenario` describes a
 scenario and checks it against the registries; the registries know nothing of configuration;
 the functions here read a validated :class:`~dfedrw.peer.config.scenario.Scenario` and build with the
-registries' plain functions (:func:`~dfedrw.peer.kinds.rules.build_named_rule`,
+registries' plain functions (:func:`~dfedrw.peer.kinds.registries.build_named_rule`,
 :func:`~dfedrw.peer.learning.datasets.dataset_of`, ``TRANSPORT_REGISTRY.build``). A client is put
 together from them by :mod:`peer.wiring.assembly`; :mod:`peer.wiring.plan` holds what a scenario says of its
 clients without building them (graph, roles, seeds).
@@ -17,10 +17,9 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from dfedrw.peer.learning.datasets import dataset_of
-from dfedrw.peer.kinds.rules import ATTACK_REGISTRY, build_named_rule
+from dfedrw.peer.kinds.registries import ATTACK_REGISTRY, build_named_rule
 from dfedrw.peer.registry import settings_of
 from dfedrw.peer.graph.schedule import receive_window
-from dfedrw.peer.transport.clock import SimulatedClock, link_schedules
 from dfedrw.peer.transport.compression import COMPRESSION_REGISTRY, Compression, Decoder, Encoder
 from dfedrw.peer.transport.kinds import PLACEMENTS, TRANSPORT_REGISTRY, Grpc, TransportKind
 from dfedrw.peer.transport.links import EmulatedLinks, LinkProfile, LinkSchedule, distance_profiles, links_for
@@ -44,7 +43,6 @@ __all__ = [
     "grpc_transport_for",
     "link_profiles",
     "message_bytes",
-    "scenario_clock",
     "scenario_colluders",
     "scenario_compression",
     "scenario_dataset",
@@ -194,23 +192,6 @@ def client_links(scenario: Scenario, client: int) -> dict[int, LinkSchedule] | N
     default, own = link_profiles(scenario)
     others = [k for k in range(scenario.num_clients) if k != client]
     return links_for(default, own, scenario.seed, client, others)
-
-
-def scenario_clock(scenario: Scenario, byzantine: frozenset[int] | set[int]) -> SimulatedClock:
-    """The simulated clock of a batched run: the scenario's links (the same profiles and seeded
-    streams as its clients' :class:`EmulatedLinks`), each client's ``[clock]`` compute at its
-    speed, the network's deadline and liveness; the Byzantine clients answer what they receive
-    (``reactive``)."""
-    default, own = link_profiles(scenario)
-    clock, n = scenario.clock, scenario.num_clients
-    speeds = [scenario.speed_of(k) for k in range(n)]
-    return SimulatedClock(
-        n, link_schedules(default, own, scenario.seed),
-        step_seconds=[0.0 if k in byzantine else clock.step_seconds / speeds[k] for k in range(n)],
-        aggregate_seconds=[0.0 if k in byzantine else clock.aggregate_seconds / speeds[k] for k in range(n)],
-        round_timeout=scenario.network.round_timeout, max_missed_rounds=scenario.network.max_missed_rounds,
-        reactive=byzantine,
-    )
 
 
 def with_links(scenario: Scenario, client: int, transport: Any) -> Any:

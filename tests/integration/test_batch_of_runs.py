@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dfedrw.engines.batched import batch_key, run_together
+from dfedrw.engines.together import batch_key, run_together
 
-from dfedrw.launch.batched import run_many
-from dfedrw.engines.batched_run import BatchedRun
+from dfedrw.launch.batched_engine import run_many
+from dfedrw.engines.run import BatchedRun
 from dfedrw.peer.config.scenario import dump_scenario
 from tests.support.runs import quiet_console
 from tests.support.parity import BY_ID, CASES, DIR, differences, make_case, scenario

@@ -14,7 +14,7 @@ import pytest
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
 from dfedrw.peer.config.scenario import load_scenario
-from dfedrw.peer.kinds.rules import RULE_REGISTRY
+from dfedrw.peer.kinds.registries import RULE_REGISTRY
 from dfedrw.peer.results.records import read_rounds
 from tests.support.datafiles import write_image_idx
 from tests.support.runs import quiet_console

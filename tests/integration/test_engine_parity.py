@@ -76,7 +76,7 @@ is rounding, and the measurement above is what to redo before moving ``STRICT_RO
 The default selection runs ``FAST`` (6 scenarios, ``FAST_ROUNDS`` rounds) and the checks that
 the comparison does detect a drift: another seed in one engine, another attack-noise stream,
 another minibatch order, another initial model, another CRS setting (the last four patch
-what ``engines/batched_run.py`` imports: its ``derive_seed`` and ``client_rule``). ``-m slow`` runs
+what ``engines/run.py`` imports: its ``derive_seed`` and ``client_rule``). ``-m slow`` runs
 the rest of ``CASES`` for ``FULL_ROUNDS`` rounds: with ``FAST``, each rule, each attack and each
 partition at least twice.
 """
@@ -166,7 +166,7 @@ def test_comparison_detects_a_different_seed(tmp_path, threads_run):
 
 def _shift_stream(monkeypatch, stream: str) -> None:
     """The batched engine draws ``stream`` (its first ``derive_seed`` label) from another seed."""
-    from dfedrw.engines import batched_run as batched
+    from dfedrw.engines import run as batched
     if stream == "init":  # drawn by the clients' own function, which the engine calls
         initial = batched.initial_model
         monkeypatch.setattr(batched, "initial_model", lambda sc, k: initial(replace(sc, seed=sc.seed + 1), k))
@@ -197,7 +197,7 @@ def test_comparison_detects_another_model_stream(stream, tmp_path, threads_run, 
 
 def test_comparison_detects_another_rule_setting(tmp_path, threads_run, monkeypatch):
     """One engine's rule drifts (loss clip weighting uniform instead of proportional)."""
-    from dfedrw.engines import batched_run as batched
+    from dfedrw.engines import run as batched
     build = batched.client_rule
     other = scenario(DRIFT_CASE, "batched", FAST_ROUNDS, "aggregation.crs_params.loss_clip_mean.weighting=uniform")
     monkeypatch.setattr(batched, "client_rule", lambda sc, topology, k: build(other, topology, k))

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from dfedrw.peer.transport.heap import free_heap_bytes
+from dfedrw.peer.transport.heap_trim import free_heap_bytes
 
 CHECK = """
-from dfedrw.peer.transport.heap import KEEP_FREE_BYTES, free_heap_bytes, release_free_heap
+from dfedrw.peer.transport.heap_trim import KEEP_FREE_BYTES, free_heap_bytes, release_free_heap
 assert KEEP_FREE_BYTES >= 16 << 20
 release_free_heap(every=0)  # trims: the clock starts now
 before = free_heap_bytes()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dfedrw.experiments.cli import main
-from dfedrw.launch.batched import run_batched
+from dfedrw.launch.batched_engine import run_batched
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config.scenario import load_scenario
 from tests.support.runs import quiet_console

@@ -142,7 +142,7 @@ def test_a_forked_batch_computes_what_a_new_process_computes(small_scenario, tmp
     finally:
         server.close()
     spawned = subprocess.run(
-        [sys.executable, "-m", "dfedrw.launch.batched", *_batch_requests(small_scenario, tmp_path, "spawn", "eval.every=5")],
+        [sys.executable, "-m", "dfedrw.launch.batched_engine", *_batch_requests(small_scenario, tmp_path, "spawn", "eval.every=5")],
         env=env, capture_output=True, text=True, timeout=300,
     )
 
@@ -168,7 +168,7 @@ def test_a_forked_batch_stops_on_sigint_like_a_new_process(small_scenario, tmp_p
     finally:
         server.close()
 
-    # Assert: it stopped as `python -m dfedrw.launch.batched` does, its runs unfinished
+    # Assert: it stopped as `python -m dfedrw.launch.batched_engine` does, its runs unfinished
     assert code == 130
     assert "interrupted" in (tmp_path / "b.log").read_text()
     for seed in ("1", "2"):

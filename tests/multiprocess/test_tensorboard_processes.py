@@ -14,7 +14,7 @@ import pytest
 from dfedrw.experiments.cli import main
 from dfedrw.experiments.sweep import run_sweep
 from dfedrw.experiments.sweep_plan import RUNS_DIR
-from dfedrw.launch.batched import run_batched
+from dfedrw.launch.batched_engine import run_batched
 from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 from tests.support.runs import quiet_console, run_job

@@ -1,4 +1,4 @@
-"""The simulated clock (peer/transport/clock.py): the round timeline over emulated links, as
+"""The simulated clock (engines/clock.py): the round timeline over emulated links, as
 computed by hand: who waits for whom, the deadline, queueing on a link's bandwidth, loss,
 senders given up on and waited for again once heard from, and reproducible draws."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dfedrw.peer.transport.clock import RoundTiming, SimulatedClock, link_schedules
+from dfedrw.engines.clock import RoundTiming, SimulatedClock, link_schedules
 from dfedrw.peer.transport.links import LinkProfile, LinkSchedule
 
 PERFECT = LinkProfile()

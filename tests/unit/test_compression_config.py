@@ -47,7 +47,7 @@ def test_bad_compressions_name_the_key(sets, words):
 
 
 def test_the_batched_engine_refuses_differences_over_lossy_links(tmp_path):
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.run import BatchedRun
 
     base = ["data.name=digits", "topology.byzantine=0", "attack.name=none", "engine.name=batched"]
     with pytest.raises(ValueError, match="'topk' over \\[links\\] that lose messages"):
@@ -61,7 +61,7 @@ def test_the_batched_engine_rebuilds_what_a_clients_decoder_rebuilds():
     # decoder, over the same models: the same model rebuilt, to the last bit, round by round.
     import torch
 
-    from dfedrw.engines.batched_network import LinkCodec
+    from dfedrw.engines.network import LinkCodec
     from dfedrw.peer.transport.chunks import wire_size
     from dfedrw.peer.transport.compression import Decoder, Encoder
 

@@ -17,9 +17,9 @@ from dfedrw.peer.learning.data import (
     local_test_indices,
     parse_partition,
     partition,
-    read_idx,
 )
 from dfedrw.peer.learning.datasets import DATASET_REGISTRY, IDX_FILES, load_dataset
+from dfedrw.peer.learning.datasets.idx import read_idx
 from tests.support.datafiles import idx_bytes, write_idx, write_idx_dataset
 
 # --------------------------------------------------------------------------------- IDX reader
@@ -587,8 +587,8 @@ def test_augment_needs_an_image_data_set():
 def test_the_engines_augment_each_clients_minibatches(small_scenario, tmp_path):
     """Augmentation changes what a client trains on, in both engines alike (their parity is
     tests/integration/test_engine_parity.py's momentum-epochs case)."""
-    from dfedrw.engines.batched import run_together
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
     from dfedrw.peer.results.records import read_rounds
 
     losses = {}

@@ -1,4 +1,4 @@
-"""Unit tests for the decentralized rules in peer.aggregation.gossip: ClippedGossip, UBAR, CS+-RG.
+"""Unit tests for the decentralized rules in peer.aggregation.decentralized: ClippedGossip, UBAR, CS+-RG.
 
 Every expected value is worked out by hand in the comments next to it. The property tests
 check the shared conventions (weights form a distribution over every id, arrival order does

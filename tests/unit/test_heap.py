@@ -2,7 +2,7 @@
 
 import pytest
 
-from dfedrw.peer.transport.heap import free_heap_bytes, release_free_heap
+from dfedrw.peer.transport.heap_trim import free_heap_bytes, release_free_heap
 
 glibc = pytest.mark.skipif(free_heap_bytes() is None, reason="needs glibc's mallinfo2")
 
@@ -22,13 +22,13 @@ def test_free_bytes_below_the_bound_are_kept_and_above_it_trimmed():
 
 @glibc
 def test_below_the_bound_the_heap_is_still_trimmed_once_a_while(monkeypatch):
-    from dfedrw.peer.transport import heap
+    from dfedrw.peer.transport import heap_trim
 
     clock = [1000.0]
-    monkeypatch.setattr(heap.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(heap, "_last_trim", [0.0])
+    monkeypatch.setattr(heap_trim.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(heap_trim, "_last_trim", [0.0])
     assert release_free_heap(keep=1 << 40, every=0) is True
-    clock[0] += heap.TRIM_EVERY_SECONDS / 2
+    clock[0] += heap_trim.TRIM_EVERY_SECONDS / 2
     assert release_free_heap(keep=1 << 40) is False
-    clock[0] += heap.TRIM_EVERY_SECONDS
+    clock[0] += heap_trim.TRIM_EVERY_SECONDS
     assert release_free_heap(keep=1 << 40) is True

@@ -86,22 +86,3 @@ def test_the_places_that_list_the_kinds_read_the_table():
     for kind in KINDS:
         assert f"## {kind.title}\n" in page
         assert page.index(f"## {kind.title}\n") < page.index(f"<!-- registry:{kind.plural} -->")
-
-
-def test_builders_that_moved_to_the_wiring_are_still_importable_from_where_they_were():
-    import pytest
-
-    from dfedrw.peer.kinds import rules as plugins
-    from dfedrw.peer.learning import datasets
-    from dfedrw.peer.transport import kinds as transports
-    from dfedrw.peer.wiring import build as wiring
-
-    for module, name in [
-        (plugins, "build_rule_from"), (plugins, "build_attack_from"), (plugins, "build_client_rule"), (plugins, "build_attack"),
-        (datasets, "scenario_dataset"), (transports, "scenario_transport"), (transports, "grpc_transport_for"),
-        (transports, "scenario_colluders"), (transports, "scenario_model_specs"),
-    ]:
-        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{name} moved to dfedrw.peer.wiring.build.{name}"):
-            assert getattr(module, name) is getattr(wiring, name)
-    with pytest.raises(AttributeError):
-        plugins.no_such_name  # noqa: B018

@@ -54,7 +54,7 @@ def test_bad_links_name_the_key(sets, words):
 
 
 def test_the_batched_engine_keeps_a_clock_only_when_time_matters(tmp_path):
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.run import BatchedRun
 
     base = ["data.name=digits", "topology.byzantine=0", "attack.name=none", "engine.name=batched"]
     assert BatchedRun(load_scenario(None, [*base, "links.latency=0.01"]), tmp_path / "a").network.clock is not None

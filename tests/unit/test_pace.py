@@ -63,7 +63,7 @@ def test_bad_speeds_name_the_key(sets, words):
 
 
 def test_the_batched_engine_needs_simulated_compute_for_slow_clients(tmp_path):
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.run import BatchedRun
 
     s = load_scenario(None, ["data.name=digits", "topology.byzantine=0", "attack.name=none", "peers.2.speed=0.5", "engine.name=batched"])
     with pytest.raises(ValueError, match="set clock.step_seconds"):

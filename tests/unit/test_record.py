@@ -161,8 +161,8 @@ def test_a_sweep_json_of_the_wrong_shape_is_one_line(text, tmp_path, capsys):
 def test_every_run_writes_the_record_a_rebuild_from_its_round_logs_gives(small_scenario, tmp_path):
     """collect_summary writes record.json from the read that builds the summary: the bytes
     write_record writes from the round logs afterwards."""
-    from dfedrw.engines.batched import run_together
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
 
     scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=5", "engine.name=batched")
     summary = run_together([BatchedRun(scenario, tmp_path)])[0]
@@ -192,8 +192,8 @@ def test_a_batched_runs_summary_comes_from_what_its_logs_kept_and_equals_one_rea
     as the records were written, without reading the logs back: the same bytes as a summary
     built from the files afterwards."""
     from dfedrw.peer.results import collect
-    from dfedrw.engines.batched import run_together
-    from dfedrw.engines.batched_run import BatchedRun
+    from dfedrw.engines.together import run_together
+    from dfedrw.engines.run import BatchedRun
     from dfedrw.peer.results import records as results
 
     scenario = small_scenario("topology.honest=4", "topology.byzantine=1", "attack.name=gaussian", "eval.every=5", "engine.name=batched")

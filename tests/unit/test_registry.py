@@ -93,23 +93,14 @@ def test_import_path_errors_are_one_line_naming_the_value():
     assert RULE_REGISTRY.resolve("dfedrw.peer.aggregation.coordinate:Median").__name__ == "Median"
     for value, words in [
         ("no_such_module_xyz:Rule", "cannot import module 'no_such_module_xyz'"),
-        ("dfedrw.peer.aggregation.robust:Nope", "has no attribute 'Nope'"),
-        ("dfedrw.peer.aggregation.robust:math", "is not a class"),
+        ("dfedrw.peer.aggregation.baselines:Nope", "has no attribute 'Nope'"),
+        ("dfedrw.peer.aggregation.baselines:math", "is not a class"),
         ("dfedrw.peer.aggregation.rules:RoundInputs", "has no __call__"),
     ]:
         with pytest.raises(ScenarioError) as err:
             load_scenario(None, [f"aggregation.rule='{value}'"])
         message = str(err.value)
         assert message.startswith(f"aggregation.rule='{value}': ") and words in message and "\n" not in message
-
-
-def test_rules_that_moved_module_are_found_under_their_old_path():
-    from dfedrw.peer.aggregation import flame, qfdfl
-    from dfedrw.peer.aggregation.robust import QFDFL, Flame, hdbscan_labels
-
-    assert (Flame, QFDFL, hdbscan_labels) == (flame.Flame, qfdfl.QFDFL, flame.hdbscan_labels)
-    scenario = load_scenario(None, ["aggregation.rule='dfedrw.peer.aggregation.robust:QFDFL'"])
-    assert scenario.aggregation.rule == "dfedrw.peer.aggregation.robust:QFDFL"
 
 
 @pytest.mark.parametrize(

@@ -222,7 +222,7 @@ def test_accuracy_above_mean_needs_evaluate():
 
 
 def test_centered_clipping_hand_computed():
-    from dfedrw.peer.aggregation.robust import CenteredClipping
+    from dfedrw.peer.aggregation.baselines import CenteredClipping
 
     # Prepare: own (0, 0), neighbours (3, 4) at distance 5 and (0, 1) at distance 1; tau = 2,
     # one iteration from v = own: shares s = (1, 2/5, 1), C = 3,
@@ -253,7 +253,7 @@ def test_centered_clipping_hand_computed():
                                               ({"iterations": 0}, "iterations must be >= 1"),
                                               ({"iterations": 1.5}, "iterations must be an integer")])
 def test_centered_clipping_refuses_bad_settings(params, message):
-    from dfedrw.peer.aggregation.robust import CenteredClipping
+    from dfedrw.peer.aggregation.baselines import CenteredClipping
 
     with pytest.raises(ValueError, match=f"CenteredClipping: {message}"):
         CenteredClipping(**params)

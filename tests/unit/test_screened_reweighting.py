@@ -13,7 +13,7 @@ import torch
 from dfedrw.peer.aggregation import RULE_REGISTRY, build_rule
 from dfedrw.peer.aggregation.crs import LossDropHighest
 from dfedrw.peer.aggregation.tpm import Loss
-from dfedrw.peer.kinds.rules import build_named_rule
+from dfedrw.peer.kinds.registries import build_named_rule
 from tests.support.rules import NAN, assert_model, assert_weights, inputs_for
 
 ScreenedReweighting = RULE_REGISTRY.resolve("screened_reweighting")

@@ -47,7 +47,6 @@ from dfedrw.peer.learning.datasets.loading import (
     build_dataset, check_available, check_dataset, checked_groups, dataset_of, describe, input_shape_of, load_dataset, load_grouped_splits,
     load_splits, natural_groups_error, source_key,
 )
-from dfedrw.peer.moved import moved_names
 
 __all__ = [
     "CIFAR10",
@@ -78,4 +77,3 @@ __all__ = [
     "source_key",
 ]
 
-__getattr__ = moved_names(__name__, {"scenario_dataset": "dfedrw.peer.wiring.build"})

@@ -1,7 +1,7 @@
 """``engine.name = "batched"`` launched: a run (:func:`run_batched`, what ``dfedrw run`` calls for
-it) or a batch of runs (``python -m dfedrw.launch.batched --run REQUEST OUT ...``, what a sweep
+it) or a batch of runs (``python -m dfedrw.launch.batched_engine --run REQUEST OUT ...``, what a sweep
 starts) in this process, checked before it starts, with progress shown and stopped cleanly on
-a signal. The engine itself, every client of a run at once, is :mod:`dfedrw.engines.batched`."""
+a signal. The engine itself, every client of a run at once, is :mod:`dfedrw.engines.together`."""
 
 from __future__ import annotations
 
@@ -10,16 +10,10 @@ from typing import Any
 
 from rich.console import Console
 
-from dfedrw.engines.batched import run_together
-from dfedrw.engines.batched_run import BatchedRun
+from dfedrw.engines.together import run_together
+from dfedrw.engines.run import BatchedRun
 from dfedrw.peer.config.scenario import Scenario
-from dfedrw.peer.moved import moved_names
 from dfedrw.peer.results.collect import write_tensorboard_mean
-
-# What this module held before the engine had a place of its own.
-__getattr__ = moved_names(__name__, dict.fromkeys(
-    ("rule_groups", "batch_key", "train_together", "aggregate_together", "run_together", "Candidates"), "dfedrw.engines.batched",
-))
 
 
 def run_batched(scenario: Scenario, out_dir: Path, *, console: Console, tensorboard: Path | None = None) -> dict[str, Any]:
@@ -42,7 +36,7 @@ def run_batched(scenario: Scenario, out_dir: Path, *, console: Console, tensorbo
 
 
 def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Path | None = None) -> list[dict[str, Any]]:
-    """``python -m dfedrw.launch.batched --run REQUEST OUT ...``: the scenarios ``REQUEST``
+    """``python -m dfedrw.launch.batched_engine --run REQUEST OUT ...``: the scenarios ``REQUEST``
     (TOML files) as one batch (:func:`run_together`), each writing its results folder ``OUT``
     (and, with ``tensorboard``, its event files in ``tensorboard/<name of OUT>``). What a sweep
     runs for runs of one :func:`batch_key`."""
@@ -87,7 +81,7 @@ def run_many(jobs: list[tuple[Path, Path]], *, console: Console, tensorboard: Pa
 def run_batch(pairs: list[tuple[Path, Path]], *, console: Console, tensorboard: Path | None = None) -> int:
     """:func:`run_many` as a command: its exit status (0, 2 for a bad setting, 130 when
     interrupted), each run's honest mean accuracy or the error printed on ``console``. What
-    ``python -m dfedrw.launch.batched`` runs, and a sweep's batch on a Ray node
+    ``python -m dfedrw.launch.batched_engine`` runs, and a sweep's batch on a Ray node
     (:mod:`dfedrw.experiments.sweep_ray`)."""
     try:
         summaries = run_many(pairs, console=console, tensorboard=tensorboard)
@@ -111,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from dfedrw.launch.procs import stop_on_signals
     from dfedrw.peer.cli import folder_path
 
-    parser = argparse.ArgumentParser(prog="python -m dfedrw.launch.batched", description=run_many.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dfedrw.launch.batched_engine", description=run_many.__doc__.split("\n\n")[0])
     parser.add_argument("--run", nargs=2, action="append", required=True, type=Path, metavar=("REQUEST", "OUT"), help="a scenario file and its results folder (repeat)")
     parser.add_argument("--tensorboard", type=folder_path, default=None, metavar="DIR", help="TensorBoard event files of each run in DIR/<name of its OUT>")
     args = parser.parse_args(argv)

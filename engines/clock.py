@@ -30,7 +30,9 @@ import operator
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.transport.links import LinkProfile, LinkSchedule, links_for
+from dfedrw.peer.wiring.build import link_profiles
 
 __all__ = ["RoundTiming", "SimulatedClock", "link_schedules"]
 
@@ -307,3 +309,20 @@ class SimulatedClock:
             if size < 0:
                 raise ValueError(f"message_bytes={message_bytes!r}: sender {i}'s size {size} is negative")
         return sizes
+
+
+def scenario_clock(scenario: Scenario, byzantine: frozenset[int] | set[int]) -> SimulatedClock:
+    """The simulated clock of a batched run: the scenario's links (the same profiles and seeded
+    streams as its clients' :class:`EmulatedLinks`), each client's ``[clock]`` compute at its
+    speed, the network's deadline and liveness; the Byzantine clients answer what they receive
+    (``reactive``)."""
+    default, own = link_profiles(scenario)
+    clock, n = scenario.clock, scenario.num_clients
+    speeds = [scenario.speed_of(k) for k in range(n)]
+    return SimulatedClock(
+        n, link_schedules(default, own, scenario.seed),
+        step_seconds=[0.0 if k in byzantine else clock.step_seconds / speeds[k] for k in range(n)],
+        aggregate_seconds=[0.0 if k in byzantine else clock.aggregate_seconds / speeds[k] for k in range(n)],
+        round_timeout=scenario.network.round_timeout, max_missed_rounds=scenario.network.max_missed_rounds,
+        reactive=byzantine,
+    )

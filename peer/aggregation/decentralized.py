@@ -10,12 +10,12 @@ the models its neighbours sent, and returns an :class:`~peer.aggregation.rules.A
 * :class:`CSPlusRG` (Gaucher, Dieuleveut and Hendrikx 2025): ClippedGossip's step with a
   radius that clips the ``2b`` furthest neighbours, for a near-optimal breakdown point.
 
-Unlike most baselines (those :mod:`peer.aggregation.robust` lists), which came from server-based federated
+Unlike most baselines (those :mod:`peer.aggregation.baselines` lists), which came from server-based federated
 learning, these three were designed for decentralized learning: with no trusted aggregate to
 compare against, each client measures its neighbours against its own model (the distance from
 it; for UBAR also the loss compared with its own, on its own data).
 
-Conventions shared with :mod:`peer.aggregation.robust`:
+Conventions shared with :mod:`peer.aggregation.baselines`:
 
 * A row containing NaN/Inf is dropped before any distance or loss is computed and gets weight
   0; ``n`` below counts the *finite* neighbours. ``num_byzantine`` is not reduced for dropped

@@ -1,7 +1,7 @@
-"""One run of the batched engine (:mod:`dfedrw.engines.batched`): its honest clients' models as
+"""One run of the batched engine (:mod:`dfedrw.engines.together`): its honest clients' models as
 the rows of one tensor, their data, rules and records, its Byzantine clients' attacks and the
 intake checks their messages pass, the candidates each honest client aggregates, and its
-results folder. :func:`~dfedrw.engines.batched.run_together` drives one or several of them."""
+results folder. :func:`~dfedrw.engines.together.run_together` drives one or several of them."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from dfedrw.peer.wiring.assembly import (
 )
 from dfedrw.peer.learning.datacache import test_set, training_pixels
 from dfedrw.peer.wiring.build import scenario_dataset
-from dfedrw.engines.batched_network import SimulatedNetwork
-from dfedrw.engines.batched_network import pooled as pooled_links
+from dfedrw.engines.network import SimulatedNetwork
+from dfedrw.engines.network import pooled as pooled_links
 from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
 from dfedrw.peer.client.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
@@ -96,7 +96,7 @@ class BatchedRun:
         t = sc.train
         template = scenario_model(sc)
         self.model = FlatModel(template, self.device)
-        # The layout its models run in, once picked for its batch (engines/batched_layout.py).
+        # The layout its models run in, once picked for its batch (engines/layout.py).
         self.layout: dict[str, Any] = {}
         self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
         # The training set once (shared by every run of a batch: the dataset is read once per

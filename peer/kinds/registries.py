@@ -5,9 +5,7 @@ A rule, TPM, CRS or attack is one class registered by name (see :mod:`peer.regis
 constructor's parameters are its settings. :func:`build_named_rule` adds what the running
 system knows: the supplied values (a client's number of Byzantine neighbours, the learning
 rate, a seed, the TPM and CRS objects) go to the constructors that take them. Building from a
-scenario's sections is :mod:`peer.wiring.build`'s (``build_rule_from``, ``build_attack_from``,
-``build_client_rule`` and ``build_attack`` lived here and are still importable from here, with
-a deprecation warning).
+scenario's sections is :mod:`peer.wiring.build`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ from dfedrw.peer.aggregation.crs import CRS_REGISTRY
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, takes_tpm_and_crs
 from dfedrw.peer.aggregation.tpm import TPM_REGISTRY
 from dfedrw.peer.attacks import ATTACK_REGISTRY
-from dfedrw.peer.moved import moved_names
 
 __all__ = ["ATTACK_REGISTRY", "CRS_REGISTRY", "RULE_REGISTRY", "TPM_REGISTRY", "build_named_rule"]
-
-__getattr__ = moved_names(__name__, dict.fromkeys(("build_attack", "build_attack_from", "build_client_rule", "build_rule_from"), "dfedrw.peer.wiring.build"))
 
 
 def build_named_rule(rule: str, tpm: str, crs: str, settings: Mapping[str, Mapping[str, Any]], supplied: Mapping[str, Any]) -> Any:

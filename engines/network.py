@@ -1,5 +1,5 @@
 """What the batched engine's network does in a round (:class:`SimulatedNetwork`): its simulated
-clock says which models reach each receiver in time (``peer/transport/clock.py``), and
+clock says which models reach each receiver in time (``engines/clock.py``), and
 ``network.compression`` what each receiver rebuilds of each honest model and what each link's
 message costs on the wire (:class:`LinkCodec`).
 
@@ -22,10 +22,11 @@ import torch
 
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.transport.chunks import wire_size
-from dfedrw.peer.transport.clock import RoundTiming
+from dfedrw.engines.clock import RoundTiming
 from dfedrw.peer.transport.compression import Compression, encoded_out, rounding_generator
 from dfedrw.peer.transport.serde import TensorSpec, message_out
-from dfedrw.peer.wiring.build import scenario_clock, scenario_compression, scenario_model_specs
+from dfedrw.engines.clock import scenario_clock
+from dfedrw.peer.wiring.build import scenario_compression, scenario_model_specs
 
 
 def message_bytes(specs: Sequence[TensorSpec], chunk_bytes: int) -> int:
@@ -157,7 +158,7 @@ class SimulatedNetwork:
     def begin_round(self, r: int, senders: Mapping[int, Sequence[int]]) -> None:
         """Round ``r``'s graph (receiver -> its senders): its links timed on the clock."""
         self.links = [(j, k) for k in sorted(senders) for j in senders[k]]
-        if self.clock is not None and not self.asynchronous:  # asynchronous gossip times each step itself (engines/batched_async.py)
+        if self.clock is not None and not self.asynchronous:  # asynchronous gossip times each step itself (engines/gossip.py)
             self.link_bytes = self.codec.sizes(r, self.links) if self.codec is not None else dict.fromkeys(self.links, self.raw_bytes)
             self.timing = self.clock.round(r, [senders[k] for k in sorted(senders)], self.link_bytes)
             for link in self.timing.planned:
@@ -202,6 +203,6 @@ class SimulatedNetwork:
             return {}
         carried = {str(j): size for (i, j), size in sorted(self.bytes_to.items()) if i == k}
         links = {"lost": self.clock.lost_from(k)}
-        if self.asynchronous:  # models a busy link turned away (engines/batched_async.py)
+        if self.asynchronous:  # models a busy link turned away (engines/gossip.py)
             links["skipped_busy"] = self.skipped_busy.get(k, 0)
         return {"links": links, "bytes_to": carried, **({"gossip": self.gossip[k]} if k in self.gossip else {})}

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from dfedrw.engines.batched_layout import choose_layout
-from dfedrw.engines.batched_steps import aggregate_together, rule_groups, train_together
-from dfedrw.engines.batched_run import BatchedRun, Candidates
+from dfedrw.engines.layout import choose_layout
+from dfedrw.engines.steps import aggregate_together, rule_groups, train_together
+from dfedrw.engines.run import BatchedRun, Candidates
 from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.client.rounds import byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.model_matrix import ManyEvaluator

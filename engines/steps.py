@@ -1,6 +1,6 @@
-"""The pieces of a batched round (:mod:`dfedrw.engines.batched`), shared by the round protocol's
-driver (:func:`~dfedrw.engines.batched.run_together`) and asynchronous gossip's
-(:mod:`dfedrw.engines.batched_async`): the groups of clients that share a rule, the local steps of
+"""The pieces of a batched round (:mod:`dfedrw.engines.together`), shared by the round protocol's
+driver (:func:`~dfedrw.engines.together.run_together`) and asynchronous gossip's
+(:mod:`dfedrw.engines.gossip`): the groups of clients that share a rule, the local steps of
 many clients at once, and their aggregation over one pool of candidates."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dfedrw.engines.batched_run import BatchedRun, Candidates
+from dfedrw.engines.run import BatchedRun, Candidates
 from dfedrw.peer.aggregation import Aggregate, RoundBatch
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.learning.training import sgd_update

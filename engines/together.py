@@ -8,7 +8,7 @@ aggregation rule on the rows its neighbours sent it. Nothing is serialised and n
 no threads: when time can change what happens (emulated links, slow clients, ``[clock]``
 compute) a simulated clock says which models each receiver has by its deadline, and under a
 compression each receiver aggregates the models as it would rebuild them
-(:mod:`dfedrw.engines.batched_network`).
+(:mod:`dfedrw.engines.network`).
 
 It is the same experiment as the other engines, not a re-implementation of it: the partition,
 graph, Byzantine placement, initial models, minibatch order (:class:`~dfedrw.peer.learning.training.BatchOrder`),
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from dfedrw.engines.batched_async import run_gossip
-from dfedrw.engines.batched_layout import choose_layout
-from dfedrw.engines.batched_run import BatchedRun, Candidates  # noqa: F401 - importable from here
-from dfedrw.engines.batched_steps import aggregate_together, rule_groups, train_together  # noqa: F401 - importable from here
+from dfedrw.engines.gossip import run_gossip
+from dfedrw.engines.layout import choose_layout
+from dfedrw.engines.run import BatchedRun, Candidates  # noqa: F401 - importable from here
+from dfedrw.engines.steps import aggregate_together, rule_groups, train_together  # noqa: F401 - importable from here
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
 
@@ -75,7 +75,7 @@ def run_together(runs: list[BatchedRun], on_round: Callable[[int], None] | None 
         raise ValueError(f"runs of one batch must share the model, training, rounds and device; got {len(keys)} different settings")
     sc = runs[0].scenario
     if sc.network.asynchronous:
-        # No rounds to share: each run's steps on its own clock (engines/batched_async.py), one
+        # No rounds to share: each run's steps on its own clock (engines/gossip.py), one
         # run after the other; progress as the share of all their steps done.
         return [run_gossip(run, _share(on_round, i, len(runs), sc.rounds)) for i, run in enumerate(runs)]
     rules = [run.rules[k] for run in runs for k in run.honest]

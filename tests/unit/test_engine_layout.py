@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from dfedrw.engines import batched_layout
-from dfedrw.engines.batched import run_together
-from dfedrw.engines.batched_run import BatchedRun
+from dfedrw.engines import layout as engine_layout
+from dfedrw.engines.together import run_together
+from dfedrw.engines.run import BatchedRun
 from dfedrw.peer.results.records import read_rounds
 
 # ResNet-20 on digits (8x8 images): a convolutional model small enough for a unit test.
@@ -57,16 +57,16 @@ def test_a_measured_pick_times_both_keeps_the_faster_and_changes_nothing_of_the_
     """Timed here on the CPU (the rule that spares the CPU the timing set aside): the pick is
     the layout of least seconds, and the rounds are those of a run in that layout set by hand
     (the measurement draws no minibatch and moves no model)."""
-    monkeypatch.setattr(batched_layout, "CPU_RULE", None)
+    monkeypatch.setattr(engine_layout, "CPU_RULE", None)
     timed = {"loop": 2.0, "vmap": 1.0}
-    real = batched_layout.measure
+    real = engine_layout.measure
     seen = []
 
-    def measure(run_, layout, repeats=batched_layout.REPEATS):
+    def measure(run_, layout, repeats=engine_layout.REPEATS):
         seen.append((layout, real(run_, layout, repeats=1)))  # it runs, on this run's data
         return timed[layout]
 
-    monkeypatch.setattr(batched_layout, "measure", measure)
+    monkeypatch.setattr(engine_layout, "measure", measure)
     auto, peers = run(small_scenario, tmp_path / "auto")
     by_hand, _ = run(small_scenario, tmp_path / "vmap", "engine.layout=vmap")
 
@@ -81,7 +81,7 @@ def test_measuring_a_layout_leaves_the_models_and_the_minibatch_order_as_they_we
     batched = BatchedRun(small_scenario(*CONV), tmp_path)
     models, positions = batched.models.clone(), [b._pos for b in batched.batches]
 
-    seconds = batched_layout.measure(batched, "vmap", repeats=1)
+    seconds = engine_layout.measure(batched, "vmap", repeats=1)
 
     assert seconds > 0 and batched.model.layout == "loop"
     assert {e.model.layout for e in batched.aux.values()} == {"loop"}
