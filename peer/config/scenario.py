@@ -95,8 +95,14 @@ class Scenario:
     speeds: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # [peers.K] overrides, parsed once: client id -> its aggregation settings.
+        object.__setattr__(self, "_aggregations", {k: self._parse_peer(k) for k in self.peers if 0 <= k < self.topology.num_clients})
         if not _VALIDATED.get():
             self.validate()
+
+    def _parse_peer(self, client: int) -> AggregationConfig:
+        over = self.peers.get(client)
+        return parse_aggregation(f"peers.{client}.aggregation", over, self.aggregation) if over else self.aggregation
 
     def validate(self) -> None:
         """The whole scenario's checks: its ranges, its clients, and every rule, the attack and
@@ -168,11 +174,9 @@ class Scenario:
         return self.links.emulates or self.paced or self.clock != ClockConfig()
 
     def aggregation_for(self, client: int) -> AggregationConfig:
-        """The aggregation settings of one client: [aggregation] with its [peers.K] overrides."""
-        over = self.peers.get(client)
-        if not over:
-            return self.aggregation
-        return parse_aggregation(f"peers.{client}.aggregation", over, self.aggregation)
+        """The aggregation settings of one client: [aggregation] with its [peers.K] overrides
+        (parsed when the scenario was made)."""
+        return self._aggregations.get(client, self.aggregation)
 
 
 _SECTIONS: dict[str, type] = {

@@ -76,6 +76,20 @@ def test_per_client_overrides_apply_to_that_client_only():
     assert s.aggregation_for(1) == s.aggregation
 
 
+def test_per_client_overrides_are_parsed_once_when_the_scenario_is_made(monkeypatch):
+    from dfedrw.peer.config import scenario as module
+
+    calls = []
+    real = module.parse_aggregation
+    monkeypatch.setattr(module, "parse_aggregation", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    s = load_scenario(None, ["peers.0.aggregation.crs=softmax", "peers.2.aggregation.tpm=accuracy"])
+    made = sorted(c for c in calls if c.startswith("peers."))
+    for _ in range(100):
+        assert s.aggregation_for(0).crs == "softmax" and s.aggregation_for(2).tpm == "accuracy" and s.aggregation_for(1) is s.aggregation
+    assert made == ["peers.0.aggregation", "peers.2.aggregation"]
+    assert sorted(c for c in calls if c.startswith("peers.")) == made
+
+
 def test_resolved_scenario_round_trips(tmp_path):
     s = load_scenario(None, ["peers.3.aggregation.crs=proportional", "data.partition=labelskew:4"])
     dump_scenario(s, tmp_path / "s.toml")
