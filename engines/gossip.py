@@ -42,8 +42,7 @@ from dfedrw.engines.run import BatchedRun, Candidates
 from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.client.rounds import byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
-from dfedrw.peer.wiring.assembly import byzantine_claims, client_rule, craft_attack_round, next_reference
-from dfedrw.peer.wiring.plan import told_byzantine
+from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
 
 
 @dataclass(frozen=True)
@@ -212,7 +211,7 @@ class Gossip:
             evaluate=[run.aux[k] for k in wave], reference=torch.stack([self.references[k] for k in wave]).to(run.device),
             finite=finite, staleness=staleness,
         )
-        rules, told = zip(*(self.rule_for(k, ids[i][1:]) for i, k in enumerate(wave)), strict=True)
+        rules, told = zip(*(self.run.told_rules.at(k, ids[i][1:]) for i, k in enumerate(wave)), strict=True)
         rules = list(rules)
         results = aggregate_together(t, sc.rounds, [parts], rule_groups(rules), self.scorer, rules)
         models = torch.stack([agg.model for agg in results]).to(run.device)
@@ -232,18 +231,6 @@ class Gossip:
             run.logs[k].write(with_round_graph(record, self.graphs, k, t, told[i]))
             self.starts[k].append(end)
             self.step[k] = t + 1
-
-    def rule_for(self, k: int, senders: tuple[int, ...]) -> tuple[Any, int | None]:
-        """Client ``k``'s rule for candidates from ``senders`` and what it is told: on a fixed
-        graph its one rule; under a schedule the one told the Byzantine clients among them."""
-        run = self.run
-        if not self.graphs.dynamic:
-            return run.rules[k], None
-        told = told_byzantine(run.scenario.aggregation_for(k), self.topology, k, senders)
-        if (k, told) not in run._rules_by_told:
-            run._rules_by_told[(k, told)] = client_rule(run.scenario, self.topology, k, senders)
-        run.told_most[k] = max(run.told_most[k], told)
-        return run._rules_by_told[(k, told)], told
 
     # -- Byzantine clients -------------------------------------------------------------------
     def answer(self, b: int, now: float) -> None:

@@ -19,14 +19,15 @@ from dfedrw.peer.aggregation import Aggregate
 from dfedrw.peer.learning.models import get_vector
 from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.wiring.assembly import (
-    byzantine_claims, client_attack, craft_attack_round, scenario_backdoor, client_augmentation, client_rule, clients_data, initial_model,
+    byzantine_claims, client_attack, craft_attack_round, scenario_backdoor, client_augmentation, clients_data, initial_model,
     move, next_reference, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.learning.datacache import test_set, training_pixels
 from dfedrw.peer.wiring.build import scenario_dataset
 from dfedrw.engines.network import SimulatedNetwork
 from dfedrw.engines.network import pooled as pooled_links
-from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology, told_byzantine
+from dfedrw.peer.round.told import ToldRules
+from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
 from dfedrw.peer.client.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.training import BatchOrder, local_step_count
@@ -117,13 +118,13 @@ class BatchedRun:
         self.momentum: torch.Tensor | None = None
         self.wave: list[int] | None = None  # under asynchronous gossip: the rows that train now
         self.augment = [client_augmentation(sc, k) for k in self.honest]
-        self.rules = {k: client_rule(sc, topo, k) for k in self.honest}
+        self.told_rules = ToldRules(sc, topo, self.honest)
+        self.rules = dict(self.told_rules.fixed)  # each client's rule this round
         # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
         # schedule each client's rule is the one told the Byzantine senders of the round.
         self.graphs = scenario_graphs(sc, topo)
-        self._rules_by_told: dict[tuple[int, int], Any] = {}
+        self.told_rules.dynamic = self.graphs.dynamic
         self.told: dict[int, int] = {}
-        self.told_most = dict.fromkeys(self.honest, 0)
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
         self.attacks = {b: client_attack(sc, topo, b) for b in self.byzantine}
@@ -156,12 +157,7 @@ class BatchedRun:
         if not self.graphs.dynamic:
             return
         for k in self.honest:
-            told = told_byzantine(self.scenario.aggregation_for(k), self.topology, k, self.senders[k])
-            if (k, told) not in self._rules_by_told:
-                self._rules_by_told[(k, told)] = client_rule(self.scenario, self.topology, k, self.senders[k])
-            self.rules[k] = self._rules_by_told[(k, told)]
-            self.told[k] = told
-            self.told_most[k] = max(self.told_most[k], told)
+            self.rules[k], self.told[k] = self.told_rules.at(k, self.senders[k])
 
     def active_rows(self, step: int) -> torch.Tensor | None:
         """The rows of the clients that take local step ``step`` of the round: None for all of
@@ -475,7 +471,7 @@ class BatchedRun:
             final: dict[str, Any] = {
                 **last, **loop, "num_samples": self.num_samples[k], "aux_samples": len(self.data[k].aux.y),
                 "local_test_samples": len(self.data[k].local_test_index),
-                "aggregation": aggregation_summary(cfg, self.told_most[k] if self.graphs.dynamic else told_byzantine(cfg, self.topology, k)),
+                "aggregation": aggregation_summary(cfg, self.told_rules.told_in_all(k)),
             }
         else:
             final = {"attack": sc.attack.name, **loop}

@@ -101,7 +101,7 @@ def run_async_honest(client) -> dict[str, Any]:
         fresh.wait(inbox, [k for k in graphs.senders_to(client.id, t) if k not in client.presence.unreachable], t, t == first)
         held = inbox.held_models(sc.network.max_staleness)
         senders = sorted(held)
-        rule, told = client._rule_at(t, tuple(senders))  # under a schedule: told the Byzantine senders it holds
+        rule, told = client.rules.at(client.id, tuple(senders))  # under a schedule: told the Byzantine senders it holds
         ids = (client.id, *senders)
         messages = [held[k][0] for k in senders]
         staleness = (0, *(held[k][1] for k in senders))

@@ -32,7 +32,7 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.wiring.assembly import (
-    ClientParts, client_attack, client_augmentation, client_data, client_parts, client_rule, scenario_backdoor, scenario_plausible,
+    ClientParts, client_attack, client_augmentation, client_data, client_parts, scenario_backdoor, scenario_plausible,
 )
 from dfedrw.peer.client.byzantine import run_byzantine
 from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
@@ -41,6 +41,7 @@ from dfedrw.peer.transport.intake import ModelIntake
 from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.models import get_vector, set_vector
+from dfedrw.peer.round.told import ToldRules
 from dfedrw.peer.wiring.plan import colluding_group, derive_seed, scenario_graphs, told_byzantine
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.graph.schedule import receive_window
@@ -204,9 +205,9 @@ class Client:
                     self.trainer.load_state(self.resumed.generators, self.resumed.arrays, int(self.resumed.counters.get("trainer_pos", 0)))
                 except (KeyError, ValueError, RuntimeError) as exc:
                     raise CheckpointError(f"checkpoint {self.checkpoint_file}: trainer state unusable ({exc})") from None
-            self.rule = client_rule(sc, self.topology, self.id)
-            self.rules = {}  # under a schedule: the rule told each number of Byzantine senders
-            self.told_most = 0
+            # Its rule; under a schedule, the one told the Byzantine senders of a round.
+            self.rules = ToldRules(sc, self.topology, (self.id,))
+            self.rules.dynamic = self.graphs.dynamic
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
             self.backdoor = scenario_backdoor(sc)
         else:
@@ -260,10 +261,8 @@ class Client:
             self.transport.flush(timeout=5.0)
             self.results.close()
         if self.role == "honest":
-            cfg = self.scenario.aggregation_for(self.id)
             # Under a schedule: the most it was told in a round (each round's in its record).
-            told = self.told_most if self.graphs.dynamic else told_byzantine(cfg, self.topology, self.id)
-            final["aggregation"] = aggregation_summary(cfg, told)
+            final["aggregation"] = aggregation_summary(self.scenario.aggregation_for(self.id), self.rules.told_in_all(self.id))
         rejected = self.resume.rejected()
         final.update(
             id=self.id,
@@ -358,19 +357,6 @@ class Client:
         set_vector(self.model, flat)
         return flat
 
-    def _rule_at(self, r: int, senders: tuple[int, ...]) -> tuple[Any, int | None]:
-        """The rule of round ``r`` and, under a schedule, what it is told: the Byzantine
-        clients among the round's ``senders`` (one rule per number told, built when first
-        needed, with the client's seed)."""
-        if not self.graphs.dynamic:
-            return self.rule, None
-        cfg = self.scenario.aggregation_for(self.id)
-        told = told_byzantine(cfg, self.topology, self.id, senders)
-        if told not in self.rules:
-            self.rules[told] = client_rule(self.scenario, self.topology, self.id, senders)
-        self.told_most = max(self.told_most, told)
-        return self.rules[told], told
-
     def _run_honest(self) -> dict[str, Any]:
         sc = self.scenario
         data, trainer, aux_eval = self.data, self.trainer, self.aux_eval
@@ -416,7 +402,7 @@ class Client:
             sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
             losses = (loss, *(got[k].train_loss for k in ids[1:]))
             missing = sorted(expected - got.keys())
-            rule, told = self._rule_at(r, senders)
+            rule, told = self.rules.at(self.id, senders)
             # Every received model passed the intake's check of its values: only the own
             # model's need looking at (for a big model a pass over every candidate saved).
             finite = (bool(finite_rows(own[None])[0]), *(True for _ in ids[1:]))

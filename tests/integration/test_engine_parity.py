@@ -198,8 +198,14 @@ def test_comparison_detects_another_model_stream(stream, tmp_path, threads_run, 
 def test_comparison_detects_another_rule_setting(tmp_path, threads_run, monkeypatch):
     """One engine's rule drifts (loss clip weighting uniform instead of proportional)."""
     from dfedrw.engines import run as batched
-    build = batched.client_rule
+    from dfedrw.peer.round.told import ToldRules
+
     other = scenario(DRIFT_CASE, "batched", FAST_ROUNDS, "aggregation.crs_params.loss_clip_mean.weighting=uniform")
-    monkeypatch.setattr(batched, "client_rule", lambda sc, topology, k: build(other, topology, k))
+
+    class Drifted(ToldRules):  # the batched engine's rules built from the other setting
+        def __init__(self, sc, topology, clients):
+            super().__init__(other, topology, clients)
+
+    monkeypatch.setattr(batched, "ToldRules", Drifted)
     problems = _drifted(tmp_path, threads_run)
     assert any(", round 0: weights differ" in p for p in problems), problems[:5]

@@ -1,0 +1,7 @@
+"""The pieces of a round that do not depend on how its clients are run, written once over a
+batch of clients (a client process is a batch of one) and called by both engines: the client
+(:mod:`dfedrw.peer.client`) and the batched engine (:mod:`dfedrw.engines`).
+
+:mod:`.told`: each client's rule and, under a schedule, the one told the Byzantine clients among
+a round's senders.
+"""
