@@ -268,7 +268,7 @@ def batched_rounds(scenario, out: Path) -> tuple[Path, dict[str, Any], dict[str,
     from dfedrw.engines.together import run_together
     from dfedrw.engines.run import BatchedRun
     from dfedrw.launch.preflight import preflight
-    from dfedrw.peer.client.rounds import evaluation_due
+    from dfedrw.peer.round.records import evaluation_due
 
     preflight(scenario)
     run = BatchedRun(scenario, out)

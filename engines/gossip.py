@@ -40,7 +40,7 @@ from dfedrw.engines.layout import choose_layout
 from dfedrw.engines.steps import aggregate_together, rule_groups, train_together
 from dfedrw.engines.run import BatchedRun, Candidates
 from dfedrw.peer.attacks import AttackView
-from dfedrw.peer.client.rounds import byzantine_record, evaluation_due, honest_record, with_round_graph
+from dfedrw.peer.round.records import byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
 from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
 

@@ -27,9 +27,10 @@ from dfedrw.peer.wiring.build import scenario_dataset
 from dfedrw.engines.network import SimulatedNetwork
 from dfedrw.engines.network import pooled as pooled_links
 from dfedrw.peer.round.told import ToldRules
+from dfedrw.peer.transport.inbox import window_outcome
 from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
-from dfedrw.peer.client.rounds import aggregation_summary, byzantine_record, evaluation_due, honest_record, with_round_graph
+from dfedrw.peer.round.records import byzantine_record, evaluation_due, final_keys, honest_record, with_round_graph
 from dfedrw.peer.learning.training import BatchOrder, local_step_count
 from dfedrw.peer.learning.device import device_memory, engine_device
 from dfedrw.peer.learning.model_matrix import FlatModel, VectorEvaluator
@@ -278,10 +279,11 @@ class BatchedRun:
     def _misrouted(self, receiver: int, label: int, r: int) -> None:
         """What a receiver's intake does with a message of round ``r``'s sender labelled
         ``label``: a receiver is then in round ``r`` or ``r + 1`` (it sent its round-``r``
-        model, and waits for this sender's round ``r + 1`` before going on), so a label below
-        ``r`` is stale whichever, one past ``r + 1 + round_window`` is refused as
-        ``future_round``. Labels in between would be buffered and used, which depends on timing
-        the batched engine has none of: refused with one line."""
+        model, and waits for this sender's round ``r + 1`` before going on), so the message is
+        what its inbox makes of it in both (:func:`window_outcome`): stale (below ``r``) or
+        refused as ``future_round`` (past ``r + 1 + round_window``). Labels in between would be
+        buffered and used, which depends on timing the batched engine has none of: refused with
+        one line."""
         if self.graphs.dynamic:
             # Under a schedule a receiver may be several rounds behind or ahead of its sender
             # (each waits only for its own senders): what becomes of the message is timing.
@@ -290,9 +292,10 @@ class BatchedRun:
                 "receiver does with it depends on the rounds clients are in, which the batched engine does not model; use the client engine"
             )
         window = self.scenario.network.round_window
-        if label < r:
+        at_r, at_next = window_outcome(label, r, window), window_outcome(label, r + 1, window)
+        if at_r == at_next == "stale":
             self.stale[receiver] = self.stale.get(receiver, 0) + 1
-        elif label > r + 1 + window:
+        elif at_r == at_next == "future":
             self._reject(receiver, "future_round")
         else:
             raise ValueError(
@@ -467,20 +470,20 @@ class BatchedRun:
     def _final(self, k: int, last: dict[str, float], loop: dict[str, float], wall: float) -> dict[str, Any]:
         sc = self.scenario
         if k in self.row:
-            cfg = sc.aggregation_for(k)
             final: dict[str, Any] = {
                 **last, **loop, "num_samples": self.num_samples[k], "aux_samples": len(self.data[k].aux.y),
                 "local_test_samples": len(self.data[k].local_test_index),
-                "aggregation": aggregation_summary(cfg, self.told_rules.told_in_all(k)),
+                "aggregation": self.told_rules.summary(k),
             }
         else:
             final = {"attack": sc.attack.name, **loop}
-        rejected = self.rejected.get(k, {})
         final.update(
-            id=k, role="honest" if k in self.row else "byzantine", pid=os.getpid(), address="batched", device=str(self.device),
-            completed=True, wall_seconds=wall, rejected_messages=sum(rejected.values()), rejected_by_reason=dict(rejected),
-            stale_messages=self.stale.get(k, 0), unsent_messages={"dropped": 0, "stale": 0}, refused_calls_by_reason={}, tls="n/a (batched engine)",
-            restarts=0, rounds_lost=0, resumed_from=[], engine="batched", **self.layout,
+            final_keys(
+                k, "honest" if k in self.row else "byzantine", pid=os.getpid(), address="batched", device=str(self.device), wall_seconds=wall,
+                rejected=self.rejected.get(k, {}), stale_messages=self.stale.get(k, 0), unsent_messages={"dropped": 0, "stale": 0},
+                refused_calls_by_reason={}, tls="n/a (batched engine)",
+            ),
+            engine="batched", **self.layout,
         )
         if self.graphs.dynamic:
             final["schedule"] = sc.topology.schedule

@@ -48,7 +48,8 @@ from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.client import link_messages
-from dfedrw.peer.client.rounds import byzantine_record, end_of_round, honest_record, loop_times, with_round_graph
+from dfedrw.peer.client.rounds import end_of_round
+from dfedrw.peer.round.records import byzantine_record, honest_record, loop_times, with_round_graph
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.latest import LatestInbox

@@ -18,7 +18,8 @@ from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.wiring.plan import derive_seed
 from dfedrw.peer.client import link_messages
-from dfedrw.peer.client.rounds import Liveness, byzantine_record, checkpoint_due, loop_times, with_round_graph
+from dfedrw.peer.client.rounds import Liveness
+from dfedrw.peer.round.records import byzantine_record, checkpoint_due, loop_times, with_round_graph
 from dfedrw.peer.transport.serde import message_out
 
 

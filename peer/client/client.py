@@ -48,7 +48,8 @@ from dfedrw.peer.graph.schedule import receive_window
 from dfedrw.peer.client.presence import PROBE_EVERY, Presence
 from dfedrw.peer.client.rejoin import Resume, coordinate_median
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
-from dfedrw.peer.client.rounds import Liveness, Pace, aggregation_summary, end_of_round, honest_record, loop_times, with_round_graph
+from dfedrw.peer.client.rounds import Liveness, Pace, end_of_round
+from dfedrw.peer.round.records import final_keys, honest_record, loop_times, with_round_graph
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.transport.links import EmulatedLinks
@@ -262,25 +263,15 @@ class Client:
             self.results.close()
         if self.role == "honest":
             # Under a schedule: the most it was told in a round (each round's in its record).
-            final["aggregation"] = aggregation_summary(self.scenario.aggregation_for(self.id), self.rules.told_in_all(self.id))
-        rejected = self.resume.rejected()
+            final["aggregation"] = self.rules.summary(self.id)
         final.update(
-            id=self.id,
-            role=self.role,
-            pid=os.getpid(),
-            address=self.address,
-            device=str(self.device),
-            completed=True,
-            wall_seconds=round(time.monotonic() - start, 3),
-            rejected_messages=sum(rejected.values()),
-            rejected_by_reason=rejected,
-            stale_messages=self.resume.stale_messages(),
-            unsent_messages=self._unsent(),
-            refused_calls_by_reason=dict(getattr(self.transport, "refused", {})),
-            tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
-            restarts=self.resume.restarts,
-            rounds_lost=self.resume.rounds_lost(),
-            resumed_from=self.resume.resumed_from,
+            final_keys(
+                self.id, self.role, pid=os.getpid(), address=self.address, device=str(self.device), wall_seconds=round(time.monotonic() - start, 3),
+                rejected=self.resume.rejected(), stale_messages=self.resume.stale_messages(), unsent_messages=self._unsent(),
+                refused_calls_by_reason=getattr(self.transport, "refused", {}),
+                tls="mutual" if getattr(self.transport, "identity", None) is not None else "off",
+                restarts=self.resume.restarts, rounds_lost=self.resume.rounds_lost(), resumed_from=self.resume.resumed_from,
+            ),
             **self.transport_backend,
             **device_memory(self.device),
         )

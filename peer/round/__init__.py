@@ -3,5 +3,6 @@ batch of clients (a client process is a batch of one) and called by both engines
 (:mod:`dfedrw.peer.client`) and the batched engine (:mod:`dfedrw.engines`).
 
 :mod:`.told`: each client's rule and, under a schedule, the one told the Byzantine clients among
-a round's senders.
+a round's senders. :mod:`.records`: what a round and a client's final file hold, and when an
+evaluation and a checkpoint are due.
 """

@@ -19,6 +19,7 @@ from typing import Any
 
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.graph.topology import Topology
+from dfedrw.peer.round.records import aggregation_summary
 from dfedrw.peer.wiring.assembly import client_rule
 from dfedrw.peer.wiring.plan import told_byzantine
 
@@ -56,3 +57,7 @@ class ToldRules:
         if self.dynamic:
             return self.most[k]
         return told_byzantine(self.scenario.aggregation_for(k), self.topology, k)
+
+    def summary(self, k: int) -> dict[str, Any]:
+        """What client ``k``'s final file says of its rule (:func:`aggregation_summary`)."""
+        return aggregation_summary(self.scenario.aggregation_for(k), self.told_in_all(k))

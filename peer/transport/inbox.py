@@ -44,6 +44,18 @@ from dfedrw.peer.transport.serde import ModelMessage
 log = logging.getLogger(__name__)
 
 
+
+def window_outcome(label: int, current: int, window: int) -> str | None:
+    """What a receiver in round ``current`` does with a message labelled ``label`` by its round
+    alone: ``"stale"`` (a round it passed: dropped), ``"future"`` (more than ``window`` rounds
+    ahead: refused as ``future_round``), or None (kept, in the window). The one place that
+    decides it: the inbox of a client, and the batched engine for an attack's labels."""
+    if label < current:
+        return "stale"
+    if label > current + window:
+        return "future"
+    return None
+
 class RoundWaiting:
     """Messages kept by round, that a round loop waits on until every expected sender's message
     of a round is in (or the sender is presumed gone), or a deadline. A subclass sets
@@ -200,13 +212,12 @@ class Inbox(RoundWaiting):
     # -- the verdict on a round and sender ---------------------------------------------------
     def _outcome(self, sender: int, round_: int) -> str | None:
         """Why a message of ``sender`` for ``round_`` cannot be kept now, or None (lock held)."""
-        if round_ < self._round:
-            # Not a sign of life by itself: only a message it can be waited for again (in
-            # the window) is; the client re-arms a neighbour for a late one at most once per
-            # absence (see the client's intake).
-            return "stale"
-        if round_ > self._round + self.window:
-            return "future"
+        # A stale one is not a sign of life by itself: only a message it can be waited for again
+        # (in the window) is; the client re-arms a neighbour for a late one at most once per
+        # absence (see the client's intake).
+        outside = window_outcome(round_, self._round, self.window)
+        if outside is not None:
+            return outside
         if self.senders_at is not None and sender not in self.senders_at(round_):
             # Checked here, under the lock, for every message buffered: the round may
             # have moved on since the sender was screened.

@@ -1,0 +1,142 @@
+"""What a round writes, the same under every engine: the round records of an honest and a
+Byzantine client, the round's graph in them under a schedule, when an evaluation and a
+checkpoint are due, a client's test measures, what its final file says of its rule, the keys
+every final record has, and the round loop's clock. A client process (:mod:`peer.client`) and the
+batched engine (:mod:`engines`) both call these, so that their results folders cannot drift apart
+(``tests/integration/test_engine_parity.py`` holds them together)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
+from dfedrw.peer.learning.training import evaluate
+
+
+def evaluation_due(r: int, rounds: int, every: int) -> bool:
+    """Whether round ``r`` ends with an evaluation: every ``every`` rounds (0: never) and after
+    the last round."""
+    return r == rounds - 1 or bool(every and (r + 1) % every == 0)
+
+
+def checkpoint_due(r: int, rounds: int, every: int) -> bool:
+    """Whether round ``r`` ends with a checkpoint: every ``every`` rounds (0: never), not after
+    the last round (the final file replaces it)."""
+    return bool(every) and (r + 1) % every == 0 and r < rounds - 1
+
+
+def finite_or_none(x: float) -> float | None:
+    """A score as a record keeps it: rounded to 6 places, or None when not finite (JSON has no
+    infinity)."""
+    x = float(x)
+    return round(x, 6) if math.isfinite(x) else None
+
+
+def test_measures(model: Any, data: Any, backdoor: Any = None) -> dict[str, float]:
+    """A client's measures on its test sets, in percent: local and global accuracy, and under a
+    backdoor attack (``backdoor``: :func:`~dfedrw.peer.wiring.assembly.scenario_backdoor`'s
+    probe) ``attack_success``, the share of triggered global test rows put in the target class."""
+    test = data.global_test  # converted once (a client process holds no copy between evaluations)
+    out = {
+        "accuracy": 100.0 * evaluate(model, data.local_test)["accuracy"],
+        "global_accuracy": 100.0 * evaluate(model, test)["accuracy"],
+    }
+    if backdoor is not None:
+        out["attack_success"] = 100.0 * evaluate(model, backdoor.rows(test))["accuracy"]
+    return out
+
+
+def honest_record(
+    r: int, train_loss: float, weights: Mapping[int, float], missing: list[int], *,
+    scores: Mapping[int, float] | None = None, bytes_sent: int = 0, bytes_received: int = 0, notes: Mapping[str, Any] | None = None,
+    seconds: float | None = None,
+) -> dict[str, Any]:
+    """An honest client's round record: its training loss, the weight its rule gave each
+    candidate, bytes on the wire, the neighbours whose model did not come, ``notes`` (what a
+    client process adds of a resume), the TPM's score of each candidate where the rule
+    scores them, and ``seconds`` since its round loop began at the round's end, where there is
+    a clock (wall time for a client, simulated time in a batched engine that keeps one)."""
+    record: dict[str, Any] = {
+        "round": r,
+        "train_loss": train_loss,
+        "weights": {str(k): round(float(w), 6) for k, w in weights.items()},
+        "bytes_sent": bytes_sent,
+        "bytes_received": bytes_received,
+        "missing": missing,
+    }
+    if seconds is not None:
+        record["seconds"] = seconds
+    record.update(notes or {})
+    if scores is not None:
+        record["scores"] = {str(k): finite_or_none(v) for k, v in scores.items()}
+    return record
+
+
+def byzantine_record(
+    r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None
+) -> dict[str, Any]:
+    """A Byzantine client's round record; the attack's note, when it keeps one, under
+    ``"attack"``; when colluding, ``"pooled_from"``: the sorted colluders whose pool of the
+    round it used, itself included (None: it acts alone, no key)."""
+    record: dict[str, Any] = {
+        "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
+        "received_from": received_from, "silent_to": silent,
+    }
+    if pooled_from is not None:
+        record["pooled_from"] = sorted(pooled_from)
+    if crafted.note:
+        record["attack"] = dict(crafted.note)
+    return record
+
+
+def with_round_graph(record: dict[str, Any], graphs, k: int, r: int, told: int | None = None) -> dict[str, Any]:
+    """``record`` of client ``k`` with, under a schedule (``graphs.dynamic``), round ``r``'s
+    neighbours: ``neighbours``, whose models it was to receive; ``sent_to`` (directed
+    schedules), whom it sent to; and ``told_byzantine``, what its rule was told (None: nothing
+    told, a Byzantine client). A fixed graph's records stay as they were."""
+    if graphs.dynamic:
+        record["neighbours"] = list(graphs.senders_to(k, r))
+        if graphs.directed:
+            record["sent_to"] = list(graphs.receivers_of(k, r))
+        if told is not None:
+            record["told_byzantine"] = told
+    return record
+
+
+def aggregation_summary(cfg, told: int) -> dict[str, Any]:
+    """What an honest client's final file says of its rule (``cfg``, its aggregation settings):
+    the rule, how many Byzantine neighbours it was told of, and its TPM and CRS where it scores."""
+    out: dict[str, Any] = {"rule": cfg.rule, "told_byzantine": told}
+    if takes_tpm_and_crs(cfg.rule):
+        out.update(tpm=cfg.tpm, crs=cfg.crs)
+    return out
+
+
+def loop_times(wall_start: float, cpu_start: float, started_at: float) -> dict[str, float]:
+    """Wall and CPU seconds of the round loop, and when it started (Unix time: what a launcher
+    compares with when it started the process). CPU time is the whole process's (all its
+    threads; with the in-process transport, all its clients)."""
+    return {
+        "loop_seconds": round(time.monotonic() - wall_start, 3), "loop_cpu_seconds": round(time.process_time() - cpu_start, 3),
+        "loop_started_at": round(started_at, 3),
+    }
+
+
+def final_keys(
+    client: int, role: str, *, pid: int, address: str, device: str, wall_seconds: float, rejected: Mapping[str, int], stale_messages: int,
+    unsent_messages: Mapping[str, int], refused_calls_by_reason: Mapping[str, int], tls: str, restarts: int = 0, rounds_lost: int = 0,
+    resumed_from: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The keys every client's final file has, whatever ran it, in the order they are written:
+    who it is and where it ran, that it completed and in how long, the messages it refused (by
+    reason), found stale, could not send and whose calls it refused, its TLS, and what restarts
+    cost it (``resumed_from``: one entry per resume)."""
+    return {
+        "id": client, "role": role, "pid": pid, "address": address, "device": device, "completed": True, "wall_seconds": wall_seconds,
+        "rejected_messages": sum(rejected.values()), "rejected_by_reason": dict(rejected), "stale_messages": stale_messages,
+        "unsent_messages": dict(unsent_messages), "refused_calls_by_reason": dict(refused_calls_by_reason), "tls": tls, "restarts": restarts,
+        "rounds_lost": rounds_lost, "resumed_from": list(resumed_from),
+    }
