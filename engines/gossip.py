@@ -39,10 +39,9 @@ import torch
 from dfedrw.engines.layout import choose_layout
 from dfedrw.engines.steps import aggregate_together, rule_groups, train_together
 from dfedrw.engines.run import BatchedRun, Candidates
-from dfedrw.peer.attacks import AttackView
+from dfedrw.peer.round.byzantine import ByzantineStep
 from dfedrw.peer.round.records import byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
-from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,8 @@ class Gossip:
         self.pending: dict[int, list[tuple[float, int, Message]]] = {k: [] for k in range(self.topology.num_clients)}
         self.held: dict[int, dict[int, Held]] = {k: {} for k in range(self.topology.num_clients)}
         self.answered = {b: {k: -1 for k in self.graphs.possible(b) if k not in self.byzantine} for b in run.byzantine}
-        self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(run.byzantine)
+        # Each Byzantine client's step, with the attack and generator of the run's (its own reference).
+        self.attack_steps = {b: ByzantineStep(run.scenario, b, s.attack, s.generator) for b, s in run.attack_steps.items()}
         self.byzantine_events: list[tuple[float, int, int]] = []  # (arrival, order, Byzantine receiver)
         self.losses: dict[int, float] = {}
         self.errors: dict[int, Any] = {}  # each honest client's last trained model: what an intake refuses it for, or None
@@ -236,7 +236,7 @@ class Gossip:
     def answer(self, b: int, now: float) -> None:
         """Byzantine ``b`` at ``now``: what reached it taken, each honest neighbour whose newer
         model came answered with one crafted message."""
-        run, sc = self.run, self.run.scenario
+        run = self.run
         self._take(b, now)
         held = {j: h.message for j, h in self.held[b].items() if j in self.answered[b]}
         due = tuple(j for j in sorted(held) if held[j].label > self.answered[b][j])
@@ -244,11 +244,10 @@ class Gossip:
             return
         senders = tuple(sorted(held))
         received = torch.stack([held[j].vector for j in senders])
-        claimed_size, claimed_loss = byzantine_claims([held[j].num_samples for j in senders], [held[j].loss for j in senders])
         label = max(held[j].label for j in due)
-        view = AttackView(round=label, attacker=b, receivers=due, senders=senders, received=received, reference=self.reference[b], total_rounds=sc.rounds)
-        crafted = craft_attack_round(sc, run.attacks[b], view, run.attack_gen[b])
-        self.reference[b] = next_reference(run.attacks[b], view)
+        crafted, claimed_size, claimed_loss = self.attack_steps[b](
+            label, receivers=due, senders=senders, received=received, sizes=[held[j].num_samples for j in senders], losses=[held[j].loss for j in senders],
+        )
         if crafted.extra:
             raise ValueError(
                 f"an attack sent copies labelled with other steps (client {b}): under asynchronous gossip what a receiver does "

@@ -17,15 +17,14 @@ from dfedrw.peer.results.collect import collect_summary
 from dfedrw.peer.config.scenario import Scenario, dump_scenario
 from dfedrw.peer.aggregation import Aggregate
 from dfedrw.peer.learning.models import get_vector
-from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.wiring.assembly import (
-    byzantine_claims, client_attack, craft_attack_round, scenario_backdoor, client_augmentation, clients_data, initial_model,
-    move, next_reference, scenario_model, scenario_plausible,
+    client_attack, scenario_backdoor, client_augmentation, clients_data, initial_model, move, scenario_model, scenario_plausible,
 )
 from dfedrw.peer.learning.datacache import test_set, training_pixels
 from dfedrw.peer.wiring.build import scenario_dataset
 from dfedrw.engines.network import SimulatedNetwork
 from dfedrw.engines.network import pooled as pooled_links
+from dfedrw.peer.round.byzantine import ByzantineStep
 from dfedrw.peer.round.told import ToldRules
 from dfedrw.peer.transport.inbox import window_outcome
 from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology
@@ -128,11 +127,12 @@ class BatchedRun:
         self.told: dict[int, int] = {}
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
-        self.attacks = {b: client_attack(sc, topo, b) for b in self.byzantine}
-        self.attack_gen = {b: torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)) for b in self.byzantine}
+        # Each Byzantine client's attack, its generator (seeded by its id) and the reference it carries.
+        self.attack_steps = {
+            b: ByzantineStep(sc, b, client_attack(sc, topo, b), torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b))) for b in self.byzantine
+        }
         # Colluding Byzantine clients pool what they received: here the pool is rows of the models.
         self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
-        self.reference: dict[int, torch.Tensor | None] = dict.fromkeys(self.byzantine)
         self.plausible = scenario_plausible(sc)
         # With links that cost something, slow clients or [clock] compute, each round on a
         # simulated clock (which models reach each receiver by its deadline); with a compression,
@@ -246,18 +246,14 @@ class BatchedRun:
         pool = self._rows(pool_senders, first) if self.colluders else None
         for b in self.byzantine:
             senders = heard[b]
-            claimed_size, claimed_loss = byzantine_claims([self.num_samples[k] for k in senders], [losses[k] for k in senders])
-            view = AttackView(
-                round=r, attacker=b, receivers=tuple(k for k in self.receivers[b] if k in self.row), senders=tuple(senders),
-                received=self._rows(senders, b), colluders=self.colluders, pool_senders=pool_senders if self.colluders else (),
-                pool=pool, reference=self.reference[b], total_rounds=self.scenario.rounds,
+            receivers = tuple(k for k in self.receivers[b] if k in self.row)
+            crafted, claimed_size, claimed_loss = self.attack_steps[b](
+                r, receivers=receivers, senders=tuple(senders), received=self._rows(senders, b), sizes=[self.num_samples[k] for k in senders],
+                losses=[losses[k] for k in senders], colluders=self.colluders, pool_senders=pool_senders if self.colluders else (), pool=pool,
             )
-            attack = self.attacks[b]
-            crafted = craft_attack_round(self.scenario, attack, view, self.attack_gen[b])
-            self.reference[b] = next_reference(attack, view)
             self.notes[b] = crafted
             values_errors: dict[int, Any] = {}  # one check per message, however many receive it
-            for k in view.receivers:
+            for k in receivers:
                 message = crafted.messages[k]
                 if message is None:
                     self.silent[b] += 1

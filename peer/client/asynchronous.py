@@ -46,15 +46,14 @@ import torch
 
 from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.aggregation.rules import finite_rows
-from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.rounds import end_of_round
+from dfedrw.peer.round.byzantine import ByzantineStep
 from dfedrw.peer.round.records import byzantine_record, honest_record, loop_times, with_round_graph
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.latest import LatestInbox
 from dfedrw.peer.transport.serde import message_out
-from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
 from dfedrw.peer.wiring.plan import derive_seed
 
 log = logging.getLogger("dfedrw.peer.client.client")
@@ -198,7 +197,7 @@ def run_async_byzantine(client) -> dict[str, Any]:
     answered = dict.fromkeys(honest, -1)  # per honest neighbour, the label it was last answered at
     # The last step each honest neighbour sends it a model in (a fixed graph: the last step).
     last = last_labels(client.graphs, client.id, honest, sc.rounds)
-    reference = None
+    step = ByzantineStep(sc, client.id, client.attack, gen)
     seen, quiet, crafts = 0, 0, 0
     size = sum(s.numel for s in client.specs)
     while any(answered[k] < last[k] for k in honest):
@@ -220,10 +219,9 @@ def run_async_byzantine(client) -> dict[str, Any]:
         sent0, recv0 = client.transport.bytes_sent, inbox.bytes_received
         label = max(held[k].round for k in due)
         received = torch.stack([m.vector for m in messages]) if messages else torch.empty(0, size)
-        claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in messages], [m.train_loss for m in messages])
-        view = AttackView(round=label, attacker=client.id, receivers=due, senders=senders, received=received, reference=reference, total_rounds=sc.rounds)
-        crafted = craft_attack_round(sc, client.attack, view, gen)
-        reference = next_reference(client.attack, view)
+        crafted, claimed_size, claimed_loss = step(
+            label, receivers=due, senders=senders, received=received, sizes=[m.num_samples for m in messages], losses=[m.train_loss for m in messages],
+        )
         chunk_bytes = sc.network.chunk_bytes
         for k, labelled in crafted.extra.items():
             for extra_label, extra in labelled:
@@ -242,5 +240,5 @@ def run_async_byzantine(client) -> dict[str, Any]:
         client.results.write(record)
         client.link.send(link_messages.round_event(client.id, label))
         crafts += 1
-        del view, received, messages, held, crafted
+        del received, messages, held, crafted
     return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at), "gossip": {"protocol": "async", "crafts": crafts}}

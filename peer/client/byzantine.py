@@ -13,12 +13,11 @@ from typing import Any
 
 import torch
 
-from dfedrw.peer.wiring.assembly import byzantine_claims, craft_attack_round, next_reference
-from dfedrw.peer.attacks import AttackView
 from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.wiring.plan import derive_seed
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.rounds import Liveness
+from dfedrw.peer.round.byzantine import ByzantineStep
 from dfedrw.peer.round.records import byzantine_record, checkpoint_due, loop_times, with_round_graph
 from dfedrw.peer.transport.serde import message_out
 
@@ -33,7 +32,7 @@ def run_byzantine(client) -> dict[str, Any]:
     liveness = Liveness(sc.network.max_missed_rounds)
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
     r = 0
-    reference = None  # the mean of what it knew last round (AttackView.reference)
+    step = ByzantineStep(sc, client.id, attack, gen)  # its attack, generator and reference (AttackView.reference)
     silent_before = False  # whether it was silent to a receiver last round
     if client.resumed is not None:
         if "attack" in client.resumed.generators:
@@ -57,19 +56,17 @@ def run_byzantine(client) -> dict[str, Any]:
         received = (
             client.inbox.stacked(r, [m.vector for m in honest_msgs]) if honest_msgs else torch.empty(0, sum(s.numel for s in client.specs))
         )
-        claimed_size, claimed_loss = byzantine_claims([m.num_samples for m in honest_msgs], [m.train_loss for m in honest_msgs])
         pooled = client.collusion.exchange(r, senders, received, sc.network.round_timeout) if client.collusion is not None else None
-        view = AttackView(
-            round=r, attacker=client.id, receivers=targets, senders=senders, received=received, reference=reference, total_rounds=sc.rounds,
+        release_free_heap()
+        crafted, claimed_size, claimed_loss = step(
+            r, receivers=targets, senders=senders, received=received, sizes=[m.num_samples for m in honest_msgs],
+            losses=[m.train_loss for m in honest_msgs],
             **({"colluders": client.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
         )
-        release_free_heap()
-        crafted = craft_attack_round(sc, attack, view, gen)
-        reference = next_reference(attack, view)
         # Done with what it received this round: only the crafted messages are held now.
         client.inbox.close(r)
         received_from = sorted(got)
-        del view, received, honest_msgs, got
+        del received, honest_msgs, got
         # Copies labelled with other rounds go first: a receiver takes the round's own message
         # last, so it is still running (and counts what it does with them) when they arrive.
         for k, labelled in crafted.extra.items():

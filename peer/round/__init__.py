@@ -4,5 +4,6 @@ batch of clients (a client process is a batch of one) and called by both engines
 
 :mod:`.told`: each client's rule and, under a schedule, the one told the Byzantine clients among
 a round's senders. :mod:`.records`: what a round and a client's final file hold, and when an
-evaluation and a checkpoint are due.
+evaluation and a checkpoint are due. :mod:`.byzantine`: a Byzantine client's step (what it declares,
+its attack's view and messages, the reference it carries).
 """

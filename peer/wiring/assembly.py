@@ -7,7 +7,6 @@ draws the same partition, models and attacks."""
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from dfedrw.peer.aggregation.columns import mean_rows
-from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData, AttackView, Crafted, craft_round
+from dfedrw.peer.attacks import ATTACK_REGISTRY, AttackerData
 from dfedrw.peer.attacks.backdoor import Backdoor
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.data import Dataset, aux_indices, local_test_indices, partition
@@ -191,17 +189,6 @@ def client_attack(scenario: Scenario, topology: Topology, attacker: int) -> Any:
     return build_attack(scenario, topology.num_clients, len(topology.byzantine), **attacker_knowledge(scenario, topology, attacker))
 
 
-def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
-    """The data size and training loss a Byzantine client declares: those its honest neighbours
-    declared, on average, so that weighting by size or loss cannot single it out by its
-    metadata. With nothing heard, the smallest plausible size (0 would be refused). The mean
-    loss is the correctly rounded sum over the count (``math.fsum``): the same bits in any
-    order, in every engine."""
-    size = round(sum(sizes) / len(sizes)) if sizes else 1
-    finite = [x for x in losses if math.isfinite(x)]
-    return size, math.fsum(finite) / len(finite) if finite else float("nan")
-
-
 @dataclass
 class ClientData:
     """A client's training shard and auxiliary subset (its own copies) and the test sets: the
@@ -274,36 +261,3 @@ def clients_data(scenario: Scenario, topology: Topology, ids: Iterable[int], *, 
             train_index=torch.as_tensor(rows),
         )
     return out
-
-
-def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: torch.Generator) -> torch.Generator:
-    """The generator an attack draws from in ``view``'s round: its own (seeded by its id, drawn
-    on round after round), or, for a per-round attack of colluding clients, the group's for this
-    round (seeded by the round alone), so that every colluder computes the same plan."""
-    if view.colluders and hasattr(attack, "plan"):
-        return torch.Generator().manual_seed(derive_seed(scenario.seed, "collusion", view.round))
-    return own
-
-
-def craft_attack_round(scenario: Scenario, attack: Any, view: AttackView, own: torch.Generator) -> Crafted:
-    """A Byzantine client's messages of ``view``'s round, in every engine: in the attack window
-    (``attack.start`` .. ``attack.stop``) what ``attack`` crafts (:func:`craft_round`, drawing
-    from :func:`attack_generator`); outside it the mean of the honest models it knows, to every
-    receiver (nothing known: silent), its note ``{"attacking": False}``."""
-    if not scenario.attack.attacks_in(view.round):
-        mean = known_mean(view)
-        return Crafted(dict.fromkeys(view.receivers, None if mean is None else mean.to(torch.float32)), {"attacking": False})
-    return craft_round(attack, view, attack_generator(scenario, view, attack, own))
-
-
-def known_mean(view: AttackView) -> torch.Tensor | None:
-    """The mean of the honest models ``view`` knew (the next round's ``reference``), float64."""
-    _, known = view.known()
-    return mean_rows(known) if len(known) else None
-
-
-def next_reference(attack: Any, view: AttackView) -> torch.Tensor | None:
-    """The ``reference`` of ``attack``'s next view: :func:`known_mean` of this one for a
-    per-round attack (its ``plan`` reads the view); None for a per-receiver attack, which is
-    only ever handed the models it knows, so the mean would be computed for nobody."""
-    return known_mean(view) if hasattr(attack, "plan") else None

@@ -11,7 +11,8 @@ from dfedrw.peer.config.checks import ScenarioError
 from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 from dfedrw.peer.learning.data import Dataset
 from dfedrw.peer.results.records import RecordBuilder, success_summary
-from dfedrw.peer.wiring.assembly import craft_attack_round, scenario_backdoor
+from dfedrw.peer.round.byzantine import craft_attack_round
+from dfedrw.peer.wiring.assembly import scenario_backdoor
 
 BYZANTINE = ("topology.byzantine=2", "data.name=digits")
 

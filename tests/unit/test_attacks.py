@@ -387,7 +387,7 @@ def test_a_byzantine_client_declares_its_neighbours_mean_size_and_fsum_mean_fini
     # Prepare
     import math
 
-    from dfedrw.peer.wiring.assembly import byzantine_claims
+    from dfedrw.peer.round.byzantine import byzantine_claims
 
     finite = [x for x in losses if math.isfinite(x)]
 

@@ -405,7 +405,7 @@ def test_registered_names_build_the_classes_and_declare_their_threat_models():
 
 def test_the_next_reference_is_the_known_mean_for_a_per_round_attack_and_none_for_a_per_receiver_one():
     # Prepare: two known models, their float64 mean (1, 2)
-    from dfedrw.peer.wiring.assembly import next_reference
+    from dfedrw.peer.round.byzantine import next_reference
     from dfedrw.peer.attacks import make_attack
 
     view = view_of([[0.0, 1.0], [2.0, 3.0]])

@@ -1,0 +1,92 @@
+"""A Byzantine client's step of a round, the same in every engine: what it declares of its data
+(:func:`byzantine_claims`), the view its attack is given, the messages the attack crafts in and
+out of its window (:func:`craft_attack_round`, drawing from :func:`attack_generator`), and the
+reference it carries to its next round (:func:`next_reference`). :class:`ByzantineStep` is one
+Byzantine client's step over its rounds; a client process holds one, the batched engine one per
+Byzantine client."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from dfedrw.peer.aggregation.columns import mean_rows
+from dfedrw.peer.attacks import AttackView, Crafted, craft_round
+from dfedrw.peer.config.scenario import Scenario
+from dfedrw.peer.wiring.plan import derive_seed
+
+__all__ = ["ByzantineStep", "attack_generator", "byzantine_claims", "craft_attack_round", "known_mean", "next_reference"]
+
+
+class ByzantineStep:
+    """Byzantine client ``attacker``'s step of each round: ``attack`` crafting from what it
+    received, drawing from ``generator`` (its own, seeded by its id), the reference it knew the
+    round before carried from call to call (``reference``: None at first and after a restart)."""
+
+    def __init__(self, scenario: Scenario, attacker: int, attack: Any, generator: torch.Generator) -> None:
+        self.scenario, self.attacker, self.attack, self.generator = scenario, attacker, attack, generator
+        self.reference: torch.Tensor | None = None
+
+    def __call__(
+        self, label: int, *, receivers: tuple[int, ...], senders: tuple[int, ...], received: torch.Tensor, sizes: list[int],
+        losses: list[float], **pool: Any,
+    ) -> tuple[Crafted, int, float]:
+        """The step of the round labelled ``label``: the honest models ``received`` from
+        ``senders`` (rows in that order) with the sizes and losses they declared, the honest
+        ``receivers`` to craft for, and with colluders their ``pool`` (``colluders``,
+        ``pool_senders``, ``pool`` of :class:`AttackView`). Returns what the attack crafted and
+        the size and loss it declares."""
+        size, loss = byzantine_claims(sizes, losses)
+        view = AttackView(
+            round=label, attacker=self.attacker, receivers=receivers, senders=senders, received=received, reference=self.reference,
+            total_rounds=self.scenario.rounds, **pool,
+        )
+        crafted = craft_attack_round(self.scenario, self.attack, view, self.generator)
+        self.reference = next_reference(self.attack, view)
+        return crafted, size, loss
+
+
+def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
+    """The data size and training loss a Byzantine client declares: those its honest neighbours
+    declared, on average, so that weighting by size or loss cannot single it out by its
+    metadata. With nothing heard, the smallest plausible size (0 would be refused). The mean
+    loss is the correctly rounded sum over the count (``math.fsum``): the same bits in any
+    order, in every engine."""
+    size = round(sum(sizes) / len(sizes)) if sizes else 1
+    finite = [x for x in losses if math.isfinite(x)]
+    return size, math.fsum(finite) / len(finite) if finite else float("nan")
+
+
+def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: torch.Generator) -> torch.Generator:
+    """The generator an attack draws from in ``view``'s round: its own (seeded by its id, drawn
+    on round after round), or, for a per-round attack of colluding clients, the group's for this
+    round (seeded by the round alone), so that every colluder computes the same plan."""
+    if view.colluders and hasattr(attack, "plan"):
+        return torch.Generator().manual_seed(derive_seed(scenario.seed, "collusion", view.round))
+    return own
+
+
+def craft_attack_round(scenario: Scenario, attack: Any, view: AttackView, own: torch.Generator) -> Crafted:
+    """A Byzantine client's messages of ``view``'s round, in every engine: in the attack window
+    (``attack.start`` .. ``attack.stop``) what ``attack`` crafts (:func:`craft_round`, drawing
+    from :func:`attack_generator`); outside it the mean of the honest models it knows, to every
+    receiver (nothing known: silent), its note ``{"attacking": False}``."""
+    if not scenario.attack.attacks_in(view.round):
+        mean = known_mean(view)
+        return Crafted(dict.fromkeys(view.receivers, None if mean is None else mean.to(torch.float32)), {"attacking": False})
+    return craft_round(attack, view, attack_generator(scenario, view, attack, own))
+
+
+def known_mean(view: AttackView) -> torch.Tensor | None:
+    """The mean of the honest models ``view`` knew (the next round's ``reference``), float64."""
+    _, known = view.known()
+    return mean_rows(known) if len(known) else None
+
+
+def next_reference(attack: Any, view: AttackView) -> torch.Tensor | None:
+    """The ``reference`` of ``attack``'s next view: :func:`known_mean` of this one for a
+    per-round attack (its ``plan`` reads the view); None for a per-receiver attack, which is
+    only ever handed the models it knows, so the mean would be computed for nobody."""
+    return known_mean(view) if hasattr(attack, "plan") else None
