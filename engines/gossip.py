@@ -40,6 +40,7 @@ from dfedrw.engines.layout import choose_layout
 from dfedrw.engines.steps import aggregate_together, rule_groups, train_together
 from dfedrw.engines.run import BatchedRun, Candidates
 from dfedrw.peer.round.byzantine import ByzantineStep
+from dfedrw.peer.round.candidates import Offer, assemble
 from dfedrw.peer.round.records import byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
 
@@ -187,31 +188,24 @@ class Gossip:
         rows = [run.row[k] for k in wave]
         pool = [run.models[rows].cpu()]
         place: dict[int, int] = {}  # id of a held model -> its pooled row
-        cand_rows, ids, sizes, declared, missing, staleness = [], [], [], [], [], []
+        clients = []
         for i, k in enumerate(wave):
             held = {j: h for j, h in self.held[k].items() if not self.max_staleness or t - h.arrived_step <= self.max_staleness}
-            senders = sorted(held)
-            own_row = [i]
-            for j in senders:
-                vector = held[j].message.vector
-                if id(vector) not in place:
-                    place[id(vector)] = len(wave) + len(place)
-                    pool.append(vector[None])
-                own_row.append(place[id(vector)])
-            cand_rows.append(tuple(own_row))
-            ids.append((k, *senders))
-            sizes.append((run.num_samples[k], *(held[j].message.num_samples for j in senders)))
-            declared.append((self.losses[k], *(held[j].message.loss for j in senders)))
-            missing.append(sorted(set(self.graphs.senders_to(k, t)) - set(senders)))
-            staleness.append((0, *(t - held[j].arrived_step for j in senders)))
+            offers = []
+            for j in sorted(held):
+                message = held[j].message
+                if id(message.vector) not in place:
+                    place[id(message.vector)] = len(wave) + len(place)
+                    pool.append(message.vector[None])
+                offers.append(Offer(j, place[id(message.vector)], message.num_samples, message.loss, t - held[j].arrived_step))
+            clients.append(assemble(Offer(k, i, run.num_samples[k], self.losses[k]), offers, self.graphs.senders_to(k, t)))
         # The own trained model is non-finite exactly when the intake's check found it so.
         finite = [self.errors[k] is None or self.errors[k].reason != "non_finite" for k in wave] + [True] * (sum(len(p) for p in pool) - len(wave))
         parts = Candidates(
-            pieces=pool, rows=cand_rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
-            evaluate=[run.aux[k] for k in wave], reference=torch.stack([self.references[k] for k in wave]).to(run.device),
-            finite=finite, staleness=staleness,
+            pieces=pool, clients=clients, evaluate=[run.aux[k] for k in wave],
+            reference=torch.stack([self.references[k] for k in wave]).to(run.device), finite=finite, gossip=True,
         )
-        rules, told = zip(*(self.run.told_rules.at(k, ids[i][1:]) for i, k in enumerate(wave)), strict=True)
+        rules, told = zip(*(self.run.told_rules.at(k, clients[i].senders) for i, k in enumerate(wave)), strict=True)
         rules = list(rules)
         results = aggregate_together(t, sc.rounds, [parts], rule_groups(rules), self.scorer, rules)
         models = torch.stack([agg.model for agg in results]).to(run.device)
@@ -220,9 +214,10 @@ class Gossip:
         measured = run.accuracies(due) if due else {}
         for i, (k, agg) in enumerate(zip(wave, results, strict=True)):
             end = now + self.clock.aggregate_seconds[k]
-            self.staleness_total[k] += sum(staleness[i])
+            mine = clients[i]
+            self.staleness_total[k] += sum(mine.staleness)
             record = honest_record(
-                t, self.losses[k], agg.weights, missing[i], scores=agg.scores, notes={"staleness": {str(j): s for j, s in zip(ids[i][1:], staleness[i][1:], strict=True)}},
+                t, self.losses[k], agg.weights, mine.missing, scores=agg.scores, notes={"staleness": {str(j): s for j, s in zip(mine.senders, mine.staleness[1:], strict=True)}},
                 bytes_sent=self.bytes_step[k], seconds=round(end, 6),
             )
             if k in measured:

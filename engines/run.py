@@ -25,6 +25,7 @@ from dfedrw.peer.wiring.build import scenario_dataset
 from dfedrw.engines.network import SimulatedNetwork
 from dfedrw.engines.network import pooled as pooled_links
 from dfedrw.peer.round.byzantine import ByzantineStep
+from dfedrw.peer.round.candidates import ClientCandidates, Offer, assemble
 from dfedrw.peer.round.told import ToldRules
 from dfedrw.peer.transport.inbox import window_outcome
 from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology
@@ -42,17 +43,14 @@ class Candidates:
     # [rows, D] on the CPU once concatenated: the honest models, then the accepted Byzantine
     # messages. Kept in pieces: a batch of runs concatenates every run's pieces in one copy.
     pieces: list[torch.Tensor]
-    rows: list[tuple[int, ...]]
-    ids: list[tuple[int, ...]]
-    sizes: list[tuple[int, ...]]
-    declared: list[tuple[float, ...]]
-    missing: list[list[int]]
+    # Each honest client's candidates, their models rows of the pool (its own first).
+    clients: list[ClientCandidates]
     evaluate: list[Any]
     reference: torch.Tensor
     # Per pooled row, whether it is finite, as the intake found (None: not known).
     finite: list[bool] | None = None
-    # Under asynchronous gossip, per client its candidates' staleness (None: the round protocol).
-    staleness: list[tuple[int, ...]] | None = None
+    # Asynchronous gossip: the rules are told each candidate's staleness.
+    gossip: bool = False
 
     @property
     def count(self) -> int:
@@ -321,37 +319,23 @@ class BatchedRun:
                 pool.append(vector[None])
                 pooled += 1
             byz_row[key] = row_of[same]
-        rows, ids, sizes, declared, missing = [], [], [], [], []
         believed = {j: self.plausible.train_loss(losses[j]) for j in self.honest}  # what a receiver takes of each declared loss
         honest_row, num_samples = self.row, self.num_samples
+        clients = []
         for k in self.honest:
-            neighbours = sorted(self.senders[k])
-            row, size, loss, senders = [honest_row[k]], [num_samples[k]], [losses[k]], [k]
+            offers = []
             for j in self.network.arrived(k, self.senders[k]):
                 if j in honest_row:
                     if j in refused:
                         self._reject(k, refused[j])
                         continue
-                    row.append(link_row[(j, k)] if link_row else honest_row[j])
-                    size.append(num_samples[j])
-                    loss.append(believed[j])
-                else:
-                    message = byz.get((j, k))
-                    if message is None:
-                        continue
-                    row.append(byz_row[(j, k)])
-                    size.append(message[1])
-                    loss.append(message[2])
-                senders.append(j)
-            rows.append(tuple(row))
-            ids.append(tuple(senders))
-            sizes.append(tuple(size))
-            declared.append(tuple(loss))
-            timed = self.network.missing(k, senders)
-            if timed is not None:
-                missing.append(timed)
-            else:
-                missing.append([] if len(senders) == len(neighbours) + 1 else sorted(set(neighbours) - set(senders)))
+                    offers.append(Offer(j, link_row[(j, k)] if link_row else honest_row[j], num_samples[j], believed[j]))
+                elif (j, k) in byz:
+                    _, size, loss = byz[(j, k)]
+                    offers.append(Offer(j, byz_row[(j, k)], size, loss))
+            # A timed network knows the models that were sent and did not come in time.
+            timed = self.network.missing(k, [k, *(o.sender for o in offers)])
+            clients.append(assemble(Offer(k, honest_row[k], num_samples[k], losses[k]), offers, self.senders[k], timed))
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
         # On a GPU one copy to the CPU for the whole pool; on the CPU the pieces as they are.
@@ -359,10 +343,7 @@ class BatchedRun:
         # The intake has looked at every pooled row: an honest model is non-finite exactly when
         # it was refused as such, an accepted message is finite.
         finite = [refused.get(k) != "non_finite" for k in self.honest] + [True] * (pooled - len(self.honest))
-        return Candidates(
-            pieces=pieces, rows=rows, ids=ids, sizes=sizes, declared=declared, missing=missing,
-            evaluate=[self.aux[k] for k in self.honest], reference=reference, finite=finite,
-        )
+        return Candidates(pieces=pieces, clients=clients, evaluate=[self.aux[k] for k in self.honest], reference=reference, finite=finite)
 
     def records(self, r: int, losses: dict[int, float], candidates: Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
         """The rules' results become the models; returns the clients' round records, in
@@ -371,7 +352,7 @@ class BatchedRun:
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
-            record = honest_record(r, losses[k], agg.weights, candidates.missing[c], scores=agg.scores, **self.network.record(k))
+            record = honest_record(r, losses[k], agg.weights, candidates.clients[c].missing, scores=agg.scores, **self.network.record(k))
             records.append(with_round_graph(record, self.graphs, k, r, self.told.get(k)))
         return records
 

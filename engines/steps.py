@@ -148,13 +148,13 @@ def aggregate_together(
         finite = finite_rows(vectors)
     batch = RoundBatch(
         round=r, vectors=vectors, finite_pool=finite,
-        rows=tuple(tuple(i + off for i in rows) for p, off in zip(parts, offsets, strict=True) for rows in p.rows),
-        ids=tuple(i for p in parts for i in p.ids), num_samples=tuple(s for p in parts for s in p.sizes),
-        declared_losses=tuple(d for p in parts for d in p.declared), evaluate=tuple(e for p in parts for e in p.evaluate),
+        rows=tuple(tuple(i + off for i in c.models) for p, off in zip(parts, offsets, strict=True) for c in p.clients),
+        ids=tuple(c.ids for p in parts for c in p.clients), num_samples=tuple(c.sizes for p in parts for c in p.clients),
+        declared_losses=tuple(c.losses for p in parts for c in p.clients), evaluate=tuple(e for p in parts for e in p.evaluate),
         evaluate_many=functools.partial(scorer, finite=finite), references=torch.cat([p.reference for p in parts]) if len(parts) > 1 else parts[0].reference,
-        total_rounds=total_rounds, runs=tuple(i for i, p in enumerate(parts) for _ in p.rows) if len(parts) > 1 else None,
+        total_rounds=total_rounds, runs=tuple(i for i, p in enumerate(parts) for _ in p.clients) if len(parts) > 1 else None,
         rules=None if rules is None else tuple(rules),
-        staleness=tuple(s for p in parts for s in p.staleness) if all(p.staleness is not None for p in parts) else None,
+        staleness=tuple(c.staleness for p in parts for c in p.clients) if all(p.gossip for p in parts) else None,
     )
     results: list[Any] = [None] * len(batch)
     for rule, members in groups:

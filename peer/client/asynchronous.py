@@ -44,11 +44,11 @@ from typing import Any
 
 import torch
 
-from dfedrw.peer.aggregation import RoundInputs
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.rounds import end_of_round
 from dfedrw.peer.round.byzantine import ByzantineStep
+from dfedrw.peer.round.candidates import Offer, assemble
 from dfedrw.peer.round.records import byzantine_record, honest_record, loop_times, with_round_graph
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.transport.inbox import Inbox
@@ -102,33 +102,31 @@ def run_async_honest(client) -> dict[str, Any]:
         held = inbox.held_models(sc.network.max_staleness)
         senders = sorted(held)
         rule, told = client.rules.at(client.id, tuple(senders))  # under a schedule: told the Byzantine senders it holds
-        ids = (client.id, *senders)
-        messages = [held[k][0] for k in senders]
-        staleness = (0, *(held[k][1] for k in senders))
-        stale_steps += sum(staleness)
-        vectors = torch.stack([own, *(m.vector for m in messages)])
+        candidates = assemble(
+            Offer(client.id, own, num_samples, loss),
+            (Offer(k, m.vector, m.num_samples, m.train_loss, stale) for k, (m, stale) in sorted(held.items())),
+            graphs.senders_to(client.id, t),
+        )
+        stale_steps += sum(candidates.staleness)
+        vectors = candidates.stack()
         finite = (bool(finite_rows(own[None])[0]), *(True for _ in senders))  # the intake checked the others
         with client.pace.work():
             agg = rule(
-                RoundInputs(
-                    own_id=client.id, round=t, ids=ids, vectors=vectors, num_samples=(num_samples, *(m.num_samples for m in messages)),
-                    evaluate=client.aux_eval, total_rounds=sc.rounds, declared_losses=(loss, *(m.train_loss for m in messages)),
-                    reference=reference, finite=finite, staleness=staleness,
-                )
+                candidates.inputs(t, vectors, evaluate=client.aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite, gossip=True)
             )
         model = agg.model.clone() if agg.model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr() else agg.model
         set_vector(client.model, model)
         flat = model if flat is not None else None
-        notes: dict[str, Any] = {"staleness": {str(k): s for k, s in zip(senders, staleness[1:], strict=True)}}
+        notes: dict[str, Any] = {"staleness": {str(k): s for k, s in zip(senders, candidates.staleness[1:], strict=True)}}
         if first_after_resume:
             notes["resumed_from"], first_after_resume = client.resumed.round, False
         record = honest_record(
-            t, loss, agg.weights, sorted(set(graphs.senders_to(client.id, t)) - held.keys()), scores=agg.scores, notes=notes,
+            t, loss, agg.weights, candidates.missing, scores=agg.scores, notes=notes,
             bytes_sent=client.encoder.total - sent0, bytes_received=inbox.bytes_received - recv0,
             seconds=round(time.monotonic() - loop_start, 3),
         )
         with_round_graph(record, graphs, client.id, t, told)
-        del vectors, messages, held, agg, reference, own
+        del vectors, candidates, held, agg, reference, own
         last = end_of_round(client, t, loss, record, model, last, step="step")
         del model
         t += 1

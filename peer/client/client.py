@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dfedrw.peer.aggregation import RoundInputs
+from dfedrw.peer.round.candidates import Offer, assemble
 from dfedrw.peer.wiring.assembly import (
     ClientParts, client_attack, client_augmentation, client_data, client_parts, scenario_backdoor, scenario_plausible,
 )
@@ -389,21 +389,16 @@ class Client:
             release_free_heap()
             # The candidates: the round's matrix itself when every received model was decoded
             # into its row (own model copied into row 0), else a stack of them.
-            vectors = self.inbox.stacked(r, [got[k].vector for k in ids[1:]], own)
-            sizes = (num_samples, *(got[k].num_samples for k in ids[1:]))
-            losses = (loss, *(got[k].train_loss for k in ids[1:]))
-            missing = sorted(expected - got.keys())
+            held = assemble(
+                Offer(self.id, own, num_samples, loss), (Offer(k, got[k].vector, got[k].num_samples, got[k].train_loss) for k in ids[1:]), expected,
+            )
+            vectors = self.inbox.stacked(r, list(held.models[1:]), own)
             rule, told = self.rules.at(self.id, senders)
             # Every received model passed the intake's check of its values: only the own
             # model's need looking at (for a big model a pass over every candidate saved).
             finite = (bool(finite_rows(own[None])[0]), *(True for _ in ids[1:]))
             with self.pace.work():
-                agg = rule(
-                    RoundInputs(
-                        own_id=self.id, round=r, ids=ids, vectors=vectors, num_samples=sizes, evaluate=aux_eval,
-                        total_rounds=sc.rounds, declared_losses=losses, reference=reference, finite=finite,
-                    )
-                )
+                agg = rule(held.inputs(r, vectors, evaluate=aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite))
             model, weights, scores = agg.model, agg.weights, agg.scores
             if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
                 # A rule that kept a candidate as it is: the parameters must not hold on to
@@ -413,7 +408,8 @@ class Client:
             # Done with the round's models: let them go before evaluating and checkpointing.
             self.inbox.close(r)
             flat = model if flat is not None else None
-            del vectors, got, agg, reference, own
+            missing = held.missing
+            del vectors, got, held, agg, reference, own
             notes: dict[str, Any] = {}
             if first_after_resume:
                 notes["resumed_from"] = self.resumed.round

@@ -1,0 +1,81 @@
+"""What a client aggregates in a round, assembled once for every engine: its own model first,
+then each neighbour's model it holds (in the order the caller gives, senders ascending), each
+with the training-set size and loss its sender declared and, under asynchronous gossip, how
+many steps old it is; and the neighbours whose model it expected and does not hold.
+
+The engines differ only in what a candidate *is*: a client process holds the vector itself
+(:meth:`ClientCandidates.inputs` stacks them into the rule's :class:`RoundInputs`), the batched
+engine a row of the round's pool of models (its ``Candidates`` keeps one
+:class:`ClientCandidates` per client and pools their rows into one :class:`RoundBatch`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dfedrw.peer.aggregation.inputs import RoundInputs
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One candidate a client holds: who sent it, what the engine stacks (``model``: a vector,
+    or the row of a pool), the training-set size and training loss its sender declared (as the
+    receiver takes them), and how many of the receiver's steps ago it came (0 under the round
+    protocol)."""
+
+    sender: int
+    model: Any
+    size: int
+    loss: float
+    staleness: int = 0
+
+
+@dataclass(frozen=True)
+class ClientCandidates:
+    """A client's candidates in a round, its own first (``ids[0]`` is the client)."""
+
+    ids: tuple[int, ...]
+    models: tuple[Any, ...]
+    sizes: tuple[int, ...]
+    losses: tuple[float, ...]
+    staleness: tuple[int, ...]
+    missing: list[int]
+
+    @property
+    def senders(self) -> tuple[int, ...]:
+        """The neighbours whose models it holds."""
+        return self.ids[1:]
+
+    def inputs(
+        self, r: int, vectors: torch.Tensor, *, evaluate: Any, total_rounds: int, reference: torch.Tensor | None,
+        finite: Sequence[bool] | None, gossip: bool = False,
+    ) -> RoundInputs:
+        """The rule's inputs, ``vectors`` being the candidates stacked in order (a client process:
+        :meth:`stack`, or the round's matrix the models were read into); ``gossip``: the
+        candidates' staleness goes with them (asynchronous gossip)."""
+        return RoundInputs(
+            own_id=self.ids[0], round=r, ids=self.ids, vectors=vectors, num_samples=self.sizes, evaluate=evaluate,
+            total_rounds=total_rounds, declared_losses=self.losses, reference=reference,
+            finite=None if finite is None else tuple(finite), staleness=self.staleness if gossip else None,
+        )
+
+    def stack(self) -> torch.Tensor:
+        """The candidates' vectors as one ``[C, D]`` tensor (where each ``model`` is a vector)."""
+        return torch.stack(self.models)
+
+
+def assemble(own: Offer, held: Iterable[Offer], expected: Iterable[int], missing: list[int] | None = None) -> ClientCandidates:
+    """Client ``own.sender``'s candidates: ``own``, then ``held`` in the order given. ``missing``:
+    the neighbours in ``expected`` whose model it does not hold (ascending), unless the caller
+    knows them otherwise (a simulated link that lost the model in time)."""
+    offers = (own, *held)
+    ids = tuple(o.sender for o in offers)
+    if missing is None:
+        missing = sorted(set(expected).difference(ids))
+    return ClientCandidates(
+        ids=ids, models=tuple(o.model for o in offers), sizes=tuple(o.size for o in offers), losses=tuple(o.loss for o in offers),
+        staleness=tuple(o.staleness for o in offers), missing=missing,
+    )
