@@ -30,7 +30,7 @@ from dfedrw.peer.round.told import ToldRules
 from dfedrw.peer.transport.inbox import window_outcome
 from dfedrw.peer.wiring.plan import derive_seed, scenario_graphs, scenario_topology
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
-from dfedrw.peer.round.records import byzantine_record, evaluation_due, final_keys, honest_record, with_round_graph
+from dfedrw.peer.round.records import byzantine_record, evaluation_due, final_keys, honest_record, measures, with_round_graph
 from dfedrw.peer.learning.training import BatchOrder, local_step_count
 from dfedrw.peer.learning.device import device_memory, engine_device
 from dfedrw.peer.learning.model_matrix import FlatModel, VectorEvaluator
@@ -373,15 +373,11 @@ class BatchedRun:
             # maximum reads fastest (as the scoring); max(dim).indices is argmax.
             logits = self.model.class_first_logits(models[lo : lo + block], test.x)
             hits = logits.max(1).indices == test.y  # [C, N]
-            correct = hits.float().mean(1).tolist()
-            for i, k in enumerate(honest[lo : lo + block]):
-                rows = self.data[k].local_test_index.to(self.device)
-                out[k]["accuracy"] = 100.0 * float(hits[i].index_select(0, rows).float().mean())
-                out[k]["global_accuracy"] = 100.0 * correct[i]
+            probe = None
             if self.probe is not None:
                 probe = self.model.class_first_logits(models[lo : lo + block], self.probe.x).max(1).indices == self.probe.y
-                for i, k in enumerate(honest[lo : lo + block]):
-                    out[k]["attack_success"] = 100.0 * float(probe[i].float().mean())
+            for i, k in enumerate(honest[lo : lo + block]):
+                out[k] = measures(hits[i], self.data[k].local_test_index.to(self.device), None if probe is None else probe[i])
         return out
 
     # -- the run -----------------------------------------------------------------------------

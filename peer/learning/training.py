@@ -203,13 +203,19 @@ BIG_MODEL = 1 << 20
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
-    """Accuracy (fraction) and mean cross-entropy of ``model`` on ``data`` (a model other than
-    a stack of linear layers, or one of more than :data:`BIG_MODEL` parameters, takes the rows
-    in blocks, as :class:`FlatModel` does)."""
+def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``model``'s logits for the rows ``x`` (a model other than a stack of linear layers, or one
+    of more than :data:`BIG_MODEL` parameters, takes the rows in blocks, as :class:`FlatModel`
+    does)."""
     big = sum(p.numel() for p in model.parameters()) > BIG_MODEL
-    rows = None if _layer_plan(model) is not None and not big else block_rows(model, data.x.shape[1])
-    logits = in_blocks(model, data.x, rows)
+    rows = None if _layer_plan(model) is not None and not big else block_rows(model, x.shape[1])
+    return in_blocks(model, x, rows)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
+    """Accuracy (fraction) and mean cross-entropy of ``model`` on ``data`` (:func:`logits_of`)."""
+    logits = logits_of(model, data.x)
     return {
         "accuracy": float((logits.argmax(1) == data.y).float().mean()),
         "loss": float(F.cross_entropy(logits, data.y)),
