@@ -213,6 +213,10 @@ class ClippedGossip(_ClippingAroundOwn, ToleratesByzantine):
         rule = ClippedGossip(num_byzantine=1)            # or radius="fixed", tau=5.0
         result = rule(inputs)                            # inputs: one client's RoundInputs
         result.model, result.weights                     # new model, coefficient per sender
+
+    One arithmetic (``_self_centred_clipping``), two ways in: :meth:`batched` hands it each
+    client's finite rows from the round's pool, checked once: 1.68x faster than a call per
+    client (``python bench/rules_batched.py``, this machine).
     """
 
     radius: str = "furthest"
@@ -292,6 +296,10 @@ class CSPlusRG(_ClippingAroundOwn, ToleratesByzantine):
         rule = CSPlusRG(num_byzantine=1)
         result = rule(inputs)                            # inputs: one client's RoundInputs
         result.model, result.weights                     # new model, coefficient per sender
+
+    One arithmetic (``_self_centred_clipping``), two ways in: :meth:`batched` hands it each
+    client's finite rows from the round's pool, checked once: 1.62x faster than a call per
+    client (``python bench/rules_batched.py``, this machine).
     """
 
 
@@ -347,6 +355,10 @@ class UBAR(ToleratesByzantine):
         rule = UBAR(num_byzantine=1)                     # alpha=0.5; or rho=0.7
         result = rule(inputs)                            # inputs.evaluate scores on own data
         result.model, result.weights, result.scores      # new model, weights, losses
+
+    One arithmetic (the two stages and the mix), two ways in: :meth:`batched` scores every
+    client's shortlist in one product: 1.28x faster than a call per client (``python
+    bench/rules_batched.py``, this machine).
     """
 
     alpha: float = 0.5

@@ -72,6 +72,10 @@ class NormBound:
         rule = NormBound(bound=0.5, noise=0.001)
         result = rule(inputs)                            # inputs: one client's RoundInputs
         result.model, result.weights                     # new model, coefficient per sender
+
+    One arithmetic (``_aggregate``), two ways in: :meth:`batched` hands it each client's finite
+    rows from the round's pool, checked once: 1.61x faster than a call per client (``python
+    bench/rules_batched.py``, this machine).
     """
 
     # The default fits the built-in scenario (softmax regression on digits, lr 0.05): there

@@ -42,6 +42,10 @@ class QFDFL:
 
     Source: Li, Sanjabi, Beirami and Smith, "Fair Resource Allocation in Federated Learning",
     ICLR 2020 (q-FedAvg, Algorithm 2).
+
+    One arithmetic (``_steps``), two ways in: :meth:`batched` takes the steps of a run's clients
+    in products of their own: 2.75x faster than a call per client (``python
+    bench/rules_batched.py``, this machine).
     """
 
     q: float = 0.1
