@@ -1,6 +1,7 @@
 """The launchers' command line. Thin: flags become a scenario and a call into the library.
 
-    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR] [--engine clients|batched] [--tensorboard DIR]
+    dfedrw run [SCENARIO] [--set key=value ...] [--out DIR] [--certs DIR] [--engine clients|batched] [--tensorboard DIR] [--view [PORT]]
+    dfedrw view RUN_DIR [--port N] [--host ADDRESS] [--html FILE]
     dfedrw peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR] [--tensorboard DIR]
     dfedrw certs [SCENARIO] [--set key=value ...] --out DIR [--days N]
     dfedrw slurm [SCENARIO] [--set key=value ...] --out DIR [--ntasks N] [--cpus-per-task N] [--partition P] [--time LIMIT] [--python PATH]
@@ -48,13 +49,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop_on_signals()
     scenario = load_told(args.scenario, [*args.set, *([f"engine.name={args.engine}"] if args.engine else [])])
     console = Console(stderr=True)
-    out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs, tensorboard=args.tensorboard, start=args.start)
+    view = None
+    if args.view is not None:
+        from dfedrw.launch.runner import default_out_dir
+        from dfedrw.launch.view import ViewServer
+
+        args.out = args.out or default_out_dir()
+        view = ViewServer(args.out, scenario=scenario, host=args.view_host, port=args.view).start()
+        console.print(f"view: {view.url}")
+    try:
+        out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs, tensorboard=args.tensorboard, start=args.start)
+    finally:
+        if view is not None:
+            view.end()
     print_summary(summary, Console())
     print(f"results: {out}")
     if summary.get("interrupted"):
         return 130
     honest_failed = [k for k in summary["failed_peers"] if summary["peers"][str(k)]["role"] == "honest"]
     return 1 if len(honest_failed) == len([p for p in summary["peers"].values() if p["role"] == "honest"]) else 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """``dfedrw view``: serve a results folder's view until Ctrl-C, or write it as one file."""
+    from dfedrw.launch.view import ViewServer, check_run_folder, export_html
+
+    check_run_folder(args.run)
+    if args.html is not None:
+        count = export_html(args.run, args.html)
+        print(f"wrote {args.html}: {count} round records of {args.run}, script and style in the file")
+        return 0
+    stop_on_signals()
+    view = ViewServer(args.run, host=args.host, port=args.port).start()
+    print(f"view of {args.run}: {view.url}", flush=True)
+    print("Ctrl-C to stop", file=sys.stderr, flush=True)
+    try:
+        while True:
+            view.stopping.wait(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        view.stop()
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
@@ -159,7 +194,19 @@ def build_parser(more: Callable[[argparse._SubParsersAction], None] | None = Non
         help="how client processes start: fork (from one process that has the client code imported; the default on Linux) or spawn (each a fresh interpreter)",
     )
     add_tensorboard_flag(run, what="each honest client's rounds and their honest mean")
+    run.add_argument(
+        "--view", nargs="?", type=int, const=0, default=None, metavar="PORT",
+        help="serve a web view of the run while it goes, on 127.0.0.1 (PORT, default: a free one); the URL with its token is printed",
+    )
+    run.add_argument("--view-host", default="127.0.0.1", metavar="ADDRESS", help="address the view binds (default: 127.0.0.1)")
     run.set_defaults(func=cmd_run)
+
+    vw = sub.add_parser("view", help="serve a web view of a run's results folder (running or finished), or write it as one HTML file")
+    vw.add_argument("run", type=Path, metavar="RUN_DIR", help="a run's results folder (a sweep's run: SWEEP/runs/NAME)")
+    vw.add_argument("--port", type=int, default=0, help="port to serve on (default: a free one)")
+    vw.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address to bind (default: 127.0.0.1; the token is asked for on every request)")
+    vw.add_argument("--html", type=Path, default=None, metavar="FILE", help="write one self-contained HTML file of the whole run instead of serving")
+    vw.set_defaults(func=cmd_view)
 
     ce = sub.add_parser("certs", help="make a run's CA and one certificate per client (for compose, several hosts, torchrun)")
     ce.add_argument("scenario", nargs="?", default=None, help="scenario TOML (default: the built-in scenario); sets the number of clients")
