@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         args.out = args.out or default_out_dir()
         view = ViewServer(args.out, scenario=scenario, host=args.view_host, port=args.view).start()
-        console.print(f"view: {view.url}")
+        print(f"view: {view.url}", file=sys.stderr, flush=True)
     try:
         out, summary = run_scenario(scenario, args.out, console=console, certs=args.certs, tensorboard=args.tensorboard, start=args.start)
     finally:

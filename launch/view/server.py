@@ -63,10 +63,17 @@ class ViewServer:
         return self
 
     def _poll(self) -> None:
-        while not self.stopping.wait(POLL_SECONDS):
-            if self.records.poll():
-                with self.changed:
+        """Reads the records as they grow, until the run's summary is written (the run ended:
+        its launcher writes ``summary.json`` last) or the server stops."""
+        while not self.stopping.is_set():
+            finished = (self.records.folder / "summary.json").is_file()
+            new = self.records.poll()
+            with self.changed:
+                self.ended = self.ended or finished
+                if new or finished:
                     self.changed.notify_all()
+            if finished or self.stopping.wait(POLL_SECONDS):
+                return
 
     def end(self, linger: float = 2.0) -> None:
         """The run ended: the last records read, pages told, given ``linger`` seconds to take

@@ -139,3 +139,22 @@ def test_dfedrw_view_html_writes_one_file(tmp_path):
     done = subprocess.run([sys.executable, "-m", "dfedrw.experiments.cli", "view", str(folder), "--html", str(dest)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "1 round records" in done.stdout and Path(dest).read_text().count('id="run-data"') == 1
+
+
+def test_a_finished_run_is_sent_whole_then_ended(tmp_path):
+    scenario = load_scenario(None, ["rounds=3"])
+    folder = tmp_path / "run"
+    (folder / "peers").mkdir(parents=True)
+    dump_scenario(scenario, folder / "scenario.toml")
+    for r in range(3):
+        with (folder / "peers" / "1.jsonl").open("a") as f:
+            f.write(json.dumps({"round": r, "weights": {"1": 1.0}, "missing": []}) + "\n")
+    (folder / "summary.json").write_text("{}")  # the launcher writes it last
+    view = ViewServer(folder).start()
+    try:
+        status, body, _ = get(view, f"/events?token={view.token}")  # ends by itself: the run ended
+        events = [block for block in body.decode().split("\n\n") if block]
+        assert events[0].startswith("event: rounds") and [r["round"] for r in json.loads(events[0].split("data: ", 1)[1])] == [0, 1, 2]
+        assert events[-1] == "event: end\ndata: {}"
+    finally:
+        view.stop()

@@ -16,9 +16,12 @@
     last: -1,        // the highest round read
     round: 0,        // the round drawn
     follow: true,
+    ended: false,    // no more records will come
     selected: null,
     finals: {},
     pending: false,
+    received: 0,     // records taken in
+    drawn: 0,        // records taken in when the page was last drawn
   };
 
   function el(name, attrs, parent) {
@@ -38,6 +41,7 @@
 
   // Records of one batch: kept by round, the round's sums updated.
   function add(records) {
+    state.received += records.length;
     for (const rec of records) {
       const r = rec.round;
       let round = state.rounds[r];
@@ -65,8 +69,14 @@
     }
     const slider = $("slider");
     slider.max = Math.max(0, state.last);
-    if (state.follow) state.round = Math.max(0, state.last);
+    if (state.follow) state.round = followed();
     schedule();
+  }
+
+  // The round a page that follows the run draws: while it goes, the one before the newest (the
+  // newest is still coming in, client by client); once it ended, the last.
+  function followed() {
+    return Math.max(0, state.ended ? state.last : state.last - 1);
   }
 
   function schedule() {
@@ -235,6 +245,7 @@
 
   function draw() {
     if (!state.meta) return;
+    state.drawn = state.received;
     $("slider").value = state.round;
     $("round").textContent = state.last < 0 ? "-" : String(state.round);
     $("last").textContent = state.last < 0 ? "none" : String(state.last);
@@ -245,6 +256,10 @@
 
   function begin(meta) {
     state.meta = meta;
+    const xs = Object.values(meta.positions).map((p) => p[0]), ys = Object.values(meta.positions).map((p) => p[1]);
+    const pad = 2.5 * Math.min(0.03, 0.28 / Math.sqrt(Math.max(1, meta.clients)));
+    const x0 = Math.min(...xs) - pad, y0 = Math.min(...ys) - pad;
+    $("graph").setAttribute("viewBox", `${x0} ${y0} ${Math.max(...xs) + pad - x0} ${Math.max(...ys) + pad - y0}`);
     state.byzantine = new Set(meta.byzantine);
     $("total").textContent = String(meta.rounds);
     $("what").textContent = `${meta.clients} clients (${meta.byzantine.length} Byzantine, ${meta.attack}), rule ${meta.rule}, ${meta.engine} engine` +
@@ -255,11 +270,11 @@
 
   $("slider").addEventListener("input", (e) => {
     state.round = Number(e.target.value);
-    state.follow = state.round >= state.last;
+    state.follow = state.round >= followed();
     $("follow").checked = state.follow;
     draw();
   });
-  $("follow").addEventListener("change", (e) => { state.follow = e.target.checked; if (state.follow) { state.round = Math.max(0, state.last); draw(); } });
+  $("follow").addEventListener("change", (e) => { state.follow = e.target.checked; if (state.follow) { state.round = followed(); draw(); } });
 
   window.dfedrwView = {
     state,
@@ -272,6 +287,7 @@
   if (embedded) {
     const data = JSON.parse(embedded.textContent);
     state.finals = data.finals || {};
+    state.ended = true;
     begin(data.meta);
     add(data.records);
     $("status").textContent = "a saved copy of the run";
@@ -283,7 +299,13 @@
     events.addEventListener("open", () => { $("status").textContent = "live"; });
     events.addEventListener("rounds", (e) => add(JSON.parse(e.data)));
     events.addEventListener("finals", (e) => { state.finals = JSON.parse(e.data); schedule(); });
-    events.addEventListener("end", () => { $("status").textContent = "the run ended"; events.close(); schedule(); });
+    events.addEventListener("end", () => {
+      $("status").textContent = "the run ended";
+      events.close();
+      state.ended = true;
+      if (state.follow) state.round = followed();
+      schedule();
+    });
     events.addEventListener("error", () => { if ($("status").textContent !== "the run ended") $("status").textContent = "disconnected"; });
   });
 })();

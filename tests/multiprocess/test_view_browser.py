@@ -1,0 +1,106 @@
+"""The web view in a real headless browser (Debian's chromium and chromedriver, Selenium): a
+default run with ``--view`` watched while it goes, then scrubbed and clicked after it ended, the
+drawn weights compared with the clients' records; and the static export opened from its file.
+The browser helpers are bench/view_bench.py's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dfedrw.peer.results.records import read_rounds
+from tests.support.scripts import load_bench
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 600
+CLIENTS = 12
+
+
+@pytest.fixture(scope="module")
+def bench():
+    module = load_bench("view_bench")
+    missing = module.browser_missing()
+    if missing:
+        pytest.skip(missing)
+    return module
+
+
+def expected_edges(out, r: int, honest: list[int]) -> set[tuple[int, int, float]]:
+    edges = set()
+    for k in honest:
+        record = next(rec for rec in read_rounds(out, k) if rec["round"] == r)
+        edges |= {(int(j), k, float(w)) for j, w in record["weights"].items() if int(j) != k}
+    return edges
+
+
+def test_a_run_watched_live_then_scrubbed_and_clicked(bench, tmp_path):
+    out = tmp_path / "run"
+    proc, url = bench.start_run(out, [f"rounds={ROUNDS}"], view=True)
+    driver = bench.chrome()
+    try:
+        # While it runs: 12 clients, 2 of them Byzantine, the graph's edges, rounds coming in.
+        driver.get(url)
+        bench.wait_js(driver, f"document.querySelectorAll('#nodes g.node').length === {CLIENTS}", 60)
+        shown = bench.wait_js(driver, f"(() => {{ const p = {bench.PAGE}; return p.edges > 0 && p.last >= 0 && p; }})()", 120)
+        assert shown["nodes"] == CLIENTS and shown["byzantine"] == 2 and shown["base"] > 0
+        first = shown["last"]
+        risen = bench.wait_js(driver, f"window.dfedrwView.state.last > {first} && window.dfedrwView.state.last", 120)
+        assert proc.poll() is None, "the run was still going while the rounds rose"
+        assert risen > first
+        driver.save_screenshot(str(tmp_path / "live.png"))
+
+        # The run ends; the page has every record and says so.
+        assert proc.wait(timeout=600) == 0
+        bench.wait_js(driver, "document.getElementById('status').textContent === 'the run ended'", 60)
+        state = driver.execute_script("const s = window.dfedrwView.state; return [s.last, s.received, [...s.byzantine]];")
+        assert state[0] == ROUNDS - 1 and state[1] == CLIENTS * ROUNDS
+        byzantine = set(state[2])
+        honest = [k for k in range(CLIENTS) if k not in byzantine]
+
+        # Scrubbing: the arrows drawn are the records' weights, their widths follow the weights.
+        drawn_at = {}
+        for r in (1, ROUNDS - 1):
+            driver.execute_script("window.dfedrwView.show(arguments[0]);", r)
+            assert driver.find_element("id", "round").text == str(r)
+            drawn = bench.drawn_edges(driver)
+            assert {(a, b, w) for a, b, w, _ in drawn} == expected_edges(out, r, honest)
+            assert all(abs(width - (0.0015 + 0.02 * w)) < 1e-5 for _, _, w, width in drawn)
+            assert {a for a, _, w, _ in drawn if w > 0} & byzantine == set(), "the honest clients gave the Gaussian attackers no weight"
+            drawn_at[r] = drawn
+        assert drawn_at[1] != drawn_at[ROUNDS - 1]
+
+        # Clicking a client lists its candidates' scores and weights, as its record holds them.
+        k = honest[0]
+        driver.find_element("css selector", f'#nodes g.node[data-client="{k}"] circle').click()
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#candidates tr.candidate')].map(tr => [tr.dataset.sender, ...[...tr.cells].map(c => c.textContent)]);"
+        )
+        record = next(rec for rec in read_rounds(out, k) if rec["round"] == ROUNDS - 1)
+        assert sorted(int(row[0]) for row in rows) == sorted(int(j) for j in record["weights"])
+        for sender, _, score, weight, _ in rows:
+            assert float(weight) == record["weights"][sender]
+            assert float(score) == record["scores"][sender]
+    finally:
+        driver.quit()
+        if proc.poll() is None:
+            proc.kill()
+
+    # The static export: one file, opened with no server, the same run.
+    export = tmp_path / "view.html"
+    subprocess.run([sys.executable, "-m", "dfedrw.experiments.cli", "view", str(out), "--html", str(export)], check=True, timeout=120)
+    driver = bench.chrome()
+    try:
+        start = time.monotonic()
+        driver.get(export.as_uri())
+        bench.wait_js(driver, f"window.dfedrwView && window.dfedrwView.state.drawn === {CLIENTS * ROUNDS}", 60)
+        print(f"static export of {CLIENTS * ROUNDS} records drawn in {time.monotonic() - start:.2f} s")
+        shown = bench.page(driver)
+        assert shown["nodes"] == CLIENTS and shown["byzantine"] == 2 and shown["status"] == "a saved copy of the run"
+        assert {(a, b, w) for a, b, w, _ in bench.drawn_edges(driver)} == expected_edges(out, ROUNDS - 1, honest)
+        driver.save_screenshot(str(tmp_path / "export.png"))
+    finally:
+        driver.quit()
