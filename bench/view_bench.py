@@ -5,8 +5,9 @@ and chromedriver, driven by Selenium).
   1,000 directed edges) is served by ``dfedrw view``; printed: seconds from opening the page to
   every round drawn, and the milliseconds one scrub step takes to repaint (the slider's
   ``show(r)``: graph, charts and table), median and largest over ``--steps`` rounds;
-* ``run``: the default scenario run with and without ``--view`` (a page open on it), alternated
-  ``--pairs`` times; printed: each run's wall seconds, the medians and their ratio.
+* ``run``: the default scenario run without ``--view``, with it and no page open, and with a
+  page open on it, in turn, ``--pairs`` times; printed: each run's wall seconds, the medians and
+  their ratios to the run without.
 
 ``--shots DIR`` also writes screenshots: the live page of the default run while it goes
 (``view-live.png``) and the static export of the finished run (``view-export.png``).
@@ -156,16 +157,20 @@ def bench_load(clients: int, rounds: int, steps: int, work: Path) -> None:
         proc.wait(timeout=30)
 
 
+VARIANTS = {"off": "without --view", "served": "--view, no page open", "page": "--view, a page open"}
+
+
 def bench_run(rounds: int, pairs: int, work: Path, shots: Path | None) -> None:
     sets = [f"rounds={rounds}"]
-    walls: dict[bool, list[float]] = {False: [], True: []}
+    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for pair in range(pairs):
-        for view in (False, True):
-            out = work / f"run-{pair}-{int(view)}"
+        for variant in VARIANTS:
+            view = variant != "off"
+            out = work / f"run-{pair}-{variant}"
             start = time.monotonic()
             proc, url = start_run(out, sets, view=view)
             driver = None
-            if view:
+            if variant == "page":
                 driver = chrome()
                 driver.get(url)
                 if shots is not None and pair == 0:
@@ -173,17 +178,20 @@ def bench_run(rounds: int, pairs: int, work: Path, shots: Path | None) -> None:
                     time.sleep(0.5)
                     driver.save_screenshot(str(shots / "view-live.png"))
             proc.wait(timeout=3600)
-            walls[view].append(time.monotonic() - start)
+            walls[variant].append(time.monotonic() - start)
             if driver is not None:
                 driver.quit()
-            print(f"  pair {pair + 1}: {'with' if view else 'without'} --view: {walls[view][-1]:.1f} s", flush=True)
+            print(f"  pair {pair + 1}: {VARIANTS[variant]}: {walls[variant][-1]:.1f} s", flush=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"dfedrw run exited with {proc.returncode}")
-    off, on = statistics.median(walls[False]), statistics.median(walls[True])
-    print(f"run: the default scenario, {rounds} rounds: without --view {off:.1f} s, with a page open on --view {on:.1f} s, ratio {on / off:.3f}")
+    off = statistics.median(walls["off"])
+    print(f"run: the default scenario, {rounds} rounds, wall seconds (median of {pairs}), and each against the run without --view:")
+    for variant, label in VARIANTS.items():
+        median = statistics.median(walls[variant])
+        print(f"  {label:22} {median:7.1f} s  {median / off:.3f}")
     if shots is not None:
         export = work / "export.html"
-        subprocess.run([sys.executable, "-m", "dfedrw.experiments.cli", "view", str(work / "run-0-1"), "--html", str(export)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "dfedrw.experiments.cli", "view", str(work / "run-0-page"), "--html", str(export)], check=True, stdout=subprocess.DEVNULL)
         driver = chrome()
         try:
             driver.get(export.as_uri())

@@ -48,6 +48,7 @@ class ViewServer:
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.httpd.daemon_threads = True
         self.threads: list[threading.Thread] = []
+        self.streams = 0  # event streams open now (pages connected)
 
     @property
     def url(self) -> str:
@@ -56,6 +57,7 @@ class ViewServer:
         return f"http://{shown}:{port}/?token={self.token}"
 
     def start(self) -> ViewServer:
+        self.ended = (self.records.folder / "summary.json").is_file()
         for target, name in ((self.httpd.serve_forever, "view-http"), (self._poll, "view-poll")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -76,13 +78,15 @@ class ViewServer:
                 return
 
     def end(self, linger: float = 2.0) -> None:
-        """The run ended: the last records read, pages told, given ``linger`` seconds to take
-        them, then the server stopped."""
+        """The run ended: the last records read, pages told, and once every open page took them
+        (at most ``linger`` seconds), the server stopped."""
         self.records.poll()
+        deadline = time.monotonic() + linger
         with self.changed:
             self.ended = True
             self.changed.notify_all()
-        time.sleep(linger)
+            while self.streams and time.monotonic() < deadline:
+                self.changed.wait(max(0.0, deadline - time.monotonic()))
         self.stop()
 
     def stop(self) -> None:
@@ -130,7 +134,8 @@ def _handler(view: ViewServer) -> type[BaseHTTPRequestHandler]:
                 name = path[len("/static/") :]
                 return self._send(HTTPStatus.OK, static_text(name).encode(), STATIC[name])
             if path == "/meta":
-                return self._send(HTTPStatus.OK, json.dumps(view.records.meta).encode(), "application/json")
+                # ``ended``: the run had ended when the page asked (its records are all there).
+                return self._send(HTTPStatus.OK, json.dumps({**view.records.meta, "ended": view.ended}).encode(), "application/json")
             if path == "/events":
                 return self._events()
             return self._refuse(HTTPStatus.NOT_FOUND)
@@ -148,6 +153,8 @@ def _handler(view: ViewServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
             sent = 0
+            with view.changed:
+                view.streams += 1
             try:
                 while True:
                     with view.changed:
@@ -170,6 +177,10 @@ def _handler(view: ViewServer) -> type[BaseHTTPRequestHandler]:
                     self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 return
+            finally:
+                with view.changed:
+                    view.streams -= 1
+                    view.changed.notify_all()
 
     return Handler
 

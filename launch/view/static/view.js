@@ -79,10 +79,16 @@
     return Math.max(0, state.ended ? state.last : state.last - 1);
   }
 
+  // While the run goes, records arriving redraw the page at most once a second (a person
+  // watching needs no more, and a browser on the machine that runs the clients takes its time
+  // from them); a run that ended, and what a person does (the slider, a click), is drawn at once.
+  const REDRAW_MS = 1000;
+  let lastDraw = -Infinity;
   function schedule() {
     if (state.pending) return;
     state.pending = true;
-    requestAnimationFrame(() => { state.pending = false; draw(); });
+    const wait = state.ended ? 0 : Math.max(0, lastDraw + REDRAW_MS - performance.now());
+    setTimeout(() => requestAnimationFrame(() => { state.pending = false; draw(); }), wait);
   }
 
   function accuracyColour(a) {
@@ -225,8 +231,9 @@
       const row = table.insertRow(); row.insertCell().textContent = (rec.received_from || []).join(", ") || "nobody";
       return;
     }
+    const gossip = state.meta.asynchronous, columns = ["sender", "score", "weight", ...(gossip ? ["staleness"] : [])];
     const head = table.insertRow();
-    for (const name of ["sender", "score", "weight", "staleness"]) { const th = document.createElement("th"); th.textContent = name; head.appendChild(th); }
+    for (const name of columns) { const th = document.createElement("th"); th.textContent = name; head.appendChild(th); }
     const weights = rec.weights || {}, scores = rec.scores || {}, stale = rec.staleness || {};
     for (const sender of Object.keys(weights).sort((a, b) => Number(a) - Number(b))) {
       const j = Number(sender), row = table.insertRow();
@@ -235,16 +242,18 @@
       row.insertCell().textContent = j === k ? `${j} (own)` : state.byzantine.has(j) ? `${j} (Byzantine)` : String(j);
       row.insertCell().textContent = scores[sender] == null ? "-" : String(scores[sender]);
       row.insertCell().textContent = String(weights[sender]);
-      row.insertCell().textContent = stale[sender] == null ? "-" : String(stale[sender]);
+      if (gossip) row.insertCell().textContent = stale[sender] == null ? "0" : String(stale[sender]);
     }
     for (const j of rec.missing || []) {
       const row = table.insertRow(); row.className = "missing";
-      row.insertCell().textContent = `${j} (missing)`; row.insertCell().textContent = "-"; row.insertCell().textContent = "-"; row.insertCell().textContent = "-";
+      row.insertCell().textContent = `${j} (missing)`;
+      for (let i = 1; i < columns.length; i++) row.insertCell().textContent = "-";
     }
   }
 
   function draw() {
     if (!state.meta) return;
+    lastDraw = performance.now();
     state.drawn = state.received;
     $("slider").value = state.round;
     $("round").textContent = state.last < 0 ? "-" : String(state.round);
@@ -294,6 +303,7 @@
     return;
   }
   fetch(`meta?token=${encodeURIComponent(token)}`).then((r) => r.json()).then((meta) => {
+    state.ended = Boolean(meta.ended);
     begin(meta);
     const events = new EventSource(`events?token=${encodeURIComponent(token)}`);
     events.addEventListener("open", () => { $("status").textContent = "live"; });
