@@ -57,7 +57,10 @@ class ViewServer:
         return f"http://{shown}:{port}/?token={self.token}"
 
     def start(self) -> ViewServer:
-        self.ended = (self.records.folder / "summary.json").is_file()
+        # A run that had ended: every record read before a page is told so.
+        finished = (self.records.folder / "summary.json").is_file()
+        self.records.poll()
+        self.ended = finished
         for target, name in ((self.httpd.serve_forever, "view-http"), (self._poll, "view-poll")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
