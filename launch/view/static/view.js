@@ -13,6 +13,7 @@
     rounds: [],      // rounds[r]: Map client -> its round-r record
     stats: [],       // stats[r]: the round's sums over honest clients (see add)
     lastAccuracy: new Map(), // client -> [[round, local accuracy]] (evaluation rounds)
+    lastSuccess: new Map(),  // client -> [[round, attack success]] (evaluation rounds, under a backdoor)
     last: -1,        // the highest round read
     round: 0,        // the round drawn
     follow: true,
@@ -55,7 +56,11 @@
         if (!state.lastAccuracy.has(rec.c)) state.lastAccuracy.set(rec.c, []);
         state.lastAccuracy.get(rec.c).push([r, rec.accuracy]);
       }
-      if (rec.attack_success != null) s.asr.push(rec.attack_success);
+      if (rec.attack_success != null) {
+        s.asr.push(rec.attack_success);
+        if (!state.lastSuccess.has(rec.c)) state.lastSuccess.set(rec.c, []);
+        state.lastSuccess.get(rec.c).push([r, rec.attack_success]);
+      }
       const weights = rec.weights || {};
       let share = 0;
       for (const sender in weights) {
@@ -96,8 +101,9 @@
     return `hsl(${Math.round(1.2 * Math.max(0, Math.min(100, a)))}, 60%, 58%)`;
   }
 
-  function accuracyAt(k, r) {
-    const list = state.lastAccuracy.get(k);
+  // A client's measure (local accuracy, attack success) at its last evaluation up to round r.
+  function measureAt(byClient, k, r) {
+    const list = byClient.get(k);
     if (!list) return null;
     let found = null;
     for (const [round, a] of list) { if (round <= r) found = a; else break; }
@@ -136,11 +142,14 @@
         const w = weights[sender];
         const byz = state.byzantine.has(j);
         const kind = w === 0 ? "zero" : byz ? "byzantine" : "honest";
+        // Under asynchronous gossip a model that came steps ago (late) is drawn fainter.
+        const late = rec.staleness ? rec.staleness[sender] || 0 : 0;
         const line = arrow(frag, j, k, {
-          class: kind, "data-weight": w, "stroke-width": (0.0015 + 0.02 * w).toFixed(5),
+          class: kind + (late ? " late" : ""), "data-weight": w, "stroke-width": (0.0015 + 0.02 * w).toFixed(5),
           "marker-end": w === 0 ? "" : `url(#arrow-${byz ? "byzantine" : "honest"})`,
+          ...(late ? { "stroke-opacity": Math.max(0.25, 1 - 0.15 * late).toFixed(2), "data-late": late } : {}),
         });
-        if (line) el("title", {}, line).textContent = `${j} \u2192 ${k}: weight ${w}` + (rec.scores && rec.scores[sender] != null ? `, score ${rec.scores[sender]}` : "");
+        if (line) el("title", {}, line).textContent = `${j} \u2192 ${k}: weight ${w}` + (rec.scores && rec.scores[sender] != null ? `, score ${rec.scores[sender]}` : "") + (late ? `, ${late} steps late` : "");
       }
       for (const j of rec.missing || []) arrow(frag, j, k, { class: "missing", "data-weight": "missing" });
     }
@@ -151,7 +160,7 @@
       if (!at) continue;
       const byz = state.byzantine.has(k);
       const g = el("g", { class: "node" + (byz ? " byzantine" : "") + (state.selected === k ? " selected" : ""), "data-client": k }, nodes);
-      const acc = byz ? null : accuracyAt(k, r);
+      const acc = byz ? null : measureAt(state.lastAccuracy, k, r), success = byz ? null : measureAt(state.lastSuccess, k, r);
       el("circle", { cx: at[0], cy: at[1], r: rad, fill: byz ? "#3a3a3a" : accuracyColour(acc) }, g);
       const rec = round.get(k), final = state.finals[k] || {};
       const rings = [];
@@ -161,7 +170,13 @@
       rings.forEach((kind, i) => el("circle", { class: `ring ${kind}`, cx: at[0], cy: at[1], r: rad * (1.3 + 0.25 * i) }, g));
       const text = el("text", { x: at[0], y: at[1], style: `font-size:${(rad * 0.95).toFixed(4)}px` }, g);
       text.textContent = byz ? `B${k}` : String(k);
-      el("title", {}, g).textContent = byz ? `client ${k}: Byzantine (${state.meta.attack})` : `client ${k}: accuracy ${acc == null ? "not yet measured" : acc.toFixed(2) + " %"}`;
+      if (acc != null) {
+        // Below the client: its accuracy, and under a backdoor the attack's success on it.
+        const note = el("text", { class: "measure", x: at[0], y: at[1] + rad * 1.75, style: `font-size:${(rad * 0.6).toFixed(4)}px` }, g);
+        note.textContent = `${acc.toFixed(0)}%`;
+        if (success != null) el("tspan", { class: "success" }, note).textContent = ` \u00b7 ${success.toFixed(0)}%`;
+      }
+      el("title", {}, g).textContent = byz ? `client ${k}: Byzantine (${state.meta.attack})` : `client ${k}: accuracy ${acc == null ? "not yet measured" : acc.toFixed(2) + " %"}` + (success == null ? "" : `, attack success ${success.toFixed(2)} %`);
       g.addEventListener("click", () => { state.selected = k; draw(); });
     }
   }
