@@ -171,7 +171,8 @@ def _handler(view: ViewServer) -> type[BaseHTTPRequestHandler]:
                         batch = view.records.history[sent : min(upto, sent + EVENT_RECORDS)]
                         self.wfile.write(b"event: rounds\ndata: [" + ",".join(batch).encode() + b"]\n\n")
                         sent += len(batch)
-                    finals = json.dumps({str(k): v for k, v in view.records.finals.items()})
+                    with view.records.lock:  # the poller adds to it meanwhile
+                        finals = json.dumps({str(k): v for k, v in view.records.finals.items()})
                     self.wfile.write(b"event: finals\ndata: " + finals.encode() + b"\n\n")
                     if ended:
                         self.wfile.write(b"event: end\ndata: {}\n\n")
