@@ -35,7 +35,10 @@
   function statsAt(r) {
     let s = state.stats[r];
     if (!s) {
-      s = state.stats[r] = { acc: [], share: 0, receivers: 0, byzSeen: 0, byzZero: 0, honSeen: 0, honZero: 0, asr: [], stale: 0, staleN: 0 };
+      s = state.stats[r] = {
+        acc: [], share: 0, receivers: 0, byzSeen: 0, byzZero: 0, honSeen: 0, honZero: 0, asr: [], stale: 0, staleN: 0,
+        seconds: 0, secondsN: 0, bytes: 0, bytesN: 0,
+      };
     }
     return s;
   }
@@ -71,6 +74,8 @@
       }
       s.share += share; s.receivers += 1;
       if (rec.staleness) for (const j in rec.staleness) { s.stale += rec.staleness[j]; s.staleN += 1; }
+      if (rec.seconds != null) { s.seconds += rec.seconds; s.secondsN += 1; }
+      if (rec.bytes_sent != null) { s.bytes += rec.bytes_sent; s.bytesN += 1; }
     }
     const slider = $("slider");
     slider.max = Math.max(0, state.last);
@@ -193,15 +198,35 @@
     }
   }
 
+  // Where round r lies on the charts' x axis: the round; or, where the records say, the mean
+  // seconds the honest clients had run at its end (wall time, or a batched run's simulated
+  // clock), or the megabytes each had sent by then on average. Returns [x of each round up to
+  // the last read, the axis's end].
+  function axis() {
+    const kind = $("axis").value, xs = [];
+    if (kind === "rounds") {
+      for (let r = 0; r <= state.last; r++) xs.push(r);
+      return [xs, Math.max(1, state.meta.rounds - 1)];
+    }
+    let sent = 0, end = 0;
+    for (let r = 0; r <= state.last; r++) {
+      const s = state.stats[r];
+      if (kind === "seconds") xs.push(s && s.secondsN ? s.seconds / s.secondsN : null);
+      else { if (s && s.bytesN) sent += s.bytes / s.bytesN / 1e6; xs.push(s && s.bytesN ? sent : null); }
+      if (xs[r] != null) end = Math.max(end, xs[r]);
+    }
+    return [xs, end || 1];
+  }
+
   // A line chart of series [[round, value], ...] with the drawn round marked.
-  function chart(id, series, top) {
+  function chart(id, series, top, xs, end) {
     const svg = document.querySelector(`#${id} svg`);
     const w = svg.clientWidth || 400, h = svg.clientHeight || 90, left = 30, bottom = 12;
     svg.textContent = "";
-    const rounds = Math.max(1, state.meta.rounds - 1);
     let hi = top;
     if (hi == null) { hi = 0; for (const s of series) for (const pt of s.points) hi = Math.max(hi, pt[1]); hi = hi || 1; }
-    const x = (r) => left + (w - left - 4) * r / rounds, y = (v) => 4 + (h - bottom - 8) * (1 - v / hi);
+    const x = (r) => left + (w - left - 4) * (xs[r] == null ? 0 : xs[r]) / end, y = (v) => 4 + (h - bottom - 8) * (1 - v / hi);
+    series = series.map((s) => ({ kind: s.kind, points: s.points.filter(([r]) => xs[r] != null) }));
     el("line", { class: "axis", x1: left, y1: y(0), x2: w - 4, y2: y(0) }, svg);
     el("text", { x: 2, y: y(hi) + 4 }, svg).textContent = hi >= 10 ? hi.toFixed(0) : hi.toFixed(2);
     el("text", { x: 2, y: y(0) }, svg).textContent = "0";
@@ -209,7 +234,8 @@
       if (!s.points.length) continue;
       el("polyline", { class: s.kind, points: s.points.map(([r, v]) => `${x(r).toFixed(1)},${y(v).toFixed(1)}`).join(" ") }, svg);
     }
-    el("line", { class: "now", x1: x(state.round), y1: 2, x2: x(state.round), y2: h - bottom }, svg);
+    if (xs[state.round] != null) el("line", { class: "now", x1: x(state.round), y1: 2, x2: x(state.round), y2: h - bottom }, svg);
+    el("text", { x: w - 4, y: h - 1, "text-anchor": "end" }, svg).textContent = end >= 100 ? end.toFixed(0) : end.toPrecision(3);
   }
 
   function drawCharts() {
@@ -224,13 +250,14 @@
       if (s.asr.length) asr.push([r, s.asr.reduce((a, b) => a + b, 0) / s.asr.length]);
       if (s.staleN) stale.push([r, s.stale / s.staleN]);
     }
-    chart("chart-accuracy", [{ kind: "mean", points: mean }, { kind: "worst", points: worst }], 100);
-    chart("chart-share", [{ kind: "share", points: share }], 1);
-    chart("chart-detect", [{ kind: "tp", points: tp }, { kind: "fp", points: fp }], 1);
+    const [xs, end] = axis();
+    chart("chart-accuracy", [{ kind: "mean", points: mean }, { kind: "worst", points: worst }], 100, xs, end);
+    chart("chart-share", [{ kind: "share", points: share }], 1, xs, end);
+    chart("chart-detect", [{ kind: "tp", points: tp }, { kind: "fp", points: fp }], 1, xs, end);
     $("chart-asr").hidden = !asr.length;
-    if (asr.length) chart("chart-asr", [{ kind: "asr", points: asr }], 100);
+    if (asr.length) chart("chart-asr", [{ kind: "asr", points: asr }], 100, xs, end);
     $("chart-stale").hidden = !stale.length;
-    if (stale.length) chart("chart-stale", [{ kind: "stale", points: stale }], null);
+    if (stale.length) chart("chart-stale", [{ kind: "stale", points: stale }], null, xs, end);
   }
 
   function drawClient() {
@@ -298,6 +325,7 @@
     $("follow").checked = state.follow;
     draw();
   });
+  $("axis").addEventListener("change", () => draw());
   $("follow").addEventListener("change", (e) => { state.follow = e.target.checked; if (state.follow) { state.round = followed(); draw(); } });
 
   window.dfedrwView = {
