@@ -116,12 +116,11 @@ class BatchedRun:
         self.momentum: torch.Tensor | None = None
         self.wave: list[int] | None = None  # under asynchronous gossip: the rows that train now
         self.augment = [client_augmentation(sc, k) for k in self.honest]
-        self.told_rules = ToldRules(sc, topo, self.honest)
-        self.rules = dict(self.told_rules.fixed)  # each client's rule this round
         # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
         # schedule each client's rule is the one told the Byzantine senders of the round.
         self.graphs = scenario_graphs(sc, topo)
-        self.told_rules.dynamic = self.graphs.dynamic
+        self.told_rules = ToldRules(sc, topo, self.honest, dynamic=self.graphs.dynamic)
+        self.rules = dict(self.told_rules.fixed)  # each client's rule this round (under a schedule: begin_round's)
         self.told: dict[int, int] = {}
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}

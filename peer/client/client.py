@@ -207,8 +207,7 @@ class Client:
                 except (KeyError, ValueError, RuntimeError) as exc:
                     raise CheckpointError(f"checkpoint {self.checkpoint_file}: trainer state unusable ({exc})") from None
             # Its rule; under a schedule, the one told the Byzantine senders of a round.
-            self.rules = ToldRules(sc, self.topology, (self.id,))
-            self.rules.dynamic = self.graphs.dynamic
+            self.rules = ToldRules(sc, self.topology, (self.id,), dynamic=self.graphs.dynamic)
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)
             self.backdoor = scenario_backdoor(sc)
         else:

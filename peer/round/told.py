@@ -27,17 +27,18 @@ __all__ = ["ToldRules"]
 
 
 class ToldRules:
-    """The rules of ``clients`` (honest ids) in ``scenario`` over ``topology``: ``fixed[k]``,
-    client k's rule on the graph (built here, in the order of ``clients``); with
-    ``dynamic`` (a schedule), :meth:`at` gives the rule of a round's senders."""
+    """The rules of ``clients`` (honest ids) in ``scenario`` over ``topology``. On a fixed graph
+    ``fixed[k]`` is client k's one rule (built here, in the order of ``clients``); under a
+    schedule (``dynamic``) nothing is built here, and :meth:`at` builds the rule of a round's
+    senders when first needed."""
 
-    def __init__(self, scenario: Scenario, topology: Topology, clients: Iterable[int]) -> None:
-        self.scenario, self.topology = scenario, topology
-        self.fixed: dict[int, Any] = {k: client_rule(scenario, topology, k) for k in clients}
-        self.dynamic = False
+    def __init__(self, scenario: Scenario, topology: Topology, clients: Iterable[int], *, dynamic: bool = False) -> None:
+        self.scenario, self.topology, self.dynamic = scenario, topology, dynamic
+        clients = tuple(clients)
+        self.fixed: dict[int, Any] = {} if dynamic else {k: client_rule(scenario, topology, k) for k in clients}
         self._by_told: dict[tuple[int, int], Any] = {}
         # Under a schedule: the most client k was told in a round so far.
-        self.most: dict[int, int] = dict.fromkeys(self.fixed, 0)
+        self.most: dict[int, int] = dict.fromkeys(clients, 0)
 
     def at(self, k: int, senders: tuple[int, ...]) -> tuple[Any, int | None]:
         """Client ``k``'s rule for candidates from ``senders`` and what it is told (None on a

@@ -203,8 +203,8 @@ def test_comparison_detects_another_rule_setting(tmp_path, threads_run, monkeypa
     other = scenario(DRIFT_CASE, "batched", FAST_ROUNDS, "aggregation.crs_params.loss_clip_mean.weighting=uniform")
 
     class Drifted(ToldRules):  # the batched engine's rules built from the other setting
-        def __init__(self, sc, topology, clients):
-            super().__init__(other, topology, clients)
+        def __init__(self, sc, topology, clients, **options):
+            super().__init__(other, topology, clients, **options)
 
     monkeypatch.setattr(batched, "ToldRules", Drifted)
     problems = _drifted(tmp_path, threads_run)
