@@ -39,7 +39,6 @@ import torch
 from dfedrw.engines.layout import choose_layout
 from dfedrw.engines.steps import aggregate_together, rule_groups, train_together
 from dfedrw.engines.run import BatchedRun, Candidates
-from dfedrw.peer.round.byzantine import ByzantineStep
 from dfedrw.peer.round.candidates import Offer, assemble
 from dfedrw.peer.round.records import byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
@@ -83,8 +82,9 @@ class Gossip:
         self.pending: dict[int, list[tuple[float, int, Message]]] = {k: [] for k in range(self.topology.num_clients)}
         self.held: dict[int, dict[int, Held]] = {k: {} for k in range(self.topology.num_clients)}
         self.answered = {b: {k: -1 for k in self.graphs.possible(b) if k not in self.byzantine} for b in run.byzantine}
-        # Each Byzantine client's step, with the attack and generator of the run's (its own reference).
-        self.attack_steps = {b: ByzantineStep(run.scenario, b, s.attack, s.generator) for b, s in run.attack_steps.items()}
+        # Each Byzantine client's step (its attack, generator and reference): the run's, which
+        # the round protocol would drive and gossip drives instead.
+        self.attack_steps = run.attack_steps
         self.byzantine_events: list[tuple[float, int, int]] = []  # (arrival, order, Byzantine receiver)
         self.losses: dict[int, float] = {}
         self.errors: dict[int, Any] = {}  # each honest client's last trained model: what an intake refuses it for, or None
