@@ -108,3 +108,54 @@ def test_a_run_watched_live_then_scrubbed_and_clicked(bench, tmp_path):
         driver.save_screenshot(str(tmp_path / "export.png"))
     finally:
         driver.quit()
+
+
+def test_the_marks_of_failed_restarted_and_alone_clients_and_of_missing_and_late_models(bench, tmp_path):
+    import json
+
+    from dfedrw.peer.config.scenario import dump_scenario, load_scenario
+    from dfedrw.peer.wiring.plan import scenario_topology
+
+    # Prepare: a folder written as a run writes it, with what each mark is for.
+    scenario = load_scenario(None, ["rounds=2", "network.protocol=async"])
+    folder = tmp_path / "run"
+    (folder / "peers").mkdir(parents=True)
+    dump_scenario(scenario, folder / "scenario.toml")
+    topology = scenario_topology(scenario)
+    honest = [k for k in range(scenario.num_clients) if k not in topology.byzantine]
+    byzantine = sorted(topology.byzantine)
+    a, b, c, d = honest[:4]
+    records = {
+        # a: a Byzantine sender given weight, an honest one late by 3 steps, one missing.
+        a: {"round": 1, "weights": {str(a): 0.5, str(byzantine[0]): 0.25, str(b): 0.25}, "staleness": {str(byzantine[0]): 0, str(b): 3}, "missing": [c]},
+        b: {"round": 1, "weights": {str(b): 1.0}, "missing": [], "resumed_from": 0},  # alone, and restarted
+        c: {"round": 1, "weights": {str(c): 0.6, str(a): 0.4}, "missing": []},
+    }
+    for k, record in records.items():
+        (folder / "peers" / f"{k}.jsonl").write_text(json.dumps(record) + "\n")
+    (folder / "peers" / f"{d}.json").write_text(json.dumps({"completed": False, "role": "honest"}))
+    export = tmp_path / "view.html"
+    subprocess.run([sys.executable, "-m", "dfedrw.experiments.cli", "view", str(folder), "--html", str(export)], check=True, timeout=120)
+
+    # Execute
+    driver = bench.chrome()
+    try:
+        driver.get(export.as_uri())
+        bench.wait_js(driver, "window.dfedrwView && window.dfedrwView.state.drawn === 3", 30)
+        rings = driver.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#nodes g.node')].map(g => "
+            "[g.dataset.client, [...g.querySelectorAll('circle.ring')].map(c => c.getAttribute('class').split(' ')[1]).sort()]));"
+        )
+        lines = driver.execute_script(
+            "return [...document.querySelectorAll('#edges line')].map(l => [Number(l.dataset.from), Number(l.dataset.to), l.getAttribute('class'), l.dataset.late || null]);"
+        )
+    finally:
+        driver.quit()
+
+    # Assert
+    assert rings[str(b)] == ["isolated", "restarted"]
+    assert rings[str(d)] == ["failed"]
+    assert rings[str(a)] == [] and rings[str(c)] == []
+    assert sorted(map(tuple, lines)) == sorted([
+        (byzantine[0], a, "byzantine", None), (b, a, "honest late", "3"), (c, a, "missing", None), (a, c, "honest", None),
+    ])
