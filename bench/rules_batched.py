@@ -30,10 +30,10 @@ import collections
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from rules_floor import clock  # beside this script: CPU seconds a call, averaged
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "examples" / "byzantine_fmnist.toml"
@@ -78,13 +78,6 @@ def record_calls(rule: str, runs: int, rounds: int, keep: int, overrides: list[s
 def per_client(rule, batch) -> list:
     rules = batch.rules or (rule,) * len(batch)
     return [rules[c](batch.one(c)) for c in range(len(batch))]
-
-
-def clock(call, repeat: int) -> float:
-    start = time.process_time()
-    for _ in range(repeat):
-        call()
-    return (time.process_time() - start) / repeat
 
 
 def main(argv: list[str] | None = None) -> int:
