@@ -55,8 +55,10 @@ LENGTHS = {"sync": 3000, "async": 2400}
 # cores busy (more on a machine busier still), and meanwhile the other five go on at about 0.012 s
 # a round (the dead one costs them nothing: its connection is refused): at 1,000 rounds the
 # 750 after the kill took 9 s, and a restart that took longer found the network finished and
-# ran its last rounds alone. At 3,000 the network runs about 27 s on without it.
-SHORT = {"sync": 3000, "async": 2000}
+# ran its last rounds alone. At 3,000 the network runs about 27 s on without it. Asynchronous
+# steps go faster (the 1,500 after the kill of a 2,000-step run took 13-19 s, and a restart on a
+# busier machine came back 2 s after the network ended): 4,000 give it 26-38 s.
+SHORT = {"sync": 3000, "async": 4000}
 # The batched engine times asynchronous steps on its clock: every client at this compute.
 ASYNC_STEP_SECONDS = 0.01
 
@@ -90,6 +92,9 @@ class Figures:
     with_neighbours: float | None = None  # mean share of rounds with a neighbour's model
     with_neighbours_min: float | None = None
     restarted_after: float | None = None  # the restarted client's share after its restart
+    # Seconds the restarted client's loop ran while another honest client was still in its
+    # loop: at or below 0 it came back to a network that had finished, with nobody to hear from.
+    overlap: float | None = None
     honest_shut_out: int = 0
     shut_out: int = 0
     held_back: int = 0
@@ -264,7 +269,8 @@ def figures_of(case: Case, out: Path, summary: dict[str, Any], restart: dict[str
 
     peers = summary["peers"]
     honest = [int(k) for k, p in peers.items() if p["role"] == "honest"]
-    shares, after = [], None
+    shares, after, overlap, back = [], None, None, None
+    ends: list[float] = []
     held = shut = restarts = lost = 0
     victim = (restart or {}).get("victim")
     for k in honest:
@@ -279,6 +285,11 @@ def figures_of(case: Case, out: Path, summary: dict[str, Any], restart: dict[str
             resumed_at = final["resumed_from"][0]["resumed_at"]
             later = [r for r in records if r["round"] >= resumed_at]
             after = sum(len(r.get("weights") or {}) > 1 for r in later) / len(later) if later else None
+            back = final.get("loop_started_at")
+        elif final.get("loop_started_at") is not None and final.get("loop_seconds") is not None:
+            ends.append(final["loop_started_at"] + final["loop_seconds"])
+    if after is not None and back is not None and ends:
+        overlap = round(max(ends) - back, 1)
     for k in peers:
         final = read_final(out, int(k)) or {}
         shut += sum((final.get("shut_out") or {}).values())
@@ -286,7 +297,7 @@ def figures_of(case: Case, out: Path, summary: dict[str, Any], restart: dict[str
     return Figures(
         case=case.name, rounds=summary["rounds"], accuracy=summary.get("honest_mean_accuracy"), worst=summary.get("worst_accuracy"),
         with_neighbours=round(sum(shares) / len(shares), 4) if shares else None, with_neighbours_min=round(min(shares), 4) if shares else None,
-        restarted_after=round(after, 4) if after is not None else None, honest_shut_out=honest_shut, shut_out=shut, held_back=held,
+        restarted_after=round(after, 4) if after is not None else None, overlap=overlap, honest_shut_out=honest_shut, shut_out=shut, held_back=held,
         restarts=restarts, restarted=victim, rounds_lost=lost, seconds=round(summary.get("wall_seconds") or 0.0, 1), failed=list(summary.get("failed_peers") or []),
         warnings=list(summary.get("warnings") or []),
     )
@@ -328,7 +339,7 @@ def pct(x: float | None) -> str:
 def table(rows: list[Figures]) -> str:
     head = (
         f"{'case':<40} {'rounds':>6} {'acc %':>6} {'worst':>6} {'gap':>6} {'nbr %':>6} {'min %':>6} {'after':>6} "
-        f"{'h.out':>5} {'out':>4} {'held':>5} {'lost':>5} {'s':>7}"
+        f"{'with':>5} {'h.out':>5} {'out':>4} {'held':>5} {'lost':>5} {'s':>7}"
     )
     lines = [head, "-" * len(head)]
     for f in rows:
@@ -337,7 +348,7 @@ def table(rows: list[Figures]) -> str:
         gap = "" if f.gap is None else f"{f.gap:+.2f}"
         lines.append(
             f"{f.case:<40} {f.rounds:>6} {acc:>6} {worst:>6} {gap:>6} {pct(f.with_neighbours):>6} {pct(f.with_neighbours_min):>6} "
-            f"{pct(f.restarted_after):>6} {f.honest_shut_out:>5} {f.shut_out:>4} {f.held_back:>5} {f.rounds_lost:>5} {f.seconds:>7.1f}"
+            f"{pct(f.restarted_after):>6} {'-' if f.overlap is None else f'{f.overlap:.0f}':>5} {f.honest_shut_out:>5} {f.shut_out:>4} {f.held_back:>5} {f.rounds_lost:>5} {f.seconds:>7.1f}"
         )
         for w in f.warnings:
             lines.append(f"    warning: {w}")
@@ -345,7 +356,7 @@ def table(rows: list[Figures]) -> str:
             lines.append(f"    failed clients: {f.failed}")
     lines.append(
         "acc %: honest mean final accuracy; gap: against the batched engine's; nbr %: share of rounds with a neighbour's model "
-        "(mean, lowest client, the restarted client after its restart); h.out/out: honest senders / all senders shut out; "
+        "(mean, lowest client, the restarted client after its restart); with: seconds the restarted client ran while the others still ran; h.out/out: honest senders / all senders shut out; "
         "held: rounds the lead bound held back; lost: rounds a restart cost"
     )
     return "\n".join(lines)
@@ -359,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", choices=["yes", "no", "both"], default="both")
     parser.add_argument(
         "--short", action="store_true",
-        help="the slow test's version: 3,000 rounds, 2,000 steps, round_timeout 2 s, a checkpoint every 20 rounds, a restart after 1 s",
+        help="the slow test's version: 3,000 rounds, 4,000 steps, round_timeout 2 s, a checkpoint every 20 rounds, a restart after 1 s",
     )
     parser.add_argument("--rounds", type=int, default=None, help="rounds (steps) of every case (default: sync 3000, async 2400)")
     parser.add_argument("--restart-after", type=float, default=None, help="seconds a killed client stays down (default 2, --short 1)")

@@ -17,8 +17,8 @@ for anyone. Its step ``t``:
 Pacing: a client takes its next step only once the model it sent last went out to each
 neighbour (at most ``round_timeout``; :meth:`~peer.client.presence.Presence.pace`), so that it
 makes no model faster than its neighbours take them; after it sent step ``t`` it waits, briefly,
-for the step-``t`` models of the neighbours keeping pace with it (:class:`Freshness`); as it
-(re)starts, once, for a first model of each neighbour.
+for the next model of each neighbour stepping with it (the step-``t`` model of one keeping pace,
+:class:`Freshness`); as it (re)starts, once, for a first model of each neighbour.
 
 A Byzantine client has no steps of its own: each time models of its honest neighbours arrive
 it crafts its attack from the newest model it holds of each (what it received, as ever) and
@@ -32,14 +32,18 @@ its receivers of that step's graph, and takes the newest model of anyone who sen
 Records: one per local step (``round`` is the step), with ``seconds`` since the loop began
 and ``staleness``; ``missing``: the step's senders (its graph's) nothing is held from. What
 the round protocol has and this one has not: colluders' pools (refused by the scenario's
-checks) and deadlines. A client that restarts resumes from its checkpoint's step; until its
-steps pass the last one a neighbour holds of it, that neighbour drops its models as stale.
+checks) and deadlines. A client that restarts waits briefly for its neighbours' models and
+continues one past the steps they are at (the upper median), taking the median of their models
+in place of its own where that skips many steps (:meth:`~peer.client.rejoin.Resume.resume_steps`);
+a client that lagged its neighbours by the time its restart took would otherwise pull their
+aggregates back for the rest of the run.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -80,8 +84,14 @@ def run_async_honest(client) -> dict[str, Any]:
     graphs = client.graphs
     last: dict[str, float] = {}
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-    t = first = client.resume.resume_steps() if client.resumed is not None else 0
+    t = first = 0
     first_after_resume = client.resumed is not None
+    if first_after_resume:
+        reachable = [k for k in graphs.senders_to(client.id, client.resumed.round + 1) if k not in client.presence.unreachable]
+        t, adopted = client.resume.resume_steps(reachable)
+        first = t
+        if adopted is not None:
+            set_vector(client.model, adopted)
     flat = client._flatten()  # on the CPU the parameters are views of one flat vector (the model to send)
     stale_steps = 0
     fresh = Freshness(sc.network.round_timeout, getattr(client.transport, "message_seconds", None))
@@ -142,38 +152,60 @@ def run_async_honest(client) -> dict[str, Any]:
 
 
 class Freshness:
-    """What a client waits for after it sent its step ``t``: the step-``t`` models of the
-    neighbours that keep pace with it (the model it holds of each is of step ``t - 1`` or later),
-    at most a grace of a few times what a message takes lately (its transport's
-    ``message_seconds``: sent to answered; :data:`FLOOR` where it does not say), never more than
-    ``timeout``; as it (re)starts, a first model of each neighbour, at most ``timeout``. So that,
-    where neighbours step at one speed, a step aggregates models of that step, as the batched
-    engine's clock does: a message between two processes takes about as long as a local step of
-    a small model, and aggregating each neighbour's step before at every step halves what a step
-    learns. A neighbour whose steps take longer than the grace more falls a step behind and is
-    not waited for: a straggler slows only itself. What it waited is counted (:attr:`seconds`)."""
+    """What a client waits for after it sent its step ``t``: the next model of each neighbour
+    stepping with it, at most a grace of a few times what a message takes lately (its
+    transport's ``message_seconds``: sent to answered; :data:`FLOOR` where it does not say),
+    never more than ``timeout``; as it (re)starts, a first model of each neighbour, at most
+    ``timeout``. Of a neighbour keeping pace (the model it holds of it is of step ``t - 1`` or
+    later) the next model is that of step ``t`` (held already of one ahead: not waited for); of
+    one behind, the one after the model it holds.
+    So that, where neighbours step at one speed, a step aggregates models of that step, as the
+    batched engine's clock does: a message between two processes takes about as long as a local
+    step of a small model, and aggregating each neighbour's step before at every step halves
+    what a step learns. And so that a client that got ahead (a wait that ran out, a scheduler's
+    whim) waits as a client behind it does: were it waited for by its neighbours and not
+    waiting itself, it would step faster the further ahead it got, and under a long run its
+    neighbours would aggregate its model of hundreds of steps before or after theirs; as it is,
+    the one behind waits for nobody ahead of it and closes the gap. A neighbour behind that made
+    fewer than :data:`PACE` steps per step of this client over its last :data:`WINDOW` steps is
+    a straggler (slower, not merely behind): not waited for, so that a straggler slows only
+    itself. What it waited is counted (:attr:`seconds`)."""
 
     FACTOR = 6.0  # the grace: this many times what a message takes
     FLOOR = 0.002  # seconds: the least grace
+    WINDOW = 20  # steps of this client over which a neighbour's pace is measured
+    PACE = 0.5  # a neighbour behind that made fewer steps than this per step of ours: a straggler
 
     def __init__(self, timeout: float, message_seconds=None) -> None:
         self.timeout = timeout
         self.message_seconds = message_seconds or (lambda: None)
         self.seconds = 0.0  # waited in all
+        self._marks: deque[tuple[int, dict[int, int]]] = deque(maxlen=self.WINDOW)  # (step, labels held then)
 
     def grace(self) -> float:
         took = self.message_seconds()
         return min(self.timeout, max(self.FLOOR, self.FACTOR * (took or 0.0)))
 
+    def stragglers(self, held: dict[int, int], t: int) -> set[int]:
+        """Of the neighbours whose labels are ``held`` at step ``t``, those behind (a label before
+        ``t - 1``) that stepped slower than :data:`PACE` of this client over the window."""
+        if not self._marks or t - self._marks[0][0] < self.WINDOW // 2:
+            return set()  # too few steps yet to tell a straggler from a neighbour a step late
+        then_t, then = self._marks[0]
+        return {k for k, label in held.items() if label < t - 1 and k in then and label - then[k] < self.PACE * (t - then_t)}
+
     def wait(self, inbox: LatestInbox, senders, t: int, first: bool) -> None:
         if first:
-            waited_for, label, grace = senders, 0, self.timeout
+            labels, grace = dict.fromkeys(senders, 0), self.timeout
         else:
             held = inbox.labels()
-            waited_for, label, grace = [k for k in senders if held.get(k, -1) >= t - 1], t, self.grace()
-        if waited_for:
+            slow = self.stragglers(held, t)
+            self._marks.append((t, held))
+            labels = {k: t if held[k] >= t - 1 else held[k] + 1 for k in senders if k in held and k not in slow}
+            grace = self.grace()
+        if labels:
             start = time.monotonic()
-            inbox.wait_for_step(waited_for, label, grace)
+            inbox.wait_for_labels(labels, grace)
             self.seconds += time.monotonic() - start
 
 

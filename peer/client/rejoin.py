@@ -152,19 +152,45 @@ class Resume:
         )
         return target
 
-    def resume_steps(self) -> int:
-        """Under asynchronous gossip: the step to continue at, one past the checkpoint's, noted
-        as a resume (the steps it does again are counted as they come, :meth:`note_round`). No
-        neighbour is asked anything: each keeps the newest model it holds of this client and
-        names its label in its replies, and is sent nothing older (see
-        :class:`~dfedrw.peer.client.presence.Presence`, ``newest_only``)."""
+    def resume_steps(self, senders) -> tuple[int, torch.Tensor | None]:
+        """Under asynchronous gossip: the step to continue at, and the model to continue with
+        where its own is stale (else None). The neighbours it can reach (``senders``) send it
+        their steps as they go (a neighbour that found it gone probes it every few steps): it
+        waits, at most ``round_timeout``, for a first model of each, and continues one past the
+        upper median of their steps, or one past its checkpoint's where they are no further (or
+        none came: a network that finished). Where that skips more than :data:`STALE_AFTER`
+        steps its checkpointed model is stale (one vote among its neighbours' would pull each of
+        their aggregates back for as long as it lagged), and it takes the coordinate-wise median
+        of the models it holds of its neighbours in its place. Neighbours are sent nothing older
+        than the newest model they hold of it (their replies name it, see
+        :class:`~dfedrw.peer.client.presence.Presence`, ``newest_only``). Noted as a resume: the
+        steps skipped here, the steps done again as they come (:meth:`note_round`)."""
         c = self.resumed.round
+        start = c + 1
+        senders = tuple(senders)
+        asked = time.monotonic()
+        if senders:
+            self.inbox.wait_for_step(senders, 0, self.scenario.network.round_timeout)
+        asked = time.monotonic() - asked
+        held = {k: m for k, (m, _) in self.inbox.held_models().items() if k in senders}
+        found = {k: m.round for k, m in held.items()}
+        target = start
+        if found and upper_median(found.values()) + 1 > start:
+            target = min(upper_median(found.values()) + 1, self.scenario.rounds - 1)
+        target = max(target, start)
+        skipped = target - start
+        model = None
+        if skipped > STALE_AFTER and self.role == "honest" and held:
+            model = coordinate_median(torch.stack([held[k].vector for k in sorted(held)]))
         self.resumed_from.append({
-            "checkpoint_round": c, "last_logged": self.results.last_logged, "resumed_at": c + 1, "neighbour_rounds": {},
-            "skipped": 0, "redone": 0, "took_neighbours_model": False,
+            "checkpoint_round": c, "last_logged": self.results.last_logged, "resumed_at": target,
+            "neighbour_rounds": {str(k): v for k, v in sorted(found.items())}, "skipped": skipped, "redone": 0, "took_neighbours_model": model is not None,
         })
-        log.warning("client %d: restart %d; checkpoint of step %d, continuing at step %d", self.id, self.restarts, c, c + 1)
-        return c + 1
+        log.warning(
+            "client %d: restart %d; checkpoint of step %d, neighbours at steps %s (heard in %.2f s); continuing at step %d (%d steps skipped%s)",
+            self.id, self.restarts, c, found or "unknown", asked, target, skipped, ", taking its neighbours' median model" if model is not None else "",
+        )
+        return target, model
 
     def catch_up(self, r: int) -> int:
         """While rejoining: when a neighbour's reply says it is further on than the round window

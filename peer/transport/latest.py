@@ -157,14 +157,20 @@ class LatestInbox(Inbox):
     def wait_for_step(self, senders, step: int, timeout: float) -> bool:
         """Block until a model labelled ``step`` or later is held of each of ``senders``, or
         ``timeout`` seconds; whether they all came."""
+        return not self.wait_for_labels(dict.fromkeys(senders, step), timeout)
+
+    def wait_for_labels(self, labels: dict[int, int], timeout: float) -> set[int]:
+        """Block until a model labelled ``labels[k]`` or later is held of each sender ``k``, or
+        ``timeout`` seconds; the senders whose model did not come."""
         deadline = time.monotonic() + timeout
+
+        def missing() -> set[int]:
+            return {k for k, label in labels.items() if k not in self._latest or self._latest[k].message.round < label}
+
         with self._cond:
-            while any(k not in self._latest or self._latest[k].message.round < step for k in senders):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
+            while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
+                self._cond.wait(remaining)
+            return missing() if left else set()
 
     def versions(self) -> int:
         """How many messages were kept so far (a mark for :meth:`wait_news`)."""

@@ -2,6 +2,7 @@
 that finds one of its own in its results folder."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -257,3 +258,66 @@ def test_a_resumed_trainer_continues_the_same_momentum_and_augmentation_trajecto
         c.load_state(gens, {"order": arrays["order"]}, pos)
     with pytest.raises(ValueError, match="does not fit this model"):
         c.load_state(gens, {"order": arrays["order"], "momentum": arrays["momentum"][:-1]}, pos)
+
+
+class _HeldInbox:
+    """The newest model held of each neighbour (label, vector), as a LatestInbox gives them."""
+
+    def __init__(self, held):
+        self.held, self.waited = held, []
+
+    def wait_for_step(self, senders, step, timeout):
+        self.waited.append((tuple(senders), step, timeout))
+        return all(k in self.held for k in senders)
+
+    def held_models(self, max_staleness=0):
+        return {k: (SimpleNamespace(round=r, vector=v), 0) for k, (r, v) in self.held.items()}
+
+
+def _resume_async(held, *, checkpoint=49, rounds=1000, role="honest"):
+    from dfedrw.peer.client.rejoin import Resume
+
+    inbox = _HeldInbox(held)
+    scenario = SimpleNamespace(rounds=rounds, network=SimpleNamespace(round_timeout=2.0))
+    resume = Resume(
+        1, role, scenario, graphs=None, byzantine=frozenset(), transport=None, inbox=inbox, specs=None, presence=None,
+        results=SimpleNamespace(last_logged=checkpoint + 6), checkpoint_file=None, fingerprint="x", resumed=SimpleNamespace(round=checkpoint, counters={}),
+    )
+    return resume, inbox
+
+
+def test_an_asynchronous_client_restarted_far_behind_goes_on_at_its_neighbours_steps_with_their_median():
+    a, b = torch.tensor([1.0, 5.0]), torch.tensor([3.0, -1.0])
+    resume, inbox = _resume_async({0: (300, a), 2: (302, b)})
+    step, model = resume.resume_steps([0, 2])
+    # One past the upper median of the steps they are at; 253 steps skipped (more than
+    # STALE_AFTER): its checkpointed model is stale, the median of theirs goes in its place.
+    assert step == 303 and torch.equal(model, torch.tensor([2.0, 2.0]))
+    assert inbox.waited == [((0, 2), 0, 2.0)]
+    (entry,) = resume.resumed_from
+    assert entry == {
+        "checkpoint_round": 49, "last_logged": 55, "resumed_at": 303, "neighbour_rounds": {"0": 300, "2": 302},
+        "skipped": 253, "redone": 0, "took_neighbours_model": True,
+    }
+    assert resume.rounds_lost() == 253
+
+
+def test_an_asynchronous_client_restarted_close_behind_keeps_its_model_and_redoes_its_steps():
+    # Neighbours a few steps on: it goes on one past them with its own model.
+    resume, _ = _resume_async({0: (52, torch.zeros(2)), 2: (51, torch.zeros(2))})
+    assert resume.resume_steps([0, 2]) == (53, None)
+    assert resume.resumed_from[-1]["skipped"] == 3 and not resume.resumed_from[-1]["took_neighbours_model"]
+    # Neighbours no further than its checkpoint (they hold back, or sent nothing: a network that
+    # finished): one past its checkpoint, and the steps it logged before are counted as redone.
+    for held in ({0: (40, torch.zeros(2))}, {}):
+        resume, _ = _resume_async(held)
+        assert resume.resume_steps([0, 2]) == (50, None)
+        for t in range(50, 60):
+            resume.note_round(t)
+        assert resume.resumed_from[-1]["redone"] == 6 and resume.rounds_lost() == 6
+    # Never past the run's last step, whatever the neighbours' labels say.
+    resume, _ = _resume_async({0: (999, torch.zeros(2)), 2: (999, torch.ones(2))}, rounds=1000)
+    assert resume.resume_steps([0, 2])[0] == 999
+    # No one to wait for: nothing waited.
+    resume, inbox = _resume_async({})
+    assert resume.resume_steps([]) == (50, None) and inbox.waited == []

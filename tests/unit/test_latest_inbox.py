@@ -99,24 +99,46 @@ def test_waiting_for_news_returns_once_a_model_was_kept_and_at_the_timeout_other
     assert inbox.versions() == seen + 1
 
 
-def test_a_step_waits_for_the_same_steps_models_of_the_neighbours_keeping_pace_only():
+def test_a_step_waits_for_the_next_model_of_each_neighbour_stepping_with_it_and_not_for_a_straggler():
     from dfedrw.peer.client.asynchronous import Freshness
 
-    inbox = LatestInbox(0, [1, 2, 3], 4, last_step=99, model_size=20)
+    inbox = LatestInbox(0, [1, 2, 3, 4], 5, last_step=99, model_size=20)
     intake = ModelIntake(inbox, SPECS, Plausible(), 81)
-    for sender, label in ((1, 4), (2, 3), (3, 1)):  # at step 5: only 1 keeps pace (it holds step 4)
+
+    def send(sender, label):
         assert intake(encode(sender, label, torch.ones(20), SPECS, chunk_bytes=16), sender)[0]
-    fresh = Freshness(timeout=5.0, message_seconds=lambda: 0.01)
-    assert fresh.grace() == pytest.approx(Freshness.FACTOR * 0.01)
-    # Step 5: it waits for 1's step-5 model only (2 holds step 3, two behind; 3 is far behind).
-    waiter = threading.Thread(target=fresh.wait, args=(inbox, [1, 2, 3], 5, False))
+
+    for sender, label in ((1, 4), (2, 3), (3, 1), (4, 9)):  # at step 5: 1 keeps pace, 2 and 3 behind, 4 ahead
+        send(sender, label)
+    took = [0.5]  # what a message takes: a grace of 3 s while the test sends, then 0.06 s
+    fresh = Freshness(timeout=5.0, message_seconds=lambda: took[0])
+    assert fresh.grace() == pytest.approx(Freshness.FACTOR * 0.5)
+
+    # Step 5: 1's step-5 model, and the model after the one it holds of each neighbour behind
+    # (2's step 4, 3's step 2): a client ahead waits as one behind does. Not 4: it holds a
+    # newer model of it than step 5 already.
+    waiter = threading.Thread(target=fresh.wait, args=(inbox, [1, 2, 3, 4], 5, False))
     waiter.start()
-    assert intake(encode(1, 5, torch.ones(20), SPECS, chunk_bytes=16), 1)[0]
+    for sender, label in ((1, 5), (2, 4), (3, 2)):
+        send(sender, label)
     waiter.join(5.0)
-    assert not waiter.is_alive() and fresh.seconds < 1.0
-    # A neighbour keeping pace that does not come within the grace is waited for no longer.
-    fresh.wait(inbox, [1, 2, 3], 6, False)
-    assert fresh.seconds >= fresh.grace()
+    assert not waiter.is_alive()
+    # Then 1 keeps pace, 2 stays two steps behind but steps as this client does, 3 stays at
+    # step 2 (a straggler) and 4 ahead. Once the window has passed, 3 is told apart: not waited
+    # for; 2 still is (waiting for it is what keeps a client ahead from running away).
+    took[0] = 0.001
+    for t in range(7, 7 + Freshness.WINDOW):
+        send(1, t)
+        send(2, t - 2)
+        send(4, t + 9)
+        fresh.wait(inbox, [1, 2, 3, 4], t, False)
+    t = 7 + Freshness.WINDOW
+    assert fresh.stragglers(inbox.labels(), t) == {3}
+    send(1, t)
+    before = fresh.seconds
+    fresh.wait(inbox, [1, 2, 3, 4], t, False)  # 2's next does not come: it waited the grace for it
+    assert fresh.seconds - before >= fresh.grace()
+    assert Freshness(1.0).stragglers({1: 0}, 5) == set()  # no steps measured yet: none
     # As it starts: a first model of each, whatever its step.
-    fresh.wait(inbox, [1, 2, 3], 0, True)
+    fresh.wait(inbox, [1, 2, 3, 4], 0, True)
     assert Freshness(1.0).grace() == Freshness.FLOOR  # a transport that does not say: the floor
