@@ -11,7 +11,7 @@ from dfedrw.peer.learning.datasets import check_available
 from dfedrw.peer.wiring.assembly import client_attack, client_rule
 from dfedrw.peer.graph.topology import Topology
 from dfedrw.peer.wiring.memory import batched_needs, run_needs
-from dfedrw.peer.wiring.plan import scenario_graphs, scenario_topology
+from dfedrw.peer.wiring.plan import scenario_graphs, scenario_topology, told_byzantine
 from dfedrw.peer.wiring.build import scenario_dataset, scenario_model_specs
 
 # Where the memory the system can still give processes is read (Linux).
@@ -30,7 +30,8 @@ _ADVICE = {
 
 
 def preflight(scenario: Scenario, *, memory: bool = True) -> None:
-    """Build every client's rule or attack and check the data first, so a bad setting fails
+    """Build each rule the clients' settings make (once per setting), every Byzantine client's
+    attack, and check the data first, so a bad setting fails
     once, clearly, before any client starts; check that the device is here and (``memory``)
     that the run fits the memory available here (:func:`check_memory`); then build (or check, digests and all) the data set's
     entry in the machine's data cache, which every client maps."""
@@ -38,10 +39,17 @@ def preflight(scenario: Scenario, *, memory: bool = True) -> None:
     topology = scenario_topology(scenario)
     # A schedule is built, and its first round drawn and checked, before any client starts.
     scenario_graphs(scenario, topology).senders_to(0, 0)
+    built: set[tuple[object, int]] = set()
     for k in range(topology.num_clients):
         if k in topology.byzantine:
             client_attack(scenario, topology, k)
-        else:
+            continue
+        # A rule is built from its client's settings and the Byzantine neighbours it is told
+        # of: once for each that differ, not once per client (a thousand clients, one build).
+        cfg = scenario.aggregation_for(k)
+        key = (cfg, told_byzantine(cfg, topology, k))
+        if key not in built:
+            built.add(key)
             client_rule(scenario, topology, k)
     if memory:
         check_memory(scenario, topology=topology)

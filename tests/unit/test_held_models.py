@@ -180,3 +180,25 @@ def test_a_batch_of_runs_holds_the_data_once_and_every_runs_rows(small_scenario)
     assert three.total - one.total == 2 * one.run_bytes(one.runs[0])
     with pytest.raises(NotEnoughMemory, match=r"3 runs as one batch, 3_000 clients.* or a smaller batch \(dfedrw sweep --batch\)$"):
         check_batch_memory(runs, available=three.total - 1)
+
+
+def test_preflight_builds_a_rule_once_for_each_setting_not_once_per_client(small_scenario, monkeypatch):
+    from dfedrw.peer.wiring import assembly
+
+    built = []
+    real = assembly.build_client_rule
+    monkeypatch.setattr(assembly, "build_client_rule", lambda scenario, client, *a: built.append(client) or real(scenario, client, *a))
+    # 200 honest clients and 2 Byzantine on a sparse graph, one [peers.K] override: a rule for
+    # each number of Byzantine neighbours a client is told of (0, 1 or 2), and the override's.
+    scenario = small_scenario(
+        "topology.honest=200", "topology.byzantine=2", "topology.rho=0.05", "aggregation.rule=trimmed_mean", "peers.7.aggregation.rule=median",
+    )
+    preflight.preflight(scenario, memory=False)
+    from dfedrw.peer.wiring.plan import scenario_topology, told_byzantine
+
+    topology = scenario_topology(scenario)
+    told = {told_byzantine(scenario.aggregation, topology, k) for k in range(202) if k not in topology.byzantine and k != 7}
+    assert 7 in built and len(built) == len(told) + 1 < 10
+    # A bad override still fails, with its key named, though its client is one of 200.
+    with pytest.raises(ScenarioError, match="peers"):
+        preflight.preflight(small_scenario("topology.honest=200", "topology.byzantine=2", "topology.rho=0.05", "peers.150.aggregation.rule=nope"), memory=False)
