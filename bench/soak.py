@@ -55,10 +55,11 @@ LENGTHS = {"sync": 3000, "async": 2400}
 # cores busy (more on a machine busier still), and meanwhile the other five go on at about 0.012 s
 # a round (the dead one costs them nothing: its connection is refused): at 1,000 rounds the
 # 750 after the kill took 9 s, and a restart that took longer found the network finished and
-# ran its last rounds alone. At 3,000 the network runs about 27 s on without it. Asynchronous
-# steps go faster (the 1,500 after the kill of a 2,000-step run took 13-19 s, and a restart on a
-# busier machine came back 2 s after the network ended): 4,000 give it 26-38 s.
-SHORT = {"sync": 3000, "async": 4000}
+# ran its last rounds alone. At 3,000 rounds the restarted client ran 13 s (idle) to 23 s (both
+# cores busy) beside the others. Asynchronous steps go faster (the 1,500 after the kill of a
+# 2,000-step run took 13-19 s, and a restart on a busier machine came back after the network
+# had ended). At 4,000 of each: about 25-40 s beside them.
+SHORT = {"sync": 4000, "async": 4000}
 # The batched engine times asynchronous steps on its clock: every client at this compute.
 ASYNC_STEP_SECONDS = 0.01
 
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", choices=["yes", "no", "both"], default="both")
     parser.add_argument(
         "--short", action="store_true",
-        help="the slow test's version: 3,000 rounds, 4,000 steps, round_timeout 2 s, a checkpoint every 20 rounds, a restart after 1 s",
+        help="the slow test's version: 4,000 rounds, 4,000 steps, round_timeout 2 s, a checkpoint every 20 rounds, a restart after 1 s",
     )
     parser.add_argument("--rounds", type=int, default=None, help="rounds (steps) of every case (default: sync 3000, async 2400)")
     parser.add_argument("--restart-after", type=float, default=None, help="seconds a killed client stays down (default 2, --short 1)")

@@ -1,5 +1,5 @@
 """The soak bench's short version (``python bench/soak.py --short --scenario ring``): the ring of
-6 as client processes over mutual TLS against the batched engine, synchronous (3,000 rounds) and
+6 as client processes over mutual TLS against the batched engine, synchronous (4,000 rounds) and
 asynchronous (4,000 steps), each as it is, with a client killed and started again, with both
 cores kept busy, and with both: past every burst and deadline. The bench's full length is in
 docs/protocol.md; this holds its mechanisms to account on every run of the slow selection."""
