@@ -168,9 +168,9 @@ class SimulatedNetwork:
         """Of the round's ``senders`` to ``k``, those whose model reached it in time."""
         return sorted(senders) if self.timing is None else list(self.timing.used[k])
 
-    def missing(self, k: int, kept: Collection[int]) -> list[int] | None:
+    def missing(self, k: int, kept: Iterable[int]) -> list[int] | None:
         """With a clock: whom ``k`` waited for in vain, and what arrived but was not ``kept``
-        (refused); None without one."""
+        (refused; ``kept`` is read only here); None without one."""
         if self.timing is None:
             return None
         return sorted({*self.timing.missing[k], *(set(self.timing.used[k]) - set(kept))})

@@ -333,7 +333,7 @@ class BatchedRun:
                     _, size, loss = byz[(j, k)]
                     offers.append(Offer(j, byz_row[(j, k)], size, loss))
             # A timed network knows the models that were sent and did not come in time.
-            timed = self.network.missing(k, [k, *(o.sender for o in offers)])
+            timed = self.network.missing(k, (o.sender for o in offers))
             clients.append(assemble(Offer(k, honest_row[k], num_samples[k], losses[k]), offers, self.senders[k], timed))
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.

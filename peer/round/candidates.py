@@ -12,19 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from dfedrw.peer.aggregation.inputs import RoundInputs
 
 
-@dataclass(frozen=True)
-class Offer:
+class Offer(NamedTuple):
     """One candidate a client holds: who sent it, what the engine stacks (``model``: a vector,
     or the row of a pool), the training-set size and training loss its sender declared (as the
     receiver takes them), and how many of the receiver's steps ago it came (0 under the round
-    protocol)."""
+    protocol). A named tuple: the batched engine makes one per client and neighbour every round,
+    and a frozen dataclass's construction cost it 5 % of a run of 3,000 small rounds."""
 
     sender: int
     model: Any
@@ -33,9 +33,10 @@ class Offer:
     staleness: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ClientCandidates:
-    """A client's candidates in a round, its own first (``ids[0]`` is the client)."""
+    """A client's candidates in a round, its own first (``ids[0]`` is the client); made by
+    :func:`assemble` and not changed after."""
 
     ids: tuple[int, ...]
     models: tuple[Any, ...]
@@ -71,11 +72,7 @@ def assemble(own: Offer, held: Iterable[Offer], expected: Iterable[int], missing
     """Client ``own.sender``'s candidates: ``own``, then ``held`` in the order given. ``missing``:
     the neighbours in ``expected`` whose model it does not hold (ascending), unless the caller
     knows them otherwise (a simulated link that lost the model in time)."""
-    offers = (own, *held)
-    ids = tuple(o.sender for o in offers)
+    ids, models, sizes, losses, staleness = zip(own, *held)  # one pass: the fields as columns
     if missing is None:
         missing = sorted(set(expected).difference(ids))
-    return ClientCandidates(
-        ids=ids, models=tuple(o.model for o in offers), sizes=tuple(o.size for o in offers), losses=tuple(o.loss for o in offers),
-        staleness=tuple(o.staleness for o in offers), missing=missing,
-    )
+    return ClientCandidates(ids, models, sizes, losses, staleness, missing)
