@@ -271,7 +271,8 @@ def figures_of(case: Case, out: Path, summary: dict[str, Any], restart: dict[str
     peers = summary["peers"]
     honest = [int(k) for k, p in peers.items() if p["role"] == "honest"]
     shares, after, overlap, back = [], None, None, None
-    ends: list[float] = []
+    ends: dict[int, float] = {}
+    heard: set[int] = set()  # the restarted client's neighbours: the senders of its records' weights
     held = shut = restarts = lost = 0
     victim = (restart or {}).get("victim")
     for k in honest:
@@ -287,10 +288,12 @@ def figures_of(case: Case, out: Path, summary: dict[str, Any], restart: dict[str
             later = [r for r in records if r["round"] >= resumed_at]
             after = sum(len(r.get("weights") or {}) > 1 for r in later) / len(later) if later else None
             back = final.get("loop_started_at")
+            heard = {int(j) for r in records for j in (r.get("weights") or {})} - {k}
         elif final.get("loop_started_at") is not None and final.get("loop_seconds") is not None:
-            ends.append(final["loop_started_at"] + final["loop_seconds"])
-    if after is not None and back is not None and ends:
-        overlap = round(max(ends) - back, 1)
+            ends[k] = final["loop_started_at"] + final["loop_seconds"]
+    near = [end for j, end in ends.items() if j in heard]
+    if after is not None and back is not None and near:
+        overlap = round(max(near) - back, 1)
     for k in peers:
         final = read_final(out, int(k)) or {}
         shut += sum((final.get("shut_out") or {}).values())
@@ -357,7 +360,7 @@ def table(rows: list[Figures]) -> str:
             lines.append(f"    failed clients: {f.failed}")
     lines.append(
         "acc %: honest mean final accuracy; gap: against the batched engine's; nbr %: share of rounds with a neighbour's model "
-        "(mean, lowest client, the restarted client after its restart); with: seconds the restarted client ran while the others still ran; h.out/out: honest senders / all senders shut out; "
+        "(mean, lowest client, the restarted client after its restart); with: seconds the restarted client ran while its honest neighbours still ran; h.out/out: honest senders / all senders shut out; "
         "held: rounds the lead bound held back; lost: rounds a restart cost"
     )
     return "\n".join(lines)

@@ -131,20 +131,13 @@ class Resume:
         asked = time.monotonic()
         found = self._neighbour_rounds(c, vector, num_samples)
         asked = time.monotonic() - asked
-        target = start
-        if found and upper_median(found.values()) > start:
-            target = upper_median(found.values()) + 1
-        target = min(target, self.scenario.rounds - 1) if start < self.scenario.rounds else start
-        target = max(target, start)
+        # A neighbour in the round after the checkpoint waits for this client's message of it.
+        further = found and upper_median(found.values()) > start
+        target = self._continue_at(start, upper_median(found.values()) + 1 if further else start, found)
         skipped = target - start
         stale = skipped > STALE_AFTER and self.role == "honest"
         self.stale_round = target if stale else None
         self.rejoining = REJOIN_ROUNDS
-        entry = {
-            "checkpoint_round": c, "last_logged": self.results.last_logged, "resumed_at": target, "neighbour_rounds": {str(k): v for k, v in sorted(found.items())},
-            "skipped": skipped, "redone": 0, "took_neighbours_model": False,
-        }
-        self.resumed_from.append(entry)
         log.warning(
             "client %d: restart %d; checkpoint of round %d, neighbours in rounds %s (asked in %.2f s); continuing at round %d (%d rounds skipped%s)",
             self.id, self.restarts, c, found or "unknown", asked, target, skipped,
@@ -174,23 +167,30 @@ class Resume:
         asked = time.monotonic() - asked
         held = {k: m for k, (m, _) in self.inbox.held_models().items() if k in senders}
         found = {k: m.round for k, m in held.items()}
-        target = start
-        if found and upper_median(found.values()) + 1 > start:
-            target = min(upper_median(found.values()) + 1, self.scenario.rounds - 1)
-        target = max(target, start)
+        # A neighbour's label is the step it sent last: one past it is where it goes on.
+        target = self._continue_at(start, upper_median(found.values()) + 1 if found else start, found)
         skipped = target - start
         model = None
         if skipped > STALE_AFTER and self.role == "honest" and held:
             model = coordinate_median(torch.stack([held[k].vector for k in sorted(held)]))
-        self.resumed_from.append({
-            "checkpoint_round": c, "last_logged": self.results.last_logged, "resumed_at": target,
-            "neighbour_rounds": {str(k): v for k, v in sorted(found.items())}, "skipped": skipped, "redone": 0, "took_neighbours_model": model is not None,
-        })
+            self.resumed_from[-1]["took_neighbours_model"] = True
         log.warning(
             "client %d: restart %d; checkpoint of step %d, neighbours at steps %s (heard in %.2f s); continuing at step %d (%d steps skipped%s)",
             self.id, self.restarts, c, found or "unknown", asked, target, skipped, ", taking its neighbours' median model" if model is not None else "",
         )
         return target, model
+
+    def _continue_at(self, start: int, furthest: int, found: dict[int, int]) -> int:
+        """Where a resumed client goes on: ``furthest`` (where its neighbours are), never before
+        ``start`` (the round after its checkpoint), nor past the last round unless ``start`` is;
+        noted in ``resumed_from``."""
+        rounds = self.scenario.rounds
+        target = max(start, min(furthest, rounds - 1)) if start < rounds else start
+        self.resumed_from.append({
+            "checkpoint_round": self.resumed.round, "last_logged": self.results.last_logged, "resumed_at": target,
+            "neighbour_rounds": {str(k): v for k, v in sorted(found.items())}, "skipped": target - start, "redone": 0, "took_neighbours_model": False,
+        })
+        return target
 
     def catch_up(self, r: int) -> int:
         """While rejoining: when a neighbour's reply says it is further on than the round window

@@ -170,7 +170,7 @@ class LatestInbox(Inbox):
         with self._cond:
             while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
                 self._cond.wait(remaining)
-            return missing() if left else set()
+            return left
 
     def versions(self) -> int:
         """How many messages were kept so far (a mark for :meth:`wait_news`)."""

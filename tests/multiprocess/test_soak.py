@@ -31,7 +31,7 @@ def test_the_processes_keep_up_with_the_batched_engine_under_restarts_and_load(t
         assert r["with_neighbours_min"] >= 0.9, name
         if "restart" in name:
             assert r["restarts"] == 1, name
-            assert r["overlap"] is not None and r["overlap"] > 0, f"{name}: the restarted client came back after the others had finished ({r['overlap']} s)"
+            assert r["overlap"] is not None and r["overlap"] > 0, f"{name}: the restarted client came back after its neighbours had finished ({r['overlap']} s)"
             assert r["restarted_after"] >= 0.9, name
             # Its final record says it resumed, under either protocol.
             final = json.loads((tmp_path / "runs" / name.replace("/", "-").replace("+", "-") / "peers" / f"{r['restarted']}.json").read_text())
