@@ -38,6 +38,7 @@ the pairs and their ratios (processes / floor) are printed. One torch thread per
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -135,43 +136,12 @@ def floor_client(spec: dict[str, Any]) -> None:
     noise = torch.Generator().manual_seed(derive_seed(sc.seed, "attack", k))
     scores = sc.aggregation.rule != "dfedavg"
 
-    def context(purpose: ssl.Purpose) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(purpose, cafile=str(certs / "ca.pem"))
-        ctx.load_cert_chain(certs / f"client-{k}.pem", certs / f"client-{k}.key")
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
-
     inbox = Inbox()
-    server = socket.create_server(("127.0.0.1", ports[k]))
-    serve_ctx = context(ssl.Purpose.CLIENT_AUTH)
-    # No TLS 1.3 session tickets: the connecting side never reads, and bytes left unread when
-    # it closes would make its close a reset that can drop its last round at the other end.
-    serve_ctx.num_tickets = 0
-
-    def accept() -> None:
-        for _ in neighbours:
-            conn, _ = server.accept()
-            threading.Thread(target=inbox.read, args=(serve_ctx.wrap_socket(conn, server_side=True),), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    connect_ctx = context(ssl.Purpose.SERVER_AUTH)
-    out: dict[int, ssl.SSLSocket] = {}
-    deadline = time.monotonic() + 120
-    for j in neighbours:
-        while True:
-            try:
-                out[j] = connect_ctx.wrap_socket(socket.create_connection(("127.0.0.1", ports[j])))
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+    links = {"": _socket_links, "sync": _grpc_links, "aio": _grpc_aio_links}[spec.get("grpc", "")]
+    send_bytes, close = links(k, neighbours, ports, certs, inbox)
 
     def send(r: int, vector: torch.Tensor) -> None:
-        payload = vector.numpy().tobytes()
-        for j in neighbours:
-            out[j].sendall(HEADER.pack(r, k, len(payload)) + payload)
+        send_bytes(HEADER.pack(r, k, 4 * vector.numel()) + vector.numpy().tobytes())
 
     def loss_of(vector: torch.Tensor) -> float:
         torch.nn.utils.vector_to_parameters(vector, scratch.parameters())
@@ -204,9 +174,7 @@ def floor_client(spec: dict[str, Any]) -> None:
         total = sum(weights) or 1.0
         mixed = sum((w / total) * v for w, v in zip(weights, candidates, strict=True))
         torch.nn.utils.vector_to_parameters(mixed, model.parameters())
-    for conn in out.values():
-        conn.sendall(HEADER.pack(-1, k, 0))
-        conn.close()
+    close()
     result: dict[str, Any] = {"id": k}
     if not byzantine:
         test = test_set(scenario_dataset(sc.data))
@@ -214,6 +182,167 @@ def floor_client(spec: dict[str, Any]) -> None:
             hits = sum(int((model(x).argmax(1) == y).sum()) for x, y in zip(test.x.split(1000), test.y.split(1000), strict=True))
         result["accuracy"] = 100.0 * hits / len(test.y)
     Path(spec["result"]).write_text(json.dumps(result))
+
+
+def _socket_links(k: int, neighbours: list[int], ports: list[int], certs: Path, inbox: Inbox):
+    """Mutual-TLS sockets, one per directed link, a thread reading each incoming one; returns
+    (send a message to every neighbour, close)."""
+
+    def context(purpose: ssl.Purpose) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(purpose, cafile=str(certs / "ca.pem"))
+        ctx.load_cert_chain(certs / f"client-{k}.pem", certs / f"client-{k}.key")
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    server = socket.create_server(("127.0.0.1", ports[k]))
+    serve_ctx = context(ssl.Purpose.CLIENT_AUTH)
+    # No TLS 1.3 session tickets: the connecting side never reads, and bytes left unread when
+    # it closes would make its close a reset that can drop its last round at the other end.
+    serve_ctx.num_tickets = 0
+
+    def accept() -> None:
+        for _ in neighbours:
+            conn, _ = server.accept()
+            threading.Thread(target=inbox.read, args=(serve_ctx.wrap_socket(conn, server_side=True),), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    connect_ctx = context(ssl.Purpose.SERVER_AUTH)
+    out: dict[int, ssl.SSLSocket] = {}
+    deadline = time.monotonic() + 120
+    for j in neighbours:
+        while True:
+            try:
+                out[j] = connect_ctx.wrap_socket(socket.create_connection(("127.0.0.1", ports[j])))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def send(message: bytes) -> None:
+        for j in neighbours:
+            out[j].sendall(message)
+
+    def close() -> None:
+        for conn in out.values():
+            conn.sendall(HEADER.pack(-1, k, 0))
+            conn.close()
+
+    return send, close
+
+
+def _grpc_links(k: int, neighbours: list[int], ports: list[int], certs: Path, inbox: Inbox):
+    """The same links over gRPC (its synchronous API, mutual TLS with the run's certificates): one
+    client-streaming call per directed link that carries every round's message, no reply per
+    message, raw bytes (no protocol buffers); returns (send a message to every neighbour, close)."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options, server_credentials
+    from dfedrw.peer.transport.identity import load_identity
+
+    identity = load_identity(certs, k)
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+    def push(requests, context):
+        for message in requests:
+            r, sender, size = HEADER.unpack_from(message)
+            with inbox.cond:
+                inbox.held.setdefault(r, {})[sender] = bytearray(memoryview(message)[HEADER.size :])
+                inbox.cond.notify_all()
+        return b""
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=len(neighbours) + 2), options=options)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Floor", {"Push": grpc.stream_unary_rpc_method_handler(push)}),))
+    server.add_secure_port(f"127.0.0.1:{ports[k]}", server_credentials(identity))
+    server.start()
+    queues: dict[int, queue.Queue] = {}
+    calls = []
+    for j in neighbours:
+        channel = grpc.secure_channel(f"127.0.0.1:{ports[j]}", channel_credentials(identity), options=[*options, *identity_options(identity, j)])
+        grpc.channel_ready_future(channel).result(timeout=120)
+        queues[j] = queue.Queue()
+        calls.append((channel, channel.stream_unary("/floor.Floor/Push").future(iter(queues[j].get, None))))
+
+    def send(message: bytes) -> None:
+        for q in queues.values():
+            q.put(message)
+
+    def close() -> None:
+        for q in queues.values():
+            q.put(None)
+        for channel, call in calls:
+            call.result(timeout=120)
+            channel.close()
+        server.stop(grace=5).wait()
+
+    return send, close
+
+
+
+def _grpc_aio_links(k: int, neighbours: list[int], ports: list[int], certs: Path, inbox: Inbox):
+    """The links of :func:`_grpc_links` over gRPC's asyncio API (the one the client processes
+    use), its event loop in a thread of its own: the round's messages handed to it at once."""
+    import asyncio
+
+    import grpc
+
+    from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options, server_credentials
+    from dfedrw.peer.transport.identity import load_identity
+
+    identity = load_identity(certs, k)
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def push(requests, context):
+        async for message in requests:
+            r, sender, size = HEADER.unpack_from(message)
+            with inbox.cond:
+                inbox.held.setdefault(r, {})[sender] = bytearray(memoryview(message)[HEADER.size :])
+                inbox.cond.notify_all()
+        return b""
+
+    async def outgoing(q: asyncio.Queue):
+        while (message := await q.get()) is not None:
+            yield message
+
+    async def start():
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Floor", {"Push": grpc.stream_unary_rpc_method_handler(push)}),))
+        server.add_secure_port(f"127.0.0.1:{ports[k]}", server_credentials(identity))
+        await server.start()
+        links = []
+        for j in neighbours:
+            channel = grpc.aio.secure_channel(f"127.0.0.1:{ports[j]}", channel_credentials(identity), options=[*options, *identity_options(identity, j)])
+            await asyncio.wait_for(channel.channel_ready(), 120)
+            q: asyncio.Queue = asyncio.Queue()
+            links.append((channel, q, channel.stream_unary("/floor.Floor/Push")(outgoing(q))))
+        return server, links
+
+    server, links = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=150)
+
+    def hand_over(message: bytes | None) -> None:
+        for _, q, _ in links:
+            q.put_nowait(message)
+
+    async def stop():
+        hand_over(None)
+        for channel, _, call in links:
+            await call
+            await channel.close()
+        await server.stop(grace=5)
+
+    def send(message: bytes) -> None:
+        loop.call_soon_threadsafe(hand_over, message)
+
+    def close() -> None:
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=150)
+
+    return send, close
 
 
 # -- the two systems, timed from outside -----------------------------------------------------------
@@ -254,7 +383,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def run_floor(overrides: list[str], rounds: int, work: Path) -> dict[str, float]:
+def run_floor(overrides: list[str], rounds: int, work: Path, *, grpc: str = "") -> dict[str, float]:
     from dfedrw.peer.config.scenario import load_scenario
     from dfedrw.peer.transport.identity import make_certificates
 
@@ -266,7 +395,7 @@ def run_floor(overrides: list[str], rounds: int, work: Path) -> dict[str, float]
     procs = []
     start = time.monotonic()
     for k in range(n):
-        spec = {"id": k, "ports": ports, "certs": str(certs), "rounds": rounds, "overrides": overrides, "result": str(work / f"floor-{k}.json")}
+        spec = {"id": k, "ports": ports, "certs": str(certs), "rounds": rounds, "overrides": overrides, "result": str(work / f"floor-{k}.json"), "grpc": grpc}
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--floor-client", json.dumps(spec)], env=_env()))
     user, system = _wait_all(procs, 1800)
     seconds = time.monotonic() - start
@@ -317,6 +446,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=3, help="alternated pairs of the two systems (default 3)")
     parser.add_argument("--rounds", default=None, help="SHORT,LONG: the two lengths each system runs (default: lenet-ring 20,320, default 20,1020)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--grpc-floor", action="store_true", help="also run the floor with its links over gRPC, its synchronous and its asyncio API (two more systems, in the same alternation)")
     parser.add_argument("--floor-client", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_client is not None:
@@ -339,10 +469,14 @@ def main() -> int:
         for job in jobs:
             short, long = lengths[job]
             overrides = [*JOBS[job], *([f"data.dir={work / 'lenet-data'}"] if job == "lenet-ring" else [])]
-            figures: dict[str, list[dict[str, float]]] = {"processes": [], "floor": []}
+            systems = {"processes": run_processes, "floor": run_floor}
+            if args.grpc_floor:
+                systems["grpc floor"] = functools.partial(run_floor, grpc="sync")
+                systems["grpc aio floor"] = functools.partial(run_floor, grpc="aio")
+            figures: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
             accuracy: dict[str, float] = {}
             for pair in range(args.pairs):
-                for name, run in (("processes", run_processes), ("floor", run_floor)):
+                for name, run in systems.items():
                     a = run(overrides, short, work)
                     b = run(overrides, long, work)
                     figures[name].append(per_round(a, b, long - short))
@@ -350,18 +484,21 @@ def main() -> int:
                     f = figures[name][-1]
                     log(f"{job} pair {pair + 1}/{args.pairs}: {name}: {1000 * f['seconds']:.1f} ms a round, CPU user {1000 * f['user']:.1f} ms, system {1000 * f['system']:.1f} ms; accuracy after {long} rounds {b['accuracy']:.2f}%")
             med = {name: {key: statistics.median(f[key] for f in rows) for key in ("seconds", "user", "system")} for name, rows in figures.items()}
-            ratios = {key: statistics.median(p[key] / f[key] for p, f in zip(figures["processes"], figures["floor"], strict=True)) for key in ("seconds", "user", "system")}
+            ratios = {
+                name: {key: statistics.median(p[key] / f[key] for p, f in zip(figures[name], figures["floor"], strict=True)) for key in ("seconds", "user", "system")}
+                for name in systems
+                if name != "floor"
+            }
             report["jobs"][job] = {"rounds": [short, long], "per_round": figures, "median": med, "ratio_median": ratios, "accuracy": accuracy}
     spans = ", ".join(f"{job} {rep['rounds'][0]} and {rep['rounds'][1]}" for job, rep in report["jobs"].items())
     print(f"round_floor: a round's figures, medians of {args.pairs} alternated pairs, the rounds of two runs differenced ({spans}); {os.cpu_count()} CPUs")
     print("| job | system | seconds a round | CPU user a round | CPU system a round | accuracy % |")
     print("|---|---|---:|---:|---:|---:|")
     for job, rep in report["jobs"].items():
-        for name in ("processes", "floor"):
-            m = rep["median"][name]
+        for name, m in rep["median"].items():
             print(f"| {job} | {name} | {m['seconds'] * 1000:.1f} ms | {m['user'] * 1000:.1f} ms | {m['system'] * 1000:.1f} ms | {rep['accuracy'][name]:.2f} |")
-        r = rep["ratio_median"]
-        print(f"| {job} | processes / floor | {r['seconds']:.2f}x | {r['user']:.2f}x | {r['system']:.2f}x | |")
+        for name, r in rep["ratio_median"].items():
+            print(f"| {job} | {name} / floor | {r['seconds']:.2f}x | {r['user']:.2f}x | {r['system']:.2f}x | |")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
