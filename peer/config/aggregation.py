@@ -34,6 +34,11 @@ class AttackConfig:
     # (a client that free-rides and harms no one), so a backdoor's durability can be measured.
     start: int = 0
     stop: int = 0
+    # On-off within the window (period = 0: attack every round of it): of each `period` rounds
+    # from `start`, the first `on` attack and the others behave as outside the window, so a
+    # defence that keeps trust over rounds is tested against an attacker that earns it back.
+    period: int = 0
+    on: int = 0
     # Not part of the identity: where the config came from, for messages.
     prefix: str = field(default="attack", compare=False, repr=False)
     origins: Params = field(default=(), compare=False, repr=False)
@@ -45,6 +50,12 @@ class AttackConfig:
         check_in_range(f"{self.prefix}.stop", self.stop, 0, MAX_ROUNDS)
         if self.stop and self.stop <= self.start:
             raise ScenarioError(f"{self.prefix}.stop={self.stop} must be after {self.prefix}.start={self.start} (or 0: to the last round)")
+        check_in_range(f"{self.prefix}.period", self.period, 0, MAX_ROUNDS)
+        check_in_range(f"{self.prefix}.on", self.on, 0, MAX_ROUNDS - 1)
+        if self.period and not 1 <= self.on < self.period:
+            raise ScenarioError(f"{self.prefix}.on={self.on}: the rounds of each period of {self.period} that attack, from 1 to {self.period - 1}")
+        if self.on and not self.period:
+            raise ScenarioError(f"{self.prefix}.on={self.on} without {self.prefix}.period: set the period it is a part of")
         if self.name != "none":
             cls = resolve_class("attack", self.name, f"{self.prefix}.name")
             model = threat_model_of(cls)
@@ -54,8 +65,8 @@ class AttackConfig:
                 )
 
     def attacks_in(self, r: int) -> bool:
-        """Whether round ``r`` lies in the attack window."""
-        return self.start <= r and (not self.stop or r < self.stop)
+        """Whether round ``r`` lies in the attack window, and in an "on" part of it."""
+        return self.start <= r and (not self.stop or r < self.stop) and (not self.period or (r - self.start) % self.period < self.on)
 
     def params(self, name: str | None = None) -> dict[str, Any]:
         """The settings of attack ``name`` (default: the one in use) that differ from its defaults."""
@@ -173,7 +184,7 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     tables = SettingsTables({}, ())
     name: Any = AttackConfig.name
     colluding = AttackConfig.colluding
-    window = {"start": AttackConfig.start, "stop": AttackConfig.stop}
+    window = {"start": AttackConfig.start, "stop": AttackConfig.stop, "period": AttackConfig.period, "on": AttackConfig.on}
     for key, value in table.items():
         where = f"{prefix}.{key}"
         if key == "name":
@@ -187,7 +198,7 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
         elif key in window:
             window[key] = coerce_value(where, value, "int")
         else:
-            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding", "start", "stop"])
+            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding", *window])
     return AttackConfig(
         name=name, attack_params=tables.frozen("attack"), colluding=colluding, **window, prefix=prefix, origins=tables.frozen_origins()
     )
@@ -271,4 +282,5 @@ def attack_head(cfg: AttackConfig) -> dict[str, Any]:
         **({"colluding": True} if cfg.colluding else {}),
         **({"start": cfg.start} if cfg.start != AttackConfig.start else {}),
         **({"stop": cfg.stop} if cfg.stop != AttackConfig.stop else {}),
+        **({"period": cfg.period, "on": cfg.on} if cfg.period != AttackConfig.period else {}),
     }

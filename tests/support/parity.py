@@ -129,6 +129,8 @@ CASES = [
     make_case("normbound-modelreplacement-iid", "norm_bound", "model_replacement", 2, IID),
     make_case("dfedavg-dba-colluding-dirichlet", "dfedavg", "dba", 2, DIR, "attack.colluding=true"),
     make_case("median-neurotoxin-iid-window", "median", "neurotoxin", 1, IID, "attack.start=5", "attack.stop=30"),
+    # On-off: from round 4, two rounds of each six attack, the others send the mean they know.
+    make_case("lossclip-gaussian-iid-onoff", LOSS_CLIP, "gaussian", 2, IID, "attack.start=4", "attack.period=6", "attack.on=2"),
     make_case("balance-alie-colluding-dirichlet", "balance", "alie", 2, DIR, "attack.colluding=true"),
     make_case("median-flood-iid", "median", "flood", 1, IID),
     # Schedules: each round's graph in both engines.

@@ -1,4 +1,4 @@
-"""The attack window (attack.start, attack.stop), the backdoor probe a scenario gives its honest
+"""The attack window (attack.start, attack.stop), its on-off parts (attack.period, attack.on), the backdoor probe a scenario gives its honest
 clients, and the success rate in a run's record and summary."""
 
 from __future__ import annotations
@@ -29,13 +29,44 @@ def test_a_window_that_ends_before_it_begins_is_refused():
         load_scenario(None, [*BYZANTINE, "attack.start=3", "attack.stop=3"])
 
 
+def test_on_off_attacks_the_first_on_rounds_of_each_period_from_start_within_the_window():
+    att = load_scenario(None, [*BYZANTINE, "attack.start=3", "attack.stop=17", "attack.period=5", "attack.on=2"]).attack
+    assert [r for r in range(20) if att.attacks_in(r)] == [3, 4, 8, 9, 13, 14]
+    endless = load_scenario(None, [*BYZANTINE, "attack.period=4", "attack.on=3"]).attack
+    assert [r for r in range(9) if not endless.attacks_in(r)] == [3, 7]
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (["attack.period=5"], r"attack.on=0: the rounds of each period of 5 that attack, from 1 to 4"),
+        (["attack.period=5", "attack.on=5"], r"attack.on=5: the rounds of each period of 5 that attack, from 1 to 4"),
+        (["attack.on=2"], r"attack.on=2 without attack.period: set the period it is a part of"),
+        (["attack.period=-1", "attack.on=1"], r"attack.period"),
+    ],
+)
+def test_an_on_off_schedule_that_cannot_alternate_is_refused_naming_its_key(settings, message):
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(None, [*BYZANTINE, *settings])
+
+
+def test_off_rounds_of_an_on_off_attacker_send_the_mean_it_knows():
+    sc = load_scenario(None, [*BYZANTINE, "attack.name=sign_flip", "attack.period=3", "attack.on=1"])
+    attack = make_attack("sign_flip")
+    notes = [craft_attack_round(sc, attack, _view(r), torch.Generator()).note.get("attacking") for r in range(6)]
+    assert notes == [None, False, False, None, False, False]
+    off = craft_attack_round(sc, attack, _view(4), torch.Generator())
+    assert torch.equal(off.messages[0], torch.tensor([2.0, 4.0]))
+
+
 def test_the_window_is_written_with_the_scenario_only_when_set(tmp_path):
     plain = load_scenario(None, list(BYZANTINE))
     assert "start" not in dump_scenario(plain, tmp_path / "plain.toml") and "stop" not in (tmp_path / "plain.toml").read_text()
-    windowed = load_scenario(None, [*BYZANTINE, "attack.start=2", "attack.stop=7"])
+    assert "period" not in (tmp_path / "plain.toml").read_text()
+    windowed = load_scenario(None, [*BYZANTINE, "attack.start=2", "attack.stop=7", "attack.period=3", "attack.on=1"])
     dump_scenario(windowed, tmp_path / "windowed.toml")
     again = load_scenario(tmp_path / "windowed.toml")
-    assert (again.attack.start, again.attack.stop) == (2, 7) and again == windowed
+    assert (again.attack.start, again.attack.stop, again.attack.period, again.attack.on) == (2, 7, 3, 1) and again == windowed
 
 
 def _view(r: int) -> AttackView:

@@ -157,6 +157,8 @@ RANGES = [
     ("aggregation.assumed_byzantine", [-1, 65_536], [-2, 65_537]),
     ("attack.start", [0, 10_000_000], [-1, 10_000_001]),
     ("attack.stop", [0, 10_000_000], [-1, 10_000_001]),
+    ("attack.period", [2, 10_000_000], [-1, 10_000_001]),  # with attack.on = 1
+    ("attack.on", [1, 9_999_999], [-1, 10_000_000]),  # with attack.period = 10_000_000
     ("network.round_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.connect_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.round_window", [1, 1000], [0, 1001]),
@@ -206,6 +208,8 @@ def _graph_for(key):
         return ["links.generator='distance'"]
     if key == "network.max_staleness":  # asynchronous gossip's
         return ["network.protocol='async'"]
+    if key.startswith("attack."):  # the part of a period that attacks, and the period
+        return {"attack.period": ["attack.on=1"], "attack.on": ["attack.period=10000000"]}.get(key, [])
     return ["topology.kind='ring'"] if key.startswith("topology.") else []
 
 
