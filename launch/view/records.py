@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 import threading
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +93,53 @@ def trimmed(client: int, record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class SpooledHistory:
+    """Records (JSON texts) kept in an unnamed temporary file rather than in memory: the file
+    holds them one a line and memory only where each ends (8 bytes a record, where the texts are
+    some 400 bytes each: 2.4 MB instead of 120 MB for 100 clients over 3,000 rounds). A list's
+    ``len`` and slices; :meth:`extend` from one thread while others read."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="dfedrw-view-")
+        self._ends = array("Q", [0])  # where each record's line ends; [0]: before the first
+        self._lock = threading.Lock()
+
+    def extend(self, texts: list[str]) -> None:
+        if not texts:
+            return
+        data = "".join(f"{t}\n" for t in texts).encode()
+        with self._lock:
+            os.pwrite(self._file.fileno(), data, self._ends[-1])
+            end = self._ends[-1]
+            for t in texts:
+                end += len(t.encode()) + 1
+                self._ends.append(end)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ends) - 1
+
+    def __getitem__(self, part: slice) -> list[str]:
+        if not isinstance(part, slice):
+            raise TypeError("records are read in slices")
+        with self._lock:
+            start, stop, _ = part.indices(len(self._ends) - 1)
+            if stop <= start:
+                return []
+            first, last = self._ends[start], self._ends[stop]
+        return os.pread(self._file.fileno(), last - first, first).decode().splitlines()
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class RunRecords:
     """A run folder's round records, read as they are appended.
 
     :meth:`poll` reads what each ``peers/<id>.jsonl`` gained since the last call (whole lines
     only: a line being written is read next time) and returns it trimmed; the records read so far
-    are kept, in arrival order, for pages that connect later (:attr:`history`). Thread-safe."""
+    are kept, in arrival order, for pages that connect later (:attr:`history`, spooled to a
+    temporary file). Thread-safe."""
 
     def __init__(self, folder: Path, scenario: Any = None) -> None:
         self.folder = Path(folder)
@@ -105,7 +149,7 @@ class RunRecords:
             scenario = load_scenario(check_run_folder(self.folder) / "scenario.toml")
         self.meta = run_meta(scenario)
         self.offsets = [0] * self.meta["clients"]
-        self.history: list[str] = []  # each a JSON object (one client's round), as sent to pages
+        self.history = SpooledHistory()  # each a JSON object (one client's round), as sent to pages
         self.finals: dict[int, dict[str, Any]] = {}
         self.lock = threading.Lock()
 
@@ -153,4 +197,4 @@ class RunRecords:
         """Everything read so far, for a page that has no server (the static export)."""
         self.poll()
         with self.lock:
-            return {"meta": self.meta, "records": [json.loads(x) for x in self.history], "finals": {str(k): v for k, v in self.finals.items()}}
+            return {"meta": self.meta, "records": [json.loads(x) for x in self.history[:]], "finals": {str(k): v for k, v in self.finals.items()}}

@@ -62,6 +62,7 @@ def test_poll_reads_whole_lines_only_and_each_once(tmp_path):
     second = [json.loads(x) for x in records.poll()]
     assert second == [{"c": 0, "round": 1, "weights": {"0": 1.0}, "missing": [2]}]
     assert len(records.history) == 2
+    assert [json.loads(x)["round"] for x in records.history[0:2]] == [0, 1]
 
 
 def test_a_line_that_is_not_json_is_skipped_not_fatal(tmp_path):
@@ -121,3 +122,19 @@ def test_data_that_holds_an_end_tag_cannot_end_the_pages_script_early():
     html = page_html(None, {"meta": {"rule": "</script><script>alert(1)</script>"}, "records": [], "finals": {}})
     payload = re.search(r'<script id="run-data" type="application/json">(.*?)</script>', html, re.S).group(1)
     assert json.loads(payload.replace("<\\/", "</"))["meta"]["rule"] == "</script><script>alert(1)</script>"
+
+
+def test_the_history_is_spooled_and_read_back_in_slices():
+    from dfedrw.launch.view.records import SpooledHistory
+
+    history = SpooledHistory()
+    assert len(history) == 0 and history[0:5] == []
+    texts = [json.dumps({"c": k, "round": r, "note": "x" * (k * r)}) for r in range(40) for k in range(3)]
+    for start in range(0, len(texts), 7):  # added in uneven batches, as polls add them
+        history.extend(texts[start : start + 7])
+    history.extend([])
+    assert len(history) == 120
+    assert history[:] == texts and history[5:9] == texts[5:9] and history[118:500] == texts[118:]
+    assert history[50:50] == [] and history[-3:] == texts[-3:]
+    with pytest.raises(TypeError, match="slices"):
+        history[3]
