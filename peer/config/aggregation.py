@@ -52,10 +52,12 @@ class AttackConfig:
             raise ScenarioError(f"{self.prefix}.stop={self.stop} must be after {self.prefix}.start={self.start} (or 0: to the last round)")
         check_in_range(f"{self.prefix}.period", self.period, 0, MAX_ROUNDS)
         check_in_range(f"{self.prefix}.on", self.on, 0, MAX_ROUNDS - 1)
+        if self.on and not self.period:
+            raise ScenarioError(f"{self.prefix}.period=0 with {self.prefix}.on={self.on}: set the period whose first {self.prefix}.on rounds attack")
+        if self.period == 1:
+            raise ScenarioError(f"{self.prefix}.period=1 must be at least 2: a round that attacks and one that does not")
         if self.period and not 1 <= self.on < self.period:
             raise ScenarioError(f"{self.prefix}.on={self.on}: the rounds of each period of {self.period} that attack, from 1 to {self.period - 1}")
-        if self.on and not self.period:
-            raise ScenarioError(f"{self.prefix}.on={self.on} without {self.prefix}.period: set the period it is a part of")
         if self.name != "none":
             cls = resolve_class("attack", self.name, f"{self.prefix}.name")
             model = threat_model_of(cls)

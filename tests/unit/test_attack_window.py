@@ -41,7 +41,8 @@ def test_on_off_attacks_the_first_on_rounds_of_each_period_from_start_within_the
     [
         (["attack.period=5"], r"attack.on=0: the rounds of each period of 5 that attack, from 1 to 4"),
         (["attack.period=5", "attack.on=5"], r"attack.on=5: the rounds of each period of 5 that attack, from 1 to 4"),
-        (["attack.on=2"], r"attack.on=2 without attack.period: set the period it is a part of"),
+        (["attack.on=2"], r"attack.period=0 with attack.on=2: set the period whose first attack.on rounds attack"),
+        (["attack.period=1", "attack.on=1"], r"attack.period=1 must be at least 2"),
         (["attack.period=-1", "attack.on=1"], r"attack.period"),
     ],
 )
