@@ -333,6 +333,7 @@ def test_nan_and_infinity_are_refused_for_class_settings(key, bad):
 # The two client counts are also bounded by their sum.
 BOUNDS = {key: (0.0 if 0 < min(inside) < 0.01 else min(inside), max(inside)) for key, inside, _ in RANGES}
 BOUNDS["topology.byzantine"] = (0, 65_526)
+BOUNDS["train.speed_spread"] = (0.0, 1.0)  # open at 1: RANGES' 0.99 is the largest value it tries
 SUM_BOUNDED = {"topology.byzantine", "topology.honest"}
 
 
