@@ -13,7 +13,7 @@ the data sets, models, topologies and transports a scenario names::
 The constructor's keyword parameters (a builder function's, for the kinds that take
 functions: models, topologies), with their defaults, *are* its settings: a scenario sets them
 in the class's own table (``[aggregation.balance] gamma = 2``, ``[data."mylab:Faces"] size =
-32``), and the class validates them (raising ``ValueError``), once, for every entry point.
+32``), and the class checks them (raising ``ValueError``), once, for every entry point.
 Parameters whose value the running system knows (each registry's ``supplied`` names, e.g. a
 client's number of Byzantine neighbours, or a model's input features) are passed by
 :meth:`Registry.build` only to a constructor that has a parameter of that name, and cannot be
@@ -29,9 +29,11 @@ Besides the built-in names, a registry resolves
 A typo in a name or a parameter fails loudly with one line rather than being ignored:
 unknown names list the valid ones, unknown parameters list the accepted ones.
 
-The small ``check_*`` helpers give hyper-parameter validation in ``__init__``/``__post_init__``
-one wording everywhere: the message names the owner, the parameter, the bad value and what is
-allowed. They raise ``ValueError`` (never ``assert``, which ``python -O`` strips).
+A class checks its settings in its classmethod ``check_settings`` (see :mod:`dfedrw.peer.checked`):
+:meth:`Registry.check` runs it on a scenario's settings without building the class. The small
+``check_*`` helpers (exported here and there) give those checks one wording everywhere: the message
+names the owner, the parameter, the bad value and what is allowed. They raise ``ValueError``
+(never ``assert``, which ``python -O`` strips).
 """
 
 from __future__ import annotations
@@ -41,12 +43,11 @@ import importlib
 import pkgutil
 import importlib.metadata
 import inspect
-import math
-import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dfedrw.peer.checked import Checked, check_choice, check_int, check_real, settings_view
 from dfedrw.peer.quote import shown
 
 __all__ = [
@@ -338,6 +339,21 @@ class Registry(Mapping[str, type]):
     def build(self, name: str, params: Mapping[str, Any] | None = None, supplied: Mapping[str, Any] | None = None) -> Any:
         """``cls(**params, **supplied)``: ``params`` checked against the class's settings,
         ``supplied`` passed only where the constructor has a parameter of that name."""
+        cls, arguments = self._arguments(name, params, supplied)
+        return cls(**arguments)
+
+    def check(self, name: str, params: Mapping[str, Any] | None = None, supplied: Mapping[str, Any] | None = None) -> None:
+        """What :meth:`build` refuses, refused (``ValueError``), building nothing where the class
+        checks its settings on their own (a :class:`~dfedrw.peer.checked.Checked`, as every
+        built-in class is); any other class (a plugin's) is built once and thrown away."""
+        cls, arguments = self._arguments(name, params, supplied)
+        if isinstance(cls, type) and issubclass(cls, Checked):
+            cls.check_settings(settings_view(cls, arguments))
+        else:
+            cls(**arguments)
+
+    def _arguments(self, name: str, params: Mapping[str, Any] | None, supplied: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        """``name``'s class and the keyword arguments it is built with (see :meth:`build`)."""
         cls = self.resolve(name)
         params = dict(params or {})
         accepted = {p.name for p in _keyword_parameters(cls)}
@@ -359,7 +375,7 @@ class Registry(Mapping[str, type]):
         ]
         if missing:
             raise ValueError(f"{self.kind} {shown(name)} requires {', '.join(missing)}")
-        return cls(**given, **params)
+        return cls, {**given, **params}
 
     def create(self, name: str, **arguments: Any) -> Any:
         """``name`` built from keyword ``arguments``, settings and supplied values alike (for
@@ -444,46 +460,3 @@ def _keyword_parameters(cls: Any) -> tuple[inspect.Parameter, ...]:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def check_real(
-    owner: str,
-    name: str,
-    value: object,
-    *,
-    positive: bool = False,
-    nonnegative: bool = False,
-) -> float:
-    """Return ``float(value)`` if it is a finite real number meeting the sign requirement.
-
-    ``bool`` is refused although Python treats it as an ``int``: ``temperature=True`` is far
-    more likely a configuration slip than a request for 1.0.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{owner}: {name} must be a real number, got {shown(value)}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"{owner}: {name} must be finite, got {shown(value)}")
-    if positive and not number > 0:
-        raise ValueError(f"{owner}: {name} must be > 0, got {shown(value)}")
-    if nonnegative and not number >= 0:
-        raise ValueError(f"{owner}: {name} must be >= 0, got {shown(value)}")
-    return number
-
-
-def check_int(owner: str, name: str, value: object, *, minimum: int | None = None) -> int:
-    """Return ``int(value)`` if it is an integer (not a bool) and at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{owner}: {name} must be an integer, got {shown(value)}")
-    number = int(value)
-    if minimum is not None and number < minimum:
-        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {shown(value)}")
-    return number
-
-
-def check_choice(owner: str, name: str, value: object, choices: Iterable[str]) -> str:
-    """Return ``value`` if it is one of ``choices``; otherwise name the valid ones."""
-    valid = tuple(choices)
-    if not isinstance(value, str) or value not in valid:
-        raise ValueError(f"{owner}: {name} must be one of {list(valid)}, got {shown(value)}")
-    return value

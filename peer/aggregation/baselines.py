@@ -40,9 +40,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.tpm import Accuracy
@@ -62,7 +64,7 @@ __all__ = [
 
 @RULE_REGISTRY.register("balance")
 @dataclass(frozen=True)
-class Balance:
+class Balance(Checked):
     """BALANCE: accept neighbours close to the own model, then mix them with it.
 
     Neighbour ``j`` is accepted if
@@ -87,16 +89,17 @@ class Balance:
     kappa: float = 1.0
     alpha: float = 0.1
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
         # gamma = 0 would accept only exact copies of the own model: never what is meant.
-        gamma = check_real("Balance", "gamma", self.gamma, positive=True)
-        kappa = check_real("Balance", "kappa", self.kappa, nonnegative=True)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "kappa", kappa)
-        alpha = check_real("Balance", "alpha", self.alpha, nonnegative=True)
+        gamma = check_real("Balance", "gamma", s.gamma, positive=True)
+        kappa = check_real("Balance", "kappa", s.kappa, nonnegative=True)
+        s.gamma = gamma
+        s.kappa = kappa
+        alpha = check_real("Balance", "alpha", s.alpha, nonnegative=True)
         if alpha > 1.0:
-            raise ValueError(f"Balance: alpha must be in [0, 1], got {self.alpha!r}")
-        object.__setattr__(self, "alpha", alpha)
+            raise ValueError(f"Balance: alpha must be in [0, 1], got {s.alpha!r}")
+        s.alpha = alpha
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         aggregate = self._aggregate(finite_by_id(inputs), inputs.ids, inputs.round, inputs.total_rounds)
@@ -138,7 +141,7 @@ class Balance:
 
 @RULE_REGISTRY.register("centered_clipping")
 @dataclass(frozen=True)
-class CenteredClipping:
+class CenteredClipping(Checked):
     """Centered clipping: move from the own model by the mean of the clipped differences.
 
     ``v_0 = w_k`` (the own half-step model, row 0), then ``iterations`` times
@@ -160,9 +163,10 @@ class CenteredClipping:
     tau: float = 10.0
     iterations: int = 3
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tau", check_real("CenteredClipping", "tau", self.tau, positive=True))
-        check_int("CenteredClipping", "iterations", self.iterations, minimum=1)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.tau = check_real("CenteredClipping", "tau", s.tau, positive=True)
+        check_int("CenteredClipping", "iterations", s.iterations, minimum=1)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         finite = finite_by_id(inputs)
@@ -184,7 +188,7 @@ class CenteredClipping:
 
 @RULE_REGISTRY.register("acc_above_mean")
 @dataclass(frozen=True)
-class AccuracyAboveMean:
+class AccuracyAboveMean(Checked):
     """Keep the own model and every neighbour at least as accurate as the candidates' mean.
 
     ``a_i = Acc(w_i, A_k)``,  ``mu = mean_i a_i``,

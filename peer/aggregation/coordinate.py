@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import numpy as np
 import torch
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, ToleratesByzantine, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, PooledOrder, by_id, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order
 
@@ -226,7 +227,7 @@ def _shares(values: np.ndarray, members: int, width: int) -> list[list[float]]:
 
 @RULE_REGISTRY.register("median")
 @dataclass(frozen=True)
-class Median:
+class Median(Checked):
     """Coordinate-wise median of the finite candidates (own model included).
 
     ``w_k^{t+1}[d] = median_i w_i[d]``; for an even count the mean of the two middle values,

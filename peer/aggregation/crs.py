@@ -40,10 +40,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import Registry, check_choice, check_int, check_real
 
 __all__ = [
@@ -146,7 +148,7 @@ def apply_crs_contract(
     return torch.tensor(contract_values(_as_score_vector(scores).tolist(), weigh_values, owner=owner), dtype=torch.float64)
 
 
-class ReweightingStrategy:
+class ReweightingStrategy(Checked):
     """Base class of the built-in CRSs: ``__call__`` = contract + ``weigh_values``.
 
     ``v = normalise(weigh(m[finite]))`` with the edge cases of the module docstring.
@@ -195,13 +197,14 @@ class Softmax(ReweightingStrategy):
     temperature: float = 0.1
     scale: float = 100.0
 
-    def __post_init__(self) -> None:
-        temperature = check_real("Softmax", "temperature", self.temperature, positive=True)
-        object.__setattr__(self, "temperature", temperature)
-        scale = check_real("Softmax", "scale", self.scale)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        temperature = check_real("Softmax", "temperature", s.temperature, positive=True)
+        s.temperature = temperature
+        scale = check_real("Softmax", "scale", s.scale)
         if scale == 0.0:
             raise ValueError("Softmax: scale must be nonzero (0 would ignore the scores), got 0")
-        object.__setattr__(self, "scale", scale)
+        s.scale = scale
 
     def weigh_values(self, scores: list[float]) -> list[float]:
         factor = self.scale / self.temperature  # may be +-inf for a tiny T: handled below
@@ -238,8 +241,9 @@ class LossClippedAtMean(ReweightingStrategy):
 
     weighting: str = "proportional"
 
-    def __post_init__(self) -> None:
-        check_choice("LossClippedAtMean", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_choice("LossClippedAtMean", "weighting", s.weighting, _LOSS_CLIP_WEIGHTINGS)
 
     def weigh_values(self, scores: list[float]) -> list[float]:
         # The mean lies in [min, max]; taking max(mean, min) only undoes rounding, and
@@ -291,9 +295,10 @@ class LossClippedAtMedian(ReweightingStrategy):
     weighting: str = "inverse"
     margin: float = 0.0
 
-    def __post_init__(self) -> None:
-        check_choice("LossClippedAtMedian", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
-        object.__setattr__(self, "margin", check_real("LossClippedAtMedian", "margin", self.margin, nonnegative=True))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_choice("LossClippedAtMedian", "weighting", s.weighting, _LOSS_CLIP_WEIGHTINGS)
+        s.margin = check_real("LossClippedAtMedian", "margin", s.margin, nonnegative=True)
 
     def weigh_values(self, scores: list[float]) -> list[float]:
         ordered = sorted(scores)
@@ -325,9 +330,10 @@ class LossDropHighest(ReweightingStrategy):
     num_byzantine: int = 0
     weighting: str = "uniform"
 
-    def __post_init__(self) -> None:
-        check_int("LossDropHighest", "num_byzantine", self.num_byzantine, minimum=0)
-        check_choice("LossDropHighest", "weighting", self.weighting, _LOSS_CLIP_WEIGHTINGS)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_int("LossDropHighest", "num_byzantine", s.num_byzantine, minimum=0)
+        check_choice("LossDropHighest", "weighting", s.weighting, _LOSS_CLIP_WEIGHTINGS)
 
     def values(self, scores: Sequence[float]) -> list[float]:
         # The first score is the own model's only when it is finite: a non-finite one is left
@@ -396,10 +402,9 @@ class Clip(ReweightingStrategy):
 
     threshold: float = 1.0
 
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "threshold", check_real("Clip", "threshold", self.threshold, positive=True)
-        )
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.threshold = check_real("Clip", "threshold", s.threshold, positive=True)
 
     def weigh_values(self, scores: list[float]) -> list[float]:
         return [min(max(s, 0.0), self.threshold) for s in scores]
@@ -425,8 +430,9 @@ class Rank(ReweightingStrategy):
 
     prefer: str = "low"
 
-    def __post_init__(self) -> None:
-        check_choice("Rank", "prefer", self.prefer, _RANK_PREFERENCES)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_choice("Rank", "prefer", s.prefer, _RANK_PREFERENCES)
 
     def weigh_values(self, scores: list[float]) -> list[float]:
         values = scores if self.prefer == "low" else [-s for s in scores]

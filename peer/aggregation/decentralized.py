@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -222,16 +223,17 @@ class ClippedGossip(_ClippingAroundOwn, ToleratesByzantine):
     radius: str = "furthest"
     tau: float | None = None
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("ClippedGossip", "radius", self.radius, CLIPPED_GOSSIP_RADII)
-        if self.radius == "fixed":
-            if self.tau is None:
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        check_choice("ClippedGossip", "radius", s.radius, CLIPPED_GOSSIP_RADII)
+        if s.radius == "fixed":
+            if s.tau is None:
                 raise ValueError("ClippedGossip: tau must be set when radius='fixed', got None")
-            object.__setattr__(self, "tau", check_real("ClippedGossip", "tau", self.tau, positive=True))
-        elif self.tau is not None:
+            s.tau = check_real("ClippedGossip", "tau", s.tau, positive=True)
+        elif s.tau is not None:
             raise ValueError(
-                f"ClippedGossip: tau is only used with radius='fixed' (radius={self.radius!r}), got tau={self.tau!r}"
+                f"ClippedGossip: tau is only used with radius='fixed' (radius={s.radius!r}), got tau={s.tau!r}"
             )
 
     def _radius(self, distances: list[float]) -> float:
@@ -364,17 +366,18 @@ class UBAR(ToleratesByzantine):
     alpha: float = 0.5
     rho: float | None = None
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        alpha = check_real("UBAR", "alpha", self.alpha, nonnegative=True)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        alpha = check_real("UBAR", "alpha", s.alpha, nonnegative=True)
         if alpha > 1.0:
-            raise ValueError(f"UBAR: alpha must be in [0, 1], got {self.alpha!r}")
-        object.__setattr__(self, "alpha", alpha)
-        if self.rho is not None:
-            rho = check_real("UBAR", "rho", self.rho, positive=True)
+            raise ValueError(f"UBAR: alpha must be in [0, 1], got {s.alpha!r}")
+        s.alpha = alpha
+        if s.rho is not None:
+            rho = check_real("UBAR", "rho", s.rho, positive=True)
             if rho > 1.0:
-                raise ValueError(f"UBAR: rho must be in (0, 1], got {self.rho!r}")
-            object.__setattr__(self, "rho", rho)
+                raise ValueError(f"UBAR: rho must be in (0, 1], got {s.rho!r}")
+            s.rho = rho
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         _needs_evaluate(inputs.evaluate is None)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 import torch
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, ToleratesByzantine, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.candidates import (
@@ -179,10 +181,11 @@ class MultiKrum(ToleratesByzantine):
 
     m: int | None = None
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.m is not None:
-            check_int("MultiKrum", "m", self.m, minimum=1)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        if s.m is not None:
+            check_int("MultiKrum", "m", s.m, minimum=1)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         finite = finite_by_id(inputs)
@@ -209,7 +212,7 @@ class MultiKrum(ToleratesByzantine):
 
 @RULE_REGISTRY.register("geometric_median")
 @dataclass(frozen=True)
-class GeometricMedian:
+class GeometricMedian(Checked):
     """Geometric median by smoothed Weiszfeld iterations (RFA).
 
     ``z = argmin_z sum_i ||z - w_i||``, iterated from the mean as
@@ -227,14 +230,11 @@ class GeometricMedian:
     tol: float = 1e-6
     eps: float = 1e-8
 
-    def __post_init__(self) -> None:
-        check_int("GeometricMedian", "max_iter", self.max_iter, minimum=1)
-        object.__setattr__(
-            self, "tol", check_real("GeometricMedian", "tol", self.tol, nonnegative=True)
-        )
-        object.__setattr__(
-            self, "eps", check_real("GeometricMedian", "eps", self.eps, positive=True)
-        )
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_int("GeometricMedian", "max_iter", s.max_iter, minimum=1)
+        s.tol = check_real("GeometricMedian", "tol", s.tol, nonnegative=True)
+        s.eps = check_real("GeometricMedian", "eps", s.eps, positive=True)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         finite = finite_by_id(inputs)

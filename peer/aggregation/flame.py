@@ -8,10 +8,12 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, finite_rows
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, finite_by_id, keep_own, keep_own_pooled, package_for, pooled_order
@@ -261,7 +263,7 @@ def _hdbscan_steps() -> tuple[Callable, ...] | None:
 
 @RULE_REGISTRY.register("flame")
 @dataclass(frozen=True)
-class Flame:
+class Flame(Checked):
     """FLAME adapted to decentralized FL: cluster updates, clip to the median norm, add noise.
 
     Updates are measured from the client's start-of-round model:
@@ -300,14 +302,15 @@ class Flame:
     min_cluster_size: int | None = None
     cluster_on: str = "updates"
 
-    def __post_init__(self) -> None:
-        check_choice("Flame", "cluster_on", self.cluster_on, FLAME_CLUSTER_ON)
-        noise = check_real("Flame", "noise", self.noise, nonnegative=True)
-        object.__setattr__(self, "noise", noise)
-        check_int("Flame", "seed", self.seed)
-        if self.min_cluster_size is not None:
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_choice("Flame", "cluster_on", s.cluster_on, FLAME_CLUSTER_ON)
+        noise = check_real("Flame", "noise", s.noise, nonnegative=True)
+        s.noise = noise
+        check_int("Flame", "seed", s.seed)
+        if s.min_cluster_size is not None:
             # HDBSCAN itself refuses clusters of one point.
-            check_int("Flame", "min_cluster_size", self.min_cluster_size, minimum=2)
+            check_int("Flame", "min_cluster_size", s.min_cluster_size, minimum=2)
 
     def batch_group(self) -> tuple:
         """What :meth:`batched` needs equal across its clients: every setting but the seed, which

@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, combine_rows, finite_by_id, package_for, pooled_finite
 from dfedrw.peer.aggregation.decentralized import self_centred_coefficients
@@ -27,7 +29,7 @@ def _noise_seed(seed: int, own_id: int, round_: int) -> int:
 
 @RULE_REGISTRY.register("norm_bound")
 @dataclass(frozen=True)
-class NormBound:
+class NormBound(Checked):
     """Norm bounding: clip each neighbour's update to norm ``bound``, average, add small noise.
 
     ``w_k^{t+1} = w_k + sum_{j in N_k} v_j CLIP(w_j - w_k, M) + N(0, sigma^2 I)``,
@@ -88,11 +90,12 @@ class NormBound:
     weighting: str = "data_size"
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "bound", check_real("NormBound", "bound", self.bound, positive=True))
-        object.__setattr__(self, "noise", check_real("NormBound", "noise", self.noise, nonnegative=True))
-        check_choice("NormBound", "weighting", self.weighting, DFEDAVG_WEIGHTINGS)
-        check_int("NormBound", "seed", self.seed)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.bound = check_real("NormBound", "bound", s.bound, positive=True)
+        s.noise = check_real("NormBound", "noise", s.noise, nonnegative=True)
+        check_choice("NormBound", "weighting", s.weighting, DFEDAVG_WEIGHTINGS)
+        check_int("NormBound", "seed", s.seed)
 
     def batch_group(self) -> tuple:
         """What :meth:`batched` needs equal across its clients: every setting but the seed, which

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_real
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs
 from dfedrw.peer.aggregation.candidates import keep_own, keep_own_pooled, package_aggregate, pooled_order
@@ -19,7 +21,7 @@ __all__ = ["QFDFL"]
 
 @RULE_REGISTRY.register("qfdfl")
 @dataclass(frozen=True)
-class QFDFL:
+class QFDFL(Checked):
     """q-FDFL: the q-FedAvg step of q-FFL, run by each client with its own start model as "global".
 
     With ``L = 1 / lr``, reference ``w = w_k^t`` and each candidate's declared local loss
@@ -51,13 +53,14 @@ class QFDFL:
     q: float = 0.1
     lr: float = 0.01
 
-    def __post_init__(self) -> None:
-        q = check_real("QFDFL", "q", self.q, nonnegative=True)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        q = check_real("QFDFL", "q", s.q, nonnegative=True)
         if q > 1000.0:
             # loss ** (q + 1) overflows float64 long before q = 1000 matters.
-            raise ValueError(f"QFDFL: q must be <= 1000, got {self.q!r}")
-        object.__setattr__(self, "q", q)
-        object.__setattr__(self, "lr", check_real("QFDFL", "lr", self.lr, positive=True))
+            raise ValueError(f"QFDFL: q must be <= 1000, got {s.q!r}")
+        s.q = q
+        s.lr = check_real("QFDFL", "lr", s.lr, positive=True)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         if inputs.reference is None:

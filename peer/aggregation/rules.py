@@ -27,6 +27,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from dfedrw.peer.aggregation.crs import CRS, ReweightingStrategy, make_crs
 from dfedrw.peer.aggregation.inputs import (  # noqa: F401 - importable from here, as plugins name them
     Aggregate, RoundBatch, RoundInputs, Rule, finite_rows, staleness_factors, weighted_aggregate, weighted_sum,
 )
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import Registry, check_choice, check_int, check_real
 from dfedrw.peer.aggregation.tpm import TPM, make_tpm
 
@@ -67,7 +69,7 @@ RULE_REGISTRY = Registry(
 
 @RULE_REGISTRY.register("dfedreweighting")
 @dataclass(frozen=True)
-class DFedReweighting:
+class DFedReweighting(Checked):
     """DFedReweighting: score every candidate with a TPM, weight the scores with a CRS.
 
     ``m_i = TPM(w_i, A_k)``;  ``v = CRS(m)``;  ``w_k^{t+1} = sum_i v_i w_i^{t+1/2}``
@@ -92,13 +94,15 @@ class DFedReweighting:
     crs: CRS
     staleness_exponent: float = 0.0
 
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.staleness_exponent = check_real("DFedReweighting", "staleness_exponent", s.staleness_exponent, nonnegative=True)
+
     def __post_init__(self) -> None:
-        for name in ("tpm", "crs"):
+        super().__post_init__()
+        for name in ("tpm", "crs"):  # supplied objects: checked once built
             if not callable(getattr(self, name)):
-                raise ValueError(
-                    f"DFedReweighting: {name} must be callable, got {getattr(self, name)!r}"
-                )
-        object.__setattr__(self, "staleness_exponent", check_real("DFedReweighting", "staleness_exponent", self.staleness_exponent, nonnegative=True))
+                raise ValueError(f"DFedReweighting: {name} must be callable, got {getattr(self, name)!r}")
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         self._needs_evaluate(inputs.evaluate is None)
@@ -220,7 +224,7 @@ class DFedReweighting:
 
 
 @dataclass(frozen=True)
-class ToleratesByzantine:
+class ToleratesByzantine(Checked):
     """What every rule built against a bound on Byzantine neighbours shares: ``num_byzantine``,
     the number of a client's neighbours it is told may be Byzantine (an integer >= 0), checked
     when the rule is built. A subclass with more settings checks them after calling this
@@ -228,8 +232,9 @@ class ToleratesByzantine:
 
     num_byzantine: int
 
-    def __post_init__(self) -> None:
-        check_int(type(self).__name__, "num_byzantine", self.num_byzantine, minimum=0)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_int(cls.__name__, "num_byzantine", s.num_byzantine, minimum=0)
 
 
 def _takes_metrics(evaluate_many: Callable) -> bool:
@@ -270,7 +275,7 @@ DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
 
 @RULE_REGISTRY.register("dfedavg")
 @dataclass(frozen=True)
-class DFedAvg:
+class DFedAvg(Checked):
     """Decentralized FedAvg: average the candidates by declared data size, or uniformly.
 
     ``"data_size"``: ``v_i = n_i / sum_j n_j`` (uniform if every ``n_i`` is 0);
@@ -290,9 +295,10 @@ class DFedAvg:
     weighting: str = "data_size"
     staleness_exponent: float = 0.0
 
-    def __post_init__(self) -> None:
-        check_choice("DFedAvg", "weighting", self.weighting, DFEDAVG_WEIGHTINGS)
-        object.__setattr__(self, "staleness_exponent", check_real("DFedAvg", "staleness_exponent", self.staleness_exponent, nonnegative=True))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_choice("DFedAvg", "weighting", s.weighting, DFEDAVG_WEIGHTINGS)
+        s.staleness_exponent = check_real("DFedAvg", "staleness_exponent", s.staleness_exponent, nonnegative=True)
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         weights = _stale_weighted(self.size_weights(inputs.finite_list(), inputs.num_samples), inputs.staleness, self.staleness_exponent)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.aggregation.candidates import FiniteCandidates, finite_by_id, keep_own
 from dfedrw.peer.aggregation.distance import krum_scores
@@ -22,7 +24,7 @@ from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, DFedReweight
 
 @RULE_REGISTRY.register("screened_reweighting")
 @dataclass(frozen=True)
-class ScreenedReweighting:
+class ScreenedReweighting(Checked):
     """DFedReweighting behind Krum's screen: drop the ``f`` furthest neighbours, then score.
 
     ``f = num_byzantine``; ``C`` the finite candidates, ``d_ij`` their squared distances.
@@ -57,8 +59,12 @@ class ScreenedReweighting:
     # A defence-aware attack plays this rule whole: its TPM and CRS alone do not decide.
     scores_decide: ClassVar[bool] = False
 
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_int("ScreenedReweighting", "num_byzantine", s.num_byzantine, minimum=0)
+
     def __post_init__(self) -> None:
-        check_int("ScreenedReweighting", "num_byzantine", self.num_byzantine, minimum=0)
+        super().__post_init__()
         object.__setattr__(self, "_inner", DFedReweighting(tpm=self.tpm, crs=self.crs))
 
     def __call__(self, inputs: RoundInputs) -> Aggregate:

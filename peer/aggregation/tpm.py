@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import Registry, check_real
 
 __all__ = [
@@ -84,7 +86,7 @@ def _evaluate(
     return metrics
 
 
-class _OneMetric:
+class _OneMetric(Checked):
     """A TPM that scores by one metric of ``evaluate``'s, as computed: the metric named by the
     one entry of ``evaluates`` (what it asks ``evaluate`` for; of the candidates it reads
     nothing but their count, see DFedReweighting.batched)."""
@@ -131,7 +133,7 @@ class Loss(_OneMetric):
 
 @TPM_REGISTRY.register("combined")
 @dataclass(frozen=True)
-class WeightedCombination:
+class WeightedCombination(Checked):
     """Weighted sum of accuracy and loss (multi-objective within each client).
 
     ``m_i = a * Acc(w_i, A_k) + b * f(w_i, A_k)``, defaults ``a = b = 1/2``.
@@ -148,16 +150,17 @@ class WeightedCombination:
     accuracy: float = 0.5
     loss: float = 0.5
 
-    def __post_init__(self) -> None:
-        accuracy = check_real("WeightedCombination", "accuracy", self.accuracy)
-        loss = check_real("WeightedCombination", "loss", self.loss)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        accuracy = check_real("WeightedCombination", "accuracy", s.accuracy)
+        loss = check_real("WeightedCombination", "loss", s.loss)
         if accuracy == 0.0 and loss == 0.0:
             raise ValueError(
                 "WeightedCombination: accuracy and loss coefficients are both 0, "
                 "so every score would be 0; set at least one nonzero"
             )
-        object.__setattr__(self, "accuracy", accuracy)
-        object.__setattr__(self, "loss", loss)
+        s.accuracy = accuracy
+        s.loss = loss
 
     def __call__(self, candidates: torch.Tensor, evaluate: Evaluate) -> torch.Tensor:
         metrics = _evaluate(candidates, evaluate, ("accuracy", "loss"), "WeightedCombination")

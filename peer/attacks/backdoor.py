@@ -15,6 +15,7 @@ on them through the data set's ``input_shape`` (``(channels, height, width)``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
@@ -166,15 +167,16 @@ class PlantsBackdoor(TrainsOnItsSample):
     trigger_corner: str = "bottom_right"
     trigger_value: float = 1.0
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        owner = type(self).__name__
-        object.__setattr__(self, "target", check_int(owner, "target", self.target, minimum=0))
-        fraction = check_real(owner, "poisoned_fraction", self.poisoned_fraction)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        owner = cls.__name__
+        s.target = check_int(owner, "target", s.target, minimum=0)
+        fraction = check_real(owner, "poisoned_fraction", s.poisoned_fraction)
         if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"{owner}: poisoned_fraction must be in (0, 1], got {self.poisoned_fraction!r}")
-        object.__setattr__(self, "poisoned_fraction", fraction)
-        self.backdoor  # checks the trigger's settings now, not when it first plans  # noqa: B018
+            raise ValueError(f"{owner}: poisoned_fraction must be in (0, 1], got {s.poisoned_fraction!r}")
+        s.poisoned_fraction = fraction
+        Trigger(s.trigger, s.trigger_corner, s.trigger_size, s.trigger_margin, s.trigger_value)  # its own checks, now
 
     @property
     def backdoor(self) -> Backdoor:

@@ -11,6 +11,7 @@ with the whole trigger (:attr:`PlantsBackdoor.backdoor`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
@@ -83,10 +84,11 @@ class ModelReplacement(PlantsBackdoor):
     boost: float = 0.0
     norm_bound: float = 0.0
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "boost", check_real("ModelReplacement", "boost", self.boost, nonnegative=True))
-        object.__setattr__(self, "norm_bound", check_real("ModelReplacement", "norm_bound", self.norm_bound, nonnegative=True))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        s.boost = check_real("ModelReplacement", "boost", s.boost, nonnegative=True)
+        s.norm_bound = check_real("ModelReplacement", "norm_bound", s.norm_bound, nonnegative=True)
 
     def shape(self, centre: torch.Tensor, model: torch.Tensor, note: dict, view: AttackView) -> tuple[torch.Tensor, dict]:
         gamma = _boost(self.boost, note["known"])
@@ -122,9 +124,10 @@ class DistributedBackdoor(PlantsBackdoor):
     threat_model: ClassVar[ThreatModel] = ThreatModel(models="pooled", data=_DATA, colludes=True)
     boost: float = 1.0
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "boost", check_real("DistributedBackdoor", "boost", self.boost, positive=True))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        s.boost = check_real("DistributedBackdoor", "boost", s.boost, positive=True)
 
     @staticmethod
     def _split(view: AttackView) -> tuple[int, tuple[int, ...]]:
@@ -172,13 +175,14 @@ class Neurotoxin(PlantsBackdoor):
     mask_fraction: float = 0.1
     boost: float = 1.0
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        fraction = check_real("Neurotoxin", "mask_fraction", self.mask_fraction, nonnegative=True)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        fraction = check_real("Neurotoxin", "mask_fraction", s.mask_fraction, nonnegative=True)
         if fraction >= 1.0:
-            raise ValueError(f"Neurotoxin: mask_fraction must be in [0, 1), got {self.mask_fraction!r}")
-        object.__setattr__(self, "mask_fraction", fraction)
-        object.__setattr__(self, "boost", check_real("Neurotoxin", "boost", self.boost, positive=True))
+            raise ValueError(f"Neurotoxin: mask_fraction must be in [0, 1), got {s.mask_fraction!r}")
+        s.mask_fraction = fraction
+        s.boost = check_real("Neurotoxin", "boost", s.boost, positive=True)
 
     def shape(self, centre: torch.Tensor, model: torch.Tensor, note: dict, view: AttackView) -> tuple[torch.Tensor, dict]:
         update = model.to(torch.float64) - centre

@@ -7,10 +7,12 @@ Pure tensor code (no transport); maths in float64, messages float32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.attacks.optimized import colluder_generator
@@ -22,7 +24,7 @@ _OTHERWISE = ("mean", "gaussian")
 
 @ATTACK_REGISTRY.register("omission")
 @dataclass(frozen=True)
-class Omission:
+class Omission(Checked):
     """Omission: silent to every receiver in chosen rounds, a benign-looking model otherwise.
 
     Round ``t`` is silent when ``start <= t`` (and ``t < stop`` when ``stop`` is set) and
@@ -60,22 +62,23 @@ class Omission:
     otherwise: str = "mean"
     std: float = 0.01
 
-    def __post_init__(self) -> None:
-        every = check_int("Omission", "every", self.every, minimum=1)
-        phase = check_int("Omission", "phase", self.phase, minimum=0)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        every = check_int("Omission", "every", s.every, minimum=1)
+        phase = check_int("Omission", "phase", s.phase, minimum=0)
         if phase >= every:
-            raise ValueError(f"Omission: phase must be < every ({every}), got {self.phase!r}")
-        start = check_int("Omission", "start", self.start, minimum=0)
-        if self.stop is not None:
-            stop = check_int("Omission", "stop", self.stop, minimum=0)
+            raise ValueError(f"Omission: phase must be < every ({every}), got {s.phase!r}")
+        start = check_int("Omission", "start", s.start, minimum=0)
+        if s.stop is not None:
+            stop = check_int("Omission", "stop", s.stop, minimum=0)
             if stop <= start:
-                raise ValueError(f"Omission: stop must be > start ({start}) or None, got {self.stop!r}")
-            object.__setattr__(self, "stop", stop)
-        check_choice("Omission", "otherwise", self.otherwise, _OTHERWISE)
-        object.__setattr__(self, "std", check_real("Omission", "std", self.std, positive=True))
-        object.__setattr__(self, "every", every)
-        object.__setattr__(self, "phase", phase)
-        object.__setattr__(self, "start", start)
+                raise ValueError(f"Omission: stop must be > start ({start}) or None, got {s.stop!r}")
+            s.stop = stop
+        check_choice("Omission", "otherwise", s.otherwise, _OTHERWISE)
+        s.std = check_real("Omission", "std", s.std, positive=True)
+        s.every = every
+        s.phase = phase
+        s.start = start
 
     def silent_in(self, t: int) -> bool:
         """Whether round ``t`` is one of the scheduled silent rounds."""
@@ -101,7 +104,7 @@ _FLOODS = ("stale", "future", "both")
 
 @ATTACK_REGISTRY.register("flood")
 @dataclass(frozen=True)
-class Flood:
+class Flood(Checked):
     """Round flooding: besides a benign-looking model, messages labelled with rounds a receiver
     must not use.
 
@@ -144,12 +147,13 @@ class Flood:
     lead: int = 0
     round_window: int = 2
 
-    def __post_init__(self) -> None:
-        check_choice("Flood", "kind", self.kind, _FLOODS)
-        check_int("Flood", "copies", self.copies, minimum=1)
-        check_int("Flood", "lag", self.lag, minimum=1)
-        check_int("Flood", "lead", self.lead, minimum=0)
-        check_int("Flood", "round_window", self.round_window, minimum=1)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_choice("Flood", "kind", s.kind, _FLOODS)
+        check_int("Flood", "copies", s.copies, minimum=1)
+        check_int("Flood", "lag", s.lag, minimum=1)
+        check_int("Flood", "lead", s.lead, minimum=0)
+        check_int("Flood", "round_window", s.round_window, minimum=1)
 
     def labels(self, t: int) -> list[int]:
         """The round labels of round ``t``'s extra copies, stale ones first."""

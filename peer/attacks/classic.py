@@ -28,10 +28,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.columns import column_blocks, in_blocks, mean_rows
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, ThreatModel
@@ -66,7 +68,7 @@ def _mean(received: torch.Tensor) -> torch.Tensor:
     return mean_rows(received)
 
 
-class _FromReceived:
+class _FromReceived(Checked):
     """An attack whose message is a function of this round's received models alone, the same
     for every receiver: the call is checked, nothing received leaves it silent (None), else
     ``craft(received)`` [n >= 1, D] is the message."""
@@ -88,7 +90,7 @@ _GAUSSIAN_CENTERS = ("received_mean", "zero")
 
 @ATTACK_REGISTRY.register("gaussian")
 @dataclass(frozen=True)
-class Gaussian:
+class Gaussian(Checked):
     """Gaussian attack: a random model around a centre.
 
     ``message = c + std * z``, ``z ~ N(0, I_D)`` drawn from ``generator``;
@@ -108,9 +110,10 @@ class Gaussian:
     std: float = 30.0
     center: str = "received_mean"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "std", check_real("Gaussian", "std", self.std, positive=True))
-        check_choice("Gaussian", "center", self.center, _GAUSSIAN_CENTERS)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.std = check_real("Gaussian", "std", s.std, positive=True)
+        check_choice("Gaussian", "center", s.center, _GAUSSIAN_CENTERS)
 
     def __call__(
         self, received: torch.Tensor, receiver: int, generator: torch.Generator
@@ -168,8 +171,9 @@ class SignFlip(_FromReceived):
     threat_model: ClassVar[ThreatModel] = _ALONE
     scale: float = -10.0
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "scale", check_real("SignFlip", "scale", self.scale))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.scale = check_real("SignFlip", "scale", s.scale)
 
     def craft(self, received: torch.Tensor) -> torch.Tensor:
         return (self.scale * _mean(received)).to(torch.float32)
@@ -225,17 +229,18 @@ class ALIE(_FromReceived):
     num_byzantine: int = 2
     z_used: float = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "num_clients", check_int("ALIE", "num_clients", self.num_clients))
-        object.__setattr__(
-            self, "num_byzantine", check_int("ALIE", "num_byzantine", self.num_byzantine)
-        )
-        if self.z is None:
-            z_used = alie_z_max(self.num_clients, self.num_byzantine)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.num_clients = check_int("ALIE", "num_clients", s.num_clients)
+        s.num_byzantine = check_int("ALIE", "num_byzantine", s.num_byzantine)
+        if s.z is None:
+            alie_z_max(s.num_clients, s.num_byzantine)  # its own checks of the counts
         else:
-            z_used = check_real("ALIE", "z", self.z)
-            object.__setattr__(self, "z", z_used)
-        object.__setattr__(self, "z_used", z_used)
+            s.z = check_real("ALIE", "z", s.z)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "z_used", alie_z_max(self.num_clients, self.num_byzantine) if self.z is None else self.z)
 
     def craft(self, received: torch.Tensor) -> torch.Tensor:
         models = received.to(torch.float64)
@@ -270,8 +275,9 @@ class IPM(_FromReceived):
     threat_model: ClassVar[ThreatModel] = _ALONE
     epsilon: float = 0.1
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", check_real("IPM", "epsilon", self.epsilon, positive=True))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.epsilon = check_real("IPM", "epsilon", s.epsilon, positive=True)
 
     def craft(self, received: torch.Tensor) -> torch.Tensor:
         return (-self.epsilon * _mean(received)).to(torch.float32)

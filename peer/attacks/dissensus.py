@@ -7,10 +7,12 @@ Pure tensor code (no transport); maths in float64, messages float32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 
@@ -21,7 +23,7 @@ _SCALES = ("neighbour_counts", "none")
 
 @ATTACK_REGISTRY.register("dissensus")
 @dataclass(frozen=True)
-class Dissensus:
+class Dissensus(Checked):
     """Dissensus: to each receiver, its own model pushed away from the other honest models.
 
     For receiver ``k`` with model ``x_k`` (the model ``k`` sent the attacker this round)::
@@ -69,9 +71,10 @@ class Dissensus:
     epsilon: float = 1.5
     scale: str = "neighbour_counts"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", check_real("Dissensus", "epsilon", self.epsilon, positive=True))
-        check_choice("Dissensus", "scale", self.scale, _SCALES)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        s.epsilon = check_real("Dissensus", "epsilon", s.epsilon, positive=True)
+        check_choice("Dissensus", "scale", s.scale, _SCALES)
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
         senders, known = view.known()

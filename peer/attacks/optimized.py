@@ -20,10 +20,12 @@ Pure tensor code (no transport); maths in float64, messages float32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.attacks.moments import column_std
@@ -95,7 +97,7 @@ _MIN_SUM_BOUNDS = ("max", "min")
 
 
 @dataclass(frozen=True)
-class _Optimised:
+class _Optimised(Checked):
     """The shared settings and search of :class:`MinMax` and :class:`MinSum`."""
 
     threat_model: ClassVar[ThreatModel] = ThreatModel()
@@ -104,12 +106,13 @@ class _Optimised:
     gamma_init: float = 50.0
     tau: float = 1e-5
 
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        check_choice(owner, "perturbation", self.perturbation, _PERTURBATIONS)
-        check_choice(owner, "relative_to", self.relative_to, _RELATIVE_TO)
-        object.__setattr__(self, "gamma_init", check_real(owner, "gamma_init", self.gamma_init, positive=True))
-        object.__setattr__(self, "tau", check_real(owner, "tau", self.tau, positive=True))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        owner = cls.__name__
+        check_choice(owner, "perturbation", s.perturbation, _PERTURBATIONS)
+        check_choice(owner, "relative_to", s.relative_to, _RELATIVE_TO)
+        s.gamma_init = check_real(owner, "gamma_init", s.gamma_init, positive=True)
+        s.tau = check_real(owner, "tau", s.tau, positive=True)
 
     def _perturbation(self, benign: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         if self.perturbation == "unit_vector":
@@ -228,9 +231,10 @@ class MinSum(_Optimised):
 
     bound: str = "max"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("MinSum", "bound", self.bound, _MIN_SUM_BOUNDS)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        check_choice("MinSum", "bound", s.bound, _MIN_SUM_BOUNDS)
 
     def _fits(self, offsets, p, pairwise):
         sums = pairwise.sum(dim=1)
@@ -259,7 +263,7 @@ def _fang_bounds(benign: torch.Tensor, direction: torch.Tensor, b: float) -> tup
 
 @ATTACK_REGISTRY.register("fang_trimmed_mean")
 @dataclass(frozen=True)
-class FangTrimmedMean:
+class FangTrimmedMean(Checked):
     """Fang et al.'s full-knowledge attack on the trimmed mean: values beyond the benign extremes.
 
     Per coordinate, beyond the benign extreme on the side the benign models are not moving to:
@@ -300,12 +304,13 @@ class FangTrimmedMean:
     threat_model: ClassVar[ThreatModel] = ThreatModel(tailored=True)
     b: float = 2.0
 
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        b = check_real(owner, "b", self.b, positive=True)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        owner = cls.__name__
+        b = check_real(owner, "b", s.b, positive=True)
         if not b > 1.0:
-            raise ValueError(f"{owner}: b must be > 1 (the interval's far end), got {self.b!r}")
-        object.__setattr__(self, "b", b)
+            raise ValueError(f"{owner}: b must be > 1 (the interval's far end), got {s.b!r}")
+        s.b = b
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
         _, known = view.known()

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
 from dfedrw.peer.learning.data import Dataset
@@ -37,7 +39,7 @@ def flip_labels(y: torch.Tensor, num_classes: int, flip: str) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class TrainsOnItsSample:
+class TrainsOnItsSample(Checked):
     """What the data-poisoning attacks share: the attacker's sample (``attacker_data``, supplied
     by the running system; None when a class is built by hand or listed, refused when it plans),
     ``samples`` rows of it, and the local training they run on it: ``steps`` SGD steps of
@@ -50,17 +52,20 @@ class TrainsOnItsSample:
     batch_size: int = 32
     samples: int = 200
 
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        owner = cls.__name__
+        s.lr = check_real(owner, "lr", s.lr, positive=True)
+        s.steps = check_int(owner, "steps", s.steps, minimum=1)
+        s.lr_scale = check_real(owner, "lr_scale", s.lr_scale, positive=True)
+        s.batch_size = check_int(owner, "batch_size", s.batch_size, minimum=1)
+        s.samples = check_int(owner, "samples", s.samples, minimum=1)
+
     def __post_init__(self) -> None:
-        owner = type(self).__name__
-        if self.attacker_data is not None and not (
-            callable(getattr(self.attacker_data, "samples", None)) and callable(getattr(self.attacker_data, "evaluate", None))
-        ):
-            raise ValueError(f"{owner}: attacker_data must offer samples(n) and evaluate(n) (an AttackerData), got {self.attacker_data!r}")
-        object.__setattr__(self, "lr", check_real(owner, "lr", self.lr, positive=True))
-        object.__setattr__(self, "steps", check_int(owner, "steps", self.steps, minimum=1))
-        object.__setattr__(self, "lr_scale", check_real(owner, "lr_scale", self.lr_scale, positive=True))
-        object.__setattr__(self, "batch_size", check_int(owner, "batch_size", self.batch_size, minimum=1))
-        object.__setattr__(self, "samples", check_int(owner, "samples", self.samples, minimum=1))
+        super().__post_init__()
+        data = self.attacker_data  # supplied: checked once built
+        if data is not None and not (callable(getattr(data, "samples", None)) and callable(getattr(data, "evaluate", None))):
+            raise ValueError(f"{type(self).__name__}: attacker_data must offer samples(n) and evaluate(n) (an AttackerData), got {data!r}")
 
 
 @ATTACK_REGISTRY.register("label_flip")
@@ -105,9 +110,10 @@ class LabelFlip(TrainsOnItsSample):
     threat_model: ClassVar[ThreatModel] = ThreatModel(data="`samples` rows of the training set drawn by its own seed (setting samples)")
     flip: str = "reverse"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("LabelFlip", "flip", self.flip, FLIPS)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        check_choice("LabelFlip", "flip", s.flip, FLIPS)
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
         require_attacker_data("LabelFlip", self.attacker_data)

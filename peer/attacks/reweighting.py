@@ -28,10 +28,12 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_int, check_real
 from dfedrw.peer.aggregation.rules import RoundInputs
 from dfedrw.peer.attacks.base import ATTACK_REGISTRY, AttackView, Crafted, ThreatModel
@@ -130,7 +132,7 @@ class _Prediction:
 
 
 @dataclass(frozen=True)
-class _Tuned:
+class _Tuned(Checked):
     """What both attacks share: the defence's TPM and CRS, the sample, the search along
     ``centre + lam * d``."""
 
@@ -142,21 +144,26 @@ class _Tuned:
     margin: float = 0.05
     samples: int = 200
 
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        owner = cls.__name__
+        check_choice(owner, "direction", s.direction, DIRECTIONS)
+        s.lam_max = check_real(owner, "lam_max", s.lam_max, positive=True)
+        s.steps = check_int(owner, "steps", s.steps, minimum=1)
+        margin = check_real(owner, "margin", s.margin, nonnegative=True)
+        if not margin < 1:
+            raise ValueError(f"{owner}: margin must be in [0, 1), got {s.margin!r}")
+        s.margin = margin
+        s.samples = check_int(owner, "samples", s.samples, minimum=1)
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         owner = type(self).__name__
-        # None: not supplied yet (a class built by hand or listed); refused when it plans.
+        # Supplied, checked once built; None: not supplied yet (a class built by hand or listed), refused when it plans.
         if self.defence is not None:
             _defence_parts(owner, self.defence)
         if self.attacker_data is not None and not callable(getattr(self.attacker_data, "evaluate", None)):
             raise ValueError(f"{owner}: attacker_data must offer evaluate(n) (an AttackerData), got {self.attacker_data!r}")
-        check_choice(owner, "direction", self.direction, DIRECTIONS)
-        object.__setattr__(self, "lam_max", check_real(owner, "lam_max", self.lam_max, positive=True))
-        object.__setattr__(self, "steps", check_int(owner, "steps", self.steps, minimum=1))
-        margin = check_real(owner, "margin", self.margin, nonnegative=True)
-        if not margin < 1:
-            raise ValueError(f"{owner}: margin must be in [0, 1), got {self.margin!r}")
-        object.__setattr__(self, "margin", margin)
-        object.__setattr__(self, "samples", check_int(owner, "samples", self.samples, minimum=1))
 
     def _check_supplied(self) -> None:
         owner = type(self).__name__
@@ -291,10 +298,11 @@ class TPMAware(_Tuned):
     threat_model: ClassVar[ThreatModel] = ThreatModel(data=_DATA, defence=True, tailored=True)
     tailored: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.tailored, bool):
-            raise ValueError(f"TPMAware: tailored must be true or false, got {self.tailored!r}")
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        if not isinstance(s.tailored, bool):
+            raise ValueError(f"TPMAware: tailored must be true or false, got {s.tailored!r}")
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
         messages, note = self._alone(view, self.tailored)
@@ -358,12 +366,13 @@ class DecoyStealth(_Tuned):
     rotate: bool = True
     send_decoy: bool = True
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "decoy_scale", check_real("DecoyStealth", "decoy_scale", self.decoy_scale, positive=True))
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        super().check_settings(s)
+        s.decoy_scale = check_real("DecoyStealth", "decoy_scale", s.decoy_scale, positive=True)
         for name in ("rotate", "send_decoy"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"DecoyStealth: {name} must be true or false, got {getattr(self, name)!r}")
+            if not isinstance(getattr(s, name), bool):
+                raise ValueError(f"DecoyStealth: {name} must be true or false, got {getattr(s, name)!r}")
 
     def plan(self, view: AttackView, generator: torch.Generator) -> Crafted:
         colluders, alone = self._colluders(view)

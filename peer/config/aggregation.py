@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from dfedrw.peer.quote import shown
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import Registry
 from dfedrw.peer.attacks.base import AttackerData, threat_model_of
 from dfedrw.peer.kinds.registries import ATTACK_REGISTRY
@@ -206,53 +207,60 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     )
 
 
-def _build_checked(registry: Registry, name: str, params: Mapping[str, Any], supplied: Mapping[str, Any], key: Any) -> Any:
-    """``registry.build`` with a class's ValueError turned into one ScenarioError line naming
+def _checked(registry: Registry, name: str, params: Mapping[str, Any], supplied: Mapping[str, Any], key: Any) -> None:
+    """``registry.check`` with a class's ValueError turned into one ScenarioError line naming
     the key that set the offending value (``key(setting)``; ``key(None)`` is the table)."""
     try:
-        return registry.build(name, params, supplied)
+        return registry.check(name, params, supplied)
     except ValueError as exc:
         message = " ".join(str(exc).split())
     for setting, value in params.items():
         try:
-            registry.build(name, {setting: value}, supplied)
+            registry.check(name, {setting: value}, supplied)
         except ValueError:
             raise ScenarioError(f"{key(setting)}={shown(toml_value(value))}: {message}") from None
     raise ScenarioError(f"{key(None)}: {message}")
 
 
-def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> Any:
-    """Build every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
-    with placeholder supplied values, so a bad setting fails with one line naming its key.
-    Returns the rule in use, built as :func:`peer.kinds.registries.build_named_rule` builds it."""
+def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> None:
+    """Check every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
+    with the values the running system supplies stood in for, so a bad setting fails with one
+    line naming its key. Builds none of the built-in classes (see :meth:`Registry.check`); a
+    plugin's rule that takes a TPM and a CRS is given the ones in use, built."""
     supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
-    built: dict[str, Any] = {}
     for kind in ("tpm", "crs", "rule"):
         registry = KIND_REGISTRY[kind]
-        names = dict.fromkeys([getattr(cfg, kind), *cfg.tables(kind)])
-        for name in names:
-            if kind == "rule":
-                supplied.update(tpm=built["tpm"], crs=built["crs"])
-            obj = _build_checked(registry, name, cfg.params(kind, name), supplied, lambda s, k=kind, n=name: cfg.key(k, n, s))
-            if name == getattr(cfg, kind):
-                built[kind] = obj
-    return built["rule"]
+        for name in dict.fromkeys([getattr(cfg, kind), *cfg.tables(kind)]):
+            given = {**supplied, **_scoring_parts(cfg, name, supplied)} if kind == "rule" else supplied
+            _checked(registry, name, cfg.params(kind, name), given, lambda s, k=kind, n=name: cfg.key(k, n, s))
+
+
+def _scoring_parts(cfg: AggregationConfig, rule: str, supplied: Mapping[str, Any]) -> dict[str, Any]:
+    """What rule ``rule`` is given for its TPM and CRS while it is checked: nothing for a class
+    that checks its settings alone (they are objects the running system supplies), the TPM and
+    CRS in use, built, for any other (a plugin's, built to be checked)."""
+    cls = KIND_REGISTRY["rule"].resolve(rule)
+    if isinstance(cls, type) and issubclass(cls, Checked):
+        return {"tpm": None, "crs": None}
+    return {kind: KIND_REGISTRY[kind].build(getattr(cfg, kind), cfg.params(kind, getattr(cfg, kind)), supplied) for kind in ("tpm", "crs")}
 
 
 def check_attack(
     cfg: AttackConfig, *, num_clients: int, num_byzantine: int, lr: float = 0.01, total_rounds: int = 0, defence: Any = None,
     round_window: int = 2,
 ) -> None:
-    """Build the attack in use (when there are Byzantine clients) and every settings table given.
-    What only a running Byzantine client has is stood in for: its data sample by one that
-    loads nothing (an attack touches its data in its rounds, not when it is built)."""
+    """Check the attack in use (when there are Byzantine clients) and every settings table given
+    (see :meth:`Registry.check`). What only a running Byzantine client has is stood in for: its
+    data sample by one that loads nothing (an attack touches its data in its rounds, not when it
+    is built), the defence it may be told by None (``defence``: the honest clients' rule, where
+    the caller has one)."""
     names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *thaw(cfg.attack_params)])
     knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA, "round_window": round_window}
     for name in names:
         active = name == cfg.name and num_byzantine > 0
         # A table of an attack not in use is checked with counts every attack accepts.
         supplied = {"num_clients": num_clients, "num_byzantine": num_byzantine} if active else {"num_clients": max(num_clients, 3), "num_byzantine": 1}
-        _build_checked(ATTACK_REGISTRY, name, cfg.params(name), {**supplied, **knowledge}, lambda s, n=name: cfg.key(n, s))
+        _checked(ATTACK_REGISTRY, name, cfg.params(name), {**supplied, **knowledge}, lambda s, n=name: cfg.key(n, s))
 
 
 def _no_data(*_: Any) -> Any:

@@ -105,9 +105,9 @@ class Scenario:
         return parse_aggregation(f"peers.{client}.aggregation", over, self.aggregation) if over else self.aggregation
 
     def validate(self) -> None:
-        """The whole scenario's checks: its ranges, its clients, and every rule, the attack and
-        the model built once with placeholders (run when a scenario is made, except by
-        :func:`load_validated`). Raises :class:`ScenarioError`."""
+        """The whole scenario's checks: its ranges, its clients, every rule's and the attack's
+        settings (checked without building them) and the model against the data (run when a
+        scenario is made, except by :func:`load_validated`). Raises :class:`ScenarioError`."""
         check_in_range("rounds", self.rounds, 1, MAX_ROUNDS)
         # TOML integers are int64; numpy and torch seeds take any of the non-negative ones.
         check_in_range("seed", self.seed, 0, 2**63 - 1)
@@ -132,16 +132,13 @@ class Scenario:
         check_model(self.train, self.data)
         if self.network.asynchronous and self.attack.colluding:
             raise ScenarioError("attack.colluding: colluders pool the models of a round, and network.protocol = \"async\" has no rounds")
-        # Build every distinct rule and the attack once, with placeholders for what the running
-        # system supplies, so a bad setting fails at load time, not inside client k.
-        # The rule of [aggregation] is the first built: it stands for the defence an attack is told.
-        rules = []
+        # Every distinct rule's settings and the attack's, checked with stand-ins for what the
+        # running system supplies, so a bad setting fails at load time, not inside client k.
         for cfg in configs:
             told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else self.topology.byzantine
-            rules.append(check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds))
-        defence = rules[0]
+            check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
         check_attack(
-            self.attack, num_clients=n, num_byzantine=self.topology.byzantine, lr=self.train.lr, total_rounds=self.rounds, defence=defence,
+            self.attack, num_clients=n, num_byzantine=self.topology.byzantine, lr=self.train.lr, total_rounds=self.rounds,
             round_window=self.network.round_window,
         )
 
