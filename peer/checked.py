@@ -14,6 +14,7 @@ data sample) is None in a view: such a value is checked where the class is built
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,7 @@ from typing import Any
 
 from dfedrw.peer.quote import shown
 
-__all__ = ["Checked", "check_choice", "check_int", "check_real", "settings_view"]
+__all__ = ["Checked", "Described", "check_choice", "check_int", "check_real", "checked_by", "settings_view"]
 
 
 class Checked:
@@ -104,3 +105,33 @@ def check_choice(owner: str, name: str, value: object, choices: Iterable[str]) -
     if not isinstance(value, str) or value not in valid:
         raise ValueError(f"{owner}: {name} must be one of {list(valid)}, got {shown(value)}")
     return value
+
+
+class Described:
+    """What an object of a :class:`Checked` class would say of itself with the settings ``s``,
+    none built: the settings, and the class's attributes and properties read on them (a data
+    set's ``num_classes`` that depends on its ``labels``). Read only."""
+
+    def __init__(self, cls: type, s: SimpleNamespace) -> None:
+        self.__dict__.update(vars(s))
+        self.__dict__["_cls"] = cls
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = inspect.getattr_static(self._cls, name)
+        if isinstance(attribute, property):
+            return attribute.fget(self)
+        return getattr(self._cls, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self._cls.__name__}'s description is read only")
+
+
+def checked_by(check: Any) -> Any:
+    """Decorator for a builder function (a model's, a topology's): ``check(**arguments)`` refuses
+    what the builder would refuse, building nothing (see :meth:`Registry.check`)."""
+
+    def mark(builder: Any) -> Any:
+        builder.check_arguments = check
+        return builder
+
+    return mark

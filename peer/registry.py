@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dfedrw.peer.checked import Checked, check_choice, check_int, check_real, settings_view
+from dfedrw.peer.checked import Checked, Described, check_choice, check_int, check_real, settings_view
 from dfedrw.peer.quote import shown
 
 __all__ = [
@@ -346,11 +346,22 @@ class Registry(Mapping[str, type]):
         """What :meth:`build` refuses, refused (``ValueError``), building nothing where the class
         checks its settings on their own (a :class:`~dfedrw.peer.checked.Checked`, as every
         built-in class is); any other class (a plugin's) is built once and thrown away."""
+        self.described(name, params, supplied)
+
+    def described(self, name: str, params: Mapping[str, Any] | None = None, supplied: Mapping[str, Any] | None = None) -> Any:
+        """What :meth:`check` checks, and something to read ``name``'s attributes from with these
+        settings: a :class:`~dfedrw.peer.checked.Described` for a ``Checked`` class, None for a
+        builder that declares its check (:func:`~dfedrw.peer.checked.checked_by`), nothing built;
+        any other class or builder built once (a plugin's)."""
         cls, arguments = self._arguments(name, params, supplied)
         if isinstance(cls, type) and issubclass(cls, Checked):
-            cls.check_settings(settings_view(cls, arguments))
-        else:
-            cls(**arguments)
+            s = settings_view(cls, arguments)
+            cls.check_settings(s)
+            return Described(cls, s)
+        if not isinstance(cls, type) and callable(getattr(cls, "check_arguments", None)):
+            cls.check_arguments(**arguments)
+            return None
+        return cls(**arguments)
 
     def _arguments(self, name: str, params: Mapping[str, Any] | None, supplied: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         """``name``'s class and the keyword arguments it is built with (see :meth:`build`)."""

@@ -17,7 +17,7 @@ from dfedrw.peer.config.checks import (
     coerce_value,
 )
 from dfedrw.peer.config.tables import Params, checked_params, resolve_class, toml_key
-from dfedrw.peer.learning.datasets import build_dataset, natural_groups_error
+from dfedrw.peer.learning.datasets import dataset_layout, natural_groups_error
 from dfedrw.peer.registry import Setting, settings_of
 from dfedrw.peer.graph.schedule import SCHEDULE_REGISTRY
 from dfedrw.peer.graph.topology import TOPOLOGY_REGISTRY
@@ -47,7 +47,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         settings = checked_params("dataset", self.name, self.params, "data.name")
         try:
-            source = build_dataset(self.name, settings, self.dir)
+            source = dataset_layout(self.name, settings, self.dir)
         except ValueError as exc:
             raise ScenarioError(f"[data.{toml_key(self.name)}]: {' '.join(str(exc).split())}") from None
         check_choice_of("data.labelskew_assign", self.labelskew_assign, ("cyclic", "random"))
@@ -140,20 +140,18 @@ class TrainConfig:
 
 
 def check_model(train: TrainConfig, data: DataConfig) -> None:
-    """Build the model on the meta device (no memory, no initialisation) for the data set's
-    shape, so that a model that does not fit the data fails at load time, in one line."""
-    import torch
-
+    """Check that the model fits the data set's shape, building neither (see
+    :func:`~dfedrw.peer.learning.models.check_model_fits`), so that a model that does not fit the
+    data fails at load time, in one line."""
     from dfedrw.peer.learning.datasets import input_shape_of
-    from dfedrw.peer.learning.models import make_model
+    from dfedrw.peer.learning.models import check_model_fits
 
-    source = build_dataset(data.name, settings_of(data.params, data.name), data.dir)
+    source = dataset_layout(data.name, settings_of(data.params, data.name), data.dir)
     try:
-        with torch.device("meta"):
-            make_model(
-                train.model, int(source.num_features), int(source.num_classes), hidden=train.hidden, input_shape=input_shape_of(source),
-                params=settings_of(train.model_params, train.model),
-            )
+        check_model_fits(
+            train.model, int(source.num_features), int(source.num_classes), hidden=train.hidden, input_shape=input_shape_of(source),
+            params=settings_of(train.model_params, train.model),
+        )
     except ValueError as exc:
         raise ScenarioError(f"train.model={shown(train.model)} with data.name={shown(data.name)}: {' '.join(str(exc).split())}") from None
 

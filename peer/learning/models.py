@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dfedrw.peer.checked import checked_by
 from dfedrw.peer.quote import shown
 from dfedrw.peer.registry import Registry
 
@@ -26,13 +27,19 @@ takes it. A model receives its inputs flat, ``[n, in_features]`` (what a data se
 shapes them itself (the built-in image models start with an ``nn.Unflatten``)."""
 
 
+def _fits_any(**_: Any) -> None:
+    """A builder's check where every data set fits it (flat rows of any width)."""
+
+
 @MODEL_REGISTRY.register("softmax_regression")
+@checked_by(_fits_any)
 def softmax_regression(in_features: int, num_classes: int) -> nn.Module:
     """Multinomial logistic regression: one linear layer; cross-entropy supplies the softmax."""
     return nn.Sequential(nn.Linear(in_features, num_classes))
 
 
 @MODEL_REGISTRY.register("mlp")
+@checked_by(_fits_any)
 def mlp(in_features: int, num_classes: int, hidden: int) -> nn.Module:
     """One hidden ReLU layer of ``train.hidden`` units."""
     return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
@@ -84,6 +91,7 @@ class MaxPool2x2(nn.Module):
 
 
 @MODEL_REGISTRY.register("lenet5")
+@checked_by(lambda input_shape, **_: _image_shape("lenet5", input_shape, least=12))
 def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """LeNet-5 (LeCun et al. 1998) as usually trained on 28x28 greyscale images: 5x5
     convolutions of 6 (padded by 2) and 16 channels, each followed by ReLU and 2x2 max pooling,
@@ -92,7 +100,7 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     linear layer takes what the convolutions leave). The pooling comes before the ReLU (the
     same values: the ReLU is monotone, so the largest of four rectified values is the rectified
     largest), which rectifies a quarter as many values."""
-    c, h, w = _image_shape("lenet5", input_shape, least=12)
+    c, h, w = lenet5.check_arguments(input_shape)
     flat = 16 * ((h // 2 - 4) // 2) * ((w // 2 - 4) // 2)
     return nn.Sequential(
         nn.Unflatten(1, (c, h, w)),
@@ -102,15 +110,20 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     )
 
 
+def _check_femnist_cnn(input_shape: tuple[int, ...], width: int = 2048, **_: Any) -> tuple[int, int, int]:
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 65_536:
+        raise ValueError(f"femnist_cnn: width must be an integer in [1, 65536], got {width!r}")
+    return _image_shape("femnist_cnn", input_shape, least=4)
+
+
 @MODEL_REGISTRY.register("femnist_cnn")
+@checked_by(_check_femnist_cnn)
 def femnist_cnn(input_shape: tuple[int, ...], num_classes: int, width: int = 2048) -> nn.Module:
     """The CNN of the FedAvg paper (McMahan et al. 2017) and LEAF's FEMNIST baseline (Caldas
     et al. 2018): 5x5 convolutions of 32 and 64 channels (padded to keep the size), each with
     ReLU and 2x2 max pooling (pooled first, as in :func:`lenet5`), a fully connected layer of
     ``width`` units (ReLU), then the classes. 6,603,710 parameters for FEMNIST's 1x28x28 and 62 classes at the default width."""
-    c, h, w = _image_shape("femnist_cnn", input_shape, least=4)
-    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 65_536:
-        raise ValueError(f"femnist_cnn: width must be an integer in [1, 65536], got {width!r}")
+    c, h, w = _check_femnist_cnn(input_shape, width)
     return nn.Sequential(
         nn.Unflatten(1, (c, h, w)),
         nn.Conv2d(c, 32, 5, padding=2), MaxPool2x2(), nn.ReLU(),
@@ -183,7 +196,18 @@ class ResNet(nn.Module):
         return self.head(h.mean(dim=(2, 3)))
 
 
+def _check_resnet(model: str, least: int) -> Any:
+    """A residual network's check: its normalisation settings, and images of at least ``least``."""
+
+    def check(input_shape: tuple[int, ...], norm: str = "group", groups: int = 2, **_: Any) -> tuple[int, int, int]:
+        _check_norm(model, norm, groups)
+        return _image_shape(model, input_shape, least=least)
+
+    return check
+
+
 @MODEL_REGISTRY.register("resnet20")
+@checked_by(_check_resnet("resnet20", least=4))
 def resnet20(input_shape: tuple[int, ...], num_classes: int, norm: str = "group", groups: int = 2) -> nn.Module:
     """ResNet-20 for CIFAR (He et al. 2016, section 4.2): three stages of three basic blocks at
     16, 32 and 64 channels, parameter-free shortcuts (option A). ``norm = "group"``: GroupNorm
@@ -191,19 +215,18 @@ def resnet20(input_shape: tuple[int, ...], num_classes: int, norm: str = "group"
     2020 for non-IID federated training), in place of BatchNorm, whose running statistics do
     not average across clients; ``"none"``: no normalisation. 269,722 parameters for 3x32x32
     and 10 classes."""
-    _check_norm("resnet20", norm, groups)
-    shape = _image_shape("resnet20", input_shape, least=4)
+    shape = resnet20.check_arguments(input_shape, norm, groups)
     return ResNet(shape, num_classes, widths=(16, 32, 64), blocks=(3, 3, 3), shortcut="pad", norm=norm, groups=groups)
 
 
 @MODEL_REGISTRY.register("resnet18")
+@checked_by(_check_resnet("resnet18", least=8))
 def resnet18(input_shape: tuple[int, ...], num_classes: int, norm: str = "group", groups: int = 2) -> nn.Module:
     """ResNet-18 (He et al. 2016) in its CIFAR form: a 3x3 stem without max pooling, four
     stages of two basic blocks at 64, 128, 256 and 512 channels, 1x1 projection shortcuts
     (option B). Normalisation as :func:`resnet20`'s. 11,173,962 parameters for 3x32x32 and 10
     classes (44.7 MB a model)."""
-    _check_norm("resnet18", norm, groups)
-    shape = _image_shape("resnet18", input_shape, least=8)
+    shape = resnet18.check_arguments(input_shape, norm, groups)
     return ResNet(shape, num_classes, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2), shortcut="conv", norm=norm, groups=groups)
 
 
@@ -239,6 +262,21 @@ def make_model(
             "averaged; use GroupNorm (as the built-in resnet20 and resnet18 do) or BatchNorm with track_running_stats=False"
         )
     return model
+
+
+def check_model_fits(
+    name: str, in_features: int, num_classes: int, *, hidden: int = 64, input_shape: tuple[int, ...] | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> None:
+    """What :func:`make_model` refuses, refused (``ValueError``): a built-in builder's own check
+    (:func:`~dfedrw.peer.checked.checked_by`), nothing built; any other model built on the meta
+    device (no memory) and checked as :func:`make_model` checks it."""
+    shape = tuple(input_shape) if input_shape is not None else (in_features,)
+    if callable(getattr(MODEL_REGISTRY.resolve(name), "check_arguments", None)):
+        MODEL_REGISTRY.check(name, params, {"in_features": in_features, "num_classes": num_classes, "hidden": hidden, "input_shape": shape})
+        return
+    with torch.device("meta"):
+        make_model(name, in_features, num_classes, hidden=hidden, input_shape=shape, params=params)
 
 
 def build_model(

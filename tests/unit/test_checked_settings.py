@@ -1,12 +1,13 @@
 """Settings checked without building what they configure: ``Registry.check`` runs a class's
-``check_settings`` on its settings alone, and loading a scenario builds no rule, TPM, CRS or
-attack (each is built once, where a client is wired)."""
+``check_settings`` on its settings alone, and loading a scenario builds no data set, model, rule,
+TPM, CRS or attack (each is built where a client is wired)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
+from torch import nn
 
 from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
 from dfedrw.peer.checked import Checked, check_real
@@ -19,15 +20,21 @@ from dfedrw.peer.wiring.plan import scenario_topology
 
 @pytest.fixture
 def constructions(monkeypatch):
-    """How many objects of a :class:`Checked` class were built since the test began."""
+    """The objects of a :class:`Checked` class (data sets, rules, TPMs, CRSs, attacks) and the
+    torch modules (models) built since the test began, by class name."""
     built: list[str] = []
-    original = Checked.__post_init__
+    checked, module = Checked.__post_init__, nn.Module.__init__
 
     def counted(self) -> None:
         built.append(type(self).__name__)
-        original(self)
+        checked(self)
+
+    def counted_module(self, *args, **kwargs) -> None:
+        built.append(type(self).__name__)
+        module(self, *args, **kwargs)
 
     monkeypatch.setattr(Checked, "__post_init__", counted)
+    monkeypatch.setattr(nn.Module, "__init__", counted_module)
     return built
 
 
@@ -79,11 +86,13 @@ def test_check_builds_a_class_that_does_not_check_its_settings_alone_once():
         registry.check("plain", {"factor": -1.0})
 
 
-def test_every_built_in_rule_tpm_crs_and_attack_checks_its_settings_alone():
-    for kind in ("rule", "tpm", "crs", "attack"):
+def test_every_built_in_data_set_model_rule_tpm_crs_and_attack_checks_its_settings_alone():
+    for kind in ("dataset", "rule", "tpm", "crs", "attack"):
         registry = ATTACK_REGISTRY if kind == "attack" else KIND_REGISTRY[kind]
         unchecked = [name for name in registry.builtin_names() if not issubclass(registry.resolve(name), Checked)]
         assert unchecked == [], f"{kind}: built to be checked: {unchecked}"
+    models = KIND_REGISTRY["model"]
+    assert [name for name in models.builtin_names() if not callable(getattr(models.resolve(name), "check_arguments", None))] == []
 
 
 def _every_rule_and_attack() -> list[list[str]]:
@@ -97,10 +106,46 @@ def _every_rule_and_attack() -> list[list[str]]:
     return out
 
 
+# Every built-in model on a data set it fits (none of these files needs to be here: loading reads none).
+MODELS_AND_DATA = [
+    ("softmax_regression", "digits", []), ("mlp", "digits", []), ("lenet5", "fashion-mnist", []), ("lenet5", "mnist", []),
+    ("femnist_cnn", "femnist", ["data.partition=natural", "train.femnist_cnn.width=64"]), ("resnet20", "cifar10", []),
+    ("resnet18", "cifar100", ["data.cifar100.labels=coarse", "train.resnet18.groups=4"]),
+]
+
+
+@pytest.mark.parametrize("model, data, more", MODELS_AND_DATA, ids=lambda x: x if isinstance(x, str) else "")
+def test_loading_a_scenario_builds_no_data_set_or_model(model, data, more, constructions, tmp_path):
+    scenario = load_scenario(None, [f"data.name={data}", f"train.model={model}", f"data.dir={tmp_path}", *more])
+    assert constructions == []
+    from dfedrw.peer.learning.datasets import build_dataset
+    from dfedrw.peer.learning.models import make_model
+
+    source = build_dataset(data, None, tmp_path)  # what a client builds: each is counted here
+    make_model(model, source.num_features, source.num_classes, input_shape=getattr(source, "input_shape", None), params=None)
+    assert constructions and scenario.train.model == model
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.name=digits", "train.model=lenet5"], r"train.model='lenet5' with data.name='digits': lenet5 needs images at least 12x12"),
+        (["data.name=digits", "train.model=resnet20", "train.resnet20.norm=batch"], r"resnet20: norm='batch' is not valid"),
+        (["data.name=fashion-mnist", "train.model=femnist_cnn", "train.femnist_cnn.width=0"], r"femnist_cnn: width must be an integer"),
+        (["data.name=cifar10", "train.model=lenet5", "data.augment=crop", "data.name=digits"], r"lenet5 needs images at least 12x12"),
+        (["data.name=cifar100", "data.cifar100.labels=middle"], r"cifar100: labels must be one of \['fine', 'coarse'\], got 'middle'"),
+    ],
+)
+def test_a_model_that_does_not_fit_or_a_bad_data_setting_is_refused_building_nothing(overrides, message, constructions):
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(None, overrides)
+    assert constructions == []
+
+
 @pytest.mark.parametrize("overrides", _every_rule_and_attack(), ids=lambda o: "-".join(x.split("=")[1] for x in o[1:3]) or "default")
 def test_loading_a_scenario_builds_no_rule_tpm_crs_or_attack(overrides, constructions):
     scenario = load_scenario(None, ["data.name=digits", *overrides])
-    assert constructions == []
+    assert constructions == []  # no data set or model either
     # Where a client is wired, each is built (the count above can see a construction).
     topo = scenario_topology(scenario)
     honest = next(k for k in range(scenario.num_clients) if k not in topo.byzantine)

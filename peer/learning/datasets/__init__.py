@@ -44,7 +44,7 @@ from dfedrw.peer.learning.datasets.idx import IDX_FILES, FashionMNIST, IdxDatase
 from dfedrw.peer.learning.datasets.cifar import CIFAR10, CIFAR100, CifarBinary
 from dfedrw.peer.learning.datasets.femnist import FEMNIST, LEAF_TOLERANCE, read_leaf_writers
 from dfedrw.peer.learning.datasets.loading import (
-    build_dataset, check_available, check_dataset, checked_groups, dataset_of, describe, input_shape_of, load_dataset, load_grouped_splits,
+    build_dataset, check_available, check_dataset, checked_groups, dataset_layout, dataset_of, describe, input_shape_of, load_dataset, load_grouped_splits,
     load_splits, natural_groups_error, source_key,
 )
 
@@ -64,6 +64,7 @@ __all__ = [
     "check_available",
     "check_dataset",
     "checked_groups",
+    "dataset_layout",
     "dataset_of",
     "describe",
     "download_idx",

@@ -7,10 +7,12 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.learning.data import DatasetUnavailable
 from dfedrw.peer.registry import check_choice
 from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
@@ -22,7 +24,7 @@ from dfedrw.peer.learning.datasets.files import cache_settings, data_folder, fil
 
 
 @dataclass(frozen=True)
-class CifarBinary:
+class CifarBinary(Checked):
     """A CIFAR set read from its binary version (Krizhevsky 2009): fixed-size records of label
     bytes then 3,072 pixel bytes, the 1,024 red, 1,024 green, 1,024 blue values of a 32x32
     image, each plane row-major. The features are those bytes as they stand, (C, H, W) order.
@@ -194,8 +196,9 @@ class CIFAR100(CifarBinary):
     test_files: ClassVar[tuple[str, ...]] = ("test.bin",)
     label_classes: ClassVar[tuple[int, ...]] = (20, 100)  # a record's coarse byte, then its fine byte
 
-    def __post_init__(self) -> None:
-        check_choice("cifar100", "labels", self.labels, CIFAR100_LABELS)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_choice("cifar100", "labels", s.labels, CIFAR100_LABELS)
 
     @property
     def label_byte(self) -> int:

@@ -7,13 +7,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
 from dfedrw.peer.learning.datasets.files import scaled_splits
 
 
 @DATASET_REGISTRY.register("digits")
 @dataclass(frozen=True)
-class Digits:
+class Digits(Checked):
     """scikit-learn's 8x8 handwritten digits: 1,797 images, a fixed stratified 80/20 split.
 
     Always available offline (it ships with scikit-learn). Pixels 0..16 scaled to [0, 1].

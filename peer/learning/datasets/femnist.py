@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.learning.data import DatasetUnavailable
 from dfedrw.peer.registry import check_int
 from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
@@ -21,7 +23,7 @@ from dfedrw.peer.learning.datasets.files import cache_settings, data_folder, fil
 
 @DATASET_REGISTRY.register("femnist")
 @dataclass(frozen=True)
-class FEMNIST:
+class FEMNIST(Checked):
     """FEMNIST (LEAF, Caldas et al. 2018): 28x28 greyscale characters of 62 classes, by writer.
 
     The writers are the groups of ``data.partition = "natural"``. Read from the JSON files of
@@ -45,8 +47,9 @@ class FEMNIST:
     natural_groups: ClassVar[bool] = True
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
 
-    def __post_init__(self) -> None:
-        check_int("femnist", "max_writers", self.max_writers, minimum=0)
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_int("femnist", "max_writers", s.max_writers, minimum=0)
 
     def unavailable_hint(self) -> str:
         return "set data.dir to the folder holding LEAF's train/ and test/ folders of FEMNIST JSON files (data/femnist/data after its preprocessing)"

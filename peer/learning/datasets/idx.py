@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dfedrw.peer.checked import Checked
 from dfedrw.peer.quote import shown
 from dfedrw.peer.learning.data import DatasetUnavailable
 from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
@@ -89,7 +90,7 @@ Digests = dict[str, tuple[tuple[str, str, str], ...]]
 
 
 @dataclass(frozen=True)
-class IdxDataset:
+class IdxDataset(Checked):
     """A data set stored as the four standard IDX files (``IDX_FILES``, plain or ``.gz``) in a
     folder: ``data_dir``, else the class's ``default_dir``. Subclasses name the set and its
     digests and where it can be downloaded."""

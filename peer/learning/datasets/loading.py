@@ -28,6 +28,14 @@ def build_dataset(name: str, params: dict[str, Any] | None = None, data_dir: str
     return DATASET_REGISTRY.build(name, params, {"data_dir": str(data_dir or "")})
 
 
+def dataset_layout(name: str, params: dict[str, Any] | None = None, data_dir: str | os.PathLike | None = None) -> Any:
+    """The data set ``name`` with its settings, checked and described (``num_features``,
+    ``num_classes``, ``input_shape``, ``natural_groups``...) without building it: a built-in set
+    is read off its class (:meth:`Registry.described`), a plugin's is built (which loads nothing).
+    Raises ``ValueError`` as :func:`build_dataset` does."""
+    return DATASET_REGISTRY.described(name, params, {"data_dir": str(data_dir or "")})
+
+
 @functools.lru_cache(maxsize=16)
 def dataset_of(name: str, tables: tuple, data_dir: str) -> Any:
     """The data set ``name`` with its settings from frozen settings tables (``[data.NAME]``, as
