@@ -100,9 +100,17 @@ class Inbox:
             payload = bytearray(size)
             if not _read_exact(conn, memoryview(payload)):
                 break
-            with self.cond:
-                self.held.setdefault(r, {})[sender] = payload
-                self.cond.notify_all()
+            self.put(r, sender, payload)
+
+    def put(self, r: int, sender: int, payload: bytearray) -> None:
+        with self.cond:
+            self.held.setdefault(r, {})[sender] = payload
+            self.cond.notify_all()
+
+    def put_message(self, message: bytes) -> None:
+        """A whole message (header, then payload), as one gRPC message carries it."""
+        r, sender, _ = HEADER.unpack_from(message)
+        self.put(r, sender, bytearray(memoryview(message)[HEADER.size :]))
 
     def wait(self, r: int, senders: list[int], timeout: float = 120.0) -> dict[int, bytearray]:
         with self.cond:
@@ -249,10 +257,7 @@ def _grpc_links(k: int, neighbours: list[int], ports: list[int], certs: Path, in
 
     def push(requests, context):
         for message in requests:
-            r, sender, size = HEADER.unpack_from(message)
-            with inbox.cond:
-                inbox.held.setdefault(r, {})[sender] = bytearray(memoryview(message)[HEADER.size :])
-                inbox.cond.notify_all()
+            inbox.put_message(message)
         return b""
 
     server = grpc.server(ThreadPoolExecutor(max_workers=len(neighbours) + 2), options=options)
@@ -300,10 +305,7 @@ def _grpc_aio_links(k: int, neighbours: list[int], ports: list[int], certs: Path
 
     async def push(requests, context):
         async for message in requests:
-            r, sender, size = HEADER.unpack_from(message)
-            with inbox.cond:
-                inbox.held.setdefault(r, {})[sender] = bytearray(memoryview(message)[HEADER.size :])
-                inbox.cond.notify_all()
+            inbox.put_message(message)
         return b""
 
     async def outgoing(q: asyncio.Queue):

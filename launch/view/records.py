@@ -107,12 +107,12 @@ class SpooledHistory:
     def extend(self, texts: list[str]) -> None:
         if not texts:
             return
-        data = "".join(f"{t}\n" for t in texts).encode()
+        lines = [f"{t}\n".encode() for t in texts]
         with self._lock:
-            os.pwrite(self._file.fileno(), data, self._ends[-1])
             end = self._ends[-1]
-            for t in texts:
-                end += len(t.encode()) + 1
+            os.pwrite(self._file.fileno(), b"".join(lines), end)
+            for line in lines:
+                end += len(line)
                 self._ends.append(end)
 
     def __len__(self) -> int:
