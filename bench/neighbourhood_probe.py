@@ -49,6 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "examples" / "byzantine_fmnist.toml"
 PLUGIN = "neighbourhood_probe:NeighbourhoodProbe"
 COLLUDING = {"decoy_stealth", "colluding_twins"}
+VARIANTS = ("own", "evidence", "evidence_krum")
+LIARS = ("silent", "frame", "praise")
 WORST = 100.0  # a framing liar's report of an honest candidate: far above any relative loss
 
 
@@ -82,6 +84,7 @@ def _rule():
     from dfedrw.peer.aggregation.distance import krum_scores
     from dfedrw.peer.aggregation.inputs import Aggregate, RoundInputs, weighted_sum
     from dfedrw.peer.aggregation.rules import ToleratesByzantine
+    from dfedrw.peer.checked import check_choice
 
     reported: dict[tuple[int, int], dict[int, float]] = {}  # (round, client) -> its report
     honest: set[int] = set()  # the clients that aggregate
@@ -90,6 +93,12 @@ def _rule():
     class NeighbourhoodProbe(ToleratesByzantine):
         variant: str = "evidence"
         liars: str = "silent"
+
+        @classmethod
+        def check_settings(cls, s) -> None:
+            super().check_settings(s)
+            check_choice("NeighbourhoodProbe", "variant", s.variant, VARIANTS)
+            check_choice("NeighbourhoodProbe", "liars", s.liars, LIARS)
 
         def __call__(self, inputs: RoundInputs) -> Aggregate:
             t, k, ids, f = inputs.round, inputs.own_id, inputs.ids, self.num_byzantine
