@@ -18,8 +18,12 @@ on the wire:
   median, over the candidates they report, of their distance from the other reporters'
   median; a neighbour that sent no report counts as one left out), then drops the ``f``
   neighbours of highest evidence; ``evidence_krum`` drops Krum's ``f`` furthest first, then the
-  ``f`` of highest evidence among the rest. ``f`` is the rule's ``num_byzantine``. The kept
-  candidates are weighed by their inverse loss, as the screened rule's CRS does.
+  ``f`` of highest evidence among the rest; ``subset`` leaves out the ``f`` neighbours, with
+  their reports, whose leaving out makes the worst evidence of those kept lowest
+  (:func:`consistent`); ``subset_distance`` does so with each candidate's own value raised to
+  its Krum score over the median Krum score where that is higher. ``f`` is the rule's
+  ``num_byzantine``. The kept candidates are weighed by their inverse loss, as the screened
+  rule's CRS does.
 * ``liars``: what a Byzantine neighbour reports (the senders that never aggregate are the
   Byzantine ones in the batched engine): ``silent`` nothing, ``frame`` the worst for every
   honest candidate and the best for the Byzantine ones, ``praise`` the best for all.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import math
 import os
@@ -49,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "examples" / "byzantine_fmnist.toml"
 PLUGIN = "neighbourhood_probe:NeighbourhoodProbe"
 COLLUDING = {"decoy_stealth", "colluding_twins"}
-VARIANTS = ("own", "evidence", "evidence_krum")
+VARIANTS = ("own", "evidence", "evidence_krum", "subset", "subset_distance")
 LIARS = ("silent", "frame", "praise")
 WORST = 100.0  # a framing liar's report of an honest candidate: far above any relative loss
 
@@ -74,6 +79,19 @@ def evidence(own: dict[int, float], reports: dict[int, dict[int, float]], left_o
         stray[i] = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
     dropped = set(sorted(stray, key=lambda i: (-stray[i], i))[:left_out])
     return {j: max([value] + [rep[j] for i, rep in reports.items() if i not in dropped and j in rep]) for j, value in own.items()}
+
+
+def consistent(own: dict[int, float], reports: dict[int, dict[int, float]], f: int) -> set[int]:
+    """The candidates of ``own`` to keep: of every way to leave ``f`` of them out (their reports
+    with them), the one whose worst kept candidate, by the highest of its own value and the kept
+    reporters' reports of it, is best (ties: the lower sum of those, then the lower ids left out)."""
+    best = None
+    for out in itertools.combinations(sorted(own), min(f, len(own))):
+        values = [max([own[j]] + [rep[j] for i, rep in reports.items() if i not in out and j in rep]) for j in own if j not in out]
+        key = (max(values, default=0.0), math.fsum(values), out)
+        if best is None or key < best:
+            best = key
+    return set(own) - set(best[2])
 
 
 def _rule():
@@ -120,6 +138,14 @@ def _rule():
                     reports[i] = {j: v for j, v in heard.items() if j in own and j != i}
             if self.variant == "own":
                 scores = own
+            elif self.variant in ("subset", "subset_distance"):
+                values = own
+                if self.variant == "subset_distance" and len(ids) > 2:
+                    finite = finite_by_id(inputs)
+                    spread = relative(krum_scores(finite, max(f, 1)))
+                    values = {j: max(v, spread[finite.ids.index(j)]) if j in finite.ids else math.inf for j, v in own.items()}
+                kept = consistent(values, reports, f)
+                scores = {j: 0.0 if j in kept else math.inf for j in own}
             else:
                 scores = evidence(own, reports, max(0, f - (len(ids) - 1 - len(reports))))
             screened: set[int] = set()
