@@ -73,7 +73,7 @@ class Gossip:
         sc = run.scenario
         self.clock = run.network.clock
         self.codec = run.network.codec
-        self.raw_bytes = run.network.raw_bytes
+        self.sizes = run.network.sizes
         self.topology = run.topology
         self.byzantine = frozenset(run.byzantine)
         self.graphs = run.graphs
@@ -165,7 +165,7 @@ class Gossip:
         run = self.run
         now = self.end_of_training(k)
         links = self._free(k, self.graphs.receivers_of(k, t), now)
-        sizes = self.codec.sizes(t, links) if self.codec is not None else dict.fromkeys(links, self.raw_bytes)
+        sizes = self.sizes.links(links, self.codec, t)
         arrivals = {link: self._plan(k, link[1], now, sizes[link]) for link in links}
         self.bytes_step[k] = sum(sizes.values())
         rebuilt = self.codec.rebuilt(t, {k: vector}, links) if self.codec is not None else {}
@@ -215,6 +215,7 @@ class Gossip:
         for i, (k, agg) in enumerate(zip(wave, results, strict=True)):
             end = now + self.clock.aggregate_seconds[k]
             mine = clients[i]
+            run.network.aggregated(k, agg.scores)
             self.staleness_total[k] += sum(mine.staleness)
             record = honest_record(
                 t, self.losses[k], agg.weights, mine.missing, scores=agg.scores, notes={"staleness": {str(j): s for j, s in zip(mine.senders, mine.staleness[1:], strict=True)}},
@@ -260,8 +261,8 @@ class Gossip:
             error = run.plausible.samples_error(claimed_size) or run.plausible.values_error(float(low), float(high))
             if not self._free(b, (j,), now):
                 continue
-            arrival = self._plan(b, j, now, self.raw_bytes)
-            sent += self.raw_bytes
+            arrival = self._plan(b, j, now, self.sizes.of(b))
+            sent += self.sizes.of(b)
             if arrival is not None:
                 message = Message(arrival, b, held[j].label, vector.to(torch.float32), claimed_size, run.plausible.train_loss(claimed_loss), None if error is None else error.reason)
                 self._post(j, message)

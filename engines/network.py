@@ -24,15 +24,22 @@ from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.transport.chunks import wire_size
 from dfedrw.engines.clock import RoundTiming
 from dfedrw.peer.transport.compression import Compression, encoded_out, rounding_generator
-from dfedrw.peer.transport.serde import TensorSpec, message_out
+from dfedrw.peer.transport.serde import TensorSpec, message_out, shareable
 from dfedrw.engines.clock import scenario_clock
 from dfedrw.peer.wiring.build import scenario_compression, scenario_model_specs
 
 
-def message_bytes(specs: Sequence[TensorSpec], chunk_bytes: int) -> int:
-    """A raw model message's bytes on the wire, header and all (as a sender's links count it)."""
+def message_bytes(specs: Sequence[TensorSpec], chunk_bytes: int, scores: int = 0) -> int:
+    """A raw model message's bytes on the wire, header and all (as a sender's links count it),
+    carrying ``scores`` scores."""
     zeros = torch.zeros(sum(s.numel for s in specs))
-    return wire_size(message_out(0, 0, zeros, specs, num_samples=1, train_loss=1.0, chunk_bytes=chunk_bytes))
+    return wire_size(message_out(0, 0, zeros, specs, num_samples=1, train_loss=1.0, scores=_scores(scores), chunk_bytes=chunk_bytes))
+
+
+def _scores(n: int) -> dict[int, float]:
+    """``n`` scores as a message's header holds them (fixed width: what they say does not
+    change their size)."""
+    return dict.fromkeys(range(n), 1.0)
 
 
 def pooled(rebuilt: Mapping[tuple[int, int], torch.Tensor], receivers: Collection[int], first: int) -> tuple[list[torch.Tensor], dict[tuple[int, int], int]]:
@@ -66,20 +73,16 @@ class LinkCodec:
     """Per honest sender and link: the message's size on the wire (:meth:`sizes`, before a
     round's links are timed) and the model its receiver rebuilds (:meth:`rebuilt`)."""
 
-    def __init__(self, compression: Compression, specs: Sequence[TensorSpec], *, seed: int, chunk_bytes: int, honest: Iterable[int]) -> None:
+    def __init__(
+        self, compression: Compression, specs: Sequence[TensorSpec], *, seed: int, chunk_bytes: int, honest: Iterable[int], raw: MessageSizes | None = None,
+    ) -> None:
         self.compression = compression
         self.seed = seed
         self.honest = frozenset(honest)
-        numel = sum(s.numel for s in specs)
-        self.raw_bytes = message_bytes(specs, chunk_bytes)
-        payload = memoryview(bytes(compression.payload_bytes(numel)))
-        base = 0 if compression.stateful else None
-        self.encoded_bytes = wire_size(
-            encoded_out(
-                0, 0, payload, specs, encoding=compression.encoding, base_round=base, num_samples=1, train_loss=1.0, chunk_bytes=chunk_bytes,
-                **compression.header_fields(),
-            )
-        )
+        self.specs, self.chunk_bytes = tuple(specs), chunk_bytes
+        # A raw message's bytes, and how many scores each sender's carries.
+        self.raw = MessageSizes(specs, chunk_bytes) if raw is None else raw
+        self._encoded_bytes: dict[int, int] = {}
         # Per link (sender, receiver) under topk: (the round of the model the receiver holds, it).
         self.bases: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
         self.since_dense: dict[tuple[int, int], int] = {}
@@ -88,16 +91,26 @@ class LinkCodec:
         held = self.bases.get(link)
         return self.compression.whole_next(None if held is None else held[0], self.since_dense.get(link, 0), r)
 
+    def encoded_bytes(self, scores: int = 0) -> int:
+        """An encoded model message's bytes on the wire, carrying ``scores`` scores."""
+        if scores not in self._encoded_bytes:
+            c = self.compression
+            payload = memoryview(bytes(c.payload_bytes(sum(s.numel for s in self.specs))))
+            message = encoded_out(
+                0, 0, payload, self.specs, encoding=c.encoding, base_round=0 if c.stateful else None, num_samples=1, train_loss=1.0,
+                scores=_scores(scores), chunk_bytes=self.chunk_bytes, **c.header_fields(),
+            )
+            self._encoded_bytes[scores] = wire_size(message)
+        return self._encoded_bytes[scores]
+
     def sizes(self, r: int, links: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
         """The bytes of round ``r``'s message on each link (Byzantine senders': a raw model)."""
         out = {}
         for link in links:
-            if link[0] not in self.honest:
-                out[link] = self.raw_bytes
-            elif self.compression.stateful and self._dense_next(link, r):
-                out[link] = self.raw_bytes
+            if link[0] in self.honest and self.compression.encoding and not (self.compression.stateful and self._dense_next(link, r)):
+                out[link] = self.encoded_bytes(self.raw.scored.get(link[0], 0))
             else:
-                out[link] = self.encoded_bytes if self.compression.encoding else self.raw_bytes
+                out[link] = self.raw.of(link[0])
         return out
 
     def rebuilt(self, r: int, models: Mapping[int, torch.Tensor], links: Iterable[tuple[int, int]]) -> dict[tuple[int, int], torch.Tensor]:
@@ -130,6 +143,29 @@ class LinkCodec:
         return out
 
 
+class MessageSizes:
+    """A raw model message's bytes on the wire by sender: with ``network.share_scores`` an
+    honest sender's message carries the scores of its last aggregation (``scored``: sender ->
+    how many, as :func:`~dfedrw.peer.transport.serde.shareable` keeps them), the others none."""
+
+    def __init__(self, specs: Sequence[TensorSpec], chunk_bytes: int) -> None:
+        self.specs, self.chunk_bytes = tuple(specs), chunk_bytes
+        self.scored: dict[int, int] = {}
+        self._bytes: dict[int, int] = {}
+
+    def of(self, sender: int) -> int:
+        n = self.scored.get(sender, 0)
+        if n not in self._bytes:
+            self._bytes[n] = message_bytes(self.specs, self.chunk_bytes, n)
+        return self._bytes[n]
+
+    def links(self, links: Iterable[tuple[int, int]], codec: LinkCodec | None, r: int) -> dict[tuple[int, int], int]:
+        """The bytes of round (or step) ``r``'s message on each link."""
+        if codec is not None:
+            return codec.sizes(r, links)
+        return {link: self.of(link[0]) for link in links}
+
+
 class SimulatedNetwork:
     """The batched engine's network: with a clock (``scenario.clocked``) the models that reach
     each receiver by its deadline and each round's simulated seconds and bytes; with a
@@ -141,11 +177,12 @@ class SimulatedNetwork:
         specs = scenario_model_specs(sc)
         self.clock = scenario_clock(sc, frozenset(byzantine)) if sc.clocked else None
         self.codec: LinkCodec | None = None
+        self.sizes = MessageSizes(specs, sc.network.chunk_bytes)
         if sc.network.compression != "none":
             compression = scenario_compression(sc)
             check_supported(compression, sc.links.lossy)
-            self.codec = LinkCodec(compression, specs, seed=sc.seed, chunk_bytes=sc.network.chunk_bytes, honest=honest)
-        self.raw_bytes = message_bytes(specs, sc.network.chunk_bytes)
+            self.codec = LinkCodec(compression, specs, seed=sc.seed, chunk_bytes=sc.network.chunk_bytes, honest=honest, raw=self.sizes)
+        self.share_scores = sc.network.share_scores
         self.timing: RoundTiming | None = None
         self.link_bytes: dict[tuple[int, int], int] = {}
         self.rebuilt: dict[tuple[int, int], torch.Tensor] = {}
@@ -159,10 +196,16 @@ class SimulatedNetwork:
         """Round ``r``'s graph (receiver -> its senders): its links timed on the clock."""
         self.links = [(j, k) for k in sorted(senders) for j in senders[k]]
         if self.clock is not None and not self.asynchronous:  # asynchronous gossip times each step itself (engines/gossip.py)
-            self.link_bytes = self.codec.sizes(r, self.links) if self.codec is not None else dict.fromkeys(self.links, self.raw_bytes)
+            self.link_bytes = self.sizes.links(self.links, self.codec, r)
             self.timing = self.clock.round(r, [senders[k] for k in sorted(senders)], self.link_bytes)
             for link in self.timing.planned:
                 self.bytes_to[link] = self.bytes_to.get(link, 0) + self.link_bytes[link]
+
+    def aggregated(self, k: int, scores: Mapping[int, float] | None) -> None:
+        """Client ``k``'s rule scored ``scores``: with ``network.share_scores`` its next message
+        carries them."""
+        if self.share_scores:
+            self.sizes.scored[k] = len(shareable(scores) or ())
 
     def arrived(self, k: int, senders: Sequence[int]) -> list[int]:
         """Of the round's ``senders`` to ``k``, those whose model reached it in time."""

@@ -130,7 +130,7 @@ class BatchedRun:
         }
         # Colluding Byzantine clients pool what they received: here the pool is rows of the models.
         self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
-        self.plausible = scenario_plausible(sc)
+        self.plausible = scenario_plausible(sc, self.graphs)
         # With links that cost something, slow clients or [clock] compute, each round on a
         # simulated clock (which models reach each receiver by its deadline); with a compression,
         # the models as their receivers rebuild them.
@@ -351,6 +351,7 @@ class BatchedRun:
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
+            self.network.aggregated(k, agg.scores)
             record = honest_record(r, losses[k], agg.weights, candidates.clients[c].missing, scores=agg.scores, **self.network.record(k))
             records.append(with_round_graph(record, self.graphs, k, r, self.told.get(k)))
         return records

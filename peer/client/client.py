@@ -38,6 +38,7 @@ from dfedrw.peer.client.byzantine import run_byzantine
 from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
 from dfedrw.peer.client.collusion import Collusion
 from dfedrw.peer.transport.intake import ModelIntake
+from dfedrw.peer.transport.serde import shareable
 from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.models import get_vector, set_vector
@@ -113,7 +114,9 @@ class Client:
         self.transport = transport = with_links(scenario, client_id, transport)
         # A straggler's local steps and aggregation take 1/speed times as long ([peers.K] speed).
         self.pace = Pace(scenario.speed_of(client_id))
-        self.plausible = scenario_plausible(scenario)
+        self.plausible = scenario_plausible(scenario, self.graphs)
+        # The scores its next model carries (network.share_scores): its last aggregation's.
+        self.shared_scores: dict[int, float] | None = None
         # A Byzantine client trains nothing: it needs only the model's layout (from a model on
         # the meta device, which holds no values).
         self.model, self.specs = parts.model, parts.specs
@@ -336,7 +339,13 @@ class Client:
         return r, self.encoder.total if self.role == "honest" else self.transport.bytes_sent, self.inbox.bytes_received
 
     def _send_all(self, round_: int, vector: torch.Tensor, num_samples: int, to, train_loss: float) -> None:
-        self.presence.send_all(round_, self.encoder.round(round_, vector, num_samples=num_samples, train_loss=train_loss), to)
+        outgoing = self.encoder.round(round_, vector, num_samples=num_samples, train_loss=train_loss, scores=self.shared_scores)
+        self.presence.send_all(round_, outgoing, to)
+
+    def _share(self, scores: Mapping[int, float] | None) -> None:
+        """What its next model carries of its aggregation's ``scores`` (network.share_scores)."""
+        if self.scenario.network.share_scores:
+            self.shared_scores = shareable(scores)
 
     def _flatten(self) -> torch.Tensor | None:
         """On the CPU: make the model's parameters views of one flat vector (their values as
@@ -399,6 +408,7 @@ class Client:
             with self.pace.work():
                 agg = rule(held.inputs(r, vectors, evaluate=aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite))
             model, weights, scores = agg.model, agg.weights, agg.scores
+            self._share(scores)
             if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
                 # A rule that kept a candidate as it is: the parameters must not hold on to
                 # the whole matrix of the round.

@@ -17,7 +17,7 @@ from dfedrw.peer.config.legacy import LEGACY, set_legacy
 from dfedrw.peer.config.tables import (
     KIND_REGISTRY, Params, SettingsTables, origin_of, resolve_class, settings_tables, table_path, thaw, toml_key, toml_value,
 )
-from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_in_range, coerce_value
+from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_flag, check_in_range, coerce_value
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ class AttackConfig:
     origins: Params = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.colluding, bool):
-            raise ScenarioError(f"{self.prefix}.colluding={shown(self.colluding)}: expected true or false")
+        check_flag(f"{self.prefix}.colluding", self.colluding)
         check_in_range(f"{self.prefix}.start", self.start, 0, MAX_ROUNDS)
         check_in_range(f"{self.prefix}.stop", self.stop, 0, MAX_ROUNDS)
         if self.stop and self.stop <= self.start:
@@ -195,8 +194,7 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
                 raise ScenarioError(f"{where}={shown(value)}: expected a string")
             name = value
         elif key == "colluding":
-            if not isinstance(value, bool):
-                raise ScenarioError(f"{where}={shown(value)}: expected true or false")
+            check_flag(where, value)
             colluding = value
         elif key in window:
             window[key] = coerce_value(where, value, "int")

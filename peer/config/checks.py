@@ -19,6 +19,11 @@ def check_choice_of(key: str, value: Any, choices: Sequence[str]) -> None:
         raise ScenarioError(f"{key}={shown(value)} is not valid; choose one of: {', '.join(choices)}")
 
 
+def check_flag(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{key}={shown(value)}: expected true or false")
+
+
 def bound_text(x: float) -> str:
     return f"{x:_}" if isinstance(x, int) else f"{x:g}"
 

@@ -6,15 +6,14 @@ dataclass checked in ``__post_init__`` (each class's settings tables against its
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dfedrw.peer.quote import shown
 from dfedrw.peer.config.checks import (
-    MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_EDGES, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, ScenarioError, check_choice_of, check_in_range,
-    coerce_value,
+    MAX_ABS_VALUE_LIMIT, MAX_CLIENTS, MAX_EDGES, MAX_MAGNITUDE, MAX_ROUNDS, MAX_SECONDS, ScenarioError, check_choice_of, check_flag,
+    check_in_range, coerce_value,
 )
 from dfedrw.peer.config.tables import Params, checked_params, resolve_class, toml_key
 from dfedrw.peer.learning.datasets import dataset_layout, natural_groups_error
@@ -280,6 +279,8 @@ class NetworkConfig:
     # Under "async": a held model that arrived more than this many of the receiver's local
     # steps ago is no longer a candidate (0: every held model is, however old).
     max_staleness: int = 0
+    # Honest clients send with each model their rule's scores of the round before (docs/security.md).
+    share_scores: bool = False
 
     def __post_init__(self) -> None:
         settings = checked_params("transport", self.transport, self.transport_params, "network.transport")
@@ -310,6 +311,7 @@ class NetworkConfig:
         check_in_range("network.idle_call_timeout", self.idle_call_timeout, 0.0, MAX_SECONDS, open_lo=True)
         check_in_range("network.calls_per_sender", self.calls_per_sender, 1, 64)
         check_in_range("network.idle_channel_timeout", self.idle_channel_timeout, 0.0, MAX_SECONDS, open_lo=True)
+        check_flag("network.share_scores", self.share_scores)
         check_choice_of("network.protocol", self.protocol, PROTOCOLS)
         check_in_range("network.max_staleness", self.max_staleness, 0, MAX_ROUNDS)
         if self.max_staleness and self.protocol != "async":

@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -229,6 +229,7 @@ def encoded_out(
     block: int | None = None,
     num_samples: int = 1,
     train_loss: float = float("nan"),
+    scores: Mapping[int, float] | None = None,
     chunk_bytes: int = 1 << 20,
 ) -> WireMessage:
     """A model a compression encoded, as a
@@ -240,7 +241,7 @@ def encoded_out(
         fields["base_round"] = base_round
     if block is not None:
         fields["block"] = block
-    return WireMessage(message_header(sender, round_, specs, payload, **fields), payload, chunk_bytes)
+    return WireMessage(message_header(sender, round_, specs, payload, scores=scores, **fields), payload, chunk_bytes)
 
 
 def rounding_generator(seed: int, sender: int, round_: int) -> torch.Generator:
@@ -269,8 +270,10 @@ class Encoder:
         self.dense_to: dict[int, int] = {}
         self.resync: set[int] = set()  # receivers whose reply said base_mismatch
 
-    def round(self, round_: int, vector: torch.Tensor, *, num_samples: int, train_loss: float) -> Outgoing:
-        return Outgoing(self, round_, vector, num_samples, train_loss)
+    def round(self, round_: int, vector: torch.Tensor, *, num_samples: int, train_loss: float, scores: Mapping[int, float] | None = None) -> Outgoing:
+        """Round ``round_``'s model, with the sender's declared size and loss and the ``scores``
+        it shares (none: network.share_scores off)."""
+        return Outgoing(self, round_, vector, num_samples, train_loss, scores)
 
     @property
     def total(self) -> int:
@@ -305,24 +308,29 @@ class Outgoing:
     stateless compression builds one message for all), :meth:`again` (sent again to a
     neighbour that came back: a whole model under a stateful compression)."""
 
-    def __init__(self, encoder: Encoder, round_: int, vector: torch.Tensor, num_samples: int, train_loss: float) -> None:
+    def __init__(
+        self, encoder: Encoder, round_: int, vector: torch.Tensor, num_samples: int, train_loss: float, scores: Mapping[int, float] | None = None,
+    ) -> None:
         self.encoder = encoder
         self.round = round_
         self.vector = vector
         self.num_samples = num_samples
         self.train_loss = train_loss
+        self.scores = scores
         self._shared: WireMessage | None = None
         self._built: dict[int, WireMessage] = {}
 
     def _raw(self) -> WireMessage:
         e = self.encoder
-        return message_out(e.sender, self.round, self.vector, e.specs, num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes)
+        return message_out(
+            e.sender, self.round, self.vector, e.specs, num_samples=self.num_samples, train_loss=self.train_loss, scores=self.scores, chunk_bytes=e.chunk_bytes,
+        )
 
     def _encoded(self, payload: memoryview, base_round: int | None = None) -> WireMessage:
         e = self.encoder
         return encoded_out(
             e.sender, self.round, payload, e.specs, encoding=e.compression.encoding, base_round=base_round,
-            num_samples=self.num_samples, train_loss=self.train_loss, chunk_bytes=e.chunk_bytes, **e.compression.header_fields(),
+            num_samples=self.num_samples, train_loss=self.train_loss, scores=self.scores, chunk_bytes=e.chunk_bytes, **e.compression.header_fields(),
         )
 
     def to(self, peer: int) -> WireMessage:

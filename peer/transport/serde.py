@@ -29,8 +29,8 @@ import functools
 import math
 import threading
 import zlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.ratelog import quote
 
 WIRE_DTYPES = {"float32": np.dtype("<f4")}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # A message of more than this many bytes is a large one: the transport keeps fewer of them
 # queued and gives one up rather than let it hold memory (grpc_sender), and a receiver reads one
@@ -94,12 +95,18 @@ class Plausible:
     as ``implausible_samples``. ``max_train_loss``: a declared training loss outside
     ``[0, max_train_loss]`` (or not finite) is read as absent (NaN), not rejected: the loss is
     optional (senders that have none send NaN) and only q-FDFL uses it, which leaves out a
-    candidate without one.
+    candidate without one. ``clients``: the ids a message's scores may name are ``0 ..
+    clients - 1``; ``max_scores``: the most scores a sender can have (the most candidates a
+    client of the scenario aggregates: 0 takes none). Scores that break either, name an id
+    twice, are not finite, or do not pair every id with a value are rejected as
+    ``implausible_scores``.
     """
 
     max_abs_value: float = 1e6
     max_num_samples: int = 10_000_000
     max_train_loss: float = 1e6
+    clients: int = 0
+    max_scores: int = 0
 
     def samples_error(self, num_samples: int) -> WireError | None:
         if not 1 <= num_samples <= self.max_num_samples:
@@ -119,6 +126,22 @@ class Plausible:
         """A declared training loss as believed: NaN when out of range (absent)."""
         return loss if 0.0 <= loss <= self.max_train_loss else float("nan")
 
+    def scores_error(self, ids: Sequence[int], values: Sequence[float]) -> WireError | None:
+        """The error for a message's scores (``ids[i]`` scored ``values[i]``), or None."""
+        if not ids and not values:
+            return None
+        if len(ids) != len(values):
+            return WireError("implausible_scores", f"{len(ids)} ids for {len(values)} scores")
+        if len(ids) > self.max_scores:
+            return WireError("implausible_scores", f"{len(ids)} scores, more than the {self.max_scores} candidates a client has")
+        if len(set(ids)) != len(ids):
+            return WireError("implausible_scores", "an id scored twice")
+        if max(ids) >= self.clients:
+            return WireError("implausible_scores", f"scores id {max(ids)}, not a client of 0..{self.clients - 1}")
+        if not all(map(math.isfinite, values)):
+            return WireError("implausible_scores", "a score is NaN or Inf")
+        return None
+
 
 @dataclass(frozen=True)
 class ModelMessage:
@@ -128,6 +151,25 @@ class ModelMessage:
     num_samples: int = 0
     nbytes: int = 0  # size on the wire, for accounting
     train_loss: float = float("nan")  # declared by the sender; NaN when absent or out of range
+    # What the sender's rule scored at its aggregation before this model: id -> score (empty
+    # when it shares none; network.share_scores).
+    scores: Mapping[int, float] = field(default_factory=dict)
+
+
+def score_fields(scores: Mapping[int, float] | None) -> dict[str, list]:
+    """A header's fields for ``scores`` (id -> score), ids ascending; none for no scores."""
+    if not scores:
+        return {}
+    ids = sorted(scores)
+    return {"scored": ids, "scores": [scores[k] for k in ids]}
+
+
+def shareable(scores: Mapping[int, float] | None) -> dict[int, float] | None:
+    """What of a rule's ``scores`` (id -> score) a message can carry: the scores finite as float32
+    (a receiver refuses a message holding any other); None for none."""
+    if scores is None:
+        return None
+    return {k: v for k, v in scores.items() if abs(v) <= _FLOAT32_MAX}  # NaN compares false
 
 
 def checksum_start(header: pb.ModelHeader) -> int:
@@ -135,10 +177,14 @@ def checksum_start(header: pb.ModelHeader) -> int:
     then, when it names one, its ``base_round`` (8 bytes each, little-endian). The rounds say
     what the payload is (which round's model it is, which model a difference is from): a round
     changed on the way fails the checksum as a changed payload byte does, instead of placing
-    the model in another round, or relabelling what a receiver holds of its sender."""
+    the model in another round, or relabelling what a receiver holds of its sender. Scores,
+    when it carries any, follow: the ids (4 bytes each), then the values (float32), little-endian."""
     start = zlib.crc32(header.round.to_bytes(8, "little"))
     if header.HasField("base_round"):
         start = zlib.crc32(header.base_round.to_bytes(8, "little"), start)
+    if header.scored or header.scores:
+        start = zlib.crc32(np.asarray(header.scored, dtype="<u4").tobytes(), start)
+        start = zlib.crc32(np.asarray(header.scores, dtype="<f4").tobytes(), start)
     return start
 
 
@@ -148,12 +194,15 @@ def _layout_header(specs: tuple[TensorSpec, ...]) -> pb.ModelHeader:
     return pb.ModelHeader(tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs])
 
 
-def message_header(sender: int, round_: int, specs: Sequence[TensorSpec], payload: memoryview, **fields) -> pb.ModelHeader:
-    """The header of a message whose payload is ``payload``, laid out as ``specs``; its checksum
-    covers its rounds and the payload (:func:`checksum_start`)."""
+def message_header(
+    sender: int, round_: int, specs: Sequence[TensorSpec], payload: memoryview, *, scores: Mapping[int, float] | None = None, **fields
+) -> pb.ModelHeader:
+    """The header of a message whose payload is ``payload``, laid out as ``specs``, carrying
+    ``scores`` (id -> score, see :func:`score_fields`); its checksum covers its rounds, its
+    scores and the payload (:func:`checksum_start`)."""
     header = pb.ModelHeader()
     header.CopyFrom(_layout_header(tuple(specs)))  # the layout's specs, built once
-    header.MergeFrom(pb.ModelHeader(sender=sender, round=round_, total_bytes=len(payload), **fields))
+    header.MergeFrom(pb.ModelHeader(sender=sender, round=round_, total_bytes=len(payload), **fields, **score_fields(scores)))
     header.crc32 = zlib.crc32(payload, checksum_start(header))
     return header
 
@@ -166,6 +215,7 @@ def message_out(
     *,
     num_samples: int = 1,
     train_loss: float = float("nan"),
+    scores: Mapping[int, float] | None = None,
     chunk_bytes: int = 1 << 20,
 ) -> WireMessage:
     """A flat model as a message to send (its bytes not copied; see :class:`WireMessage`)."""
@@ -173,7 +223,8 @@ def message_out(
     expected = sum(s.nbytes for s in specs)
     if len(payload) != expected:
         raise ValueError(f"vector has {len(payload)} bytes, the model layout needs {expected}")
-    return WireMessage(message_header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss), payload, chunk_bytes)
+    header = message_header(sender, round_, specs, payload, num_samples=num_samples, train_loss=train_loss, scores=scores)
+    return WireMessage(header, payload, chunk_bytes)
 
 
 def encode(*args, **kwargs) -> list[pb.ModelChunk]:
@@ -349,7 +400,7 @@ def check_model_header(
     """What a model message's header must say for its payload to be read: a sender, tensor
     specs equal to the receiver's model, no origins, the model's size (``payload_bytes``: the
     size its encoding must have, which a receiver's compression checked; None: raw values
-    only), a plausible sample count. Raises :class:`WireError`."""
+    only), a plausible sample count, plausible scores. Raises :class:`WireError`."""
     _check_layout(header, specs)
     if header.origins:
         # A colluders' pool is never a neighbour's model (see decode_pool).
@@ -359,7 +410,7 @@ def check_model_header(
     expected = sum(s.nbytes for s in specs) if payload_bytes is None else payload_bytes
     if header.total_bytes != expected:
         raise WireError("size_mismatch", f"{header.total_bytes} bytes, expected {expected}")
-    error = plausible.samples_error(header.num_samples)
+    error = plausible.samples_error(header.num_samples) or plausible.scores_error(header.scored, header.scores)
     if error is not None:
         raise error
 
@@ -373,6 +424,7 @@ def model_message(header: pb.ModelHeader, vector: torch.Tensor, wire_bytes: int,
         num_samples=header.num_samples,
         nbytes=wire_bytes,
         train_loss=plausible.train_loss(header.train_loss),
+        scores=dict(zip(header.scored, header.scores)),
     )
 
 

@@ -31,6 +31,7 @@ from dfedrw.peer.transport.serde import Plausible, TensorSpec, model_specs
 from dfedrw.topologies import Topology
 
 if TYPE_CHECKING:
+    from dfedrw.peer.graph.schedule import RoundGraphs
     from dfedrw.peer.transport.identity import ClientIdentity
 
 
@@ -54,10 +55,15 @@ def client_rule(scenario: Scenario, topology: Topology, client: int, senders: tu
     )
 
 
-def scenario_plausible(scenario: Scenario) -> Plausible:
+def scenario_plausible(scenario: Scenario, graphs: RoundGraphs) -> Plausible:
     """What a received message may hold and declare: no sender has more samples than the whole
-    training set of the scenario's dataset (known to every client, data or not)."""
-    return Plausible(max_abs_value=scenario.network.max_abs_value, max_num_samples=int(scenario_dataset(scenario.data).train_size))
+    training set of the scenario's dataset (known to every client, data or not), nor scores
+    more clients than the most candidates a client of ``graphs`` can hold (its possible
+    senders and itself)."""
+    return Plausible(
+        max_abs_value=scenario.network.max_abs_value, max_num_samples=int(scenario_dataset(scenario.data).train_size),
+        clients=graphs.num_clients, max_scores=1 + max((len(graphs.possible(k)) for k in range(graphs.num_clients)), default=0),
+    )
 
 
 def scenario_model(scenario: Scenario, seed: int = 0) -> torch.nn.Module:

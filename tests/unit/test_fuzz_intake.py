@@ -302,6 +302,15 @@ def corpus(peer: Client):
         values = np.zeros(d, dtype=np.float32)
         values[0] = bad
         case("non_finite", with_values(v[1, ROUND], values, peer))
+    # Scores (network.share_scores) that do not pair up, name a stranger, or are not finite;
+    # one changed on the way fails the checksum.
+    case("implausible_scores", edited(lambda h: (h.scored.extend([0, 1]), h.scores.append(0.5))))
+    case("implausible_scores", edited(lambda h: (h.scored.extend([0, 5]), h.scores.extend([0.5, 0.5]))))
+    case("implausible_scores", edited(lambda h: (h.scored.extend([0, 1, 2, 3]), h.scores.extend([0.5] * 4))))
+    case("implausible_scores", edited(lambda h: (h.scored.append(0), h.scores.append(math.nan))))
+    rescored = encode(1, ROUND, torch.zeros(d), peer.specs, num_samples=300, scores={0: 0.5, 1: 0.25}, chunk_bytes=1024)
+    rescored[0].header.scores[1] = 0.75
+    case("bad_checksum", rescored)
     case("impersonation", copy(v[1, ROUND]), 3)
     case("not_neighbour", edited(lambda h: setattr(h, "sender", 2)), None)
     case("unknown_sender", edited(lambda h: setattr(h, "sender", 2**32 - 1)), None)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#dfedrw/peer/transport/pb/peer.proto\x12\x11peer.transport.pb\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xa2\x02\n\x0bModelHeader\x12\x13\n\x06sender\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05round\x18\x02 \x01(\x04\x12.\n\x07tensors\x18\x03 \x03(\x0b\x32\x1d.peer.transport.pb.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\r\n\x05\x63rc32\x18\x05 \x01(\x07\x12\x13\n\x0bnum_samples\x18\x06 \x01(\x04\x12\x12\n\ntrain_loss\x18\x07 \x01(\x01\x12\x0f\n\x07origins\x18\x08 \x03(\r\x12\x10\n\x08\x65ncoding\x18\t \x01(\t\x12\x17\n\nbase_round\x18\n \x01(\x04H\x01\x88\x01\x01\x12\x12\n\x05\x62lock\x18\x0b \x01(\rH\x02\x88\x01\x01\x42\t\n\x07_senderB\r\n\x0b_base_roundB\x08\n\x06_block\"j\n\nModelChunk\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1e.peer.transport.pb.ModelHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x13\n\x06offset\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_offset\"<\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x32\xe2\x01\n\x04Peer\x12\x46\n\x07PushOne\x12\x1d.peer.transport.pb.ModelChunk\x1a\x1c.peer.transport.pb.PushReply\x12\x45\n\x04Push\x12\x1d.peer.transport.pb.ModelChunk\x1a\x1c.peer.transport.pb.PushReply(\x01\x12K\n\x08\x45xchange\x12\x1d.peer.transport.pb.ModelChunk\x1a\x1c.peer.transport.pb.PushReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#dfedrw/peer/transport/pb/peer.proto\x12\x11peer.transport.pb\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xc2\x02\n\x0bModelHeader\x12\x13\n\x06sender\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05round\x18\x02 \x01(\x04\x12.\n\x07tensors\x18\x03 \x03(\x0b\x32\x1d.peer.transport.pb.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\r\n\x05\x63rc32\x18\x05 \x01(\x07\x12\x13\n\x0bnum_samples\x18\x06 \x01(\x04\x12\x12\n\ntrain_loss\x18\x07 \x01(\x01\x12\x0f\n\x07origins\x18\x08 \x03(\r\x12\x10\n\x08\x65ncoding\x18\t \x01(\t\x12\x17\n\nbase_round\x18\n \x01(\x04H\x01\x88\x01\x01\x12\x12\n\x05\x62lock\x18\x0b \x01(\rH\x02\x88\x01\x01\x12\x0e\n\x06scored\x18\x0c \x03(\x07\x12\x0e\n\x06scores\x18\r \x03(\x02\x42\t\n\x07_senderB\r\n\x0b_base_roundB\x08\n\x06_block\"j\n\nModelChunk\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1e.peer.transport.pb.ModelHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x13\n\x06offset\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_offset\"<\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x32\xe2\x01\n\x04Peer\x12\x46\n\x07PushOne\x12\x1d.peer.transport.pb.ModelChunk\x1a\x1c.peer.transport.pb.PushReply\x12\x45\n\x04Push\x12\x1d.peer.transport.pb.ModelChunk\x1a\x1c.peer.transport.pb.PushReply(\x01\x12K\n\x08\x45xchange\x12\x1d.peer.transport.pb.ModelChunk\x1a\x1c.peer.transport.pb.PushReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORSPEC']._serialized_start=58
   _globals['_TENSORSPEC']._serialized_end=114
   _globals['_MODELHEADER']._serialized_start=117
-  _globals['_MODELHEADER']._serialized_end=407
-  _globals['_MODELCHUNK']._serialized_start=409
-  _globals['_MODELCHUNK']._serialized_end=515
-  _globals['_PUSHREPLY']._serialized_start=517
-  _globals['_PUSHREPLY']._serialized_end=577
-  _globals['_PEER']._serialized_start=580
-  _globals['_PEER']._serialized_end=806
+  _globals['_MODELHEADER']._serialized_end=439
+  _globals['_MODELCHUNK']._serialized_start=441
+  _globals['_MODELCHUNK']._serialized_end=547
+  _globals['_PUSHREPLY']._serialized_start=549
+  _globals['_PUSHREPLY']._serialized_end=609
+  _globals['_PEER']._serialized_start=612
+  _globals['_PEER']._serialized_end=838
 # @@protoc_insertion_point(module_scope)

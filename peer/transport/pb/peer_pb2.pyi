@@ -17,7 +17,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelHeader(_message.Message):
-    __slots__ = ("sender", "round", "tensors", "total_bytes", "crc32", "num_samples", "train_loss", "origins", "encoding", "base_round", "block")
+    __slots__ = ("sender", "round", "tensors", "total_bytes", "crc32", "num_samples", "train_loss", "origins", "encoding", "base_round", "block", "scored", "scores")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,8 @@ class ModelHeader(_message.Message):
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     BASE_ROUND_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SCORED_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
     sender: int
     round: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -40,7 +42,9 @@ class ModelHeader(_message.Message):
     encoding: str
     base_round: int
     block: int
-    def __init__(self, sender: _Optional[int] = ..., round: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., origins: _Optional[_Iterable[int]] = ..., encoding: _Optional[str] = ..., base_round: _Optional[int] = ..., block: _Optional[int] = ...) -> None: ...
+    scored: _containers.RepeatedScalarFieldContainer[int]
+    scores: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sender: _Optional[int] = ..., round: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., origins: _Optional[_Iterable[int]] = ..., encoding: _Optional[str] = ..., base_round: _Optional[int] = ..., block: _Optional[int] = ..., scored: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "data", "offset")
