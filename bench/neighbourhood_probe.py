@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import itertools
 import json
 import math
 import os
@@ -59,12 +58,6 @@ LIARS = ("silent", "frame", "praise")
 WORST = 100.0  # a framing liar's report of an honest candidate: far above any relative loss
 
 
-def relative(losses: list[float]) -> list[float]:
-    """Each loss over the median of ``losses`` (the upper one of an even count)."""
-    middle = sorted(losses)[len(losses) // 2]
-    return [x / middle if middle > 0 else x for x in losses]
-
-
 def evidence(own: dict[int, float], reports: dict[int, dict[int, float]], left_out: int) -> dict[int, float]:
     """Per candidate of ``own`` (id -> the client's relative loss): the highest of its own value
     and the reports of the reporters kept, after leaving out the ``left_out`` reporters whose
@@ -81,22 +74,11 @@ def evidence(own: dict[int, float], reports: dict[int, dict[int, float]], left_o
     return {j: max([value] + [rep[j] for i, rep in reports.items() if i not in dropped and j in rep]) for j, value in own.items()}
 
 
-def consistent(own: dict[int, float], reports: dict[int, dict[int, float]], f: int) -> set[int]:
-    """The candidates of ``own`` to keep: of every way to leave ``f`` of them out (their reports
-    with them), the one whose worst kept candidate, by the highest of its own value and the kept
-    reporters' reports of it, is best (ties: the lower sum of those, then the lower ids left out)."""
-    best = None
-    for out in itertools.combinations(sorted(own), min(f, len(own))):
-        values = [max([own[j]] + [rep[j] for i, rep in reports.items() if i not in out and j in rep]) for j in own if j not in out]
-        key = (max(values, default=0.0), math.fsum(values), out)
-        if best is None or key < best:
-            best = key
-    return set(own) - set(best[2])
-
-
 def _rule():
     """The plugin class (built on first use: importing this file to run the bench needs no torch)."""
     import torch
+
+    from dfedrw.peer.aggregation.neighbourhood import consistent, relative
 
     from dfedrw.peer.aggregation.candidates import finite_by_id
     from dfedrw.peer.aggregation.distance import krum_scores

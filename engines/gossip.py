@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +47,9 @@ from dfedrw.peer.learning.model_matrix import ManyEvaluator
 @dataclass(frozen=True)
 class Message:
     """A model on its way to a receiver: its arrival (simulated seconds), sender, label (the
-    sender's step), the model as its receiver takes it, declared size and loss; and, for an
-    honest sender's model, the reason every receiver's intake refuses it (None: taken)."""
+    sender's step), the model as its receiver takes it, declared size and loss; for an
+    honest sender's model, the reason every receiver's intake refuses it (None: taken); the
+    scores it carries (``network.share_scores``; None: none)."""
 
     arrival: float
     sender: int
@@ -57,6 +58,7 @@ class Message:
     num_samples: int
     loss: float
     refused: str | None = None
+    scores: Mapping[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,8 @@ class Gossip:
             model = rebuilt.get(link, vector)
             if self.codec is not None and self.codec.compression.stateful:
                 model = model.clone()  # the link's copy moves on with its next message
-            self._post(link[1], Message(arrival, k, t, model, run.num_samples[k], believed, None if error is None else error.reason))
+            message = Message(arrival, k, t, model, run.num_samples[k], believed, None if error is None else error.reason, run.network.shared.get(k))
+            self._post(link[1], message)
 
     def aggregate(self, wave: list[int], now: float) -> None:
         """Step ``t`` of the clients ``wave`` (all in step ``t``, all at ``now``): each takes
@@ -197,7 +200,7 @@ class Gossip:
                 if id(message.vector) not in place:
                     place[id(message.vector)] = len(wave) + len(place)
                     pool.append(message.vector[None])
-                offers.append(Offer(j, place[id(message.vector)], message.num_samples, message.loss, t - held[j].arrived_step))
+                offers.append(Offer(j, place[id(message.vector)], message.num_samples, message.loss, t - held[j].arrived_step, message.scores))
             clients.append(assemble(Offer(k, i, run.num_samples[k], self.losses[k]), offers, self.graphs.senders_to(k, t)))
         # The own trained model is non-finite exactly when the intake's check found it so.
         finite = [self.errors[k] is None or self.errors[k].reason != "non_finite" for k in wave] + [True] * (sum(len(p) for p in pool) - len(wave))

@@ -183,6 +183,7 @@ class SimulatedNetwork:
             check_supported(compression, sc.links.lossy)
             self.codec = LinkCodec(compression, specs, seed=sc.seed, chunk_bytes=sc.network.chunk_bytes, honest=honest, raw=self.sizes)
         self.share_scores = sc.network.share_scores
+        self.shared: dict[int, dict[int, float] | None] = {}  # sender -> the scores its next message carries
         self.timing: RoundTiming | None = None
         self.link_bytes: dict[tuple[int, int], int] = {}
         self.rebuilt: dict[tuple[int, int], torch.Tensor] = {}
@@ -205,7 +206,8 @@ class SimulatedNetwork:
         """Client ``k``'s rule scored ``scores``: with ``network.share_scores`` its next message
         carries them."""
         if self.share_scores:
-            self.sizes.scored[k] = len(shareable(scores) or ())
+            self.shared[k] = shareable(scores) or None
+            self.sizes.scored[k] = len(self.shared[k] or ())
 
     def arrived(self, k: int, senders: Sequence[int]) -> list[int]:
         """Of the round's ``senders`` to ``k``, those whose model reached it in time."""

@@ -319,7 +319,7 @@ class BatchedRun:
                 pooled += 1
             byz_row[key] = row_of[same]
         believed = {j: self.plausible.train_loss(losses[j]) for j in self.honest}  # what a receiver takes of each declared loss
-        honest_row, num_samples = self.row, self.num_samples
+        honest_row, num_samples, shared = self.row, self.num_samples, self.network.shared
         clients = []
         for k in self.honest:
             offers = []
@@ -328,7 +328,7 @@ class BatchedRun:
                     if j in refused:
                         self._reject(k, refused[j])
                         continue
-                    offers.append(Offer(j, link_row[(j, k)] if link_row else honest_row[j], num_samples[j], believed[j]))
+                    offers.append(Offer(j, link_row[(j, k)] if link_row else honest_row[j], num_samples[j], believed[j], reports=shared.get(j)))
                 elif (j, k) in byz:
                     _, size, loss = byz[(j, k)]
                     offers.append(Offer(j, byz_row[(j, k)], size, loss))

@@ -47,6 +47,10 @@ class RoundInputs:
     # protocol, where every candidate is of this round. Rules may weigh by it
     # (:func:`staleness_factors`).
     staleness: tuple[int, ...] | None = None
+    # What each candidate's sender reported it measured (``network.share_scores``): per row, the
+    # scores it sent with its model (id -> score), or None where it sent none (the own model,
+    # a sender that shares none); None: no reports at all.
+    reports: tuple[Mapping[int, float] | None, ...] | None = None
 
     def finite_list(self) -> list[bool]:
         """Per row of ``vectors``: whether every value is finite."""
@@ -116,6 +120,11 @@ class RoundInputs:
             if len(staleness) != len(ids):
                 raise ValueError(f"RoundInputs: staleness has {len(staleness)} entries but there are {len(ids)} ids")
             object.__setattr__(self, "staleness", staleness)
+        if self.reports is not None:
+            reports = tuple(self.reports)
+            if len(reports) != len(ids) or not all(r is None or isinstance(r, Mapping) for r in reports):
+                raise ValueError(f"RoundInputs: reports must be a mapping or None per id ({len(ids)}), got {self.reports!r}")
+            object.__setattr__(self, "reports", reports)
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "num_samples", num_samples)
 
@@ -186,6 +195,8 @@ class RoundBatch:
     rules: tuple[Any, ...] | None = None
     # Under asynchronous gossip, each client's candidates' staleness (as RoundInputs.staleness).
     staleness: tuple[tuple[int, ...], ...] | None = None
+    # Each client's candidates' reports (as RoundInputs.reports).
+    reports: tuple[tuple[Mapping[int, float] | None, ...], ...] | None = None
 
     def finite(self) -> torch.Tensor:
         """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
@@ -204,6 +215,7 @@ class RoundBatch:
             reference=None if self.references is None else self.references[c],
             finite=None if self.finite_pool is None else tuple(self.finite_pool[list(self.rows[c])].tolist()),
             staleness=None if self.staleness is None else self.staleness[c],
+            reports=None if self.reports is None else self.reports[c],
         )
 
     def select(self, clients: Sequence[int]) -> RoundBatch:
@@ -217,7 +229,7 @@ class RoundBatch:
             declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
             references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
             evaluate_many=self.evaluate_many, runs=pick(self.runs), finite_pool=self.finite_pool, rules=pick(self.rules),
-            staleness=pick(self.staleness),
+            staleness=pick(self.staleness), reports=pick(self.reports),
         )
 
     def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:

@@ -62,7 +62,7 @@ __all__ = [
 # ``modules`` only orders the listing.
 RULE_REGISTRY = Registry(
     "rule", "dfedrw.rules", package=__package__, calls={"__call__": ("inputs",)},
-    modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "flame", "baselines", "qfdfl", "decentralized", "norm_bound", "screened")),
+    modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "flame", "baselines", "qfdfl", "decentralized", "norm_bound", "screened", "neighbourhood")),
 )
 """The aggregation rules by name; settings in a scenario's ``[aggregation.NAME]``."""
 

@@ -114,7 +114,7 @@ def run_async_honest(client) -> dict[str, Any]:
         rule, told = client.rules.at(client.id, tuple(senders))  # under a schedule: told the Byzantine senders it holds
         candidates = assemble(
             Offer(client.id, own, num_samples, loss),
-            (Offer(k, m.vector, m.num_samples, m.train_loss, stale) for k, (m, stale) in sorted(held.items())),
+            (Offer(k, m.vector, m.num_samples, m.train_loss, stale, m.scores or None) for k, (m, stale) in sorted(held.items())),
             graphs.senders_to(client.id, t),
         )
         stale_steps += sum(candidates.staleness)

@@ -10,7 +10,7 @@ engine a row of the round's pool of models (its ``Candidates`` keeps one
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -22,8 +22,9 @@ from dfedrw.peer.aggregation.inputs import RoundInputs
 class Offer(NamedTuple):
     """One candidate a client holds: who sent it, what the engine stacks (``model``: a vector,
     or the row of a pool), the training-set size and training loss its sender declared (as the
-    receiver takes them), and how many of the receiver's steps ago it came (0 under the round
-    protocol). A named tuple: the batched engine makes one per client and neighbour every round,
+    receiver takes them), how many of the receiver's steps ago it came (0 under the round
+    protocol), and the scores its sender reported with it (``network.share_scores``: id ->
+    score; None: none). A named tuple: the batched engine makes one per client and neighbour every round,
     and a frozen dataclass's construction cost it 5 % of a run of 3,000 small rounds."""
 
     sender: int
@@ -31,6 +32,7 @@ class Offer(NamedTuple):
     size: int
     loss: float
     staleness: int = 0
+    reports: Mapping[int, float] | None = None
 
 
 @dataclass(slots=True)
@@ -43,6 +45,7 @@ class ClientCandidates:
     sizes: tuple[int, ...]
     losses: tuple[float, ...]
     staleness: tuple[int, ...]
+    reports: tuple[Mapping[int, float] | None, ...]
     missing: list[int]
 
     @property
@@ -60,7 +63,7 @@ class ClientCandidates:
         return RoundInputs(
             own_id=self.ids[0], round=r, ids=self.ids, vectors=vectors, num_samples=self.sizes, evaluate=evaluate,
             total_rounds=total_rounds, declared_losses=self.losses, reference=reference,
-            finite=None if finite is None else tuple(finite), staleness=self.staleness if gossip else None,
+            finite=None if finite is None else tuple(finite), staleness=self.staleness if gossip else None, reports=self.reports,
         )
 
     def stack(self) -> torch.Tensor:
@@ -72,7 +75,7 @@ def assemble(own: Offer, held: Iterable[Offer], expected: Iterable[int], missing
     """Client ``own.sender``'s candidates: ``own``, then ``held`` in the order given. ``missing``:
     the neighbours in ``expected`` whose model it does not hold (ascending), unless the caller
     knows them otherwise (a simulated link that lost the model in time)."""
-    ids, models, sizes, losses, staleness = zip(own, *held)  # one pass: the fields as columns
+    ids, models, sizes, losses, staleness, reports = zip(own, *held)  # one pass: the fields as columns
     if missing is None:
         missing = sorted(set(expected).difference(ids))
-    return ClientCandidates(ids, models, sizes, losses, staleness, missing)
+    return ClientCandidates(ids, models, sizes, losses, staleness, reports, missing)

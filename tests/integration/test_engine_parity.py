@@ -139,7 +139,7 @@ def test_cases_cover_every_rule_attack_and_partition():
     rules |= {"loss_clip" for c in CASES if "aggregation.crs=loss_clip_mean" in c.overrides}
     attacks = {o.partition("=")[2] for c in CASES for o in c.overrides if o.startswith("attack.name=")}
     partitions = {o.partition("=")[2] for c in CASES for o in c.overrides if o.startswith("data.partition=")}
-    assert rules >= {"dfedavg", "softmax", "loss_clip", "median", "trimmed_mean", "krum", "flame", "balance", "clipped_gossip", "ubar", "cs_plus_rg", "norm_bound", "screened_reweighting"}
+    assert rules >= {"dfedavg", "softmax", "loss_clip", "median", "trimmed_mean", "krum", "flame", "balance", "clipped_gossip", "ubar", "cs_plus_rg", "norm_bound", "screened_reweighting", "neighbourhood_reweighting"}
     assert attacks >= {"none", *ATTACK_REGISTRY.builtin_names()}
     assert partitions >= {"iid", "dirichlet:0.1"}
     assert len({c.id for c in CASES}) == len(CASES)

@@ -48,6 +48,11 @@ SCREENED = (
     "aggregation.rule=screened_reweighting", "aggregation.tpm=loss", "aggregation.crs=loss_drop_highest",
     "aggregation.crs_params.loss_drop_highest.weighting=inverse",
 )
+# The neighbourhood rule, its clients sending their scores with their models.
+NEIGHBOURHOOD = (
+    "aggregation.rule=neighbourhood_reweighting", "aggregation.tpm=loss", "aggregation.crs=loss_drop_highest",
+    "aggregation.crs_params.loss_drop_highest.weighting=inverse", "network.share_scores=true",
+)
 SOFTMAX = ("aggregation.rule=dfedreweighting", "aggregation.tpm=accuracy", "aggregation.crs=softmax")
 # Graphs that change every round: Epidemic Learning's push to 3 random peers (directed), and a
 # random 4-regular graph re-drawn each round (what a robust rule is told changes with it).
@@ -123,6 +128,9 @@ CASES = [
     # The screened rule: the colluding twins played against it whole, and dissensus screened.
     make_case("screened-twins-dirichlet", SCREENED, "colluding_twins", 2, DIR, "attack.colluding=true"),
     make_case("screened-dissensus-iid", SCREENED, "dissensus", 2, IID),
+    # The neighbourhood rule: what each client measured reaches its neighbours in both engines.
+    make_case("neighbourhood-labelflip-dirichlet", NEIGHBOURHOOD, "label_flip", 2, DIR),
+    make_case("neighbourhood-gaussian-iid", NEIGHBOURHOOD, "gaussian", 1, IID),
     # A backdoor, its success rate measured in both engines, and an attack window: the
     # attackers send the mean of what they know after round 20.
     make_case("dfedavg-badnets-iid-window", "dfedavg", "badnets", 2, IID, "attack.stop=20"),

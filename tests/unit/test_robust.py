@@ -317,6 +317,7 @@ ALL_RULES = [
     AccuracyAboveMean(),
     RULE_REGISTRY.create("screened_reweighting", tpm=Loss(), crs=LossDropHighest(num_byzantine=1), num_byzantine=1),
     RULE_REGISTRY.create("screened_reweighting", tpm=Loss(), crs=LossDropHighest(num_byzantine=2, weighting="inverse"), num_byzantine=2),
+    RULE_REGISTRY.create("neighbourhood_reweighting", tpm=Loss(), crs=LossDropHighest(num_byzantine=1, weighting="inverse"), num_byzantine=1),
 ]
 
 

@@ -1,0 +1,142 @@
+"""DFedReweighting behind a check of what the neighbours measured: the ``f`` neighbours whose
+absence, with the scores they reported, leaves the most consistent rest are left out, the others
+are scored and weighed (conventions: :mod:`peer.aggregation.baselines`).
+
+A client alone judges each neighbour on its own few classes: an attacker near the honest centre
+can score better there than an honest neighbour whose classes differ. Its neighbours scored the
+same senders on theirs (``network.share_scores`` sends each client's scores with its next
+model): an attacker bad on any honest neighbour's classes is seen there, and a neighbour that
+frames honest senders makes the rest inconsistent while it is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import ClassVar
+
+import torch
+
+from dfedrw.peer.aggregation.candidates import finite_by_id, keep_own
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, DFedReweighting, RoundInputs
+from dfedrw.peer.checked import Checked
+from dfedrw.peer.registry import check_int
+
+
+def relative(values: Sequence[float]) -> list[float]:
+    """Each value over the median of ``values`` (the upper one of an even count), so that
+    clients whose data differ speak one scale; the values as they are where that median is not
+    positive."""
+    middle = sorted(values)[len(values) // 2]
+    return [x / middle if middle > 0 else x for x in values]
+
+
+def consistent(own: Mapping[int, float], reports: Mapping[int, Mapping[int, float]], f: int) -> set[int]:
+    """The candidates of ``own`` (id -> the client's relative loss of it) to keep, given what the
+    neighbours ``reports`` (reporter -> candidate -> its relative loss): of every way to leave
+    ``f`` of them out, their reports with them, the one whose worst kept candidate (by the
+    highest of its own value and the kept reporters' values of it) is best. Ties: the lower sum
+    of those, then the lower ids left out. ``C(len(own), f)`` ways are tried."""
+    best = None
+    for out in itertools.combinations(sorted(own), min(f, len(own))):
+        values = [max([own[j]] + [rep[j] for i, rep in reports.items() if i not in out and j in rep]) for j in own if j not in out]
+        key = (max(values, default=0.0), math.fsum(values), out)
+        if best is None or key < best:
+            best = key
+    return set(own) - set(best[2])
+
+
+@RULE_REGISTRY.register("neighbourhood_reweighting")
+@dataclass(frozen=True)
+class NeighbourhoodReweighting(Checked):
+    """DFedReweighting behind what the neighbours measured: leave out the ``f`` neighbours whose
+    absence leaves the most consistent rest, then score and weigh the others.
+
+    ``f = num_byzantine``. The client measures every finite candidate's loss on its auxiliary
+    data and divides it by their median (:func:`relative`). Each neighbour ``i`` that sent
+    scores with its model (``RoundInputs.reports``: its losses of its own candidates at its
+    aggregation before, as this rule reports them) speaks on the same scale once divided by
+    their median; of those, the values it gave the client's other neighbours count (never the
+    one it gave itself, nor the client's own model). :func:`consistent` leaves out the ``f``
+    neighbours, and their reports with them, that make the worst evidence of the rest lowest
+    (a candidate's evidence: the highest of the client's value and the kept reporters'); the own
+    model always stays. The candidates kept are scored by the TPM and weighed by the CRS as
+    :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does, the CRS told of no Byzantine
+    neighbour among them (a CRS that drops the ``b`` worst, as ``loss_drop_highest``, drops
+    none: the ``f`` went here); those left out weigh 0.
+    Told ``f = 0``, or without reports, it leaves out what the client's own values say alone.
+
+    Its round's scores (what ``network.share_scores`` sends on) are the losses it measured, of
+    every finite candidate (NaN for the others), not the TPM's: every honest client must run
+    this rule for the reports to be losses. A neighbour that frames honest senders makes the
+    rest inconsistent and goes; one that reports nothing, or what it measured, leaves the
+    decision to the other witnesses, and with one witness of a flipped class a client cannot
+    tell a wrong witness from a bad candidate (docs/robustness.md, "What the neighbours
+    measured").
+
+    Sources: the consistency of cross-evaluations as trust (TrustGraph-DFL, Murmura's evidential
+    trust), and a choice of the ``f`` left out by the best subset of the rest as in Krum
+    (Blanchard et al., NeurIPS 2017); the decision rule is this project's, measured by
+    ``bench/neighbourhood_probe.py``.
+    """
+
+    tpm: object
+    crs: object
+    num_byzantine: int = 0
+
+    # A defence-aware attack plays this rule whole: its TPM and CRS alone do not decide.
+    scores_decide: ClassVar[bool] = False
+
+    @classmethod
+    def check_settings(cls, s: SimpleNamespace) -> None:
+        check_int("NeighbourhoodReweighting", "num_byzantine", s.num_byzantine, minimum=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # The f it is told of are left out here: the CRS weighs the rest told of none.
+        crs = dataclasses.replace(self.crs, num_byzantine=0) if getattr(self.crs, "num_byzantine", 0) else self.crs
+        object.__setattr__(self, "_inner", DFedReweighting(tpm=self.tpm, crs=crs))
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        if inputs.evaluate is None:
+            raise ValueError("NeighbourhoodReweighting: inputs.evaluate is None; this rule measures candidates on the client's auxiliary data")
+        finite = finite_by_id(inputs)
+        if not finite.ids:
+            return keep_own(inputs)
+        vectors = finite.rows.to(inputs.vectors.dtype)
+        metrics = {key: torch.as_tensor(value, dtype=torch.float64).cpu() for key, value in inputs.evaluate(vectors).items()}
+        loss = metrics["loss"].tolist()
+        own = 0 if finite.own is None else finite.own
+        mine = relative(loss)
+        neighbours = {j: mine[p] for p, j in enumerate(finite.ids) if p != own}
+        kept = consistent(neighbours, self._reports(inputs, neighbours), self.num_byzantine)
+        rows = [own] + [p for p, j in enumerate(finite.ids) if j in kept]
+        chosen = RoundInputs(
+            own_id=finite.ids[own], round=inputs.round, ids=tuple(finite.ids[p] for p in rows), vectors=vectors[rows],
+            num_samples=tuple(inputs.num_samples[finite.positions[p]] for p in rows),
+            evaluate=lambda _: {key: value[rows] for key, value in metrics.items()}, total_rounds=inputs.total_rounds,
+            reference=inputs.reference, finite=(True,) * len(rows),
+            staleness=None if inputs.staleness is None else tuple(inputs.staleness[finite.positions[p]] for p in rows),
+        )
+        agg = self._inner(chosen)
+        return Aggregate(
+            model=agg.model, weights=dict.fromkeys(inputs.ids, 0.0) | dict(agg.weights),
+            scores=dict.fromkeys(inputs.ids, math.nan) | dict(zip(finite.ids, loss, strict=True)),
+        )
+
+    @staticmethod
+    def _reports(inputs: RoundInputs, neighbours: Mapping[int, float]) -> dict[int, dict[int, float]]:
+        """What each neighbour reported of the client's other neighbours, on the relative scale
+        of its own report (its values that are not finite left out)."""
+        out: dict[int, dict[int, float]] = {}
+        for i, report in zip(inputs.ids, inputs.reports or (), strict=False):
+            values = {j: v for j, v in (report or {}).items() if math.isfinite(v)}
+            if i not in neighbours or not values:
+                continue
+            scaled = dict(zip(values, relative(list(values.values())), strict=True))
+            out[i] = {j: v for j, v in scaled.items() if j in neighbours and j != i}
+        return out
