@@ -253,6 +253,8 @@ class Gossip:
                 "with them depends on the clients' timing, which the batched engine does not model; use the clients engine"
             )
         silent, sent = 0, 0
+        reported = self.attack_steps[b].reported(label)
+        self.sizes.scored[b] = len(reported or ())
         for j in due:
             self.answered[b][j] = held[j].label
             vector = crafted.messages[j]
@@ -267,9 +269,12 @@ class Gossip:
             arrival = self._plan(b, j, now, self.sizes.of(b))
             sent += self.sizes.of(b)
             if arrival is not None:
-                message = Message(arrival, b, held[j].label, vector.to(torch.float32), claimed_size, run.plausible.train_loss(claimed_loss), None if error is None else error.reason)
+                message = Message(
+                    arrival, b, held[j].label, vector.to(torch.float32), claimed_size, run.plausible.train_loss(claimed_loss),
+                    None if error is None else error.reason, reported,
+                )
                 self._post(j, message)
-        record = byzantine_record(label, list(senders), silent, crafted, sent, 0)
+        record = byzantine_record(label, list(senders), silent, crafted, sent, 0, reported=reported)
         record["answered"] = {str(j): held[j].label for j in due}
         run.logs[b].write(record)  # (no round graph: a Byzantine client answers whoever sent to it)
         self.crafts[b] += 1

@@ -24,7 +24,7 @@ from dfedrw.peer.learning.datacache import test_set, training_pixels
 from dfedrw.peer.wiring.build import scenario_dataset
 from dfedrw.engines.network import SimulatedNetwork
 from dfedrw.engines.network import pooled as pooled_links
-from dfedrw.peer.round.byzantine import ByzantineStep
+from dfedrw.peer.round.byzantine import ByzantineStep, scenario_lie
 from dfedrw.peer.round.candidates import ClientCandidates, Offer, assemble
 from dfedrw.peer.round.told import ToldRules
 from dfedrw.peer.transport.inbox import window_outcome
@@ -124,13 +124,18 @@ class BatchedRun:
         self.told: dict[int, int] = {}
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
-        # Each Byzantine client's attack, its generator (seeded by its id) and the reference it carries.
+        self.plausible = scenario_plausible(sc, self.graphs)
+        # Each Byzantine client's attack, its generator (seeded by its id), the reference it
+        # carries and the scores it reports.
         self.attack_steps = {
-            b: ByzantineStep(sc, b, client_attack(sc, topo, b), torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b))) for b in self.byzantine
+            b: ByzantineStep(
+                sc, b, client_attack(sc, topo, b), torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)),
+                lie=scenario_lie(sc, self.graphs, topo.byzantine, b, self.plausible.max_scores),
+            )
+            for b in self.byzantine
         }
         # Colluding Byzantine clients pool what they received: here the pool is rows of the models.
         self.colluders = tuple(self.byzantine) if sc.attack.colluding else ()
-        self.plausible = scenario_plausible(sc, self.graphs)
         # With links that cost something, slow clients or [clock] compute, each round on a
         # simulated clock (which models reach each receiver by its deadline); with a compression,
         # the models as their receivers rebuild them.
@@ -151,6 +156,8 @@ class BatchedRun:
         n = self.topology.num_clients
         self.senders = {k: self.graphs.senders_to(k, r) for k in range(n)}
         self.receivers = {k: self.graphs.receivers_of(k, r) for k in range(n)} if self.graphs.dynamic else self.senders
+        for b in self.byzantine:  # what its messages of the round carry besides the model
+            self.network.sizes.scored[b] = len(self.attack_steps[b].reported(r) or ())
         self.network.begin_round(r, self.senders)
         if not self.graphs.dynamic:
             return
@@ -227,10 +234,10 @@ class BatchedRun:
 
     def byzantine_messages(
         self, r: int, losses: dict[int, float], refused: dict[int, str]
-    ) -> tuple[dict[tuple[int, int], tuple[torch.Tensor, int, float]], dict[int, list[int]]]:
-        """(Byzantine b, receiver k) -> (model, declared size, declared loss) of every message a
-        receiver accepts; and who each Byzantine client heard from."""
-        out: dict[tuple[int, int], tuple[torch.Tensor, int, float]] = {}
+    ) -> tuple[dict[tuple[int, int], tuple[torch.Tensor, int, float, Any]], dict[int, list[int]]]:
+        """(Byzantine b, receiver k) -> (model, declared size, declared loss, reported scores) of
+        every message a receiver accepts; and who each Byzantine client heard from."""
+        out: dict[tuple[int, int], tuple[torch.Tensor, int, float, Any]] = {}
         heard: dict[int, list[int]] = {}
         self.notes: dict[int, Any] = {}
         for b in self.byzantine:
@@ -263,7 +270,7 @@ class BatchedRun:
                 if error is not None:  # what the receiver's intake would refuse
                     self._reject(k, error.reason)
                     continue
-                out[(b, k)] = (vector.to(self.device), claimed_size, self.plausible.train_loss(claimed_loss))
+                out[(b, k)] = (vector.to(self.device), claimed_size, self.plausible.train_loss(claimed_loss), self.attack_steps[b].reported(r))
             for k, labelled in crafted.extra.items():
                 for label, _ in labelled:
                     self._misrouted(k, label, r)
@@ -311,7 +318,7 @@ class BatchedRun:
         # receivers the same tensor (most do) is one row, scored, compared and summed once.
         # (Per sender: two senders' messages stay two rows, so no client holds a row twice.)
         row_of: dict[tuple[int, int], int] = {}
-        for key, (vector, _, _) in byz.items():
+        for key, (vector, *_) in byz.items():
             same = (key[0], id(vector))
             if same not in row_of:
                 row_of[same] = pooled
@@ -330,8 +337,8 @@ class BatchedRun:
                         continue
                     offers.append(Offer(j, link_row[(j, k)] if link_row else honest_row[j], num_samples[j], believed[j], reports=shared.get(j)))
                 elif (j, k) in byz:
-                    _, size, loss = byz[(j, k)]
-                    offers.append(Offer(j, byz_row[(j, k)], size, loss))
+                    _, size, loss, reports = byz[(j, k)]
+                    offers.append(Offer(j, byz_row[(j, k)], size, loss, reports=reports))
             # A timed network knows the models that were sent and did not come in time.
             timed = self.network.missing(k, (o.sender for o in offers))
             clients.append(assemble(Offer(k, honest_row[k], num_samples[k], losses[k]), offers, self.senders[k], timed))
@@ -417,7 +424,9 @@ class BatchedRun:
         for b in self.byzantine:
             # Every colluder's pool arrives here: each used all of them.
             pooled = list(self.colluders) if self.colluders else None
-            record = byzantine_record(r, self._heard[b], self.silent[b] - self._silent_before[b], self.notes[b], 0, 0, pooled_from=pooled)
+            record = byzantine_record(
+                r, self._heard[b], self.silent[b] - self._silent_before[b], self.notes[b], 0, 0, pooled_from=pooled, reported=self.attack_steps[b].reported(r),
+            )
             self.logs[b].write(with_round_graph(record, self.graphs, b, r))
 
     def close(self) -> None:

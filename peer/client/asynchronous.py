@@ -51,7 +51,7 @@ import torch
 from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.rounds import end_of_round
-from dfedrw.peer.round.byzantine import ByzantineStep
+from dfedrw.peer.round.byzantine import ByzantineStep, scenario_lie
 from dfedrw.peer.round.candidates import Offer, assemble
 from dfedrw.peer.round.records import byzantine_record, honest_record, loop_times, with_round_graph
 from dfedrw.peer.learning.models import get_vector, set_vector
@@ -228,7 +228,7 @@ def run_async_byzantine(client) -> dict[str, Any]:
     answered = dict.fromkeys(honest, -1)  # per honest neighbour, the label it was last answered at
     # The last step each honest neighbour sends it a model in (a fixed graph: the last step).
     last = last_labels(client.graphs, client.id, honest, sc.rounds)
-    step = ByzantineStep(sc, client.id, client.attack, gen)
+    step = ByzantineStep(sc, client.id, client.attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores))
     seen, quiet, crafts = 0, 0, 0
     size = sum(s.numel for s in client.specs)
     while any(answered[k] < last[k] for k in honest):
@@ -253,10 +253,11 @@ def run_async_byzantine(client) -> dict[str, Any]:
         crafted, claimed_size, claimed_loss = step(
             label, receivers=due, senders=senders, received=received, sizes=[m.num_samples for m in messages], losses=[m.train_loss for m in messages],
         )
-        chunk_bytes = sc.network.chunk_bytes
+        chunk_bytes, reported = sc.network.chunk_bytes, step.reported(label)
+        claims = {"num_samples": claimed_size, "train_loss": claimed_loss, "scores": reported, "chunk_bytes": chunk_bytes}
         for k, labelled in crafted.extra.items():
             for extra_label, extra in labelled:
-                client.transport.send(k, message_out(client.id, extra_label, extra, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=chunk_bytes))
+                client.transport.send(k, message_out(client.id, extra_label, extra, client.specs, **claims))
         silent = 0
         for k in due:
             answered[k] = held[k].round
@@ -264,9 +265,11 @@ def run_async_byzantine(client) -> dict[str, Any]:
                 silent += 1
                 continue
             client.transport.send(
-                k, message_out(client.id, held[k].round, crafted.messages[k], client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=chunk_bytes)
+                k, message_out(client.id, held[k].round, crafted.messages[k], client.specs, **claims)
             )
-        record = byzantine_record(label, list(senders), silent, crafted, client.transport.bytes_sent - sent0, inbox.bytes_received - recv0)
+        record = byzantine_record(
+            label, list(senders), silent, crafted, client.transport.bytes_sent - sent0, inbox.bytes_received - recv0, reported=reported,
+        )
         record["answered"] = {str(k): held[k].round for k in due}  # each neighbour answered, at its model's label
         client.results.write(record)
         client.link.send(link_messages.round_event(client.id, label))

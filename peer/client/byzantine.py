@@ -17,7 +17,7 @@ from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.wiring.plan import derive_seed
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.rounds import Liveness
-from dfedrw.peer.round.byzantine import ByzantineStep
+from dfedrw.peer.round.byzantine import ByzantineStep, scenario_lie
 from dfedrw.peer.round.records import byzantine_record, checkpoint_due, loop_times, with_round_graph
 from dfedrw.peer.transport.serde import message_out
 
@@ -32,7 +32,8 @@ def run_byzantine(client) -> dict[str, Any]:
     liveness = Liveness(sc.network.max_missed_rounds)
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
     r = 0
-    step = ByzantineStep(sc, client.id, attack, gen)  # its attack, generator and reference (AttackView.reference)
+    # Its attack, generator, reference (AttackView.reference) and the scores it reports.
+    step = ByzantineStep(sc, client.id, attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores))
     silent_before = False  # whether it was silent to a receiver last round
     if client.resumed is not None:
         if "attack" in client.resumed.generators:
@@ -66,12 +67,15 @@ def run_byzantine(client) -> dict[str, Any]:
         # Done with what it received this round: only the crafted messages are held now.
         client.inbox.close(r)
         received_from = sorted(got)
+        reported = step.reported(r)
         del received, honest_msgs, got
         # Copies labelled with other rounds go first: a receiver takes the round's own message
         # last, so it is still running (and counts what it does with them) when they arrive.
         for k, labelled in crafted.extra.items():
             for label, extra in labelled:
-                chunks = message_out(client.id, label, extra, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes)
+                chunks = message_out(
+                    client.id, label, extra, client.specs, num_samples=claimed_size, train_loss=claimed_loss, scores=reported, chunk_bytes=sc.network.chunk_bytes,
+                )
                 client.transport.send(k, chunks)
         silent = 0
         for k in targets:
@@ -81,12 +85,14 @@ def run_byzantine(client) -> dict[str, Any]:
                 continue
             client.transport.send(
                 k,
-                message_out(client.id, r, message, client.specs, num_samples=claimed_size, train_loss=claimed_loss, chunk_bytes=sc.network.chunk_bytes),
+                message_out(
+                    client.id, r, message, client.specs, num_samples=claimed_size, train_loss=claimed_loss, scores=reported, chunk_bytes=sc.network.chunk_bytes,
+                ),
             )
         silent_before = silent > 0
         record = byzantine_record(
             r, received_from, silent, crafted, client.transport.bytes_sent - sent0, client.inbox.bytes_received - recv0,
-            pooled_from=list(pooled.used) if pooled is not None else None,
+            pooled_from=list(pooled.used) if pooled is not None else None, reported=reported,
         )
         client.results.write(with_round_graph(record, client.graphs, client.id, r))
         client.link.send(link_messages.round_event(client.id, r))

@@ -17,7 +17,10 @@ from dfedrw.peer.config.legacy import LEGACY, set_legacy
 from dfedrw.peer.config.tables import (
     KIND_REGISTRY, Params, SettingsTables, origin_of, resolve_class, settings_tables, table_path, thaw, toml_key, toml_value,
 )
-from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_flag, check_in_range, coerce_value
+from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_choice_of, check_flag, check_in_range, coerce_value
+
+# What Byzantine clients may report as the scores they measured (attack.scores).
+SCORE_LIES = ("none", "frame", "praise")
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,17 @@ class AttackConfig:
     # defence that keeps trust over rounds is tested against an attacker that earns it back.
     period: int = 0
     on: int = 0
+    # What the Byzantine clients report with their models as the scores they measured
+    # (peer/round/byzantine.py, reported_scores): "none", "frame" (every honest neighbour
+    # scored far worse than themselves), "praise" (themselves far better than every honest one).
+    scores: str = "none"
     # Not part of the identity: where the config came from, for messages.
     prefix: str = field(default="attack", compare=False, repr=False)
     origins: Params = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_flag(f"{self.prefix}.colluding", self.colluding)
+        check_choice_of(f"{self.prefix}.scores", self.scores, SCORE_LIES)
         check_in_range(f"{self.prefix}.start", self.start, 0, MAX_ROUNDS)
         check_in_range(f"{self.prefix}.stop", self.stop, 0, MAX_ROUNDS)
         if self.stop and self.stop <= self.start:
@@ -186,6 +194,7 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     tables = SettingsTables({}, ())
     name: Any = AttackConfig.name
     colluding = AttackConfig.colluding
+    scores: Any = AttackConfig.scores
     window = {"start": AttackConfig.start, "stop": AttackConfig.stop, "period": AttackConfig.period, "on": AttackConfig.on}
     for key, value in table.items():
         where = f"{prefix}.{key}"
@@ -196,12 +205,15 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
         elif key == "colluding":
             check_flag(where, value)
             colluding = value
+        elif key == "scores":
+            scores = value
         elif key in window:
             window[key] = coerce_value(where, value, "int")
         else:
-            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding", *window])
+            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding", "scores", *window])
     return AttackConfig(
-        name=name, attack_params=tables.frozen("attack"), colluding=colluding, **window, prefix=prefix, origins=tables.frozen_origins()
+        name=name, attack_params=tables.frozen("attack"), colluding=colluding, scores=scores, **window, prefix=prefix,
+        origins=tables.frozen_origins(),
     )
 
 
@@ -284,11 +296,13 @@ def attack_table(cfg: AttackConfig) -> dict[str, Any]:
 
 def attack_head(cfg: AttackConfig) -> dict[str, Any]:
     """The attack's name and the settings of its own section that differ from their defaults
-    (colluding, the window): files and identities of runs without them stay as they were."""
+    (colluding, the window, the scores it reports): files and identities of runs without them
+    stay as they were."""
     return {
         "name": cfg.name,
         **({"colluding": True} if cfg.colluding else {}),
         **({"start": cfg.start} if cfg.start != AttackConfig.start else {}),
         **({"stop": cfg.stop} if cfg.stop != AttackConfig.stop else {}),
         **({"period": cfg.period, "on": cfg.on} if cfg.period != AttackConfig.period else {}),
+        **({"scores": cfg.scores} if cfg.scores != AttackConfig.scores else {}),
     }

@@ -1,13 +1,15 @@
 """A Byzantine client's step of a round, the same in every engine: what it declares of its data
 (:func:`byzantine_claims`), the view its attack is given, the messages the attack crafts in and
 out of its window (:func:`craft_attack_round`, drawing from :func:`attack_generator`), and the
-reference it carries to its next round (:func:`next_reference`). :class:`ByzantineStep` is one
-Byzantine client's step over its rounds; a client process holds one, the batched engine one per
-Byzantine client."""
+reference it carries to its next round (:func:`next_reference`), the scores it reports as
+measured (:func:`reported_scores`). :class:`ByzantineStep` is one Byzantine client's step over
+its rounds; a client process holds one, the batched engine one per Byzantine client."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,17 +19,30 @@ from dfedrw.peer.attacks import AttackView, Crafted, craft_round
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.wiring.plan import derive_seed
 
-__all__ = ["ByzantineStep", "attack_generator", "byzantine_claims", "craft_attack_round", "known_mean", "next_reference"]
+__all__ = [
+    "ByzantineStep", "attack_generator", "byzantine_claims", "craft_attack_round", "known_mean", "next_reference", "reported_scores",
+]
+
+# What a lying report says: a plain score, one a hundred times worse, one a hundred times better.
+PLAIN, FRAMED, PRAISED = 1.0, 100.0, 0.01
 
 
 class ByzantineStep:
     """Byzantine client ``attacker``'s step of each round: ``attack`` crafting from what it
     received, drawing from ``generator`` (its own, seeded by its id), the reference it knew the
-    round before carried from call to call (``reference``: None at first and after a restart)."""
+    round before carried from call to call (``reference``: None at first and after a restart),
+    ``lie``: the scores it reports with its models in the rounds it attacks (:meth:`reported`)."""
 
-    def __init__(self, scenario: Scenario, attacker: int, attack: Any, generator: torch.Generator) -> None:
+    def __init__(self, scenario: Scenario, attacker: int, attack: Any, generator: torch.Generator, lie: Mapping[int, float] | None = None) -> None:
         self.scenario, self.attacker, self.attack, self.generator = scenario, attacker, attack, generator
         self.reference: torch.Tensor | None = None
+        self.lie = lie
+
+    def reported(self, label: int) -> Mapping[int, float] | None:
+        """The scores its messages of round ``label`` carry: its lie in the rounds it attacks,
+        none in the others (it sends the mean of what it knows then, as a free rider that
+        measures nothing)."""
+        return self.lie if self.lie and self.scenario.attack.attacks_in(label) else None
 
     def __call__(
         self, label: int, *, receivers: tuple[int, ...], senders: tuple[int, ...], received: torch.Tensor, sizes: list[int],
@@ -46,6 +61,47 @@ class ByzantineStep:
         crafted = craft_attack_round(self.scenario, self.attack, view, self.generator)
         self.reference = next_reference(self.attack, view)
         return crafted, size, loss
+
+
+def reported_scores(
+    how: str, attacker: int, neighbours: Sequence[int], byzantine: Collection[int], clients: int, most: int,
+) -> dict[int, float] | None:
+    """What Byzantine client ``attacker`` reports as the scores it measured (``attack.scores``),
+    the same in every round it attacks and in every engine. ``neighbours``: every client it may
+    exchange models with; ``byzantine``: the run's Byzantine clients (a Byzantine client knows
+    the placement); ``clients``: how many there are; ``most``: the most scores a receiver takes.
+    A receiver reads a report over its median (:func:`~dfedrw.peer.aggregation.neighbourhood.relative`):
+
+    * ``none``: no report (None).
+    * ``praise``: itself and its Byzantine neighbours at ``PRAISED``, its honest neighbours at
+      ``PLAIN``: while the honest ones are most of its neighbours, the attackers look a hundred
+      times better than them on the receiver's scale.
+    * ``frame``: its honest neighbours at ``FRAMED``, itself and its Byzantine neighbours at
+      ``PLAIN``, and as many other clients at ``PLAIN`` as keep more than half the report plain
+      (so that its median stays ``PLAIN``); if ``most`` entries cannot hold that, the honest
+      neighbours of the highest ids are left plain.
+    """
+    if how == "none":
+        return None
+    honest = sorted(k for k in neighbours if k not in byzantine and k != attacker)
+    ours = [attacker, *sorted(k for k in neighbours if k in byzantine and k != attacker)]
+    if how == "praise":
+        return dict.fromkeys(ours, PRAISED) | dict.fromkeys(honest, PLAIN)
+    named = {attacker, *neighbours}
+    room = max(0, min(most - len(ours) - len(honest), clients - len(named)))  # other clients it can name
+    framed = padding = 0
+    for framed in range(len(honest), -1, -1):
+        padding = max(0, framed + 1 - (len(ours) + len(honest) - framed))
+        if padding <= room:
+            break
+    pad = list(itertools.islice((k for k in range(clients) if k not in named), padding))
+    return dict.fromkeys(ours + honest[framed:] + pad, PLAIN) | dict.fromkeys(honest[:framed], FRAMED)
+
+
+def scenario_lie(scenario: Scenario, graphs: Any, byzantine: Collection[int], attacker: int, most: int) -> dict[int, float] | None:
+    """:func:`reported_scores` of ``attacker`` under ``scenario``'s ``attack.scores``, over the
+    round graphs ``graphs``."""
+    return reported_scores(scenario.attack.scores, attacker, graphs.possible(attacker), byzantine, graphs.num_clients, most)
 
 
 def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:

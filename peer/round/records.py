@@ -93,11 +93,13 @@ def honest_record(
 
 
 def byzantine_record(
-    r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None
+    r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None,
+    reported: Mapping[int, float] | None = None,
 ) -> dict[str, Any]:
     """A Byzantine client's round record; the attack's note, when it keeps one, under
     ``"attack"``; when colluding, ``"pooled_from"``: the sorted colluders whose pool of the
-    round it used, itself included (None: it acts alone, no key)."""
+    round it used, itself included (None: it acts alone, no key); ``"reported"``: the scores
+    its messages carried (``attack.scores``; none: no key)."""
     record: dict[str, Any] = {
         "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
         "received_from": received_from, "silent_to": silent,
@@ -106,6 +108,8 @@ def byzantine_record(
         record["pooled_from"] = sorted(pooled_from)
     if crafted.note:
         record["attack"] = dict(crafted.note)
+    if reported:
+        record["reported"] = {str(k): v for k, v in sorted(reported.items())}
     return record
 
 

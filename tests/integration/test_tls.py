@@ -67,6 +67,16 @@ def test_a_member_claiming_another_id_is_named_an_impostor(run):
     assert receiver.got == [(3, 1)]
 
 
+def test_a_member_forging_another_clients_scores_is_named_an_impostor(run):
+    # Scores ride in the model message's header: whoever sends them is the certificate's client.
+    tmp, receiver = run
+    me = load_identity(tmp / "run", 3)
+    forged = encode(1, 0, filled(0), SPECS_4, scores={0: 100.0, 2: 100.0, 3: 0.01})
+    reply = push(receiver.address, forged, channel_credentials(me), identity_options(me, 0))
+    assert (reply.accepted, reply.reason) == (False, "impersonation")
+    assert receiver.got == [(3, 1)]
+
+
 def test_another_runs_certificate_and_no_certificate_are_refused_at_the_handshake(run):
     tmp, receiver = run
     stranger = load_identity(tmp / "other", 1)  # names client 1, of another run

@@ -131,6 +131,7 @@ CASES = [
     # The neighbourhood rule: what each client measured reaches its neighbours in both engines.
     make_case("neighbourhood-labelflip-dirichlet", NEIGHBOURHOOD, "label_flip", 2, DIR),
     make_case("neighbourhood-gaussian-iid", NEIGHBOURHOOD, "gaussian", 1, IID),
+    make_case("neighbourhood-labelflip-dirichlet-framing", NEIGHBOURHOOD, "label_flip", 2, DIR, "attack.scores=frame"),
     # A backdoor, its success rate measured in both engines, and an attack window: the
     # attackers send the mean of what they know after round 20.
     make_case("dfedavg-badnets-iid-window", "dfedavg", "badnets", 2, IID, "attack.stop=20"),

@@ -1,0 +1,62 @@
+"""Shared scores as real processes over gRPC with mutual TLS: honest clients send what their
+rule measured with each model, the Byzantine ones a framing lie (``attack.scores = "frame"``),
+every message passes the intake, each Byzantine round record holds the lie it sent, and the
+neighbourhood rule gives, round for round, the weights of the same scenario on threads and in
+the batched engine (the in-process transport is bit-identical; the batched engine within the
+parity tolerance of tests/integration/test_engine_parity.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.peer.results.records import read_final, read_rounds
+from dfedrw.peer.round.byzantine import reported_scores
+from dfedrw.peer.wiring.assembly import scenario_plausible
+from dfedrw.peer.wiring.plan import scenario_graphs
+from tests.support.runs import quiet_console
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 12
+SETTINGS = (
+    "data.name=digits", "topology.honest=6", "topology.byzantine=2", f"rounds={ROUNDS}", "eval.every=0", "train.lr=0.1",
+    "network.round_timeout=30", "data.partition=dirichlet:0.1", "attack.name=gaussian", "attack.scores=frame", "network.share_scores=true",
+    "aggregation.rule=neighbourhood_reweighting", "aggregation.tpm=loss", "aggregation.crs=loss_drop_highest",
+    "aggregation.crs_params.loss_drop_highest.weighting=inverse",
+)
+
+
+def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path):
+    quiet = quiet_console()
+    scenario = load_scenario(None, [*SETTINGS, "network.transport=grpc"])
+    _, grpc = run_scenario(scenario, tmp_path / "grpc", console=quiet)
+    _, inproc = run_scenario(load_scenario(None, [*SETTINGS, "network.transport=inproc"]), tmp_path / "inproc", console=quiet)
+    _, batched = run_scenario(load_scenario(None, [*SETTINGS, "engine.name=batched"]), tmp_path / "batched", console=quiet)
+
+    assert grpc["failed_peers"] == [] and grpc["tls"] == "mutual"
+    byzantine = sorted(int(k) for k, p in grpc["peers"].items() if p["role"] == "byzantine")
+    honest = sorted(int(k) for k, p in grpc["peers"].items() if p["role"] == "honest")
+    graphs = scenario_graphs(scenario)
+    most = scenario_plausible(scenario, graphs).max_scores
+    # Each Byzantine round record holds the lie its messages carried, the same in every engine.
+    for b in byzantine:
+        lie = reported_scores("frame", b, graphs.possible(b), set(byzantine), graphs.num_clients, most)
+        assert any(v == 100.0 for v in lie.values())
+        for out in ("grpc", "inproc", "batched"):
+            assert [r["reported"] for r in read_rounds(tmp_path / out, b)] == [{str(k): v for k, v in sorted(lie.items())}] * ROUNDS
+
+    left_out = 0
+    for k in honest:
+        assert not read_final(tmp_path / "grpc", k)["rejected_by_reason"]  # every score passed the intake
+        processes, threads, rows = (read_rounds(tmp_path / d, k) for d in ("grpc", "inproc", "batched"))
+        assert len(processes) == len(threads) == len(rows) == ROUNDS
+        for p, t, b in zip(processes, threads, rows):
+            assert p["missing"] == [] and p["weights"].keys() == t["weights"].keys() == b["weights"].keys()
+            assert all(abs(p["weights"][s] - t["weights"][s]) <= 1e-9 for s in p["weights"])
+            assert all(abs(p["weights"][s] - b["weights"][s]) <= 1e-5 for s in p["weights"])
+            left_out += sum(1 for s in byzantine if p["weights"].get(str(s)) == 0.0)
+    assert left_out > 0, "the rule should have left out a framing neighbour"
+    for k in honest:
+        assert grpc["peers"][str(k)]["accuracy"] == inproc["peers"][str(k)]["accuracy"]
