@@ -39,15 +39,19 @@ def consistent(own: Mapping[int, float], reports: Mapping[int, Mapping[int, floa
     """The candidates of ``own`` (id -> the client's relative loss of it) to keep, given what the
     neighbours ``reports`` (reporter -> candidate -> its relative loss): of every way to leave
     ``f`` of them out, their reports with them, the one whose worst kept candidate (by the
-    highest of its own value and the kept reporters' values of it) is best. Ties: the lower sum
-    of those, then the lower ids left out. ``C(len(own), f)`` ways are tried."""
+    highest of its own value and the kept reporters' values of it) is best. Ties: the higher
+    sum of what everyone says of those left out (a witness's report left out with it, or the
+    candidate it accuses: the accused goes), then the lower sum of the values kept, then the
+    lower ids left out. ``C(len(own), f)`` ways are tried."""
     best = None
+    # What the client and every reporter say of each candidate: its highest value.
+    accused = {j: max([own[j]] + [rep[j] for rep in reports.values() if j in rep]) for j in own}
     for out in itertools.combinations(sorted(own), min(f, len(own))):
         values = [max([own[j]] + [rep[j] for i, rep in reports.items() if i not in out and j in rep]) for j in own if j not in out]
-        key = (max(values, default=0.0), math.fsum(values), out)
+        key = (max(values, default=0.0), -math.fsum(accused[j] for j in out), math.fsum(values), out)
         if best is None or key < best:
             best = key
-    return set(own) - set(best[2])
+    return set(own) - set(best[-1])
 
 
 @RULE_REGISTRY.register("neighbourhood_reweighting")

@@ -55,10 +55,19 @@ def test_consistent_a_silent_attacker_is_left_out_on_the_witness_and_its_own_sco
     assert consistent(OWN | {5: 1.2}, HONEST, 1) == {1, 2, 3, 4}
 
 
-def test_consistent_cannot_tell_the_witness_from_the_accused_on_equal_own_scores():
+def test_consistent_between_the_witness_and_the_accused_the_accused_goes():
     # The same with 5 as good as the others on client 0's data: leaving out the witness (and
-    # its report) or the accused both keep a worst of 1.0 and a sum of 4.0; the lower id goes.
-    assert consistent(OWN, HONEST, 1) == {2, 3, 4, 5}
+    # its report) or the accused both keep a worst of 1.0 and a sum of 4.0. What is said of
+    # them decides: 3.0 of the accused, 1.0 of the witness.
+    assert consistent(OWN, HONEST, 1) == {1, 2, 3, 4}
+    # Even when client 0 finds the accused a little better than the rest.
+    assert consistent(OWN | {5: 0.9}, HONEST, 1) == {1, 2, 3, 4}
+
+
+def test_consistent_a_liar_framing_one_honest_neighbour_has_it_left_out():
+    # The tie's other side, a weakness: 5 frames 2 alone. Leaving out 2 (and its report) or 5
+    # (and its frame) both keep a worst of 1.0; 2 is the one accused, so 2 goes.
+    assert consistent(OWN, {i: {j: 1.0 for j in OWN if j != i} for i in (1, 2, 3, 4)} | {5: {2: 9.0}}, 1) == {1, 3, 4, 5}
 
 
 def test_consistent_told_of_more_than_there_are_loses_an_honest_neighbour():
