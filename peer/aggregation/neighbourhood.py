@@ -23,8 +23,11 @@ import torch
 
 from dfedrw.peer.aggregation.candidates import finite_by_id, keep_own
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, DFedReweighting, RoundInputs
-from dfedrw.peer.checked import Checked
+from dfedrw.peer.aggregation.screened import krum_kept
+from dfedrw.peer.checked import Checked, check_choice
 from dfedrw.peer.registry import check_int
+
+SCREENS = ("none", "krum")
 
 
 def relative(values: Sequence[float]) -> list[float]:
@@ -72,15 +75,20 @@ class NeighbourhoodReweighting(Checked):
     :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does, the CRS told of no Byzantine
     neighbour among them (a CRS that drops the ``b`` worst, as ``loss_drop_highest``, drops
     none: the ``f`` went here); those left out weigh 0.
-    Told ``f = 0``, or without reports, it leaves out what the client's own values say alone.
+    Told ``f = 0`` it leaves out no one; without reports, what the client's own values say.
+    With ``screen = "krum"`` Krum's screen first drops the ``f`` neighbours of highest Krum
+    score, their reports with them (:func:`~dfedrw.peer.aggregation.screened.krum_kept`), and
+    the consistency leaves out ``f`` of the rest: the screen catches models far from the others
+    that do well on the data (IPM, dissensus), the witnesses what the client's classes miss.
 
     Its round's scores (what ``network.share_scores`` sends on) are the losses it measured, of
     every finite candidate (NaN for the others), not the TPM's: every honest client must run
-    this rule for the reports to be losses. A neighbour that frames honest senders makes the
-    rest inconsistent and goes; one that reports nothing, or what it measured, leaves the
-    decision to the other witnesses, and with one witness of a flipped class a client cannot
-    tell a wrong witness from a bad candidate (docs/robustness.md, "What the neighbours
-    measured").
+    this rule for the reports to be losses. A neighbour that frames every honest sender makes
+    the rest inconsistent and goes. One that reports nothing leaves the decision to the client
+    and the honest witnesses: a model no honest client's data shows bad (the colluding twins,
+    a model far from the others that does well on the data) is kept, which Krum's screen in
+    front (``screen``) catches in part. One that frames a single honest neighbour ties with it
+    and the tie goes to the one accused (docs/robustness.md, "Trust from the neighbourhood").
 
     Sources: the consistency of cross-evaluations as trust (TrustGraph-DFL, Murmura's evidential
     trust), and a choice of the ``f`` left out by the best subset of the rest as in Krum
@@ -91,6 +99,9 @@ class NeighbourhoodReweighting(Checked):
     tpm: object
     crs: object
     num_byzantine: int = 0
+    # "krum": Krum's screen first drops the f furthest neighbours (as screened_reweighting's),
+    # reports and all; the consistency then leaves out f of the rest. "none": no screen.
+    screen: str = "none"
 
     # A defence-aware attack plays this rule whole: its TPM and CRS alone do not decide.
     scores_decide: ClassVar[bool] = False
@@ -98,6 +109,7 @@ class NeighbourhoodReweighting(Checked):
     @classmethod
     def check_settings(cls, s: SimpleNamespace) -> None:
         check_int("NeighbourhoodReweighting", "num_byzantine", s.num_byzantine, minimum=0)
+        check_choice("NeighbourhoodReweighting", "screen", s.screen, SCREENS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -116,7 +128,8 @@ class NeighbourhoodReweighting(Checked):
         loss = metrics["loss"].tolist()
         own = 0 if finite.own is None else finite.own
         mine = relative(loss)
-        neighbours = {j: mine[p] for p, j in enumerate(finite.ids) if p != own}
+        passed = set(krum_kept(finite, self.num_byzantine)) if self.screen == "krum" else set(range(len(finite.ids)))
+        neighbours = {j: mine[p] for p, j in enumerate(finite.ids) if p != own and p in passed}
         kept = consistent(neighbours, self._reports(inputs, neighbours), self.num_byzantine)
         rows = [own] + [p for p, j in enumerate(finite.ids) if j in kept]
         chosen = RoundInputs(

@@ -72,7 +72,7 @@ class ScreenedReweighting(Checked):
         count = len(finite.ids)
         if count == 0:
             return keep_own(inputs)
-        kept = self.kept(finite)
+        kept = krum_kept(finite, self.num_byzantine)
         if len(kept) == len(inputs.ids):
             return self._inner(inputs)
         ids = tuple(finite.ids[i] for i in kept)
@@ -87,15 +87,18 @@ class ScreenedReweighting(Checked):
             scores=dict.fromkeys(inputs.ids, math.nan) | dict(agg.scores or {}),
         )
 
-    def kept(self, finite: FiniteCandidates) -> list[int]:
-        """The rows of ``finite`` the screen lets through, the own model (or its stand-in)
-        first, the others in increasing id order."""
-        count = len(finite.ids)
-        own = 0 if finite.own is None else finite.own
-        if self.num_byzantine == 0 or count <= 2:
-            dropped: set[int] = set()
-        else:
-            scores = krum_scores(finite, self.num_byzantine)
-            others = [i for i in range(count) if i != own]
-            dropped = set(sorted(others, key=lambda i: (-scores[i], -finite.ids[i]))[: self.num_byzantine])
-        return [own] + [i for i in range(count) if i != own and i not in dropped]
+
+
+def krum_kept(finite: FiniteCandidates, f: int) -> list[int]:
+    """The rows of ``finite`` Krum's screen lets through, told of ``f`` Byzantine neighbours
+    (see :class:`ScreenedReweighting`), the own model (or its stand-in) first, the others in
+    increasing id order."""
+    count = len(finite.ids)
+    own = 0 if finite.own is None else finite.own
+    if f == 0 or count <= 2:
+        dropped: set[int] = set()
+    else:
+        scores = krum_scores(finite, f)
+        others = [i for i in range(count) if i != own]
+        dropped = set(sorted(others, key=lambda i: (-scores[i], -finite.ids[i]))[:f])
+    return [own] + [i for i in range(count) if i != own and i not in dropped]

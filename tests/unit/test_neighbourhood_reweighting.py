@@ -174,3 +174,21 @@ def test_the_crs_is_told_of_no_attacker_among_those_kept():
     # Own values over the median (1.0): 5 is the worst, left out; 3 (2.0) is kept at half weight.
     assert agg.weights[5] == 0.0
     assert [agg.weights[j] for j in range(5)] == pytest.approx([1 / 4.5, 1 / 4.5, 1 / 4.5, 0.5 / 4.5, 1 / 4.5])
+
+
+def test_krums_screen_first_drops_a_far_model_that_does_well_on_the_data():
+    # Candidate 5 is far from the others (its row 50.0 against 0-4) and as good on the data.
+    # Without the screen nothing tells it apart: the client's values tie, and the lowest id goes.
+    # With it, Krum's score drops 5 first, then the consistency leaves out one of the rest
+    # (told f = 1 for each stage: the tie again, 1).
+    rows = torch.tensor([[float(i)] * 3 for i in IDS])
+    rows[5] = 50.0
+    plain = _rule(1)(_inputs([1.0] * 6, vectors=rows))
+    assert plain.weights[1] == 0.0 and plain.weights[5] > 0
+    screened = NeighbourhoodReweighting(
+        tpm=make_tpm("loss"), crs=make_crs("loss_drop_highest", weighting="inverse"), num_byzantine=1, screen="krum",
+    )(_inputs([1.0] * 6, vectors=rows))
+    assert screened.weights[5] == 0.0 and screened.weights[1] == 0.0
+    assert [screened.weights[j] for j in (0, 2, 3, 4)] == pytest.approx([0.25] * 4)
+    with pytest.raises(ValueError, match="screen"):
+        NeighbourhoodReweighting(tpm=make_tpm("loss"), crs=make_crs("loss_drop_highest"), screen="median")
