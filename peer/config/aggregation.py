@@ -20,7 +20,7 @@ from dfedrw.peer.config.tables import (
 from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_choice_of, check_flag, check_in_range, coerce_value
 
 # What Byzantine clients may report as the scores they measured (attack.scores).
-SCORE_LIES = ("none", "frame", "praise")
+SCORE_LIES = ("none", "frame", "praise", "frame_one", "invert")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class AttackConfig:
     on: int = 0
     # What the Byzantine clients report with their models as the scores they measured
     # (peer/round/byzantine.py, reported_scores): "none", "frame" (every honest neighbour
-    # scored far worse than themselves), "praise" (themselves far better than every honest one).
+    # scored far worse than themselves), "praise" (themselves far better than every honest one),
+    # "frame_one" (one honest neighbour far worse than everyone), "invert" (both at once).
     scores: str = "none"
     # Not part of the identity: where the config came from, for messages.
     prefix: str = field(default="attack", compare=False, repr=False)

@@ -80,6 +80,13 @@ def reported_scores(
       ``PLAIN``, and as many other clients at ``PLAIN`` as keep more than half the report plain
       (so that its median stays ``PLAIN``); if ``most`` entries cannot hold that, the honest
       neighbours of the highest ids are left plain.
+    * ``frame_one``: one honest neighbour at ``FRAMED``, the one of lowest id (colluders that
+      share it frame the same client), everyone else it names at ``PLAIN``, padded as ``frame``.
+    * ``invert``: the ranking upside down: its honest neighbours at ``FRAMED`` and itself and its
+      Byzantine neighbours at ``PRAISED``, padded with other clients at ``PLAIN`` until more
+      than half the report is plain, so that the receiver's scale keeps ``PLAIN`` at 1 and both
+      lies show on it; as for ``frame``, honest neighbours of the highest ids are left plain
+      where ``most`` entries cannot hold that.
     """
     if how == "none":
         return None
@@ -87,15 +94,20 @@ def reported_scores(
     ours = [attacker, *sorted(k for k in neighbours if k in byzantine and k != attacker)]
     if how == "praise":
         return dict.fromkeys(ours, PRAISED) | dict.fromkeys(honest, PLAIN)
+    low = ours if how == "invert" else []
+    accused = honest[:1] if how == "frame_one" else honest
+    plain = [k for k in ours + honest if k not in low and k not in accused]
     named = {attacker, *neighbours}
     room = max(0, min(most - len(ours) - len(honest), clients - len(named)))  # other clients it can name
     framed = padding = 0
-    for framed in range(len(honest), -1, -1):
-        padding = max(0, framed + 1 - (len(ours) + len(honest) - framed))
+    for framed in range(len(accused), -1, -1):
+        # More than half the report plain: the entries off PLAIN, and one more.
+        padding = max(0, len(low) + framed + 1 - (len(plain) + len(accused) - framed))
         if padding <= room:
             break
     pad = list(itertools.islice((k for k in range(clients) if k not in named), padding))
-    return dict.fromkeys(ours + honest[framed:] + pad, PLAIN) | dict.fromkeys(honest[:framed], FRAMED)
+    kept = [k for k in ours + honest if k not in accused[:framed]]
+    return {k: PRAISED if k in low else PLAIN for k in kept + pad} | dict.fromkeys(accused[:framed], FRAMED)
 
 
 def scenario_lie(scenario: Scenario, graphs: Any, byzantine: Collection[int], attacker: int, most: int) -> dict[int, float] | None:

@@ -43,6 +43,25 @@ def test_frame_within_what_a_receiver_takes_frames_fewer():
     assert reported_scores("frame", 5, NEIGHBOURS, BYZANTINE, 7, 20) == {1: FRAMED, 2: FRAMED, 3: FRAMED, 4: PLAIN, 5: PLAIN, 6: PLAIN, 0: PLAIN}
 
 
+def test_frame_one_frames_the_honest_neighbour_of_lowest_id_alone():
+    lie = reported_scores("frame_one", 5, NEIGHBOURS, BYZANTINE, 10, 6)
+    assert lie == {5: PLAIN, 6: PLAIN, 2: PLAIN, 3: PLAIN, 4: PLAIN, 1: FRAMED}
+    assert dict(zip(lie, relative(list(lie.values())), strict=True)) == lie
+    # Its only neighbour honest: itself and one padding client keep the median plain.
+    assert reported_scores("frame_one", 5, (2,), BYZANTINE, 10, 6) == {5: PLAIN, 0: PLAIN, 2: FRAMED}
+    # No room to pad: nothing framed.
+    assert reported_scores("frame_one", 5, (2,), BYZANTINE, 10, 2) == {5: PLAIN, 2: PLAIN}
+
+
+def test_invert_praises_the_attackers_and_frames_the_honest_around_a_plain_median():
+    # Two praised and two framed need five plain: 3 and 4, and three other clients.
+    lie = reported_scores("invert", 5, NEIGHBOURS, BYZANTINE, 10, 20)
+    assert lie == {5: PRAISED, 6: PRAISED, 3: PLAIN, 4: PLAIN, 0: PLAIN, 7: PLAIN, 8: PLAIN, 1: FRAMED, 2: FRAMED}
+    assert dict(zip(lie, relative(list(lie.values())), strict=True)) == lie
+    # Six entries leave no room to pad: no honest neighbour framed, the attackers praised.
+    assert reported_scores("invert", 5, NEIGHBOURS, BYZANTINE, 10, 6) == reported_scores("praise", 5, NEIGHBOURS, BYZANTINE, 10, 6)
+
+
 def test_it_reports_in_the_rounds_it_attacks_only():
     sc = load_scenario(None, ["attack.name=gaussian", "attack.start=2", "attack.period=4", "attack.on=1", "attack.scores=praise"])
     step = ByzantineStep(sc, 5, None, torch.Generator(), lie={5: PRAISED})
