@@ -84,6 +84,7 @@ def _rule():
     from dfedrw.peer.aggregation.distance import krum_scores
     from dfedrw.peer.aggregation.inputs import Aggregate, RoundInputs, weighted_sum
     from dfedrw.peer.aggregation.rules import ToleratesByzantine
+    from dfedrw.peer.aggregation.screened import krum_kept
     from dfedrw.peer.checked import check_choice
 
     reported: dict[tuple[int, int], dict[int, float]] = {}  # (round, client) -> its report
@@ -131,11 +132,10 @@ def _rule():
             else:
                 scores = evidence(own, reports, max(0, f - (len(ids) - 1 - len(reports))))
             screened: set[int] = set()
-            if self.variant == "evidence_krum" and f and len(ids) > 2:
+            if self.variant == "evidence_krum":
                 finite = finite_by_id(inputs)
-                distance = krum_scores(finite, f)
-                others = [p for p in range(len(finite.ids)) if finite.ids[p] != k]
-                screened = {finite.ids[p] for p in sorted(others, key=lambda p: (-distance[p], -finite.ids[p]))[:f]}
+                passed = set(krum_kept(finite, f))
+                screened = {j for p, j in enumerate(finite.ids) if p not in passed}
             rest = {j: s for j, s in scores.items() if j not in screened}
             dropped = screened | set(sorted(rest, key=lambda j: (-rest[j], -j))[:f])
             weights = [0.0 if j in dropped or not math.isfinite(x) else 1.0 / max(x, 1e-12) for j, x in zip(ids, loss, strict=True)]

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.config.scenario import load_scenario
 from dfedrw.peer.results.records import read_final, read_rounds
 from dfedrw.peer.round.byzantine import reported_scores
 from dfedrw.peer.wiring.assembly import scenario_plausible
 from dfedrw.peer.wiring.plan import scenario_graphs
-from tests.support.runs import quiet_console
+from tests.support.runs import three_ways, weights_agree
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +28,8 @@ SETTINGS = (
 
 
 def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path):
-    quiet = quiet_console()
-    scenario = load_scenario(None, [*SETTINGS, "network.transport=grpc"])
-    _, grpc = run_scenario(scenario, tmp_path / "grpc", console=quiet)
-    _, inproc = run_scenario(load_scenario(None, [*SETTINGS, "network.transport=inproc"]), tmp_path / "inproc", console=quiet)
-    _, batched = run_scenario(load_scenario(None, [*SETTINGS, "engine.name=batched"]), tmp_path / "batched", console=quiet)
+    scenario = load_scenario(None, list(SETTINGS))
+    grpc, inproc, _ = three_ways(lambda *s: load_scenario(None, list(s)), SETTINGS, tmp_path)
 
     assert grpc["failed_peers"] == [] and grpc["tls"] == "mutual"
     byzantine = sorted(int(k) for k, p in grpc["peers"].items() if p["role"] == "byzantine")
@@ -50,12 +46,7 @@ def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path):
     left_out = 0
     for k in honest:
         assert not read_final(tmp_path / "grpc", k)["rejected_by_reason"]  # every score passed the intake
-        processes, threads, rows = (read_rounds(tmp_path / d, k) for d in ("grpc", "inproc", "batched"))
-        assert len(processes) == len(threads) == len(rows) == ROUNDS
-        for p, t, b in zip(processes, threads, rows):
-            assert p["missing"] == [] and p["weights"].keys() == t["weights"].keys() == b["weights"].keys()
-            assert all(abs(p["weights"][s] - t["weights"][s]) <= 1e-9 for s in p["weights"])
-            assert all(abs(p["weights"][s] - b["weights"][s]) <= 1e-5 for s in p["weights"])
+        for p in weights_agree(tmp_path, k, ROUNDS):
             left_out += sum(1 for s in byzantine if p["weights"].get(str(s)) == 0.0)
     assert left_out > 0, "the rule should have left out a framing neighbour"
     for k in honest:

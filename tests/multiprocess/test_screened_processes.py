@@ -11,9 +11,8 @@ import math
 
 import pytest
 
-from dfedrw.launch.runner import run_scenario
 from dfedrw.peer.results.records import read_rounds
-from tests.support.runs import quiet_console
+from tests.support.runs import three_ways, weights_agree
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +26,7 @@ SETTINGS = (
 
 def test_twins_against_the_screened_rule_as_processes(small_scenario, tmp_path):
     # Execute
-    quiet = quiet_console()
-    _, grpc = run_scenario(small_scenario(*SETTINGS, "network.transport=grpc"), tmp_path / "grpc", console=quiet)
-    _, inproc = run_scenario(small_scenario(*SETTINGS, "network.transport=inproc"), tmp_path / "inproc", console=quiet)
-    _, batched = run_scenario(small_scenario(*SETTINGS, "engine.name=batched"), tmp_path / "batched", console=quiet)
+    grpc, inproc, _ = three_ways(small_scenario, SETTINGS, tmp_path)
 
     # Assert: every process finished over mutual TLS
     assert grpc["failed_peers"] == [] and grpc["tls"] == "mutual"
@@ -47,12 +43,7 @@ def test_twins_against_the_screened_rule_as_processes(small_scenario, tmp_path):
 
     screened = 0
     for k in honest:
-        processes, threads, rows = (read_rounds(tmp_path / d, k) for d in ("grpc", "inproc", "batched"))
-        assert len(processes) == len(threads) == len(rows) == ROUNDS
-        for p, t, b in zip(processes, threads, rows):
-            assert p["missing"] == [] and p["weights"].keys() == t["weights"].keys() == b["weights"].keys()
-            assert all(abs(p["weights"][s] - t["weights"][s]) <= 1e-9 for s in p["weights"])
-            assert all(abs(p["weights"][s] - b["weights"][s]) <= 1e-5 for s in p["weights"])
+        for p in weights_agree(tmp_path, k, ROUNDS):
             # A screened candidate has no score and no weight.
             unscored = [s for s, v in p["scores"].items() if v is None or (isinstance(v, float) and math.isnan(v))]
             assert all(p["weights"][s] == 0 for s in unscored)

@@ -10,6 +10,18 @@ from dfedrw.peer.aggregation import Aggregate, RoundInputs
 
 NAN = float("nan")
 
+# What neighbours report, for the tests of the neighbourhood rule and its probe.
+# Client 0's neighbours 1-5, each one's own relative loss 1.0. Reporter 1 holds the classes that
+# candidate 5 fails on and reports 3.0 for it; 2-4 report 1.0 for everyone.
+OWN = {j: 1.0 for j in range(1, 6)}
+HONEST = {
+    1: {2: 1.0, 3: 1.0, 4: 1.0, 5: 3.0},
+    2: {1: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
+    3: {1: 1.0, 2: 1.0, 4: 1.0, 5: 1.0},
+    4: {1: 1.0, 2: 1.0, 3: 1.0, 5: 1.0},
+}
+FRAMING = {5: {j: 100.0 for j in range(1, 5)}}  # candidate 5 frames every honest neighbour
+
 
 def column_evaluate(candidates: torch.Tensor) -> dict[str, torch.Tensor]:
     """accuracy = second coordinate, loss = first: scores readable straight off the rows."""

@@ -1,5 +1,6 @@
 """Running things from a test and waiting on them: polling for a condition, a console that
-prints nowhere, a command run to completion in its own session."""
+prints nowhere, a command run to completion in its own session, one scenario as gRPC
+processes, on threads and in the batched engine, and their weights compared round for round."""
 
 from __future__ import annotations
 
@@ -40,3 +41,29 @@ def run_job(cmd: list, *, cwd, timeout: float, env: dict | None = None) -> tuple
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
     return proc.returncode, output
+
+
+def three_ways(make: Callable[..., object], settings: tuple[str, ...], root) -> tuple[dict, dict, dict]:
+    """The scenario ``make(*settings, ...)`` run as gRPC processes, on threads (the in-process
+    transport) and in the batched engine, into ``root``/grpc, /inproc and /batched; their summaries."""
+    from dfedrw.launch.runner import run_scenario
+
+    quiet = quiet_console()
+    ways = ("network.transport=grpc", "network.transport=inproc", "engine.name=batched")
+    return tuple(run_scenario(make(*settings, way), root / way.split("=")[1], console=quiet)[1] for way in ways)
+
+
+def weights_agree(root, k: int, rounds: int) -> list[dict]:
+    """Client ``k``'s round records as processes under ``root`` (run by :func:`three_ways`),
+    checked to give round for round the weights of threads (the in-process transport is
+    bit-identical: within 1e-9) and of the batched engine (within the parity tolerance of
+    tests/integration/test_engine_parity.py, 1e-5), every neighbour heard."""
+    from dfedrw.peer.results.records import read_rounds
+
+    processes, threads, rows = (read_rounds(root / d, k) for d in ("grpc", "inproc", "batched"))
+    assert len(processes) == len(threads) == len(rows) == rounds
+    for p, t, b in zip(processes, threads, rows):
+        assert p["missing"] == [] and p["weights"].keys() == t["weights"].keys() == b["weights"].keys()
+        assert all(abs(p["weights"][s] - t["weights"][s]) <= 1e-9 for s in p["weights"])
+        assert all(abs(p["weights"][s] - b["weights"][s]) <= 1e-5 for s in p["weights"])
+    return processes

@@ -5,20 +5,11 @@ product's: tests/unit/test_neighbourhood_reweighting.py.)"""
 
 import pytest
 
+from tests.support.rules import FRAMING, HONEST, OWN
 from tests.support.scripts import load_bench
 
 probe = load_bench("neighbourhood_probe")
 
-# Client 0's neighbours 1-5, each one's own relative loss 1.0. Reporter 1 holds the classes that
-# candidate 5 fails on and reports 3.0 for it; 2-4 report 1.0 for everyone.
-OWN = {j: 1.0 for j in range(1, 6)}
-HONEST = {
-    1: {2: 1.0, 3: 1.0, 4: 1.0, 5: 3.0},
-    2: {1: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
-    3: {1: 1.0, 2: 1.0, 4: 1.0, 5: 1.0},
-    4: {1: 1.0, 2: 1.0, 3: 1.0, 5: 1.0},
-}
-FRAMING = {5: {j: 100.0 for j in range(1, 5)}}  # candidate 5 frames every honest neighbour
 
 
 def test_no_liar_the_highest_report_counts():

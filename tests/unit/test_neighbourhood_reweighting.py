@@ -13,17 +13,8 @@ from dfedrw.peer.aggregation import make_crs, make_tpm
 from dfedrw.peer.aggregation.inputs import RoundInputs
 from dfedrw.peer.aggregation.neighbourhood import NeighbourhoodReweighting, consistent, relative
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY
+from tests.support.rules import FRAMING, HONEST, OWN
 
-# Client 0's neighbours 1-5, each one's own relative loss 1.0. Reporter 1 holds the classes that
-# candidate 5 fails on and reports 3.0 for it; 2-4 report 1.0 for everyone.
-OWN = {j: 1.0 for j in range(1, 6)}
-HONEST = {
-    1: {2: 1.0, 3: 1.0, 4: 1.0, 5: 3.0},
-    2: {1: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
-    3: {1: 1.0, 2: 1.0, 4: 1.0, 5: 1.0},
-    4: {1: 1.0, 2: 1.0, 3: 1.0, 5: 1.0},
-}
-FRAMING = {5: {j: 100.0 for j in range(1, 5)}}  # candidate 5 frames every honest neighbour
 
 
 def test_relative_values_are_over_their_median():
