@@ -87,8 +87,10 @@ class NeighbourhoodReweighting(Checked):
     the rest inconsistent and goes. One that reports nothing leaves the decision to the client
     and the honest witnesses: a model no honest client's data shows bad (the colluding twins,
     a model far from the others that does well on the data) is kept, which Krum's screen in
-    front (``screen``) catches in part. One that frames a single honest neighbour ties with it
-    and the tie goes to the one accused (docs/robustness.md, "Trust from the neighbourhood").
+    front (``screen``) catches in part. One whose model passes and that frames a single honest
+    neighbour (``attack.scores = "frame_one"``) forces "that neighbour or me", and the tie goes
+    to the one accused: the lie that pays most against this rule (docs/robustness.md, "Trust
+    from the neighbourhood: the rule").
 
     Sources: the consistency of cross-evaluations as trust (TrustGraph-DFL, Murmura's evidential
     trust), and a choice of the ``f`` left out by the best subset of the rest as in Krum

@@ -1,5 +1,6 @@
 """Shared scores as real processes over gRPC with mutual TLS: honest clients send what their
-rule measured with each model, the Byzantine ones a framing lie (``attack.scores = "frame"``),
+rule measured with each model, the Byzantine ones a framing lie (``attack.scores = "frame"``,
+or ``"frame_one"``),
 every message passes the intake, each Byzantine round record holds the lie it sent, and the
 neighbourhood rule gives, round for round, the weights of the same scenario on threads and in
 the batched engine (the in-process transport is bit-identical; the batched engine within the
@@ -21,15 +22,17 @@ pytestmark = pytest.mark.slow
 ROUNDS = 12
 SETTINGS = (
     "data.name=digits", "topology.honest=6", "topology.byzantine=2", f"rounds={ROUNDS}", "eval.every=0", "train.lr=0.1",
-    "network.round_timeout=30", "data.partition=dirichlet:0.1", "attack.name=gaussian", "attack.scores=frame", "network.share_scores=true",
+    "network.round_timeout=30", "data.partition=dirichlet:0.1", "attack.name=gaussian", "network.share_scores=true",
     "aggregation.rule=neighbourhood_reweighting", "aggregation.tpm=loss", "aggregation.crs=loss_drop_highest",
     "aggregation.crs_params.loss_drop_highest.weighting=inverse",
 )
 
 
-def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path):
-    scenario = load_scenario(None, list(SETTINGS))
-    grpc, inproc, _ = three_ways(lambda *s: load_scenario(None, list(s)), SETTINGS, tmp_path)
+@pytest.mark.parametrize("lie", ["frame", "frame_one"])
+def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path, lie):
+    settings = (*SETTINGS, f"attack.scores={lie}")
+    scenario = load_scenario(None, list(settings))
+    grpc, inproc, _ = three_ways(lambda *s: load_scenario(None, list(s)), settings, tmp_path)
 
     assert grpc["failed_peers"] == [] and grpc["tls"] == "mutual"
     byzantine = sorted(int(k) for k, p in grpc["peers"].items() if p["role"] == "byzantine")
@@ -38,10 +41,10 @@ def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path):
     most = scenario_plausible(scenario, graphs).max_scores
     # Each Byzantine round record holds the lie its messages carried, the same in every engine.
     for b in byzantine:
-        lie = reported_scores("frame", b, graphs.possible(b), set(byzantine), graphs.num_clients, most)
-        assert any(v == 100.0 for v in lie.values())
+        sent = reported_scores(lie, b, graphs.possible(b), set(byzantine), graphs.num_clients, most)
+        assert any(v == 100.0 for v in sent.values())
         for out in ("grpc", "inproc", "batched"):
-            assert [r["reported"] for r in read_rounds(tmp_path / out, b)] == [{str(k): v for k, v in sorted(lie.items())}] * ROUNDS
+            assert [r["reported"] for r in read_rounds(tmp_path / out, b)] == [{str(k): v for k, v in sorted(sent.items())}] * ROUNDS
 
     left_out = 0
     for k in honest:
