@@ -12,7 +12,8 @@ from dfedrw.peer.aggregation.rules import Aggregate, RoundBatch, RoundInputs
 
 @dataclass(frozen=True)
 class FiniteCandidates:
-    """The finite candidates in increasing id order, as float64 rows on the input device."""
+    """The finite candidates in increasing id order, as rows on the input device (float64 unless
+    :func:`finite_by_id` was asked for another dtype)."""
 
     ids: tuple[int, ...]
     rows: torch.Tensor
@@ -22,13 +23,15 @@ class FiniteCandidates:
     positions: tuple[int, ...]
 
 
-def finite_by_id(inputs: RoundInputs) -> FiniteCandidates:
+def finite_by_id(inputs: RoundInputs, dtype: torch.dtype = torch.float64) -> FiniteCandidates:
+    """``inputs``' finite candidates in increasing id order, their rows as ``dtype`` (float64
+    unless a rule that reads them asks for theirs as they came)."""
     finite = inputs.finite_list()
     positions = tuple(
         sorted((i for i, ok in enumerate(finite) if ok), key=lambda i: inputs.ids[i])
     )
     index = torch.tensor(positions, dtype=torch.long, device=inputs.vectors.device)
-    rows = inputs.vectors.index_select(0, index).to(torch.float64)
+    rows = inputs.vectors.index_select(0, index).to(dtype)
     ids = tuple(inputs.ids[i] for i in positions)
     own = ids.index(inputs.own_id) if inputs.own_id in ids else None
     return FiniteCandidates(ids=ids, rows=rows, own=own, positions=positions)

@@ -122,7 +122,8 @@ class NeighbourhoodReweighting(Checked):
     def __call__(self, inputs: RoundInputs) -> Aggregate:
         if inputs.evaluate is None:
             raise ValueError("NeighbourhoodReweighting: inputs.evaluate is None; this rule measures candidates on the client's auxiliary data")
-        finite = finite_by_id(inputs)
+        # Krum's screen measures distances in float64; without it the rows stay as they came.
+        finite = finite_by_id(inputs, torch.float64 if self.screen == "krum" else inputs.vectors.dtype)
         if not finite.ids:
             return keep_own(inputs)
         vectors = finite.rows.to(inputs.vectors.dtype)
