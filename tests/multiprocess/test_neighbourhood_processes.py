@@ -1,23 +1,32 @@
 """Shared scores as real processes over gRPC with mutual TLS: honest clients send what their
-rule measured with each model, the Byzantine ones a framing lie (``attack.scores = "frame"``,
-or ``"frame_one"``),
-every message passes the intake, each Byzantine round record holds the lie it sent, and the
-neighbourhood rule gives, round for round, the weights of the same scenario on threads and in
-the batched engine (the in-process transport is bit-identical; the batched engine within the
-parity tolerance of tests/integration/test_engine_parity.py)."""
+rule measured with each model, the Byzantine ones a framing lie (``attack.scores = "frame"``
+or ``"frame_one"``), every message passes the intake, each Byzantine round record holds the lie
+it sent, and the neighbourhood rule gives, round for round, the weights of the same scenario on
+threads and in the batched engine (the in-process transport is bit-identical; the batched
+engine within the parity tolerance of tests/integration/test_engine_parity.py), and as
+torchrun workers."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
-from dfedrw.peer.config.scenario import load_scenario
+from dfedrw.launch.runner import run_scenario
+from dfedrw.peer.config.scenario import dump_scenario, load_scenario
 from dfedrw.peer.results.records import read_final, read_rounds
-from dfedrw.peer.round.byzantine import reported_scores
+from dfedrw.peer.round.byzantine import FRAMED, reported_scores
 from dfedrw.peer.wiring.assembly import scenario_plausible
 from dfedrw.peer.wiring.plan import scenario_graphs
-from tests.support.runs import three_ways, weights_agree
+from tests.support.runs import quiet_console, run_job, three_ways, weights_agree
 
 pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 ROUNDS = 12
 SETTINGS = (
@@ -54,3 +63,28 @@ def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path, lie
     assert left_out > 0, "the rule should have left out a framing neighbour"
     for k in honest:
         assert grpc["peers"][str(k)]["accuracy"] == inproc["peers"][str(k)]["accuracy"]
+
+
+def test_shared_scores_under_torchrun(tmp_path):
+    """The same scenario (framing one honest neighbour) as torchrun workers: the scores ride in
+    the model header on torch.distributed too, and the rule gives threads' weights bit for bit."""
+    if not TORCHRUN.exists():
+        pytest.skip(f"torchrun not found next to {sys.executable}")
+    settings = [*SETTINGS, "attack.scores=frame_one"]
+    scenario_file = tmp_path / "scenario.toml"
+    dump_scenario(load_scenario(None, settings), scenario_file)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "8", "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(tmp_path / "torchrun")]
+    rc, output = run_job(cmd, cwd=REPO, env=env, timeout=300)
+    assert rc == 0, output[-4000:]
+    _, threads = run_scenario(load_scenario(None, [*settings, "network.transport=inproc"]), tmp_path / "inproc", console=quiet_console())
+    summary = json.loads((tmp_path / "torchrun" / "summary.json").read_text())
+    assert summary["launcher"] == "torchrun" and summary["failed_peers"] == []
+    for k, peer in summary["peers"].items():
+        torch_rounds, thread_rounds = read_rounds(tmp_path / "torchrun", int(k)), read_rounds(tmp_path / "inproc", int(k))
+        if peer["role"] == "byzantine":
+            assert [r["reported"] for r in torch_rounds] == [r["reported"] for r in thread_rounds] and FRAMED in torch_rounds[0]["reported"].values()
+            continue
+        assert not read_final(tmp_path / "torchrun", int(k))["rejected_by_reason"]
+        assert [r["weights"] for r in torch_rounds] == [r["weights"] for r in thread_rounds]
+        assert peer["accuracy"] == threads["peers"][k]["accuracy"]
