@@ -68,15 +68,12 @@ def round_seconds(common: list[str], repeats: int, rounds: int, work: Path) -> d
 
 
 def message_bytes(common: list[str], work: Path) -> dict[str, float]:
-    """The honest clients' mean bytes per message, without scores, with them, and with framing liars."""
+    """The honest clients' mean bytes per message, without scores and with them."""
     from dfedrw.peer.results.records import read_rounds
 
     clocked = [*common, "links.latency=0.001"]
     out = {}
-    for name, settings in (
-        ("no scores", (*NEIGHBOURHOOD, "network.share_scores=false")),
-        ("scores", (*NEIGHBOURHOOD, "network.share_scores=true")),
-    ):
+    for name, settings in (("no scores", CONFIGS["neighbourhood, no scores"]), ("scores", CONFIGS["neighbourhood, scores"])):
         folder, summary = _run([*clocked, *settings], work / f"bytes-{name.replace(' ', '_')}")
         per_message = []
         for k, peer in summary["peers"].items():

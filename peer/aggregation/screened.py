@@ -88,7 +88,6 @@ class ScreenedReweighting(Checked):
         )
 
 
-
 def krum_kept(finite: FiniteCandidates, f: int) -> list[int]:
     """The rows of ``finite`` Krum's screen lets through, told of ``f`` Byzantine neighbours
     (see :class:`ScreenedReweighting`), the own model (or its stand-in) first, the others in

@@ -6,8 +6,6 @@ Byzantine client has (data, partners) also under torchrun."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,16 +14,14 @@ from dfedrw.launch.compose import write_compose
 from dfedrw.launch.compose_plan import ATTACK_ENV, ComposeOptions
 from dfedrw.launch.local import LocalRun
 from dfedrw.peer.attacks import ATTACK_REGISTRY, threat_model_of
-from dfedrw.peer.config.scenario import dump_scenario, load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 from dfedrw.peer.results.records import read_rounds
-from tests.support.runs import quiet_console, run_job
+from tests.support.runs import quiet_console, torchrun_scenario
 
 pytestmark = pytest.mark.slow
 
 ATTACKS = ATTACK_REGISTRY.builtin_names()
 ROUNDS = 6
-REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def settings(attack: str) -> list[str]:
@@ -90,13 +86,7 @@ def _knowing(attack: str) -> bool:
 
 @pytest.mark.parametrize("attack", [a for a in ATTACKS if _knowing(a)])
 def test_attacks_with_knowledge_run_under_torchrun(attack, tmp_path):
-    if not TORCHRUN.exists():
-        pytest.skip(f"torchrun not found next to {sys.executable}")
-    scenario_file = tmp_path / "scenario.toml"
-    dump_scenario(load_scenario(None, settings(attack)), scenario_file)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "5", "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(tmp_path / "out")]
-    rc, output = run_job(cmd, cwd=REPO, env=env, timeout=300)
+    rc, output = torchrun_scenario(load_scenario(None, settings(attack)), tmp_path / "out")
     assert rc == 0, output[-4000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["launcher"] == "torchrun" and summary["failed_peers"] == []

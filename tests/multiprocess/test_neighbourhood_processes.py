@@ -9,24 +9,18 @@ torchrun workers."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config.scenario import dump_scenario, load_scenario
+from dfedrw.peer.config.scenario import load_scenario
 from dfedrw.peer.results.records import read_final, read_rounds
 from dfedrw.peer.round.byzantine import FRAMED, reported_scores
 from dfedrw.peer.wiring.assembly import scenario_plausible
 from dfedrw.peer.wiring.plan import scenario_graphs
-from tests.support.runs import quiet_console, run_job, three_ways, weights_agree
+from tests.support.runs import quiet_console, three_ways, torchrun_scenario, weights_agree
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 ROUNDS = 12
 SETTINGS = (
@@ -68,14 +62,8 @@ def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path, lie
 def test_shared_scores_under_torchrun(tmp_path):
     """The same scenario (framing one honest neighbour) as torchrun workers: the scores ride in
     the model header on torch.distributed too, and the rule gives threads' weights bit for bit."""
-    if not TORCHRUN.exists():
-        pytest.skip(f"torchrun not found next to {sys.executable}")
     settings = [*SETTINGS, "attack.scores=frame_one"]
-    scenario_file = tmp_path / "scenario.toml"
-    dump_scenario(load_scenario(None, settings), scenario_file)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "8", "-m", "dfedrw.launch.torchrun", "--scenario", str(scenario_file), "--out", str(tmp_path / "torchrun")]
-    rc, output = run_job(cmd, cwd=REPO, env=env, timeout=300)
+    rc, output = torchrun_scenario(load_scenario(None, settings), tmp_path / "torchrun")
     assert rc == 0, output[-4000:]
     _, threads = run_scenario(load_scenario(None, [*settings, "network.transport=inproc"]), tmp_path / "inproc", console=quiet_console())
     summary = json.loads((tmp_path / "torchrun" / "summary.json").read_text())

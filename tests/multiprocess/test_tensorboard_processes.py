@@ -16,14 +16,13 @@ from dfedrw.experiments.sweep import run_sweep
 from dfedrw.experiments.sweep_plan import RUNS_DIR
 from dfedrw.launch.batched_engine import run_batched
 from dfedrw.launch.runner import run_scenario
-from dfedrw.peer.config.scenario import dump_scenario, load_scenario
-from tests.support.runs import quiet_console, run_job
+from dfedrw.peer.config.scenario import load_scenario
+from tests.support.runs import quiet_console, run_job, torchrun_scenario
 from tests.support.tensorboard import check_tensorboard
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 # 4 honest clients and a Byzantine one whose models DFedAvg takes in: a share above 0.
 SETTINGS = [
     "rounds=4", "eval.every=2", "topology.honest=4", "topology.byzantine=1", "attack.name=gaussian",
@@ -52,18 +51,10 @@ def test_client_processes_write_their_own_event_files(tmp_path):
 
 def test_torchrun_ranks_write_their_own_and_rank_0_the_honest_mean(tmp_path):
     # Prepare
-    if not TORCHRUN.exists():
-        pytest.skip(f"torchrun not found next to {sys.executable}")
     scenario = load_scenario(None, SETTINGS)
-    dump_scenario(scenario, tmp_path / "scenario.toml")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    cmd = [
-        str(TORCHRUN), "--standalone", "--nproc-per-node", str(scenario.num_clients), "-m", "dfedrw.launch.torchrun",
-        "--scenario", str(tmp_path / "scenario.toml"), "--out", str(tmp_path / "out"), "--tensorboard", str(tmp_path / "tb"),
-    ]
 
     # Execute
-    rc, output = run_job(cmd, cwd=REPO, env=env, timeout=300)
+    rc, output = torchrun_scenario(scenario, tmp_path / "out", "--tensorboard", str(tmp_path / "tb"))
 
     # Assert
     assert rc == 0, output[-4000:]

@@ -1,16 +1,22 @@
 """Running things from a test and waiting on them: polling for a condition, a console that
-prints nowhere, a command run to completion in its own session, one scenario as gRPC
-processes, on threads and in the batched engine, and their weights compared round for round."""
+prints nowhere, a command run to completion in its own session, a scenario as torchrun workers,
+one scenario as gRPC processes, on threads and in the batched engine, and their weights compared
+round for round."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.2, detail: Callable[[], str] | None = None) -> None:
@@ -41,6 +47,26 @@ def run_job(cmd: list, *, cwd, timeout: float, env: dict | None = None) -> tuple
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
     return proc.returncode, output
+
+
+def torchrun_scenario(scenario, out: Path, *args: str, timeout: float = 300) -> tuple[int, str]:
+    """``scenario`` (written next to ``out`` as scenario.toml) run as torchrun workers, one per
+    client, into ``out``, with more launcher ``args``; (exit status, output). Skips the test
+    where no torchrun stands next to this interpreter."""
+    import pytest
+
+    from dfedrw.peer.config.scenario import dump_scenario
+
+    if not TORCHRUN.exists():
+        pytest.skip(f"torchrun not found next to {sys.executable}")
+    scenario_file = out.parent / "scenario.toml"
+    dump_scenario(scenario, scenario_file)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    cmd = [
+        str(TORCHRUN), "--standalone", "--nproc-per-node", str(scenario.num_clients), "-m", "dfedrw.launch.torchrun",
+        "--scenario", str(scenario_file), "--out", str(out), *args,
+    ]
+    return run_job(cmd, cwd=REPO, env=env, timeout=timeout)
 
 
 def three_ways(make: Callable[..., object], settings: tuple[str, ...], root) -> tuple[dict, dict, dict]:
