@@ -201,7 +201,7 @@ class Gossip:
                     place[id(message.vector)] = len(wave) + len(place)
                     pool.append(message.vector[None])
                 offers.append(Offer(j, place[id(message.vector)], message.num_samples, message.loss, t - held[j].arrived_step, message.scores))
-            clients.append(assemble(Offer(k, i, run.num_samples[k], self.losses[k]), offers, self.graphs.senders_to(k, t)))
+            clients.append(assemble(Offer(k, i, run.num_samples[k], self.losses[k]), offers, self.graphs.senders_to(k, t), memory=run.memory.get(k)))
         # The own trained model is non-finite exactly when the intake's check found it so.
         finite = [self.errors[k] is None or self.errors[k].reason != "non_finite" for k in wave] + [True] * (sum(len(p) for p in pool) - len(wave))
         parts = Candidates(
@@ -218,7 +218,7 @@ class Gossip:
         for i, (k, agg) in enumerate(zip(wave, results, strict=True)):
             end = now + self.clock.aggregate_seconds[k]
             mine = clients[i]
-            run.network.aggregated(k, agg.scores)
+            run.aggregated(k, agg)
             self.staleness_total[k] += sum(mine.staleness)
             record = honest_record(
                 t, self.losses[k], agg.weights, mine.missing, scores=agg.scores, notes={"staleness": {str(j): s for j, s in zip(mine.senders, mine.staleness[1:], strict=True)}},

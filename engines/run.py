@@ -122,6 +122,8 @@ class BatchedRun:
         self.told_rules = ToldRules(sc, topo, self.honest, dynamic=self.graphs.dynamic)
         self.rules = dict(self.told_rules.fixed)  # each client's rule this round (under a schedule: begin_round's)
         self.told: dict[int, int] = {}
+        # What each honest client's rule kept of its last aggregation (Aggregate.memory).
+        self.memory: dict[int, dict[int, float] | None] = {}
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
         self.plausible = scenario_plausible(sc, self.graphs)
@@ -341,7 +343,7 @@ class BatchedRun:
                     offers.append(Offer(j, byz_row[(j, k)], size, loss, reports=reports))
             # A timed network knows the models that were sent and did not come in time.
             timed = self.network.missing(k, (o.sender for o in offers))
-            clients.append(assemble(Offer(k, honest_row[k], num_samples[k], losses[k]), offers, self.senders[k], timed))
+            clients.append(assemble(Offer(k, honest_row[k], num_samples[k], losses[k]), offers, self.senders[k], timed, memory=self.memory.get(k)))
         # Rules get the candidates on the CPU, as a client does (they arrive there from the wire):
         # a rule may mix them with tensors of its own. Scoring moves them to the aux data's device.
         # On a GPU one copy to the CPU for the whole pool; on the CPU the pieces as they are.
@@ -351,6 +353,12 @@ class BatchedRun:
         finite = [refused.get(k) != "non_finite" for k in self.honest] + [True] * (pooled - len(self.honest))
         return Candidates(pieces=pieces, clients=clients, evaluate=[self.aux[k] for k in self.honest], reference=reference, finite=finite)
 
+    def aggregated(self, k: int, agg: Aggregate) -> None:
+        """What client ``k``'s aggregation leaves for its next: the scores its next message
+        carries (network.share_scores) and its rule's memory."""
+        self.network.aggregated(k, agg.scores)
+        self.memory[k] = agg.memory
+
     def records(self, r: int, losses: dict[int, float], candidates: Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
         """The rules' results become the models; returns the clients' round records, in
         ``self.honest`` order (with a clock: the simulated seconds at the round's end and the
@@ -358,7 +366,7 @@ class BatchedRun:
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
-            self.network.aggregated(k, agg.scores)
+            self.aggregated(k, agg)
             record = honest_record(r, losses[k], agg.weights, candidates.clients[c].missing, scores=agg.scores, **self.network.record(k))
             records.append(with_round_graph(record, self.graphs, k, r, self.told.get(k)))
         return records

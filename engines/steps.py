@@ -155,7 +155,7 @@ def aggregate_together(
         total_rounds=total_rounds, runs=tuple(i for i, p in enumerate(parts) for _ in p.clients) if len(parts) > 1 else None,
         rules=None if rules is None else tuple(rules),
         staleness=tuple(c.staleness for p in parts for c in p.clients) if all(p.gossip for p in parts) else None,
-        reports=tuple(c.reports for p in parts for c in p.clients),
+        reports=tuple(c.reports for p in parts for c in p.clients), memory=tuple(c.memory for p in parts for c in p.clients),
     )
     results: list[Any] = [None] * len(batch)
     for rule, members in groups:

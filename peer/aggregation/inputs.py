@@ -51,6 +51,9 @@ class RoundInputs:
     # scores it sent with its model (id -> score), or None where it sent none (the own model,
     # a sender that shares none); None: no reports at all.
     reports: tuple[Mapping[int, float] | None, ...] | None = None
+    # What the client's rule kept of its last aggregation (``Aggregate.memory``: id -> value),
+    # handed back by the engine; None: nothing kept (its first round, or a rule that keeps none).
+    memory: Mapping[int, float] | None = None
 
     def finite_list(self) -> list[bool]:
         """Per row of ``vectors``: whether every value is finite."""
@@ -125,17 +128,23 @@ class RoundInputs:
             if len(reports) != len(ids) or not all(r is None or isinstance(r, Mapping) for r in reports):
                 raise ValueError(f"RoundInputs: reports must be a mapping or None per id ({len(ids)}), got {self.reports!r}")
             object.__setattr__(self, "reports", reports)
+        if self.memory is not None and not isinstance(self.memory, Mapping):
+            raise ValueError(f"RoundInputs: memory must be a mapping or None, got {self.memory!r}")
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "num_samples", num_samples)
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    """A rule's result: the new model, the weight per sender id, the TPM score per sender id."""
+    """A rule's result: the new model, the weight per sender id, the TPM score per sender id,
+    and what the rule keeps for the client's next aggregation (``memory``: id -> value, handed
+    back as ``RoundInputs.memory`` by every engine and kept in the client's checkpoint; None for
+    a rule that keeps nothing)."""
 
     model: torch.Tensor
     weights: dict[int, float]
     scores: dict[int, float] | None = None
+    memory: dict[int, float] | None = None
 
 
 EvaluateMany = Callable[[torch.Tensor, Sequence[Callable[[torch.Tensor], Mapping[str, torch.Tensor]]], Sequence[Sequence[int]]], list[Mapping[str, torch.Tensor]]]
@@ -197,6 +206,8 @@ class RoundBatch:
     staleness: tuple[tuple[int, ...], ...] | None = None
     # Each client's candidates' reports (as RoundInputs.reports).
     reports: tuple[tuple[Mapping[int, float] | None, ...], ...] | None = None
+    # Each client's rule's memory (as RoundInputs.memory).
+    memory: tuple[Mapping[int, float] | None, ...] | None = None
 
     def finite(self) -> torch.Tensor:
         """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
@@ -216,6 +227,7 @@ class RoundBatch:
             finite=None if self.finite_pool is None else tuple(self.finite_pool[list(self.rows[c])].tolist()),
             staleness=None if self.staleness is None else self.staleness[c],
             reports=None if self.reports is None else self.reports[c],
+            memory=None if self.memory is None else self.memory[c],
         )
 
     def select(self, clients: Sequence[int]) -> RoundBatch:
@@ -229,7 +241,7 @@ class RoundBatch:
             declared_losses=pick(self.declared_losses), evaluate=pick(self.evaluate),
             references=None if self.references is None else self.references[list(clients)], total_rounds=self.total_rounds,
             evaluate_many=self.evaluate_many, runs=pick(self.runs), finite_pool=self.finite_pool, rules=pick(self.rules),
-            staleness=pick(self.staleness), reports=pick(self.reports),
+            staleness=pick(self.staleness), reports=pick(self.reports), memory=pick(self.memory),
         )
 
     def combine(self, weights: Sequence[torch.Tensor | Sequence[float]]) -> torch.Tensor:

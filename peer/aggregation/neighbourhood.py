@@ -24,7 +24,7 @@ import torch
 from dfedrw.peer.aggregation.candidates import finite_by_id, keep_own
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, DFedReweighting, RoundInputs
 from dfedrw.peer.aggregation.screened import krum_kept
-from dfedrw.peer.checked import Checked, check_choice
+from dfedrw.peer.checked import Checked, check_choice, check_real
 from dfedrw.peer.registry import check_int
 
 SCREENS = ("none", "krum")
@@ -57,6 +57,23 @@ def consistent(own: Mapping[int, float], reports: Mapping[int, Mapping[int, floa
     return set(own) - set(best[-1])
 
 
+def remembered(past: Mapping[int, float] | None, kept: set[int], judged: Sequence[int], decay: float) -> tuple[set[int], dict[int, float]]:
+    """Reputation kept over rounds: each neighbour's rate of being left out, decayed. ``past``:
+    the rates of the last aggregation (id -> rate in [0, 1]; None: none yet); ``judged``: the
+    neighbours judged this round, of which this round's decision keeps ``kept``. Each judged
+    neighbour's rate becomes ``decay * past + (1 - decay) * [left out this round]`` (a
+    neighbour not judged this round keeps its rate); as many neighbours as this round's
+    decision leaves out are left out, those of the highest rate (ties: one this round's
+    decision left out first, then the lower id). Returns the neighbours kept and the rates."""
+    past = past or {}
+    out_now = [j for j in judged if j not in kept]
+    rates = dict(past)
+    for j in judged:
+        rates[j] = decay * float(past.get(j, 0.0)) + (1.0 - decay) * (1.0 if j in out_now else 0.0)
+    out = sorted(judged, key=lambda j: (-rates[j], j in kept, j))[: len(out_now)]
+    return set(judged) - set(out), rates
+
+
 @RULE_REGISTRY.register("neighbourhood_reweighting")
 @dataclass(frozen=True)
 class NeighbourhoodReweighting(Checked):
@@ -76,6 +93,13 @@ class NeighbourhoodReweighting(Checked):
     neighbour among them (a CRS that drops the ``b`` worst, as ``loss_drop_highest``, drops
     none: the ``f`` went here); those left out weigh 0.
     Told ``f = 0`` it leaves out no one; without reports, what the client's own values say.
+    With ``memory = m > 0`` the round's decision is remembered (:func:`remembered`): each
+    neighbour's left-out rate decays by ``m`` a round and grows by ``1 - m`` in a round the
+    decision leaves it out, and the neighbours left out are as many as the decision leaves out,
+    those of the highest rate. A neighbour the decision leaves out in most of the rounds it
+    attacks is then left out in all of them, an honest one it leaves out now and then is kept.
+    The rates go to the next round in ``Aggregate.memory`` (every engine hands them back, a
+    client's checkpoint keeps them).
     With ``screen = "krum"`` Krum's screen first drops the ``f`` neighbours of highest Krum
     score, their reports with them (:func:`~dfedrw.peer.aggregation.screened.krum_kept`), and
     the consistency leaves out ``f`` of the rest: the screen catches models far from the others
@@ -104,6 +128,9 @@ class NeighbourhoodReweighting(Checked):
     # "krum": Krum's screen first drops the f furthest neighbours (as screened_reweighting's),
     # reports and all; the consistency then leaves out f of the rest. "none": no screen.
     screen: str = "none"
+    # Reputation over rounds: the weight of the past in each neighbour's left-out rate
+    # (:func:`remembered`), in [0, 1); 0: each round decides alone.
+    memory: float = 0.0
 
     # A defence-aware attack plays this rule whole: its TPM and CRS alone do not decide.
     scores_decide: ClassVar[bool] = False
@@ -112,6 +139,8 @@ class NeighbourhoodReweighting(Checked):
     def check_settings(cls, s: SimpleNamespace) -> None:
         check_int("NeighbourhoodReweighting", "num_byzantine", s.num_byzantine, minimum=0)
         check_choice("NeighbourhoodReweighting", "screen", s.screen, SCREENS)
+        if not 0.0 <= check_real("NeighbourhoodReweighting", "memory", s.memory) < 1.0:
+            raise ValueError(f"NeighbourhoodReweighting: memory must be in [0, 1), got {s.memory!r}")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -134,6 +163,10 @@ class NeighbourhoodReweighting(Checked):
         passed = set(krum_kept(finite, self.num_byzantine)) if self.screen == "krum" else set(range(len(finite.ids)))
         neighbours = {j: mine[p] for p, j in enumerate(finite.ids) if p != own and p in passed}
         kept = consistent(neighbours, self._reports(inputs, neighbours), self.num_byzantine)
+        rates = None
+        if self.memory:
+            judged = [j for p, j in enumerate(finite.ids) if p != own]
+            kept, rates = remembered(inputs.memory, kept, judged, self.memory)
         rows = [own] + [p for p, j in enumerate(finite.ids) if j in kept]
         chosen = RoundInputs(
             own_id=finite.ids[own], round=inputs.round, ids=tuple(finite.ids[p] for p in rows), vectors=vectors[rows],
@@ -145,7 +178,7 @@ class NeighbourhoodReweighting(Checked):
         agg = self._inner(chosen)
         return Aggregate(
             model=agg.model, weights=dict.fromkeys(inputs.ids, 0.0) | dict(agg.weights),
-            scores=dict.fromkeys(inputs.ids, math.nan) | dict(zip(finite.ids, loss, strict=True)),
+            scores=dict.fromkeys(inputs.ids, math.nan) | dict(zip(finite.ids, loss, strict=True)), memory=rates,
         )
 
     @staticmethod

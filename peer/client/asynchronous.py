@@ -115,7 +115,7 @@ def run_async_honest(client) -> dict[str, Any]:
         candidates = assemble(
             Offer(client.id, own, num_samples, loss),
             (Offer(k, m.vector, m.num_samples, m.train_loss, stale, m.scores or None) for k, (m, stale) in sorted(held.items())),
-            graphs.senders_to(client.id, t),
+            graphs.senders_to(client.id, t), memory=client.memory,
         )
         stale_steps += sum(candidates.staleness)
         vectors = candidates.stack()
@@ -125,7 +125,7 @@ def run_async_honest(client) -> dict[str, Any]:
                 candidates.inputs(t, vectors, evaluate=client.aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite, gossip=True)
             )
         model = agg.model.clone() if agg.model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr() else agg.model
-        client._share(agg.scores)
+        client._keep(agg)
         set_vector(client.model, model)
         flat = model if flat is not None else None
         notes: dict[str, Any] = {"staleness": {str(k): s for k, s in zip(senders, candidates.staleness[1:], strict=True)}}

@@ -4,7 +4,8 @@ One file per client, ``peers/<id>.ckpt.npz`` in the results folder, written ever
 ``checkpoint.every`` rounds. It is a plain ``numpy.savez`` archive of arrays only, never a
 pickle: the model vector (float32), each random generator's state (uint8, from
 ``torch.Generator.get_state()``), the trainer's epoch permutation (int64), and one uint8 array
-holding a JSON object with the scalars (client id, round, scenario fingerprint, counters). It
+holding a JSON object with the scalars (client id, round, scenario fingerprint, counters, and
+what its rule keeps from round to round, ``Aggregate.memory``, where it keeps anything). It
 is loaded with ``allow_pickle=False``, so a file holding a pickled object array is refused.
 
 Written atomically: to ``<name>.tmp`` first, flushed to disk, then renamed over the old one. A
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,27 @@ class Checkpoint:
     generators: dict[str, np.ndarray] = field(default_factory=dict)  # name -> uint8 generator state
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # other plain arrays (trainer order)
     counters: dict[str, Any] = field(default_factory=dict)  # JSON scalars (trainer position, restarts, ...)
+
+
+def memory_counters(memory: Mapping[int, float] | None) -> dict[str, Any]:
+    """What a checkpoint's counters keep of a rule's memory (``Aggregate.memory``): nothing
+    when there is none."""
+    return {} if memory is None else {"rule_memory": {str(k): float(v) for k, v in memory.items()}}
+
+
+def memory_of(ckpt: Checkpoint, path: Path) -> dict[int, float] | None:
+    """The rule's memory a checkpoint kept (:func:`memory_counters`), checked: integer ids,
+    finite values; raises :class:`CheckpointError` otherwise."""
+    kept = ckpt.counters.get("rule_memory")
+    if kept is None:
+        return None
+    try:
+        memory = {int(k): float(v) for k, v in kept.items()}
+    except (AttributeError, TypeError, ValueError):
+        memory = None
+    if memory is None or not all(math.isfinite(v) for v in memory.values()):
+        raise CheckpointError(f"checkpoint {path}: rule_memory is not a map of ids to finite numbers; delete it to start over")
+    return memory
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:

@@ -35,7 +35,7 @@ from dfedrw.peer.wiring.assembly import (
     ClientParts, client_attack, client_augmentation, client_data, client_parts, scenario_backdoor, scenario_plausible,
 )
 from dfedrw.peer.client.byzantine import run_byzantine
-from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, scenario_fingerprint
+from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, memory_of, scenario_fingerprint
 from dfedrw.peer.client.collusion import Collusion
 from dfedrw.peer.transport.intake import ModelIntake
 from dfedrw.peer.transport.serde import shareable
@@ -44,7 +44,7 @@ from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.round.told import ToldRules
 from dfedrw.peer.wiring.plan import colluding_group, derive_seed, scenario_graphs, told_byzantine
-from dfedrw.peer.aggregation.rules import finite_rows
+from dfedrw.peer.aggregation.rules import Aggregate, finite_rows
 from dfedrw.peer.graph.schedule import receive_window
 from dfedrw.peer.client.presence import PROBE_EVERY, Presence
 from dfedrw.peer.client.rejoin import Resume, coordinate_median
@@ -117,6 +117,8 @@ class Client:
         self.plausible = scenario_plausible(scenario, self.graphs)
         # The scores its next model carries (network.share_scores): its last aggregation's.
         self.shared_scores: dict[int, float] | None = None
+        # What its rule kept of its last aggregation for the next (Aggregate.memory).
+        self.memory: dict[int, float] | None = None
         # A Byzantine client trains nothing: it needs only the model's layout (from a model on
         # the meta device, which holds no values).
         self.model, self.specs = parts.model, parts.specs
@@ -207,6 +209,7 @@ class Client:
             if self.resumed is not None:
                 try:
                     self.trainer.load_state(self.resumed.generators, self.resumed.arrays, int(self.resumed.counters.get("trainer_pos", 0)))
+                    self.memory = memory_of(self.resumed, self.checkpoint_file)
                 except (KeyError, ValueError, RuntimeError) as exc:
                     raise CheckpointError(f"checkpoint {self.checkpoint_file}: trainer state unusable ({exc})") from None
             # Its rule; under a schedule, the one told the Byzantine senders of a round.
@@ -342,10 +345,12 @@ class Client:
         outgoing = self.encoder.round(round_, vector, num_samples=num_samples, train_loss=train_loss, scores=self.shared_scores)
         self.presence.send_all(round_, outgoing, to)
 
-    def _share(self, scores: Mapping[int, float] | None) -> None:
-        """What its next model carries of its aggregation's ``scores`` (network.share_scores)."""
+    def _keep(self, agg: Aggregate) -> None:
+        """What an aggregation leaves for the next round: the scores its next model carries
+        (network.share_scores) and its rule's memory."""
         if self.scenario.network.share_scores:
-            self.shared_scores = shareable(scores)
+            self.shared_scores = shareable(agg.scores)
+        self.memory = agg.memory
 
     def _flatten(self) -> torch.Tensor | None:
         """On the CPU: make the model's parameters views of one flat vector (their values as
@@ -399,6 +404,7 @@ class Client:
             # into its row (own model copied into row 0), else a stack of them.
             held = assemble(
                 Offer(self.id, own, num_samples, loss), (Offer(k, got[k].vector, got[k].num_samples, got[k].train_loss, reports=got[k].scores or None) for k in ids[1:]), expected,
+            memory=self.memory,
             )
             vectors = self.inbox.stacked(r, list(held.models[1:]), own)
             rule, told = self.rules.at(self.id, senders)
@@ -408,7 +414,7 @@ class Client:
             with self.pace.work():
                 agg = rule(held.inputs(r, vectors, evaluate=aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite))
             model, weights, scores = agg.model, agg.weights, agg.scores
-            self._share(scores)
+            self._keep(agg)
             if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
                 # A rule that kept a candidate as it is: the parameters must not hold on to
                 # the whole matrix of the round.

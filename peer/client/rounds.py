@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dfedrw.peer.client import link_messages
+from dfedrw.peer.client.checkpoint import memory_counters
 from dfedrw.peer.round.records import checkpoint_due, evaluation_due, test_measures
 
 log = logging.getLogger("dfedrw.peer.client.client")
@@ -35,7 +36,7 @@ def end_of_round(client, r: int, loss: float, record: dict[str, Any], model: Any
         log.info("client %d %s %d/%d: train loss %.4f%s", client.id, step, r + 1, sc.rounds, loss, acc)
     if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
         generators, arrays, pos = client.trainer.state()
-        client.resume.save(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos)
+        client.resume.save(r, generators=generators, arrays=arrays, vector=model.numpy(), trainer_pos=pos, **memory_counters(client.memory))
     return last
 
 

@@ -47,6 +47,8 @@ class ClientCandidates:
     staleness: tuple[int, ...]
     reports: tuple[Mapping[int, float] | None, ...]
     missing: list[int]
+    # What the client's rule kept of its last aggregation (RoundInputs.memory).
+    memory: Mapping[int, float] | None = None
 
     @property
     def senders(self) -> tuple[int, ...]:
@@ -64,6 +66,7 @@ class ClientCandidates:
             own_id=self.ids[0], round=r, ids=self.ids, vectors=vectors, num_samples=self.sizes, evaluate=evaluate,
             total_rounds=total_rounds, declared_losses=self.losses, reference=reference,
             finite=None if finite is None else tuple(finite), staleness=self.staleness if gossip else None, reports=self.reports,
+            memory=self.memory,
         )
 
     def stack(self) -> torch.Tensor:
@@ -71,11 +74,14 @@ class ClientCandidates:
         return torch.stack(self.models)
 
 
-def assemble(own: Offer, held: Iterable[Offer], expected: Iterable[int], missing: list[int] | None = None) -> ClientCandidates:
+def assemble(
+    own: Offer, held: Iterable[Offer], expected: Iterable[int], missing: list[int] | None = None, *, memory: Mapping[int, float] | None = None,
+) -> ClientCandidates:
     """Client ``own.sender``'s candidates: ``own``, then ``held`` in the order given. ``missing``:
     the neighbours in ``expected`` whose model it does not hold (ascending), unless the caller
-    knows them otherwise (a simulated link that lost the model in time)."""
+    knows them otherwise (a simulated link that lost the model in time). ``memory``: what its
+    rule kept of its last aggregation (``Aggregate.memory``)."""
     ids, models, sizes, losses, staleness, reports = zip(own, *held)  # one pass: the fields as columns
     if missing is None:
         missing = sorted(set(expected).difference(ids))
-    return ClientCandidates(ids, models, sizes, losses, staleness, reports, missing)
+    return ClientCandidates(ids, models, sizes, losses, staleness, reports, missing, memory)

@@ -132,6 +132,11 @@ CASES = [
     make_case("neighbourhood-labelflip-dirichlet", NEIGHBOURHOOD, "label_flip", 2, DIR),
     make_case("neighbourhood-gaussian-iid", NEIGHBOURHOOD, "gaussian", 1, IID),
     make_case("neighbourhood-labelflip-dirichlet-framing", NEIGHBOURHOOD, "label_flip", 2, DIR, "attack.scores=frame"),
+    # Reputation over rounds: each client's left-out rates carried from round to round.
+    make_case(
+        "neighbourhood-memory-twins-dirichlet-frameone", NEIGHBOURHOOD, "colluding_twins", 2, DIR, "attack.colluding=true",
+        "attack.scores=frame_one", "aggregation.neighbourhood_reweighting.memory=0.9",
+    ),
     # A backdoor, its success rate measured in both engines, and an attack window: the
     # attackers send the mean of what they know after round 20.
     make_case("dfedavg-badnets-iid-window", "dfedavg", "badnets", 2, IID, "attack.stop=20"),

@@ -13,6 +13,8 @@ from dfedrw.peer.client.checkpoint import (
     CheckpointError,
     checkpoint_path,
     load_checkpoint,
+    memory_counters,
+    memory_of,
     save_checkpoint,
     scenario_fingerprint,
 )
@@ -153,7 +155,7 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
             for p in peer.model.parameters():
                 p.fill_(0.25)
         gens, arrays, pos = peer.trainer.state()
-        peer.resume.save(4, generators=gens, arrays=arrays, vector=get_vector(peer.model).numpy(), trainer_pos=pos)
+        peer.resume.save(4, generators=gens, arrays=arrays, vector=get_vector(peer.model).numpy(), trainer_pos=pos, **memory_counters({0: 0.1, 2: 0.75}))
         peer.results.close()
     finally:
         peer.close()
@@ -166,6 +168,7 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
         assert again.results.last_logged == 6
         again.prepare()
         assert again.trainer.state()[2] == pos
+        assert again.memory == {0: 0.1, 2: 0.75}  # its rule's memory, as it was
         again.results.close()
     finally:
         again.close()
@@ -180,6 +183,17 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
         fresh.results.close()
     finally:
         fresh.close()
+
+
+def test_a_rules_memory_round_trips_and_a_bad_one_is_refused(tmp_path):
+    path = checkpoint_path(tmp_path, 3)
+    kept = {1: 0.1 + 0.2, 4: 1 / 3}
+    save_checkpoint(path, Checkpoint(**{**_ckpt().__dict__, "counters": memory_counters(kept)}))
+    assert memory_of(load_checkpoint(path, client=3, scenario="abc", vector_size=10), path) == kept  # to the last bit
+    assert memory_counters(None) == {} and memory_of(_ckpt(), path) is None
+    for bad in ({"x": 0.5}, {"1": "NaN"}, {"1": None}, [1, 2]):
+        with pytest.raises(CheckpointError, match="rule_memory"):
+            memory_of(Checkpoint(client=3, round=1, scenario="abc", counters={"rule_memory": bad}), path)
 
 
 def test_summary_counts_restarts_and_rounds_lost(tmp_path):

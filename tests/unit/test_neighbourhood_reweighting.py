@@ -4,6 +4,7 @@ it (the losses it measures and reports, the weights of those kept)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from dfedrw.peer.aggregation import make_crs, make_tpm
 from dfedrw.peer.aggregation.inputs import RoundInputs
-from dfedrw.peer.aggregation.neighbourhood import NeighbourhoodReweighting, consistent, relative
+from dfedrw.peer.aggregation.neighbourhood import NeighbourhoodReweighting, consistent, relative, remembered
 from dfedrw.peer.aggregation.rules import RULE_REGISTRY
 from tests.support.rules import FRAMING, HONEST, OWN
 
@@ -183,3 +184,51 @@ def test_krums_screen_first_drops_a_far_model_that_does_well_on_the_data():
     assert [screened.weights[j] for j in (0, 2, 3, 4)] == pytest.approx([0.25] * 4)
     with pytest.raises(ValueError, match="screen"):
         NeighbourhoodReweighting(tpm=make_tpm("loss"), crs=make_crs("loss_drop_highest"), screen="median")
+
+
+# -- reputation over rounds ----------------------------------------------------------------------
+
+
+def test_remembered_leaves_out_the_highest_rates_as_many_as_the_round_leaves_out():
+    # Round 1 alone leaves out 2; 5 has been left out before (0.5), 2 never: with decay 0.5, 2's
+    # rate becomes 0.5 * 0 + 0.5 * 1 = 0.5, 5's 0.5 * 0.5 = 0.25. 2 goes (the round's own
+    # choice wins the tie-break only on equal rates; here 2's rate is the higher).
+    kept, rates = remembered({5: 0.5}, {1, 3, 4, 5}, [1, 2, 3, 4, 5], 0.5)
+    assert kept == {1, 3, 4, 5} and rates == {1: 0.0, 2: 0.5, 3: 0.0, 4: 0.0, 5: 0.25}
+    # 5 has been left out in most rounds (0.9): with decay 0.9, 5's rate 0.81 is above 2's
+    # 0.1, so 5 goes though this round kept it, and 2 is kept though this round left it out.
+    kept, rates = remembered({5: 0.9}, {1, 3, 4, 5}, [1, 2, 3, 4, 5], 0.9)
+    assert kept == {1, 2, 3, 4} and rates[5] == pytest.approx(0.81) and rates[2] == pytest.approx(0.1)
+
+
+def test_remembered_keeps_the_rates_of_neighbours_not_judged_and_breaks_ties_by_the_round_then_id():
+    kept, rates = remembered({7: 0.3}, {1, 2}, [1, 2, 3], 0.5)
+    # 3 left out this round (0.5); 7 was no candidate: its rate stays and it is never chosen.
+    assert kept == {1, 2} and rates == {1: 0.0, 2: 0.0, 3: 0.5, 7: 0.3}
+    # Equal rates (none yet, none left out before): the round's choice stands.
+    assert remembered(None, {1, 3}, [1, 2, 3], 0.5)[0] == {1, 3}
+    # Equal rates and each left out this round or not alike: the lower id goes.
+    assert remembered({1: 0.5, 2: 0.5}, {1, 2}, [1, 2], 0.5)[0] == {1, 2}
+    assert remembered({1: 1.0, 2: 0.0}, {2}, [1, 2], 0.5)[0] == {2}
+
+
+def test_the_rule_with_memory_carries_its_rates_to_the_next_round():
+    rule = NeighbourhoodReweighting(
+        tpm=make_tpm("loss"), crs=make_crs("loss_drop_highest", weighting="inverse"), num_byzantine=1, memory=0.75,
+    )
+    # Round one: 5 worst on the client's data, left out; its rate 0.25.
+    first = rule(_inputs([1.0, 1.0, 1.0, 1.0, 1.0, 1.5]))
+    assert first.weights[5] == 0.0 and first.memory == {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0, 5: 0.25}
+    # Round two: 3 looks worst this round, 5 fine; alone the round would leave out 3 (rate
+    # 0.25), but 5's 0.75 * 0.25 = 0.1875 is lower: 3 goes, and the rates say both.
+    second = rule(dataclasses.replace(_inputs([1.0, 1.0, 1.0, 1.5, 1.0, 1.0]), memory=first.memory))
+    assert second.weights[3] == 0.0 and second.memory[3] == 0.25 and second.memory[5] == pytest.approx(0.1875)
+    # Left out round after round, 5 stays out in a round it looks best in.
+    rates = {5: 0.9, 3: 0.1}
+    third = rule(dataclasses.replace(_inputs([1.0, 1.0, 1.0, 1.5, 1.0, 0.9]), memory=rates))
+    assert third.weights[5] == 0.0 and third.weights[3] > 0
+    # Without memory, nothing kept; a memory of 1 or below 0 refused, naming the key.
+    assert _rule(1)(_inputs([1.0] * 6)).memory is None
+    for bad in (1.0, -0.1, math.nan):
+        with pytest.raises(ValueError, match="memory"):
+            NeighbourhoodReweighting(tpm=make_tpm("loss"), crs=make_crs("loss_drop_highest"), memory=bad)
