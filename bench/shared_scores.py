@@ -4,9 +4,10 @@ batched engine with and without them, in one invocation.
 The robustness table's setting (``examples/byzantine_fmnist.toml``: Fashion-MNIST, softmax
 regression, 10 honest + 2 Byzantine clients on ER(0.7), the batched engine) with the
 neighbourhood rule (``aggregation.rule = "neighbourhood_reweighting"``, TPM loss, CRS
-``loss_drop_highest`` with inverse weights), ``network.share_scores`` off and on, and the
-screened rule for reference. Each configuration runs ``--repeats`` times, interleaved (A B C A B
-C ...), so that a machine that gets busier during the invocation slows each alike; the figures
+``loss_drop_highest`` with inverse weights), ``network.share_scores`` off and on, on with the
+rule's memory (``memory = 0.9``: the left-out rates it keeps from round to round), and the
+screened rule for reference. Each configuration runs ``--repeats`` times, interleaved (A B C D A
+B C D ...), so that a machine that gets busier during the invocation slows each alike; the figures
 are the median and the minimum of the round loops (the batched engine's ``loop_seconds`` over
 the rounds).
 
@@ -42,6 +43,7 @@ SCREENED = (
 CONFIGS = {
     "neighbourhood, no scores": (*NEIGHBOURHOOD, "network.share_scores=false"),
     "neighbourhood, scores": (*NEIGHBOURHOOD, "network.share_scores=true"),
+    "neighbourhood, memory": (*NEIGHBOURHOOD, "network.share_scores=true", "aggregation.neighbourhood_reweighting.memory=0.9"),
     "screened": SCREENED,
 }
 
