@@ -96,8 +96,9 @@ class NeighbourhoodReweighting(Checked):
     With ``memory = m > 0`` the round's decision is remembered (:func:`remembered`): each
     neighbour's left-out rate decays by ``m`` a round and grows by ``1 - m`` in a round the
     decision leaves it out, and the neighbours left out are as many as the decision leaves out,
-    those of the highest rate. A neighbour the decision leaves out in most of the rounds it
-    attacks is then left out in all of them, an honest one it leaves out now and then is kept.
+    those of the highest rate: a neighbour the decision leaves out in most rounds is left out
+    in all, unless another is left out more often. A defence-aware attack that plays the rule
+    whole plays it without the client's rates.
     The rates go to the next round in ``Aggregate.memory`` (every engine hands them back, a
     client's checkpoint keeps them). At ``m <= 0.5`` nothing changes. Measured at ``m = 0.9``
     it does harm on Dirichlet(0.1) shards, most against on-off attackers: the neighbours a

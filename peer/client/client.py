@@ -404,7 +404,7 @@ class Client:
             # into its row (own model copied into row 0), else a stack of them.
             held = assemble(
                 Offer(self.id, own, num_samples, loss), (Offer(k, got[k].vector, got[k].num_samples, got[k].train_loss, reports=got[k].scores or None) for k in ids[1:]), expected,
-            memory=self.memory,
+                memory=self.memory,
             )
             vectors = self.inbox.stacked(r, list(held.models[1:]), own)
             rule, told = self.rules.at(self.id, senders)
