@@ -88,6 +88,21 @@ def page(driver) -> dict:
     return driver.execute_script(f"return {PAGE};")
 
 
+def click(driver, selector: str, tries: int = 5) -> None:
+    """Click the element ``selector`` names as a person would. The page redraws its graph when
+    data comes in (the run's final records arrive after it ended), which can replace the element
+    between finding it and clicking it: it is found again, at most ``tries`` times."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for attempt in range(tries):
+        try:
+            driver.find_element("css selector", selector).click()
+            return
+        except StaleElementReferenceException:
+            if attempt == tries - 1:
+                raise
+
+
 def drawn_edges(driver) -> list[tuple[int, int, float, float]]:
     """The weighted arrows drawn: (sender, receiver, weight, stroke width)."""
     rows = driver.execute_script(

@@ -78,7 +78,7 @@ def test_a_run_watched_live_then_scrubbed_and_clicked(bench, tmp_path):
 
         # Clicking a client lists its candidates' scores and weights, as its record holds them.
         k = honest[0]
-        driver.find_element("css selector", f'#nodes g.node[data-client="{k}"] circle').click()
+        bench.click(driver, f'#nodes g.node[data-client="{k}"] circle')
         rows = driver.execute_script(
             "return [...document.querySelectorAll('#candidates tr.candidate')].map(tr => [tr.dataset.sender, ...[...tr.cells].map(c => c.textContent)]);"
         )
