@@ -209,9 +209,9 @@ class Client:
             if self.resumed is not None:
                 try:
                     self.trainer.load_state(self.resumed.generators, self.resumed.arrays, int(self.resumed.counters.get("trainer_pos", 0)))
-                    self.memory = memory_of(self.resumed, self.checkpoint_file)
                 except (KeyError, ValueError, RuntimeError) as exc:
                     raise CheckpointError(f"checkpoint {self.checkpoint_file}: trainer state unusable ({exc})") from None
+                self.memory = memory_of(self.resumed, self.checkpoint_file)
             # Its rule; under a schedule, the one told the Byzantine senders of a round.
             self.rules = ToldRules(sc, self.topology, (self.id,), dynamic=self.graphs.dynamic)
             self.aux_eval = VectorEvaluator(self.model, self.data.aux)

@@ -1,6 +1,7 @@
 """Checkpoints: the file format (arrays and JSON, no pickle, atomic), its checks, and a client
 that finds one of its own in its results folder."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -188,7 +189,7 @@ def test_a_client_resumes_from_its_checkpoint_and_refuses_another_scenarios(smal
 def test_a_rules_memory_round_trips_and_a_bad_one_is_refused(tmp_path):
     path = checkpoint_path(tmp_path, 3)
     kept = {1: 0.1 + 0.2, 4: 1 / 3}
-    save_checkpoint(path, Checkpoint(**{**_ckpt().__dict__, "counters": memory_counters(kept)}))
+    save_checkpoint(path, dataclasses.replace(_ckpt(), counters=memory_counters(kept)))
     assert memory_of(load_checkpoint(path, client=3, scenario="abc", vector_size=10), path) == kept  # to the last bit
     assert memory_counters(None) == {} and memory_of(_ckpt(), path) is None
     for bad in ({"x": 0.5}, {"1": "NaN"}, {"1": None}, [1, 2]):
