@@ -246,6 +246,7 @@ class Gossip:
         label = max(held[j].label for j in due)
         crafted, claimed_size, claimed_loss = self.attack_steps[b](
             label, receivers=due, senders=senders, received=received, sizes=[held[j].num_samples for j in senders], losses=[held[j].loss for j in senders],
+            reports={j: held[j].scores for j in due},
         )
         if crafted.extra:
             raise ValueError(

@@ -132,7 +132,7 @@ class BatchedRun:
         self.attack_steps = {
             b: ByzantineStep(
                 sc, b, client_attack(sc, topo, b), torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)),
-                lie=scenario_lie(sc, self.graphs, topo.byzantine, b, self.plausible.max_scores),
+                lie=scenario_lie(sc, self.graphs, topo.byzantine, b, self.plausible.max_scores), byzantine=topo.byzantine,
             )
             for b in self.byzantine
         }
@@ -255,7 +255,7 @@ class BatchedRun:
             receivers = tuple(k for k in self.receivers[b] if k in self.row)
             crafted, claimed_size, claimed_loss = self.attack_steps[b](
                 r, receivers=receivers, senders=tuple(senders), received=self._rows(senders, b), sizes=[self.num_samples[k] for k in senders],
-                losses=[losses[k] for k in senders], colluders=self.colluders, pool_senders=pool_senders if self.colluders else (), pool=pool,
+                losses=[losses[k] for k in senders], reports={k: self.network.shared.get(k) for k in senders}, colluders=self.colluders, pool_senders=pool_senders if self.colluders else (), pool=pool,
             )
             self.notes[b] = crafted
             values_errors: dict[int, Any] = {}  # one check per message, however many receive it

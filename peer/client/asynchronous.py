@@ -228,7 +228,9 @@ def run_async_byzantine(client) -> dict[str, Any]:
     answered = dict.fromkeys(honest, -1)  # per honest neighbour, the label it was last answered at
     # The last step each honest neighbour sends it a model in (a fixed graph: the last step).
     last = last_labels(client.graphs, client.id, honest, sc.rounds)
-    step = ByzantineStep(sc, client.id, client.attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores))
+    step = ByzantineStep(
+        sc, client.id, client.attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores), byzantine=byzantine,
+    )
     seen, quiet, crafts = 0, 0, 0
     size = sum(s.numel for s in client.specs)
     while any(answered[k] < last[k] for k in honest):
@@ -252,6 +254,7 @@ def run_async_byzantine(client) -> dict[str, Any]:
         received = torch.stack([m.vector for m in messages]) if messages else torch.empty(0, size)
         crafted, claimed_size, claimed_loss = step(
             label, receivers=due, senders=senders, received=received, sizes=[m.num_samples for m in messages], losses=[m.train_loss for m in messages],
+            reports={k: held[k].scores for k in due},
         )
         chunk_bytes, reported = sc.network.chunk_bytes, step.reported(label)
         claims = {"num_samples": claimed_size, "train_loss": claimed_loss, "scores": reported, "chunk_bytes": chunk_bytes}

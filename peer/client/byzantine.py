@@ -33,7 +33,9 @@ def run_byzantine(client) -> dict[str, Any]:
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
     r = 0
     # Its attack, generator, reference (AttackView.reference) and the scores it reports.
-    step = ByzantineStep(sc, client.id, attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores))
+    step = ByzantineStep(
+        sc, client.id, attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores), byzantine=byzantine,
+    )
     silent_before = False  # whether it was silent to a receiver last round
     if client.resumed is not None:
         if "attack" in client.resumed.generators:
@@ -61,7 +63,7 @@ def run_byzantine(client) -> dict[str, Any]:
         release_free_heap()
         crafted, claimed_size, claimed_loss = step(
             r, receivers=targets, senders=senders, received=received, sizes=[m.num_samples for m in honest_msgs],
-            losses=[m.train_loss for m in honest_msgs],
+            losses=[m.train_loss for m in honest_msgs], reports={k: m.scores for k, m in zip(senders, honest_msgs, strict=True)},
             **({"colluders": client.collusion.colluders, "pool_senders": pooled.senders, "pool": pooled.vectors} if pooled is not None else {}),
         )
         # Done with what it received this round: only the crafted messages are held now.

@@ -21,6 +21,8 @@ from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_choice_of, 
 
 # What Byzantine clients may report as the scores they measured (attack.scores).
 SCORE_LIES = ("none", "frame", "praise", "frame_one", "invert")
+# When Byzantine clients attack within their window (attack.strike).
+STRIKES = ("schedule", "trusted")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,12 @@ class AttackConfig:
     # scored far worse than themselves), "praise" (themselves far better than every honest one),
     # "frame_one" (one honest neighbour far worse than everyone), "invert" (both at once).
     scores: str = "none"
+    # When they attack within the window: "schedule" (every round of it, or its on-off parts);
+    # "trusted" (reputation then strike, peer/round/byzantine.py, Standing): a client behaves
+    # until the scores its honest neighbours report (network.share_scores) ranked it trusted in
+    # `trusted_rounds` rounds in a row, then attacks for as long as they go on doing so.
+    strike: str = "schedule"
+    trusted_rounds: int = 5
     # Not part of the identity: where the config came from, for messages.
     prefix: str = field(default="attack", compare=False, repr=False)
     origins: Params = field(default=(), compare=False, repr=False)
@@ -67,6 +75,15 @@ class AttackConfig:
             raise ScenarioError(f"{self.prefix}.period=1 must be at least 2: a round that attacks and one that does not")
         if self.period and not 1 <= self.on < self.period:
             raise ScenarioError(f"{self.prefix}.on={self.on}: the rounds of each period of {self.period} that attack, from 1 to {self.period - 1}")
+        check_choice_of(f"{self.prefix}.strike", self.strike, STRIKES)
+        check_in_range(f"{self.prefix}.trusted_rounds", self.trusted_rounds, 1, MAX_ROUNDS)
+        if self.strike == "schedule" and self.trusted_rounds != AttackConfig.trusted_rounds:
+            raise ScenarioError(f"{self.prefix}.trusted_rounds={self.trusted_rounds} is read only with {self.prefix}.strike = \"trusted\"")
+        if self.strike == "trusted" and self.period:
+            raise ScenarioError(
+                f"{self.prefix}.strike = \"trusted\" with {self.prefix}.period={self.period}: an attacker strikes on the calendar "
+                f"(period, on) or when it is trusted, not both; set one"
+            )
         if self.name != "none":
             cls = resolve_class("attack", self.name, f"{self.prefix}.name")
             model = threat_model_of(cls)
@@ -76,7 +93,8 @@ class AttackConfig:
                 )
 
     def attacks_in(self, r: int) -> bool:
-        """Whether round ``r`` lies in the attack window, and in an "on" part of it."""
+        """Whether round ``r`` lies in the attack window, and in an "on" part of it (with
+        ``strike = "trusted"`` the client attacks in such a round only when trusted then)."""
         return self.start <= r and (not self.stop or r < self.stop) and (not self.period or (r - self.start) % self.period < self.on)
 
     def params(self, name: str | None = None) -> dict[str, Any]:
@@ -196,7 +214,11 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
     name: Any = AttackConfig.name
     colluding = AttackConfig.colluding
     scores: Any = AttackConfig.scores
-    window = {"start": AttackConfig.start, "stop": AttackConfig.stop, "period": AttackConfig.period, "on": AttackConfig.on}
+    strike: Any = AttackConfig.strike
+    window = {
+        "start": AttackConfig.start, "stop": AttackConfig.stop, "period": AttackConfig.period, "on": AttackConfig.on,
+        "trusted_rounds": AttackConfig.trusted_rounds,
+    }
     for key, value in table.items():
         where = f"{prefix}.{key}"
         if key == "name":
@@ -208,12 +230,14 @@ def parse_attack(prefix: str, table: Mapping[str, Any]) -> AttackConfig:
             colluding = value
         elif key == "scores":
             scores = value
+        elif key == "strike":
+            strike = value
         elif key in window:
             window[key] = coerce_value(where, value, "int")
         else:
-            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding", "scores", *window])
+            _class_table_or_legacy(tables, "attack", prefix, key, value, "attack", ["name", "colluding", "scores", "strike", *window])
     return AttackConfig(
-        name=name, attack_params=tables.frozen("attack"), colluding=colluding, scores=scores, **window, prefix=prefix,
+        name=name, attack_params=tables.frozen("attack"), colluding=colluding, scores=scores, strike=strike, **window, prefix=prefix,
         origins=tables.frozen_origins(),
     )
 
@@ -306,4 +330,6 @@ def attack_head(cfg: AttackConfig) -> dict[str, Any]:
         **({"stop": cfg.stop} if cfg.stop != AttackConfig.stop else {}),
         **({"period": cfg.period, "on": cfg.on} if cfg.period != AttackConfig.period else {}),
         **({"scores": cfg.scores} if cfg.scores != AttackConfig.scores else {}),
+        **({"strike": cfg.strike} if cfg.strike != AttackConfig.strike else {}),
+        **({"trusted_rounds": cfg.trusted_rounds} if cfg.trusted_rounds != AttackConfig.trusted_rounds else {}),
     }

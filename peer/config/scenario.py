@@ -132,6 +132,10 @@ class Scenario:
         check_model(self.train, self.data)
         if self.network.asynchronous and self.attack.colluding:
             raise ScenarioError("attack.colluding: colluders pool the models of a round, and network.protocol = \"async\" has no rounds")
+        if self.attack.strike == "trusted" and not self.network.share_scores:
+            raise ScenarioError(
+                "attack.strike = \"trusted\": an attacker reads its standing in the scores its neighbours report; set network.share_scores = true"
+            )
         # Every distinct rule's settings and the attack's, checked with stand-ins for what the
         # running system supplies, so a bad setting fails at load time, not inside client k.
         for cfg in configs:

@@ -41,7 +41,7 @@ def _attack(sc: Scenario) -> list[str]:
         told.append((f"attack.name={shown(sc.attack.name)}", "attack.name='none'"))
     if sc.attack.colluding:
         told.append(("attack.colluding=true", "attack.colluding=false"))
-    for key, default in (("start", 0), ("stop", 0), ("period", 0), ("on", 0), ("scores", "none")):
+    for key, default in (("start", 0), ("stop", 0), ("period", 0), ("on", 0), ("scores", "none"), ("strike", "schedule"), ("trusted_rounds", 5)):
         if getattr(sc.attack, key) != default:
             told.append((f"attack.{key}={shown(getattr(sc.attack, key))}", f"attack.{key}={shown(default)}"))
     if sc.topology.placement != "random":

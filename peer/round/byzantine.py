@@ -2,16 +2,20 @@
 (:func:`byzantine_claims`), the view its attack is given, the messages the attack crafts in and
 out of its window (:func:`craft_attack_round`, drawing from :func:`attack_generator`), and the
 reference it carries to its next round (:func:`next_reference`), the scores it reports as
-measured (:func:`reported_scores`). :class:`ByzantineStep` is one Byzantine client's step over
-its rounds; a client process holds one, the batched engine one per Byzantine client."""
+measured (:func:`reported_scores`), and with ``attack.strike = "trusted"`` its standing in the
+scores its neighbours report (:class:`Standing`). :class:`ByzantineStep` is one Byzantine
+client's step over its rounds; a client process holds one, the batched engine one per
+Byzantine client."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from dfedrw.peer.aggregation.columns import mean_rows
@@ -20,7 +24,7 @@ from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.wiring.plan import derive_seed
 
 __all__ = [
-    "ByzantineStep", "attack_generator", "byzantine_claims", "craft_attack_round", "known_mean", "next_reference", "reported_scores",
+    "ByzantineStep", "Standing", "attack_generator", "byzantine_claims", "craft_attack_round", "known_mean", "next_reference", "reported_scores",
 ]
 
 # What a lying report says: a plain score, one a hundred times worse, one a hundred times better.
@@ -31,25 +35,50 @@ class ByzantineStep:
     """Byzantine client ``attacker``'s step of each round: ``attack`` crafting from what it
     received, drawing from ``generator`` (its own, seeded by its id), the reference it knew the
     round before carried from call to call (``reference``: None at first and after a restart),
-    ``lie``: the scores it reports with its models in the rounds it attacks (:meth:`reported`)."""
+    ``lie``: the scores it reports with its models in the rounds it attacks (:meth:`reported`);
+    ``byzantine``: the run's Byzantine clients (read by its :class:`Standing`).
+    With ``attack.strike = "trusted"`` it keeps its :class:`Standing` from step to step (a
+    restart begins it again at nothing)."""
 
-    def __init__(self, scenario: Scenario, attacker: int, attack: Any, generator: torch.Generator, lie: Mapping[int, float] | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, attacker: int, attack: Any, generator: torch.Generator, lie: Mapping[int, float] | None = None,
+        byzantine: Collection[int] = (),
+    ) -> None:
         self.scenario, self.attacker, self.attack, self.generator = scenario, attacker, attack, generator
         self.reference: torch.Tensor | None = None
         self.lie = lie
+        cfg = scenario.attack
+        self.standing = Standing(attacker, cfg.trusted_rounds, byzantine) if cfg.strike == "trusted" else None
+        self._decided: tuple[int, bool] | None = None  # (label, whether it attacks in it)
+
+    def attacking(self, label: int) -> bool:
+        """Whether it attacks in the round (step) labelled ``label``: in the window's rounds
+        that attack (:meth:`AttackConfig.attacks_in`), and with ``attack.strike = "trusted"``
+        only when its standing says so, as it stood before that round's step (decided once per
+        label: what it learns in the step moves the next label's decision, not this one's)."""
+        if not self.scenario.attack.attacks_in(label):
+            return False
+        if self.standing is None:
+            return True
+        if self._decided is None or self._decided[0] != label:
+            self._decided = (label, self.standing.trusted())
+        return self._decided[1]
 
     def reported(self, label: int) -> Mapping[int, float] | None:
         """The scores its messages of round ``label`` carry: its lie in the rounds it attacks,
         none in the others (it sends the mean of what it knows then, as a free rider that
         measures nothing)."""
-        return self.lie if self.lie and self.scenario.attack.attacks_in(label) else None
+        return self.lie if self.lie and self.attacking(label) else None
 
     def __call__(
         self, label: int, *, receivers: tuple[int, ...], senders: tuple[int, ...], received: torch.Tensor, sizes: list[int],
-        losses: list[float], **pool: Any,
+        losses: list[float], reports: Mapping[int, Mapping[int, float] | None] | None = None, **pool: Any,
     ) -> tuple[Crafted, int, float]:
         """The step of the round labelled ``label``: the honest models ``received`` from
-        ``senders`` (rows in that order) with the sizes and losses they declared, the honest
+        ``senders`` (rows in that order) with the sizes and losses they declared, the scores
+        that came with those new to it in this step (``reports``: sender -> its report, with
+        ``network.share_scores``; a round's models, or under asynchronous gossip those it
+        answers), the honest
         ``receivers`` to craft for, and with colluders their ``pool`` (``colluders``,
         ``pool_senders``, ``pool`` of :class:`AttackView`). Returns what the attack crafted and
         the size and loss it declares."""
@@ -58,9 +87,57 @@ class ByzantineStep:
             round=label, attacker=self.attacker, receivers=receivers, senders=senders, received=received, reference=self.reference,
             total_rounds=self.scenario.rounds, **pool,
         )
-        crafted = craft_attack_round(self.scenario, self.attack, view, self.generator)
+        crafted = craft_attack_round(self.scenario, self.attack, view, self.generator, attacking=self.attacking(label))
+        if self.standing is not None:
+            # In its record: the trusted steps in a row it decided on.
+            crafted = dataclasses.replace(crafted, note={**crafted.note, "trusted_for": self.standing.streak})
+            self.standing.observe(label, reports or {})
         self.reference = next_reference(self.attack, view)
         return crafted, size, loss
+
+
+class Standing:
+    """What a Byzantine client that strikes when trusted (``attack.strike = "trusted"``) makes
+    of the scores its honest neighbours report (``network.share_scores``: each one's losses of
+    its candidates of its last aggregation, the attacker's model among them). A report ranks it
+    trusted when it is not among the report's ``f`` worst, ``f`` the Byzantine clients the report
+    names (it knows the placement; a rule told its Byzantine neighbours leaves out as many, the
+    worst): at least ``f`` entries have a higher loss than its own (compared as the wire
+    carries them, float32, so that every engine reads the same ranks). It keeps each neighbour's latest report (one that sent
+    none, as in the first round, has no say), and its standing is trusted while more than half
+    of those that name it rank it so. ``streak``: the steps (round labels) in a row it was
+    trusted, begun again at 0 by any step that finds it otherwise; :meth:`trusted`: whether it
+    reached ``rounds``. Reports arrive a round after the aggregation that measured them, so a
+    client that strikes learns it is distrusted two rounds later: it strikes in runs, and
+    behaves (sends the mean of the models it knows) until it earned ``rounds`` trusted steps
+    again. Under asynchronous gossip it answers each neighbour's new model as it comes: each
+    answer judges anew, a step counted once."""
+
+    def __init__(self, attacker: int, rounds: int, byzantine: Collection[int]) -> None:
+        self.attacker, self.rounds, self.byzantine = attacker, rounds, frozenset(byzantine) | {attacker}
+        self.streak = 0
+        self.latest: dict[int, bool] = {}  # neighbour -> whether its latest report ranks it trusted
+        self._counted = -1  # the last label counted in the streak
+
+    def trusted(self) -> bool:
+        return self.streak >= self.rounds
+
+    def observe(self, label: int, reports: Mapping[int, Mapping[int, float] | None]) -> None:
+        """The step labelled ``label``: the ``reports`` that came with its new models (sender ->
+        its report; None or empty: none)."""
+        for sender, report in reports.items():
+            if not report or self.attacker not in report:
+                self.latest.pop(sender, None)
+                continue
+            losses = dict(zip(report, np.asarray(list(report.values()), dtype=np.float32).tolist(), strict=True))
+            worse = sum(1 for v in losses.values() if v > losses[self.attacker])
+            self.latest[sender] = worse >= len(self.byzantine.intersection(report))
+        ranks = list(self.latest.values())
+        if not (ranks and 2 * sum(ranks) > len(ranks)):
+            self.streak = 0
+        elif label > self._counted:
+            self.streak += 1
+        self._counted = max(self._counted, label)
 
 
 def reported_scores(
@@ -136,12 +213,14 @@ def attack_generator(scenario: Scenario, view: AttackView, attack: Any, own: tor
     return own
 
 
-def craft_attack_round(scenario: Scenario, attack: Any, view: AttackView, own: torch.Generator) -> Crafted:
+def craft_attack_round(scenario: Scenario, attack: Any, view: AttackView, own: torch.Generator, attacking: bool | None = None) -> Crafted:
     """A Byzantine client's messages of ``view``'s round, in every engine: in the attack window
     (``attack.start`` .. ``attack.stop``) what ``attack`` crafts (:func:`craft_round`, drawing
     from :func:`attack_generator`); outside it the mean of the honest models it knows, to every
-    receiver (nothing known: silent), its note ``{"attacking": False}``."""
-    if not scenario.attack.attacks_in(view.round):
+    receiver (nothing known: silent), its note ``{"attacking": False}``. ``attacking``: whether
+    it attacks in this round where the caller decided it (:meth:`ByzantineStep.attacking`);
+    None: the window says."""
+    if not (scenario.attack.attacks_in(view.round) if attacking is None else attacking):
         mean = known_mean(view)
         return Crafted(dict.fromkeys(view.receivers, None if mean is None else mean.to(torch.float32)), {"attacking": False})
     return craft_round(attack, view, attack_generator(scenario, view, attack, own))

@@ -1,7 +1,8 @@
 """Shared scores as real processes over gRPC with mutual TLS: honest clients send what their
 rule measured with each model, the Byzantine ones a framing lie (``attack.scores = "frame"``
-or ``"frame_one"``, the rule with and without memory), every message passes the intake, each Byzantine round record holds the lie
-it sent, and the neighbourhood rule gives, round for round, the weights of the same scenario on
+or ``"frame_one"``, the rule with and without memory), every message passes the intake, each
+Byzantine round record holds the lie it sent (and, striking when trusted, when it struck), and
+the neighbourhood rule gives, round for round, the weights of the same scenario on
 threads and in the batched engine (the in-process transport is bit-identical; the batched
 engine within the parity tolerance of tests/integration/test_engine_parity.py), and as
 torchrun workers."""
@@ -67,6 +68,33 @@ def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path, lie
     assert (left_out > 0) == caught, f"framing neighbours left out {left_out} times"
     for k in honest:
         assert grpc["peers"][str(k)]["accuracy"] == inproc["peers"][str(k)]["accuracy"]
+
+
+def test_an_attacker_that_strikes_when_trusted_as_processes(tmp_path):
+    """``attack.strike = "trusted"``: each Byzantine client reads its standing in the scores its
+    honest neighbours send (the Gaussian attacker strikes once two steps in a row ranked it
+    trusted, and behaves again once they stop), and decides the same in every engine: its round records (when it
+    attacked, the trusted steps it decided on; the label flipper's own note is a loss, equal
+    within float error) are equal as processes, on threads and in the
+    batched engine, and the honest clients' weights agree."""
+    settings = (*SETTINGS, "attack.strike=trusted", "attack.trusted_rounds=2")
+    grpc, _, _ = three_ways(lambda *s: load_scenario(None, list(s)), settings, tmp_path)
+    assert grpc["failed_peers"] == [] and grpc["tls"] == "mutual"
+    byzantine = sorted(int(k) for k, p in grpc["peers"].items() if p["role"] == "byzantine")
+    for b in byzantine:
+        notes = {
+            out: [{k: v for k, v in r["attack"].items() if k in ("attacking", "trusted_for")} for r in read_rounds(tmp_path / out, b)]
+            for out in ("grpc", "inproc", "batched")
+        }
+        assert notes["grpc"] == notes["inproc"] == notes["batched"]
+        struck = [n.get("attacking", True) for n in notes["grpc"]]
+        # No report names it in round 0 (nobody aggregated yet): it behaves until it earned two;
+        # its Gaussian models are then scored worst, and it behaves again.
+        assert struck[:3] == [False] * 3 and True in struck and False in struck[struck.index(True):], notes["grpc"]
+        assert all(s == (n["trusted_for"] >= 2) for s, n in zip(struck, notes["grpc"]))
+    for k, peer in grpc["peers"].items():
+        if peer["role"] == "honest":
+            weights_agree(tmp_path, int(k), ROUNDS)
 
 
 def test_shared_scores_under_torchrun(tmp_path):

@@ -137,6 +137,12 @@ CASES = [
         "neighbourhood-memory-twins-dirichlet-frameone", NEIGHBOURHOOD, "colluding_twins", 2, DIR, "attack.colluding=true",
         "attack.scores=frame_one", "aggregation.neighbourhood_reweighting.memory=0.9",
     ),
+    # Reputation then strike: each attacker reads its standing in the scores its neighbours
+    # report, and strikes when they rank it trusted, in both engines alike.
+    make_case(
+        "neighbourhood-memory-gaussian-dirichlet-trusted", NEIGHBOURHOOD, "gaussian", 2, DIR, "attack.strike=trusted", "attack.trusted_rounds=3",
+        "aggregation.neighbourhood_reweighting.memory=0.9",
+    ),
     # A backdoor, its success rate measured in both engines, and an attack window: the
     # attackers send the mean of what they know after round 20.
     make_case("dfedavg-badnets-iid-window", "dfedavg", "badnets", 2, IID, "attack.stop=20"),
