@@ -159,6 +159,7 @@ RANGES = [
     ("attack.stop", [0, 10_000_000], [-1, 10_000_001]),
     ("attack.period", [2, 10_000_000], [-1, 10_000_001]),  # with attack.on = 1
     ("attack.on", [1, 9_999_999], [-1, 10_000_000]),  # with attack.period = 10_000_000
+    ("attack.trusted_rounds", [1, 10_000_000], [0, 10_000_001]),  # with attack.strike = "trusted"
     ("network.round_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.connect_timeout", [1e-3, 86_400.0], [0.0, 86_401.0]),
     ("network.round_window", [1, 1000], [0, 1001]),
@@ -208,8 +209,11 @@ def _graph_for(key):
         return ["links.generator='distance'"]
     if key == "network.max_staleness":  # asynchronous gossip's
         return ["network.protocol='async'"]
-    if key.startswith("attack."):  # the part of a period that attacks, and the period
-        return {"attack.period": ["attack.on=1"], "attack.on": ["attack.period=10000000"]}.get(key, [])
+    if key.startswith("attack."):  # the part of a period that attacks, the period, the trusted rounds to strike
+        return {
+            "attack.period": ["attack.on=1"], "attack.on": ["attack.period=10000000"],
+            "attack.trusted_rounds": ["attack.strike='trusted'", "network.share_scores=true"],
+        }.get(key, [])
     return ["topology.kind='ring'"] if key.startswith("topology.") else []
 
 
