@@ -78,10 +78,9 @@ class ByzantineStep:
         ``senders`` (rows in that order) with the sizes and losses they declared, the scores
         that came with those new to it in this step (``reports``: sender -> its report, with
         ``network.share_scores``; a round's models, or under asynchronous gossip those it
-        answers), the honest
-        ``receivers`` to craft for, and with colluders their ``pool`` (``colluders``,
-        ``pool_senders``, ``pool`` of :class:`AttackView`). Returns what the attack crafted and
-        the size and loss it declares."""
+        answers), the honest ``receivers`` to craft for, and with colluders their ``pool``
+        (``colluders``, ``pool_senders``, ``pool`` of :class:`AttackView`). Returns what the
+        attack crafted and the size and loss it declares."""
         size, loss = byzantine_claims(sizes, losses)
         view = AttackView(
             round=label, attacker=self.attacker, receivers=receivers, senders=senders, received=received, reference=self.reference,
@@ -100,12 +99,12 @@ class Standing:
     """What a Byzantine client that strikes when trusted (``attack.strike = "trusted"``) makes
     of the scores its honest neighbours report (``network.share_scores``: each one's losses of
     its candidates of its last aggregation, the attacker's model among them). A report ranks it
-    trusted when it is not among the report's ``f`` worst, ``f`` the Byzantine clients the report
-    names (it knows the placement; a rule told its Byzantine neighbours leaves out as many, the
-    worst): at least ``f`` entries have a higher loss than its own (compared as the wire
-    carries them, float32, so that every engine reads the same ranks). It keeps each neighbour's latest report (one that sent
-    none, as in the first round, has no say), and its standing is trusted while more than half
-    of those that name it rank it so. ``streak``: the steps (round labels) in a row it was
+    trusted when it is not among the report's ``f`` worst, ``f`` the Byzantine clients the
+    report names (it knows the placement; a rule told its Byzantine neighbours leaves out as
+    many, the worst): at least ``f`` entries have a higher loss than its own (compared as the
+    wire carries them, float32, so that every engine reads the same ranks). It keeps each
+    neighbour's latest report (one that sent none, as in the first round, has no say), and its
+    standing is trusted while more than half of those that name it rank it so. ``streak``: the steps (round labels) in a row it was
     trusted, begun again at 0 by any step that finds it otherwise; :meth:`trusted`: whether it
     reached ``rounds``. Reports arrive a round after the aggregation that measured them, so a
     client that strikes learns it is distrusted two rounds later: it strikes in runs, and
