@@ -104,13 +104,13 @@ class Standing:
     many, the worst): at least ``f`` entries have a higher loss than its own (compared as the
     wire carries them, float32, so that every engine reads the same ranks). It keeps each
     neighbour's latest report (one that sent none, as in the first round, has no say), and its
-    standing is trusted while more than half of those that name it rank it so. ``streak``: the steps (round labels) in a row it was
-    trusted, begun again at 0 by any step that finds it otherwise; :meth:`trusted`: whether it
-    reached ``rounds``. Reports arrive a round after the aggregation that measured them, so a
-    client that strikes learns it is distrusted two rounds later: it strikes in runs, and
-    behaves (sends the mean of the models it knows) until it earned ``rounds`` trusted steps
-    again. Under asynchronous gossip it answers each neighbour's new model as it comes: each
-    answer judges anew, a step counted once."""
+    standing is trusted while more than half of those that name it rank it so. ``streak``: the
+    steps (round labels) in a row it was trusted, begun again at 0 by any step that finds it
+    otherwise; :meth:`trusted`: whether it reached ``rounds``. Reports arrive a round after the
+    aggregation that measured them, so a client that strikes learns it is distrusted two rounds
+    later: it strikes in runs, and behaves (sends the mean of the models it knows) until it
+    earned ``rounds`` trusted steps again. Under asynchronous gossip it answers each
+    neighbour's new model as it comes: each answer judges anew, a step counted once."""
 
     def __init__(self, attacker: int, rounds: int, byzantine: Collection[int]) -> None:
         self.attacker, self.rounds, self.byzantine = attacker, rounds, frozenset(byzantine) | {attacker}
