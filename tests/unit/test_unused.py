@@ -50,6 +50,13 @@ def test_an_attack_without_byzantine_clients_is_named_with_what_to_set():
         "attack.start=2 and attack.stop=5 and topology.placement='degree' not used: topology.byzantine=0, no Byzantine client "
         "runs an attack (set attack.start=0 and attack.stop=0 and topology.placement='random' to say so)"
     ]
+    # nor when an attacker would strike
+    assert unused(
+        "topology.byzantine=0", "attack.name=none", "network.share_scores=true", "attack.strike=trusted", "attack.trusted_rounds=3",
+    ) == [
+        "attack.strike='trusted' and attack.trusted_rounds=3 not used: topology.byzantine=0, no Byzantine client "
+        "runs an attack (set attack.strike='schedule' and attack.trusted_rounds=5 to say so)"
+    ]
 
 
 def test_a_backdoor_attack_without_byzantine_clients_is_said_to_measure_only_its_trigger():
