@@ -73,10 +73,9 @@ def test_framing_liars_against_the_neighbourhood_rule_as_processes(tmp_path, lie
 def test_an_attacker_that_strikes_when_trusted_as_processes(tmp_path):
     """``attack.strike = "trusted"``: each Byzantine client reads its standing in the scores its
     honest neighbours send (the Gaussian attacker strikes once two steps in a row ranked it
-    trusted, and behaves again once they stop), and decides the same in every engine: its round records (when it
-    attacked, the trusted steps it decided on; the label flipper's own note is a loss, equal
-    within float error) are equal as processes, on threads and in the
-    batched engine, and the honest clients' weights agree."""
+    trusted, and behaves again once they stop), and decides the same in every engine: what its
+    round records say of that (when it attacked, the trusted steps it decided on) is equal as
+    processes, on threads and in the batched engine, and the honest clients' weights agree."""
     settings = (*SETTINGS, "attack.strike=trusted", "attack.trusted_rounds=2")
     grpc, _, _ = three_ways(lambda *s: load_scenario(None, list(s)), settings, tmp_path)
     assert grpc["failed_peers"] == [] and grpc["tls"] == "mutual"
