@@ -14,7 +14,7 @@ from __future__ import annotations
 from dfedrw.peer.quote import shown
 from dfedrw.peer.config.scenario import DataConfig, Scenario, TopologyConfig, TrainConfig
 from dfedrw.peer.aggregation.rules import takes_tpm_and_crs
-from dfedrw.peer.config.aggregation import AggregationConfig
+from dfedrw.peer.config.aggregation import AggregationConfig, AttackConfig
 from dfedrw.peer.config.tables import KIND_REGISTRY
 from dfedrw.peer.attacks import ATTACK_REGISTRY
 
@@ -41,7 +41,8 @@ def _attack(sc: Scenario) -> list[str]:
         told.append((f"attack.name={shown(sc.attack.name)}", "attack.name='none'"))
     if sc.attack.colluding:
         told.append(("attack.colluding=true", "attack.colluding=false"))
-    for key, default in (("start", 0), ("stop", 0), ("period", 0), ("on", 0), ("scores", "none"), ("strike", "schedule"), ("trusted_rounds", 5)):
+    for key in ("start", "stop", "period", "on", "scores", "strike", "trusted_rounds"):
+        default = getattr(AttackConfig, key)
         if getattr(sc.attack, key) != default:
             told.append((f"attack.{key}={shown(getattr(sc.attack, key))}", f"attack.{key}={shown(default)}"))
     if sc.topology.placement != "random":
