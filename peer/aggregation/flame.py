@@ -15,8 +15,8 @@ import torch
 
 from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import check_choice, check_int, check_real
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, RoundBatch, RoundInputs, finite_rows
-from dfedrw.peer.aggregation.candidates import FiniteCandidates, finite_by_id, keep_own, keep_own_pooled, package_for, pooled_order
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, BatchOfOne, RoundBatch, finite_rows
+from dfedrw.peer.aggregation.candidates import FiniteCandidates, keep_own_pooled, package_for, pooled_order
 from dfedrw.peer.aggregation.distance import gram
 
 __all__ = ["Flame"]
@@ -263,7 +263,7 @@ def _hdbscan_steps() -> tuple[Callable, ...] | None:
 
 @RULE_REGISTRY.register("flame")
 @dataclass(frozen=True)
-class Flame(Checked):
+class Flame(BatchOfOne, Checked):
     """FLAME adapted to decentralized FL: cluster updates, clip to the median norm, add noise.
 
     Updates are measured from the client's start-of-round model:
@@ -292,9 +292,9 @@ class Flame(Checked):
     Source: Nguyen et al., "FLAME: Taming Backdoors in Federated Learning", USENIX Security
     2022.
 
-    One arithmetic (``_aggregate``), two ways in: :meth:`batched` hands it each client's rows
-    from the round's pool, widened to float64 once for all clients: 1.27x faster than a call per
-    client (``python bench/rules_batched.py``, this machine).
+    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_aggregate`` each
+    client's rows from the round's pool, widened to float64 once for all clients: 1.41x faster
+    than a batch of one per client (``python bench/rules_batched.py``, this machine).
     """
 
     noise: float = 0.001
@@ -317,13 +317,8 @@ class Flame(Checked):
         each client's noise draws from (``RoundBatch.rules``)."""
         return (self.noise, self.min_cluster_size, self.cluster_on)
 
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        reference = inputs.vectors[0] if inputs.reference is None else inputs.reference
-        aggregate = self._aggregate(finite_by_id(inputs), inputs.ids, reference, inputs.round, None)
-        return keep_own(inputs) if aggregate is None else aggregate
-
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's round as its own rule's :meth:`__call__` takes it (``batch.rules``:
+        """Every client's round as its own rule takes it in a batch of one (``batch.rules``:
         Flames of one :meth:`batch_group`, each with its seed), bit for bit: the same arithmetic
         on tensors of the same shapes, the rows widened to float64 once for all the clients, the
         pool checked for finite rows once and no per-client inputs built."""

@@ -209,6 +209,21 @@ class RoundBatch:
     # Each client's rule's memory (as RoundInputs.memory).
     memory: tuple[Mapping[int, float] | None, ...] | None = None
 
+    @classmethod
+    def of(cls, inputs: RoundInputs) -> RoundBatch:
+        """One client's round (``inputs``) as a batch of one, its candidates the pool: what
+        :class:`BatchOfOne` hands a rule's :meth:`batched` path."""
+
+        def one(value):
+            return None if value is None else (value,)
+
+        return cls(
+            round=inputs.round, vectors=inputs.vectors, rows=(tuple(range(len(inputs.ids))),), ids=(inputs.ids,), num_samples=(inputs.num_samples,),
+            declared_losses=one(inputs.declared_losses), evaluate=(inputs.evaluate,), references=None if inputs.reference is None else inputs.reference[None],
+            total_rounds=inputs.total_rounds, finite_pool=None if inputs.finite is None else torch.tensor(inputs.finite, dtype=torch.bool),
+            staleness=one(inputs.staleness), reports=one(inputs.reports), memory=(inputs.memory,),
+        )
+
     def finite(self) -> torch.Tensor:
         """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
         ``vectors``): given by the caller, which checks the pool once for all the rules of a
@@ -300,6 +315,14 @@ class RoundBatch:
         return torch.sparse.mm(matrix, pooled).to(torch.float32)
 
 
+class BatchOfOne:
+    """A rule written once, over a batch (its ``batched``): one client's round is a batch of
+    one (:meth:`RoundBatch.of`), so a client process and the batched engine run one arithmetic."""
+
+    def __call__(self, inputs: RoundInputs) -> Aggregate:
+        return self.batched(RoundBatch.of(inputs))[0]
+
+
 _DENSE_COMBINE = 1 << 16  # entries of the [clients, rows] weight matrix below which it is dense
 
 
@@ -337,31 +360,3 @@ def weighted_sum(vectors: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return weighted_rows(weights[used].to(vectors.device), vectors, index)
     rows = vectors[used.to(vectors.device)].to(torch.float64)
     return (weights[used].to(vectors.device) @ rows).to(torch.float32)
-
-
-def _own_only(count: int) -> torch.Tensor:
-    weights = torch.zeros(count, dtype=torch.float64)
-    weights[0] = 1.0
-    return weights
-
-
-def _normalised(weights: torch.Tensor) -> torch.Tensor:
-    """Weights summing to 1; all on the own model (row 0) when none is positive."""
-    total = weights.sum()
-    if not bool(total > 0):
-        weights = _own_only(len(weights))
-        total = weights.sum()
-    return weights / total
-
-
-def weighted_aggregate(inputs: RoundInputs, weights: torch.Tensor, scores: torch.Tensor | None) -> Aggregate:
-    """The :class:`Aggregate` of ``inputs`` under ``weights`` (normalised; all on the own model
-    when none is positive), with each sender's weight and, when given, its score."""
-    weights = _normalised(weights)
-    return Aggregate(
-        model=weighted_sum(inputs.vectors, weights),
-        weights={sender: float(w) for sender, w in zip(inputs.ids, weights.tolist())},
-        scores=None
-        if scores is None
-        else {sender: float(s) for sender, s in zip(inputs.ids, scores.tolist())},
-    )

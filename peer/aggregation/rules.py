@@ -34,7 +34,7 @@ import torch
 
 from dfedrw.peer.aggregation.crs import CRS, ReweightingStrategy, make_crs
 from dfedrw.peer.aggregation.inputs import (  # noqa: F401 - importable from here, as plugins name them
-    Aggregate, RoundBatch, RoundInputs, Rule, finite_rows, staleness_factors, weighted_aggregate, weighted_sum,
+    Aggregate, BatchOfOne, RoundBatch, RoundInputs, Rule, finite_rows, staleness_factors, weighted_sum,
 )
 from dfedrw.peer.checked import Checked
 from dfedrw.peer.registry import Registry, check_choice, check_int, check_real
@@ -69,7 +69,7 @@ RULE_REGISTRY = Registry(
 
 @RULE_REGISTRY.register("dfedreweighting")
 @dataclass(frozen=True)
-class DFedReweighting(Checked):
+class DFedReweighting(BatchOfOne, Checked):
     """DFedReweighting: score every candidate with a TPM, weight the scores with a CRS.
 
     ``m_i = TPM(w_i, A_k)``;  ``v = CRS(m)``;  ``w_k^{t+1} = sum_i v_i w_i^{t+1/2}``
@@ -84,10 +84,10 @@ class DFedReweighting(Checked):
     client's local steps (FedAsync's polynomial weighting, Xie et al. 2019), and normalises
     again; 0 (the default), or the round protocol, leaves the CRS's weights as they are.
 
-    Two paths, one arithmetic: :meth:`batched` runs each client's TPM and CRS as
-    :meth:`__call__` does, with every client's candidates scored in one product and the models
-    summed in one: 1.66x faster than a call per client (``python bench/rules_batched.py``, this
-    machine).
+    Written once, over a batch (:class:`BatchOfOne`: a client's call is a batch of one):
+    :meth:`batched` runs each client's TPM and CRS, with every client's candidates scored in one
+    product and the models summed in one: 1.60x faster than a batch of one per client (``python
+    bench/rules_batched.py``, this machine).
     """
 
     tpm: TPM
@@ -104,21 +104,8 @@ class DFedReweighting(Checked):
             if not callable(getattr(self, name)):
                 raise ValueError(f"DFedReweighting: {name} must be callable, got {getattr(self, name)!r}")
 
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        self._needs_evaluate(inputs.evaluate is None)
-        finite = finite_rows(inputs.vectors)
-        every = bool(finite.all())
-        usable = inputs.vectors if every else inputs.vectors[finite.to(inputs.vectors.device)]
-        scores = self._scores(finite, usable, inputs.evaluate).tolist()
-        weights = _stale_weighted(self._weights(scores, None if every else finite.tolist()), inputs.staleness, self.staleness_exponent)
-        return Aggregate(
-            model=weighted_sum(inputs.vectors, torch.tensor(weights, dtype=torch.float64)),
-            weights=dict(zip(inputs.ids, weights, strict=True)), scores=dict(zip(inputs.ids, scores, strict=True)),
-        )
-
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's round at once: each one's TPM and CRS as :meth:`__call__` runs them,
-        the candidates scored in one ``batch.evaluate_many`` call when the batch offers it
+        """Every client's round at once: each one's TPM and CRS, the candidates scored in one ``batch.evaluate_many`` call when the batch offers it
         (each TPM then gets those metrics from its ``evaluate``), the models summed at once."""
         self._needs_evaluate(batch.evaluate is None or any(e is None for e in batch.evaluate))
         finite = batch.finite()
@@ -275,7 +262,7 @@ DFEDAVG_WEIGHTINGS = ("data_size", "uniform")
 
 @RULE_REGISTRY.register("dfedavg")
 @dataclass(frozen=True)
-class DFedAvg(Checked):
+class DFedAvg(BatchOfOne, Checked):
     """Decentralized FedAvg: average the candidates by declared data size, or uniformly.
 
     ``"data_size"``: ``v_i = n_i / sum_j n_j`` (uniform if every ``n_i`` is 0);
@@ -287,9 +274,9 @@ class DFedAvg(Checked):
     Under asynchronous gossip, ``staleness_exponent = a > 0`` multiplies each weight by
     ``(1 + s_i)^-a`` (``s_i``: the candidate's staleness in local steps; Xie et al. 2019).
 
-    Two paths: :meth:`batched` sums every client's candidates in one product with the round's
-    weight matrix, the same to float rounding (a product sums in an order of its own): 5.2x
-    faster than a call per client (``python bench/rules_batched.py``, this machine).
+    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` sums every client's
+    candidates in one product with the round's weight matrix: 4.4x faster than a batch of one
+    per client (``python bench/rules_batched.py``, this machine).
     """
 
     weighting: str = "data_size"
@@ -299,10 +286,6 @@ class DFedAvg(Checked):
     def check_settings(cls, s: SimpleNamespace) -> None:
         check_choice("DFedAvg", "weighting", s.weighting, DFEDAVG_WEIGHTINGS)
         s.staleness_exponent = check_real("DFedAvg", "staleness_exponent", s.staleness_exponent, nonnegative=True)
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        weights = _stale_weighted(self.size_weights(inputs.finite_list(), inputs.num_samples), inputs.staleness, self.staleness_exponent)
-        return weighted_aggregate(inputs, torch.tensor(weights, dtype=torch.float64), None)
 
     def size_weights(self, finite: Sequence[bool], num_samples: Sequence[int]) -> list[float]:
         """Unnormalised weights, 0 on non-finite rows (uniform when no size is positive).
@@ -320,7 +303,7 @@ class DFedAvg(Checked):
         for c, rows in enumerate(batch.rows):
             w = self.size_weights([ok[i] for i in rows], batch.num_samples[c])
             w = _stale_weighted(w, None if batch.staleness is None else batch.staleness[c], self.staleness_exponent)
-            if not sum(w) > 0:  # as _normalised: all on the own model
+            if not sum(w) > 0:  # all on the own model
                 w = [1.0] + [0.0] * (len(rows) - 1)
             total = sum(w)
             weights.append([x / total for x in w])
