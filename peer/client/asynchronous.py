@@ -48,16 +48,14 @@ from typing import Any
 
 import torch
 
-from dfedrw.peer.aggregation.rules import finite_rows
 from dfedrw.peer.client import link_messages
-from dfedrw.peer.client.rounds import end_of_round
+from dfedrw.peer.client.byzantine import send_crafted
 from dfedrw.peer.round.byzantine import ByzantineStep, scenario_lie
-from dfedrw.peer.round.candidates import Offer, assemble
-from dfedrw.peer.round.records import byzantine_record, honest_record, loop_times, with_round_graph
-from dfedrw.peer.learning.models import get_vector, set_vector
+from dfedrw.peer.round.candidates import ClientCandidates, Offer, assemble
+from dfedrw.peer.round.records import byzantine_record, loop_times
+from dfedrw.peer.learning.models import set_vector
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.latest import LatestInbox
-from dfedrw.peer.transport.serde import message_out
 from dfedrw.peer.wiring.plan import derive_seed
 
 log = logging.getLogger("dfedrw.peer.client.client")
@@ -71,85 +69,57 @@ def client_inbox(scenario, client_id: int, neighbours, num_clients: int, window:
     return Inbox(client_id, neighbours, num_clients, window, **round_inbox)
 
 
-def run_async(client) -> dict[str, Any]:
-    """Every step of ``client`` (a :class:`~dfedrw.peer.client.client.Client`) under
-    asynchronous gossip; returns what its final file adds."""
-    return run_async_honest(client) if client.role == "honest" else run_async_byzantine(client)
+class GossipGather:
+    """Asynchronous gossip's part of an honest client's step (``Client._run_honest``, which
+    runs both protocols): where a resumed client goes on
+    (:meth:`~peer.client.rejoin.Resume.resume_steps`), how it sends (paced, then briefly waiting
+    for fresh models, :class:`Freshness`), and what step ``t`` aggregates: the newest model it
+    holds of each neighbour, with its staleness."""
 
+    unit = "step"  # what its progress lines count
+    gossip = True  # its candidates carry their staleness
 
-def run_async_honest(client) -> dict[str, Any]:
-    sc = client.scenario
-    data, trainer, inbox = client.data, client.trainer, client.inbox
-    num_samples = len(data.train.y)
-    graphs = client.graphs
-    last: dict[str, float] = {}
-    loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-    t = first = 0
-    first_after_resume = client.resumed is not None
-    if first_after_resume:
-        reachable = [k for k in graphs.senders_to(client.id, client.resumed.round + 1) if k not in client.presence.unreachable]
-        t, adopted = client.resume.resume_steps(reachable)
-        first = t
+    def __init__(self, client) -> None:
+        self.client = client
+        self.fresh = Freshness(client.scenario.network.round_timeout, getattr(client.transport, "message_seconds", None))
+        self.first_step = 0
+        self.stale_steps = 0
+
+    def first(self, num_samples: int) -> int:
+        c = self.client
+        if c.resumed is None:
+            return 0
+        reachable = [k for k in c.graphs.senders_to(c.id, c.resumed.round + 1) if k not in c.presence.unreachable]
+        self.first_step, adopted = c.resume.resume_steps(reachable)
         if adopted is not None:
-            set_vector(client.model, adopted)
-    flat = client._flatten()  # on the CPU the parameters are views of one flat vector (the model to send)
-    stale_steps = 0
-    fresh = Freshness(sc.network.round_timeout, getattr(client.transport, "message_seconds", None))
-    while t < sc.rounds:
-        client._check_stop()
-        inbox.advance(t)
-        client.presence.begin_round(t)
-        client.resume.note_round(t)
-        sent0, recv0 = client.encoder.total, inbox.bytes_received  # bytes as it made them for its links
-        reference = get_vector(client.model)
-        with client.pace.work():
-            loss = trainer.step(sc.train.lr_at(t, sc.rounds))
-        own = flat if flat is not None else get_vector(client.model)
-        receivers = graphs.receivers_of(client.id, t)
-        client.presence.pace(receivers)
-        client._send_all(t, own, num_samples, receivers, loss)
-        fresh.wait(inbox, [k for k in graphs.senders_to(client.id, t) if k not in client.presence.unreachable], t, t == first)
-        held = inbox.held_models(sc.network.max_staleness)
-        senders = sorted(held)
-        rule, told = client.rules.at(client.id, tuple(senders))  # under a schedule: told the Byzantine senders it holds
-        candidates = assemble(
-            Offer(client.id, own, num_samples, loss),
-            (Offer(k, m.vector, m.num_samples, m.train_loss, stale, m.scores or None) for k, (m, stale) in sorted(held.items())),
-            graphs.senders_to(client.id, t), memory=client.memory,
-        )
-        stale_steps += sum(candidates.staleness)
-        vectors = candidates.stack()
-        finite = (bool(finite_rows(own[None])[0]), *(True for _ in senders))  # the intake checked the others
-        with client.pace.work():
-            agg = rule(
-                candidates.inputs(t, vectors, evaluate=client.aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite, gossip=True)
-            )
-        model = agg.model.clone() if agg.model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr() else agg.model
-        client._keep(agg)
-        set_vector(client.model, model)
-        flat = model if flat is not None else None
-        notes: dict[str, Any] = {"staleness": {str(k): s for k, s in zip(senders, candidates.staleness[1:], strict=True)}}
-        if first_after_resume:
-            notes["resumed_from"], first_after_resume = client.resumed.round, False
-        record = honest_record(
-            t, loss, agg.weights, candidates.missing, scores=agg.scores, notes=notes,
-            bytes_sent=client.encoder.total - sent0, bytes_received=inbox.bytes_received - recv0,
-            seconds=round(time.monotonic() - loop_start, 3),
-        )
-        with_round_graph(record, graphs, client.id, t, told)
-        del vectors, candidates, held, agg, reference, own
-        last = end_of_round(client, t, loss, record, model, last, step="step")
-        del model
-        t += 1
-    seconds = time.monotonic() - loop_start
-    return {
-        **last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y),
-        "local_test_samples": len(data.local_test.y),
-        "gossip": {
-            "protocol": "async", "steps_per_second": round((sc.rounds - first) / seconds, 3) if seconds > 0 else None, "staleness_total": stale_steps,
-            "paced_seconds": round(client.presence.paced_seconds, 3), "fresh_seconds": round(fresh.seconds, 3),
-        },
-    }
+            set_vector(c.model, adopted)
+        return self.first_step
+
+    def send(self, t: int, own: Any, num_samples: int, loss: float) -> None:
+        c = self.client
+        receivers = c.graphs.receivers_of(c.id, t)
+        c.presence.pace(receivers)
+        c._send_all(t, own, num_samples, receivers, loss)
+        self.fresh.wait(c.inbox, [k for k in c.graphs.senders_to(c.id, t) if k not in c.presence.unreachable], t, t == self.first_step)
+
+    def candidates(self, t: int, own: Any, reference: Any, num_samples: int, loss: float, notes: dict[str, Any]) -> tuple[ClientCandidates, Any, Any, tuple[int, ...]]:
+        """(step ``t``'s candidates, the own model and reference, the senders its rule is told
+        of: those it holds a model of); their staleness goes into ``notes``."""
+        c = self.client
+        held = c.inbox.held_models(c.scenario.network.max_staleness)
+        offers = (Offer(k, m.vector, m.num_samples, m.train_loss, stale, m.scores or None) for k, (m, stale) in sorted(held.items()))
+        candidates = assemble(Offer(c.id, own, num_samples, loss), offers, c.graphs.senders_to(c.id, t), memory=c.memory)
+        self.stale_steps += sum(candidates.staleness)
+        notes["staleness"] = {str(k): s for k, s in zip(candidates.senders, candidates.staleness[1:], strict=True)}
+        return candidates, own, reference, candidates.senders
+
+    def final(self, steps: int, seconds: float) -> dict[str, Any]:
+        return {
+            "gossip": {
+                "protocol": "async", "steps_per_second": round(steps / seconds, 3) if seconds > 0 else None, "staleness_total": self.stale_steps,
+                "paced_seconds": round(self.client.presence.paced_seconds, 3), "fresh_seconds": round(self.fresh.seconds, 3),
+            },
+        }
 
 
 class Freshness:
@@ -256,20 +226,11 @@ def run_async_byzantine(client) -> dict[str, Any]:
             label, receivers=due, senders=senders, received=received, sizes=[m.num_samples for m in messages], losses=[m.train_loss for m in messages],
             reports={k: held[k].scores for k in due},
         )
-        chunk_bytes, reported = sc.network.chunk_bytes, step.reported(label)
-        claims = {"num_samples": claimed_size, "train_loss": claimed_loss, "scores": reported, "chunk_bytes": chunk_bytes}
-        for k, labelled in crafted.extra.items():
-            for extra_label, extra in labelled:
-                client.transport.send(k, message_out(client.id, extra_label, extra, client.specs, **claims))
-        silent = 0
+        reported = step.reported(label)
+        claims = {"num_samples": claimed_size, "train_loss": claimed_loss, "scores": reported, "chunk_bytes": sc.network.chunk_bytes}
+        silent = send_crafted(client, crafted, {k: held[k].round for k in due}, claims)
         for k in due:
             answered[k] = held[k].round
-            if crafted.messages[k] is None:
-                silent += 1
-                continue
-            client.transport.send(
-                k, message_out(client.id, held[k].round, crafted.messages[k], client.specs, **claims)
-            )
         record = byzantine_record(
             label, list(senders), silent, crafted, client.transport.bytes_sent - sent0, inbox.bytes_received - recv0, reported=reported,
         )

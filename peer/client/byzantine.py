@@ -71,26 +71,8 @@ def run_byzantine(client) -> dict[str, Any]:
         received_from = sorted(got)
         reported = step.reported(r)
         del received, honest_msgs, got
-        # Copies labelled with other rounds go first: a receiver takes the round's own message
-        # last, so it is still running (and counts what it does with them) when they arrive.
-        for k, labelled in crafted.extra.items():
-            for label, extra in labelled:
-                chunks = message_out(
-                    client.id, label, extra, client.specs, num_samples=claimed_size, train_loss=claimed_loss, scores=reported, chunk_bytes=sc.network.chunk_bytes,
-                )
-                client.transport.send(k, chunks)
-        silent = 0
-        for k in targets:
-            message = crafted.messages[k]
-            if message is None:
-                silent += 1
-                continue
-            client.transport.send(
-                k,
-                message_out(
-                    client.id, r, message, client.specs, num_samples=claimed_size, train_loss=claimed_loss, scores=reported, chunk_bytes=sc.network.chunk_bytes,
-                ),
-            )
+        claims = {"num_samples": claimed_size, "train_loss": claimed_loss, "scores": reported, "chunk_bytes": sc.network.chunk_bytes}
+        silent = send_crafted(client, crafted, dict.fromkeys(targets, r), claims)
         silent_before = silent > 0
         record = byzantine_record(
             r, received_from, silent, crafted, client.transport.bytes_sent - sent0, client.inbox.bytes_received - recv0,
@@ -101,6 +83,24 @@ def run_byzantine(client) -> dict[str, Any]:
         if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
             client.resume.save(r, generators={"attack": gen.get_state().numpy()})
         # The transport holds what it has still to send, and lets each message go once sent.
-        crafted = message = extra = chunks = None
+        crafted = None
         r += 1
     return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at)}
+
+
+def send_crafted(client, crafted, labels: dict[int, int], claims: dict[str, Any]) -> int:
+    """Send what Byzantine ``client``'s attack crafted: the copies labelled with other rounds
+    first (a receiver takes the round's own message last, so it is still running, and counts
+    what it does with them, when they arrive), then each receiver ``k``'s message labelled
+    ``labels[k]``, each with the ``claims`` (declared size, loss, reported scores, chunk size).
+    Returns how many receivers it was silent to."""
+    for k, labelled in crafted.extra.items():
+        for label, extra in labelled:
+            client.transport.send(k, message_out(client.id, label, extra, client.specs, **claims))
+    silent = 0
+    for k, label in labels.items():
+        if crafted.messages[k] is None:
+            silent += 1
+        else:
+            client.transport.send(k, message_out(client.id, label, crafted.messages[k], client.specs, **claims))
+    return silent

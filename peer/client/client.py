@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from dfedrw.peer.round.candidates import Offer, assemble
 from dfedrw.peer.wiring.assembly import (
     ClientParts, client_attack, client_augmentation, client_data, client_parts, scenario_backdoor, scenario_plausible,
 )
@@ -39,7 +38,6 @@ from dfedrw.peer.client.checkpoint import Checkpoint, CheckpointError, checkpoin
 from dfedrw.peer.client.collusion import Collusion
 from dfedrw.peer.transport.intake import ModelIntake
 from dfedrw.peer.transport.serde import shareable
-from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.models import get_vector, set_vector
 from dfedrw.peer.round.told import ToldRules
@@ -47,9 +45,9 @@ from dfedrw.peer.wiring.plan import colluding_group, derive_seed, scenario_graph
 from dfedrw.peer.aggregation.rules import Aggregate, finite_rows
 from dfedrw.peer.graph.schedule import receive_window
 from dfedrw.peer.client.presence import PROBE_EVERY, Presence
-from dfedrw.peer.client.rejoin import Resume, coordinate_median
+from dfedrw.peer.client.rejoin import Resume
 from dfedrw.peer.results.records import RoundLog, write_json_atomic
-from dfedrw.peer.client.rounds import Liveness, Pace, end_of_round
+from dfedrw.peer.client.rounds import Pace, RoundGather, end_of_round
 from dfedrw.peer.round.records import final_keys, honest_record, loop_times, with_round_graph
 from dfedrw.peer.client.telemetry import LauncherLink, NullLink
 from dfedrw.peer.client import link_messages
@@ -59,7 +57,7 @@ from dfedrw.peer.learning.training import LocalTrainer
 from dfedrw.peer.learning.model_matrix import VectorEvaluator
 from dfedrw.peer.learning.device import device_memory
 from dfedrw.peer.transport.base import Transport
-from dfedrw.peer.client.asynchronous import client_inbox, run_async
+from dfedrw.peer.client.asynchronous import GossipGather, client_inbox, run_async_byzantine
 
 log = logging.getLogger(__name__)
 
@@ -259,10 +257,10 @@ class Client:
         torch.set_num_threads(1)
         start = time.monotonic()
         try:
-            if self.scenario.network.asynchronous:
-                final = run_async(self)  # no round barrier (peer/client/asynchronous.py)
-            else:
-                final = self._run_honest() if self.role == "honest" else run_byzantine(self)
+            if self.role == "honest":
+                final = self._run_honest()
+            else:  # under asynchronous gossip no round barrier (peer/client/asynchronous.py)
+                final = run_async_byzantine(self) if self.scenario.network.asynchronous else run_byzantine(self)
         finally:
             self.transport.flush(timeout=5.0)
             self.results.close()
@@ -333,8 +331,8 @@ class Client:
         bytes sent and received so far, from which the round's own are counted: an honest
         client's as it made them for its links, not as a transport or link let them go)."""
         self._check_stop()
-        r = self.resume.catch_up(r)
-        if self.role == "honest":
+        r = self.resume.catch_up(r)  # (a no-op under asynchronous gossip: it rejoins by resume_steps)
+        if self.role == "honest" and not self.scenario.network.asynchronous:
             self.presence.hold_back(r, self._check_stop)
         self.inbox.advance(r)
         self.presence.begin_round(r)
@@ -362,13 +360,17 @@ class Client:
         return flat
 
     def _run_honest(self) -> dict[str, Any]:
+        """Every round (under asynchronous gossip, every local step) of an honest client: one
+        loop for both protocols, which differ only in where a resumed client goes on, how a
+        model is sent and what the round aggregates (``gather``: :class:`RoundGather` or
+        :class:`~dfedrw.peer.client.asynchronous.GossipGather`)."""
         sc = self.scenario
-        data, trainer, aux_eval = self.data, self.trainer, self.aux_eval
-        liveness = Liveness(sc.network.max_missed_rounds)
+        data, trainer, inbox = self.data, self.trainer, self.inbox
+        gather = GossipGather(self) if sc.network.asynchronous else RoundGather(self)
         num_samples = len(data.train.y)
         last: dict[str, float] = {}
         loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
-        r = self.resume.rejoin(get_vector(self.model), num_samples) if self.resumed is not None else 0
+        r = first = gather.first(num_samples)
         first_after_resume = self.resumed is not None
         # On the CPU the parameters are views of one flat vector (set_vector makes them so):
         # after the local step that vector is the model to send, no copy of it needed.
@@ -379,41 +381,20 @@ class Client:
             with self.pace.work():
                 loss = trainer.step(sc.train.lr_at(r, sc.rounds))
             own = flat if flat is not None else get_vector(self.model)
-            senders = self.graphs.senders_to(self.id, r)
-            self._send_all(r, own, num_samples, self.graphs.receivers_of(self.id, r), loss)
-            expected = self.presence.expected(r, frozenset(senders))
-            got, passed = self.resume.wait(r, expected)
-            expected -= passed
-            liveness.update(self.inbox, expected, got)
-            ids = (self.id, *sorted(got))
-            adopted = False
-            if r == self.resume.stale_round and got:
-                # Resumed far behind its neighbours: its own model is many rounds stale, and
-                # one vote among its neighbours' would pull every aggregate back. It takes the
-                # coordinate-wise median of the neighbours' models of this round as its own
-                # (the median, not the mean, so that one Byzantine neighbour among three
-                # cannot set it), then aggregates with its rule as every round.
-                own = reference = coordinate_median(torch.stack([got[k].vector for k in ids[1:]]))
-                adopted, self.resume.stale_round = True, None
-                self.resume.resumed_from[-1]["took_neighbours_model"] = True
-                log.warning("client %d: round %d: took its neighbours' median model in place of its stale one", self.id, r)
-            elif r == self.resume.stale_round:
-                self.resume.stale_round = r + 1  # no neighbour model this round: try again in the next
-            release_free_heap()
+            gather.send(r, own, num_samples, loss)
+            notes: dict[str, Any] = {"resumed_from": self.resumed.round} if first_after_resume else {}
+            first_after_resume = False
+            held, own, reference, told_of = gather.candidates(r, own, reference, num_samples, loss, notes)
             # The candidates: the round's matrix itself when every received model was decoded
             # into its row (own model copied into row 0), else a stack of them.
-            held = assemble(
-                Offer(self.id, own, num_samples, loss), (Offer(k, got[k].vector, got[k].num_samples, got[k].train_loss, reports=got[k].scores or None) for k in ids[1:]), expected,
-                memory=self.memory,
-            )
-            vectors = self.inbox.stacked(r, list(held.models[1:]), own)
-            rule, told = self.rules.at(self.id, senders)
+            vectors = inbox.stacked(r, list(held.models[1:]), own)
+            rule, told = self.rules.at(self.id, told_of)
             # Every received model passed the intake's check of its values: only the own
             # model's need looking at (for a big model a pass over every candidate saved).
-            finite = (bool(finite_rows(own[None])[0]), *(True for _ in ids[1:]))
+            finite = (bool(finite_rows(own[None])[0]), *(True for _ in held.senders))
             with self.pace.work():
-                agg = rule(held.inputs(r, vectors, evaluate=aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite))
-            model, weights, scores = agg.model, agg.weights, agg.scores
+                agg = rule(held.inputs(r, vectors, evaluate=self.aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite, gossip=gather.gossip))
+            model = agg.model
             self._keep(agg)
             if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
                 # A rule that kept a candidate as it is: the parameters must not hold on to
@@ -421,23 +402,19 @@ class Client:
                 model = model.clone()
             set_vector(self.model, model)
             # Done with the round's models: let them go before evaluating and checkpointing.
-            self.inbox.close(r)
+            inbox.close(r)
             flat = model if flat is not None else None
-            missing = held.missing
-            del vectors, got, held, agg, reference, own
-            notes: dict[str, Any] = {}
-            if first_after_resume:
-                notes["resumed_from"] = self.resumed.round
-                first_after_resume = False
-            if adopted:
-                notes["took_neighbours_model"] = True
             record = honest_record(
-                r, loss, weights, missing, scores=scores, notes=notes,
-                bytes_sent=self.encoder.total - sent0, bytes_received=self.inbox.bytes_received - recv0,
+                r, loss, agg.weights, held.missing, scores=agg.scores, notes=notes,
+                bytes_sent=self.encoder.total - sent0, bytes_received=inbox.bytes_received - recv0,
                 seconds=round(time.monotonic() - loop_start, 3),
             )
             with_round_graph(record, self.graphs, self.id, r, told)
-            last = end_of_round(self, r, loss, record, model, last)
+            del vectors, held, agg, reference, own
+            last = end_of_round(self, r, loss, record, model, last, step=gather.unit)
             del model
             r += 1
-        return {**last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y), "local_test_samples": len(data.local_test.y)}
+        return {
+            **last, **loop_times(loop_start, cpu_start, started_at), "num_samples": num_samples, "aux_samples": len(data.aux.y),
+            "local_test_samples": len(data.local_test.y), **gather.final(sc.rounds - first, time.monotonic() - loop_start),
+        }

@@ -1,6 +1,7 @@
-"""A client process's round beyond what it writes (:mod:`peer.round.records`): its end (the
-record written, the launcher told, a checkpoint when due), its pace when it runs slower than
-the machine, and how many missed deadlines make a neighbour gone."""
+"""A client process's round beyond what it writes (:mod:`peer.round.records`): what the round
+protocol's round aggregates (:class:`RoundGather`), its end (the record written, the launcher
+told, a checkpoint when due), its pace when it runs slower than the machine, and how many
+missed deadlines make a neighbour gone."""
 
 from __future__ import annotations
 
@@ -11,11 +12,69 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from dfedrw.peer.client import link_messages
 from dfedrw.peer.client.checkpoint import memory_counters
+from dfedrw.peer.client.rejoin import coordinate_median
+from dfedrw.peer.learning.models import get_vector
+from dfedrw.peer.round.candidates import ClientCandidates, Offer, assemble
 from dfedrw.peer.round.records import checkpoint_due, evaluation_due, test_measures
+from dfedrw.peer.transport.heap_trim import release_free_heap
 
 log = logging.getLogger("dfedrw.peer.client.client")
+
+
+class RoundGather:
+    """The round protocol's part of an honest client's round (``Client._run_honest``): where a
+    resumed client goes on (:meth:`~peer.client.rejoin.Resume.rejoin`), and what round ``r``
+    aggregates: the round-``r`` models of its senders that came by the deadline (a neighbour
+    that missed ``max_missed_rounds`` deadlines in a row is not waited for)."""
+
+    unit = "round"  # what its progress lines count
+    gossip = False  # its candidates carry no staleness
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.liveness = Liveness(client.scenario.network.max_missed_rounds)
+
+    def first(self, num_samples: int) -> int:
+        c = self.client
+        return c.resume.rejoin(get_vector(c.model), num_samples) if c.resumed is not None else 0
+
+    def send(self, r: int, own: Any, num_samples: int, loss: float) -> None:
+        c = self.client
+        c._send_all(r, own, num_samples, c.graphs.receivers_of(c.id, r), loss)
+
+    def candidates(self, r: int, own: Any, reference: Any, num_samples: int, loss: float, notes: dict[str, Any]) -> tuple[ClientCandidates, Any, Any, tuple[int, ...]]:
+        """(round ``r``'s candidates, the own model and reference it aggregates from, the senders
+        its rule is told of: the round's in-neighbours); what the round did beyond that goes
+        into ``notes``."""
+        c = self.client
+        senders = c.graphs.senders_to(c.id, r)
+        expected = c.presence.expected(r, frozenset(senders))
+        got, passed = c.resume.wait(r, expected)
+        expected -= passed
+        self.liveness.update(c.inbox, expected, got)
+        ids = sorted(got)
+        if r == c.resume.stale_round and got:
+            # Resumed far behind its neighbours: its own model is many rounds stale, and one
+            # vote among its neighbours' would pull every aggregate back. It takes the
+            # coordinate-wise median of the neighbours' models of this round as its own (the
+            # median, not the mean, so that one Byzantine neighbour among three cannot set it),
+            # then aggregates with its rule as every round.
+            own = reference = coordinate_median(torch.stack([got[k].vector for k in ids]))
+            c.resume.stale_round = None
+            c.resume.resumed_from[-1]["took_neighbours_model"] = notes["took_neighbours_model"] = True
+            log.warning("client %d: round %d: took its neighbours' median model in place of its stale one", c.id, r)
+        elif r == c.resume.stale_round:
+            c.resume.stale_round = r + 1  # no neighbour model this round: try again in the next
+        release_free_heap()
+        offers = (Offer(k, got[k].vector, got[k].num_samples, got[k].train_loss, reports=got[k].scores or None) for k in ids)
+        return assemble(Offer(c.id, own, num_samples, loss), offers, expected, memory=c.memory), own, reference, senders
+
+    def final(self, steps: int, seconds: float) -> dict[str, Any]:
+        return {}
 
 
 def end_of_round(client, r: int, loss: float, record: dict[str, Any], model: Any, last: dict[str, float], *, step: str = "round") -> dict[str, float]:
