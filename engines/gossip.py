@@ -263,8 +263,7 @@ class Gossip:
                 silent += 1
                 run.silent[b] += 1
                 continue
-            low, high = torch.aminmax(vector) if vector.numel() else (0.0, 0.0)
-            error = run.plausible.samples_error(claimed_size) or run.plausible.values_error(float(low), float(high))
+            error = run.plausible.samples_error(claimed_size) or run.plausible.model_error(vector)
             if not self._free(b, (j,), now):
                 continue
             arrival = self._plan(b, j, now, self.sizes.of(b))

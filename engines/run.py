@@ -266,8 +266,7 @@ class BatchedRun:
                     continue
                 vector = message
                 if id(vector) not in values_errors:
-                    low, high = torch.aminmax(vector) if vector.numel() else (0.0, 0.0)
-                    values_errors[id(vector)] = self.plausible.values_error(float(low), float(high))
+                    values_errors[id(vector)] = self.plausible.model_error(vector)
                 error = self.plausible.samples_error(claimed_size) or values_errors[id(vector)]
                 if error is not None:  # what the receiver's intake would refuse
                     self._reject(k, error.reason)

@@ -31,8 +31,8 @@ import torch
 
 from dfedrw.engines.gossip import run_gossip
 from dfedrw.engines.layout import choose_layout
-from dfedrw.engines.run import BatchedRun, Candidates  # noqa: F401 - importable from here
-from dfedrw.engines.steps import aggregate_together, rule_groups, train_together  # noqa: F401 - importable from here
+from dfedrw.engines.run import BatchedRun
+from dfedrw.engines.steps import aggregate_together, rule_groups, train_together
 from dfedrw.peer.config.scenario import Scenario
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
 

@@ -62,13 +62,9 @@ class RoundInputs:
     def __post_init__(self) -> None:
         own_id = check_int("RoundInputs", "own_id", self.own_id)
         check_int("RoundInputs", "round", self.round, minimum=0)
-        if isinstance(self.ids, (str, bytes)) or not isinstance(self.ids, Sequence):
-            raise ValueError(f"RoundInputs: ids must be a sequence of ints, got {self.ids!r}")
-        ids = tuple(check_int("RoundInputs", "ids[]", i) for i in self.ids)
+        ids = _ints("ids", self.ids)
         if not ids or ids[0] != own_id:
-            raise ValueError(
-                f"RoundInputs: ids[0] must be own_id {own_id} (own model first), got ids={ids}"
-            )
+            raise ValueError(f"RoundInputs: ids[0] must be own_id {own_id} (own model first), got ids={ids}")
         if len(set(ids)) != len(ids):
             raise ValueError(f"RoundInputs: ids must be distinct, got {ids}")
         vectors = self.vectors
@@ -78,60 +74,37 @@ class RoundInputs:
         if not vectors.is_floating_point():
             raise ValueError(f"RoundInputs: vectors must be floating point, got {vectors.dtype}")
         if vectors.shape[0] != len(ids):
-            raise ValueError(
-                f"RoundInputs: vectors has {vectors.shape[0]} rows but there are {len(ids)} ids"
-            )
-        if isinstance(self.num_samples, (str, bytes)) or not isinstance(
-            self.num_samples, Sequence
-        ):
-            raise ValueError(
-                f"RoundInputs: num_samples must be a sequence of ints, got {self.num_samples!r}"
-            )
-        num_samples = tuple(
-            check_int("RoundInputs", "num_samples[]", n, minimum=0) for n in self.num_samples
-        )
-        if len(num_samples) != len(ids):
-            raise ValueError(
-                f"RoundInputs: num_samples has {len(num_samples)} entries but there are "
-                f"{len(ids)} ids"
-            )
+            raise ValueError(f"RoundInputs: vectors has {vectors.shape[0]} rows but there are {len(ids)} ids")
         if self.evaluate is not None and not callable(self.evaluate):
-            raise ValueError(
-                f"RoundInputs: evaluate must be callable or None, got {self.evaluate!r}"
-            )
+            raise ValueError(f"RoundInputs: evaluate must be callable or None, got {self.evaluate!r}")
         check_int("RoundInputs", "total_rounds", self.total_rounds, minimum=0)
-        if self.reference is not None and (
-            not isinstance(self.reference, torch.Tensor) or tuple(self.reference.shape) != (vectors.shape[1],)
-        ):
+        if self.reference is not None and (not isinstance(self.reference, torch.Tensor) or tuple(self.reference.shape) != (vectors.shape[1],)):
             raise ValueError(f"RoundInputs: reference must be a [D] tensor with D = {vectors.shape[1]}")
-        if self.declared_losses is not None:
-            losses = tuple(float(x) for x in self.declared_losses)
-            if len(losses) != len(ids):
-                raise ValueError(
-                    f"RoundInputs: declared_losses has {len(losses)} entries but there are {len(ids)} ids"
-                )
-            object.__setattr__(self, "declared_losses", losses)
-        if self.finite is not None:
-            finite = tuple(bool(x) for x in self.finite)
-            if len(finite) != len(ids):
-                raise ValueError(f"RoundInputs: finite has {len(finite)} entries but there are {len(ids)} ids")
-            object.__setattr__(self, "finite", finite)
-        if self.staleness is not None:
-            if isinstance(self.staleness, (str, bytes)) or not isinstance(self.staleness, Sequence):
-                raise ValueError(f"RoundInputs: staleness must be a sequence of ints, got {self.staleness!r}")
-            staleness = tuple(check_int("RoundInputs", "staleness[]", s, minimum=0) for s in self.staleness)
-            if len(staleness) != len(ids):
-                raise ValueError(f"RoundInputs: staleness has {len(staleness)} entries but there are {len(ids)} ids")
-            object.__setattr__(self, "staleness", staleness)
-        if self.reports is not None:
-            reports = tuple(self.reports)
-            if len(reports) != len(ids) or not all(r is None or isinstance(r, Mapping) for r in reports):
-                raise ValueError(f"RoundInputs: reports must be a mapping or None per id ({len(ids)}), got {self.reports!r}")
-            object.__setattr__(self, "reports", reports)
+        # One entry per id in each of these (None: not given, where that is allowed).
+        per_id = {
+            "num_samples": _ints("num_samples", self.num_samples, minimum=0),
+            "declared_losses": None if self.declared_losses is None else tuple(float(x) for x in self.declared_losses),
+            "finite": None if self.finite is None else tuple(bool(x) for x in self.finite),
+            "staleness": None if self.staleness is None else _ints("staleness", self.staleness, minimum=0),
+            "reports": None if self.reports is None else tuple(self.reports),
+        }
+        for name, values in per_id.items():
+            if values is not None and len(values) != len(ids):
+                raise ValueError(f"RoundInputs: {name} has {len(values)} entries but there are {len(ids)} ids")
+            object.__setattr__(self, name, values)
+        if self.reports is not None and not all(r is None or isinstance(r, Mapping) for r in self.reports):
+            raise ValueError(f"RoundInputs: reports must be a mapping or None per id ({len(ids)}), got {self.reports!r}")
         if self.memory is not None and not isinstance(self.memory, Mapping):
             raise ValueError(f"RoundInputs: memory must be a mapping or None, got {self.memory!r}")
         object.__setattr__(self, "ids", ids)
-        object.__setattr__(self, "num_samples", num_samples)
+
+
+def _ints(name: str, values: Any, minimum: int | None = None) -> tuple[int, ...]:
+    """``values`` (a sequence of ints, each at least ``minimum``) as a tuple; else the error
+    names ``RoundInputs``' field ``name``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(f"RoundInputs: {name} must be a sequence of ints, got {values!r}")
+    return tuple(check_int("RoundInputs", f"{name}[]", v, minimum=minimum) for v in values)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import math
 import numbers
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np

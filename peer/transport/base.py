@@ -45,7 +45,7 @@ class Transport(Protocol):
 
     def send(self, to: int, chunks: list[pb.ModelChunk]) -> None:
         """Send one message without blocking (its chunks: a list, or a
-        :class:`~dfedrw.peer.transport.serde.WireMessage`, which builds them as they go)."""
+        :class:`~dfedrw.peer.transport.chunks.WireMessage`, which builds them as they go)."""
 
     def flush(self, timeout: float) -> None:
         """Wait (bounded) for the sends in flight."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from dfedrw.peer.transport.base import Deliver, Reachability
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.serde import wire_size
+from dfedrw.peer.transport.chunks import wire_size
 
 
 class InprocHub:

@@ -25,7 +25,6 @@ then on, whatever the inbox does with it (see
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -269,7 +268,7 @@ class Incoming:
         """The model a compressed payload (its checksum checked) rebuilds, its values checked.
         Raises :class:`WireError`."""
         rebuilt = codec.decode(self.header, memoryview(self.encoded.numpy()).cast("B"))
-        error = self.intake.plausible.values_error(*_extremes(rebuilt))
+        error = self.intake.plausible.model_error(rebuilt)
         if error is not None:
             raise error
         return rebuilt
@@ -282,15 +281,6 @@ class Incoming:
             if row is not None:
                 row.copy_(vector)
         return row
-
-
-def _extremes(vector: torch.Tensor) -> tuple[float, float]:
-    """(smallest, largest) value; NaN for both when it holds one (as the raw payload's check)."""
-    if not vector.numel():
-        return 0.0, 0.0
-    low, high = torch.aminmax(vector)
-    low, high = float(low), float(high)
-    return (math.nan, math.nan) if math.isnan(low) or math.isnan(high) else (low, high)
 
 
 # The vector of a message counted but not kept (its round was closed, or passed while it came).

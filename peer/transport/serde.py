@@ -35,9 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dfedrw.peer.transport.chunks import (  # noqa: F401 - the chunks' names, importable from here as before
-    DataChunk, WireMessage, _payload_view, parse_chunk, serialized_chunks, wire_round, wire_size,
-)
+from dfedrw.peer.transport.chunks import WireMessage, _payload_view
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.ratelog import quote
 
@@ -121,6 +119,12 @@ class Plausible:
         if max(-low, high) > self.max_abs_value:
             return WireError("implausible", f"a value of magnitude {max(-low, high):.3g} > {self.max_abs_value:g}")
         return None
+
+    def model_error(self, vector: torch.Tensor) -> WireError | None:
+        """:meth:`values_error` of a whole model (one with no values has none): what every
+        receiver's intake, and the batched engine in its place, finds of it."""
+        low, high = torch.aminmax(vector) if vector.numel() else (0.0, 0.0)
+        return self.values_error(float(low), float(high))
 
     def train_loss(self, loss: float) -> float:
         """A declared training loss as believed: NaN when out of range (absent)."""

@@ -197,7 +197,7 @@ def test_grpc_sender_queues_no_more_than_its_byte_bound(monkeypatch):
     """Each queued message is a model the client still holds: past MAX_QUEUED_BYTES the oldest
     queued ones go, however few messages that leaves (here two)."""
     from dfedrw.peer.transport.grpc.sender import Sender
-    from dfedrw.peer.transport.serde import wire_size
+    from dfedrw.peer.transport.chunks import wire_size
 
     size = wire_size(encode(0, 1, vec(1), SPECS, chunk_bytes=16))
     monkeypatch.setattr(Sender, "MAX_QUEUED_BYTES", 2 * size + 10)

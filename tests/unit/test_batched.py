@@ -12,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfedrw.engines.together import rule_groups, run_together, train_together
+from dfedrw.engines.steps import rule_groups, train_together
+from dfedrw.engines.together import run_together
 from dfedrw.engines.run import BatchedRun, engine_device
 from dfedrw.peer.learning.model_matrix import FlatModel, ManyEvaluator, VectorEvaluator, _layer_plan
 from dfedrw.peer.aggregation import DFedAvg, DFedReweighting, Flame, RoundBatch

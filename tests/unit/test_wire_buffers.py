@@ -16,9 +16,8 @@ import torch
 from dfedrw.peer.transport.intake import ModelIntake
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.serde import (
-    DataChunk, PayloadDecoder, Plausible, TensorSpec, WireError, encode, message_out, parse_chunk, wire_size,
-)
+from dfedrw.peer.transport.chunks import DataChunk, parse_chunk, wire_size
+from dfedrw.peer.transport.serde import PayloadDecoder, Plausible, TensorSpec, WireError, encode, message_out
 from tests.support import wire
 
 SPECS = (TensorSpec("w", "float32", (7, 9)), TensorSpec("b", "float32", (7,)))

@@ -19,7 +19,7 @@ import grpc
 from dfedrw.peer.transport.base import Deliver
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
-from dfedrw.peer.transport.framing import MessageSplitter, handle_push, message_begin
+from dfedrw.peer.transport.framing import MessageSplitter, message_begin
 from dfedrw.peer.transport.grpc.limits import CallLimits, Caller
 from dfedrw.peer.transport.grpc.tls import authenticated_sender
 from dfedrw.peer.transport.chunks import parse_chunk

@@ -1,6 +1,6 @@
 """The sending side of the gRPC transport: one long-lived call per neighbour, one message at a time
 (the next goes once the receiver's reply to the previous one came back), a bounded queue per
-neighbour, and what is left unsent. Chunks go out as the bytes :class:`~.serde.WireMessage`
+neighbour, and what is left unsent. Chunks go out as the bytes :class:`~dfedrw.peer.transport.chunks.WireMessage`
 cuts from the sender's tensor (the call's serializer passes them through)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Protocol
 import grpc
 from dfedrw.peer.transport.base import Reachability
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.serde import LARGE_MESSAGE, serialized_chunks, wire_round, wire_size
+from dfedrw.peer.transport.chunks import serialized_chunks, wire_round, wire_size
+from dfedrw.peer.transport.serde import LARGE_MESSAGE
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from dfedrw.peer.transport.grpc.limits import CallLimits
 from dfedrw.peer.transport.grpc.loop import io_loop, on_loop
 from dfedrw.peer.transport.grpc.sender import Sender
 from dfedrw.peer.transport.grpc.tls import channel_credentials, identity_options, server_credentials
-from dfedrw.peer.transport.serde import wire_size
+from dfedrw.peer.transport.chunks import wire_size
 
 log = logging.getLogger(__name__)
 
