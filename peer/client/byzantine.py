@@ -16,6 +16,7 @@ import torch
 from dfedrw.peer.transport.heap_trim import release_free_heap
 from dfedrw.peer.wiring.plan import derive_seed
 from dfedrw.peer.client import link_messages
+from dfedrw.peer.client.checkpoint import CheckpointError
 from dfedrw.peer.client.rounds import Liveness
 from dfedrw.peer.round.byzantine import ByzantineStep, scenario_lie
 from dfedrw.peer.round.records import byzantine_record, checkpoint_due, loop_times, with_round_graph
@@ -40,6 +41,10 @@ def run_byzantine(client) -> dict[str, Any]:
     if client.resumed is not None:
         if "attack" in client.resumed.generators:
             gen.set_state(torch.from_numpy(client.resumed.generators["attack"].copy()))
+        try:
+            step.restore(client.resumed.counters)
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {client.checkpoint_file}: its attack's standing is unusable ({exc}); delete it to start over") from None
         r = client.resume.rejoin(torch.zeros(sum(s.numel for s in client.specs)), 0)
     while r < sc.rounds:
         r, sent0, recv0 = client.begin_round(r)
@@ -81,7 +86,7 @@ def run_byzantine(client) -> dict[str, Any]:
         client.results.write(with_round_graph(record, client.graphs, client.id, r))
         client.link.send(link_messages.round_event(client.id, r))
         if checkpoint_due(r, sc.rounds, sc.checkpoint.every):
-            client.resume.save(r, generators={"attack": gen.get_state().numpy()})
+            client.resume.save(r, generators={"attack": gen.get_state().numpy()}, **step.state())
         # The transport holds what it has still to send, and lets each message go once sent.
         crafted = None
         r += 1

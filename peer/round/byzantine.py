@@ -37,8 +37,8 @@ class ByzantineStep:
     round before carried from call to call (``reference``: None at first and after a restart),
     ``lie``: the scores it reports with its models in the rounds it attacks (:meth:`reported`);
     ``byzantine``: the run's Byzantine clients (read by its :class:`Standing`).
-    With ``attack.strike = "trusted"`` it keeps its :class:`Standing` from step to step (a
-    restart begins it again at nothing)."""
+    With ``attack.strike = "trusted"`` it keeps its :class:`Standing` from step to step, and a
+    client process's checkpoint keeps it (:meth:`state`, :meth:`restore`)."""
 
     def __init__(
         self, scenario: Scenario, attacker: int, attack: Any, generator: torch.Generator, lie: Mapping[int, float] | None = None,
@@ -63,6 +63,16 @@ class ByzantineStep:
         if self._decided is None or self._decided[0] != label:
             self._decided = (label, self.standing.trusted())
         return self._decided[1]
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it beyond its generator: its standing ({} for none)."""
+        return {} if self.standing is None else {"standing": self.standing.state()}
+
+    def restore(self, kept: Mapping[str, Any]) -> None:
+        """Its standing as a checkpoint kept it (:meth:`state`, among the checkpoint's other
+        counters); ValueError if what is kept is not a standing."""
+        if self.standing is not None and "standing" in kept:
+            self.standing.restore(kept["standing"])
 
     def reported(self, label: int) -> Mapping[int, float] | None:
         """The scores its messages of round ``label`` carry: its lie in the rounds it attacks,
@@ -120,6 +130,20 @@ class Standing:
 
     def trusted(self) -> bool:
         return self.streak >= self.rounds
+
+    def state(self) -> dict[str, Any]:
+        """Its streak, the last label it counted and each neighbour's latest rank, as JSON holds them."""
+        return {"streak": self.streak, "counted": self._counted, "latest": {str(k): v for k, v in sorted(self.latest.items())}}
+
+    def restore(self, state: Any) -> None:
+        """Go on from :meth:`state`; ValueError (nothing changed) if ``state`` is not one."""
+        try:
+            streak, counted, latest = state["streak"], state["counted"], {int(k): v for k, v in state["latest"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"not a standing: {state!r}") from None
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (streak, counted)) or streak < 0 or not all(isinstance(v, bool) for v in latest.values()):
+            raise ValueError(f"not a standing: {state!r}")
+        self.streak, self._counted, self.latest = streak, counted, latest
 
     def observe(self, label: int, reports: Mapping[int, Mapping[int, float] | None]) -> None:
         """The step labelled ``label``: the ``reports`` that came with its new models (sender ->

@@ -5,12 +5,15 @@ import sys
 from dfedrw.launch.inproc import run_inproc
 from dfedrw.peer.client import checkpoint
 from dfedrw.peer.client.checkpoint import checkpoint_path, load_checkpoint
+from dfedrw.peer.results.records import read_rounds
+from dfedrw.peer.wiring.plan import scenario_topology
 from tests.support.runs import quiet_console
 
 
-def record_saves(monkeypatch) -> list[tuple[int, int]]:
+def record_saves(monkeypatch, counters: dict | None = None) -> list[tuple[int, int]]:
     """Every checkpoint a client saves, as (client, round), each read back from its file right
-    after it was written (so the file was there, whole, at that moment)."""
+    after it was written (so the file was there, whole, at that moment); ``counters``, when
+    given, gets each one's counters as read back, by (client, round)."""
     original = checkpoint.save_checkpoint
     saved: list[tuple[int, int]] = []
 
@@ -18,6 +21,8 @@ def record_saves(monkeypatch) -> list[tuple[int, int]]:
         original(path, ckpt)
         back = load_checkpoint(path, client=ckpt.client, scenario=ckpt.scenario, vector_size=None)
         saved.append((back.client, back.round))
+        if counters is not None:
+            counters[(back.client, back.round)] = back.counters
 
     # The function as the modules that call it hold it, wherever they import it from.
     holders = [m for name, m in list(sys.modules.items()) if name.startswith("dfedrw.") and getattr(m, "save_checkpoint", None) is original]
@@ -40,3 +45,27 @@ def test_inproc_run_leaves_no_checkpoint(small_scenario, tmp_path, monkeypatch):
     assert sorted(saved) == [(k, r) for k in range(3) for r in (4, 9)]
     assert not any(checkpoint_path(tmp_path, k).exists() for k in range(3))
     assert not list((tmp_path / "peers").glob("*.ckpt.npz*"))
+
+
+def test_an_attacker_that_strikes_when_trusted_keeps_its_standing_in_its_checkpoints(small_scenario, tmp_path, monkeypatch):
+    # Prepare: 4 honest clients and one attacker that reads its standing, a checkpoint every 5 rounds
+    scenario = small_scenario(
+        "topology.kind=complete", "topology.honest=4", "topology.byzantine=1", "rounds=15", "checkpoint.every=5",
+        "attack.name=gaussian", "network.share_scores=true", "attack.strike=trusted", "attack.trusted_rounds=2",
+    )
+    (bad,) = scenario_topology(scenario).byzantine
+    counters: dict = {}
+    record_saves(monkeypatch, counters)
+
+    # Execute
+    summary = run_inproc(scenario, tmp_path, console=quiet_console())
+
+    # Assert: after round r its checkpoint holds the run of trusted rounds it decides round r + 1
+    # on (its record's trusted_for), and the last round it counted
+    assert summary["failed_peers"] == []
+    notes = {rec["round"]: rec["attack"] for rec in read_rounds(tmp_path, bad)}
+    kept = {r: c["standing"] for (k, r), c in counters.items() if k == bad}
+    assert sorted(kept) == [4, 9]
+    for r, standing in kept.items():
+        assert standing["streak"] == notes[r + 1]["trusted_for"] and standing["counted"] == r
+    assert any(n.get("attacking", True) for n in notes.values()) and any(n["trusted_for"] for n in notes.values())

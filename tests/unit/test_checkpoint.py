@@ -22,6 +22,7 @@ from dfedrw.peer.client.checkpoint import (
 from dfedrw.peer.config.scenario import ScenarioError, load_scenario, scenario_changes
 from dfedrw.peer.learning.data import Dataset
 from dfedrw.peer.learning.models import build_model, get_vector
+from dfedrw.peer.client.byzantine import run_byzantine
 from dfedrw.peer.client.client import Client
 from dfedrw.peer.client.rejoin import coordinate_median
 from dfedrw.peer.wiring.plan import scenario_topology
@@ -233,6 +234,31 @@ def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_sce
         assert np.array_equal(again.resumed.generators["attack"], state)
         again.results.close()
     finally:
+        again.close()
+
+
+def test_a_byzantine_client_resumes_no_standing_it_cannot_read(small_scenario, tmp_path):
+    # Prepare: an attacker that strikes when trusted, its checkpoint holding no standing
+    scenario = small_scenario(
+        "topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5",
+        "network.share_scores=true", "attack.strike=trusted",
+    )
+    bad = max(scenario_topology(scenario).byzantine)
+    peer = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    try:
+        peer.resume.save(9, generators={"attack": torch.Generator().get_state().numpy()}, standing={"streak": "many"})
+        peer.results.close()
+    finally:
+        peer.close()
+    again = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+
+    # Execute / Assert: refused before it waits for anyone, naming the file
+    try:
+        again.prepare()
+        with pytest.raises(CheckpointError, match=r"\.ckpt\.npz: its attack's standing is unusable \(not a standing"):
+            run_byzantine(again)
+    finally:
+        again.results.close()
         again.close()
 
 

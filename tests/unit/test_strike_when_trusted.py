@@ -4,6 +4,8 @@ to attack (:meth:`ByzantineStep.attacking`, once per label), and the settings' c
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -79,6 +81,41 @@ def test_the_step_behaves_until_trusted_then_strikes_until_a_step_ranks_it_other
     notes = [_round(step, r, reports) for r, reports in enumerate([[None, None], good, good, good, bad, good, good, good])]
     assert [n.get("attacking", True) for n in notes] == [False, False, False, True, True, False, False, True]
     assert [n["trusted_for"] for n in notes] == [0, 0, 1, 2, 3, 0, 1, 2]
+
+
+def test_a_step_restored_from_its_state_goes_on_as_the_step_that_never_stopped():
+    # Prepare: the same reports to a step that runs through and to one stopped after round 3,
+    # its state kept as a checkpoint keeps it (JSON), and a new step restored from it
+    good, bad = [{5: 1.0, 0: 2.0, 1: 3.0}] * 2, [{5: 9.0, 0: 2.0, 1: 3.0}] * 2
+    rounds = [[None, None], good, good, good, bad, good, good, good]
+    settings = [*TRUSTED, "attack.trusted_rounds=2"]
+    through, first = _step(settings), _step(settings)
+    expected = [_round(through, r, reports) for r, reports in enumerate(rounds)]
+    before = [_round(first, r, reports) for r, reports in enumerate(rounds[:4])]
+    kept = json.loads(json.dumps(first.state()))
+
+    # Execute
+    again = _step(settings)
+    again.restore(kept)
+    after = [_round(again, r, reports) for r, reports in enumerate(rounds[4:], start=4)]
+
+    # Assert: the same decisions and runs, where a step begun again at nothing would behave
+    assert kept == {"standing": {"streak": 3, "counted": 3, "latest": {"0": True, "1": True}}}
+    assert before + after == expected
+    assert _round(_step(settings), 4, rounds[4]).get("attacking", True) is False
+
+
+@pytest.mark.parametrize(
+    "state",
+    [None, {}, {"streak": -1, "counted": 3, "latest": {}}, {"streak": 2, "counted": 3, "latest": {"x": True}},
+     {"streak": 2, "counted": 3, "latest": {"0": 1}}, {"streak": True, "counted": 3, "latest": {}}, {"streak": 2, "counted": "3", "latest": {}}],
+)
+def test_a_standing_that_is_not_one_is_refused_and_nothing_changes(state):
+    standing = Standing(5, rounds=2, byzantine=())
+    standing.observe(0, {0: {5: 1.0, 7: 2.0}})
+    with pytest.raises(ValueError, match="not a standing"):
+        standing.restore(state)
+    assert (standing.streak, standing.latest) == (1, {0: True})
 
 
 def test_the_decision_of_a_label_is_made_once_before_its_step_learns_anything():
