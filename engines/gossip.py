@@ -42,6 +42,7 @@ from dfedrw.engines.run import BatchedRun, Candidates
 from dfedrw.peer.round.candidates import Offer, assemble
 from dfedrw.peer.round.records import byzantine_record, evaluation_due, honest_record, with_round_graph
 from dfedrw.peer.learning.model_matrix import ManyEvaluator
+from dfedrw.peer.transport.latest import fresh_enough
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Gossip:
         place: dict[int, int] = {}  # id of a held model -> its pooled row
         clients = []
         for i, k in enumerate(wave):
-            held = {j: h for j, h in self.held[k].items() if not self.max_staleness or t - h.arrived_step <= self.max_staleness}
+            held = {j: h for j, h in self.held[k].items() if fresh_enough(t - h.arrived_step, self.max_staleness)}
             offers = []
             for j in sorted(held):
                 message = held[j].message

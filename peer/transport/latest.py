@@ -37,6 +37,12 @@ class Held:
     arrived_step: int
 
 
+def fresh_enough(staleness: int, max_staleness: int) -> bool:
+    """Whether a model ``staleness`` of its receiver's steps old is still a candidate under
+    ``network.max_staleness`` (0: any is), in a client process and in the batched engine."""
+    return not max_staleness or staleness <= max_staleness
+
+
 class LatestInbox(Inbox):
     """The newest model of each of ``neighbours`` (see the module). ``last_step``: the highest
     label a message may carry (the run's last local step); ``model_size``: the float32 values
@@ -133,7 +139,7 @@ class LatestInbox(Inbox):
         those older than ``max_staleness`` steps left out (0: none left out)."""
         with self._cond:
             out = {k: (h.message, self._step - h.arrived_step) for k, h in self._latest.items()}
-        return {k: v for k, v in out.items() if not max_staleness or v[1] <= max_staleness}
+        return {k: v for k, v in out.items() if fresh_enough(v[1], max_staleness)}
 
     def forget(self, sender: int) -> None:
         """Let go of ``sender``'s held model (it is no longer a candidate anywhere)."""
