@@ -81,7 +81,7 @@ class Balance(BatchOfOne, Checked):
     Source: Fang et al., "Byzantine-Robust Decentralized Federated Learning", ACM CCS 2024.
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_aggregate`` each
-    client's finite rows from the round's pool, checked once: 1.71x faster than a batch of one
+    client's finite rows from the round's pool, checked once: 1.69x faster than a batch of one
     per client (``python
     bench/rules_batched.py``, this machine).
     """

@@ -1,15 +1,17 @@
 """Coordinate-wise rules: the median and the trimmed mean (Yin et al., ICML 2018), each
 coordinate on its own (conventions: :mod:`peer.aggregation.baselines`).
 
-``batched`` (the batched engine's path) gives every client exactly what ``rule(batch.one(c))``
-gives, bit for bit. The clients with the same number of finite candidates are sorted together,
-every coordinate of every client a column of one array, by a sorting network (a fixed sequence
-of elementwise minima and maxima: ``sorted_columns``) in the models' own dtype. Any correct
-sort puts the same values in each place, bit for bit, except where equal values differ in
-their bits: the only such floats are -0.0 and +0.0, so the columns holding a -0.0 are sorted
-again as ``__call__`` sorts them (numpy's sort of the float64 rows). Ranks, shares and counts
-are comparisons, which do not see the sign of zero; sums over candidates run per client on the
-very tensors ``__call__`` sums.
+Both are written once, over a batch (a client's call is a batch of one), and give every client
+exactly what ``rule(batch.one(c))`` gives, bit for bit. The clients with the same number of
+finite candidates are sorted together, every coordinate of every client a column of one array,
+by a sorting network (a fixed sequence of elementwise minima and maxima: ``sorted_columns``) in
+the models' own dtype. Any correct sort puts the same values in each place, bit for bit, except
+where equal values differ in their bits: the only such floats are -0.0 and +0.0, so the columns
+holding a -0.0 are sorted again as numpy sorts the float64 rows, whatever sorted the others.
+Ranks, shares and counts are comparisons, which do not see the sign of zero; sums over
+candidates run per client in float64. The columns are sorted on the CPU (a model on a GPU is
+copied there; one in another float dtype widened to float64, exactly), the model handed back on
+the candidates' device.
 """
 
 from __future__ import annotations
@@ -20,52 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from dfedrw.peer.checked import Checked
-from dfedrw.peer.aggregation.rules import RULE_REGISTRY, ToleratesByzantine, Aggregate, RoundBatch, RoundInputs
-from dfedrw.peer.aggregation.candidates import FiniteCandidates, PooledOrder, by_id, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order
-
-
-def sorted_rows(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` sorted along dim 0, values only (the same values whatever the algorithm).
-
-    On the CPU numpy's sort along axis 0 is about 4x faster than ``torch.sort(dim=0)`` for a
-    few rows of many coordinates (0.56 ms against 2.1 ms for 11 x 7850 float64 on one core),
-    the shape every coordinate-wise rule sorts each round.
-    """
-    if rows.device.type == "cpu":
-        return torch.from_numpy(np.sort(rows.numpy(), axis=0))
-    return rows.sort(dim=0).values
-
-
-def _finite_sorted(inputs: RoundInputs) -> tuple[FiniteCandidates, torch.Tensor]:
-    """The finite candidates by id, and their rows sorted coordinate by coordinate (the
-    median's and the trimmed mean's one pass; nothing is sorted when none is finite)."""
-    finite = finite_by_id(inputs)
-    return finite, (sorted_rows(finite.rows) if finite.ids else finite.rows)
-
-
-def _kept_by_rank(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -> torch.Tensor:
-    """Which entries of ``rows`` a stable sort along dim 0 ranks in ``[low, high)``; bool, shape
-    of ``rows``. ``ordered`` is ``rows`` sorted along dim 0 and ``0 <= low < high <= rows``.
-
-    Every entry between the smallest and the largest kept value is kept, bounds included,
-    unless a value at a bound is also ranked outside ``[low, high)``: only those (tied)
-    coordinates need each entry's rank.
-    """
-    first, last = ordered[low], ordered[high - 1]
-    kept = (rows >= first) & (rows <= last)
-    tied = torch.zeros_like(first, dtype=torch.bool)
-    if low > 0:
-        tied |= ordered[low - 1] == first
-    if high < rows.shape[0]:
-        tied |= ordered[high] == last
-    if bool(tied.any()):
-        columns = tied.nonzero().squeeze(1)
-        kept[:, columns] = _ranked_in(rows[:, columns], ordered[:, columns], low, high)
-    return kept
+from dfedrw.peer.aggregation.rules import RULE_REGISTRY, ToleratesByzantine, Aggregate, BatchOfOne, RoundBatch
+from dfedrw.peer.aggregation.candidates import PooledOrder, keep_own_pooled, package_for, pooled_order
 
 
 def _ranked_in(rows: torch.Tensor, ordered: torch.Tensor, low: int, high: int) -> torch.Tensor:
-    """:func:`_kept_by_rank` from each entry's stable rank ``#{j: x_j < x_i} + #{j < i: x_j ==
+    """Which entries of ``rows`` (``ordered``: ``rows`` sorted along dim 0) a stable sort along
+    dim 0 ranks in ``[low, high)``, from each entry's stable rank ``#{j: x_j < x_i} + #{j < i: x_j ==
     x_i}``. Only entries equal to a bound need it: the count below that bound plus their place
     among the equal entries (dim 0 is id order, so equal values are kept lower id first)."""
     first, last = ordered[low], ordered[high - 1]
@@ -145,10 +108,10 @@ def signed_zero_columns(values: np.ndarray) -> np.ndarray:
     return np.flatnonzero((bits == sign).any(axis=0))
 
 
-def _sorted_as_called(values: np.ndarray, ordered: list[np.ndarray], wanted: Sequence[int]) -> None:
+def _sorted_as_numpy(values: np.ndarray, ordered: list[np.ndarray], wanted: Sequence[int]) -> None:
     """Put into the rows ``wanted`` of ``ordered`` (from :func:`sorted_columns`) the values
-    :func:`sorted_rows` of the float64 rows gives in the columns where another sort could put
-    a -0.0 and a +0.0 the other way round (cast back: the values are ``values``' own)."""
+    numpy's sort of the float64 rows gives in the columns where another sort could put a -0.0
+    and a +0.0 the other way round (cast back: the values are ``values``' own)."""
     columns = signed_zero_columns(values)
     if columns.size:
         exact = np.sort(values[:, columns].astype(np.float64), axis=0)
@@ -168,13 +131,10 @@ class _Group:
     values: np.ndarray  # [count, len(members) * D] in the models' dtype
 
 
-def _coordinate_groups(batch: RoundBatch, order_by: Callable[[int], int] | None = None) -> tuple[list[Aggregate | None], list[_Group], int] | None:
+def _coordinate_groups(batch: RoundBatch, order_by: Callable[[int], int] | None = None) -> tuple[list[Aggregate | None], list[_Group], int]:
     """(every client's aggregate, filled in for the clients without a finite candidate, each
-    keeping its own model; the others grouped by their count; the model's width), or None where
-    the batch cannot take the batched path (models not float32/float64 on the CPU).
+    keeping its own model; the others grouped by their count; the model's width).
     ``order_by(c)``: within a group, members in increasing order of it (ties in client order)."""
-    if batch.vectors.device.type != "cpu" or batch.vectors.dtype not in (torch.float32, torch.float64):
-        return None
     finite = batch.finite().tolist()
     out: list[Aggregate | None] = [None] * len(batch)
     by_count: dict[int, list[tuple[int, PooledOrder]]] = {}
@@ -190,15 +150,20 @@ def _coordinate_groups(batch: RoundBatch, order_by: Callable[[int], int] | None 
         if order_by is not None:
             entries.sort(key=lambda entry: order_by(entry[0]))
         index = torch.tensor([[order.pooled[i] for _, order in entries] for i in range(count)], dtype=torch.long)
-        values = batch.vectors.index_select(0, index.view(-1)).view(count, len(entries) * width).numpy()
+        values = batch.vectors.index_select(0, index.view(-1).to(batch.vectors.device)).cpu()
+        if values.dtype not in (torch.float32, torch.float64):
+            values = values.to(torch.float64)
+        values = values.view(count, len(entries) * width).numpy()
         groups.append(_Group(count, [c for c, _ in entries], [order for _, order in entries], values))
     return out, groups, width
 
 
 def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high: int) -> np.ndarray:
-    """:func:`_kept_by_rank` of the columns ``values`` ([n, N]) sorted as ``ordered`` (the rows
-    of :func:`sorted_columns`), in numpy (about four times torch's speed for these comparisons):
-    the same booleans, as comparisons do not see the sign of zero."""
+    """Which entries of the columns ``values`` ([n, N], sorted as ``ordered``: the rows of
+    :func:`sorted_columns`) a stable sort along dim 0 ranks in ``[low, high)``, in numpy (about
+    four times torch's speed for these comparisons). Every entry between the smallest and the
+    largest kept value is kept, bounds included, unless a value at a bound is also ranked
+    outside ``[low, high)``: only those (tied) columns need each entry's rank (:func:`_ranked_in`)."""
     first, last = ordered[low], ordered[high - 1]
     kept = (values >= first) & (values <= last)
     tied = np.zeros(first.shape, dtype=bool)
@@ -216,7 +181,7 @@ def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high:
 def _shares(values: np.ndarray, members: int, width: int) -> list[list[float]]:
     """Per member, the sum over its ``width`` coordinates of the boolean ``values``
     ([n, members * width]) of each of its n candidates, as float64 numbers (the counts
-    ``__call__`` reports)."""
+    rule reports)."""
     count = values.shape[0]
     # Counts of ones: exact in any order and any integer type that holds ``width``; a narrow
     # one sums several times faster than torch's int64 sum of booleans.
@@ -227,7 +192,7 @@ def _shares(values: np.ndarray, members: int, width: int) -> list[list[float]]:
 
 @RULE_REGISTRY.register("median")
 @dataclass(frozen=True)
-class Median(Checked):
+class Median(BatchOfOne, Checked):
     """Coordinate-wise median of the finite candidates (own model included).
 
     ``w_k^{t+1}[d] = median_i w_i[d]``; for an even count the mean of the two middle values,
@@ -241,45 +206,31 @@ class Median(Checked):
     Source: Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
     Rates", ICML 2018.
 
-    Two paths: :meth:`batched` sorts the columns of every client with one number of finite
-    candidates in one call and takes each client's middle values from them, bit for bit
-    :meth:`__call__`: 4.0x faster than a call per client (``python bench/rules_batched.py``,
-    this machine).
+    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` sorts the columns of every
+    client with one number of finite candidates in one call and takes each client's middle
+    values from them: 1.9x faster than a batch of one per client (``python
+    bench/rules_batched.py``, this machine).
     """
 
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite, ordered = _finite_sorted(inputs)
-        count = len(finite.ids)
-        if count == 0:
-            return keep_own(inputs)
-        low, high = ordered[(count - 1) // 2], ordered[count // 2]
-        model = (low + high) / 2
-        hits = ((finite.rows == low) | (finite.rows == high)).sum(dim=1).to(torch.float64)
-        return package_aggregate(inputs, model, by_id(finite, hits.cpu()))
-
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's median at once (see the module's notes), bit for bit
-        ``self(batch.one(c))``."""
-        grouped = _coordinate_groups(batch)
-        if grouped is None:
-            return [self(batch.one(c)) for c in range(len(batch))]
-        out, groups, width = grouped
+        """Every client's median at once (see the module's notes)."""
+        out, groups, width = _coordinate_groups(batch)
         for group in groups:
             middle = ((group.count - 1) // 2, group.count // 2)
             ordered = sorted_columns(group.values, middle)
-            _sorted_as_called(group.values, ordered, middle)
+            _sorted_as_numpy(group.values, ordered, middle)
             low, high = ordered[middle[0]], ordered[middle[1]]
-            # (low + high) / 2 in float64 as __call__ takes it: elementwise, the same bits in any shape.
+            # (low + high) / 2 in float64: elementwise, the same bits in any shape.
             models = ((torch.from_numpy(low).to(torch.float64) + torch.from_numpy(high).to(torch.float64)) / 2).view(len(group.members), width)
             hits = _shares((group.values == low) | (group.values == high), len(group.members), width)
             for b, (c, order) in enumerate(zip(group.members, group.orders, strict=True)):
-                out[c] = package_for(batch.ids[c], models[b], dict(zip(order.ids, hits[b], strict=True)))
+                out[c] = package_for(batch.ids[c], models[b].to(batch.vectors.device), dict(zip(order.ids, hits[b], strict=True)))
         return out
 
 
 @RULE_REGISTRY.register("trimmed_mean")
 @dataclass(frozen=True)
-class TrimmedMean(ToleratesByzantine):
+class TrimmedMean(BatchOfOne, ToleratesByzantine):
     """Coordinate-wise trimmed mean: drop the ``b`` largest and ``b`` smallest, average the rest.
 
     ``w_k^{t+1}[d] = 1/(C - 2b) * sum_{i = b+1}^{C-b} w_(i)[d]``  (``w_(i)[d]`` sorted), with
@@ -292,23 +243,10 @@ class TrimmedMean(ToleratesByzantine):
     Source: Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
     Rates", ICML 2018.
 
-    Two paths: :meth:`batched` sorts the columns of every client with one number of finite
-    candidates in one call and sums each client's kept values as :meth:`__call__` does, bit for
-    bit: 3.3x faster than a call per client (``python bench/rules_batched.py``, this machine).
+    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` sorts the columns of every
+    client with one number of finite candidates in one call and sums each client's kept values:
+    1.9x faster than a batch of one per client (``python bench/rules_batched.py``, this machine).
     """
-
-    def __call__(self, inputs: RoundInputs) -> Aggregate:
-        finite, ordered = _finite_sorted(inputs)
-        count = len(finite.ids)
-        if count == 0:
-            return keep_own(inputs)
-        trim = self._trim(count)
-        kept = ordered[trim : count - trim]
-        model = kept.sum(dim=0) / kept.shape[0]
-        # Shares as a stable sort of the id-ordered rows ranks them: ties resolve the same way
-        # whatever the arrival order.
-        shares = _kept_by_rank(finite.rows, ordered, trim, count - trim).sum(dim=1)
-        return package_aggregate(inputs, model, by_id(finite, shares.to(torch.float64).cpu()))
 
     def batch_group(self) -> tuple:
         """What :meth:`batched` needs equal across its clients: nothing (each client's
@@ -319,22 +257,18 @@ class TrimmedMean(ToleratesByzantine):
         return self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's trimmed mean at once (see the module's notes), bit for bit its own
-        rule's call on ``batch.one(c)``: the clients with one number of finite candidates
-        sorted together whatever each trims (``batch.rules``: each client's own
-        ``num_byzantine``), the shares of the clients with one trim together, each client's kept
-        values summed on their own as ``__call__`` sums them."""
+        """Every client's trimmed mean at once (see the module's notes): the clients with one
+        number of finite candidates sorted together whatever each trims (``batch.rules``: each
+        client's own ``num_byzantine``), the shares of the clients with one trim together, each
+        client's kept values summed on their own."""
         rules = batch.rules or (self,) * len(batch)
-        grouped = _coordinate_groups(batch, order_by=lambda c: rules[c].num_byzantine)
-        if grouped is None:
-            return [rules[c](batch.one(c)) for c in range(len(batch))]
-        out, groups, width = grouped
+        out, groups, width = _coordinate_groups(batch, order_by=lambda c: rules[c].num_byzantine)
         for group in groups:
             count = group.count
             trims = [rules[c]._trim(count) for c in group.members]
             ordered = sorted_columns(group.values)
             lowest = min(trims)
-            _sorted_as_called(group.values, ordered, range(lowest, count - lowest))
+            _sorted_as_numpy(group.values, ordered, range(lowest, count - lowest))
             start = 0
             # Members with one trim are consecutive (ordered by num_byzantine): their columns a slice.
             for trim, members in itertools.groupby(trims):
@@ -344,10 +278,10 @@ class TrimmedMean(ToleratesByzantine):
                 shares = _shares(kept_entries, stop - start, width)
                 for b in range(start, stop):
                     c, order = group.members[b], group.orders[b]
-                    # The kept values as __call__ sums them: a contiguous float64 [kept, D] tensor.
+                    # The kept values summed as a contiguous float64 [kept, D] tensor.
                     mine = slice(b * width, (b + 1) * width)
                     kept = torch.from_numpy(np.array([row[mine] for row in ordered[trim : count - trim]], dtype=np.float64))
                     model = kept.sum(dim=0) / kept.shape[0]
-                    out[c] = package_for(batch.ids[c], model, dict(zip(order.ids, shares[b - start], strict=True)))
+                    out[c] = package_for(batch.ids[c], model.to(batch.vectors.device), dict(zip(order.ids, shares[b - start], strict=True)))
                 start = stop
         return out

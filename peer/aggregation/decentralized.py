@@ -215,7 +215,7 @@ class ClippedGossip(_ClippingAroundOwn, ToleratesByzantine):
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands
     ``_self_centred_clipping`` each client's finite rows from the round's pool, checked once:
-    1.88x faster than a batch of one per client (``python bench/rules_batched.py``, this machine).
+    1.80x faster than a batch of one per client (``python bench/rules_batched.py``, this machine).
     """
 
     radius: str = "furthest"
@@ -297,7 +297,7 @@ class CSPlusRG(_ClippingAroundOwn, ToleratesByzantine):
         result = rule(inputs)                            # inputs: one client's RoundInputs
         result.model, result.weights                     # new model, coefficient per sender
 
-    Written once, over a batch (:class:`BatchOfOne`), as :class:`ClippedGossip`: 1.83x faster
+    Written once, over a batch (:class:`BatchOfOne`), as :class:`ClippedGossip`: 1.88x faster
     than a batch of one per client (``python bench/rules_batched.py``, this machine).
     """
 
@@ -356,7 +356,7 @@ class UBAR(BatchOfOne, ToleratesByzantine):
         result.model, result.weights, result.scores      # new model, weights, losses
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` scores every client's
-    shortlist in one product: 1.36x faster than a batch of one per client (``python
+    shortlist in one product: 1.38x faster than a batch of one per client (``python
     bench/rules_batched.py``, this machine).
     """
 

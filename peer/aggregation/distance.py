@@ -136,7 +136,7 @@ class Krum(BatchOfOne, ToleratesByzantine):
     Descent", NeurIPS 2017.
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_lowest_scores``
-    each client's rows from the round's pool, widened to float64 once for all clients: 1.71x
+    each client's rows from the round's pool, widened to float64 once for all clients: 1.69x
     faster than a batch of one per client (``python bench/rules_batched.py``, this
     machine).
     """
@@ -166,7 +166,7 @@ class MultiKrum(BatchOfOne, ToleratesByzantine):
     Source: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
     Descent", NeurIPS 2017 (Multi-Krum, El Mhamdi et al. 2018 naming).
 
-    Written once, over a batch (:class:`BatchOfOne`), as :class:`Krum`: 1.76x faster than a
+    Written once, over a batch (:class:`BatchOfOne`), as :class:`Krum`: 1.62x faster than a
     batch of one per client (``python bench/rules_batched.py``, this machine).
     """
 

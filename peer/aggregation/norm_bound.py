@@ -76,7 +76,7 @@ class NormBound(BatchOfOne, Checked):
         result.model, result.weights                     # new model, coefficient per sender
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_aggregate`` each
-    client's finite rows from the round's pool, checked once: 1.77x faster than a batch of one
+    client's finite rows from the round's pool, checked once: 1.73x faster than a batch of one
     per client (``python
     bench/rules_batched.py``, this machine).
     """

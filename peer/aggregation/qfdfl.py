@@ -46,7 +46,7 @@ class QFDFL(BatchOfOne, Checked):
     ICLR 2020 (q-FedAvg, Algorithm 2).
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` takes the steps of a run's
-    clients in products of their own: 3.31x faster than a batch of one per client (``python
+    clients in products of their own: 3.08x faster than a batch of one per client (``python
     bench/rules_batched.py``, this machine).
     """
 

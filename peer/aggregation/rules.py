@@ -86,7 +86,7 @@ class DFedReweighting(BatchOfOne, Checked):
 
     Written once, over a batch (:class:`BatchOfOne`: a client's call is a batch of one):
     :meth:`batched` runs each client's TPM and CRS, with every client's candidates scored in one
-    product and the models summed in one: 1.60x faster than a batch of one per client (``python
+    product and the models summed in one: 1.56x faster than a batch of one per client (``python
     bench/rules_batched.py``, this machine).
     """
 
@@ -275,7 +275,7 @@ class DFedAvg(BatchOfOne, Checked):
     ``(1 + s_i)^-a`` (``s_i``: the candidate's staleness in local steps; Xie et al. 2019).
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` sums every client's
-    candidates in one product with the round's weight matrix: 4.4x faster than a batch of one
+    candidates in one product with the round's weight matrix: 4.3x faster than a batch of one
     per client (``python bench/rules_batched.py``, this machine).
     """
 

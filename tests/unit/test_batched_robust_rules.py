@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from dfedrw.peer.aggregation import Aggregate, Balance, Flame, Krum, Median, MultiKrum, NormBound, RoundBatch, TrimmedMean
 from dfedrw.peer.aggregation.coordinate import signed_zero_columns, sorted_columns, sorting_network
 from dfedrw.peer.aggregation.flame import hdbscan_labels
+from tests.support.rules import median_of, trimmed_mean_of
 
 NAN, INF = float("nan"), float("inf")
 
@@ -123,6 +124,22 @@ def test_batched_gives_each_client_exactly_what_its_own_call_gives(data, rule):
     assert len(together) == len(batch)
     for c, aggregate in enumerate(together):
         assert_same(aggregate, rule(batch.one(c)), c)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), trim=st.sampled_from([None, 0, 1, 2, 6]))
+def test_the_coordinate_rules_give_each_client_what_a_plain_sort_of_its_candidates_gives(data, trim):
+    # Prepare: the median (trim None) or a trimmed mean, and its plain one-client oracle
+    batch = random_batch(data)
+    rule = Median() if trim is None else TrimmedMean(trim)
+
+    # Execute
+    together = rule.batched(batch)
+
+    # Assert: bit for bit, the sorting networks and the grouping of clients as a plain sort
+    for c, aggregate in enumerate(together):
+        alone = median_of(batch.one(c)) if trim is None else trimmed_mean_of(batch.one(c), trim)
+        assert_same(aggregate, alone, c)
 
 
 # Rules of one batch group that differ in what the group leaves out: drawn per client.
