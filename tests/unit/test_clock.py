@@ -158,36 +158,13 @@ def test_a_factory_is_called_once_per_link():
 GOOD = dict(step_seconds=[1.0, 1.0], aggregate_seconds=[0.0, 0.0], round_timeout=1.0, max_missed_rounds=1)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (dict(step_seconds=[1.0]), "step_seconds: expected a sequence of 2"),
-    (dict(aggregate_seconds=[0.0, -1.0]), r"aggregate_seconds\[1\]=-1.0"),
-    (dict(step_seconds=[1.0, float("nan")]), r"step_seconds\[1\]=nan"),
-    (dict(round_timeout=0.0), "round_timeout=0.0: expected finite seconds > 0"),
-    (dict(max_missed_rounds=0), "max_missed_rounds=0: expected an int >= 1"),
-])
-def test_constructor_checks(change, message):
-    with pytest.raises(ValueError, match=message):
-        SimulatedClock(2, {}, **{**GOOD, **change})
-
-
-@pytest.mark.parametrize(("r", "senders", "size", "message"), [
-    (1, [[1], [0]], 10, "round 1 out of order: the next round is 0"),
-    (0, [[1]], 10, "senders_to: expected a sequence of 2"),
-    (0, [[2], [0]], 10, r"senders_to\[0\]: sender 2 is out of range"),
-    (0, [[0], []], 10, r"senders_to\[0\]: sender 0 is out of range\(0, 2\) or the receiver itself"),
-    (0, [[1, 1], []], 10, "a sender listed twice"),
-    (0, [[1], [0]], -1, "sender 0's size -1 is negative"),
-    (0, [[1], [0]], [10], "message_bytes: expected an int or a sequence of 2"),
-])
-def test_round_checks(r, senders, size, message):
+def test_rounds_are_asked_in_order():
     c = SimulatedClock(2, link_schedules(PERFECT, {}, 0), **GOOD)
-    with pytest.raises(ValueError, match=message):
-        c.round(r, senders, size)
+    with pytest.raises(ValueError, match="round 1 out of order: the next round is 0"):
+        c.round(1, [[1], [0]], 10)
 
 
 def test_schedule_checks():
-    with pytest.raises(ValueError, match="schedules: expected a mapping"):
-        SimulatedClock(2, 3, **GOOD)
     with pytest.raises(ValueError, match=r"no LinkSchedule for the link \(0, 1\)"):
         SimulatedClock(2, {}, **GOOD).round(0, [[1], [0]], 10)
     wrong = {(0, 1): LinkSchedule(PERFECT, 0, 1, 0), (1, 0): LinkSchedule(PERFECT, 0, 1, 0)}
@@ -220,5 +197,3 @@ def test_messages_may_differ_in_size_from_link_to_link():
     c = clock(2, {(0, 1): LinkProfile(bandwidth=8.0), (1, 0): LinkProfile(bandwidth=8.0)}, step=[0.0, 0.0])
     t = c.round(0, full(2), {(0, 1): 2, (1, 0): 5})  # 1 byte a second
     assert t.end == (5.0, 2.0)
-    with pytest.raises(ValueError, match=r"no size for the link \(1, 0\)"):
-        c.round(1, full(2), {(0, 1): 2})
