@@ -51,21 +51,11 @@ def _stream(label: str) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "big")))
 
 
-def _finite(name: str, value: object, expected: str) -> float:
-    """``value`` as a float, if it is a finite real number; else a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"link {name}={value!r}: expected {expected}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"link {name}={value!r}: expected {expected}")
-    return number
-
-
 @dataclass(frozen=True)
 class LinkProfile:
     """One directed link: ``latency`` and ``jitter`` (its standard deviation) in seconds,
     ``bandwidth`` in bits per second (0: unlimited), ``loss`` the probability that a message is
-    lost, in [0, 1)."""
+    lost, in [0, 1): the values of a checked scenario's ``[links]`` (checked there, not again)."""
 
     latency: float = 0.0
     jitter: float = 0.0
@@ -73,18 +63,8 @@ class LinkProfile:
     loss: float = 0.0
 
     def __post_init__(self) -> None:
-        checks = {
-            "latency": ("seconds >= 0", lambda v: v >= 0),
-            "jitter": ("a standard deviation in seconds >= 0", lambda v: v >= 0),
-            "bandwidth": ("bits per second >= 0 (0: unlimited)", lambda v: v >= 0),
-            "loss": ("a probability in [0, 1)", lambda v: 0 <= v < 1),
-        }
-        for name, (expected, valid) in checks.items():
-            value = getattr(self, name)
-            number = _finite(name, value, expected)
-            if not valid(number):
-                raise ValueError(f"link {name}={value!r}: expected {expected}")
-            object.__setattr__(self, name, number)  # a plain float (not a numpy scalar or an int)
+        for name in ("latency", "jitter", "bandwidth", "loss"):
+            object.__setattr__(self, name, float(getattr(self, name)))  # a plain float (not a numpy scalar or an int)
 
     @property
     def perfect(self) -> bool:
@@ -160,18 +140,14 @@ def distance_profiles(
 ) -> dict[tuple[int, int], LinkProfile]:
     """Profiles of every directed link ``(i, j)``, ``i != j``, between clients placed at seeded
     uniform random points of the unit square: ``base`` with ``latency_per_unit`` seconds more
-    latency per unit of distance. ``(i, j)`` and ``(j, i)`` get the same profile."""
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 0:
-        raise ValueError(f"num_clients={num_clients!r}: expected an int >= 0")
-    per_unit = _finite("latency_per_unit", latency_per_unit, "seconds >= 0")
-    if per_unit < 0:
-        raise ValueError(f"link latency_per_unit={latency_per_unit!r}: expected seconds >= 0")
+    latency per unit of distance (a checked scenario's ``[links]``). ``(i, j)`` and ``(j, i)``
+    get the same profile."""
     points = _stream(f"links/points/{seed}").random((num_clients, 2)).tolist()
     profiles: dict[tuple[int, int], LinkProfile] = {}
     for i in range(num_clients):
         for j in range(i + 1, num_clients):
             distance = math.hypot(points[i][0] - points[j][0], points[i][1] - points[j][1])
-            profile = dataclasses.replace(base, latency=base.latency + per_unit * distance)
+            profile = dataclasses.replace(base, latency=base.latency + latency_per_unit * distance)
             profiles[i, j] = profiles[j, i] = profile
     return profiles
 
