@@ -1,4 +1,6 @@
-"""Asynchronous gossip (``network.protocol = "async"``): a client's loop without a round barrier.
+"""Asynchronous gossip (``network.protocol = "async"``): a client without a round barrier. Its
+honest steps are ``Client._run_honest``'s loop, which it shares with the round protocol, with
+:class:`GossipGather`; a Byzantine client's loop is :func:`run_async_byzantine`.
 
 An honest client takes its local steps at its own speed, one after the other, and never waits
 for anyone. Its step ``t``:
