@@ -342,15 +342,12 @@ class Flame(BatchOfOne, Checked):
         return out
 
     def _aggregate(
-        self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int, reference_finite: bool | None,
+        self, finite: FiniteCandidates, ids: Sequence[int], reference: torch.Tensor, round_: int, reference_finite: bool,
     ) -> Aggregate | None:
         """The client's aggregate (``ids``: its candidates' senders, own first); None when it
-        keeps its own model. ``reference_finite``: whether ``reference`` is, when the caller
-        knows."""
+        keeps its own model. ``reference_finite``: whether ``reference`` is."""
         count = len(finite.ids)
         reference = reference.to(device=finite.rows.device, dtype=torch.float64)
-        if reference_finite is None:
-            reference_finite = count > 0 and bool(torch.isfinite(reference).all())
         if count == 0 or not reference_finite:
             return None
         updates = finite.rows - reference

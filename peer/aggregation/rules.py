@@ -105,8 +105,9 @@ class DFedReweighting(BatchOfOne, Checked):
                 raise ValueError(f"DFedReweighting: {name} must be callable, got {getattr(self, name)!r}")
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's round at once: each one's TPM and CRS, the candidates scored in one ``batch.evaluate_many`` call when the batch offers it
-        (each TPM then gets those metrics from its ``evaluate``), the models summed at once."""
+        """Every client's round at once: each one's TPM and CRS, the candidates scored in one
+        ``batch.evaluate_many`` call when the batch offers it (each TPM then gets those metrics
+        from its ``evaluate``), the models summed at once."""
         self._needs_evaluate(batch.evaluate is None or any(e is None for e in batch.evaluate))
         finite = batch.finite()
         ok = finite.tolist()
