@@ -3,20 +3,14 @@ message bounded as it arrives), each message handed on chunk by chunk, and one m
 verdict as a reply."""
 
 from __future__ import annotations
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 from dfedrw.peer.transport.base import Deliver
-from dfedrw.peer.transport.pb import peer_pb2 as pb
 
 
 # Room for a message's header and protobuf framing on top of its tensor bytes (one chunk's on
 # a gRPC call, a whole model's in a torch.distributed frame).
 FRAMING = 1 << 20
-
-
-def handle_push(chunks: Iterable[pb.ModelChunk], deliver: Deliver, sender: int | None = None) -> pb.PushReply:
-    accepted, reason, round_ = deliver(chunks, sender)
-    return pb.PushReply(accepted=accepted, reason=reason, round=round_)
 
 
 class Assembly(Protocol):
@@ -123,10 +117,3 @@ class MessageSplitter:
         """What is left when the call ends: a message cut short, if any."""
         return [self._end()] if self.current is not None else []
 
-
-def split_messages(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> Iterator[list[pb.ModelChunk]]:
-    """The messages of a call's chunks, as lists (see :class:`MessageSplitter`)."""
-    splitter = MessageSplitter(max_bytes)
-    for chunk in chunks:
-        yield from splitter.feed(chunk)
-    yield from splitter.end()

@@ -390,7 +390,3 @@ class Inbox(RoundWaiting):
             for slot in self._pending.values():
                 if slot.round < round_ and slot.buffer is not None:
                     slot.release()
-
-    def total_rejected(self) -> int:
-        with self._cond:
-            return sum(self.rejected.values())

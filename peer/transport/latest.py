@@ -141,11 +141,6 @@ class LatestInbox(Inbox):
             out = {k: (h.message, self._step - h.arrived_step) for k, h in self._latest.items()}
         return {k: v for k, v in out.items() if fresh_enough(v[1], max_staleness)}
 
-    def forget(self, sender: int) -> None:
-        """Let go of ``sender``'s held model (it is no longer a candidate anywhere)."""
-        with self._cond:
-            self._latest.pop(sender, None)
-
     def forget_unfinished(self, sender: int) -> None:
         """``sender`` cannot be reached: let go of its held model unless it is of the run's last
         step (a neighbour that finished stays a candidate with its last model; one that died

@@ -48,11 +48,6 @@ def pool_out(
     return WireMessage(message_header(sender, round_, specs, payload, origins=origins), payload, chunk_bytes)
 
 
-def encode_pool(*args, **kwargs) -> list[pb.ModelChunk]:
-    """:func:`pool_out`'s chunks (same arguments), as protobuf messages."""
-    return list(pool_out(*args, **kwargs))
-
-
 def pool_bytes(specs: Sequence[TensorSpec], num_clients: int) -> int:
     """The largest pool payload: one model of each client."""
     return num_clients * sum(s.nbytes for s in specs)

@@ -38,9 +38,6 @@ def dataset_input_shape(scenario: Scenario) -> tuple[int, ...]:
     d = scenario.data
     return input_shape_of(dataset_of(d.name, d.params, d.dir))
 
-ROLES = ("honest", "byzantine")
-
-
 def role_of(topology: Topology, client: int) -> str:
     """"byzantine" or "honest"."""
     return "byzantine" if client in topology.byzantine else "honest"

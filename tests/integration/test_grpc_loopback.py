@@ -8,11 +8,10 @@ import grpc
 import pytest
 import torch
 
-from dfedrw.peer.transport.framing import handle_push, split_messages
 from dfedrw.peer.transport.grpc.transport import GrpcTransport
 from dfedrw.peer.transport.pb import peer_pb2_grpc as pb_grpc
 from dfedrw.peer.transport.serde import encode
-from tests.support.wire import SPECS, roundtrip, vec
+from tests.support.wire import SPECS, handle_push, roundtrip, split_messages, vec
 
 
 def _pair(deliver, chunk_bytes=16):

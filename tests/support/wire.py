@@ -1,8 +1,10 @@
-"""A small model's tensor specs, a vector of its size and a decode of encoded chunks: what the
-transport tests share."""
+"""A small model's tensor specs, a vector of its size, a decode of encoded chunks, and a call's
+chunks cut into messages and answered: what the transport tests share."""
 
 import torch
 
+from dfedrw.peer.transport.framing import MessageSplitter
+from dfedrw.peer.transport.pb import peer_pb2 as pb
 from dfedrw.peer.transport.serde import TensorSpec, decode, join_chunks
 
 
@@ -29,3 +31,17 @@ def filled(value, size=4):
 def roundtrip(chunks, specs=SPECS, max_bytes=1 << 20):
     header, payload, wire = join_chunks(iter(chunks), max_bytes)
     return decode(header, payload, specs, wire)
+
+
+def split_messages(chunks, max_bytes):
+    """The messages of a call's chunks, as lists (see :class:`MessageSplitter`)."""
+    splitter = MessageSplitter(max_bytes)
+    for chunk in chunks:
+        yield from splitter.feed(chunk)
+    yield from splitter.end()
+
+
+def handle_push(chunks, deliver, sender=None):
+    """A ``deliver``'s verdict on one message, as the reply a receiver sends."""
+    accepted, reason, round_ = deliver(chunks, sender)
+    return pb.PushReply(accepted=accepted, reason=reason, round=round_)

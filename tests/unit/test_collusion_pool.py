@@ -22,7 +22,7 @@ from dfedrw.peer.wiring.plan import scenario_topology
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
 from dfedrw.peer.transport.pb import peer_pb2 as pb
-from dfedrw.peer.transport.pools import PoolMessage, decode_pool, encode_pool, pool_bytes
+from dfedrw.peer.transport.pools import PoolMessage, decode_pool, pool_bytes, pool_out
 from dfedrw.peer.transport.serde import Plausible, TensorSpec, WireError, decode, encode, join_chunks
 
 SPECS = (TensorSpec("0.weight", "float32", (2, 2)), TensorSpec("0.bias", "float32", (2,)))
@@ -33,6 +33,11 @@ NUM_CLIENTS = 7
 def rows(*values: float) -> torch.Tensor:
     """One row of D equal values per argument."""
     return torch.tensor([[v] * D for v in values], dtype=torch.float32)
+
+
+def encoded_pool(*args, **kwargs):
+    """A pool message's chunks, as protobuf messages."""
+    return list(pool_out(*args, **kwargs))
 
 
 def parts(chunks):
@@ -64,7 +69,7 @@ def test_pool_round_trip_in_many_chunks():
     vectors = torch.randn(3, D, generator=torch.Generator().manual_seed(0))
 
     # Execute
-    chunks = encode_pool(5, 9, (0, 2, 4), vectors, SPECS, chunk_bytes=10)
+    chunks = encoded_pool(5, 9, (0, 2, 4), vectors, SPECS, chunk_bytes=10)
     msg = decoded(chunks)
 
     # Assert
@@ -75,7 +80,7 @@ def test_pool_round_trip_in_many_chunks():
 
 
 def test_an_empty_pool_round_trips():
-    msg = decoded(encode_pool(5, 1, (), torch.empty(0, D), SPECS))
+    msg = decoded(encoded_pool(5, 1, (), torch.empty(0, D), SPECS))
     assert msg.origins == () and tuple(msg.vectors.shape) == (0, D)
 
 
@@ -85,9 +90,9 @@ def test_pool_bytes_is_one_model_per_client():
 
 def test_encoding_refuses_a_pool_that_cannot_be_one():
     with pytest.raises(ValueError, match="distinct"):
-        encode_pool(5, 0, (1, 1), rows(1.0, 2.0), SPECS)
+        encoded_pool(5, 0, (1, 1), rows(1.0, 2.0), SPECS)
     with pytest.raises(ValueError, match="bytes"):
-        encode_pool(5, 0, (1, 2), torch.zeros(2, D + 1), SPECS)
+        encoded_pool(5, 0, (1, 2), torch.zeros(2, D + 1), SPECS)
 
 
 @pytest.mark.parametrize(
@@ -107,14 +112,14 @@ def test_encoding_refuses_a_pool_that_cannot_be_one():
     ids=["crc", "total-bytes", "origins-vs-bytes", "duplicate", "out-of-range", "too-many", "no-sender", "dtype", "shape", "tensor-count"],
 )
 def test_every_malformed_pool_is_rejected(edit, expected):
-    good = encode_pool(5, 3, (1, 2), rows(1.0, 2.0), SPECS)
+    good = encoded_pool(5, 3, (1, 2), rows(1.0, 2.0), SPECS)
     bad = edited(good, edit)
     header, payload = bad[0].header, bad[0].data
     assert reason(lambda: decode_pool(header, payload, SPECS, 0, Plausible(), num_clients=NUM_CLIENTS)) == expected
 
 
 def test_a_payload_shorter_than_declared_is_a_size_mismatch():
-    header, payload, _ = parts(encode_pool(5, 3, (1, 2), rows(1.0, 2.0), SPECS))
+    header, payload, _ = parts(encoded_pool(5, 3, (1, 2), rows(1.0, 2.0), SPECS))
     assert reason(lambda: decode_pool(header, payload[:-4], SPECS, 0, num_clients=NUM_CLIENTS)) == "size_mismatch"
 
 
@@ -124,13 +129,13 @@ def test_a_payload_shorter_than_declared_is_a_size_mismatch():
 def test_a_pool_with_one_bad_value_in_any_model_is_rejected(bad_value, expected):
     vectors = rows(1.0, 2.0, 3.0)
     vectors[2, 5] = bad_value  # the last value of the last model
-    chunks = encode_pool(5, 3, (0, 1, 2), vectors, SPECS)
+    chunks = encoded_pool(5, 3, (0, 1, 2), vectors, SPECS)
     assert reason(lambda: decoded(chunks, Plausible(max_abs_value=1e6))) == expected
 
 
 def test_a_model_decoder_rejects_a_pool():
     # Prepare: a one-model pool is the size of a model message; only its origins tell them apart.
-    header, payload, wire = parts(encode_pool(5, 3, (1,), rows(1.0), SPECS))
+    header, payload, wire = parts(encoded_pool(5, 3, (1,), rows(1.0), SPECS))
     header.num_samples = 10
 
     # Execute / Assert
@@ -275,7 +280,7 @@ def test_two_colluders_each_see_the_union():
 
     # Execute: 6 sends first (its pool waits in 4's store), then 4 sends and finds 6's in.
     c[6].store.advance(0)
-    c[6].transport.send(4, encode_pool(6, 0, (0, 2), rows(0.0, 2.0), SPECS))
+    c[6].transport.send(4, encoded_pool(6, 0, (0, 2), rows(0.0, 2.0), SPECS))
     four = c[4].exchange(0, (1, 2), rows(1.0, 2.0), timeout=5.0)
     six = c[6].exchange(0, (0, 2), rows(0.0, 2.0), timeout=5.0)
 
@@ -303,16 +308,16 @@ def test_a_silent_colluder_is_given_up_then_only_probed_and_taken_back():
     # sends it again, and waits for 6 from round 5 on.
     wire.down.clear()
     c[6].store.advance(4)
-    c[6].transport.send(4, encode_pool(6, 4, (2,), rows(2.0), SPECS))
+    c[6].transport.send(4, encoded_pool(6, 4, (2,), rows(2.0), SPECS))
     assert (4, 6, 4) in wire.sent and 6 not in c[4].store.gone()
-    c[6].transport.send(4, encode_pool(6, 5, (2,), rows(2.0), SPECS))
+    c[6].transport.send(4, encoded_pool(6, 5, (2,), rows(2.0), SPECS))
     assert c[4].exchange(5, (1,), rows(1.0), timeout=5.0).used == (4, 6)
 
 
 def test_a_pool_naming_a_colluder_as_its_origin_is_rejected():
     wire = Wire()
     c = colluders(wire)
-    header, payload, size = parts(encode_pool(6, 0, (4,), rows(4.0), SPECS))
+    header, payload, size = parts(encoded_pool(6, 0, (4,), rows(4.0), SPECS))
     assert reason(lambda: c[4].accept(header, payload, size)) == "colluder_origin"
 
 
@@ -331,7 +336,7 @@ def test_collusion_refuses_bad_settings():
 
 
 def test_crc_is_over_the_round_and_the_whole_pool():
-    chunks = encode_pool(5, 3, (1, 2), rows(1.0, 2.0), SPECS)
+    chunks = encoded_pool(5, 3, (1, 2), rows(1.0, 2.0), SPECS)
     header, payload, _ = parts(chunks)
     assert header.crc32 == zlib.crc32((3).to_bytes(8, "little") + payload) and len(payload) == 2 * 24
 
@@ -357,7 +362,7 @@ def net(tmp_path):
 
 def model_pool(client: Client, sender: int, origins, round_=0):
     d = sum(s.numel for s in client.specs)
-    return encode_pool(sender, round_, origins, torch.ones(len(origins), d), client.specs)
+    return encoded_pool(sender, round_, origins, torch.ones(len(origins), d), client.specs)
 
 
 def test_a_colluder_takes_a_pool_from_the_other_colluder_only(net):

@@ -49,7 +49,7 @@ class Counters:
         self.inbox = peer.inbox
 
     def total(self) -> int:
-        return self.inbox.accepted + self.inbox.stale + self.inbox.total_rejected()
+        return self.inbox.accepted + self.inbox.stale + sum(self.inbox.rejected.values())
 
 
 @pytest.fixture

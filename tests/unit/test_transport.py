@@ -13,12 +13,12 @@ import torch
 from dfedrw.peer.client.client import Client
 from dfedrw.peer.client.rounds import Liveness
 from dfedrw.peer.transport.inproc import InprocHub, InprocTransport
-from dfedrw.peer.transport.framing import MessageSplitter, handle_push, split_messages
+from dfedrw.peer.transport.framing import MessageSplitter
 from dfedrw.peer.transport.grpc.admission import PeerServicer
 from dfedrw.peer.transport.grpc.limits import CallLimits
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.serde import ModelMessage, Plausible, TensorSpec, WireError, decode, encode, join_chunks
-from tests.support.wire import D, SPECS, roundtrip, vec
+from tests.support.wire import D, SPECS, handle_push, roundtrip, split_messages, vec
 
 
 def test_encode_decode_roundtrip_in_many_chunks():

@@ -97,11 +97,6 @@ class PeerServicer(pb_grpc.PeerServicer):
         # ended for carrying nothing; replaced: Exchange calls ended by a newer one.
         self.refused: Counter[str] = Counter()
 
-    @property
-    def refused_calls(self) -> int:
-        """Calls ended at once: no client identity of this run."""
-        return self.refused["no_identity"]
-
     def end_calls(self) -> None:
         """Cancel every open call (on closing: neighbours that are still running keep theirs
         open). Stopping the server under them would abort each with a warning."""

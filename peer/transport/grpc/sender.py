@@ -59,14 +59,12 @@ class Waker:
         self.loop = loop
         self.lock = threading.Lock()
         self.pending: list[asyncio.Event] = []
-        self.handovers = 0
 
     def set(self, event: asyncio.Event) -> None:
         with self.lock:
             first = not self.pending
             self.pending.append(event)
         if first:
-            self.handovers += 1
             self.loop.call_soon_threadsafe(self._run)
 
     def _run(self) -> None:
