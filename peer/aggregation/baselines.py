@@ -222,21 +222,3 @@ class AccuracyAboveMean(Checked):
             return keep_own(inputs, scores)
         weights = keep.to(torch.float64) / int(keep.sum())
         return package_aggregate(inputs, combine_rows(finite, weights), by_id(finite, weights), scores)
-
-
-# Names this module held before Flame and q-FDFL got modules of their own: an explicit import
-# (``from ...robust import Flame``, not ``import *``) or a ``module:Class`` plugin name that
-# uses the old path still finds them. Looked up on first use, so that importing this module
-# registers its own rules only, in the registry's module order.
-_MOVED = {
-    **dict.fromkeys(("Flame", "FLAME_CLUSTER_ON", "cosine_distances", "hdbscan_labels"), "flame"),
-    "QFDFL": "qfdfl",
-}
-
-
-def __getattr__(name: str) -> object:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__package__}.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
