@@ -1,11 +1,10 @@
 """Aggregation: target performance metrics (TPM), reweighting strategies (CRS) and rules.
 
-Pure tensor code: nothing here imports a transport (gRPC, ZeroMQ) or ``peer.transport``, so
-rules can be tested and reused without a network.
+Pure tensor code, no transport (gRPC, ZeroMQ, ``peer.transport``): rules run without a network.
 
 Every registered TPM, CRS and rule class is importable from this package by its class name
-(``from dfedrw.peer.aggregation import Median``): the names are read off the registries, not
-listed by hand, so a class in a new module is exported as soon as it registers.
+(``from dfedrw.peer.aggregation import Median``): the names are read off the registries, so a
+class in a new module is exported as soon as it registers.
 """
 
 from dfedrw.peer.aggregation.crs import CRS, CRS_REGISTRY, ReweightingStrategy, apply_crs_contract, make_crs

@@ -1,39 +1,30 @@
-"""Baseline aggregation rules the paper compares DFedReweighting with, and the conventions they
-all follow.
+"""Baseline rules the paper compares DFedReweighting with, and the conventions they all follow.
 
-Each rule runs at one client over its own half-step model (row 0 of ``inputs.vectors``) and
-the models its neighbours sent, and returns an :class:`~peer.aggregation.rules.Aggregate`
-exactly like the rules in :mod:`peer.aggregation.rules`:
+Each rule runs at one client over its own half-step model (row 0 of ``inputs.vectors``) and the
+models its neighbours sent, and returns an :class:`~peer.aggregation.rules.Aggregate`:
 
 * Byzantine-robust rules: the coordinate-wise ``Median`` and ``TrimmedMean`` (Yin et al. 2018;
   :mod:`peer.aggregation.coordinate`), the distance-based ``Krum``, ``MultiKrum`` (Blanchard et
   al. 2017) and ``GeometricMedian`` (Pillutla et al. 2022; :mod:`peer.aggregation.distance`),
   ``Flame`` (Nguyen et al. 2022; :mod:`peer.aggregation.flame`), and here :class:`Balance` (Fang
   et al. 2024) and :class:`CenteredClipping`;
-* fairness baseline: ``QFDFL`` (q-FFL of Li et al. 2020, applied per client;
-  :mod:`peer.aggregation.qfdfl`);
+* fairness baseline: ``QFDFL`` (q-FFL of Li et al. 2020 per client; :mod:`peer.aggregation.qfdfl`);
 * here :class:`AccuracyAboveMean`, the selection rule of the authors' earlier code.
 
-Conventions shared with :mod:`peer.aggregation.rules`:
+Conventions: those of :mod:`peer.aggregation.rules` (the model returned as float32 on the input
+device), and:
 
-* A row containing NaN/Inf is dropped before any statistic is computed (a median, a distance,
-  a cluster) and gets weight 0; the counts a rule uses (``C`` in the formulas below) are the
-  counts of *finite* candidates. A hyper-parameter such as ``num_byzantine`` is not reduced
-  for dropped rows: nothing says the broken rows were the Byzantine ones.
-* If nothing can be weighted the client keeps its own model (weight 1 on ``ids[0]``), even
-  when that row is itself non-finite (the client decides what to do then).
-* Every rule first puts the finite candidates in increasing id order and computes in that
-  order, so the result does not depend on the order of rows 1.. down to the last bit, and
-  ties (Krum scores, equal values in a trimmed coordinate, equally large Flame clusters) are
-  broken towards the lower id.
-* Computation is float64, the model is returned as float32 on the input device, and
-  ``weights`` holds every candidate id and sums to 1.
+* A row containing NaN/Inf is dropped before any statistic (a median, a distance, a cluster) and
+  gets weight 0; counts (``C`` in the formulas) count *finite* candidates. A hyper-parameter such
+  as ``num_byzantine`` is not reduced: nothing says the broken rows were the Byzantine ones.
+* Every rule computes over the finite candidates in increasing id order, so the result does not
+  depend on the order of rows 1.. down to the last bit, and ties (Krum scores, equal values in a
+  trimmed coordinate, equally large Flame clusters) go to the lower id.
 
-Reported weights: for rules whose model is ``sum_i v_i w_i`` (Krum, multi-Krum, geometric
-median, BALANCE, q-FDFL, accuracy-above-mean) they are exactly the ``v_i``. Coordinate-wise
-rules (median, trimmed mean) pick a different subset per coordinate, so their weights are the
-share of coordinates each candidate contributed; Flame adds clipping and noise on top of the
-weighted mean its weights describe. Each docstring says which.
+Reported weights: for rules whose model is ``sum_i v_i w_i`` (Krum, multi-Krum, geometric median,
+BALANCE, q-FDFL, accuracy-above-mean) they are exactly the ``v_i``. Coordinate-wise rules
+(median, trimmed mean) pick a subset per coordinate, so theirs are the share of coordinates each
+candidate contributed; Flame adds clipping and noise on top of the mean its weights describe.
 """
 from __future__ import annotations
 
@@ -67,23 +58,20 @@ __all__ = [
 class Balance(BatchOfOne, Checked):
     """BALANCE: accept neighbours close to the own model, then mix them with it.
 
-    Neighbour ``j`` is accepted if
-    ``||w_k - w_j|| <= gamma * exp(-kappa * t / T) * ||w_k||``  (``t = round``,
-    ``T = total_rounds``; with ``T = 0``, i.e. unknown, the factor is ``exp(0) = 1``), and
+    Neighbour ``j`` is accepted if ``||w_k - w_j|| <= gamma * exp(-kappa * t / T) * ||w_k||``
+    (``t = round``, ``T = total_rounds``; ``T = 0``, unknown, gives the factor ``exp(0) = 1``), and
     ``w_k^{t+1} = alpha * w_k + (1 - alpha) * mean_{j accepted} w_j``, or ``w_k`` if none is.
 
-    ``w_k`` is the own half-step model (row 0). ``alpha`` is the weight of the own model, as
-    in the design brief's ``w_k = a*w_k + (1-a)*mean(accepted)`` with the paper's tuned
-    ``a = 0.1, gamma = 2, kappa = 1``. Weights: ``alpha`` on the own id and
-    ``(1 - alpha)/|accepted|`` on each accepted neighbour (1 on the own id if none is). With a
-    non-finite own model there is no radius to measure, so the client keeps its own model.
+    ``w_k`` is the own half-step model (row 0), ``alpha`` its weight (the design brief's
+    ``w_k = a*w_k + (1-a)*mean(accepted)``; the paper tunes ``a = 0.1, gamma = 2, kappa = 1``).
+    Weights: ``alpha`` on the own id, ``(1 - alpha)/|accepted|`` on each accepted neighbour (1 on
+    the own id if none is). A non-finite own model gives no radius: the client keeps it.
 
     Source: Fang et al., "Byzantine-Robust Decentralized Federated Learning", ACM CCS 2024.
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_aggregate`` each
     client's finite rows from the round's pool, checked once: 1.69x faster than a batch of one
-    per client (``python
-    bench/rules_batched.py``, this machine).
+    per client (``python bench/rules_batched.py``, this machine).
     """
 
     gamma: float = 2.0
@@ -146,15 +134,13 @@ class CenteredClipping(Checked):
     over the ``C`` finite candidates (own model included); ``w_k^{t+1} = v``.
 
     Each step is ``v <- (1 - sum_i s_i / C) v + sum_i (s_i / C) w_i`` with
-    ``s_i = min(1, tau / ||w_i - v||)`` in ``[0, 1]``, so ``v`` stays a convex combination of
-    the candidates and the reported weights are exactly its coefficients. A candidate within
-    ``tau`` of ``v`` pulls with its full difference; a far one (a Byzantine model) moves ``v``
-    by at most ``tau / C``. With a non-finite own model there is no centre, so the client
-    keeps its own model.
+    ``s_i = min(1, tau / ||w_i - v||)`` in ``[0, 1]``: ``v`` stays a convex combination of the
+    candidates, and the reported weights are exactly its coefficients. A candidate within ``tau``
+    of ``v`` pulls with its full difference; a far one (a Byzantine model) moves ``v`` by at most
+    ``tau / C``. A non-finite own model gives no centre: the client keeps it.
 
-    Source: Karimireddy, He and Jaggi, "Learning from History for Byzantine Robust
-    Optimization", ICML 2021 (Algorithm 2, centered clipping, started from the previous
-    aggregate; in DFL the client's own model stands in for it).
+    Source: Karimireddy, He and Jaggi, "Learning from History for Byzantine Robust Optimization",
+    ICML 2021 (Algorithm 2, started from the previous aggregate, for which the own model stands in).
     """
 
     tau: float = 10.0
@@ -191,10 +177,9 @@ class AccuracyAboveMean(Checked):
     ``a_i = Acc(w_i, A_k)``,  ``mu = mean_i a_i``,
     ``S = {k} | {j : a_j >= mu}``,  ``w_k^{t+1} = 1/|S| * sum_{i in S} w_i``.
 
-    The mean is over candidates with a finite accuracy (an exactly rounded sum, so it does not
-    depend on the order); a neighbour whose accuracy is non-finite is not kept, the own model
-    always is (when its row is finite). ``Aggregate.scores`` holds the accuracies (NaN for
-    rows that were not evaluated because they are non-finite). Uniform weight on ``S``.
+    The mean is over the finite accuracies (an exactly rounded sum, independent of order); a
+    neighbour whose accuracy is non-finite is not kept, the own model always is (when its row is
+    finite). ``Aggregate.scores`` holds the accuracies (NaN for non-finite rows, never evaluated).
 
     Source: the selection rule of the DFedReweighting authors' earlier code, the
     accuracy-based special case of the paper's eq. (strategy2inbzt) with uniform weights.

@@ -24,8 +24,7 @@ class FiniteCandidates:
 
 
 def finite_by_id(inputs: RoundInputs, dtype: torch.dtype = torch.float64) -> FiniteCandidates:
-    """``inputs``' finite candidates in increasing id order, their rows as ``dtype`` (float64
-    unless a rule that reads them asks for theirs as they came)."""
+    """``inputs``' finite candidates in increasing id order, their rows as ``dtype``."""
     finite = inputs.finite_list()
     positions = tuple(
         sorted((i for i, ok in enumerate(finite) if ok), key=lambda i: inputs.ids[i])

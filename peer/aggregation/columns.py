@@ -1,14 +1,13 @@
 """Big models a block of coordinates at a time, the same bits as all at once.
 
 A rule that sums candidates in float64 (:func:`~dfedrw.peer.aggregation.rules.weighted_sum`), or
-an attack that averages what it received (the Gaussian attack's centre), would otherwise make a
-float64 copy of every candidate: for eleven candidates of an 11 M-parameter model, 970 MB on
-top of the 485 MB they take. Over blocks of :data:`BLOCK` coordinates only one block's copy
-exists at a time. Each coordinate's result is computed from that coordinate's values alone (a
-product with a weight vector, a mean over the rows, an elementwise step), so a block gives the
-very bits the whole would; whether this torch build agrees is checked once per process on a
-probe (it would not if a kernel's summation order depended on the width), and where it does not
-the whole tensor is computed at once. Models of up to ``BLOCK`` values never take this path.
+an attack that averages what it received (the Gaussian attack's centre), would otherwise copy
+every candidate to float64: for eleven candidates of an 11 M-parameter model, 970 MB on top of
+the 485 MB they take. Over blocks of :data:`BLOCK` coordinates one block's copy exists at a time.
+Each coordinate's result depends on that coordinate's values alone (a product with a weight
+vector, a mean over the rows, an elementwise step), so a block gives the bits the whole would; a
+probe checks once per process that this torch agrees (a kernel whose summation order depended on
+the width would not), else the whole tensor is computed at once, as for models of up to ``BLOCK``.
 """
 
 from __future__ import annotations

@@ -2,16 +2,14 @@
 coordinate on its own (conventions: :mod:`peer.aggregation.baselines`).
 
 Both are written once, over a batch (a client's call is a batch of one), and give every client
-exactly what ``rule(batch.one(c))`` gives, bit for bit. The clients with the same number of
-finite candidates are sorted together, every coordinate of every client a column of one array,
-by a sorting network (a fixed sequence of elementwise minima and maxima: ``sorted_columns``) in
-the models' own dtype. Any correct sort puts the same values in each place, bit for bit, except
-where equal values differ in their bits: the only such floats are -0.0 and +0.0, so the columns
-holding a -0.0 are sorted again as numpy sorts the float64 rows, whatever sorted the others.
-Ranks, shares and counts are comparisons, which do not see the sign of zero; sums over
-candidates run per client in float64. The columns are sorted on the CPU (a model on a GPU is
-copied there; one in another float dtype widened to float64, exactly), the model handed back on
-the candidates' device.
+what ``rule(batch.one(c))`` gives, bit for bit. Clients with the same number of finite candidates
+are sorted together, every coordinate of every client a column of one array, by a sorting network
+(elementwise minima and maxima: :func:`sorted_columns`) in the models' own dtype. Any correct sort
+puts the same bits in each place except where equal values differ in their bits (-0.0 and +0.0):
+the columns holding a -0.0 are sorted again as numpy sorts the float64 rows. Ranks, shares and
+counts are comparisons, blind to the sign of zero; sums over candidates run per client in float64.
+Columns are sorted on the CPU (a GPU model copied there; another float dtype widened to float64,
+exactly), the model handed back on the candidates' device.
 """
 
 from __future__ import annotations
@@ -50,11 +48,10 @@ _NETWORK_MAX = 32
 
 @functools.lru_cache(maxsize=None)
 def sorting_network(count: int, wanted: tuple[int, ...] | None = None) -> tuple[tuple[int, int], ...]:
-    """Batcher's odd-even merge sort for ``count`` wires as compare-exchanges ``(i, j)``,
-    ``i < j`` (``i`` gets the minimum): the network for the next power of two without the
-    comparators that touch a wire ``>= count`` (think of those wires as holding +inf: they never
-    move). ``wanted``: only the comparators that the wires ``wanted`` depend on (the others are
-    dropped, leaving only those wires sorted)."""
+    """Batcher's odd-even merge sort for ``count`` wires as compare-exchanges ``(i, j)``, ``i < j``
+    (``i`` gets the minimum): the network for the next power of two without the comparators that
+    touch a wire ``>= count`` (those wires hold +inf: they never move). ``wanted``: only the
+    comparators the wires ``wanted`` depend on (only those wires end sorted)."""
     size = 1
     while size < count:
         size *= 2
@@ -81,12 +78,9 @@ def sorting_network(count: int, wanted: tuple[int, ...] | None = None) -> tuple[
 
 
 def sorted_columns(values: np.ndarray, wanted: Sequence[int] | None = None) -> list[np.ndarray]:
-    """Row ``r`` of ``values`` ([n, N], finite) sorted along dim 0, for every ``r`` in
-    ``wanted`` (all rows if None); the rows not wanted are left in no particular order.
-
-    Every value lands where any sort puts it, bit for bit, except that equal values of
-    different bits (only -0.0 and +0.0) may come in another order: see :func:`signed_zero_columns`.
-    """
+    """Row ``r`` of ``values`` ([n, N], finite) sorted along dim 0, for every ``r`` in ``wanted``
+    (all rows if None; the others in no particular order), bit for bit as any sort puts them, but
+    for the order of -0.0 and +0.0 (see :func:`signed_zero_columns`)."""
     count = values.shape[0]
     if count > _NETWORK_MAX:
         ordered = np.sort(values, axis=0)
@@ -121,9 +115,8 @@ def _sorted_as_numpy(values: np.ndarray, ordered: list[np.ndarray], wanted: Sequ
 
 @dataclass(frozen=True)
 class _Group:
-    """Clients of a batch with the same number ``count`` of finite candidates: their
-    candidates as columns, ``values[i, b * D + d]`` coordinate ``d`` of the ``i``-th finite
-    candidate (id order) of ``members[b]``."""
+    """Clients with ``count`` finite candidates each, as columns: ``values[i, b * D + d]``
+    is coordinate ``d`` of the ``i``-th finite candidate (id order) of ``members[b]``."""
 
     count: int
     members: list[int]
@@ -160,10 +153,9 @@ def _coordinate_groups(batch: RoundBatch, order_by: Callable[[int], int] | None 
 
 def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high: int) -> np.ndarray:
     """Which entries of the columns ``values`` ([n, N], sorted as ``ordered``: the rows of
-    :func:`sorted_columns`) a stable sort along dim 0 ranks in ``[low, high)``, in numpy (about
-    four times torch's speed for these comparisons). Every entry between the smallest and the
-    largest kept value is kept, bounds included, unless a value at a bound is also ranked
-    outside ``[low, high)``: only those (tied) columns need each entry's rank (:func:`_ranked_in`)."""
+    :func:`sorted_columns`) a stable sort along dim 0 ranks in ``[low, high)``, in numpy (about 4x
+    torch's speed here). Every entry from the smallest to the largest kept value is kept, unless a
+    value at a bound is also ranked outside: only those tied columns need :func:`_ranked_in`."""
     first, last = ordered[low], ordered[high - 1]
     kept = (values >= first) & (values <= last)
     tied = np.zeros(first.shape, dtype=bool)
@@ -179,9 +171,8 @@ def _kept_columns(values: np.ndarray, ordered: list[np.ndarray], low: int, high:
 
 
 def _shares(values: np.ndarray, members: int, width: int) -> list[list[float]]:
-    """Per member, the sum over its ``width`` coordinates of the boolean ``values``
-    ([n, members * width]) of each of its n candidates, as float64 numbers (the counts
-    rule reports)."""
+    """Per member and candidate, the count of True in ``values`` ([n, members * width]) over the
+    member's ``width`` coordinates, as floats (what the rules report)."""
     count = values.shape[0]
     # Counts of ones: exact in any order and any integer type that holds ``width``; a narrow
     # one sums several times faster than torch's int64 sum of booleans.
@@ -198,18 +189,16 @@ class Median(BatchOfOne, Checked):
     ``w_k^{t+1}[d] = median_i w_i[d]``; for an even count the mean of the two middle values,
     i.e. ``torch.quantile(q=0.5, interpolation="linear")`` semantics.
 
-    Reported weight of candidate ``i``: the number of coordinates at which ``w_i[d]`` is one
-    of the (one or two) values the median takes, normalised so the weights sum to 1. A model
-    that is never a middle value (e.g. a far-away Byzantine one) gets 0. The model is not
-    ``sum_i v_i w_i`` for these weights.
+    Reported weight of candidate ``i``: the number of coordinates at which ``w_i[d]`` is one of
+    the (one or two) values the median takes, normalised to sum 1 (0 for a model never in the
+    middle, e.g. a far Byzantine one). The model is not ``sum_i v_i w_i`` for these weights.
 
     Source: Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
     Rates", ICML 2018.
 
-    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` sorts the columns of every
-    client with one number of finite candidates in one call and takes each client's middle
-    values from them: 1.9x faster than a batch of one per client (``python
-    bench/rules_batched.py``, this machine).
+    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` sorts the columns of the
+    clients with one number of finite candidates in one call and takes each one's middle values:
+    1.9x faster than a batch of one per client (``python bench/rules_batched.py``, this machine).
     """
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
@@ -257,10 +246,9 @@ class TrimmedMean(BatchOfOne, ToleratesByzantine):
         return self.num_byzantine if 2 * self.num_byzantine < count else (count - 1) // 2
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's trimmed mean at once (see the module's notes): the clients with one
-        number of finite candidates sorted together whatever each trims (``batch.rules``: each
-        client's own ``num_byzantine``), the shares of the clients with one trim together, each
-        client's kept values summed on their own."""
+        """Every client's trimmed mean at once: clients with one number of finite candidates sorted
+        together whatever each trims (``batch.rules``: each one's ``num_byzantine``), the shares of
+        clients with one trim together, each one's kept values summed on their own."""
         rules = batch.rules or (self,) * len(batch)
         out, groups, width = _coordinate_groups(batch, order_by=lambda c: rules[c].num_byzantine)
         for group in groups:

@@ -10,29 +10,25 @@ The weights are non-negative and sum to 1, so ``sum_i v_i w_i`` is a convex comb
 
 Edge-case contract (every CRS here, implemented once in :func:`apply_crs_contract`)
 -----------------------------------------------------------------------------------
-1. A non-finite score (NaN, +Inf, -Inf) gets weight exactly 0 and is left out of every
-   statistic the CRS computes (e.g. the mean used as a clipping threshold). A model whose
-   evaluation failed, or an overflowing/adversarial one, must never receive weight, and one
-   NaN must not turn the threshold into NaN for everybody else.
+1. A non-finite score (NaN, +Inf, -Inf) gets weight exactly 0 and is left out of every statistic
+   the CRS computes (e.g. a mean clipping threshold): a failed evaluation or an overflowing or
+   adversarial model never receives weight, and one NaN cannot make the threshold NaN for all.
 2. No finite score at all -> all-zero weights. This is the one output that does not sum to 1:
    there is nothing to trust, and the caller decides (the rules keep the client's own model).
 3. One finite score -> that candidate gets 1.0. All finite scores equal -> uniform over them.
-   Both are decided before the strategy runs, so even a strategy that would divide by zero
-   (proportional on all-zero scores) or clip everything (a mean threshold hit by rounding)
-   gives the natural answer.
+   Both are decided before the strategy runs, which could divide by zero there (proportional on
+   all-zero scores) or clip everything (a mean threshold hit by rounding).
 4. If the strategy gives total weight 0 to the finite candidates (e.g. all scores <= 0 under
    :class:`Proportional`) -> uniform over the finite candidates.
 5. Raw strategy weights are divided by their maximum before being summed, so huge finite
    scores cannot overflow the normalisation.
 
-The output is float64 on the CPU whatever the input dtype/device: weights are tiny ([C]) and
-float64 keeps "sums to 1" at the 1e-15 level. The mean used as a threshold is an exactly
-rounded sum (``math.fsum``), so the output does not depend on the order of the candidates.
+The output is float64 on the CPU whatever the input dtype/device (weights are tiny, and float64
+keeps "sums to 1" at the 1e-15 level); exactly rounded sums make it independent of their order.
 
-Adding a strategy: subclass :class:`ReweightingStrategy`, implement ``weigh_values`` on Python
-floats (or ``weigh`` on a float64 tensor; either only ever sees >= 2 finite, not-all-equal
-scores), and register the class with
-``@CRS_REGISTRY.register("name")``; its dataclass fields are its scenario settings.
+Adding a strategy: subclass :class:`ReweightingStrategy`, implement ``weigh_values`` on floats (or
+``weigh`` on a float64 tensor; either sees only >= 2 finite, not-all-equal scores) and register it
+with ``@CRS_REGISTRY.register("name")``; its dataclass fields are its scenario settings.
 """
 
 from __future__ import annotations
@@ -85,12 +81,9 @@ def _as_score_vector(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _mean(items: Sequence[float]) -> float:
-    """Order-independent mean of finite values that cannot overflow.
-
-    ``math.fsum`` is exactly rounded, so permuting the candidates cannot move the threshold by
-    one ulp and flip a keep/clip decision; dividing by the largest magnitude first keeps the
-    partial sums finite for scores near the float64 limit.
-    """
+    """Order-independent mean of finite values that cannot overflow: ``math.fsum`` is exactly
+    rounded, so permuting the candidates cannot move a threshold by one ulp and flip a keep/clip
+    decision; dividing by the largest magnitude first keeps the partial sums finite."""
     magnitude = max(abs(v) for v in items)
     if magnitude == 0.0:
         return 0.0
@@ -103,14 +96,10 @@ def contract_values(
     *,
     owner: str = "CRS",
 ) -> list[float]:
-    """The module's edge-case contract around a raw weighting function, on Python floats.
-
-    ``weigh`` receives only the finite scores (at least two, not all equal) and returns raw
-    non-negative finite weights, one per score; this function handles non-finite scores, the
-    degenerate cases and the normalisation (see module docstring). A CRS scores a handful of
-    candidates: plain floats are faster than tensors there, and every value is computed the
-    same way whichever batch of clients it belongs to.
-    """
+    """The module's edge-case contract around a raw weighting function, on Python floats: ``weigh``
+    receives only the finite scores (at least two, not all equal) and returns raw non-negative
+    finite weights, one per score. For a handful of candidates plain floats are faster than
+    tensors, and each value is computed alike whatever batch it is in."""
     finite = [math.isfinite(v) for v in values]
     kept = [v for v, ok in zip(values, finite, strict=True) if ok]
     count = len(kept)
@@ -149,12 +138,9 @@ def apply_crs_contract(
 
 
 class ReweightingStrategy(Checked):
-    """Base class of the built-in CRSs: ``__call__`` = contract + ``weigh_values``.
-
-    ``v = normalise(weigh(m[finite]))`` with the edge cases of the module docstring.
-    Subclasses implement ``weigh_values(finite_scores: list[float]) -> raw non-negative
-    weights`` (or, written against tensors, ``weigh(finite_scores: Tensor) -> Tensor``).
-    """
+    """Base class of the built-in CRSs: ``v = normalise(weigh(m[finite]))`` with the module's edge
+    cases. Subclasses implement ``weigh_values(finite_scores: list[float]) -> raw non-negative
+    weights`` (or, written against tensors, ``weigh(finite_scores: Tensor) -> Tensor``)."""
 
     def weigh_values(self, scores: list[float]) -> Sequence[float]:
         raise NotImplementedError
@@ -184,11 +170,10 @@ class Softmax(ReweightingStrategy):
 
     Source: paper, eq. (combination-fairness-acc), TPM = accuracy, T in {0.01, 0.1, 0.5}. A
     smaller T concentrates the weight on the best candidates. The paper does not say whether
-    accuracy is a fraction or a percentage; ``scale`` makes both readings available (1 for a
-    fraction in [0, 1], 100 for percent: ``scale=100, T=10`` equals ``scale=1, T=0.1``). The
-    defaults, ``T = 0.1`` and ``scale = 100`` (accuracy in percent), are what reproduces the
-    paper's fairness table (docs/results). A negative ``scale`` prefers low scores, e.g. a
-    softmax over losses.
+    accuracy is a fraction or a percentage; ``scale`` allows both (1 for a fraction in [0, 1], 100
+    for percent: ``scale=100, T=10`` equals ``scale=1, T=0.1``). The defaults, ``T = 0.1`` and
+    ``scale = 100``, reproduce the paper's fairness table (docs/results). A negative ``scale``
+    prefers low scores, e.g. a softmax over losses.
 
     Computed as ``exp(factor * (m_i - m_ref))`` with ``m_ref`` the best score (log-sum-exp
     shift), so it never overflows; a vanishing T tends to a uniform split over the arg-max.
@@ -226,17 +211,15 @@ class LossClippedAtMean(ReweightingStrategy):
     ``mu = mean_j m_j``; ``v_i = 0`` if ``m_i > mu``; the kept candidates (``m_i <= mu``) are
     weighted by ``weighting``:
 
-    * ``"proportional"`` (default): ``v_i = m_i / sum_{kept} m_j`` -- paper eq.
-      (combination-loss) exactly as written, the rule behind the paper's Byzantine table.
-      Note that among the kept candidates it gives *more* weight to a *higher* loss.
+    * ``"proportional"`` (default): ``v_i = m_i / sum_{kept} m_j``, paper eq. (combination-loss)
+      as written, behind the paper's Byzantine table: it gives a *higher* loss *more* weight.
     * ``"inverse"``: ``v_i = (1/m_i) / sum_{kept} 1/m_j`` -- lower loss, more weight. If a
       kept loss is 0, the zero-loss candidates share all the weight uniformly.
     * ``"uniform"``: ``v_i = 1 / |kept|``.
 
-    Negative scores (impossible for cross-entropy, possible for a custom TPM) are clamped to 0
-    before weighting so weights stay non-negative. If the kept scores sum to 0 under
-    "proportional" they share the weight uniformly; the clipped ones stay at 0.
-    When all candidates are equal nothing is above the mean, so all are kept (uniform).
+    Negative scores (impossible for cross-entropy, possible for a custom TPM) are clamped to 0 so
+    weights stay non-negative. If the kept scores sum to 0 under "proportional" they share the
+    weight uniformly; the clipped ones stay at 0.
     """
 
     weighting: str = "proportional"
@@ -246,8 +229,7 @@ class LossClippedAtMean(ReweightingStrategy):
         check_choice("LossClippedAtMean", "weighting", s.weighting, _LOSS_CLIP_WEIGHTINGS)
 
     def weigh_values(self, scores: list[float]) -> list[float]:
-        # The mean lies in [min, max]; taking max(mean, min) only undoes rounding, and
-        # guarantees the best candidate is always kept.
+        # The mean lies in [min, max]: max(mean, min) only undoes rounding, and keeps the best.
         threshold = max(_mean(scores), min(scores))
         return _weigh_kept(scores, [s <= threshold for s in scores], self.weighting)
 
@@ -279,17 +261,15 @@ class LossClippedAtMedian(ReweightingStrategy):
     ``m_i > mu * (1 + margin)``; the kept candidates are weighted by ``weighting`` as in
     :class:`LossClippedAtMean` (``"inverse"`` by default: a lower loss, more weight).
 
-    Against :class:`LossClippedAtMean`, whose threshold one huge loss lifts as far as it
-    likes (the colluding decoy of :class:`~dfedrw.peer.attacks.reweighting.DecoyStealth`),
-    the median moves by at most one candidate's place per outlier: with ``b`` Byzantine
-    candidates among ``n`` the threshold stays within the honest scores while ``b < n / 2``,
-    and a model kept must score at least as well as about half the candidates. It clips about
-    half the candidates every round, honest ones too (on non-IID shards the neighbours whose
-    data differ most): ``margin`` keeps those within a share of the threshold.
+    Unlike the threshold of :class:`LossClippedAtMean`, which one huge loss lifts at will (the
+    colluding decoy of :class:`~dfedrw.peer.attacks.reweighting.DecoyStealth`), the median moves
+    at most one place per outlier: with ``b`` Byzantine candidates among ``n`` it stays within the
+    honest scores while ``b < n / 2``, and a kept model must score as well as about half the
+    candidates. It clips about half the candidates every round, honest ones too (on non-IID shards
+    those whose data differ most): ``margin`` keeps those within a share of the threshold.
 
-    Source: this project's answer to the decoy on the mean threshold; the median as a
-    breakdown-point-1/2 statistic follows the coordinate-wise median of Yin et al., ICML 2018,
-    applied to the scores instead of the coordinates.
+    Source: this project's, against the decoy on the mean threshold; the median as a statistic of
+    breakdown point 1/2 follows the coordinate-wise median of Yin et al., ICML 2018, on the scores.
     """
 
     weighting: str = "inverse"
@@ -314,17 +294,15 @@ class LossDropHighest(ReweightingStrategy):
     rest by ``weighting`` as :class:`LossClippedAtMean` does (``"uniform"`` by default).
 
     ``b = num_byzantine`` (what the client is told of its Byzantine neighbours); of the
-    neighbours' candidates the ``b`` with the highest scores get 0 (with those that equal the
-    ``b``-th highest: an order of the neighbours decides nothing), the first candidate (the own
-    model, when finite) is never dropped, and the others are kept. Told 0, it keeps every candidate: without attackers it
-    is the average of every neighbour, as DFedAvg's, whatever the shards; a threshold on the
-    losses (the mean, the median) clips the honest neighbours whose data differ from the
-    client's, every round.
+    neighbours' candidates the ``b`` with the highest scores get 0, and so do those equal to the
+    ``b``-th highest (no order of the neighbours decides); the first candidate (the own model, when
+    finite) is never dropped. Told 0, it keeps every candidate: without attackers it is the average
+    of every neighbour, as DFedAvg's, whatever the shards, where a threshold on the losses (the
+    mean, the median) clips the honest neighbours whose data differ from the client's, every round.
 
     An attacker kept must score better than ``b`` candidates; one extreme loss lifts nothing.
-    Source: this project's; the trimming of the ``b`` worst follows the trimmed mean's
-    (Yin et al., ICML 2018) and Multi-Krum's ``n - b`` kept (Blanchard et al., NeurIPS 2017),
-    on the scores.
+    Source: this project's; the trimming of the ``b`` worst follows the trimmed mean's (Yin et al.,
+    ICML 2018) and Multi-Krum's ``n - b`` kept (Blanchard et al., NeurIPS 2017), on the scores.
     """
 
     num_byzantine: int = 0
@@ -379,10 +357,9 @@ class Proportional(ReweightingStrategy):
 
     ``v_i = max(m_i, 0) / sum_j max(m_j, 0)``
 
-    Source: paper, table "multi-objective task across clients" (clients 2 and 3). Negative
-    scores are clamped to 0 rather than rejected: a weight cannot be negative, and a custom
-    TPM may legitimately produce negative values; if every score is <= 0 the contract's
-    uniform fallback applies.
+    Source: paper, table "multi-objective task across clients" (clients 2 and 3). Negative scores
+    are clamped to 0, not rejected: a weight cannot be negative, but a custom TPM may give negative
+    values; if every score is <= 0 the contract's uniform fallback applies.
     """
 
     def weigh_values(self, scores: list[float]) -> list[float]:
@@ -418,11 +395,10 @@ _RANK_PREFERENCES = ("low", "high")
 class Rank(ReweightingStrategy):
     """Rank-based weights: the best score gets C, the next C - 1, ..., the worst 1.
 
-    ``r_i = |{j : m_j better than m_i}| + (|{j != i : m_j = m_i}|) / 2`` (0 for the best,
-    ties share their mean rank), ``v_i = (C - r_i) / sum_j (C - r_j)`` over the C finite
-    scores. ``prefer="low"`` (default, for the loss TPM) ranks low scores best, ``"high"``
-    (for accuracy) high ones. Only the order of the scores matters, not their scale, so one
-    extreme score cannot take all the weight; the worst candidate keeps weight 1 / sum.
+    ``r_i = |{j : m_j better than m_i}| + (|{j != i : m_j = m_i}|) / 2`` (0 for the best, ties
+    share their mean rank), ``v_i = (C - r_i) / sum_j (C - r_j)`` over the C finite scores;
+    ``prefer="low"`` (default: loss) ranks low scores best, ``"high"`` (accuracy) high ones. Only
+    the order counts: no extreme score takes all the weight, and the worst keeps 1 / sum.
 
     Source: rank weighting as in Borda count aggregation; here a CRS in the sense of the
     paper's eq. (agg), ``v_i = s(m_i, M_k)``.

@@ -10,30 +10,20 @@ the models its neighbours sent, and returns an :class:`~peer.aggregation.rules.A
 * :class:`CSPlusRG` (Gaucher, Dieuleveut and Hendrikx 2025): ClippedGossip's step with a
   radius that clips the ``2b`` furthest neighbours, for a near-optimal breakdown point.
 
-Unlike most baselines (those :mod:`peer.aggregation.baselines` lists), which came from server-based federated
-learning, these three were designed for decentralized learning: with no trusted aggregate to
-compare against, each client measures its neighbours against its own model (the distance from
-it; for UBAR also the loss compared with its own, on its own data).
+Unlike most baselines (:mod:`peer.aggregation.baselines`), which came from server-based federated
+learning, these three were designed for decentralized learning: with no trusted aggregate, each
+client measures its neighbours against its own model (the distance from it; for UBAR also the
+loss on its own data, against its own).
 
-Conventions shared with :mod:`peer.aggregation.baselines`:
-
-* A row containing NaN/Inf is dropped before any distance or loss is computed and gets weight
-  0; ``n`` below counts the *finite* neighbours. ``num_byzantine`` is not reduced for dropped
-  rows: nothing says the broken rows were the Byzantine ones.
-* If the own row is non-finite there is no centre to measure from, so the client keeps its own
-  model (weight 1 on ``ids[0]``) and decides what to do.
-* The finite candidates are put in increasing id order first and every sum runs in that order,
-  so the result does not depend on the order of rows 1.. down to the last bit; ties (equal
-  distances, equal losses) go to the lower id.
-* Computation is float64, the model is returned as float32 on the input device, and
-  ``weights`` holds every candidate id and sums to 1. All three rules return a convex
-  combination of the candidates, and the weights are exactly its coefficients.
+The conventions are those of :mod:`peer.aggregation.baselines`: ``n`` below counts the *finite*
+neighbours, ties (equal distances, equal losses) go to the lower id, and a client whose own row
+is non-finite has no centre to measure from and keeps its own model (weight 1 on ``ids[0]``).
+All three return a convex combination of the candidates, the weights exactly its coefficients.
 
 The three are written once, over a batch (a client's call is a batch of one): ``batched`` runs
-each client's arithmetic on tensors of the very shapes a batch of one has, so it gives every
-client what ``rule(batch.one(c))`` gives bit for bit; what it shares is the
-finite check of each pooled row (once a round rather than once per client holding it) and,
-for UBAR, the scoring (one ``batch.evaluate_many`` call for every client).
+each client's arithmetic on tensors of a batch of one's shapes, so every client gets what
+``rule(batch.one(c))`` gives, bit for bit; shared are the finite check of each pooled row (once a
+round, not per client holding it) and, for UBAR, the scoring (one ``batch.evaluate_many`` call).
 """
 
 from __future__ import annotations
@@ -78,9 +68,8 @@ def _distances_from_own(finite: FiniteCandidates) -> list[float]:
 
 
 def _radius_clipping_furthest(distances: Sequence[float], clipped: int) -> float:
-    """The radius beyond which exactly the ``clipped`` furthest neighbours lie: the
-    ``(clipped + 1)``-th largest distance; ``inf`` (clip nothing) for ``clipped = 0``, 0 (clip
-    everything to nothing) when there are no more neighbours than ``clipped``."""
+    """The ``(clipped + 1)``-th largest distance, beyond which the ``clipped`` furthest neighbours
+    lie; ``inf`` (clip nothing) for ``clipped = 0``, 0 with no more neighbours than ``clipped``."""
     if clipped == 0:
         return math.inf
     if clipped >= len(distances):
@@ -108,8 +97,7 @@ def self_centred_coefficients(
     ``CLIP(z, tau) = z * min(1, tau / ||z||)``: ``s_j v_j`` on neighbour ``j`` with
     ``s_j = min(1, tau / ||w_j - w_own||)``, the rest (at least ``v_own``) on the own model.
     ``v_i = u_i / sum u``, ``mixing`` the unnormalised ``u_i`` of every finite candidate, own
-    included (uniform if none is positive); None: uniform, ``v_i = 1/C``. The own row must be
-    finite (``finite.own`` set)."""
+    included (uniform if none is positive; None: ``v_i = 1/C``). ``finite.own`` must be set."""
     distances = _distances_from_own(finite)
     tau = radius([d for i, d in enumerate(distances) if i != finite.own])
     count = len(finite.ids)
@@ -117,9 +105,8 @@ def self_centred_coefficients(
     total = math.fsum(shares)
     if not total > 0:
         shares, total = [1.0] * count, float(count)
-    # s_j u_j / sum u: s_j / C when uniform (1.0 * s_j and a sum of ones are exact). A
-    # neighbour at exactly tau (or one equal to the own model when tau = 0) is left whole:
-    # clipping it to its own length changes nothing.
+    # s_j u_j / sum u: s_j / C when uniform (1.0 * s_j and a sum of ones are exact). A neighbour
+    # at exactly tau (or equal to the own model when tau = 0) is left whole: clipping is a no-op.
     coefficients = [(tau / d if d > tau else 1.0) * u / total for d, u in zip(distances, shares, strict=True)]
     coefficients[finite.own] = 0.0
     coefficients[finite.own] = 1.0 - math.fsum(coefficients)
@@ -130,8 +117,7 @@ def _self_centred_clipping(
     finite: FiniteCandidates, ids: Sequence[int], own_row: torch.Tensor, radius: Callable[[list[float]], float]
 ) -> Aggregate:
     """``w_own + 1/C * sum_j CLIP(w_j - w_own, tau)`` with ``tau = radius(neighbour distances)``,
-    as the convex combination it is (:func:`self_centred_coefficients`); a non-finite own
-    model is kept."""
+    as a convex combination (:func:`self_centred_coefficients`); a non-finite own model is kept."""
     if finite.own is None:
         return _keep_own(ids, own_row)
     coefficients = self_centred_coefficients(finite, radius)
@@ -173,18 +159,16 @@ class ClippedGossip(_ClippingAroundOwn, ToleratesByzantine):
     and on a regular graph the two coincide.) The radius ``tau_k``, with ``b = num_byzantine``:
 
     * ``radius="furthest"`` (default): the ``(b+1)``-th largest neighbour distance
-      ``||w_j - w_k||``, so exactly the ``b`` furthest neighbours are clipped (ties at the
-      radius are left whole, which is what clipping them would give). This is the adaptive
-      rule of the authors' released code (``SelfCenteredClipping`` in
-      epfml/byzantine-robust-decentralized-optimizer, ``codes/aggregator.py``), which takes the
-      second-largest distance, i.e. one clipped neighbour, generalised to ``b``.
+      ``||w_j - w_k||``, so exactly the ``b`` furthest neighbours are clipped (ties at the radius
+      are left whole, as clipping would leave them): the adaptive rule of the authors' code
+      (``SelfCenteredClipping`` in epfml/byzantine-robust-decentralized-optimizer,
+      ``codes/aggregator.py``: the second-largest distance, one clipped neighbour) for any ``b``.
     * ``radius="spread"``: ``tau_k^2 = (1/delta_k) sum_{j in H} W_kj ||w_j - w_k||^2`` with
       ``delta_k = b/C`` the Byzantine weight, i.e. ``tau_k^2 = sum_{j in H} ||w_j - w_k||^2 / b``:
-      the radius of the paper's convergence theorem, with the unknown honest neighbours ``H``
-      estimated as the ``n - b`` closest, as the reimplementation by Gaucher et al. (ICML 2025,
-      renaudgaucher/Byzantine-Robust-Gossip, ``CShe_RG``) does; that code stops one neighbour
-      short of ``n - b``, here all ``n - b`` are summed, as the theorem's sum runs over all
-      honest neighbours.
+      the radius of the paper's convergence theorem, the unknown honest neighbours ``H``
+      estimated as the ``n - b`` closest, as in the reimplementation by Gaucher et al. (ICML 2025,
+      renaudgaucher/Byzantine-Robust-Gossip, ``CShe_RG``), whose sum stops one neighbour short of
+      ``n - b``; here all ``n - b`` are summed, as in the theorem.
     * ``radius="fixed"``: ``tau_k = tau`` (must be set, and only then).
 
     ``b = 0`` gives ``tau = inf``: plain gossip averaging. With ``b >= n`` both adaptive radii
@@ -195,23 +179,15 @@ class ClippedGossip(_ClippingAroundOwn, ToleratesByzantine):
     ``1 - sum_j s_j / C`` on the own id.
 
     THREAT MODEL: senders are authenticated (one model per neighbour id); Byzantine neighbours
-    may send anything, collude and know every honest model. The adaptive radii need ``b``, the
-    number of Byzantine neighbours the client is told (``num_byzantine``, supplied by the
-    running system). Told too small a ``b``, more attackers than ``b`` can all stand far away
-    and the furthest-based radius becomes an attacker's distance; told too large a ``b``, honest
-    neighbours are clipped too (slower mixing, no loss of safety). Each neighbour moves the
-    model by at most ``tau / C``; the paper's guarantee needs the Byzantine weight at each
-    honest client to be small against the honest graph's spectral gap.
-    Only distances are used, so no data or evaluation is needed.
+    may send anything, collude and know every honest model. The adaptive radii need ``b``
+    (``num_byzantine``, supplied by the running system). Told too small a ``b``, attackers beyond
+    ``b`` standing far away make the furthest-based radius an attacker's distance; told too large
+    a ``b``, honest neighbours are clipped too (slower mixing, no loss of safety). Each neighbour
+    moves the model by at most ``tau / C``; the paper's guarantee needs the Byzantine weight at
+    each honest client small against the honest graph's spectral gap; distances only, no data.
 
     Source: He, Karimireddy and Jaggi, "Byzantine-Robust Decentralized Learning via
     ClippedGossip", arXiv 2202.01545, 2022 (self-centred clipping).
-
-    Example::
-
-        rule = ClippedGossip(num_byzantine=1)            # or radius="fixed", tau=5.0
-        result = rule(inputs)                            # inputs: one client's RoundInputs
-        result.model, result.weights                     # new model, coefficient per sender
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands
     ``_self_centred_clipping`` each client's finite rows from the round's pool, checked once:
@@ -251,51 +227,39 @@ class CSPlusRG(_ClippingAroundOwn, ToleratesByzantine):
     """CS+-RG: ClippedGossip's step with a radius that clips the ``2b`` furthest neighbours.
 
     ``w_k^{t+1} = w_k - eta * sum_{j in N_k} CLIP(w_k - w_j, tau_k)``,
-    ``CLIP(z, tau) = z * min(1, tau / ||z||)``, with ``w_k`` the own half-step model (row 0),
-    unit edge weights and ``tau_k`` the ``(2b+1)``-th largest neighbour distance
-    ``||w_k - w_j||`` (``b = num_byzantine``): the smallest radius leaving the ``n - 2b``
-    closest neighbours whole, so the ``2b`` furthest are clipped. ``b = 0`` gives
-    ``tau = inf`` (plain gossip); with ``2b >= n``, ``tau = 0`` and the client keeps its own
-    model. This is the CS+ robust summation of the paper with unit weights, as its code
-    computes the threshold (``cs_plus`` in renaudgaucher/Byzantine-Robust-Gossip,
-    ``aggregators/robust_gossip.py``: cumulative weight of the sorted distances reaching
-    ``total - 2b``).
+    ``CLIP(z, tau) = z * min(1, tau / ||z||)``, with ``w_k`` the own half-step model (row 0), unit
+    edge weights and ``tau_k`` the ``(2b+1)``-th largest neighbour distance ``||w_k - w_j||``
+    (``b = num_byzantine``): the smallest radius leaving the ``n - 2b`` closest neighbours whole, so
+    the ``2b`` furthest are clipped. ``b = 0`` gives ``tau = inf`` (plain gossip); with ``2b >= n``,
+    ``tau = 0`` and the client keeps its own model. This is the CS+ robust summation of the paper
+    with unit weights, as its code computes the threshold (``cs_plus`` in
+    renaudgaucher/Byzantine-Robust-Gossip, ``aggregators/robust_gossip.py``: cumulative weight of
+    the sorted distances reaching ``total - 2b``).
 
     Step size: the paper takes ``eta = 1/lambda_max`` of the honest graph's Laplacian, a global
-    quantity no client knows. Here ``eta = 1/C`` with ``C = n + 1`` the finite candidates:
-    exactly ``1/lambda_max`` on the complete graph, and small enough that the own model keeps
-    a non-negative coefficient whatever is clipped. With it the rule is
-    ``w_k + 1/C * sum_j CLIP(w_j - w_k, tau_k)``, :class:`ClippedGossip`'s step with ``2b``
-    in place of ``b`` clipped neighbours.
+    quantity no client knows; here ``eta = 1/C`` (``C = n + 1`` finite candidates), exactly
+    ``1/lambda_max`` on the complete graph and small enough that the own model keeps a
+    non-negative coefficient whatever is clipped. The rule is then
+    ``w_k + 1/C * sum_j CLIP(w_j - w_k, tau_k)``: :class:`ClippedGossip`'s step, ``2b`` clipped.
 
-    Reported weights are the exact coefficients of the output as a convex combination:
-    ``s_j / C`` on neighbour ``j`` with ``s_j = min(1, tau / ||w_j - w_k||)``, and
-    ``1 - sum_j s_j / C`` on the own id.
+    Reported weights: as :class:`ClippedGossip`'s, the exact coefficients of the output.
 
-    Why this rule (the 2024-2026 one): among recent decentralized defences it has the
-    strongest guarantee for the least machinery. The paper shows a breakdown bound that no
-    decentralized algorithm can beat and that CS+-RG nearly meets, while ClippedGossip and
-    nearest-neighbour averaging (NNA) do not; it uses only the distances to the neighbours and
-    the ``b`` the client is told (no data, no global quantity besides the step), so it runs
-    unchanged in every engine here, beside ClippedGossip for comparison.
+    Why this rule: among recent (2024-2026) decentralized defences it has the strongest guarantee
+    for the least machinery. The paper shows a breakdown bound no decentralized algorithm can beat
+    and CS+-RG nearly meets, while ClippedGossip and nearest-neighbour averaging (NNA) do not; it
+    uses only the neighbours' distances and the ``b`` the client is told (no data, no global
+    quantity besides the step), so it runs unchanged in every engine, beside ClippedGossip.
 
     THREAT MODEL: senders are authenticated; up to ``b = num_byzantine`` neighbours (supplied by
     the running system) may send anything, collude and know every honest model. Clipping
     ``2b`` rather than ``b`` neighbours is what the paper's near-optimal breakdown rests on:
     whatever the ``b`` attackers do, at least ``b + 1`` honest neighbours lie at or beyond the
-    radius, so the attackers' pull (at most ``b * tau / C`` in all) is matched by honest
-    neighbours pulling as hard. The guarantee holds while each honest
-    client's Byzantine weight stays below the paper's breakdown point, set by the honest
-    graph's algebraic connectivity; it needs no data or evaluation.
+    radius, so the attackers' pull (at most ``b * tau / C`` in all) is matched by honest neighbours
+    pulling as hard. The guarantee holds while each honest client's Byzantine weight stays below
+    the paper's breakdown point, set by the honest graph's algebraic connectivity; it needs no data.
 
     Source: Gaucher, Dieuleveut and Hendrikx, "Unified Breakdown Analysis for Byzantine Robust
     Gossip", ICML 2025 (PMLR 267), arXiv 2410.10418.
-
-    Example::
-
-        rule = CSPlusRG(num_byzantine=1)
-        result = rule(inputs)                            # inputs: one client's RoundInputs
-        result.model, result.weights                     # new model, coefficient per sender
 
     Written once, over a batch (:class:`BatchOfOne`), as :class:`ClippedGossip`: 1.88x faster
     than a batch of one per client (``python bench/rules_batched.py``, this machine).
@@ -315,45 +279,35 @@ class UBAR(BatchOfOne, ToleratesByzantine):
     """UBAR: keep the closest neighbours that do as well as the own model on own data; mix.
 
     1. Distance: ``N_s`` = the ``m`` neighbours with the smallest ``||w_j - w_k||``, where
-       ``m = n - b`` (``b = num_byzantine``, the neighbours the client is told may be
-       Byzantine) or, with ``rho`` set, ``m = floor(rho * n)`` as the paper writes
-       ``rho_k |N_k|``; ``m`` is clamped to ``[0, n]``, ties go to the lower id.
-    2. Performance: ``l_j = loss(w_j, A_k)`` on the client's auxiliary data
-       (``inputs.evaluate``, key ``"loss"``) for ``w_k`` and each ``j`` in ``N_s``;
-       ``N_r = {j in N_s : l_j <= l_k}``; if ``N_r`` is empty, the one of ``N_s`` with the
-       lowest loss (a non-finite loss is never kept; the reimplementation cited below falls
-       back to the closest one instead).
+       ``m = n - b`` (``b = num_byzantine``) or, with ``rho`` set, ``m = floor(rho * n)`` (the
+       paper's ``rho_k |N_k|``), clamped to ``[0, n]``; ties go to the lower id.
+    2. Performance: ``l_j = loss(w_j, A_k)`` on the client's auxiliary data (``inputs.evaluate``,
+       key ``"loss"``) for ``w_k`` and each ``j`` in ``N_s``; ``N_r = {j in N_s : l_j <= l_k}``,
+       or if empty the one of ``N_s`` with the lowest loss (never a non-finite one; the
+       reimplementation cited below falls back to the closest one instead).
     3. ``w_k^{t+1} = alpha * w_k + (1 - alpha) * mean_{j in N_r} w_j``, or ``w_k`` if no
        neighbour is kept (``m = 0``, or every loss non-finite).
 
-    ``w_k`` is the own half-step model (row 0): the paper's step
-    ``alpha w_k^t + (1 - alpha) mean(N_r) - lr grad f_k(w_k^t)`` takes the local gradient step
-    beside the mixing; here the client has taken it before aggregating, as with every rule.
-    ``alpha = 0.5`` as in the public reimplementation the ClippedGossip authors ran UBAR with
-    (``mozi{rho},{alpha}`` with ``alpha = 0.5`` in epfml/byzantine-robust-decentralized-optimizer).
-    Weights: ``alpha`` on the own id and ``(1 - alpha) / |N_r|`` on each kept neighbour (1 on
-    the own id if none is kept): the exact coefficients of the output. ``Aggregate.scores``
-    holds the losses of the evaluated candidates (own and ``N_s``), NaN for the others.
+    ``w_k`` is the own half-step model (row 0): the local gradient step of the paper's
+    ``alpha w_k^t + (1 - alpha) mean(N_r) - lr grad f_k(w_k^t)`` is taken before aggregating, as
+    with every rule. ``alpha = 0.5`` as in the reimplementation the ClippedGossip authors ran UBAR
+    with (``mozi{rho},{alpha}`` in epfml/byzantine-robust-decentralized-optimizer). Weights:
+    ``alpha`` on the own id, ``(1 - alpha) / |N_r|`` on each kept neighbour (1 on the own id if
+    none is), the exact coefficients of the output; ``Aggregate.scores``: the losses of the
+    evaluated candidates (own and ``N_s``), NaN for the others.
 
-    THREAT MODEL: senders are authenticated; Byzantine neighbours may send anything and
-    collude. Stage 1 needs ``b`` (``num_byzantine``, supplied by the running system) or a
-    ``rho``; stage 2 needs the client's own data, which a Byzantine process here never sees,
-    so a model crafted to look good must guess it. The paper claims each honest client trains a
-    correct model against an arbitrary number of Byzantine neighbours, since a kept model does
-    no worse than the own one on the client's data (or is the best one shortlisted); the same
-    test makes a client with skewed (non-IID) data reject honest neighbours that fit its data
-    less well than its own model.
+    THREAT MODEL: senders are authenticated; Byzantine neighbours may send anything and collude.
+    Stage 1 needs ``b`` (``num_byzantine``, supplied by the running system) or a ``rho``; stage 2
+    needs the client's own data, which a Byzantine process here never sees, so a model crafted to
+    look good must guess it. The paper claims each honest client trains a correct model against an
+    arbitrary number of Byzantine neighbours, since a kept model does no worse than the own one on
+    the client's data (or is the best one shortlisted); the same test makes a client with skewed
+    (non-IID) data reject honest neighbours that fit its data less well than its own model.
 
     Source: Guo, Zhang, Yu, Xie, Ma, Xiang and Liu, "Byzantine-resilient Decentralized
     Stochastic Gradient Descent", IEEE Transactions on Circuits and Systems for Video
     Technology, 2022; arXiv 2002.08569 (its first version, "Towards Byzantine-resilient
     Learning in Decentralized Systems", 2020, calls the rule Mozi).
-
-    Example::
-
-        rule = UBAR(num_byzantine=1)                     # alpha=0.5; or rho=0.7
-        result = rule(inputs)                            # inputs.evaluate scores on own data
-        result.model, result.weights, result.scores      # new model, weights, losses
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` scores every client's
     shortlist in one product: 1.38x faster than a batch of one per client (``python
@@ -377,9 +331,8 @@ class UBAR(BatchOfOne, ToleratesByzantine):
             s.rho = rho
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's stage 1, then the shortlisted candidates
-        of all clients scored at once (``batch.evaluate_many`` when given, else each client's
-        ``evaluate``), then each client's stage 2 and mix."""
+        """Each client's stage 1, all shortlists scored at once (``batch.evaluate_many`` when
+        given, else each client's ``evaluate``), then each client's stage 2 and mix."""
         _needs_evaluate(batch.evaluate is None or any(e is None for e in batch.evaluate))
         finite_pool = batch.finite().tolist()
         plans = []
@@ -402,8 +355,7 @@ class UBAR(BatchOfOne, ToleratesByzantine):
         return results
 
     def _shortlist(self, finite: FiniteCandidates) -> tuple[int, ...]:
-        """Stage 1: the own model and the ``m`` closest neighbours, as positions in ``finite``
-        (id order)."""
+        """Stage 1: the own model and the ``m`` closest neighbours, as positions in ``finite``."""
         distances = _distances_from_own(finite)
         neighbours = [i for i in range(len(finite.ids)) if i != finite.own]
         count = len(neighbours)

@@ -33,11 +33,10 @@ def _noise_seed(seed: int, own_id: int, round_: int) -> int:
 
 
 def cosine_distances(count: int, dots: Callable[[int, int], float]) -> list[list[float]]:
-    """The cosine distances ``1 - x_i . x_j / (|x_i| |x_j|)`` of ``count`` rows, clamped to
-    [0, 2], from their float64 dot products (``dots(i, j)`` for ``i <= j``; ``dots(i, i)`` the
-    squared norm): a symmetric ``count x count`` matrix of Python floats (rows as lists: what
-    the clustering reads) with a zero diagonal. A zero row has no direction: distance 1
-    (orthogonal) to every other row."""
+    """The cosine distances ``1 - x_i . x_j / (|x_i| |x_j|)`` of ``count`` rows, clamped to [0, 2],
+    from their float64 dot products (``dots(i, j)`` for ``i <= j``; ``dots(i, i)`` the squared
+    norm): rows of Python floats (what the clustering reads), symmetric, with a zero diagonal. A
+    zero row has no direction: distance 1 (orthogonal) to every other row."""
     norms = [math.sqrt(dots(i, i)) for i in range(count)]
     distances = [[0.0] * count for _ in range(count)]
     for i in range(count):
@@ -69,19 +68,17 @@ def hdbscan_labels(distances: np.ndarray | list[list[float]], min_cluster_size: 
     symmetric float64 [n, n] matrix with a zero diagonal (an array, or its rows as lists of
     floats), ``2 <= min_cluster_size <= n``.
 
-    The estimator's fit checks its parameters and its input, then runs four steps of
-    scikit-learn's own (mutual reachability, minimum spanning tree, single-linkage tree, labels
-    from the condensed tree). Called here directly, on what those checks would pass unchanged,
-    they take about half the estimator's time on a dozen candidates. They are private to
-    scikit-learn: tests/unit/test_batched_robust_rules.py checks that their labels are the
-    estimator's, and where they cannot be imported the estimator itself runs.
+    The estimator's fit checks its parameters and input, then runs four private steps of
+    scikit-learn's (mutual reachability, minimum spanning tree, single-linkage tree, labels from
+    the condensed tree); called directly, on what those checks would pass unchanged, they take
+    about half its time on a dozen candidates. tests/unit/test_batched_robust_rules.py checks
+    their labels are the estimator's; where they cannot be imported the estimator itself runs.
 
-    Up to ``_SMALL`` points whose pairwise distances are all different (Flame's dozen
-    candidates, except when two of them are the same model), the same four steps run as
-    :func:`_small_hdbscan_labels`, in Python on lists: a few times faster at that size, where
-    scikit-learn's cost is its calls rather than its arithmetic. With distinct distances
-    every choice the steps make (the nearest point, the order of the tree's edges) is
-    unique, so the labels are those of the estimator (the same test checks both ways)."""
+    Up to ``_SMALL`` points whose pairwise distances all differ (Flame's dozen candidates, unless
+    two are the same model), :func:`_small_hdbscan_labels` runs the same steps in Python on lists,
+    a few times faster at that size, where scikit-learn's cost is its calls. With distinct
+    distances every choice the steps make (the nearest point, the order of the tree's edges) is
+    unique, so the labels are the estimator's (the same test checks both ways)."""
     count = len(distances)
     if count <= _SMALL:
         values = distances.tolist() if isinstance(distances, np.ndarray) else distances
@@ -97,8 +94,7 @@ def hdbscan_labels(distances: np.ndarray | list[list[float]], min_cluster_size: 
         from sklearn import config_context
         from sklearn.cluster import HDBSCAN
 
-        # The parameters are fixed here and the distances finite by construction: scikit-learn's
-        # own checks of both are skipped.
+        # Fixed parameters, finite distances by construction: scikit-learn's checks are skipped.
         with config_context(assume_finite=True, skip_parameter_validation=True):
             return HDBSCAN(
                 metric="precomputed", min_cluster_size=min_cluster_size, min_samples=1, allow_single_cluster=True, copy=True,
@@ -118,11 +114,10 @@ _SMALL = 32  # points up to which hdbscan_labels runs the steps itself
 
 
 def _small_hdbscan_labels(distances: list[list[float]], min_cluster_size: int) -> list[int] | None:
-    """HDBSCAN's labels (min_samples = 1, excess of mass, a single cluster allowed) of the
-    symmetric ``distances`` (lists, zero diagonal, every off-diagonal value different), by the
-    steps scikit-learn 1.9 takes; None where its labelling would fail (a point left with no
-    label to take), for the caller to hand to scikit-learn. With min_samples = 1 a point's core
-    distance is 0, so the mutual reachability graph is the distances themselves."""
+    """HDBSCAN's labels (min_samples = 1, so core distance 0 and the distances are the mutual
+    reachability graph; excess of mass; a single cluster allowed) of the symmetric ``distances``
+    (lists, zero diagonal, off-diagonal values all different), by scikit-learn 1.9's steps; None
+    where its labelling would fail (a point left no label): the caller then asks scikit-learn."""
     n = len(distances)
     inf = math.inf
     # 1. Minimum spanning tree by Prim's algorithm from point 0; each edge is recorded as
@@ -266,19 +261,17 @@ def _hdbscan_steps() -> tuple[Callable, ...] | None:
 class Flame(BatchOfOne, Checked):
     """FLAME adapted to decentralized FL: cluster updates, clip to the median norm, add noise.
 
-    Updates are measured from the client's start-of-round model:
-    ``u_i = w_i - w_k^t`` (``inputs.reference``; if it is None, the own half-step model row 0
-    stands in, making the own update 0, which is cosine distance 1 to every other update).
+    Updates are measured from the client's start-of-round model, ``u_i = w_i - w_k^t``
+    (``inputs.reference``; if None, row 0 stands in: the own update is 0, cosine distance 1 to all).
 
     1. HDBSCAN (``metric="precomputed"``, ``min_samples=1``, ``allow_single_cluster=True``,
        ``min_cluster_size`` default ``C // 2 + 1``, clamped to ``C``) on the pairwise cosine
-       distances ``1 - cos(x_i, x_j)``, where ``x_i`` is the update ``u_i``
-       (``cluster_on="updates"``) or the model ``w_i`` (``"models"``, as FLAME's algorithm
-       writes it for the clients' local models; in decentralized FL with non-IID data the
-       neighbours' updates from the own model point in unrelated directions, their models
-       much less so). The largest cluster is accepted, noise points and other clusters
-       rejected. If every point is labelled noise, all are accepted; with fewer than 3
-       finite candidates clustering is skipped and all are accepted.
+       distances ``1 - cos(x_i, x_j)`` of the updates ``x_i = u_i`` (``cluster_on="updates"``)
+       or the models ``x_i = w_i`` (``"models"``, as FLAME's algorithm writes it for local
+       models; in decentralized FL with non-IID data the neighbours' updates from the own model
+       point in unrelated directions, their models much less so). The largest cluster is
+       accepted, noise and other clusters rejected; if every point is noise, or fewer than 3
+       candidates are finite (no clustering), all are accepted.
     2. ``S_t = median_i ||u_i||`` over all finite updates (mean of the two middle values for
        an even count); ``u_i <- u_i * min(1, S_t / ||u_i||)``.
     3. ``w_k^{t+1} = w_k^t + mean_{i accepted} u_i + N(0, (noise * S_t)^2 I)``, the noise
@@ -289,8 +282,7 @@ class Flame(BatchOfOne, Checked):
     the accepted mean; clipping and noise are applied on top, so the model is not
     ``sum_i v_i w_i``. If the reference is non-finite the client keeps its own model.
 
-    Source: Nguyen et al., "FLAME: Taming Backdoors in Federated Learning", USENIX Security
-    2022.
+    Source: Nguyen et al., "FLAME: Taming Backdoors in Federated Learning", USENIX Security 2022.
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_aggregate`` each
     client's rows from the round's pool, widened to float64 once for all clients: 1.46x faster
@@ -320,8 +312,7 @@ class Flame(BatchOfOne, Checked):
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
         """Every client's round as its own rule takes it in a batch of one (``batch.rules``:
         Flames of one :meth:`batch_group`, each with its seed), bit for bit: the same arithmetic
-        on tensors of the same shapes, the rows widened to float64 once for all the clients, the
-        pool checked for finite rows once and no per-client inputs built."""
+        on the same shapes, the pool checked for finite rows once, no per-client inputs built."""
         finite = batch.finite().tolist()
         references_finite = None if batch.references is None else finite_rows(batch.references).tolist()
         orders = [pooled_order(batch, c, finite) for c in range(len(batch))]
@@ -370,8 +361,7 @@ class Flame(BatchOfOne, Checked):
         scale = self.noise * bound
         if scale > 0:
             generator = torch.Generator().manual_seed(_noise_seed(self.seed, ids[0], round_))
-            # Drawn in float32 (torch's float64 normal draw is about five times slower on the
-            # CPU), widened exactly; the sum is float64 as the rest.
+            # Drawn in float32 (torch's float64 normal draw is ~5x slower on CPU), widened exactly.
             drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float32).to(torch.float64)
             model = model + scale * drawn.to(model.device)
         return package_for(ids, model, {i: 1.0 / kept if ok else 0.0 for i, ok in zip(finite.ids, accepted, strict=True)})

@@ -1,7 +1,6 @@
-"""What a rule is given and what it returns, for one client (:class:`RoundInputs`,
-:class:`Aggregate`) or for many at once (:class:`RoundBatch`), and the weighted sums every rule
-ends with (non-finite rows left out, float64 sums, blocks of columns for big models). The
-conventions are those of :mod:`peer.aggregation.rules`."""
+"""What a rule is given and returns, for one client (:class:`RoundInputs`, :class:`Aggregate`) or
+many at once (:class:`RoundBatch`), and the weighted sums every rule ends with (non-finite rows
+left out, float64, column blocks for big models). Conventions: :mod:`peer.aggregation.rules`."""
 
 from __future__ import annotations
 
@@ -19,11 +18,10 @@ from dfedrw.peer.registry import check_int
 class RoundInputs:
     """What a client hands its aggregation rule in round ``round``.
 
-    ``vectors[i]`` is the flattened model sent by ``ids[i]``; ``ids[0] == own_id`` is the
-    client's own model. ``num_samples[i]`` is the training-set size sender ``ids[i]``
-    declared (0 if unknown). ``evaluate(candidates) -> {"accuracy": [C], "loss": [C]}`` runs
-    candidates on the client's auxiliary data (needed by DFedReweighting only).
-    Sequences are normalised to tuples; inconsistent inputs raise ``ValueError``.
+    ``vectors[i]`` is the flattened model sent by ``ids[i]``; ``ids[0] == own_id`` is the client's
+    own model. ``num_samples[i]``: the training-set size ``ids[i]`` declared (0 if unknown).
+    ``evaluate(candidates) -> {"accuracy": [C], "loss": [C]}`` scores candidates on the client's
+    auxiliary data. Sequences are normalised to tuples; inconsistent inputs raise ``ValueError``.
     """
 
     own_id: int
@@ -42,14 +40,12 @@ class RoundInputs:
     # Which rows of ``vectors`` are finite, when the caller has checked (the batched engine
     # checks a round's pool once); None: a rule that needs it checks (:meth:`finite_list`).
     finite: tuple[bool, ...] | None = None
-    # Under asynchronous gossip: how many of the client's own local steps ago each candidate
-    # arrived (0 for its own model and for one that came during this step); None: the round
-    # protocol, where every candidate is of this round. Rules may weigh by it
-    # (:func:`staleness_factors`).
+    # Under asynchronous gossip: how many of the client's local steps ago each candidate arrived
+    # (0 for its own model and one that came during this step), for :func:`staleness_factors`;
+    # None: the round protocol, where every candidate is of this round.
     staleness: tuple[int, ...] | None = None
-    # What each candidate's sender reported it measured (``network.share_scores``): per row, the
-    # scores it sent with its model (id -> score), or None where it sent none (the own model,
-    # a sender that shares none); None: no reports at all.
+    # Per row, the scores its sender reported it measured (``network.share_scores``: id -> score),
+    # or None where it sent none (the own model, a sender that shares none); None: no reports.
     reports: tuple[Mapping[int, float] | None, ...] | None = None
     # What the client's rule kept of its last aggregation (``Aggregate.memory``: id -> value),
     # handed back by the engine; None: nothing kept (its first round, or a rule that keeps none).
@@ -100,8 +96,7 @@ class RoundInputs:
 
 
 def _ints(name: str, values: Any, minimum: int | None = None) -> tuple[int, ...]:
-    """``values`` (a sequence of ints, each at least ``minimum``) as a tuple; else the error
-    names ``RoundInputs``' field ``name``."""
+    """``values`` (ints, each >= ``minimum``) as a tuple; else an error naming field ``name``."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise ValueError(f"RoundInputs: {name} must be a sequence of ints, got {values!r}")
     return tuple(check_int("RoundInputs", f"{name}[]", v, minimum=minimum) for v in values)
@@ -109,10 +104,9 @@ def _ints(name: str, values: Any, minimum: int | None = None) -> tuple[int, ...]
 
 @dataclass(frozen=True)
 class Aggregate:
-    """A rule's result: the new model, the weight per sender id, the TPM score per sender id,
-    and what the rule keeps for the client's next aggregation (``memory``: id -> value, handed
-    back as ``RoundInputs.memory`` by every engine and kept in the client's checkpoint; None for
-    a rule that keeps nothing)."""
+    """A rule's result: the new model, the weight and TPM score per sender id, and what the rule
+    keeps for the client's next aggregation (``memory``: id -> value, handed back as
+    ``RoundInputs.memory`` by every engine, kept in the client's checkpoint; None: nothing)."""
 
     model: torch.Tensor
     weights: dict[int, float]
@@ -131,10 +125,9 @@ mappings of those keys."""
 class Rule(Protocol):
     """Anything mapping :class:`RoundInputs` to an :class:`Aggregate`.
 
-    A rule may also offer ``batched(batch: RoundBatch) -> list[Aggregate]``: the same round
-    of many clients at once (the batched engine calls it for the clients that share the rule,
-    and calls the rule once per client when it has none). It must give each client what
-    ``rule(batch.one(c))`` gives, up to float rounding."""
+    A rule may also offer ``batched(batch: RoundBatch) -> list[Aggregate]``, the same round of
+    many clients at once (the batched engine calls it for the clients sharing the rule, else the
+    rule per client), giving each client what ``rule(batch.one(c))`` gives, up to float rounding."""
 
     def __call__(self, inputs: RoundInputs) -> Aggregate: ...
 
@@ -143,17 +136,14 @@ class Rule(Protocol):
 class RoundBatch:
     """Round ``round`` of several clients at once, their candidates pooled.
 
-    ``vectors [R, D]`` holds every candidate model of the round once (each client's own model,
-    each message a client received); client ``c``'s candidates are the rows ``rows[c]``
-    (its own first), sent by ``ids[c]`` (its own id first), who declared ``num_samples[c]``
-    and ``declared_losses[c]``. ``evaluate[c]``, ``references[c]``: as in
-    :class:`RoundInputs`. :meth:`one` is client ``c``'s :class:`RoundInputs`.
+    ``vectors [R, D]`` holds every candidate model of the round once (each client's own model, each
+    message a client received); client ``c``'s candidates are the rows ``rows[c]``, sent by
+    ``ids[c]`` (own first), who declared ``num_samples[c]`` and ``declared_losses[c]``;
+    ``evaluate[c]``, ``references[c]``: as in :class:`RoundInputs`, which :meth:`one` builds.
 
-    ``evaluate_many(vectors, owners, rows)``, when given, scores many clients' candidates at
-    once: for each ``owners[i]`` (a client's ``evaluate``) the pooled rows ``rows[i]`` on that
-    client's auxiliary data, returning what that ``evaluate`` returns for
-    ``vectors[list(rows[i])]``, one mapping per owner. A rule's batched path may use it in
-    place of one ``evaluate`` call per client.
+    ``evaluate_many`` (:data:`EvaluateMany`), when given, scores many clients' candidates at once
+    (``owners[i]``'s pooled rows ``rows[i]`` on that client's auxiliary data, one mapping per
+    owner); a rule's batched path may use it in place of one ``evaluate`` call per client.
     """
 
     round: int
@@ -171,15 +161,12 @@ class RoundBatch:
     runs: tuple[int, ...] | None = None
     # Which pooled rows are finite (bool CPU [R]), when the caller knows it: see :meth:`finite`.
     finite_pool: torch.Tensor | None = None
-    # Each client's own rule, when rules that differ only in what their ``batch_group`` leaves
-    # out (Flame's per-client seed) share one ``batched`` call; None: the called rule is every
-    # client's.
+    # Each client's own rule, when rules differing only in what ``batch_group`` leaves out
+    # (Flame's per-client seed) share one ``batched`` call; None: the called rule is everyone's.
     rules: tuple[Any, ...] | None = None
-    # Under asynchronous gossip, each client's candidates' staleness (as RoundInputs.staleness).
+    # These three: per client, RoundInputs' field of that name (staleness: asynchronous gossip).
     staleness: tuple[tuple[int, ...], ...] | None = None
-    # Each client's candidates' reports (as RoundInputs.reports).
     reports: tuple[tuple[Mapping[int, float] | None, ...], ...] | None = None
-    # Each client's rule's memory (as RoundInputs.memory).
     memory: tuple[Mapping[int, float] | None, ...] | None = None
 
     @classmethod
@@ -198,9 +185,8 @@ class RoundBatch:
         )
 
     def finite(self) -> torch.Tensor:
-        """Boolean CPU mask [R] of the pooled rows that are finite (:func:`finite_rows` of
-        ``vectors``): given by the caller, which checks the pool once for all the rules of a
-        round, or computed here."""
+        """Boolean CPU mask [R] of the finite pooled rows: the caller's (one check of the pool for
+        all of a round's rules), or :func:`finite_rows` of ``vectors``."""
         return finite_rows(self.vectors) if self.finite_pool is None else self.finite_pool
 
     def __len__(self) -> int:
@@ -237,11 +223,9 @@ class RoundBatch:
         Python floats) weighs client ``c``'s candidate rows. As :func:`weighted_sum`: in float64,
         rows with weight 0 left out (so a NaN row of one client cannot reach another's sum);
         float32 [C, D]. One product for all clients: dense while the weight matrix is small,
-        sparse beyond (thousands of clients, each with a few candidates).
-
-        In a batch of runs, each run's clients get a product of their own, the one the run has
-        alone: a product's summation order depends on its shape, and a run's models must not
-        depend on the runs beside it."""
+        sparse beyond (thousands of clients, each with a few candidates). In a batch of runs each
+        run gets the product it has alone: a product's summation order depends on its shape, and
+        a run's models must not depend on the runs beside it."""
         if self.runs is None or len(set(self.runs)) <= 1:
             return self._combine(range(len(self.rows)), weights)
         out = torch.empty(len(self.rows), self.vectors.shape[1], dtype=torch.float32)
@@ -273,9 +257,8 @@ class RoundBatch:
             pooled = self.vectors[used[0] : used[-1] + 1].to(device="cpu", dtype=torch.float64)
         else:
             pooled = self.vectors.index_select(0, torch.tensor(used, dtype=torch.long, device=self.vectors.device)).to(device="cpu", dtype=torch.float64)
-        # Dense only without a NaN/Inf row: there a 0 weight would still give 0 * NaN = NaN.
-        # (The pool's rows as the intake found them, where it says; a float32 row that is
-        # finite stays so in float64.)
+        # Dense only without a NaN/Inf row: there a 0 weight would still give 0 * NaN = NaN. (The
+        # intake's finite_pool where given: a finite float32 row stays finite in float64.)
         finite = bool(self.finite_pool[used].all()) if self.finite_pool is not None else bool(torch.isfinite(pooled).all())
         if shape[0] * shape[1] <= _DENSE_COMBINE and finite:
             dense = [0.0] * (shape[0] * shape[1])
@@ -300,10 +283,9 @@ _DENSE_COMBINE = 1 << 16  # entries of the [clients, rows] weight matrix below w
 
 
 def staleness_factors(staleness: Sequence[int] | None, exponent: float) -> list[float] | None:
-    """The polynomial staleness weighting of asynchronous training, ``(1 + s)^-exponent`` per
-    candidate (Xie et al. 2019, FedAsync's ``s(t - tau)``, with ``s`` the candidate's staleness
-    in the receiver's local steps); None when there is nothing to weigh (no staleness known,
-    or exponent 0)."""
+    """``(1 + s)^-exponent`` per candidate, ``s`` its staleness in the receiver's local steps: the
+    polynomial staleness weighting of asynchronous training (Xie et al. 2019, FedAsync's
+    ``s(t - tau)``); None with no staleness known or exponent 0."""
     if staleness is None or not exponent:
         return None
     return [(1.0 + s) ** -exponent for s in staleness]
@@ -323,9 +305,8 @@ def finite_rows(vectors: torch.Tensor) -> torch.Tensor:
 def weighted_sum(vectors: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``sum_i v_i w_i`` over the rows with ``v_i > 0``, in float64, returned as float32 [D].
 
-    Rows with zero weight are dropped *before* multiplying so a NaN row cannot poison the sum.
-    A big model's float64 rows are made a block of coordinates at a time (:mod:`.columns`).
-    """
+    Zero-weight rows are dropped *before* multiplying, so a NaN row cannot poison the sum; a big
+    model's float64 rows are made a block of coordinates at a time (:mod:`.columns`)."""
     weights = weights.to(dtype=torch.float64, device="cpu")
     used = weights > 0
     if in_blocks(vectors.shape[1]):

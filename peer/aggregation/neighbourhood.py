@@ -31,9 +31,8 @@ SCREENS = ("none", "krum")
 
 
 def relative(values: Sequence[float]) -> list[float]:
-    """Each value over the median of ``values`` (the upper one of an even count), so that
-    clients whose data differ speak one scale; the values as they are where that median is not
-    positive."""
+    """Each value over the median of ``values`` (the upper one of an even count), so that clients
+    whose data differ speak one scale; the values as they are where that median is not positive."""
     middle = sorted(values)[len(values) // 2]
     return [x / middle if middle > 0 else x for x in values]
 
@@ -80,46 +79,41 @@ class NeighbourhoodReweighting(Checked):
     """DFedReweighting behind what the neighbours measured: leave out the ``f`` neighbours whose
     absence leaves the most consistent rest, then score and weigh the others.
 
-    ``f = num_byzantine``. The client measures every finite candidate's loss on its auxiliary
-    data and divides it by their median (:func:`relative`). Each neighbour ``i`` that sent
-    scores with its model (``RoundInputs.reports``: its losses of its own candidates at its
-    aggregation before, as this rule reports them) speaks on the same scale once divided by
-    their median; of those, the values it gave the client's other neighbours count (never the
-    one it gave itself, nor the client's own model). :func:`consistent` leaves out the ``f``
-    neighbours, and their reports with them, that make the worst evidence of the rest lowest
-    (a candidate's evidence: the highest of the client's value and the kept reporters'); the own
-    model always stays. The candidates kept are scored by the TPM and weighed by the CRS as
-    :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does, the CRS told of no Byzantine
-    neighbour among them (a CRS that drops the ``b`` worst, as ``loss_drop_highest``, drops
-    none: the ``f`` went here); those left out weigh 0.
-    Told ``f = 0`` it leaves out no one; without reports, what the client's own values say.
-    With ``memory = m > 0`` the round's decision is remembered (:func:`remembered`): each
-    neighbour's left-out rate decays by ``m`` a round and grows by ``1 - m`` in a round the
-    decision leaves it out, and the neighbours left out are as many as the decision leaves out,
-    those of the highest rate: a neighbour the decision leaves out in most rounds is left out
-    in all, unless another is left out more often. A defence-aware attack that plays the rule
-    whole plays it without the client's rates.
-    The rates go to the next round in ``Aggregate.memory`` (every engine hands them back, a
-    client's checkpoint keeps them). At ``m <= 0.5`` nothing changes. Measured at ``m = 0.9``
-    it does harm on Dirichlet(0.1) shards, most against on-off attackers: the neighbours a
-    client leaves out most often are honest ones whose classes are not its own, and the highest
-    rates name them (docs/robustness.md, "Reputation over rounds: what memory gave"); 0, the
-    default, keeps nothing.
-    With ``screen = "krum"`` Krum's screen first drops the ``f`` neighbours of highest Krum
-    score, their reports with them (:func:`~dfedrw.peer.aggregation.screened.krum_kept`), and
-    the consistency leaves out ``f`` of the rest: the screen catches models far from the others
-    that do well on the data (IPM, dissensus), the witnesses what the client's classes miss.
+    ``f = num_byzantine``. The client divides each finite candidate's loss on its auxiliary data by
+    their median (:func:`relative`). Each neighbour ``i`` that sent scores with its model
+    (``RoundInputs.reports``: its losses of its own candidates at its aggregation before, as this
+    rule reports them) speaks on that scale once divided by their median; of those, the values it
+    gave the client's other neighbours count (never its own, nor the client's own model's).
+    :func:`consistent` leaves out the ``f`` neighbours, and their reports with them, that make the
+    worst evidence of the rest lowest (a candidate's evidence: the highest of the client's value and
+    the kept reporters'); the own model always stays. The kept candidates are scored by the TPM and
+    weighed by the CRS as :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does, the CRS told
+    of no Byzantine neighbour (a CRS that drops the ``b`` worst, as ``loss_drop_highest``, drops
+    none: the ``f`` went here); those left out weigh 0. Told ``f = 0`` it leaves out no one; without
+    reports, what the client's own values say. With ``memory = m > 0`` the decision is remembered
+    (:func:`remembered`: each neighbour's left-out rate, decayed by ``m`` a round; as many left out,
+    those of the highest rate): a neighbour the decision leaves out in most rounds is left out in
+    all, unless another is left out more often. A defence-aware attack that plays the rule whole
+    plays it without the client's rates. The rates go to the next round in ``Aggregate.memory``
+    (every engine hands them back, a client's checkpoint keeps them). At ``m <= 0.5`` nothing
+    changes. Measured at ``m = 0.9`` it does harm on Dirichlet(0.1) shards, most against on-off
+    attackers: the neighbours a client leaves out most often are honest ones whose classes are not
+    its own, and the highest rates name them (docs/robustness.md, "Reputation over rounds: what
+    memory gave"); 0, the default, keeps nothing. With ``screen = "krum"`` Krum's screen first drops
+    the ``f`` neighbours of highest Krum score, their reports with them
+    (:func:`~dfedrw.peer.aggregation.screened.krum_kept`), and the consistency leaves out ``f`` of
+    the rest: the screen catches models far from the others that do well on the data (IPM,
+    dissensus), the witnesses what the client's classes miss.
 
     Its round's scores (what ``network.share_scores`` sends on) are the losses it measured, of
-    every finite candidate (NaN for the others), not the TPM's: every honest client must run
-    this rule for the reports to be losses. A neighbour that frames every honest sender makes
-    the rest inconsistent and goes. One that reports nothing leaves the decision to the client
-    and the honest witnesses: a model no honest client's data shows bad (the colluding twins,
-    a model far from the others that does well on the data) is kept, which Krum's screen in
-    front (``screen``) catches in part. One whose model passes and that frames a single honest
-    neighbour (``attack.scores = "frame_one"``) forces "that neighbour or me", and the tie goes
-    to the one accused: the lie that pays most against this rule (docs/robustness.md, "Trust
-    from the neighbourhood: the rule").
+    every finite candidate (NaN for the others), not the TPM's: every honest client must run this
+    rule for the reports to be losses. A neighbour that frames every honest sender makes the rest
+    inconsistent and goes. One that reports nothing leaves the decision to the client and the
+    honest witnesses: a model no honest client's data shows bad (the colluding twins, a model far
+    from the others that does well on the data) is kept; Krum's screen (``screen``) catches some.
+    One whose model passes and that frames one honest neighbour (``attack.scores = "frame_one"``)
+    forces "that neighbour or me", and the tie goes to the one accused: the lie that pays most
+    against this rule (docs/robustness.md, "Trust from the neighbourhood: the rule").
 
     Sources: the consistency of cross-evaluations as trust (TrustGraph-DFL, Murmura's evidential
     trust), and a choice of the ``f`` left out by the best subset of the rest as in Krum
@@ -130,11 +124,9 @@ class NeighbourhoodReweighting(Checked):
     tpm: object
     crs: object
     num_byzantine: int = 0
-    # "krum": Krum's screen first drops the f furthest neighbours (as screened_reweighting's),
-    # reports and all; the consistency then leaves out f of the rest. "none": no screen.
+    # "krum": Krum's screen first, as screened_reweighting's (see above); "none": no screen.
     screen: str = "none"
-    # Reputation over rounds: the weight of the past in each neighbour's left-out rate
-    # (:func:`remembered`), in [0, 1); 0: each round decides alone.
+    # The past's weight in each neighbour's left-out rate (:func:`remembered`), in [0, 1); 0: none.
     memory: float = 0.0
 
     # A defence-aware attack plays this rule whole: its TPM and CRS alone do not decide.

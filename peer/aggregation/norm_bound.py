@@ -33,59 +33,46 @@ class NormBound(BatchOfOne, Checked):
     """Norm bounding: clip each neighbour's update to norm ``bound``, average, add small noise.
 
     ``w_k^{t+1} = w_k + sum_{j in N_k} v_j CLIP(w_j - w_k, M) + N(0, sigma^2 I)``,
-    ``CLIP(d, M) = d * min(1, M / ||d||)``, with ``w_k`` the own half-step model (row 0), the
-    update of neighbour ``j`` its difference ``d_j = w_j - w_k`` from it, ``M = bound``,
-    ``sigma = noise`` and ``v`` the weights :class:`~peer.aggregation.rules.DFedAvg` gives
-    the finite candidates (own model included) under the same ``weighting``:
+    ``CLIP(d, M) = d * min(1, M / ||d||)``, with ``w_k`` the own half-step model (row 0),
+    ``M = bound``, ``sigma = noise`` and ``v`` the weights :class:`~peer.aggregation.rules.DFedAvg`
+    gives the finite candidates (own model included) under the same ``weighting``:
     ``v_i = n_i / sum n`` for ``"data_size"`` (uniform if no size is positive), ``1/C`` for
-    ``"uniform"``. A bound above every distance leaves DFedAvg's average (up to float
-    rounding); ``noise = 0`` adds nothing. The noise is drawn (in float32) from a
-    ``torch.Generator`` seeded from ``(seed, own_id, round)``, ``seed`` the per-client seed the
-    run supplies: a run replays exactly, each client and round has its own stream.
+    ``"uniform"``. A bound above every distance leaves DFedAvg's average (up to float rounding).
+    The noise is drawn in float32 from a ``torch.Generator`` seeded from ``(seed, own_id, round)``,
+    ``seed`` the run's per-client seed: runs replay exactly, each client and round its own stream.
 
-    This is the server rule of the paper moved to a client: there the server clips each
-    client's update from the global model and adds the noise to the new global model; here a
-    client has no global model, so it measures each neighbour from its own, as
-    ClippedGossip's self-centred clipping does (the same step, with DFedAvg's weights and a
-    fixed radius); its own local step is not clipped.
+    This is the paper's server rule moved to a client: there the server clips each client's update
+    from the global model and adds the noise to the new global model; here a client, with no global
+    model, measures each neighbour from its own, as ClippedGossip's self-centred clipping does (the
+    same step, with DFedAvg's weights and a fixed radius); its own local step is not clipped.
 
-    Reported weights are the exact coefficients of the output as a combination of the
-    candidates, before the noise: ``s_j v_j`` on neighbour ``j`` with
-    ``s_j = min(1, M / ||w_j - w_k||)``, and ``1 - sum_j s_j v_j`` on the own id (at least
-    ``v_k``). A row containing NaN/Inf gets weight 0 and is left out of ``v``; a non-finite
-    own model is kept, with no noise added, as there is no centre to clip around.
+    Reported weights are the exact coefficients of the output as a combination of the candidates,
+    before the noise: ``s_j v_j`` on neighbour ``j`` with ``s_j = min(1, M / ||w_j - w_k||)``, and
+    ``1 - sum_j s_j v_j`` (at least ``v_k``) on the own id. A NaN/Inf row weighs 0 and is left out
+    of ``v``; a non-finite own model is kept, without noise: there is no centre to clip around.
 
     THREAT MODEL: backdoor (targeted) poisoning. Senders are authenticated; attackers train on
-    poisoned data and send models with boosted updates ("model replacement") so that their
-    backdoor survives the averaging. Bounding the norm caps what any one neighbour moves the
-    model by, ``v_j * M``, whatever it sends, and the noise masks what little of a backdoor the
-    bounded updates carry; the paper finds this mitigates backdoors at a small cost in
-    accuracy. An attacker whose update stays inside the bound is not stopped, and with many
-    attackers their bounded pulls add up: it is a bound on influence, not a filter. With
-    ``weighting = "data_size"`` a sender can raise its ``v_j`` by declaring more data
-    (``"uniform"`` removes that lever). ``M`` must be set against the norm of the honest
-    neighbours' differences, which grows with the model's size and the learning rate.
+    poisoned data and send boosted updates ("model replacement") so that their backdoor survives
+    the averaging. Bounding the norm caps what any one neighbour moves the model by, ``v_j * M``,
+    whatever it sends, and the noise masks what little of a backdoor the bounded updates carry;
+    the paper finds this mitigates backdoors at a small cost in accuracy. An attacker whose update
+    stays inside the bound is not stopped, and many attackers' bounded pulls add up: a bound on
+    influence, not a filter. With ``weighting = "data_size"`` a sender can raise its ``v_j`` by
+    declaring more data (``"uniform"`` removes that lever). ``M`` must be set against the norm of
+    the honest neighbours' differences, which grows with the model's size and the learning rate.
 
     Source: Sun, Kairouz, Suresh and McMahan, "Can You Really Backdoor Federated Learning?",
     arXiv 1911.07963, 2019 (norm thresholding of updates; weak differential privacy).
 
-    Example::
-
-        rule = NormBound(bound=0.5, noise=0.001)
-        result = rule(inputs)                            # inputs: one client's RoundInputs
-        result.model, result.weights                     # new model, coefficient per sender
-
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_aggregate`` each
     client's finite rows from the round's pool, checked once: 1.73x faster than a batch of one
-    per client (``python
-    bench/rules_batched.py``, this machine).
+    per client (``python bench/rules_batched.py``, this machine).
     """
 
     # The default fits the built-in scenario (softmax regression on digits, lr 0.05): there
     # honest neighbours' models lie at most 0.08 apart over 300 rounds, so none is clipped and
-    # the rule is DFedAvg without an attack, while a Gaussian (std 30) message lies ~800 away.
-    # The norm of an honest difference grows with the model's size and the learning rate: a
-    # larger model needs its own bound.
+    # the rule is DFedAvg without an attack, while a Gaussian (std 30) message lies ~800 away. A
+    # larger model needs its own bound (see the threat model above).
     bound: float = 1.0
     noise: float = 0.0
     weighting: str = "data_size"
@@ -129,8 +116,7 @@ class NormBound(BatchOfOne, Checked):
         model = combine_rows(finite, torch.tensor(coefficients, dtype=torch.float64))
         if self.noise > 0:
             generator = torch.Generator().manual_seed(_noise_seed(self.seed, ids[0], round_))
-            # Drawn in float32 (as Flame: torch's float64 draw is slower), widened exactly; the
-            # sum is float64 as the rest.
+            # Drawn in float32 (as Flame: torch's float64 draw is slower), widened exactly.
             drawn = torch.randn(model.shape[0], generator=generator, dtype=torch.float32).to(torch.float64)
             model = model + self.noise * drawn.to(model.device)
         return package_for(ids, model, dict(zip(finite.ids, coefficients, strict=True)))

@@ -36,11 +36,10 @@ class QFDFL(BatchOfOne, Checked):
     ``1 - sum_j c_j`` added to the own id: "own" then stands for the start-of-round model and
     the own half-step model together. ``q = 0`` gives the plain mean of the candidates.
 
-    Candidates whose declared loss is missing or non-finite are dropped; finite losses are
-    clamped to ``>= 1e-12`` (``F^(q-1)`` is undefined at 0). Losses are whatever senders
-    declared: a Byzantine sender can claim any value. If no candidate is usable, the reference
-    is non-finite, or a declared loss is so large (or so small) that ``sum_j h_j`` overflows or
-    vanishes, the client keeps its own model.
+    Candidates whose declared loss is missing or non-finite are dropped; finite losses are clamped
+    to ``>= 1e-12`` (``F^(q-1)`` is undefined at 0). Losses are whatever senders declared: a
+    Byzantine sender can claim any value. With no usable candidate, a non-finite reference, or a
+    ``sum_j h_j`` that overflows or vanishes, the client keeps its own model.
 
     Source: Li, Sanjabi, Beirami and Smith, "Fair Resource Allocation in Federated Learning",
     ICLR 2020 (q-FedAvg, Algorithm 2).
@@ -63,9 +62,8 @@ class QFDFL(BatchOfOne, Checked):
         s.lr = check_real("QFDFL", "lr", s.lr, positive=True)
 
     def batched(self, batch: RoundBatch) -> list[Aggregate]:
-        """Every client's step, without per-client inputs: each
-        run's clients (a batch of runs) take their steps in products of their own, the ones the
-        run has alone; the pool is checked for finite rows once."""
+        """Every client's step, without per-client inputs: each run's clients (a batch of runs) in
+        the products the run has alone; the pool checked for finite rows once."""
         if batch.references is None:
             raise ValueError(
                 "QFDFL: inputs.reference is None; q-FFL steps from the client's start-of-round "
@@ -103,18 +101,15 @@ class QFDFL(BatchOfOne, Checked):
         self, vectors: torch.Tensor, rows: Sequence[Sequence[int]], references: torch.Tensor, declared: Sequence[Sequence[float]],
     ) -> list[tuple[torch.Tensor, list[float], float] | None]:
         """The q-FFL steps of some clients: client ``c`` steps from ``references[c]`` with its
-        finite candidates ``vectors[rows[c]]`` (in id order), which declared the losses
-        ``declared[c]``. Per client: (its float32 model, each candidate's coefficient, the
-        remainder on the reference), or None when it keeps its own model.
-
-        In float64, as products over all of these clients: the distances
-        ``||w_j - w||^2 = ||w||^2 + ||w_j||^2 - 2 w . w_j`` from one product of the references and
-        the rows, and every client's ``sum_j c_j w_j`` from one more (plus ``(1 - sum_j c_j) w``);
-        the coefficients, a handful per client, are Python floats."""
+        finite candidates ``vectors[rows[c]]`` (id order), which declared ``declared[c]``. Per
+        client: (its float32 model, each candidate's coefficient, the remainder on the reference),
+        or None when it keeps its own model. In float64, as products over all these clients: the
+        distances ``||w_j - w||^2 = ||w||^2 + ||w_j||^2 - 2 w . w_j`` from one product of the
+        references and the rows, every client's ``sum_j c_j w_j`` (plus ``(1 - sum_j c_j) w``)
+        from one more; the coefficients, a handful per client, are Python floats."""
         results: list[tuple[torch.Tensor, list[float], float] | None] = [None] * len(rows)
         wide = references.to(dtype=torch.float64)
-        # A reference is finite exactly when its squared norm is (from float32 values it
-        # cannot overflow in float64).
+        # A reference is finite iff its squared norm is (float32 values cannot overflow it).
         ref_squares = (wide * wide).sum(1).tolist()
         stepping = [c for c in range(len(rows)) if math.isfinite(ref_squares[c]) and any(math.isfinite(x) for x in declared[c])]
         used = sorted({row for c in stepping for row in rows[c]})
@@ -149,9 +144,8 @@ class QFDFL(BatchOfOne, Checked):
         return results
 
     def _coefficients(self, declared: Sequence[float], distances: Sequence[float]) -> list[float] | None:
-        """``c_j = L F_j^q / sum_i h_i`` per candidate (0 where the declared loss is not
-        finite), or None when ``sum_i h_i`` is not a positive finite number (a declared loss
-        whose power overflows or underflows): the client then keeps its own model."""
+        """``c_j = L F_j^q / sum_i h_i`` per candidate (0 where the declared loss is not finite), or
+        None (the client keeps its own model) when ``sum_i h_i`` is not positive and finite."""
         lipschitz = 1.0 / self.lr
         numerators, curvatures = [], []
         for x, distance in zip(declared, distances, strict=True):

@@ -5,18 +5,16 @@ A rule is the whole of a client's aggregation step::
     aggregate = rule(inputs)     # RoundInputs -> Aggregate(model, weights, scores)
 
 ``inputs.vectors`` holds the client's own half-step model ``w_k^{t+1/2}`` in row 0 and each
-received neighbour model in the following rows; the rule returns
-``w_k^{t+1} = sum_i v_i w_i^{t+1/2}`` and the weight ``v_i`` it gave each sender, which the
-client logs. Rules are pure tensor code: no transport, no model, no data; whatever needs the
-client's data comes in through ``inputs.evaluate``.
+received neighbour model after it; the rule returns ``w_k^{t+1} = sum_i v_i w_i^{t+1/2}`` and the
+weight ``v_i`` it gave each sender, which the client logs. Rules are pure tensor code (no
+transport, model or data); the client's data comes in through ``inputs.evaluate``.
 
 Shared conventions (both rules here):
 
 * A row containing NaN/Inf never gets weight and is left out of the weighted sum before the
   sum is taken (``0 * NaN`` is NaN, so zero weight alone would not protect the result).
-* If no candidate can be weighted the client keeps its own model (weight 1 on ``ids[0]``).
-  Should the own row itself be non-finite, it is still returned: replacing it would need a
-  model this module does not have, and the client is the one to decide what to do.
+* If no candidate can be weighted the client keeps its own model (weight 1 on ``ids[0]``), even a
+  non-finite one: the client, not this module (which has no other model), decides what to do.
 * The sum is taken in float64 and cast to float32; weights sum to 1 and are reported for
   every candidate id; the output does not depend on the order of rows 1.. .
 """
@@ -55,11 +53,9 @@ __all__ = [
 ]
 
 
-# Every rule registers itself with its decorator in its module of this package (the baselines in
-# coordinate.py, distance.py, flame.py, robust.py and qfdfl.py, the decentralized ones in
-# gossip.py, norm bounding in norm_bound.py, which build on the types below); the registry
-# imports every module of the package on first use, so it is complete whenever it is read.
-# ``modules`` only orders the listing.
+# Every rule registers itself with its decorator in its module of this package (those below, which
+# build on the types here); the registry imports every module of the package on first use, so it
+# is complete whenever it is read. ``modules`` only orders the listing.
 RULE_REGISTRY = Registry(
     "rule", "dfedrw.rules", package=__package__, calls={"__call__": ("inputs",)},
     modules=tuple(f"{__package__}.{m}" for m in ("rules", "coordinate", "distance", "flame", "baselines", "qfdfl", "decentralized", "norm_bound", "screened", "neighbourhood")),
@@ -80,14 +76,12 @@ class DFedReweighting(BatchOfOne, Checked):
     finds no finite score (all-zero weights) the client keeps its own model.
 
     Under asynchronous gossip (``network.protocol = "async"``), ``staleness_exponent = a > 0``
-    multiplies each CRS weight by ``(1 + s_i)^-a``, ``s_i`` the candidate's staleness in the
-    client's local steps (FedAsync's polynomial weighting, Xie et al. 2019), and normalises
-    again; 0 (the default), or the round protocol, leaves the CRS's weights as they are.
+    multiplies each CRS weight by FedAsync's ``(1 + s_i)^-a`` (Xie et al. 2019; ``s_i``: staleness
+    in local steps) and normalises again; 0 (the default), or the round protocol, changes nothing.
 
-    Written once, over a batch (:class:`BatchOfOne`: a client's call is a batch of one):
-    :meth:`batched` runs each client's TPM and CRS, with every client's candidates scored in one
-    product and the models summed in one: 1.56x faster than a batch of one per client (``python
-    bench/rules_batched.py``, this machine).
+    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` runs each client's TPM and
+    CRS, every client's candidates scored in one product and the models summed in one: 1.56x
+    faster than a batch of one per client (``python bench/rules_batched.py``, this machine).
     """
 
     tpm: TPM
@@ -201,8 +195,7 @@ class DFedReweighting(BatchOfOne, Checked):
                 f"DFedReweighting: CRS {self.crs!r} returned invalid weights {weights}; "
                 "weights must be finite and >= 0"
             )
-        # The CRS contract already zeroes NaN scores; enforcing it here keeps a custom CRS
-        # from ever weighting a non-finite model.
+        # The CRS contract zeroes NaN scores already; this keeps a custom CRS from weighting one.
         if finite is not None:
             weights = [w if ok else 0.0 for w, ok in zip(weights, finite, strict=True)]
         total = math.fsum(weights)
@@ -213,10 +206,9 @@ class DFedReweighting(BatchOfOne, Checked):
 
 @dataclass(frozen=True)
 class ToleratesByzantine(Checked):
-    """What every rule built against a bound on Byzantine neighbours shares: ``num_byzantine``,
-    the number of a client's neighbours it is told may be Byzantine (an integer >= 0), checked
-    when the rule is built. A subclass with more settings checks them after calling this
-    ``__post_init__``."""
+    """What every rule built against a bound on Byzantine neighbours shares: ``num_byzantine``, how
+    many of a client's neighbours it is told may be Byzantine (an integer >= 0), checked when the
+    rule is built; a subclass's ``check_settings`` calls this one's first."""
 
     num_byzantine: int
 
@@ -269,11 +261,10 @@ class DFedAvg(BatchOfOne, Checked):
     ``"data_size"``: ``v_i = n_i / sum_j n_j`` (uniform if every ``n_i`` is 0);
     ``"uniform"``: ``v_i = 1 / C``.
 
-    Source: McMahan et al. 2017 (FedAvg) applied per client over its neighbourhood, the
-    paper's DFedAvg baseline. Rows with NaN/Inf are excluded (weight 0) before normalising.
-    The sizes are whatever senders declared: a Byzantine sender can inflate its own.
-    Under asynchronous gossip, ``staleness_exponent = a > 0`` multiplies each weight by
-    ``(1 + s_i)^-a`` (``s_i``: the candidate's staleness in local steps; Xie et al. 2019).
+    Source: McMahan et al. 2017 (FedAvg) applied per client over its neighbourhood, the paper's
+    DFedAvg baseline. Rows with NaN/Inf are excluded (weight 0) before normalising. The sizes are
+    whatever senders declared: a Byzantine sender can inflate its own. Under asynchronous gossip,
+    ``staleness_exponent = a > 0`` multiplies each weight by ``(1 + s_i)^-a`` (Xie et al. 2019).
 
     Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` sums every client's
     candidates in one product with the round's weight matrix: 4.3x faster than a batch of one
@@ -289,9 +280,8 @@ class DFedAvg(BatchOfOne, Checked):
         s.staleness_exponent = check_real("DFedAvg", "staleness_exponent", s.staleness_exponent, nonnegative=True)
 
     def size_weights(self, finite: Sequence[bool], num_samples: Sequence[int]) -> list[float]:
-        """Unnormalised weights, 0 on non-finite rows (uniform when no size is positive).
-        Python floats: sums of whole numbers are exact either way, so normalising them here
-        or in float64 tensors gives the very same weights."""
+        """Unnormalised weights, 0 on non-finite rows (uniform when no size is positive), as floats:
+        sums of whole numbers are exact, so normalising here or in float64 tensors agrees."""
         uniform = [1.0 if ok else 0.0 for ok in finite]
         if self.weighting == "uniform":
             return uniform
@@ -329,9 +319,8 @@ def build_rule(
     """Build a rule from names, e.g. ``build_rule("dfedreweighting", "loss", "loss_clip_mean")``.
 
     The TPM and CRS are built only for rules whose constructor takes ``tpm`` and ``crs``
-    (DFedReweighting); giving
-    ``tpm_params``/``crs_params`` to a rule that does not use them is an error rather than
-    being silently ignored. ``softmax`` needs ``crs_params={"temperature": ...}``.
+    (DFedReweighting); ``tpm_params``/``crs_params`` given to any other rule are an error, not
+    silently ignored.
     """
     if takes_tpm_and_crs(rule):
         built = {"tpm": make_tpm(tpm, **dict(tpm_params or {})), "crs": make_crs(crs, **dict(crs_params or {}))}

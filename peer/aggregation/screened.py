@@ -27,29 +27,24 @@ from dfedrw.peer.aggregation.rules import RULE_REGISTRY, Aggregate, DFedReweight
 class ScreenedReweighting(Checked):
     """DFedReweighting behind Krum's screen: drop the ``f`` furthest neighbours, then score.
 
-    ``f = num_byzantine``; ``C`` the finite candidates, ``d_ij`` their squared distances.
-    Krum's score ``s_i = sum_j d_ij`` over the ``C - f - 2`` (at least 1) candidates nearest to
-    ``w_i``; the ``f`` neighbours of highest score are dropped (never the own model; ties: the
-    higher id goes); the TPM scores the candidates left and the CRS weighs them, as
-    :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does. Screened candidates weigh 0
-    and get no score (NaN). Told ``f = 0``, or with two finite candidates or fewer (each one's
-    score would be their one distance), nothing is screened: it is DFedReweighting. Non-finite
-    rows are never scored and take no part in the distances; with the own model non-finite, the
-    first finite candidate by id stands in for it.
+    ``f = num_byzantine``; ``C`` the finite candidates, ``d_ij`` their squared distances. Krum's
+    score ``s_i = sum_j d_ij`` over the ``C - f - 2`` (at least 1) candidates nearest to ``w_i``;
+    the ``f`` neighbours of highest score are dropped (never the own model; ties: the higher id
+    goes); the TPM scores the rest and the CRS weighs them, as
+    :class:`~dfedrw.peer.aggregation.rules.DFedReweighting` does; screened candidates weigh 0 and
+    get no score (NaN). Told ``f = 0``, or with two finite candidates or fewer (each one's score
+    would be their one distance), nothing is screened. Non-finite rows are never scored and take
+    no part in the distances; for a non-finite own model the first finite candidate by id stands in.
 
     With the CRS ``loss_drop_highest`` (the setting docs/robustness.md measures) an attacker is
-    kept only if it is not among the ``f`` furthest and not among the ``f`` worst on the
-    client's auxiliary data: a loss cannot tell an honest neighbour whose data differ from a
-    model far from every honest one that does well on those rows (dissensus), and a distance
-    cannot tell an honest neighbour from a model inside the honest spread that does badly on
-    them.
+    kept only if it is neither among the ``f`` furthest nor among the ``f`` worst on the client's
+    auxiliary data (why both: see the module).
 
     Sources: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
-    Descent", NeurIPS 2017 (Krum's score; Multi-Krum keeps ``C - f``); El Mhamdi, Guerraoui
-    and Rouault, "The Hidden Vulnerability of Distributed Learning in Byzantium", ICML 2018
-    (Bulyan: a distance selection, then a second robust step); the scoring stage is the paper's
-    DFedReweighting. Measured against every attack of the robustness table in
-    docs/robustness.md ("Two stages").
+    Descent", NeurIPS 2017 (Krum's score; Multi-Krum keeps ``C - f``); El Mhamdi, Guerraoui and
+    Rouault, "The Hidden Vulnerability of Distributed Learning in Byzantium", ICML 2018 (Bulyan: a
+    distance selection, then a second robust step); the scoring stage is the paper's
+    DFedReweighting. Measured against every attack of docs/robustness.md's table ("Two stages").
     """
 
     tpm: object

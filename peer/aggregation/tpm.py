@@ -6,13 +6,12 @@ scores every candidate ``w_i`` in its candidate set on its auxiliary data ``A_k`
     scores = tpm(candidates, evaluate)   # candidates: float32 [C, D] (row = flattened model)
                                          # scores: float64 [C] on the CPU
 
-The TPM does not know the model architecture or the data: ``evaluate`` is supplied by the
-client, runs every candidate on the auxiliary set and returns
+The TPM knows neither the model nor the data, so aggregation stays pure tensor code: the client's
+``evaluate`` runs every candidate on the auxiliary set and returns
 ``{"accuracy": Tensor[C] (fraction in [0, 1]), "loss": Tensor[C] (mean cross-entropy)}``.
-Keeping the model out of this module is what lets aggregation stay pure tensor code.
 
-Scores are returned as computed, NaN/Inf included: deciding what a non-finite score means is
-the CRS contract's job (it gets weight 0), see :mod:`peer.aggregation.crs`.
+Scores are returned as computed, NaN/Inf included: what a non-finite score means (weight 0) is
+the CRS contract's job (:mod:`peer.aggregation.crs`).
 """
 
 from __future__ import annotations
@@ -87,9 +86,8 @@ def _evaluate(
 
 
 class _OneMetric(Checked):
-    """A TPM that scores by one metric of ``evaluate``'s, as computed: the metric named by the
-    one entry of ``evaluates`` (what it asks ``evaluate`` for; of the candidates it reads
-    nothing but their count, see DFedReweighting.batched)."""
+    """A TPM that scores by the one metric in ``evaluates``, as computed (what it asks ``evaluate``
+    for; of the candidates it reads only their count: see DFedReweighting.batched)."""
 
     evaluates: ClassVar[tuple[str, ...]] = ()
 
@@ -124,8 +122,7 @@ class Loss(_OneMetric):
 
     ``m_i = f(w_i, A_k)``
 
-    Source: paper, eq. (combination-loss), the Byzantine-robustness pair with
-    ``LossClippedAtMean``.
+    Source: paper, eq. (combination-loss), the Byzantine-robustness pair with ``LossClippedAtMean``.
     """
 
     evaluates: ClassVar[tuple[str, ...]] = ("loss",)
@@ -138,11 +135,10 @@ class WeightedCombination(Checked):
 
     ``m_i = a * Acc(w_i, A_k) + b * f(w_i, A_k)``, defaults ``a = b = 1/2``.
 
-    Source: paper, eq. (mult-within), paired with a monotonically increasing CRS ``f_e``.
-    With the paper's ``b = +1/2`` a *higher* loss raises the score; a negative loss
-    coefficient (e.g. ``a = 1, b = -1``) makes the score penalise loss instead. A term whose
-    coefficient is 0 is not evaluated into the score at all, so a NaN loss cannot hide a
-    finite accuracy when ``b = 0`` (``0 * NaN`` would be NaN).
+    Source: paper, eq. (mult-within), paired with a monotonically increasing CRS ``f_e``. With the
+    paper's ``b = +1/2`` a *higher* loss raises the score; a negative loss coefficient (e.g.
+    ``a = 1, b = -1``) penalises loss instead. A term with coefficient 0 is left out of the score,
+    so a NaN loss cannot hide a finite accuracy when ``b = 0`` (``0 * NaN`` would be NaN).
     """
 
     evaluates: ClassVar[tuple[str, ...]] = ("accuracy", "loss")  # as Accuracy.evaluates
@@ -172,8 +168,7 @@ class WeightedCombination(Checked):
         return score
 
     def score_values(self, metrics: Mapping[str, Sequence[float]]) -> list[float]:
-        """As :meth:`Accuracy.score_values`: the same operations in the same order as
-        ``__call__``, so the same values."""
+        """As :meth:`Accuracy.score_values`: ``__call__``'s operations in order, so its values."""
         accuracy, loss = metrics["accuracy"], metrics["loss"]
         scores = []
         for a, f in zip(accuracy, loss, strict=True):

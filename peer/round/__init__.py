@@ -2,9 +2,7 @@
 batch of clients (a client process is a batch of one) and called by both engines: the client
 (:mod:`dfedrw.peer.client`) and the batched engine (:mod:`dfedrw.engines`).
 
-:mod:`.candidates`: what a client aggregates (its own model first, the models it holds, what
-their senders declared, their staleness, who is missing). :mod:`.told`: each client's rule and, under a schedule, the one told the Byzantine clients among
-a round's senders. :mod:`.records`: what a round and a client's final file hold, and when an
-evaluation and a checkpoint are due. :mod:`.byzantine`: a Byzantine client's step (what it declares,
-its attack's view and messages, the reference it carries).
+:mod:`.candidates`: what a client aggregates; :mod:`.told`: each client's rule and what it is
+told; :mod:`.records`: what a round and a final file hold, and when evaluations and checkpoints
+are due; :mod:`.byzantine`: a Byzantine client's step.
 """

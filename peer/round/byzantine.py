@@ -1,11 +1,10 @@
 """A Byzantine client's step of a round, the same in every engine: what it declares of its data
 (:func:`byzantine_claims`), the view its attack is given, the messages the attack crafts in and
-out of its window (:func:`craft_attack_round`, drawing from :func:`attack_generator`), and the
+out of its window (:func:`craft_attack_round`, drawing from :func:`attack_generator`), the
 reference it carries to its next round (:func:`next_reference`), the scores it reports as
 measured (:func:`reported_scores`), and with ``attack.strike = "trusted"`` its standing in the
-scores its neighbours report (:class:`Standing`). :class:`ByzantineStep` is one Byzantine
-client's step over its rounds; a client process holds one, the batched engine one per
-Byzantine client."""
+scores its neighbours report (:class:`Standing`). :class:`ByzantineStep` is one client's step
+over its rounds; a client process holds one, the batched engine one per Byzantine client."""
 
 from __future__ import annotations
 
@@ -34,11 +33,10 @@ PLAIN, FRAMED, PRAISED = 1.0, 100.0, 0.01
 class ByzantineStep:
     """Byzantine client ``attacker``'s step of each round: ``attack`` crafting from what it
     received, drawing from ``generator`` (its own, seeded by its id), the reference it knew the
-    round before carried from call to call (``reference``: None at first and after a restart),
-    ``lie``: the scores it reports with its models in the rounds it attacks (:meth:`reported`);
-    ``byzantine``: the run's Byzantine clients (read by its :class:`Standing`).
-    With ``attack.strike = "trusted"`` it keeps its :class:`Standing` from step to step, and a
-    client process's checkpoint keeps it (:meth:`state`, :meth:`restore`)."""
+    round before carried from call to call (``reference``: None at first and after a restart);
+    ``lie``: the scores it reports in the rounds it attacks (:meth:`reported`); ``byzantine``: the
+    run's Byzantine clients, for its :class:`Standing`, kept from step to step with
+    ``attack.strike = "trusted"`` and in a client process's checkpoint (:meth:`state`)."""
 
     def __init__(
         self, scenario: Scenario, attacker: int, attack: Any, generator: torch.Generator, lie: Mapping[int, float] | None = None,
@@ -69,15 +67,13 @@ class ByzantineStep:
         return {} if self.standing is None else {"standing": self.standing.state()}
 
     def restore(self, kept: Mapping[str, Any]) -> None:
-        """Its standing as a checkpoint kept it (:meth:`state`, among the checkpoint's other
-        counters); ValueError if what is kept is not a standing."""
+        """Its standing as a checkpoint kept it (:meth:`state`); ValueError if it is not one."""
         if self.standing is not None and "standing" in kept:
             self.standing.restore(kept["standing"])
 
     def reported(self, label: int) -> Mapping[int, float] | None:
-        """The scores its messages of round ``label`` carry: its lie in the rounds it attacks,
-        none in the others (it sends the mean of what it knows then, as a free rider that
-        measures nothing)."""
+        """The scores its messages of round ``label`` carry: its lie in the rounds it attacks, none
+        in the others (it sends the mean of what it knows, as a free rider measuring nothing)."""
         return self.lie if self.lie and self.attacking(label) else None
 
     def __call__(
@@ -85,12 +81,11 @@ class ByzantineStep:
         losses: list[float], reports: Mapping[int, Mapping[int, float] | None] | None = None, **pool: Any,
     ) -> tuple[Crafted, int, float]:
         """The step of the round labelled ``label``: the honest models ``received`` from
-        ``senders`` (rows in that order) with the sizes and losses they declared, the scores
-        that came with those new to it in this step (``reports``: sender -> its report, with
-        ``network.share_scores``; a round's models, or under asynchronous gossip those it
-        answers), the honest ``receivers`` to craft for, and with colluders their ``pool``
-        (``colluders``, ``pool_senders``, ``pool`` of :class:`AttackView`). Returns what the
-        attack crafted and the size and loss it declares."""
+        ``senders`` (rows in that order) with the sizes and losses they declared, the scores that
+        came with those new to it (``reports``: sender -> report, with ``network.share_scores``;
+        a round's models, or under asynchronous gossip those it answers), the honest ``receivers``
+        to craft for, and with colluders their ``pool`` (``colluders``, ``pool_senders``, ``pool``
+        of :class:`AttackView`). Returns what the attack crafted and the size and loss declared."""
         size, loss = byzantine_claims(sizes, losses)
         view = AttackView(
             round=label, attacker=self.attacker, receivers=receivers, senders=senders, received=received, reference=self.reference,
@@ -111,16 +106,15 @@ class Standing:
     its candidates of its last aggregation, the attacker's model among them). A report ranks it
     trusted when it is not among the report's ``f`` worst, ``f`` the Byzantine clients the
     report names (it knows the placement; a rule told its Byzantine neighbours leaves out as
-    many, the worst): at least ``f`` entries have a higher loss than its own (compared as the
-    wire carries them, float32, so that every engine reads the same ranks). It keeps each
-    neighbour's latest report (one that sent none, as in the first round, has no say), and its
-    standing is trusted while more than half of those that name it rank it so. ``streak``: the
-    steps (round labels) in a row it was trusted, begun again at 0 by any step that finds it
-    otherwise; :meth:`trusted`: whether it reached ``rounds``. Reports arrive a round after the
-    aggregation that measured them, so a client that strikes learns it is distrusted two rounds
-    later: it strikes in runs, and behaves (sends the mean of the models it knows) until it
-    earned ``rounds`` trusted steps again. Under asynchronous gossip it answers each
-    neighbour's new model as it comes: each answer judges anew, a step counted once."""
+    many, the worst): at least ``f`` entries have a higher loss than its own, compared in float32
+    as the wire carries them, so that every engine reads the same ranks. It keeps each neighbour's
+    latest report (one that sent none, as in the first round, has no say) and is trusted while
+    more than half of those that name it rank it so. ``streak``: the steps (round labels) in a row
+    it was trusted, reset by any step that finds it otherwise; :meth:`trusted`: whether it reached
+    ``rounds``. Reports arrive a round after the aggregation that measured them, so a client that
+    strikes learns it is distrusted two rounds later: it strikes in runs, and behaves (sends the
+    mean of the models it knows) until it earned ``rounds`` trusted steps again. Under
+    asynchronous gossip each answer to a neighbour's new model judges anew, a step counted once."""
 
     def __init__(self, attacker: int, rounds: int, byzantine: Collection[int]) -> None:
         self.attacker, self.rounds, self.byzantine = attacker, rounds, frozenset(byzantine) | {attacker}
@@ -176,17 +170,14 @@ def reported_scores(
     * ``praise``: itself and its Byzantine neighbours at ``PRAISED``, its honest neighbours at
       ``PLAIN``: while the honest ones are most of its neighbours, the attackers look a hundred
       times better than them on the receiver's scale.
-    * ``frame``: its honest neighbours at ``FRAMED``, itself and its Byzantine neighbours at
-      ``PLAIN``, and as many other clients at ``PLAIN`` as keep more than half the report plain
-      (so that its median stays ``PLAIN``); if ``most`` entries cannot hold that, the honest
-      neighbours of the highest ids are left plain.
+    * ``frame``: its honest neighbours at ``FRAMED``, itself, its Byzantine neighbours and enough
+      other clients at ``PLAIN`` to keep more than half the report plain (its median ``PLAIN``);
+      if ``most`` entries cannot hold that, the honest neighbours of the highest ids stay plain.
     * ``frame_one``: one honest neighbour at ``FRAMED``, the one of lowest id (colluders that
       share it frame the same client), everyone else it names at ``PLAIN``, padded as ``frame``.
-    * ``invert``: the ranking upside down: its honest neighbours at ``FRAMED`` and itself and its
-      Byzantine neighbours at ``PRAISED``, padded with other clients at ``PLAIN`` until more
-      than half the report is plain, so that the receiver's scale keeps ``PLAIN`` at 1 and both
-      lies show on it; as for ``frame``, honest neighbours of the highest ids are left plain
-      where ``most`` entries cannot hold that.
+    * ``invert``: the ranking upside down: its honest neighbours at ``FRAMED``, itself and its
+      Byzantine neighbours at ``PRAISED``, padded as ``frame`` (more than half the report plain, so
+      that the receiver's scale keeps ``PLAIN`` at 1 and both lies show on it).
     """
     if how == "none":
         return None
@@ -217,11 +208,10 @@ def scenario_lie(scenario: Scenario, graphs: Any, byzantine: Collection[int], at
 
 
 def byzantine_claims(sizes: list[int], losses: list[float]) -> tuple[int, float]:
-    """The data size and training loss a Byzantine client declares: those its honest neighbours
-    declared, on average, so that weighting by size or loss cannot single it out by its
-    metadata. With nothing heard, the smallest plausible size (0 would be refused). The mean
-    loss is the correctly rounded sum over the count (``math.fsum``): the same bits in any
-    order, in every engine."""
+    """The data size and training loss a Byzantine client declares: the mean of its honest
+    neighbours', so that weighting by size or loss cannot single it out. With nothing heard, the
+    smallest plausible size (0 would be refused). The mean loss is ``math.fsum`` over the count:
+    the same bits in any order, in every engine."""
     size = round(sum(sizes) / len(sizes)) if sizes else 1
     finite = [x for x in losses if math.isfinite(x)]
     return size, math.fsum(finite) / len(finite) if finite else float("nan")
@@ -240,9 +230,8 @@ def craft_attack_round(scenario: Scenario, attack: Any, view: AttackView, own: t
     """A Byzantine client's messages of ``view``'s round, in every engine: in the attack window
     (``attack.start`` .. ``attack.stop``) what ``attack`` crafts (:func:`craft_round`, drawing
     from :func:`attack_generator`); outside it the mean of the honest models it knows, to every
-    receiver (nothing known: silent), its note ``{"attacking": False}``. ``attacking``: whether
-    it attacks in this round where the caller decided it (:meth:`ByzantineStep.attacking`);
-    None: the window says."""
+    receiver (nothing known: silent), noted ``{"attacking": False}``. ``attacking``: the caller's
+    decision (:meth:`ByzantineStep.attacking`); None: the window decides."""
     if not (scenario.attack.attacks_in(view.round) if attacking is None else attacking):
         mean = known_mean(view)
         return Crafted(dict.fromkeys(view.receivers, None if mean is None else mean.to(torch.float32)), {"attacking": False})

@@ -4,9 +4,8 @@ with the training-set size and loss its sender declared and, under asynchronous 
 many steps old it is; and the neighbours whose model it expected and does not hold.
 
 The engines differ only in what a candidate *is*: a client process holds the vector itself
-(:meth:`ClientCandidates.inputs` stacks them into the rule's :class:`RoundInputs`), the batched
-engine a row of the round's pool of models (its ``Candidates`` keeps one
-:class:`ClientCandidates` per client and pools their rows into one :class:`RoundBatch`)."""
+(:meth:`ClientCandidates.inputs` stacks them into :class:`RoundInputs`), the batched engine a row
+of the round's pool (its ``Candidates`` pools every client's rows into one :class:`RoundBatch`)."""
 
 from __future__ import annotations
 
@@ -20,12 +19,12 @@ from dfedrw.peer.aggregation.inputs import RoundInputs
 
 
 class Offer(NamedTuple):
-    """One candidate a client holds: who sent it, what the engine stacks (``model``: a vector,
-    or the row of a pool), the training-set size and training loss its sender declared (as the
-    receiver takes them), how many of the receiver's steps ago it came (0 under the round
-    protocol), and the scores its sender reported with it (``network.share_scores``: id ->
-    score; None: none). A named tuple: the batched engine makes one per client and neighbour every round,
-    and a frozen dataclass's construction cost it 5 % of a run of 3,000 small rounds."""
+    """One candidate a client holds: who sent it, what the engine stacks (``model``: a vector, or
+    the row of a pool), the training-set size and loss its sender declared (as the receiver takes
+    them), how many of the receiver's steps ago it came (0 under the round protocol), and the
+    scores its sender reported with it (``network.share_scores``: id -> score; None: none). A
+    named tuple: the batched engine makes one per client and neighbour every round, and a frozen
+    dataclass's construction cost 5 % of a run of 3,000 small rounds."""
 
     sender: int
     model: Any

@@ -1,9 +1,8 @@
-"""What a round writes, the same under every engine: the round records of an honest and a
-Byzantine client, the round's graph in them under a schedule, when an evaluation and a
-checkpoint are due, a client's test measures, what its final file says of its rule, the keys
-every final record has, and the round loop's clock. A client process (:mod:`peer.client`) and the
-batched engine (:mod:`engines`) both call these, so that their results folders cannot drift apart
-(``tests/integration/test_engine_parity.py`` holds them together)."""
+"""What a round writes, the same under every engine: honest and Byzantine round records (with the
+round's graph under a schedule), when evaluations and checkpoints are due, test measures, a final
+file's keys and what it says of the rule, and the round loop's clock. A client process
+(:mod:`peer.client`) and the batched engine (:mod:`engines`) both call these, so their results
+folders cannot drift apart (``tests/integration/test_engine_parity.py`` holds them together)."""
 
 from __future__ import annotations
 
@@ -54,9 +53,8 @@ def measures(hits: torch.Tensor, local_rows: torch.Tensor, probe_hits: torch.Ten
 
 def test_measures(model: Any, data: Any, backdoor: Any = None) -> dict[str, float]:
     """A client's :func:`measures` with its model (a module): one pass over the global test set
-    (converted once; a client process holds no copy between evaluations) and, under a backdoor
-    (``backdoor``: :func:`~dfedrw.peer.wiring.assembly.scenario_backdoor`'s probe), one over its
-    triggered rows."""
+    (converted once; a client process keeps no copy between evaluations) and one over the rows a
+    backdoor triggers (:func:`~dfedrw.peer.wiring.assembly.scenario_backdoor`'s probe), if any."""
     test = data.global_test
     hits = logits_of(model, test.x).argmax(1) == test.y
     probe = None
@@ -71,11 +69,10 @@ def honest_record(
     scores: Mapping[int, float] | None = None, bytes_sent: int = 0, bytes_received: int = 0, notes: Mapping[str, Any] | None = None,
     seconds: float | None = None,
 ) -> dict[str, Any]:
-    """An honest client's round record: its training loss, the weight its rule gave each
-    candidate, bytes on the wire, the neighbours whose model did not come, ``notes`` (what a
-    client process adds of a resume), the TPM's score of each candidate where the rule
-    scores them, and ``seconds`` since its round loop began at the round's end, where there is
-    a clock (wall time for a client, simulated time in a batched engine that keeps one)."""
+    """An honest client's round record: its training loss, its rule's weight of each candidate,
+    bytes on the wire, the neighbours whose model did not come, ``notes`` (what a client process
+    adds of a resume), the TPM's scores where the rule scores, and ``seconds`` since the round loop
+    began, at the round's end, on its clock if any (wall time, or simulated in a batched engine)."""
     record: dict[str, Any] = {
         "round": r,
         "train_loss": train_loss,
@@ -96,10 +93,9 @@ def byzantine_record(
     r: int, received_from: list[int], silent: int, crafted, bytes_sent: int, bytes_received: int, *, pooled_from: list[int] | None = None,
     reported: Mapping[int, float] | None = None,
 ) -> dict[str, Any]:
-    """A Byzantine client's round record; the attack's note, when it keeps one, under
-    ``"attack"``; when colluding, ``"pooled_from"``: the sorted colluders whose pool of the
-    round it used, itself included (None: it acts alone, no key); ``"reported"``: the scores
-    its messages carried (``attack.scores``; none: no key)."""
+    """A Byzantine client's round record: the attack's note, if any, under ``"attack"``; when
+    colluding, ``"pooled_from"``: the sorted colluders whose pool of the round it used, itself
+    included (None: alone, no key); ``"reported"``: its messages' scores (``attack.scores``)."""
     record: dict[str, Any] = {
         "round": r, "train_loss": None, "weights": {}, "bytes_sent": bytes_sent, "bytes_received": bytes_received,
         "received_from": received_from, "silent_to": silent,
@@ -151,10 +147,8 @@ def final_keys(
     unsent_messages: Mapping[str, int], refused_calls_by_reason: Mapping[str, int], tls: str, restarts: int = 0, rounds_lost: int = 0,
     resumed_from: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The keys every client's final file has, whatever ran it, in the order they are written:
-    who it is and where it ran, that it completed and in how long, the messages it refused (by
-    reason), found stale, could not send and whose calls it refused, its TLS, and what restarts
-    cost it (``resumed_from``: one entry per resume)."""
+    """The keys every client's final file has, whatever ran it, in the order they are written
+    (``resumed_from``: one entry per resume)."""
     return {
         "id": client, "role": role, "pid": pid, "address": address, "device": device, "completed": True, "wall_seconds": wall_seconds,
         "rejected_messages": sum(rejected.values()), "rejected_by_reason": dict(rejected), "stale_messages": stale_messages,

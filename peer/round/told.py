@@ -1,15 +1,13 @@
 """Each honest client's rule and what it is told of the Byzantine clients it hears from.
 
-A robust rule is told how many Byzantine neighbours it has (``num_byzantine``). On a fixed graph
-that is a client's Byzantine neighbours, or ``aggregation.assumed_byzantine``, and a client has
-one rule. Under a schedule the neighbours change by round, so a client's rule of round ``r`` is
-the one told the Byzantine clients among that round's senders: one rule per client and number
-told, built when first needed with the client's seed, and kept, so that a rule with state (a
-generator, a reputation) is the same object in every round it is told that number. A client's
-final record names the most it was told in a round (on a fixed graph, the one number).
-
-:class:`ToldRules` holds them for a batch of clients: one client process's (a batch of one), or
-every honest client of a batched run.
+A robust rule is told how many Byzantine neighbours it has (``num_byzantine``): on a fixed graph
+a client's Byzantine neighbours, or ``aggregation.assumed_byzantine``, with one rule per client.
+Under a schedule the neighbours change by round, so a client's rule of round ``r`` is the one
+told the Byzantine clients among that round's senders: one rule per client and number told,
+built when first needed with the client's seed and kept, so that a rule with state (a generator,
+a reputation) is the same object in every round it is told that number. A client's final record
+names the most it was told in a round (on a fixed graph, the one number). :class:`ToldRules`
+holds them for a batch of clients: one client process's, or every honest client of a batched run.
 """
 
 from __future__ import annotations
@@ -27,10 +25,9 @@ __all__ = ["ToldRules"]
 
 
 class ToldRules:
-    """The rules of ``clients`` (honest ids) in ``scenario`` over ``topology``. On a fixed graph
-    ``fixed[k]`` is client k's one rule (built here, in the order of ``clients``); under a
-    schedule (``dynamic``) nothing is built here, and :meth:`at` builds the rule of a round's
-    senders when first needed."""
+    """The rules of ``clients`` (honest ids) in ``scenario`` over ``topology``: on a fixed graph
+    ``fixed[k]``, client k's one rule, built here in the order of ``clients``; under a schedule
+    (``dynamic``) :meth:`at` builds the rule of a round's senders when first needed."""
 
     def __init__(self, scenario: Scenario, topology: Topology, clients: Iterable[int], *, dynamic: bool = False) -> None:
         self.scenario, self.topology, self.dynamic = scenario, topology, dynamic
