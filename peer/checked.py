@@ -1,11 +1,10 @@
 """Settings checked without building what they configure.
 
-A registered class checks its settings in one place, its classmethod ``check_settings(s)``: it
-reads them off ``s`` (a namespace of the dataclass's fields), raises ``ValueError`` naming the
-owner, the setting and the value, and may put a value's normal form back (``s.gamma =
-check_real(...)``). A class that derives from :class:`Checked` runs it when it is built and keeps
-the normal forms; :meth:`~dfedrw.peer.registry.Registry.check` runs it on a scenario's settings
-alone (:func:`settings_view`), so that loading a scenario builds nothing of what it names.
+A registered class checks its settings in its classmethod ``check_settings(s)``: it reads them off
+``s`` (a namespace of the dataclass's fields), raises ``ValueError`` naming the owner, the setting
+and the value, and may put a normal form back (``s.gamma = check_real(...)``). A :class:`Checked`
+subclass runs it when built, keeping the normal forms; :meth:`~dfedrw.peer.registry.Registry.check`
+runs it on a scenario's settings alone (:func:`settings_view`): loading a scenario builds nothing.
 
 What only the running system supplies as an object (a rule's TPM and CRS, an attack's defence or
 data sample) is None in a view: such a value is checked where the class is built, in its
@@ -47,8 +46,7 @@ class Checked:
 
 def settings_view(cls: type, arguments: Mapping[str, Any]) -> SimpleNamespace:
     """The settings a ``cls(**arguments)`` would hold, defaults filled in, without building it:
-    what :meth:`Checked.check_settings` reads (a field with neither a value nor a default is None:
-    a supplied object the running system gives)."""
+    what :meth:`Checked.check_settings` reads (None where neither is given: see the module)."""
     values: dict[str, Any] = {}
     for f in fields(cls):
         if not f.init:
@@ -72,11 +70,8 @@ def check_real(
     positive: bool = False,
     nonnegative: bool = False,
 ) -> float:
-    """Return ``float(value)`` if it is a finite real number meeting the sign requirement.
-
-    ``bool`` is refused although Python treats it as an ``int``: ``temperature=True`` is far
-    more likely a configuration slip than a request for 1.0.
-    """
+    """``float(value)`` if it is a finite real number meeting the sign requirement. A ``bool`` is
+    refused: ``temperature=True`` is far likelier a configuration slip than a request for 1.0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{owner}: {name} must be a real number, got {shown(value)}")
     number = float(value)

@@ -29,9 +29,8 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
 
 
 def cut(message: str, limit: int = MESSAGE_CHARS) -> str:
-    """``message``, or when longer than ``limit`` its beginning and its end with the number of
-    characters left out between them: where a message names its key first and its fix last,
-    both stay."""
+    """``message``, or when longer than ``limit`` its beginning and end around the number of
+    characters left out: a message's key (first) and its fix (last) both stay."""
     if len(message) <= limit:
         return message
     half = limit // 2

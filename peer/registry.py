@@ -10,30 +10,25 @@ the data sets, models, topologies and transports a scenario names::
         temperature: float = 0.1
         ...
 
-The constructor's keyword parameters (a builder function's, for the kinds that take
-functions: models, topologies), with their defaults, *are* its settings: a scenario sets them
-in the class's own table (``[aggregation.balance] gamma = 2``, ``[data."mylab:Faces"] size =
-32``), and the class checks them (raising ``ValueError``), once, for every entry point.
-Parameters whose value the running system knows (each registry's ``supplied`` names, e.g. a
-client's number of Byzantine neighbours, or a model's input features) are passed by
-:meth:`Registry.build` only to a constructor that has a parameter of that name, and cannot be
-set by configuration.
+The constructor's keyword parameters (a builder function's, for the kinds that take functions:
+models, topologies), with their defaults, *are* its settings: a scenario sets them in the class's
+own table (``[aggregation.balance] gamma = 2``, ``[data."mylab:Faces"] size = 32``), and the class
+checks them (raising ``ValueError``), once, for every entry point. Parameters whose value the
+running system knows (each registry's ``supplied`` names, e.g. a client's number of Byzantine
+neighbours, or a model's input features) are passed by :meth:`Registry.build` only to a
+constructor that has a parameter of that name, and cannot be set by configuration.
 
-Besides the built-in names, a registry resolves
+Besides the built-in names, a registry resolves installed plugins (entry points of its group,
+``dfedrw.rules``, ``dfedrw.tpms``, ``dfedrw.crs``, ``dfedrw.attacks``, ``dfedrw.datasets``,
+``dfedrw.models``, ``dfedrw.topologies``, ``dfedrw.transports``, ..., named by the entry point)
+and an import path ``"package.module:Name"`` naming any class (or builder) on ``sys.path``. A typo
+in a name or a parameter fails with one line rather than being ignored: unknown names list the
+valid ones, unknown parameters the accepted ones.
 
-* installed plugins: entry points of the registry's group (``dfedrw.rules``, ``dfedrw.tpms``,
-  ``dfedrw.crs``, ``dfedrw.attacks``, ``dfedrw.datasets``, ``dfedrw.models``,
-  ``dfedrw.topologies``, ``dfedrw.transports``), the entry point's name being the plugin's name;
-* an import path ``"package.module:Name"`` naming any class (or builder) on ``sys.path``.
-
-A typo in a name or a parameter fails loudly with one line rather than being ignored:
-unknown names list the valid ones, unknown parameters list the accepted ones.
-
-A class checks its settings in its classmethod ``check_settings`` (see :mod:`dfedrw.peer.checked`):
-:meth:`Registry.check` runs it on a scenario's settings without building the class. The small
-``check_*`` helpers (exported here and there) give those checks one wording everywhere: the message
-names the owner, the parameter, the bad value and what is allowed. They raise ``ValueError``
-(never ``assert``, which ``python -O`` strips).
+A class checks its settings in its classmethod ``check_settings`` (:mod:`dfedrw.peer.checked`),
+which :meth:`Registry.check` runs without building the class. The ``check_*`` helpers (exported
+here and there) word those checks alike, naming the owner, the parameter, the bad value and what
+is allowed; they raise ``ValueError`` (never ``assert``, which ``python -O`` strips).
 """
 
 from __future__ import annotations
@@ -62,22 +57,19 @@ __all__ = [
 ]
 
 
-# Values the running system gives a rule, TPM, CRS or attack when (and only when) its
-# constructor has a parameter of that name; a scenario cannot set them (the default ``supplied``
-# of a registry; the other kinds name their own). ``tpm``/``crs``: the built TPM and CRS objects of a
-# rule scored like DFedReweighting; ``num_byzantine``: what a robust rule is told about its
-# Byzantine neighbours (ALIE: the number of Byzantine clients); ``lr``: the local learning
-# rate; ``seed``: a per-client seed; ``num_clients``: all clients; ``total_rounds``: T.
-# ``defence`` (the honest clients' rule) and ``attacker_data`` (a Byzantine client's own data
-# sample): what an attack that declares such knowledge is given (see peer/attacks/base.py).
-# ``round_window``: how far ahead a receiver buffers messages (network.round_window).
+# Values the running system gives a rule, TPM, CRS or attack when (and only when) its constructor
+# has a parameter of that name; a scenario cannot set them (a registry's default ``supplied``; the
+# other kinds name their own). ``tpm``/``crs``: the built TPM and CRS of a rule scored like
+# DFedReweighting; ``num_byzantine``: what a robust rule is told of its Byzantine neighbours
+# (ALIE: the number of Byzantine clients); ``lr``: the local learning rate; ``seed``: a per-client
+# seed; ``num_clients``: all clients; ``total_rounds``: T; ``defence``, ``attacker_data`` and
+# ``round_window``: what an attack may know (see peer/attacks/base.py).
 SUPPLIED = frozenset({"tpm", "crs", "num_byzantine", "lr", "seed", "num_clients", "total_rounds", "defence", "attacker_data", "round_window"})
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One configurable constructor parameter: its name, default (``Setting.REQUIRED`` if none)
-    and annotation as written."""
+    """A setting: its name, default (``Setting.REQUIRED`` if none) and annotation as written."""
 
     name: str
     default: Any
@@ -126,16 +118,17 @@ def _signature_text(method: Any) -> str:
 class Registry(Mapping[str, type]):
     """Name -> class for one kind of pluggable piece, with its settings read off the constructor.
 
-    ``kind`` ("rule", "tpm", "crs", "attack", "dataset", "model", "topology", "transport") words
-    the messages; ``group`` is the entry-point group of installed plugins; ``supplied``: the
-    names the running system gives (:data:`SUPPLIED` unless the kind says otherwise);
-    ``functions``: a builder function may be registered as well as a class; ``calls``: how the
-    running system calls a class's methods (method -> the names of the positional arguments it
-    passes), checked against each class's signature when it registers or is named. ``package``: on first use every module of this package is
-    imported, so that every built-in class has registered itself with its decorator, wherever
-    it lives (a new module needs no list); ``modules``: the order in which their classes are
-    listed (modules not named come after, by name). As a ``Mapping`` it holds the built-in and
-    entry-point names; :meth:`resolve` also accepts ``"module:Class"``.
+    ``kind`` ("rule", "tpm", "crs", "attack", "dataset", "model", "topology", "transport") words the
+    messages; ``group`` is the entry-point group of installed plugins; ``required``: a class defines
+    at least one of these methods; ``supplied``: the names the running system gives, never
+    configured (:data:`SUPPLIED` unless the kind says otherwise); ``functions``: a builder function
+    (its result is what the kind builds) may stand where a class does; ``calls``: how the running
+    system calls a class's methods (method -> the names of the positional arguments it passes),
+    checked against each class's signature when it registers or is named. ``package``: on first use
+    every module of this package is imported, so that every built-in class has registered itself
+    with its decorator, wherever it lives (a new module needs no list); ``modules``: the order in
+    which their classes are listed (modules not named come after, by name). As a ``Mapping`` it
+    holds the built-in and entry-point names; :meth:`resolve` also accepts ``"module:Class"``.
     """
 
     def __init__(
@@ -154,15 +147,9 @@ class Registry(Mapping[str, type]):
         self.group = group
         self._package = package
         self._modules = tuple(modules)
-        # A class of this kind defines at least one of these methods.
         self._required = tuple(required)
-        # What the running system gives a constructor that names it (never configured).
         self.supplied_names = frozenset(supplied)
-        # Whether a plain function (a builder: its result is what the kind builds) may stand
-        # where a class does.
         self._functions = functions
-        # How the running system calls a class's methods: method -> the names of the
-        # positional arguments it passes (a class whose method cannot take them is refused).
         self._calls = dict(calls or {})
         self._classes: dict[str, type] = {}
         self._imported = False
@@ -251,11 +238,9 @@ class Registry(Mapping[str, type]):
         return isinstance(name, str) and name in self.names()
 
     def resolve(self, name: str) -> type:
-        """The class registered as ``name``, an installed plugin's, or ``"module:Class"``.
-
-        Raises ``ValueError`` (one line naming the value) for an unknown name, a module that
-        fails to import, a missing attribute, or something that is not a class with ``__call__``.
-        """
+        """The class registered as ``name``, an installed plugin's, or ``"module:Class"``; a
+        ``ValueError`` (one line naming the value) for an unknown name, a module that fails to
+        import, a missing attribute, or something that is not a class of this kind."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} must be a name, got {shown(name)}")
         self._import_builtins()
@@ -291,8 +276,7 @@ class Registry(Mapping[str, type]):
 
     # -- settings ------------------------------------------------------------------------
     def settings(self, name: str) -> list[Setting]:
-        """The parameters a configuration may set (keyword parameters the running system does
-        not supply)."""
+        """The keyword parameters a configuration may set (none the running system supplies)."""
         return [
             Setting(p.name, p.default, _annotation_text(p.annotation))
             for p in _keyword_parameters(self.resolve(name))
@@ -344,15 +328,14 @@ class Registry(Mapping[str, type]):
 
     def check(self, name: str, params: Mapping[str, Any] | None = None, supplied: Mapping[str, Any] | None = None) -> None:
         """What :meth:`build` refuses, refused (``ValueError``), building nothing where the class
-        checks its settings on their own (a :class:`~dfedrw.peer.checked.Checked`, as every
-        built-in class is); any other class (a plugin's) is built once and thrown away."""
+        can check its settings alone (see :meth:`described`)."""
         self.described(name, params, supplied)
 
     def described(self, name: str, params: Mapping[str, Any] | None = None, supplied: Mapping[str, Any] | None = None) -> Any:
         """What :meth:`check` checks, and something to read ``name``'s attributes from with these
-        settings: a :class:`~dfedrw.peer.checked.Described` for a ``Checked`` class, None for a
-        builder that declares its check (:func:`~dfedrw.peer.checked.checked_by`), nothing built;
-        any other class or builder built once (a plugin's)."""
+        settings: a :class:`~dfedrw.peer.checked.Described` for a ``Checked`` class (every built-in
+        one), None for a builder that declares its check (:func:`~dfedrw.peer.checked.checked_by`),
+        nothing built; any other class or builder (a plugin's) built once and thrown away."""
         cls, arguments = self._arguments(name, params, supplied)
         if isinstance(cls, type) and issubclass(cls, Checked):
             s = settings_view(cls, arguments)
@@ -389,10 +372,9 @@ class Registry(Mapping[str, type]):
         return cls, {**given, **params}
 
     def create(self, name: str, **arguments: Any) -> Any:
-        """``name`` built from keyword ``arguments``, settings and supplied values alike (for
-        code and tests that build one object by hand, e.g. ``make_crs("softmax",
-        temperature=0.1)``): the same checks as :meth:`build`, and a supplied value the class
-        does not take is an error, not ignored."""
+        """``name`` built from keyword ``arguments``, settings and supplied values alike (by hand,
+        e.g. ``make_crs("softmax", temperature=0.1)``): the checks of :meth:`build`, and a supplied
+        value the class does not take is an error, not ignored."""
         supplied = {k: v for k, v in arguments.items() if k in self.supplied_names}
         unused = [k for k in supplied if not self.takes(name, k)]
         if unused:
@@ -402,8 +384,8 @@ class Registry(Mapping[str, type]):
 
     def describe(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """One row per name: ``name``, ``cls`` (qualified), ``settings``, ``supplied``, ``doc``
-        (the docstring's first paragraph, as one line), ``threat`` (an attack's declared threat model, in
-        words; None for other kinds or a class that declares none)."""
+        (the docstring's first paragraph, as one line), ``threat`` (an attack's declared threat
+        model, in words; None for other kinds or a class that declares none)."""
         rows = []
         for name in self.names() if names is None else names:
             cls = self.resolve(name)

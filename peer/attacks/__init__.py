@@ -1,12 +1,10 @@
 """Byzantine attacks: what a malicious client sends its honest neighbours each round.
 
 :mod:`.base` says what an attack is and what it may know (:class:`ThreatModel`,
-:class:`AttackView`, :func:`craft_round`); the attacks themselves live in one module per
-family, each class registered in :data:`ATTACK_REGISTRY` under its scenario name. Pure tensor
-code: nothing here imports a transport.
-
-Every registered attack class is importable from this package by its class name (``from
-dfedrw.peer.attacks import ALIE``): the names are read off the registry, not listed by hand.
+:class:`AttackView`, :func:`craft_round`); the attacks live in one module per family, each class
+registered in :data:`ATTACK_REGISTRY` under its scenario name. Pure tensor code: nothing here
+imports a transport. Every registered class is importable from here by its class name (``from
+dfedrw.peer.attacks import ALIE``), the names read off the registry.
 """
 
 from dfedrw.peer.attacks import base

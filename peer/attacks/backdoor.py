@@ -1,15 +1,14 @@
 """Backdoor attacks: models that answer a chosen class whenever an input carries a trigger.
 
-A backdoor leaves clean accuracy where it was, so accuracy does not show it; its measure is the
-**attack success rate**: the share of triggered test inputs, of a class other than the target,
-that a model puts in the target class. A backdoor attack says what it plants through its
-``backdoor`` property (a :class:`Backdoor`: the trigger and the target class); the running
-system then measures every honest client's success rate on the shared test set, triggered by
-:meth:`Backdoor.probe`, the very code that poisons the attacker's rows
-(:meth:`Backdoor.poison`), so the measure and the attack cannot drift apart.
+A backdoor leaves clean accuracy where it was; its measure is the **attack success rate**: the
+share of triggered test inputs, of a class other than the target, that a model puts in the target
+class. An attack states what it plants in its ``backdoor`` property (a :class:`Backdoor`: the
+trigger and the target class); the running system measures every honest client's success rate on
+the shared test set triggered by :meth:`Backdoor.probe`, the code that poisons the attacker's
+rows (:meth:`Backdoor.poison`), so the measure and the attack cannot drift apart.
 
-Images reach this module flattened (``[n, features]``, pixels in [0, 1]); a trigger is placed
-on them through the data set's ``input_shape`` (``(channels, height, width)``).
+Images reach this module flattened (``[n, features]``, pixels in [0, 1]); a trigger is placed on
+them through the data set's ``input_shape`` (``(channels, height, width)``).
 """
 
 from __future__ import annotations
@@ -34,13 +33,11 @@ CORNERS = ("bottom_right", "bottom_left", "top_right", "top_left")
 @dataclass(frozen=True)
 class Trigger:
     """A pixel trigger: a ``size`` x ``size`` patch ``margin`` pixels in from the image's
-    ``corner``, in every channel. ``shape``: ``"square"`` sets every pixel of the patch to
-    ``value``; ``"pattern"`` (BadNets' checkerboard) sets the pixels whose row + column within
-    the patch is even to ``value`` and the others to 0.
+    ``corner``, in every channel. ``shape``: ``"square"`` sets every pixel of it to ``value``;
+    ``"pattern"`` (BadNets' checkerboard) those whose row + column in it is even, the rest to 0.
 
     Example: ``Trigger(size=2, margin=0)`` on a 1x4x4 image sets pixels (2, 2), (2, 3), (3, 2),
-    (3, 3), i.e. flat features 10, 11, 14 and 15; its ``part(1, 2)`` the second row of them, 14
-    and 15."""
+    (3, 3), flat features 10, 11, 14, 15; its ``part(1, 2)`` the second row, 14 and 15."""
 
     shape: str = "square"
     corner: str = "bottom_right"
@@ -185,10 +182,9 @@ class PlantsBackdoor(TrainsOnItsSample):
         return Backdoor(trigger, self.target)
 
     def poisoned_step(self, view: AttackView, generator: torch.Generator, trigger: Trigger | None = None) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
-        """The round's poisoned training: the mean ``G`` of the honest models it knows (float64),
-        the model ``X`` that ``steps`` SGD steps from ``G`` give on its sample with the trigger
-        (``trigger``: another than its own, a part of it) on ``poisoned_fraction`` of the rows,
-        labelled ``target``, and a note; None when it knows no model."""
+        """The mean ``G`` of the honest models it knows (float64), the model ``X`` of ``steps`` SGD
+        steps from ``G`` on its sample with its trigger (or ``trigger``, e.g. a part of it) on
+        ``poisoned_fraction`` of the rows, labelled ``target``, and a note; None: none known."""
         owner = type(self).__name__
         require_attacker_data(owner, self.attacker_data)
         data = self.attacker_data
@@ -224,8 +220,7 @@ class PlantsBackdoor(TrainsOnItsSample):
         return {}
 
     def shape(self, centre: torch.Tensor, model: torch.Tensor, note: dict, view: AttackView) -> tuple[torch.Tensor, dict]:
-        """The message from the mean ``centre`` and the trained ``model``, and a note: BadNets
-        sends the model itself."""
+        """The message and a note from ``centre`` and the trained ``model`` (BadNets: the model)."""
         return model, {}
 
 
@@ -243,27 +238,17 @@ class BadNets(PlantsBackdoor):
         send w_steps to every receiver
 
     Training as :class:`~dfedrw.peer.attacks.poisoning.LabelFlip` trains (``eta = lr_scale *
-    lr``, seeded minibatches). The trigger: ``trigger`` (``"square"`` or ``"pattern"``, a
-    checkerboard), ``trigger_size`` pixels square, ``trigger_margin`` pixels in from
-    ``trigger_corner``, pixels set to ``trigger_value`` (see :class:`Trigger`). The clean rows
-    keep the model useful, so its clean accuracy stays near an honest one's while the trigger
-    maps to ``target``. The note keeps the mean minibatch loss on the poisoned sample. Nothing
-    known: silent.
+    lr``, seeded minibatches). The trigger (:class:`Trigger`): ``trigger`` (``"square"`` or
+    ``"pattern"``, a checkerboard), ``trigger_size`` pixels square, ``trigger_margin`` pixels in
+    from ``trigger_corner``, set to ``trigger_value``. The clean rows keep clean accuracy near an
+    honest model's while the trigger maps to ``target``. The note keeps the mean minibatch loss on
+    the poisoned sample. Nothing known: silent.
 
     Source: Gu, Dolan-Gavitt and Garg, "BadNets: Identifying Vulnerabilities in the Machine
     Learning Model Supply Chain", 2017 (the pixel-pattern trigger); as a federated attack by
     data poisoning, e.g. Sun et al., "Can You Really Backdoor Federated Learning?", 2019.
 
-    THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders'
-    pool with ``attack.colluding``) and holds ``samples`` rows of the training set drawn by its
-    own seed, plus the scenario's model architecture, input shape and learning rate; it does
-    not know the defence. Every receiver gets the same message.
-
-    Example::
-
-        attack = BadNets(attacker_data=data, target=0, poisoned_fraction=0.5)
-        crafted = craft_round(attack, view, torch.Generator().manual_seed(0))
-        attack.backdoor.probe(test, (1, 28, 28))  # the rows its success is measured on
+    THREAT MODEL: as :class:`~dfedrw.peer.attacks.poisoning.LabelFlip`'s, and the input shape.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(

@@ -2,10 +2,9 @@
 average (and its form under a norm bound), a trigger split among colluders, and an update kept
 off the coordinates the honest clients change most, so that it lasts.
 
-Each trains as :class:`~dfedrw.peer.attacks.backdoor.BadNets` does (the poisoned step from the
-mean ``G`` of the honest models it knows, to a model ``X``) and then shapes the update
-``X - G`` it sends; each plants the same backdoor, so the honest clients measure its success
-with the whole trigger (:attr:`PlantsBackdoor.backdoor`).
+Each trains as :class:`~dfedrw.peer.attacks.backdoor.BadNets` does (from the mean ``G`` of the
+honest models it knows to a model ``X``), then shapes the update ``X - G`` it sends; each plants
+one backdoor, measured with the whole trigger (:attr:`PlantsBackdoor.backdoor`).
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ def bounded(update: torch.Tensor, norm_bound: float) -> torch.Tensor:
 
 
 def top_changed(change: torch.Tensor, fraction: float) -> torch.Tensor:
-    """The mask (bool) of the ``ceil(fraction * D)`` coordinates where ``|change|`` is largest
-    (ties by the lower index).
+    """Mask of the ``ceil(fraction * D)`` coordinates of largest ``|change|`` (ties: lower index).
 
     Example: ``top_changed(torch.tensor([0.1, -3.0, 2.0, 0.0]), 0.5)`` is
     ``[False, True, True, False]``."""
@@ -51,8 +49,7 @@ def top_changed(change: torch.Tensor, fraction: float) -> torch.Tensor:
 
 
 def _boost(setting: float, known: int) -> float:
-    """The boost in use: the setting, or (0) the number of models a receiver that heard what
-    the attacker heard averages, its own included."""
+    """The boost in use: the setting, or (0) ``known + 1`` (see :class:`ModelReplacement`)."""
     return setting if setting > 0 else float(known + 1)
 
 
@@ -61,12 +58,11 @@ def _boost(setting: float, known: int) -> float:
 class ModelReplacement(PlantsBackdoor):
     """Model replacement: the backdoored model's update boosted so that it replaces the average.
 
-    ``L = G + clip(gamma * (X - G))``: ``X`` the model its poisoned step trains from the mean
-    ``G`` of the honest models it knows (as BadNets'), ``gamma = boost`` (0: the number of
-    models it knows + 1, what a receiver that heard the same neighbours averages, so that its
-    average lands near ``X``), ``clip`` scaling the update down to norm ``norm_bound`` when
-    longer (0: no bound). With ``norm_bound`` it is the constrain-and-scale form that stays
-    under a defence's norm bound (give it the defence's bound: the attack does not read it).
+    ``L = G + clip(gamma * (X - G))``: ``X`` its poisoned step from the mean ``G`` of the honest
+    models it knows (as BadNets'); ``gamma = boost`` (0: the number of models it knows + 1, what a
+    receiver that heard the same neighbours averages, so its average lands near ``X``); ``clip``
+    scales the update down to norm ``norm_bound`` when longer (0: none), the constrain-and-scale
+    form under a defence's norm bound (give it the defence's bound: the attack does not read it).
     The note keeps the boost and the update's norm before and after the bound.
 
     Source: Bagdasaryan, Veit, Hua, Estrin and Shmatikov, "How To Backdoor Federated
@@ -74,10 +70,8 @@ class ModelReplacement(PlantsBackdoor):
     McMahan, "Can You Really Backdoor Federated Learning?", 2019, and Wang et al., "Attack of
     the Tails", NeurIPS 2020 (the update projected into the norm ball).
 
-    THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders'
-    pool with ``attack.colluding``) and holds ``samples`` rows of the training set drawn by its
-    own seed, plus the scenario's model, input shape and learning rate; it does not know the
-    defence (a norm bound is a setting). Every receiver gets the same message.
+    THREAT MODEL: as :class:`~dfedrw.peer.attacks.backdoor.BadNets` (the models it received,
+    its own sample; not the defence: a norm bound is a setting). The same message to all.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(data=_DATA)
@@ -103,22 +97,20 @@ class ModelReplacement(PlantsBackdoor):
 class DistributedBackdoor(PlantsBackdoor):
     """Distributed backdoor (DBA): each colluder plants one part of the trigger.
 
-    The trigger's patch is cut into as many bands of rows as there are colluders
-    (:meth:`~dfedrw.peer.attacks.backdoor.Trigger.part`); colluder ``i`` (by its place among
-    the sorted colluders) poisons its rows with band ``i`` only, trains as BadNets does and
-    sends ``G + gamma * (X - G)`` (``boost`` ``gamma``; 1: none). The honest clients are
-    measured with the whole trigger, which no colluder ever sent: the parts add up in the
-    models. Every colluder computes the same split from the colluders' list (one plan; its note
-    keeps its part and the colluders). ``trigger_size`` must be at least the number of
-    colluders.
+    The trigger's patch is cut into one band of rows per colluder
+    (:meth:`~dfedrw.peer.attacks.backdoor.Trigger.part`); colluder ``i`` (its place among the
+    sorted colluders) poisons its rows with band ``i`` only, trains as BadNets does and sends
+    ``G + gamma * (X - G)`` (``boost`` ``gamma``; 1: none). The honest clients are measured with
+    the whole trigger, which no colluder sent: the parts add up in the models. Every colluder
+    computes the same split from the colluders' list (its note keeps its part and the
+    colluders); ``trigger_size`` must be at least the number of colluders.
 
     Source: Xie, Huang, Chen and Li, "DBA: Distributed Backdoor Attacks against Federated
     Learning", ICLR 2020.
 
-    THREAT MODEL: colludes (``attack.colluding = true``: the colluders pool the honest models
-    they received and share one data sample); holds ``samples`` rows of the training set, plus
-    the scenario's model, input shape and learning rate; it does not know the defence. Every
-    receiver gets the same message.
+    THREAT MODEL: as :class:`~dfedrw.peer.attacks.backdoor.BadNets`, colluding
+    (``attack.colluding = true``: the colluders pool the honest models they received and share
+    one data sample). Every receiver gets the same message.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(models="pooled", data=_DATA, colludes=True)
@@ -152,23 +144,20 @@ class DistributedBackdoor(PlantsBackdoor):
 class Neurotoxin(PlantsBackdoor):
     """Neurotoxin: the backdoor's update kept off the coordinates the honest models change most.
 
-    The honest clients' change of the last round is estimated as ``G - G_prev`` (the mean of
-    the models it knows now and in its previous round, the view's ``reference``); its
-    ``mask_fraction`` largest coordinates by magnitude are the ones honest training keeps
-    rewriting. The attacker's update ``X - G`` (its poisoned step, as BadNets') is zeroed there
-    and sent as ``G + gamma * masked`` (``boost`` ``gamma``): written into coordinates the
-    honest clients seldom touch, the backdoor outlasts the attack. In its first round (no
-    reference yet) nothing is masked. Here the mask is applied to the whole update once, not to
-    each SGD step (the same for one local step). The note keeps how many coordinates were
-    masked.
+    The honest clients' last change is estimated as ``G - G_prev`` (the mean of the models it
+    knows now and in its previous round, the view's ``reference``); its ``mask_fraction``
+    largest coordinates by magnitude are those honest training keeps rewriting. The attacker's
+    update ``X - G`` (its poisoned step, as BadNets') is zeroed there and sent as
+    ``G + gamma * masked`` (``boost`` ``gamma``): written where the honest clients seldom write,
+    the backdoor outlasts the attack. In its first round (no reference) nothing is masked. The
+    mask is applied to the whole update once, not to each SGD step (the same for one local
+    step). The note keeps how many coordinates were masked.
 
     Source: Zhang, Panda, Song, Yang, Mahoney, Gonzalez, Ramchandran and Mahoney, "Neurotoxin:
     Durable Backdoors in Federated Learning", ICML 2022.
 
-    THREAT MODEL: knows the models its honest neighbours sent it this round and last round (the
-    colluders' pool with ``attack.colluding``) and holds ``samples`` rows of the training set,
-    plus the scenario's model, input shape and learning rate; it does not know the defence.
-    Every receiver gets the same message.
+    THREAT MODEL: as :class:`~dfedrw.peer.attacks.backdoor.BadNets`, and the models it knew last
+    round; it does not know the defence. Every receiver gets the same message.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(data=_DATA)

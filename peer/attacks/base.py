@@ -17,17 +17,14 @@ its settings (``[attack.NAME]``), as for rules. It comes in one of two shapes:
 :func:`craft_round` runs either shape on an :class:`AttackView`; the Byzantine client process,
 the torchrun rank and the batched engine all call it, so an attack behaves the same in each.
 
-**What an attacker knows** is declared, not assumed. Every attack class carries a
-:class:`ThreatModel` (``threat_model`` class attribute, shown by ``dfedrw list``): which models
-it sees (those its neighbours sent it, or the pool of its colluders), whether it holds data
-and which, whether it knows the defence, whether it colludes. Knowledge beyond the models comes
-from the running system through constructor parameters of reserved names (as a rule gets
-``num_byzantine``), passed only to a constructor that has them:
+**What an attacker knows** is declared, not assumed: every attack class carries a
+:class:`ThreatModel` (its ``threat_model``, shown by ``dfedrw list``). Knowledge beyond the
+models comes from the running system through constructor parameters of reserved names (as a
+rule gets ``num_byzantine``), passed only to a constructor that has them:
 
 * ``defence``: the aggregation rule the honest clients run, built from the scenario's
   ``[aggregation]`` as a receiver builds it (per-client overrides are not seen);
-* ``attacker_data``: the attacker's own data sample (:class:`AttackerData`), drawn from the
-  training set by its own seed so that honest shards do not change when an attack needs data;
+* ``attacker_data``: the attacker's own data sample (:class:`AttackerData`);
 * ``num_clients``, ``num_byzantine``, ``lr``, ``total_rounds``: as for rules;
 * ``round_window``: how many rounds ahead a receiver buffers (``network.round_window``).
 """
@@ -72,12 +69,11 @@ class ThreatModel:
     """What an attack knows and does, as ``dfedrw list`` and its docstring state it.
 
     ``models``: ``"received"`` (the models its honest neighbours sent it this round) or
-    ``"pooled"`` (every honest model any of its colluders received this round);
-    ``data``: what data it holds (``""``: none); ``defence``: it knows the rule the honest
-    clients run and its settings; ``colludes``: it needs colluding partners
-    (``attack.colluding = true``) and agrees a plan with them each round; ``tailored``: it
-    may send each receiver a different message (when False, a per-receiver attack is called
-    once a round and its message goes to every receiver: see :func:`craft_round`)."""
+    ``"pooled"`` (every honest model any of its colluders received this round); ``data``: what
+    data it holds (``""``: none); ``defence``: it knows the rule the honest clients run and its
+    settings; ``colludes``: it needs colluding partners (``attack.colluding = true``) and agrees
+    a plan with them each round; ``tailored``: it may send each receiver a different message
+    (when False a per-receiver attack is called once a round, see :func:`craft_round`)."""
 
     models: str = "received"
     data: str = ""
@@ -116,14 +112,13 @@ def threat_model_of(cls: Any) -> ThreatModel | None:
 class AttackView:
     """What one Byzantine client knows when it crafts round ``round``'s messages.
 
-    ``received [len(senders), D]``: the round-``round`` models its honest neighbours
-    ``senders`` sent it (rows in that order, senders sorted). ``receivers``: the honest
-    neighbours it sends to, one message each. ``colluders``: the colluding Byzantine clients,
-    itself included (empty when it acts alone); ``pool [len(pool_senders), D]``: every honest
-    model of this round that any of them received, once per sender (sorted), itself included
-    (None when it acts alone). ``reference``: the mean of the models it knew in the previous
-    round (its estimate of where the honest models stood before this round's local step);
-    None in its first round or when it knew none then. ``total_rounds``: T.
+    ``received [len(senders), D]``: the round-``round`` models its honest neighbours ``senders``
+    sent it (rows in that order, senders sorted). ``receivers``: the honest neighbours it sends to,
+    one message each. ``colluders``: the colluding Byzantine clients, itself included, and
+    ``pool [len(pool_senders), D]``: every honest model of this round any of them received, once
+    per sender (sorted); empty and None when it acts alone. ``reference``: the mean of the models
+    it knew in the previous round (its estimate of where the honest models stood before this
+    round's local step); None in its first round or when it knew none then. ``total_rounds``: T.
     """
 
     round: int
@@ -157,8 +152,7 @@ class AttackView:
         return self.pool is not None
 
     def known(self) -> tuple[tuple[int, ...], torch.Tensor]:
-        """(senders, models) of every honest model it knows: the pool when colluding, else
-        what it received."""
+        """(senders, models) it knows: the pool when colluding, else what it received."""
         if self.pool is not None:
             return self.pool_senders, self.pool
         return self.senders, self.received
@@ -166,10 +160,9 @@ class AttackView:
 
 @dataclass(frozen=True)
 class Crafted:
-    """A round's messages, one per receiver (None: silent to it), and a note for the record
-    (JSON-ready: numbers, strings, lists, dicts). ``extra``: messages labelled with other
-    rounds, sent besides, receiver -> ((round label, message), ...): stale or far-future
-    messages a receiver's intake must drop (the flooding attacks)."""
+    """A round's messages, one per receiver (None: silent to it), and a JSON-ready note for the
+    record. ``extra``: messages labelled with other rounds, sent besides, receiver -> ((round
+    label, message), ...): stale or far-future ones a receiver's intake must drop (flooding)."""
 
     messages: Mapping[int, torch.Tensor | None]
     note: Mapping[str, Any] = field(default_factory=dict)
@@ -195,15 +188,13 @@ class RoundAttack(Protocol):
 def craft_round(attack: Any, view: AttackView, generator: torch.Generator) -> Crafted:
     """The round's messages of ``attack`` for every receiver of ``view``, whichever its shape.
 
-    A per-round attack's ``plan`` is called once; a per-receiver attack is called for each
-    receiver in order, on every model it knows (:meth:`AttackView.known`: the colluders' pool
-    when it colludes). A per-receiver attack whose declared threat model is not ``tailored``
-    (every receiver gets the same message) is called once, for the first receiver, and that
-    message goes to all of them; one that declares nothing is called for each. A tailored one
-    may offer ``for_receivers(received, receivers, generator) -> [message, ...]``: the messages
-    its calls for the receivers in turn would give (the same draws, the same bits), computing
-    what they share once (the Gaussian attack's centre); it is called in their place.
-    Messages are checked: a float tensor of ``D`` values, or None."""
+    A per-round attack's ``plan`` is called once. A per-receiver attack sees every model it knows
+    (:meth:`AttackView.known`: the colluders' pool when it colludes); if its declared threat model
+    is not ``tailored`` it is called once, for the first receiver, and that message goes to all.
+    Otherwise it is called for each receiver in order, or once through its ``for_receivers(received,
+    receivers, generator) -> [message, ...]`` if it has one: the messages those calls would give
+    (the same draws, the same bits), what they share computed once (the Gaussian attack's centre).
+    Each message must be a float tensor of ``D`` values or None."""
     if hasattr(attack, "plan"):
         crafted = attack.plan(view, generator)
         if not isinstance(crafted, Crafted):
@@ -254,13 +245,12 @@ class AttackerData:
     """A Byzantine client's own data sample, for attacks that declare they hold data.
 
     ``samples(n)`` are ``n`` rows of the scenario's training set drawn without replacement by the
-    attacker's own seed (so the honest partition, hence every honest shard, is the same whether
-    or not an attack holds data); ``evaluate(n)`` scores candidate models on them, returning
-    ``{"accuracy": [C], "loss": [C]}`` as a client's auxiliary evaluator does. ``input_shape``:
-    the data set's shape of one input (``(channels, height, width)`` for images; rows come
-    flattened), for attacks that place a trigger. Nothing is loaded
-    until an attack asks. ``load(n) -> (x, y)`` and ``evaluator(x, y) -> evaluate`` come from
-    the running system (the transport-free client code)."""
+    attacker's own seed (so every honest shard is the same whether or not an attack holds data);
+    ``evaluate(n)`` scores candidate models on them as a client's auxiliary evaluator does
+    (``{"accuracy": [C], "loss": [C]}``). ``input_shape``: one input's shape (``(channels,
+    height, width)`` for images; rows come flattened), for attacks that place a trigger. Nothing
+    is loaded until an attack asks. ``load(n) -> (x, y)`` and ``evaluator(x, y) -> evaluate``
+    come from the running system (the transport-free client code)."""
 
     def __init__(
         self,

@@ -28,15 +28,14 @@ class Omission(Checked):
     """Omission: silent to every receiver in chosen rounds, a benign-looking model otherwise.
 
     Round ``t`` is silent when ``start <= t`` (and ``t < stop`` when ``stop`` is set) and
-    ``t % every == phase``. In the other rounds every receiver gets the same message, by
-    ``otherwise``: ``"mean"``: ``mean(B)``; ``"gaussian"``: ``mean(B) + std * z``,
-    ``z ~ N(0, I_D)`` drawn once per round; ``B`` = :meth:`AttackView.known` (the colluders'
-    pool with ``attack.colluding``). It is silent too when it knows no model (nothing to
-    imitate). The note records ``silent`` (and, when silent without being scheduled, why).
+    ``t % every == phase``, or when it knows no model (nothing to imitate). Otherwise every
+    receiver gets, by ``otherwise``, ``"mean"``: ``mean(B)``; ``"gaussian"``: ``mean(B) + std *
+    z``, ``z ~ N(0, I_D)`` drawn once per round; ``B`` = :meth:`AttackView.known`. The note
+    records ``silent`` (and, when silent without being scheduled, why).
 
-    Defaults (``every = 2``, ``phase = 0``): silent in even rounds, the mean in odd ones,
-    which a deadline-based round protocol must ride out without stalling; ``every = 1`` is
-    silent in every round of the window, a crash between ``start`` and ``stop``.
+    Defaults (``every = 2``, ``phase = 0``): silent in even rounds, the mean in odd ones, which a
+    deadline-based round protocol must ride out without stalling; ``every = 3, phase = 1``: silent
+    in rounds 1, 4, 7, ...; ``every = 1``: a crash between ``start`` and ``stop``.
 
     Source: the omission failure (a process that fails to send some of its messages), the
     mildest fault in the hierarchy below Byzantine behaviour: Perry and Toueg, "Distributed
@@ -46,12 +45,6 @@ class Omission(Checked):
     THREAT MODEL: knows the models its neighbours sent it this round (the pool when
     colluding) and the round number; does not know the defence; the same message to every
     receiver. Colluding, each colluder draws its own noise (:func:`colluder_generator`).
-
-    Example::
-
-        attack = Omission(every=3, phase=1, otherwise="gaussian", std=0.01)
-        crafted = attack.plan(view, torch.Generator().manual_seed(0))
-        crafted.note["silent"]  # True in rounds 1, 4, 7, ...
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel()
@@ -112,32 +105,23 @@ class Flood(Checked):
     ``t`` and, by ``kind``, ``copies`` more copies of it labelled
 
     * ``"stale"``: ``t - lag``, a round every receiver has passed (skipped while ``t < lag``);
-    * ``"future"``: ``t + round_window + 2 + lead``, beyond the rounds any receiver buffers
-      (a receiver is in round ``t`` or ``t + 1`` when it gets them, and keeps
-      ``round_window`` rounds ahead of its own);
-    * ``"both"``: ``copies`` of each.
+    * ``"future"``: ``t + round_window + 2 + lead``, beyond the rounds any receiver buffers (it
+      is in round ``t`` or ``t + 1`` when it gets them, and keeps ``round_window`` ahead);
+    * ``"both"``: ``copies`` of each (one copy, ``round_window = 2``: ``((t - 1, m), (t + 4, m))``).
 
     A receiver's intake drops the stale ones (counted as stale) and refuses the future ones
-    (``future_round``): neither is ever aggregated. The attack makes the intake's bounds
-    reproducible in a scenario: with ``copies`` within a sender's per-round allowance
-    (``round_window + 2`` messages a round, the real one included) every copy reaches the
-    intake; past it the gRPC server refuses the excess as ``rate_limited`` and shuts the sender
-    out for a while, which depends on timing. Silent when it knows no model. The note records
-    how many copies of each kind it sent.
+    (``future_round``): neither is ever aggregated. The attack makes these bounds reproducible:
+    with ``copies`` within a sender's per-round allowance (``round_window + 2`` messages, the
+    real one included) every copy reaches the intake; past it the gRPC server refuses the excess
+    as ``rate_limited`` and shuts the sender out for a while, which depends on timing. Silent
+    when it knows no model. The note records how many copies of each kind it sent.
 
     Source: the replay and flooding behaviour a deadline-based round protocol must bound
     (DESIGN: "messages for future rounds are buffered, stale ones dropped"); the intake that
     bounds it is :class:`~dfedrw.peer.transport.inbox.Inbox` with the gRPC server's call limits.
 
-    THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders' pool
-    with ``attack.colluding``) and the receivers' round window from the scenario; holds no
-    data; does not know the defence; every receiver gets the same messages.
-
-    Example::
-
-        attack = Flood(kind="both", copies=1, round_window=2)
-        crafted = craft_round(attack, view, torch.Generator().manual_seed(0))
-        crafted.extra[receiver]              # ((t - 1, m), (t + 4, m))
+    THREAT MODEL: the models its honest neighbours sent it this round (the pool when colluding) and
+    the receivers' round window; no data; not the defence; the same messages to every receiver.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel()

@@ -1,17 +1,14 @@
 """The classic attacks: each crafts one message per receiver from the models it received.
 
 A Byzantine client holds no data (paper, section "Experiments", following Zhang et al. 2024 and
-Ye et al. 2023). Each round it receives the round-t models its neighbours sent it and crafts
-one message per receiver::
-
-    message = attack(received, receiver, generator)  # received: float32 [n, D], n may be 0
-                                                     # message: float32 [D], or None = silent
+Ye et al. 2023); each round it crafts one message per receiver from the round-t models its
+neighbours sent it (the per-receiver shape of :mod:`~dfedrw.peer.attacks.base`).
 
 Threat model shared by all attacks here (each class's ``threat_model`` says it again):
 
-* Knowledge: only the models its neighbours sent it this round (``received``). It does not
-  know the receiver's own model, the receiver's other neighbours, or any benign model it was
-  not sent. ``n == 0`` means it knows nothing this round.
+* Knowledge: only the models its neighbours sent it this round (``received``); not the
+  receiver's own model, its other neighbours, or any benign model it was not sent. ``n == 0``:
+  it knows nothing this round.
 * No collusion by default: with ``attack.colluding = true`` the running system passes the
   colluders' pooled models as ``received`` (see :func:`~dfedrw.peer.attacks.base.craft_round`).
 * Randomness comes only from the explicit ``generator``: one call draws fresh values, so two
@@ -19,7 +16,7 @@ Threat model shared by all attacks here (each class's ``threat_model`` says it a
 * ``receiver`` is part of the interface so an attack *may* tailor messages per receiver (the
   authors' code does); the attacks here use it for nothing beyond the fresh noise per call.
 
-This module is pure tensor code (no transport); the Byzantine process wires it to the network.
+Pure tensor code (no transport); the Byzantine process wires it to the network.
 """
 
 from __future__ import annotations
@@ -93,17 +90,14 @@ _GAUSSIAN_CENTERS = ("received_mean", "zero")
 class Gaussian(Checked):
     """Gaussian attack: a random model around a centre.
 
-    ``message = c + std * z``, ``z ~ N(0, I_D)`` drawn from ``generator``;
-    ``c = mean(received)`` for ``center="received_mean"`` (the authors' code: mean of the benign
-    models + 30 * N(0, I)), ``c = 0`` for ``center="zero"`` (paper text: updates from
-    N(0, 30^2)). With nothing received the centre is 0 whatever ``center`` says.
+    ``message = c + std * z``, ``z ~ N(0, I_D)`` drawn from ``generator``; ``c = mean(received)``
+    for ``center="received_mean"`` (the authors' code: benign mean + 30 * N(0, I)), ``c = 0`` for
+    ``center="zero"`` (paper text: updates from N(0, 30^2)) and whenever nothing was received.
 
     Source: paper, section "Byzantine Attack Robustness" (GA), after Fang et al. 2024 and
     Ye et al. 2023; default ``std = 30``.
 
-    THREAT MODEL: knows only the models its neighbours sent it this round (for the centre);
-    no collusion; fresh noise for every receiver (one draw per call); does not know the
-    receiver's own model.
+    THREAT MODEL: the module's (the received models give the centre); fresh noise per receiver.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(tailored=True)
@@ -123,9 +117,8 @@ class Gaussian(Checked):
     def for_receivers(
         self, received: torch.Tensor, receivers: Sequence[int], generator: torch.Generator
     ) -> list[torch.Tensor]:
-        """The messages of one call per receiver, in turn (the same draws from ``generator``, the
-        same bits), the centre computed once for all of them: see
-        :func:`~dfedrw.peer.attacks.base.craft_round`."""
+        """What one call per receiver in turn gives (the same draws, the same bits), the centre
+        computed once: see :func:`~dfedrw.peer.attacks.base.craft_round`."""
         for receiver in receivers:
             check_int("Gaussian", "receiver", receiver)
         if not receivers:
@@ -135,8 +128,7 @@ class Gaussian(Checked):
         centred = self.center == "received_mean" and count > 0
         if in_blocks(dim):
             # A big model: each message made in place of its noise, a block of coordinates at a
-            # time, the centre too (the same steps on each coordinate as below: no float64 copy
-            # of the messages, nor of the received models or their mean).
+            # time, the centre too (the same steps as below, but no float64 copy of it all).
             for block in column_blocks(dim):
                 centre = _mean(received[:, block]) if centred else None
                 for z in noise:
@@ -156,16 +148,12 @@ class Gaussian(Checked):
 class SignFlip(_FromReceived):
     """Sign-flipping attack: the benign models' mean scaled by a negative factor.
 
-    ``message = scale * mean(received)``, default ``scale = -10``; silent (None) if nothing
-    was received.
+    ``message = scale * mean(received)``, default ``scale = -10``; nothing received: silent (None).
 
-    Source: paper, section "Byzantine Attack Robustness" (S-F: local model weights x -10),
-    after Ye et al. 2023. The attacker holds no model of its own, so the received mean stands
-    in for "the benign model".
+    Source: paper, section "Byzantine Attack Robustness" (S-F: local model weights x -10), after
+    Ye et al. 2023; the received mean stands in for the attacker's missing "benign model".
 
-    THREAT MODEL: knows only the models its neighbours sent it this round; no collusion;
-    deterministic, every receiver gets the same message; does not know the receiver's own
-    model.
+    THREAT MODEL: the module's; deterministic, the same message to every receiver.
     """
 
     threat_model: ClassVar[ThreatModel] = _ALONE
@@ -209,18 +197,15 @@ class ALIE(_FromReceived):
     """"A Little Is Enough": shift the benign mean by z standard deviations per coordinate.
 
     ``message_j = mean_j(received) - z * std_j(received)`` (population std, ``correction=0``;
-    with one received model std = 0 and the message is that model); silent (None) if nothing
-    was received. ``z = None`` uses ``z_max`` from :func:`alie_z_max` with ``num_clients``
-    (all nodes, benign + Byzantine; paper: 12) and ``num_byzantine`` (paper: 2), which are
-    only read in that case. The value in use is ``z_used``.
+    one received model has std 0 and is the message); nothing received: silent (None).
+    ``z = None`` uses ``z_max`` of :func:`alie_z_max` with ``num_clients`` (all nodes, benign +
+    Byzantine; paper: 12) and ``num_byzantine`` (paper: 2), read only then. In use: ``z_used``.
 
     Source: Baruch, Baruch, Goldberg, "A Little Is Enough: Circumventing Defenses for
     Distributed Learning", NeurIPS 2019; paper, section "Byzantine Attack Robustness" (ALIE).
 
-    THREAT MODEL: estimates mean and std from the models its neighbours sent it this round
-    only (the original attack assumes knowledge of all benign updates); no collusion;
-    deterministic, every receiver gets the same message; does not know the receiver's own
-    model.
+    THREAT MODEL: the module's (mean and std from the models it received, where the original
+    knows every benign update); deterministic, the same message to every receiver.
     """
 
     threat_model: ClassVar[ThreatModel] = _ALONE
@@ -254,12 +239,11 @@ class ALIE(_FromReceived):
 class IPM(_FromReceived):
     """Inner product manipulation: send the benign mean reversed and shrunk by epsilon.
 
-    ``message = -epsilon * mean(received)``, default ``epsilon = 0.1``; silent (None) if
-    nothing was received. On gradients, which are small, a small epsilon keeps the message
-    close to the benign ones (distance-based rules such as Krum or the median let it through)
-    while its inner product with the true mean is negative. On models, as here, the message
-    lies about ``(1 + epsilon) ||mean||`` from the benign models, far outside their spread:
-    distance-based rules drop it, and it harms the rules that do not measure distance.
+    ``message = -epsilon * mean(received)``, default ``epsilon = 0.1``; nothing received: silent
+    (None). On gradients, which are small, a small epsilon keeps it close to the benign ones (Krum
+    or the median let it through) while its inner product with the true mean is negative; on
+    models, as here, it lies about ``(1 + epsilon) ||mean||`` from the benign models, far outside
+    their spread: distance-based rules drop it, and it harms those that do not measure distance.
 
     Source: Xie, Koyejo and Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD by Inner
     Product Manipulation", UAI 2019 (PMLR 115, 2020), where the Byzantine workers send
@@ -267,9 +251,7 @@ class IPM(_FromReceived):
     as in He, Karimireddy and Jaggi's decentralized experiments (ClippedGossip, 2022), applied
     to the models a client received.
 
-    THREAT MODEL: knows only the models its neighbours sent it this round; no collusion;
-    deterministic, every receiver gets the same message; does not know the receiver's own
-    model.
+    THREAT MODEL: the module's; deterministic, the same message to every receiver.
     """
 
     threat_model: ClassVar[ThreatModel] = _ALONE

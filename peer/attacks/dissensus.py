@@ -31,40 +31,30 @@ class Dissensus(Checked):
         message_k = x_k + epsilon * r_k * (x_k - mean_{j in O_k} x_j)
 
     ``O_k``: every other honest model the attacker knows (:meth:`AttackView.known` without
-    ``k``: what it received, or the colluders' pool with ``attack.colluding``), its stand-in for
-    ``k``'s honest neighbours, whom it cannot see. ``r_k`` by ``scale``:
-    ``"neighbour_counts"`` (default): ``|O_k| / |C|``, ``C`` the colluders (just itself when
-    alone), its estimate of (``k``'s honest neighbours) / (``k``'s Byzantine neighbours);
-    ``"none"``: 1. Attackers acting alone each count only themselves, so a receiver next to
-    two of them is pushed by both, twice the push of the formula below; colluders divide it.
+    ``k``), its stand-in for ``k``'s honest neighbours, whom it cannot see. ``r_k`` by ``scale``:
+    ``"neighbour_counts"`` (default): ``|O_k| / |C|``, ``C`` the colluders (itself when alone),
+    its estimate of (``k``'s honest neighbours) / (``k``'s Byzantine neighbours); ``"none"``: 1.
+    Attackers acting alone each count only themselves, so a receiver next to two of them is
+    pushed twice as hard as the formula below says; colluders divide it.
 
     Why: He, Karimireddy and Jaggi's attacker sends good worker ``i`` the value
     ``x_i - epsilon * sum_{k in H_i} W_ik (x_k - x_i) / sum_{b in B_i} W_ib`` (``H_i``/``B_i``:
     ``i``'s honest/Byzantine neighbours, ``W`` the gossip weights), so that ``i``'s gossip step
-    becomes ``x_i + (1 - epsilon) sum_{k in H_i} W_ik (x_k - x_i)``: ``epsilon = 1`` cancels
-    the pull towards the neighbours, ``epsilon > 1`` reverses it. With uniform weights over
-    ``i``'s candidates that is ``x_i + epsilon * |H_i| / |B_i| * (x_i - mean_{H_i} x_k)``, the
-    formula above when the attacker's estimates are exact. With ``scale="none"`` ``epsilon``
-    carries the ratio ``|H_k| / |B_k|`` itself.
+    becomes ``x_i + (1 - epsilon) sum_{k in H_i} W_ik (x_k - x_i)``: ``epsilon = 1`` cancels the
+    pull towards the neighbours, ``epsilon > 1`` reverses it. With ``W`` uniform over ``i``'s
+    candidates that is ``x_i + epsilon * |H_i| / |B_i| * (x_i - mean_{H_i} x_k)``, the formula
+    above with exact estimates; with ``scale="none"`` ``epsilon`` carries ``|H_k| / |B_k|``.
 
     Fallbacks: silent (None) to a receiver whose model it did not get (it cannot tailor the
-    push); ``x_k`` itself when it knows no other honest model (nothing to push away from).
+    push); ``x_k`` itself when it knows no other honest model. The note lists those ``pushed``.
 
     Sources: He, Karimireddy and Jaggi, "Byzantine-robust Decentralized Learning via
-    ClippedGossip", 2022 (the dissensus attack; their experiments use
-    ``epsilon = 1.5``); Gaucher, Dieuleveut and Hendrikx, "Unified Breakdown Analysis for
-    Byzantine Robust Gossip", ICML 2025 (the same attack against robust gossip rules).
+    ClippedGossip", 2022 (the dissensus attack; ``epsilon = 1.5`` in their experiments); Gaucher,
+    Dieuleveut and Hendrikx, "Unified Breakdown Analysis for Byzantine Robust Gossip", ICML 2025.
 
-    THREAT MODEL: knows the models its neighbours sent it this round (the colluders' pool with
-    ``attack.colluding``), so each receiver's own model; not the receiver's neighbourhood nor its
-    gossip weights (estimated as above); does not know the defence. Tailors each receiver's
-    message; deterministic. The paper's attacker knows the whole graph and every model.
-
-    Example::
-
-        attack = Dissensus(epsilon=1.5)
-        crafted = attack.plan(view, torch.Generator().manual_seed(0))
-        crafted.note["pushed"]  # receivers whose own model it had
+    THREAT MODEL: the models its neighbours sent it this round (the pool when colluding), so each
+    receiver's own; not the receiver's neighbourhood or gossip weights (estimated as above), nor the
+    defence. Tailored, deterministic; the paper's attacker knows the whole graph and every model.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(tailored=True)

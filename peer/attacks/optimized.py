@@ -1,20 +1,16 @@
-"""Optimised model-poisoning attacks: messages pushed as far from the benign models as a robust
-rule lets them go.
+"""Optimised model poisoning: messages pushed as far from the benign models as a robust rule allows.
 
 * :class:`MinMax` and :class:`MinSum` (Shejwalkar and Houmansadr, NDSS 2021): the benign mean
   moved along a chosen perturbation by the largest step that keeps the message no farther from
   the benign models than they are from each other (AGR-agnostic attacks).
 * :class:`FangTrimmedMean` and :class:`FangMedian` (Fang, Cao, Jia and Gong, USENIX Security
-  2020): per coordinate, values just beyond the benign extreme on the side opposite to the way
-  the benign models move.
+  2020): per coordinate, values just beyond the benign extreme, against the benign models' move.
 
-All are per-round attacks (``plan`` on an :class:`~dfedrw.peer.attacks.base.AttackView`). Their
-benign set is :meth:`AttackView.known`: the models the attacker received this round, or the
-colluders' pool with ``attack.colluding = true``. The papers work on gradients (updates); a
-model-space attacker reads "update" as the models' move away from ``view.reference`` (the mean
-of what it knew last round), which is the closest thing to a benign update it can observe.
-
-Pure tensor code (no transport); maths in float64, messages float32.
+All are per-round attacks (``plan`` on an :class:`~dfedrw.peer.attacks.base.AttackView`) whose
+benign set ``B`` is :meth:`AttackView.known` (the colluders' pool with ``attack.colluding``). The
+papers work on gradients (updates); a model-space attacker reads "update" as the models' move
+from ``view.reference`` (the mean of what it knew last round), the nearest benign update it can
+observe. Pure tensor code (no transport); maths in float64, messages float32.
 """
 
 from __future__ import annotations
@@ -43,11 +39,10 @@ __all__ = [
 def colluder_generator(view: AttackView, generator: torch.Generator) -> torch.Generator:
     """The generator for draws that must be this attacker's own.
 
-    Alone, ``generator`` itself (already the attacker's own). Colluding, every colluder gets the
-    same round generator so that they can agree a plan; draws that should differ between
-    colluders come from a child generator seeded by the ``i``-th of ``len(colluders)`` seeds
-    drawn from it, ``i`` the attacker's place among the sorted colluders. Each colluder draws
-    the same seeds, so the group's plan stays computable by any of them."""
+    Alone, ``generator`` itself. Colluding, every colluder gets the same round generator (so they
+    can agree a plan); its own draws come from a child seeded by the ``i``-th of
+    ``len(colluders)`` seeds drawn from it, ``i`` its place among the sorted colluders. Each
+    colluder draws the same seeds, so any of them can compute the group's plan."""
     if not view.colluders:
         return generator
     colluders = sorted(view.colluders)
@@ -71,10 +66,9 @@ def search_gamma(fits, gamma_init: float, tau: float) -> float:
     """The largest scale ``gamma`` that ``fits(gamma)`` accepts, by the search of
     Shejwalkar and Houmansadr (NDSS 2021, Algorithm 1).
 
-    Start at ``gamma = gamma_init`` with ``step = gamma_init``; at each step, on success keep
-    ``gamma`` as the best so far and move up by ``step / 2``, on failure move down by
-    ``step / 2``; halve ``step``; stop when the last success and the current ``gamma`` are
-    within ``tau``. The search covers ``(0, 2 * gamma_init)``; 0 if nothing fits.
+    From ``gamma = step = gamma_init``: on success keep ``gamma`` as the best so far and move up
+    by ``step / 2``, else down by ``step / 2``; halve ``step``; stop when the last success and
+    ``gamma`` are within ``tau``. The search covers ``(0, 2 * gamma_init)``; 0 if nothing fits.
 
     Example: ``search_gamma(lambda g: g <= 1.0, 50.0, 1e-5)`` is within 1e-5 below 1.0.
     """
@@ -138,7 +132,6 @@ class _Optimised(Checked):
             # three numbers per benign model, so each step of the search is O(n), not O(n D).
             offsets = mean - benign
             pairwise = torch.cdist(benign, benign).pow(2)
-            # Each subclass states its own acceptance condition (_fits).
             fits = self._fits(offsets, p, pairwise)
             gamma = search_gamma(fits, self.gamma_init, self.tau)
         else:
@@ -161,37 +154,27 @@ def _squared_distances(offsets: torch.Tensor, p: torch.Tensor):
 class MinMax(_Optimised):
     """Min-Max: the benign mean moved along ``p`` as far as the benign models' own spread allows.
 
-    ``message = mean(B) + gamma * p`` with ``gamma`` the largest (found by :func:`search_gamma`
-    from ``gamma_init`` to tolerance ``tau``) such that
-    ``max_i ||message - b_i|| <= max_{i,j} ||b_i - b_j||``: the message is no farther from any
-    benign model than the two most distant benign models are from each other.
-    ``B`` = :meth:`AttackView.known`; ``p`` by ``perturbation``, from the benign update
-    ``u = mean(B) - reference`` (``relative_to="reference"``; ``u = mean(B)`` with
-    ``relative_to="zero"`` or in the first round, when there is no reference):
-    ``"unit_vector"``: ``-u / ||u||``; ``"sign"``: ``-sign(u)``; ``"std"``: ``-std(B)`` per
-    coordinate (sample std; independent of ``relative_to``). A zero ``p`` (one benign model with
-    ``"std"``, ``u = 0``) gives ``gamma = 0``: the mean. Silent (None) when it knows no model.
-    The note records ``gamma``, ``perturbation`` and what ``u`` was measured from.
+    ``message = mean(B) + gamma * p`` with ``gamma`` the largest (:func:`search_gamma` from
+    ``gamma_init`` to tolerance ``tau``) such that ``max_i ||message - b_i|| <= max_{i,j}
+    ||b_i - b_j||``: no farther from any benign model than the two most distant benign ones are
+    from each other. ``p`` by ``perturbation``, from the benign update ``u = mean(B) - reference``
+    (``relative_to="reference"``; ``u = mean(B)`` with ``relative_to="zero"`` or in the first
+    round, with no reference): ``"unit_vector"``: ``-u / ||u||``; ``"sign"``: ``-sign(u)``;
+    ``"std"``: ``-std(B)`` per coordinate (sample std; whatever ``relative_to``). A zero ``p``
+    (one benign model with ``"std"``, ``u = 0``) gives ``gamma = 0``, the mean; silent (None)
+    when it knows no model. The note records ``gamma``, ``perturbation`` and what ``u`` is from.
 
-    ``relative_to="reference"`` is the default because the paper attacks gradients: the benign
-    models minus last round's mean is the update the benign clients made, and reversing it is
-    the paper's attack; ``"zero"`` reverses the models themselves, which shrinks the message
-    towards 0 rather than undoing the round's progress.
+    ``relative_to="reference"`` is the default because reversing the benign update is the
+    paper's attack (see the module); ``"zero"`` reverses the models themselves, which shrinks
+    the message towards 0 rather than undoing the round's progress.
 
     Source: Shejwalkar and Houmansadr, "Manipulating the Byzantine: Optimizing Model Poisoning
     Attacks and Defenses for Federated Learning", NDSS 2021 (AGR-agnostic Min-Max attack;
     search: Algorithm 1; paper and code: ``gamma_init = 50``, ``tau = 1e-5``).
 
-    THREAT MODEL: knows the models its neighbours sent it this round (the colluders' pool with
-    ``attack.colluding``), and the mean of those it knew last round; the paper's attacker knows
-    every benign update. Does not know the defence (the attack is rule-agnostic); every receiver
-    gets the same message; deterministic.
-
-    Example::
-
-        attack = MinMax(perturbation="unit_vector")
-        crafted = attack.plan(view, torch.Generator().manual_seed(0))
-        crafted.note["gamma"]  # the step found this round
+    THREAT MODEL: the models its neighbours sent it this round (the pool when colluding) and last
+    round's mean, where the paper's attacker knows every benign update; not the defence (the
+    attack is rule-agnostic); deterministic, the same message to every receiver.
     """
 
     def _fits(self, offsets, p, pairwise):
@@ -208,25 +191,16 @@ class MinSum(_Optimised):
     ``message = mean(B) + gamma * p`` with ``gamma`` the largest (found by
     :func:`search_gamma`) such that ``sum_i ||message - b_i||^2 <= max_i sum_j ||b_i - b_j||^2``:
     its summed squared distance to the benign models is no larger than a benign model's.
-    ``B``, ``p``, ``relative_to``, the fallbacks and the note as for :class:`MinMax`.
+    ``p``, ``relative_to``, the fallbacks and the note as for :class:`MinMax`.
 
     ``bound``: ``"max"`` (default) is the bound above, as the paper writes it; ``"min"`` takes
     ``min_i`` instead, as the authors' released code (and the libraries built from it) does:
     no larger than the *least* outlying benign model's sum, a smaller ``gamma``.
 
     Source: Shejwalkar and Houmansadr, "Manipulating the Byzantine: Optimizing Model Poisoning
-    Attacks and Defenses for Federated Learning", NDSS 2021 (AGR-agnostic Min-Sum attack;
-    search: Algorithm 1).
+    Attacks and Defenses for Federated Learning", NDSS 2021 (AGR-agnostic Min-Sum; Algorithm 1).
 
-    THREAT MODEL: as :class:`MinMax`: the models its neighbours sent it this round (the pool
-    when colluding) and last round's mean; does not know the defence; the same message to every
-    receiver; deterministic.
-
-    Example::
-
-        attack = MinSum(perturbation="std")
-        crafted = attack.plan(view, torch.Generator().manual_seed(0))
-        message = crafted.messages[view.receivers[0]]
+    THREAT MODEL: as :class:`MinMax`'s.
     """
 
     bound: str = "max"
@@ -244,9 +218,7 @@ class MinSum(_Optimised):
 
 
 def _fang_bounds(benign: torch.Tensor, direction: torch.Tensor, b: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per coordinate, the interval Fang et al. draw from: beyond the benign maximum where the
-    benign models move down (s_j = -1), beyond the benign minimum where they move up (s_j = +1).
-    Coordinates with s_j = 0 get the degenerate interval at the benign mean."""
+    """Per coordinate, the interval :class:`FangTrimmedMean` draws from (the mean where s_j = 0)."""
     high, low = benign.max(dim=0).values, benign.min(dim=0).values
     s = torch.sign(direction)
     # s_j = -1: [w_max, b w_max] if w_max > 0, else [w_max, w_max / b].
@@ -267,38 +239,27 @@ class FangTrimmedMean(Checked):
     """Fang et al.'s full-knowledge attack on the trimmed mean: values beyond the benign extremes.
 
     Per coordinate, beyond the benign extreme on the side the benign models are not moving to:
-    ``s_j = sign(mean_j(B) - reference_j)`` (``sign(mean_j(B))`` in the first round, when there
-    is no reference): the way the benign models move coordinate ``j``. For ``s_j = -1`` the
-    message's coordinate is drawn uniformly from ``[w_max_j, b * w_max_j]`` when
-    ``w_max_j > 0``, else from ``[w_max_j, w_max_j / b]``; for ``s_j = +1`` from
-    ``[w_min_j / b, w_min_j]`` when ``w_min_j > 0``, else from ``[b * w_min_j, w_min_j]``;
-    ``w_max_j``/``w_min_j`` the largest/smallest benign value of coordinate ``j``. Where
-    ``s_j = 0`` (no move to oppose) the coordinate is the benign mean. ``B`` =
-    :meth:`AttackView.known`; ``b > 1`` (paper: 2). Silent (None) when it knows no model.
+    ``s_j = sign(mean_j(B) - reference_j)`` (``sign(mean_j(B))`` in the first round, with no
+    reference) is the way they move coordinate ``j``. For ``s_j = -1`` the coordinate is drawn
+    uniformly from ``[w_max_j, b * w_max_j]`` when ``w_max_j > 0``, else from
+    ``[w_max_j, w_max_j / b]``; for ``s_j = +1`` from ``[w_min_j / b, w_min_j]`` when
+    ``w_min_j > 0``, else from ``[b * w_min_j, w_min_j]``; ``w_max_j``/``w_min_j`` the
+    largest/smallest benign value of coordinate ``j``. Where ``s_j = 0`` (no move to oppose) it
+    is the benign mean. ``b > 1`` (paper: 2). Silent (None) when it knows no model. The note
+    counts the coordinates ``moving_up`` and ``moving_down`` (the way the benign models move).
 
-    Draws: one uniform vector per receiver (in ``view.receivers`` order), so each receiver
-    gets its own message. Colluding, each colluder draws independently: its draws come from
-    :func:`colluder_generator` (its own child of the group's round generator), so two colluders
-    never send a shared receiver the same values. The paper samples the interval; we sample it
-    uniformly in value.
+    Draws: one uniform vector per receiver (in ``view.receivers`` order; uniform in value, where the
+    paper only says it samples the interval). Colluders draw from :func:`colluder_generator` (each
+    its own child of the round generator), so two never send a shared receiver the same values.
 
-    Source: Fang, Cao, Jia and Gong, "Local Model Poisoning Attacks to Byzantine-Robust
-    Federated Learning", USENIX Security 2020, section 4 (attack on trimmed mean, full
-    knowledge; paper: ``b = 2``). In the paper ``s_j`` is the sign of the change of the global
-    model without attack; a decentralised attacker estimates it from the benign mean's move
-    since the previous round.
+    Source: Fang, Cao, Jia and Gong, "Local Model Poisoning Attacks to Byzantine-Robust Federated
+    Learning", USENIX Security 2020, section 4 (attack on trimmed mean, full knowledge; paper:
+    ``b = 2``). There ``s_j`` is the sign of the global model's change without attack; a
+    decentralised attacker estimates it from the benign mean's move since the previous round.
 
-    THREAT MODEL: "full knowledge" in the paper means every benign model; here only the models
-    its neighbours sent it this round (the colluders' pool with ``attack.colluding``) and the
-    mean of those it knew last round. Built against the trimmed mean but reads none of the
-    defence's settings. A fresh draw per receiver (tailored); does not know the receiver's
-    own model beyond what that receiver sent.
-
-    Example::
-
-        attack = FangTrimmedMean(b=2.0)
-        crafted = attack.plan(view, torch.Generator().manual_seed(0))
-        crafted.note["moving_up"]  # coordinates pushed down this round
+    THREAT MODEL: the paper's "full knowledge" is every benign model; here the models its
+    neighbours sent it this round (the pool when colluding) and last round's mean. Built against
+    the trimmed mean but reads none of the defence's settings. A fresh draw per receiver.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(tailored=True)
@@ -338,23 +299,13 @@ class FangTrimmedMean(Checked):
 class FangMedian(FangTrimmedMean):
     """Fang et al.'s full-knowledge attack on the median: the trimmed-mean attack's values.
 
-    The paper attacks the median with the very construction it uses for the trimmed mean
-    (section 4, "Attacking median"): per coordinate ``j``, values drawn from beyond the benign
-    maximum (``[w_max_j, b w_max_j]`` or ``[w_max_j, w_max_j / b]``) where the benign models
-    move down, beyond the benign minimum (``[w_min_j / b, w_min_j]`` or
-    ``[b w_min_j, w_min_j]``) where they move up; see :class:`FangTrimmedMean` for ``s_j``, the
-    draws and the fallbacks. A name of its own so a scenario says which rule it targets.
+    The paper attacks the median with its trimmed-mean construction (section 4, "Attacking median"):
+    per coordinate ``j``, values drawn beyond the benign maximum where the benign models move down
+    and beyond the minimum where they move up, the intervals, ``s_j``, the draws and the fallbacks
+    as :class:`FangTrimmedMean`'s. A name of its own so a scenario says which rule it targets.
 
     Source: Fang, Cao, Jia and Gong, "Local Model Poisoning Attacks to Byzantine-Robust
     Federated Learning", USENIX Security 2020, section 4 (paper: ``b = 2``).
 
-    THREAT MODEL: as :class:`FangTrimmedMean`: the models its neighbours sent it this round (the
-    pool when colluding) and last round's mean; reads none of the defence's settings; a fresh
-    draw per receiver.
-
-    Example::
-
-        attack = FangMedian()
-        crafted = attack.plan(view, torch.Generator().manual_seed(0))
-        message = crafted.messages[view.receivers[0]]
+    THREAT MODEL: as :class:`FangTrimmedMean`'s.
     """

@@ -1,9 +1,8 @@
 """Data poisoning: the attacker trains on data it corrupted and sends the model it gets.
 
-Unlike the model-crafting attacks, the message here is an honestly trained model, only on
-poisoned labels: it moves the way a gradient step moves, so it looks like an honest client's
-update far more than a scaled or noisy model does, while pulling the receivers toward a
-classifier that confuses the classes it swapped.
+Unlike the crafted attacks, the message is a model honestly trained on poisoned labels: it moves
+as a gradient step moves, so it looks far more like an honest update than a scaled or noisy model
+does, while pulling the receivers toward a classifier that confuses the classes it swapped.
 """
 
 from __future__ import annotations
@@ -82,29 +81,21 @@ class LabelFlip(TrainsOnItsSample):
 
     ``flip``: ``"reverse"`` (``y -> C - 1 - y``) or ``"shift"`` (``y -> (y + 1) mod C``);
     ``eta = lr_scale * lr`` (``lr``: the honest clients' learning rate, supplied by the running
-    system; 0.01, the paper's, when built by hand); minibatches ``B`` of
-    ``batch_size`` rows walk a permutation of the sample seeded from the round's ``generator``
-    (so equal seeds replay exactly). The steps are the project's own local training
-    (:class:`~dfedrw.peer.learning.training.LocalTrainer` on the scenario's model), so the message is
-    what an honest client with those labels would send. The note keeps ``lr``, ``steps`` and
-    the mean minibatch loss on the flipped labels. Nothing known: silent (None to every
-    receiver).
+    system; 0.01, the paper's, when built by hand); minibatches ``B`` of ``batch_size`` rows walk
+    a permutation of the sample seeded from the round's ``generator`` (equal seeds replay
+    exactly). The steps are the project's own local training
+    (:class:`~dfedrw.peer.learning.training.LocalTrainer` on the scenario's model), so the message
+    is what an honest client with those labels would send. The note keeps ``lr``, ``steps`` and
+    the mean minibatch loss on the flipped labels. Nothing known: silent.
 
     Source: Tolpegin, Truex, Gursoy and Liu, "Data Poisoning Attacks Against Federated
     Learning Systems", ESORICS 2020 (label flipping by malicious participants); Fang, Cao, Jia
     and Gong, "Local Model Poisoning Attacks to Byzantine-Robust Federated Learning", USENIX
     Security 2020, use ``C - 1 - y`` as their label-flipping baseline.
 
-    THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders'
-    pool with ``attack.colluding``) and holds ``samples`` rows of the training set drawn by its
-    own seed, plus the scenario's model architecture and learning rate; it does not know the
-    defence. Every receiver gets the same message.
-
-    Example::
-
-        attack = LabelFlip(attacker_data=data, lr=0.01, steps=5, flip="shift")
-        crafted = craft_round(attack, view, torch.Generator().manual_seed(0))
-        crafted.messages[receiver]  # the model after 5 steps on shifted labels
+    THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders' pool
+    with ``attack.colluding``), ``samples`` rows of the training set drawn by its own seed, and
+    the scenario's model and learning rate; not the defence. Every receiver gets the same message.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(data="`samples` rows of the training set drawn by its own seed (setting samples)")
@@ -155,9 +146,8 @@ def train_from_mean(
     evaluator: VectorEvaluator, centre: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int,
     *, lr: float, batch_size: int, steps: int, generator: torch.Generator,
 ) -> tuple[torch.Tensor, float]:
-    """The model ``steps`` SGD steps of the project's local training make from ``centre`` (the
-    float64 mean of the models the attacker knows) on ``(x, y)`` (minibatches walk a
-    permutation seeded from ``generator``), and the mean minibatch loss."""
+    """The model ``steps`` SGD steps of the project's local training make from ``centre`` (float64)
+    on ``(x, y)`` (minibatches walk a permutation seeded from ``generator``), and the mean loss."""
     device = evaluator.data.x.device
     model = copy.deepcopy(evaluator.model.module)
     set_vector(model, centre)

@@ -1,24 +1,21 @@
 """Attacks that know DFedReweighting: they predict a receiver's TPM scores and CRS weights.
 
 A receiver ``k`` scores every candidate (its own model, each neighbour's message) with the TPM
-on its auxiliary data and turns the scores into weights with the CRS. An attacker that knows
-the rule (``defence``) and holds a sample of the training set (``attacker_data``) can play the
-receiver: it builds the candidate set it expects ``k`` to see, scores it with the same TPM on
-its own sample, weighs it with the same CRS, and keeps the most harmful message still predicted
-to get weight. Against a rule without a TPM and a CRS (multi-Krum, BALANCE, ClippedGossip, ...)
-it plays the whole rule instead, with its sample as the receiver's data, and keeps the most
-harmful message the rule is predicted to give weight.
+on its auxiliary data and weighs the scores with the CRS. An attacker that knows the rule
+(``defence``) and holds a sample of the training set (``attacker_data``) plays the receiver: it
+builds the candidate set it expects ``k`` to see, scores and weighs it the same way on its own
+sample, and keeps the most harmful message still predicted to get weight. Against a rule without
+a TPM and a CRS (multi-Krum, BALANCE, ClippedGossip, ...) it plays the whole rule instead, its
+sample standing for the receiver's data.
 
-The weakness both attacks aim at: :class:`~dfedrw.peer.aggregation.crs.LossClippedAtMean`
-clips against the *mean* loss of the candidates, and under the paper's weighting
-(``v_i = m_i / sum_kept m_j``) a kept candidate weighs *more* the higher its loss. So a model
-whose loss sits just under the mean takes the largest share, and one huge loss (a decoy)
-raises the mean that every other candidate is compared against.
+The weakness they aim at: :class:`~dfedrw.peer.aggregation.crs.LossClippedAtMean` clips against
+the *mean* loss of the candidates, and under the paper's weighting (``v_i = m_i / sum_kept m_j``)
+a kept candidate weighs *more* the higher its loss: a model whose loss sits just under the mean
+takes the largest share, and one huge loss (a decoy) raises the mean every other is compared to.
 
-Both attacks search along ``message(lam) = centre + lam * d`` (the harmful direction ``d`` of
-:func:`harmful_direction`) for the largest ``lam`` in ``[0, lam_max]`` still predicted kept
-(:func:`bisect_kept`), then step back by ``margin`` so the receiver's own data, which differs
-from the attacker's sample, is less likely to clip it.
+Each searches along ``message(lam) = centre + lam * d`` (``d`` of :func:`harmful_direction`) for
+the largest ``lam`` in ``[0, lam_max]`` still predicted kept (:func:`bisect_kept`), then steps
+back by ``margin``, since the receiver's own data, not the attacker's sample, decides the clip.
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ def harmful_direction(direction: str, centre: torch.Tensor, known: torch.Tensor,
     * ``"away"``: ``d = reference - mean(known)``, undoing the round's progress (``lam = 1``
       goes back to last round's mean); ``"reverse"`` when there is no reference yet.
 
-    Example: ``harmful_direction("reverse", torch.tensor([1.0, -2.0]), known, None)`` is
-    ``[-1, 2]``.
+    Example: ``harmful_direction("reverse", torch.tensor([1.0, -2.0]), known, None)``: ``[-1, 2]``.
     """
     check_choice("harmful_direction", "direction", direction, DIRECTIONS)
     centre = centre.to(torch.float64)
@@ -76,8 +72,7 @@ def bisect_kept(kept: Callable[[float], bool], lam_max: float, steps: int) -> fl
     none kept: 0) and ``hi = lam_max``, ``steps`` halvings of ``[lo, hi]`` keeping ``kept(lo)``
     and not ``kept(hi)``; returns ``lo``, within ``lam_max / 2**steps`` below the boundary.
 
-    Example: ``bisect_kept(lambda lam: lam <= 0.3, 1.0, 3)``: 0.5 no, 0.25 yes, 0.375 no ->
-    0.25.
+    Example: ``bisect_kept(lambda lam: lam <= 0.3, 1.0, 3)``: 0.5 no, 0.25 yes, 0.375 no -> 0.25.
     """
     if kept(lam_max):
         return lam_max
@@ -133,8 +128,7 @@ class _Prediction:
 
 @dataclass(frozen=True)
 class _Tuned(Checked):
-    """What both attacks share: the defence's TPM and CRS, the sample, the search along
-    ``centre + lam * d``."""
+    """What the attacks share: the defence, the sample, the search along ``centre + lam * d``."""
 
     defence: Any = None
     attacker_data: Any = None
@@ -181,9 +175,8 @@ class _Tuned(Checked):
         parts = _defence_parts(type(self).__name__, self.defence)
         candidates = torch.cat([fixed, sent[None].expand(copies, -1)])
         if parts is None:
-            # Any other rule is played whole, as a receiver whose own model is the first
-            # known one, with the attacker's sample standing in for its data; the round is
-            # unknown to the prediction (a rule whose radius decays with t/T sees t = 0).
+            # Played whole, as a receiver whose own model is the first known one and whose data
+            # is the attacker's sample; the round is unknown (a radius decaying in t/T sees t = 0).
             count = len(candidates)
             agg = self.defence(
                 RoundInputs(own_id=0, round=0, ids=tuple(range(count)), vectors=candidates, num_samples=(1,) * count, evaluate=evaluate)
@@ -219,8 +212,7 @@ class _Tuned(Checked):
         return colluders, Crafted(messages, {"role": "alone", **note})
 
     def _alone(self, view: AttackView, tailored: bool) -> tuple[dict[int, torch.Tensor | None], dict[str, Any]]:
-        """The single-attacker plan: each receiver is predicted to weigh the honest models known
-        and this message."""
+        """A lone attacker's plan: each receiver predicted to weigh the known models and it."""
         self._check_supplied()
         senders, known = _finite_known(view)
         if len(known) == 0:
@@ -260,39 +252,30 @@ class TPMAware(_Tuned):
         lam*   = max {lam in [0, lam_max] : v(lam) > 0}   (bisection, ``steps`` halvings)
         send m(lam* * (1 - margin)) to every receiver
 
-    Under the paper's loss clipping (``LossClippedAtMean``, weights proportional to the loss
-    among the candidates at or below the mean loss) the weight grows with the loss up to the
-    clip, so ``lam*`` is both the most harmful kept model and the one of largest weight; under
-    the inverse-loss weighting it is the most harmful kept one. With ``tailored = true`` a
-    receiver whose own model it knows gets ``w_k + lam_k * d_k``, ``lam_k`` predicted on that
-    centre (``d_k = -w_k`` for "reverse"). The note keeps ``lam``, the predicted weight and
-    score. Nothing known: silent (None to every receiver). If no ``lam`` is predicted kept
-    (:func:`bisect_kept` tries 0 and a grid), it sends the centre (``lam = 0``) and notes the
-    weight predicted for it.
+    Under the paper's loss clipping the weight grows with the loss up to the clip (see the
+    module), so ``lam*`` is both the most harmful kept model and the one of largest weight; under
+    inverse-loss weighting only the former. With ``tailored = true`` a receiver whose own
+    model it knows gets ``w_k + lam_k * d_k``, ``lam_k`` predicted on that centre (``d_k = -w_k``
+    for "reverse"). The note keeps ``lam``, the predicted weight and score. Nothing known:
+    silent. No ``lam`` predicted kept (:func:`bisect_kept` tries 0 and a grid): it sends the
+    centre (``lam = 0``) and notes the weight predicted for it.
 
-    Source: the search for the largest scale of a fixed perturbation that the known
-    aggregation rule still accepts follows Shejwalkar and Houmansadr, "Manipulating the
-    Byzantine: Optimizing Model Poisoning Attacks and Defenses for Federated Learning", NDSS
-    2021 (their AGR-tailored attack, with the inverse-unit, inverse-std and inverse-sign
-    perturbations), and the full-knowledge setting of Fang, Cao, Jia and Gong, "Local Model
-    Poisoning Attacks to Byzantine-Robust Federated Learning", USENIX Security 2020; the rule
-    predicted is Zhang, Yin, Yang and Xu, "DFedReweighting: A Unified Framework for
-    Objective-Oriented Reweighting in Decentralized Federated Learning", eq.
-    (combination-loss). Against a rule without a TPM and a CRS, ``v(lam)`` is the weight the
-    whole rule gives ``m(lam)`` beside ``W`` (the first known model standing for the receiver's
-    own, the sample for its data).
+    Source: the search for the largest scale of a fixed perturbation the known rule still accepts
+    follows Shejwalkar and Houmansadr, "Manipulating the Byzantine: Optimizing Model Poisoning
+    Attacks and Defenses for Federated Learning", NDSS 2021 (their AGR-tailored attack, with the
+    inverse-unit, inverse-std and inverse-sign perturbations), and the full-knowledge setting of
+    Fang, Cao, Jia and Gong, "Local Model Poisoning Attacks to Byzantine-Robust Federated Learning",
+    USENIX Security 2020; the rule predicted is Zhang, Yin, Yang and Xu, "DFedReweighting: A Unified
+    Framework for Objective-Oriented Reweighting in Decentralized Federated Learning", eq.
+    (combination-loss).
 
-    THREAT MODEL: knows the models its honest neighbours sent it this round (the colluders'
-    pool with ``attack.colluding``), the defence (its TPM and CRS, or the whole rule) with its settings, and holds
-    ``samples`` rows of the training set drawn by its own seed, on which it plays the receiver
-    (the receiver's own auxiliary set is unknown to it, hence ``margin``). It does not know
-    the receiver's own model unless that receiver sent it one. Deterministic.
+    THREAT MODEL: the models its honest neighbours sent it this round (the pool when colluding),
+    the defence (its TPM and CRS, or the whole rule) with its settings, and ``samples`` rows of
+    the training set drawn by its own seed, on which it plays the receiver, whose auxiliary set
+    and own model (unless sent) it does not know: hence ``margin``. Deterministic.
 
-    Example::
-
-        attack = TPMAware(defence=build_rule("dfedreweighting", "loss", "loss_clip_mean"),
-                          attacker_data=data, direction="alie")
-        crafted = craft_round(attack, view, torch.Generator().manual_seed(0))
+    Example: ``TPMAware(defence=build_rule("dfedreweighting", "loss", "loss_clip_mean"),
+    attacker_data=data, direction="alie")``.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(data=_DATA, defence=True, tailored=True)
@@ -323,40 +306,28 @@ class DecoyStealth(_Tuned):
         lam*   = max {lam : CRS(TPM([W; m_dec; m(lam)], A))[-1] > 0} * (1 - margin)
         decoy sends m_dec, every other colluder (stealth) sends m(lam*)
 
-    Under ``LossClippedAtMean`` the decoy's loss is far above the mean and is clipped, but it
-    drags the mean up with it, so the stealth model is kept with a loss far above every honest
-    loss, and under the paper's weighting (proportional to the loss) takes most of the weight.
-    ``send_decoy = false`` is the control: the decoy stays silent while the stealth model is
-    still tuned to the threshold the decoy would have raised; a receiver then clips it.
+    Under ``LossClippedAtMean`` the decoy is clipped but drags the mean loss up, so the stealth
+    model is kept with a loss far above every honest one and, weighted in proportion to the loss,
+    takes most of the weight. ``send_decoy = false`` is the control: the decoy stays silent while
+    the stealth model is still tuned to the threshold it would have raised; a receiver clips it.
 
     The note of each colluder: ``role`` ("decoy" | "stealth"), ``decoy`` (its id), ``lam``,
     ``predicted_weight`` and ``predicted_score`` of the stealth model, ``decoy_score``, and
-    ``plan``, a short digest of (round, pool senders, decoy, lam): equal digests in the records
-    show the colluders agreed. The plan uses no randomness. Each colluder predicts on its own
-    sample: the decoy and its model agree exactly, ``lam`` (hence the digest) agrees when the
-    colluders hold the same sample. With one colluder (or ``attack.colluding`` unset) it acts
-    as :class:`TPMAware` (role "alone"); with nothing known it is silent.
+    ``plan``, a digest of (round, pool senders, decoy, lam): equal digests show the colluders
+    agreed (no randomness, one shared sample). With one colluder (or ``attack.colluding`` unset)
+    it acts as :class:`TPMAware` (role "alone"); with nothing known it is silent.
 
-    Source: the attack on the mean threshold is this project's, against Zhang, Yin, Yang and
-    Xu, "DFedReweighting: A Unified Framework for Objective-Oriented Reweighting in
-    Decentralized Federated Learning", eq. (combination-loss); the kept-scale search follows
-    Shejwalkar and Houmansadr, NDSS 2021 (see :class:`TPMAware`); the decoy is the paper's
-    sign-flipping attack (local model weights x -10) with a factor of 100 by default: the
-    larger its loss, the higher the mean it lifts (``decoy_scale = 10`` is the paper's).
+    Source: the attack on the mean threshold is this project's, against the DFedReweighting paper's
+    eq. (combination-loss); the kept-scale search follows Shejwalkar and Houmansadr, NDSS 2021
+    (both cited in :class:`TPMAware`); the decoy is the paper's sign-flipping attack (local model
+    weights x -10) scaled by 100 by default: the larger its loss, the higher the mean it lifts
+    (``decoy_scale = 10`` is the paper's).
 
-    THREAT MODEL: colluding Byzantine clients that pool every honest model any of them
-    received this round, know the defence (its TPM and CRS, or the whole rule) with its settings,
-    and share one sample of ``samples`` rows of the training set (drawn by the colluders' seed,
-    so each computes the same plan); each receiver's candidate set is
-    predicted as the pool, the decoy's model and the stealth model (the receiver's own data and
-    model are unknown to them, hence ``margin``). Every receiver of a colluder gets the same
-    message.
-
-    Example::
-
-        attack = DecoyStealth(defence=build_rule("dfedreweighting", "loss", "loss_clip_mean"),
-                              attacker_data=data)
-        crafted = craft_round(attack, view, torch.Generator().manual_seed(view.round))
+    THREAT MODEL: colluders that pool every honest model any of them received this round, know the
+    defence (its TPM and CRS, or the whole rule) with its settings, and share a sample of
+    ``samples`` training rows (drawn by the colluders' seed, so each computes the same plan); a
+    receiver's candidates are predicted as the pool, the decoy and the stealth model (its own data
+    and model are unknown, hence ``margin``). A colluder's receivers all get the same message.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(
@@ -418,32 +389,26 @@ class ColludingTwins(_Tuned):
 
     ``RULE`` is the defence played whole (or its TPM and CRS), the first pooled model standing
     for the receiver's own, the shared sample for its data. Aimed at a distance stage
-    (:class:`~dfedrw.peer.aggregation.screened.ScreenedReweighting`, multi-Krum): Krum's score
-    sums a candidate's distances to its nearest others, and ``|B|`` equal copies are each
-    other's nearest at distance 0, so each copy counts ``|B| - 1`` honest distances fewer and
-    the copies go further from the honest models before the screen drops them. A receiver next
-    to only one colluder sees one copy: the prediction is then optimistic, hence ``margin``.
+    (:class:`~dfedrw.peer.aggregation.screened.ScreenedReweighting`, multi-Krum): Krum's score sums
+    a candidate's distances to its nearest others, and ``|B|`` equal copies are each other's
+    nearest at distance 0, so each counts ``|B| - 1`` honest distances fewer and they go further
+    before the screen drops them (optimistic where a receiver sees one copy: hence ``margin``).
 
     The note of each colluder: ``role`` ("twin"), ``copies``, ``lam``, ``predicted_weight``,
-    ``predicted_score`` and ``plan``, a short digest of (round, pool senders, lam): equal
-    digests in the records show the colluders agreed. No randomness. With one colluder (or
-    ``attack.colluding`` unset) it acts as :class:`TPMAware` (role "alone"); with nothing known
-    it is silent.
+    ``predicted_score`` and ``plan``, a digest of (round, pool senders, lam) as
+    :class:`DecoyStealth`'s. No randomness. With one colluder (or ``attack.colluding`` unset) it
+    acts as :class:`TPMAware` (role "alone"); with nothing known it is silent.
 
     Source: this project's, against the Krum screen; the copies that lower each other's Krum
     scores are the "omniscient" colluders of Blanchard et al., NeurIPS 2017 and El Mhamdi,
     Guerraoui and Rouault, ICML 2018, and the kept-scale search is Shejwalkar and
     Houmansadr's, NDSS 2021 (see :class:`TPMAware`).
 
-    THREAT MODEL: as :class:`DecoyStealth`: colluders that pool every honest model any of them
-    received this round, know the defence with its settings, and share one sample of
-    ``samples`` rows of the training set. Every receiver of a colluder gets the same message.
+    THREAT MODEL: as :class:`DecoyStealth`'s (the pool, the defence with its settings, one shared
+    sample). Every receiver of a colluder gets the same message.
 
-    Example::
-
-        attack = ColludingTwins(defence=build_rule("multi_krum", rule_params={"num_byzantine": 2}),
-                                attacker_data=data, direction="alie")
-        crafted = craft_round(attack, view, torch.Generator().manual_seed(view.round))
+    Example: ``ColludingTwins(defence=build_rule("multi_krum", rule_params={"num_byzantine": 2}),
+    attacker_data=data, direction="alie")``.
     """
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(

@@ -2,12 +2,10 @@
 
 A scenario is frozen dataclasses read from TOML (:mod:`.scenario`, one section each in
 :mod:`.sections` and :mod:`.aggregation`), every key checked as it is read (:mod:`.checks`,
-:mod:`.tables` for a class's own settings table, :mod:`.legacy` for the flat keys of earlier
-versions), ``--set KEY=VALUE`` overrides (:mod:`.overrides`), and the settings a run would
-ignore (:mod:`.unused`). It imports the registries to check names and settings; the objects a
-scenario names are built by :mod:`dfedrw.peer.wiring`.
-
-The scenario's API is importable from here: ``from dfedrw.peer.config import load_scenario``.
+:mod:`.tables` for a class's own settings table, :mod:`.legacy` for the old flat keys), ``--set``
+overrides (:mod:`.overrides`), and the settings a run would ignore (:mod:`.unused`). It imports the
+registries to check names and settings; :mod:`dfedrw.peer.wiring` builds what a scenario names. Its
+API is importable from here (``from dfedrw.peer.config import load_scenario``).
 """
 
 from dfedrw.peer.config.checks import ScenarioError

@@ -1,6 +1,5 @@
 """The [aggregation] and [attack] sections of a scenario: which rule, TPM, CRS and attack, each
-class's settings tables, how they are parsed (flat keys of earlier versions included) and
-checked by building every class once, and how they are written back."""
+class's settings tables, how they are parsed (old flat keys included), checked and written back."""
 
 from __future__ import annotations
 import dataclasses
@@ -19,10 +18,8 @@ from dfedrw.peer.config.tables import (
 )
 from dfedrw.peer.config.checks import MAX_CLIENTS, MAX_ROUNDS, check_choice_of, check_flag, check_in_range, coerce_value
 
-# What Byzantine clients may report as the scores they measured (attack.scores).
-SCORE_LIES = ("none", "frame", "praise", "frame_one", "invert")
-# When Byzantine clients attack within their window (attack.strike).
-STRIKES = ("schedule", "trusted")
+SCORE_LIES = ("none", "frame", "praise", "frame_one", "invert")  # attack.scores
+STRIKES = ("schedule", "trusted")  # attack.strike
 
 
 @dataclass(frozen=True)
@@ -35,9 +32,9 @@ class AttackConfig:
     # The Byzantine clients act as one group: each round they pool the honest models they
     # received over their own authenticated channel and agree one plan before they send.
     colluding: bool = False
-    # The attack window: the Byzantine clients attack in rounds start .. stop - 1 (stop = 0: to
-    # the last round); before and after it each sends the mean of the honest models it knows
-    # (a client that free-rides and harms no one), so a backdoor's durability can be measured.
+    # The attack window: rounds start .. stop - 1 (stop = 0: to the last round); outside it each
+    # Byzantine client sends the mean of the honest models it knows (a free-rider that harms no
+    # one), so a backdoor's durability can be measured.
     start: int = 0
     stop: int = 0
     # On-off within the window (period = 0: attack every round of it): of each `period` rounds
@@ -45,10 +42,10 @@ class AttackConfig:
     # defence that keeps trust over rounds is tested against an attacker that earns it back.
     period: int = 0
     on: int = 0
-    # What the Byzantine clients report with their models as the scores they measured
-    # (peer/round/byzantine.py, reported_scores): "none", "frame" (every honest neighbour
-    # scored far worse than themselves), "praise" (themselves far better than every honest one),
-    # "frame_one" (one honest neighbour far worse than everyone), "invert" (both at once).
+    # The scores the Byzantine clients report with their models (peer/round/byzantine.py,
+    # reported_scores): "none", "frame" (every honest neighbour far worse than themselves),
+    # "praise" (themselves far better than every honest one), "frame_one" (one honest neighbour
+    # far worse than everyone), "invert" (both at once).
     scores: str = "none"
     # When they attack within the window: "schedule" (every round of it, or its on-off parts);
     # "trusted" (reputation then strike, peer/round/byzantine.py, Standing): a client behaves
@@ -118,9 +115,8 @@ class AggregationConfig:
     rule: str = "dfedreweighting"
     tpm: str = "loss"
     crs: str = "loss_clip_mean"
-    # What rules that take num_byzantine (trimmed_mean, krum, multi_krum, ...) are told about
-    # the number of Byzantine neighbours: -1 = the client's true count (an oracle the
-    # experimenter has), else this number.
+    # The number of Byzantine neighbours rules taking num_byzantine (trimmed_mean, krum, ...) are
+    # told: -1 = the client's true count (an oracle the experimenter has), else this number.
     assumed_byzantine: int = -1
     rule_params: Params = ()
     tpm_params: Params = ()
@@ -259,9 +255,8 @@ def _checked(registry: Registry, name: str, params: Mapping[str, Any], supplied:
 
 def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, seed: int = 0, total_rounds: int = 0) -> None:
     """Check every rule, TPM and CRS ``cfg`` configures (its own and every settings table given),
-    with the values the running system supplies stood in for, so a bad setting fails with one
-    line naming its key. Builds none of the built-in classes (see :meth:`Registry.check`); a
-    plugin's rule that takes a TPM and a CRS is given the ones in use, built."""
+    with stand-ins for what the running system supplies, so a bad setting fails with one line
+    naming its key; no built-in class is built (:meth:`Registry.check`, :func:`_scoring_parts`)."""
     supplied: dict[str, Any] = {"num_byzantine": num_byzantine, "lr": lr, "seed": seed, "total_rounds": total_rounds}
     for kind in ("tpm", "crs", "rule"):
         registry = KIND_REGISTRY[kind]
@@ -271,9 +266,8 @@ def check_aggregation(cfg: AggregationConfig, *, num_byzantine: int, lr: float, 
 
 
 def _scoring_parts(cfg: AggregationConfig, rule: str, supplied: Mapping[str, Any]) -> dict[str, Any]:
-    """What rule ``rule`` is given for its TPM and CRS while it is checked: nothing for a class
-    that checks its settings alone (they are objects the running system supplies), the TPM and
-    CRS in use, built, for any other (a plugin's, built to be checked)."""
+    """The TPM and CRS rule ``rule`` is given while checked: None for a ``Checked`` class (they
+    are supplied objects), else the ones in use, built (a plugin's rule is built to be checked)."""
     cls = KIND_REGISTRY["rule"].resolve(rule)
     if isinstance(cls, type) and issubclass(cls, Checked):
         return {"tpm": None, "crs": None}
@@ -285,10 +279,9 @@ def check_attack(
     round_window: int = 2,
 ) -> None:
     """Check the attack in use (when there are Byzantine clients) and every settings table given
-    (see :meth:`Registry.check`). What only a running Byzantine client has is stood in for: its
-    data sample by one that loads nothing (an attack touches its data in its rounds, not when it
-    is built), the defence it may be told by None (``defence``: the honest clients' rule, where
-    the caller has one)."""
+    (see :meth:`Registry.check`), with stand-ins for what only a running Byzantine client has: a
+    data sample that loads nothing (an attack touches its data in its rounds, not when built) and
+    ``defence`` (the honest clients' rule where the caller has one, else None)."""
     names = dict.fromkeys([*([cfg.name] if cfg.name != "none" else []), *thaw(cfg.attack_params)])
     knowledge = {"lr": lr, "total_rounds": total_rounds, "defence": defence, "attacker_data": _NO_DATA, "round_window": round_window}
     for name in names:
@@ -321,8 +314,7 @@ def attack_table(cfg: AttackConfig) -> dict[str, Any]:
 
 def attack_head(cfg: AttackConfig) -> dict[str, Any]:
     """The attack's name and the settings of its own section that differ from their defaults
-    (colluding, the window, the scores it reports): files and identities of runs without them
-    stay as they were."""
+    (colluding, the window, the scores): runs without them keep their files and identities."""
     return {
         "name": cfg.name,
         **({"colluding": True} if cfg.colluding else {}),

@@ -43,17 +43,15 @@ def check_in_range(key: str, value: float, lo: float, hi: float, *, open_lo: boo
 # thousand is already far past what one machine or a compose cluster can hold; the batched
 # engine, whose memory grows with clients x parameters only, goes to tens of thousands.
 MAX_CLIENTS = 65_536
-# Edges of a drawn graph (each a model sent both ways every round). Past this a dense graph of
-# many clients (Erdos-Renyi at the default rho, or complete) is not a run that ends: drawing it
-# alone takes minutes and gigabytes.
+# Edges of a drawn graph, each a model sent both ways every round. Past it a dense graph of many
+# clients (Erdos-Renyi at the default rho, or complete) takes minutes and gigabytes to draw.
 MAX_EDGES = 10_000_000
 
 
 MAX_ROUNDS = 10_000_000
 
 
-# A magnitude no learning rate, noise scale or coefficient comes near; it only keeps
-# arithmetic finite.
+# No learning rate, noise scale or coefficient comes near it; it only keeps arithmetic finite.
 MAX_MAGNITUDE = 1e6
 
 
@@ -92,10 +90,9 @@ def coerce_value(key: str, value: Any, type_name: str) -> Any:
     return value
 
 
-# Tables and arrays nested deeper than this are refused where TOML is read. A scenario or grid
-# needs a handful of levels (a setting's list in [peers.K.aggregation.crs_params.NAME] is at
-# the sixth); past a few hundred, Python's parser and every walk of a table (copies,
-# comparisons, the TOML writer) run out of stack and end in a RecursionError, not a message.
+# Deeper tables and arrays are refused where TOML is read: a scenario or grid needs a handful of
+# levels (a list in [peers.K.aggregation.crs_params.NAME] is at the sixth), and past a few hundred
+# the parser and every walk of a table run out of stack (a RecursionError, not a message).
 MAX_NESTING = 32
 
 

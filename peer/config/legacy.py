@@ -8,9 +8,8 @@ from typing import Any
 from dfedrw.peer.config.tables import Params, SettingsTables, default_of, thaw, toml_value
 
 
-# The flat keys of earlier versions -> (kind, class name, setting) of the place they now have,
-# in the order the old [aggregation] and [attack] tables listed them. A legacy value spelled
-# as in LEGACY_UNSET means "the class's default" (None).
+# Old flat key -> (kind, class name, setting) where it now lives, in the old [aggregation] and
+# [attack] tables' order; a value spelled as in LEGACY_UNSET means the class's default (None).
 LEGACY: dict[str, tuple[str, str, str]] = {
     "aggregation.temperature": ("crs", "softmax", "temperature"),
     "aggregation.accuracy_scale": ("crs", "softmax", "scale"),

@@ -23,22 +23,20 @@ A scenario file has the sections below (every key optional; defaults in the data
     [peers.K.aggregation]  per-client overrides of any [aggregation] key or table for client K
     [peers.K] speed        client K's compute speed (train.speed for the others)
 
-A rule, TPM, CRS or attack is a class registered by name (peer/registry.py) or an
-import path ``module:Class``; its constructor's parameters are its settings, set in its own
-table (``[aggregation.balance] gamma = 2``, ``[attack.alie] z = 1.5``) and checked by the class.
-Loading a scenario builds every rule, TPM, CRS and attack it configures once, so a bad value
-fails here with one line, in every entry point. The flat keys of earlier versions
+A rule, TPM, CRS or attack is a class registered by name (peer/registry.py) or an import path
+``module:Class``; its constructor's parameters are its settings, set in its own table
+(``[aggregation.balance] gamma = 2``, ``[attack.alie] z = 1.5``) and checked by the class when the
+scenario loads, so a bad value fails with one line in every entry point. The old flat keys
 (``aggregation.balance_gamma``, ``attack.std``, ...: :mod:`peer.config.legacy`) are still read,
-and a scenario's identity (:func:`scenario_changes`) is written with them where they exist, so runs
-of earlier versions keep their folder hashes.
+and a run's identity (:func:`scenario_changes`) is written with them where they exist, so old
+runs keep their folder hashes.
 
 Unknown keys and bad values raise :class:`ScenarioError` naming the key and the valid choices.
-The sections other than [aggregation] and [attack] are :mod:`peer.config.sections`'s; each
-class's settings table is parsed by :mod:`peer.config.tables`; ``--set`` by :mod:`peer.config.overrides`.
-Every number has a checked range (NaN and infinity are refused): the bounds are far beyond any
-useful experiment and are there so that a typo fails at load with one line instead of
-exhausting memory, overflowing gRPC's int32 message limits or running for ever.
-TOML has no null, so "unset" string options use the empty string.
+The sections other than [aggregation] and [attack] are :mod:`peer.config.sections`'s, settings
+tables :mod:`peer.config.tables`'s, ``--set`` :mod:`peer.config.overrides`'s. Every number has a
+checked range (NaN and infinity are refused), far beyond any useful experiment, so that a typo
+fails at load with one line instead of exhausting memory, overflowing gRPC's int32 message limits
+or running for ever. TOML has no null, so "unset" string options use the empty string.
 """
 
 from __future__ import annotations
@@ -136,8 +134,6 @@ class Scenario:
             raise ScenarioError(
                 "attack.strike = \"trusted\": an attacker reads its standing in the scores its neighbours report; set network.share_scores = true"
             )
-        # Every distinct rule's settings and the attack's, checked with stand-ins for what the
-        # running system supplies, so a bad setting fails at load time, not inside client k.
         for cfg in configs:
             told = cfg.assumed_byzantine if cfg.assumed_byzantine >= 0 else self.topology.byzantine
             check_aggregation(cfg, num_byzantine=told, lr=self.train.lr, seed=0, total_rounds=self.rounds)
@@ -151,8 +147,7 @@ class Scenario:
         return self.topology.num_clients
 
     def speed_of(self, client: int) -> float:
-        """Client ``client``'s compute speed: its [peers.K] speed, else train.speed, or with
-        train.speed_spread its seeded draw from [speed * (1 - spread), speed]."""
+        """Client ``client``'s speed: [peers.K] speed, else train.speed or its speed_spread draw."""
         if client in self.speeds:
             return self.speeds[client]
         t = self.train
@@ -164,8 +159,7 @@ class Scenario:
 
     @property
     def paced(self) -> bool:
-        """Whether any client runs slower than the machine (train.speed or a [peers.K] speed
-        below 1, or speeds drawn with train.speed_spread)."""
+        """Whether any client runs slower than the machine (a speed below 1, or speeds drawn)."""
         return self.train.speed < 1.0 or self.train.speed_spread > 0 or any(v < 1.0 for v in self.speeds.values())
 
     @property
@@ -175,8 +169,7 @@ class Scenario:
         return self.links.emulates or self.paced or self.clock != ClockConfig()
 
     def aggregation_for(self, client: int) -> AggregationConfig:
-        """The aggregation settings of one client: [aggregation] with its [peers.K] overrides
-        (parsed when the scenario was made)."""
+        """Client ``client``'s aggregation settings: [aggregation] with its [peers.K] overrides."""
         return self._aggregations.get(client, self.aggregation)
 
 
@@ -194,9 +187,8 @@ _SECTIONS: dict[str, type] = {
     "engine": EngineConfig,
 }
 _TOP_SCALARS = ("seed", "rounds")
-# Sections that choose a class by name and hold its settings tables [SECTION.NAME]:
-# section -> (the kind of class, the field holding the tables). [aggregation] and [attack]
-# are among them but have parsers of their own (peer/config/aggregation.py).
+# Section -> (kind, field holding its settings tables [SECTION.NAME]) of the sections that choose
+# a class by name; [aggregation] and [attack] have their own parsers (peer/config/aggregation.py).
 _CLASS_TABLES = {k.section: (k.name, k.field) for k in KINDS if not k.nested}
 
 
@@ -314,8 +306,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                 # Only the tables given: a scenario without any is written as before.
                 out[name].update(settings_tables(out[name].pop(_CLASS_TABLES[name][1])))
             if name == "topology":
-                # Written only when set: a scenario with a fixed graph and random placement is
-                # written as before.
+                # Written only when set: a fixed graph with random placement is written as before.
                 schedule, tables = out[name].pop("schedule"), out[name].pop("schedule_params")
                 if schedule:
                     out[name]["schedule"] = schedule
@@ -368,13 +359,10 @@ def _identity_dict(scenario: Scenario) -> dict[str, Any]:
 
 
 def scenario_changes(scenario: Scenario) -> dict[str, Any]:
-    """Only the settings that differ from the built-in defaults, as a nested table.
-
-    A run's identity: it stays the same when a later version adds a key whose default keeps
-    the old behaviour, so finished runs stay valid across such versions. Settings that had a
-    flat key in earlier versions (:data:`LEGACY`) are written with it, so a scenario that
-    earlier versions could express keeps its identity byte for byte.
-    """
+    """Only the settings that differ from the built-in defaults, as a nested table: a run's
+    identity, unchanged (and finished runs valid) when a new key's default keeps the old
+    behaviour. Settings that had a flat key (:data:`LEGACY`) are written with it, so an old
+    scenario keeps its identity byte for byte."""
 
     def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -415,16 +403,14 @@ def dump_scenario(scenario: Scenario, path: str | Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# The environment variable in which a launcher gives its client processes the SHA-256 of the
-# scenario file it validated and wrote for them (:func:`load_validated`).
+# Environment variable: the SHA-256 of the scenario a launcher validated (:func:`load_validated`).
 SCENARIO_DIGEST_ENV = "DFEDRW_SCENARIO_SHA256"
 
 
 def load_validated(path: str | Path, digest: str) -> Scenario:
     """The scenario a launcher validated and wrote with :func:`dump_scenario` (``digest``: what
-    that returned), read without running its checks again: a client process started by a
-    launcher does not build every rule, the attack and the model a second time. A file whose
-    bytes are not the ones the launcher wrote is refused."""
+    that returned), read without its checks, which its client processes need not run again; a
+    file whose bytes are not the ones the launcher wrote is refused."""
     source = Path(path)
     try:
         data = source.read_bytes()

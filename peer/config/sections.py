@@ -1,7 +1,6 @@
-"""The sections of a scenario other than [aggregation] and [attack] (:mod:`peer.config.aggregation`):
-[data], [train], [topology], [network], [links], [eval], [checkpoint] and [engine], each a frozen
-dataclass checked in ``__post_init__`` (each class's settings tables against its registry).
-:mod:`peer.config.scenario` puts them together into a :class:`~dfedrw.peer.config.scenario.Scenario`."""
+"""The sections of a scenario besides [aggregation] and [attack] (:mod:`peer.config.aggregation`),
+each a frozen dataclass checked in ``__post_init__`` (each class's settings tables against its
+registry), which :mod:`peer.config.scenario` puts together into a ``Scenario``."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ class DataConfig:
     partition: str = "iid"
     aux_fraction: float = 0.1
     local_test_size: int = 1000
-    # How labelskew:H gives classes to clients: "cyclic" (every class held by the same number
-    # of clients) or "random" (each client draws H classes).
+    # labelskew:H: "cyclic" (each class held by equally many clients) or "random" (each draws H).
     labelskew_assign: str = "cyclic"
     # Each local step's minibatch augmented (images only): "none", "crop" (padded by
     # augment_padding zeros and cropped back at a random offset) or "crop_flip" (then mirrored
@@ -97,8 +95,7 @@ class TrainConfig:
     # SGD with momentum and weight decay as torch.optim.SGD's; the momentum buffer stays local.
     momentum: float = 0.0
     weight_decay: float = 0.0
-    # The learning rate by round: "constant", "step" (times lr_gamma every lr_step rounds) or
-    # "cosine" (from lr down towards 0 over the rounds).
+    # lr by round: "constant", "step" (times lr_gamma every lr_step rounds), "cosine" (towards 0).
     lr_schedule: str = "constant"
     lr_gamma: float = 0.1
     lr_step: int = 100
@@ -110,8 +107,7 @@ class TrainConfig:
     # difference out after each; 1 = as fast as the machine runs it. [peers.K] speed overrides it.
     speed: float = 1.0
     # Uneven speeds: 0 = every client at train.speed; s in (0, 1) = each client's speed drawn
-    # uniformly from [train.speed * (1 - s), train.speed], seeded by the run's seed and the
-    # client's id. [peers.K] speed still overrides a client's draw.
+    # uniformly from [speed * (1 - s), speed], seeded by the run's seed and the client's id.
     speed_spread: float = 0.0
     # The settings tables [train.NAME] of models (every one given is checked, the named one is used).
     model_params: Params = ()
@@ -139,9 +135,8 @@ class TrainConfig:
 
 
 def check_model(train: TrainConfig, data: DataConfig) -> None:
-    """Check that the model fits the data set's shape, building neither (see
-    :func:`~dfedrw.peer.learning.models.check_model_fits`), so that a model that does not fit the
-    data fails at load time, in one line."""
+    """Refuse, in one line at load time, a model that does not fit the data set's shape, building
+    neither (see :func:`~dfedrw.peer.learning.models.check_model_fits`)."""
     from dfedrw.peer.learning.datasets import input_shape_of
     from dfedrw.peer.learning.models import check_model_fits
 
@@ -208,8 +203,7 @@ class TopologyConfig:
             return
         resolve_class("schedule", self.schedule, "topology.schedule")
         settings = checked_params("schedule", self.schedule, self.schedule_params, where)
-        # Built once with placeholders for the graph and the Byzantine ids, which are drawn
-        # later: a bad setting fails here, with one line.
+        # Built with a placeholder graph and Byzantine ids (drawn later): a bad setting fails here.
         import networkx as nx
 
         supplied = {"num_clients": self.num_clients, "byzantine": frozenset(), "seed": 0, "rho": self.rho, "base": nx.empty_graph(self.num_clients)}
@@ -238,33 +232,27 @@ class NetworkConfig:
     # After this many consecutive missed deadlines a neighbour is presumed gone and no longer
     # waited for (its messages are still accepted if it comes back).
     max_missed_rounds: int = 2
-    # Seconds a neighbour's rounds may stand still (it is stopped or hung) before it no longer
-    # holds back a client that stopped waiting for it: until then such a client does not run
-    # more than round_window rounds ahead of it (peer/client/presence.py).
+    # Seconds a neighbour's rounds may stand still (stopped or hung) before a client that stopped
+    # waiting for it no longer keeps within round_window rounds of it (peer/client/presence.py).
     stall_timeout: float = 60.0
     connect_timeout: float = 120.0
     chunk_bytes: int = 1 << 20
     max_message_bytes: int = 256 << 20
-    # "mutual": every gRPC connection is mutual TLS with the run's own certificates, and a
-    # message's sender is the client its certificate names. "off": plaintext, any process can
-    # claim any id; for debugging only.
+    # "mutual": every gRPC connection is mutual TLS with the run's own certificates, a message's
+    # sender the client its certificate names; "off" (debugging only): plaintext, ids unchecked.
     tls: str = "mutual"
     # Largest parameter magnitude a received model may hold; a message with a larger value is
     # rejected as implausible (finite but huge values would otherwise wreck any averaging rule).
     max_abs_value: float = 1e6
-    # Seconds an incoming call may carry no chunk before the receiver ends it (freeing its slot).
-    # An honest neighbour's call carries a message every round; a sender whose call was idle
-    # for half this long opens a new one for its next message.
+    # Seconds an incoming call may carry no chunk before the receiver ends it, freeing its slot
+    # (honest calls carry a message a round); a sender whose call idled half this long opens anew.
     idle_call_timeout: float = 60.0
-    # Open Push/PushOne calls a receiver allows each sender at once (besides its one Exchange
-    # call); a call beyond is refused at once.
+    # Push/PushOne calls a sender may hold open at once besides its Exchange call (more: refused).
     calls_per_sender: int = 2
-    # With a topology schedule, a client connects to a peer when it first sends to it and
-    # closes a channel that carried nothing for this many seconds (a fixed graph's channels
-    # stay open all run).
+    # With a topology schedule a client connects to a peer on first sending to it and closes a
+    # channel idle this many seconds (a fixed graph's channels stay open all run).
     idle_channel_timeout: float = 120.0
-    # The settings tables [network.NAME] of transports (every one given is checked, the named
-    # one is used).
+    # The transports' settings tables [network.NAME] (every one given is checked, the named used).
     transport_params: Params = ()
     # How a model is encoded on the wire (peer/transport/compression.py): "none" (raw float32),
     # "int8" (stochastic rounding), "topk" (the largest differences, with error feedback).
@@ -272,12 +260,10 @@ class NetworkConfig:
     # The settings tables [network.compression_params.NAME] of compressions.
     compression_params: Params = ()
     # "sync": rounds with a barrier (a client waits for its neighbours' round-t models, up to
-    # round_timeout). "async": asynchronous gossip (peer/client/asynchronous.py): no barrier,
-    # each client steps at its own speed and aggregates with the newest model it holds from
-    # each neighbour.
+    # round_timeout); "async": gossip without one (peer/client/asynchronous.py), each client at
+    # its own speed aggregating the newest model it holds from each neighbour.
     protocol: str = "sync"
-    # Under "async": a held model that arrived more than this many of the receiver's local
-    # steps ago is no longer a candidate (0: every held model is, however old).
+    # "async": a held model older than this many of the receiver's steps is skipped (0: never).
     max_staleness: int = 0
     # Honest clients send with each model their rule's scores of the round before (docs/security.md).
     share_scores: bool = False
@@ -334,9 +320,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    # Each client saves its state (model, round, optimizer and RNG state, counters) into its
-    # results folder every N rounds, and a client started again with the same id resumes from
-    # it; 0 = off (a client started again starts over).
+    # Every N rounds each client saves its state (model, round, optimizer and RNG state, counters)
+    # to its results folder and a restart with its id resumes from it; 0 = off (it starts over).
     every: int = 50
 
     def __post_init__(self) -> None:
@@ -352,21 +337,20 @@ ENGINE_LAYOUTS = ("auto", "loop", "vmap")
 class EngineConfig:
     """How a run is computed; not part of what the experiment is (a run's identity leaves it out).
 
-    ``clients``: every client is its own :class:`~dfedrw.peer.client.client.Client`, a process, a thread
-    or a torchrun rank as ``network.transport`` says: the deployment and the parity reference.
-    ``batched``: one process holds every honest client's model in one tensor and runs each
-    round for all of them at once (no network; deadlines and lost messages on a simulated clock
-    when [links], slow clients or [clock] make time matter), calling the same rule and attack
-    classes; for experiments (sweeps use it unless a sweep names an engine).
-    ``device``: where the models compute ("cpu", "cuda" or "cuda:N"): the batched engine's
-    tensor of models, or each client's model and data (client processes and threads; under
-    torchrun each rank takes a GPU of its own node when there is one). ``threads``:
-    the CPU threads it lets torch use (its products are small: on a busy machine more threads
-    wait on each other more than they help). ``layout``: how the batched engine runs many
-    models without a layer plan (the convolutional ones) at once: ``loop`` (one model after
-    the other), ``vmap`` (``torch.func.vmap``: each layer one grouped call for every model), or
-    ``auto`` (the CPU takes ``loop``, measured the faster there; another device times both
-    before the first round and keeps the faster); the run's summary says which it used.
+    ``clients``: every client is its own :class:`~dfedrw.peer.client.client.Client`, a process, a
+    thread or a torchrun rank as ``network.transport`` says: the deployment and the parity
+    reference. ``batched``: one process holds every honest client's model in one tensor and runs
+    each round for all at once (no network; deadlines and lost messages on a simulated clock when
+    [links], slow clients or [clock] make time matter), calling the same rule and attack classes;
+    for experiments (sweeps use it unless a sweep names an engine). ``device``: where the models
+    compute ("cpu", "cuda" or "cuda:N"): the batched engine's tensor of models, or each client's
+    model and data (under torchrun each rank takes a GPU of its own node when there is one).
+    ``threads``: the CPU threads torch may use (its products are small: on a busy machine more
+    threads wait on each other more than they help). ``layout``: how the batched engine runs many
+    models without a layer plan (the convolutional ones): ``loop`` (one after the other), ``vmap``
+    (``torch.func.vmap``: each layer one grouped call for every model), or ``auto`` (the CPU takes
+    ``loop``, measured the faster there; another device times both before the first round and
+    keeps the faster); the run's summary says which it used.
     """
 
     name: str = "clients"
@@ -406,11 +390,10 @@ class LinksConfig:
     and is lost with probability ``loss``; every draw seeded by (seed, sender, receiver).
 
     ``latency`` (s), ``jitter`` (s), ``bandwidth`` (bits per second, 0 = unlimited) and ``loss``
-    hold for every link; ``generator = "distance"`` puts the clients at seeded random points of
-    the unit square and adds ``latency_per_unit`` seconds per unit of distance to each link's
-    latency; ``pairs`` overrides single directed links: ``"I-J" = {latency = ..., ...}`` (from
-    client I to client J; give "J-I" too for both ways). The defaults emulate nothing: no
-    message waits and none is lost, and a run is what it was without this section.
+    hold for every link; ``generator = "distance"`` puts the clients at seeded random points of the
+    unit square and adds ``latency_per_unit`` seconds per unit of distance to each link's latency;
+    ``pairs`` overrides single directed links: ``"I-J" = {latency = ..., ...}`` (from client I to
+    J; add "J-I" for both ways). The defaults emulate nothing: a run is as without [links].
     """
 
     latency: float = 0.0
@@ -478,11 +461,10 @@ def parse_link_pairs(value: Any) -> LinkPairs:
 @dataclass(frozen=True)
 class ClockConfig:
     """What a round's computing costs on the batched engine's simulated clock, in seconds of a
-    client at speed 1 (a client at ``speed`` s takes 1/s times as long): ``step_seconds`` its
-    local steps, ``aggregate_seconds`` its aggregation (scoring included); a Byzantine client
-    trains nothing and crafts at once. The client engine measures its own compute and ignores
-    both. The defaults cost nothing: a scenario without this section
-    is what it was."""
+    client at speed 1 (a client at ``speed`` s takes 1/s times as long): ``step_seconds`` its local
+    steps, ``aggregate_seconds`` its aggregation (scoring included); a Byzantine client trains
+    nothing and crafts at once. The client engine measures its own compute and ignores both. The
+    defaults cost nothing: a scenario without this section is what it was."""
 
     step_seconds: float = 0.0
     aggregate_seconds: float = 0.0

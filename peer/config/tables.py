@@ -1,7 +1,5 @@
-"""Per-class settings tables of a scenario: a rule's, TPM's, CRS's or attack's settings as
-``[aggregation.NAME]``, ``[aggregation.tpm_params.NAME]``, ``[aggregation.crs_params.NAME]`` or
-``[attack.NAME]``, a data set's as ``[data.NAME]``, a model's as ``[train.NAME]``, a topology's
-as ``[topology.NAME]``, a schedule's as ``[topology.schedule_params.NAME]``, a transport's as ``[network.NAME]``, checked against the class's
+"""Per-class settings tables of a scenario (``[aggregation.NAME]``, ``[attack.NAME]``, ...: each
+kind's place is in :data:`~dfedrw.peer.kinds.table.KINDS`), checked against the class's
 constructor (its registry) while a scenario is parsed, and kept frozen (hashable, only values
 that differ from the class's defaults)."""
 
@@ -14,9 +12,8 @@ from dfedrw.peer.kinds.table import KINDS, by_name
 from dfedrw.peer.registry import Registry
 
 
-# A class's settings table, frozen so the configs stay hashable: ((class name, ((setting,
-# value), ...)), ...), both levels sorted. It holds only values that differ from the class's
-# defaults, so equal settings compare equal however they were written.
+# A class's settings table, frozen so the configs stay hashable: ((class name, ((setting, value),
+# ...)), ...), both levels sorted, only non-default values: equal settings compare equal.
 Params = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
 
 
@@ -124,8 +121,8 @@ def settings_tables(params: Params) -> dict[str, dict[str, Any]]:
 
 def parse_class_tables(section: str, table: Mapping[str, Any], fields: Sequence[str], kind: str) -> tuple[dict[str, Any], Params]:
     """A section whose class is chosen by one of its keys (``[data]``'s ``name``, ``[train]``'s
-    ``model``, ``[topology]``'s ``kind``, ``[network]``'s ``transport``): (its plain keys, the frozen settings tables of the
-    classes it gives one, ``[SECTION.NAME]``). An unknown key names the valid ones."""
+    ``model``, ``[topology]``'s ``kind``, ``[network]``'s ``transport``): (its plain keys, the
+    frozen settings tables ``[SECTION.NAME]`` it gives). An unknown key names the valid ones."""
     registry = KIND_REGISTRY[kind]
     tables = SettingsTables({}, ())
     plain: dict[str, Any] = {}

@@ -1,12 +1,10 @@
 """Settings a scenario gives that its run will not use: an attack with no Byzantine client to
 run it, a TPM or CRS for clients whose rule scores no neighbour, a hidden width for a model
-without a hidden layer, and the like. Each is a value a user wrote expecting an effect; the
-run goes on without it, so the launchers say so in one line each (``dfedrw run``, ``compose``,
-``sweep``) instead of refusing. Settings tables of classes not in use (``[attack.alie]`` while
-``attack.name = "gaussian"``) are not listed: a scenario or grid keeps those for its variants.
-TPM and CRS tables are the exception: when no client's rule scores its neighbours, no TPM or
-CRS is read at all, so every TPM and CRS setting given is listed, tables of classes not in use
-included.
+without a hidden layer, and the like. Each was written expecting an effect and the run goes on
+without it, so the launchers (``dfedrw run``, ``compose``, ``sweep``) name each in one line
+instead of refusing. Tables of classes not in use (``[attack.alie]`` while ``attack.name =
+"gaussian"``) are not listed, as a scenario or grid keeps those for its variants; but when no
+client's rule scores its neighbours, every TPM and CRS setting given is listed, unused tables too.
 """
 
 from __future__ import annotations

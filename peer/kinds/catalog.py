@@ -104,9 +104,8 @@ def render_readme(text: str) -> str:
 
 
 def sync_readme(path: str | Path, *, check: bool = False) -> bool:
-    """Regenerate the registry tables of a markdown file (the project's are in
-    docs/reference.md) in place; with ``check`` only report. Returns True when the file was
-    already up to date."""
+    """Regenerate the registry tables of a markdown file (e.g. docs/reference.md) in place; with
+    ``check`` only report. True when the file was already up to date."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     fresh = render_readme(text)
@@ -119,12 +118,10 @@ def list_registered(
     kind: str | None = None, *, plugins: Iterable[str] = (), modules: Iterable[str] = (), markdown: bool = False
 ) -> str:
     """What ``dfedrw list`` prints: every registered name of ``kind`` (all kinds when None),
-    built-in and installed plugins, with its settings, defaults and docstring summary.
-
-    ``modules`` are imported first (a module may register classes with ``REGISTRY.register``);
-    ``plugins`` are import paths ``module:Class`` of ``kind`` to describe as well (they cannot
-    be discovered otherwise). Raises ``ValueError`` for an unknown kind or a bad plugin.
-    """
+    built-in and installed plugins, with its settings, defaults and docstring summary. ``modules``
+    are imported first (one may register classes); ``plugins``: import paths ``module:Class`` of
+    ``kind`` to describe as well (they cannot be discovered otherwise). Raises ``ValueError`` for
+    an unknown kind or a bad plugin."""
     for module in modules:
         try:
             importlib.import_module(module)

@@ -31,10 +31,9 @@ class Kind:
     ``name``: the kind in messages and settings tables ("rule"); ``plural``: as ``dfedrw list``
     and the ``<!-- registry:KIND -->`` markers name it ("rules"); ``title``: its heading in
     docs/reference.md ("Data sets"). ``section`` and ``key``: the scenario key naming the class
-    (``aggregation.rule``); ``field``: the section's field holding the settings tables of its
-    classes; ``nested``: whether those tables sit under that field (``[aggregation.tpm_params.NAME]``)
-    rather than in the section itself (``[aggregation.NAME]``).
-    """
+    (``aggregation.rule``); ``field``: the section's field holding its classes' settings tables;
+    ``nested``: whether they sit under that field (``[aggregation.tpm_params.NAME]``), not in the
+    section itself (``[aggregation.NAME]``)."""
 
     name: str
     plural: str
