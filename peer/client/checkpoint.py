@@ -1,16 +1,14 @@
 """A client's checkpoint: what it needs to resume after its process was killed.
 
 One file per client, ``peers/<id>.ckpt.npz`` in the results folder, written every
-``checkpoint.every`` rounds. It is a plain ``numpy.savez`` archive of arrays only, never a
-pickle: the model vector (float32), each random generator's state (uint8, from
-``torch.Generator.get_state()``), the trainer's epoch permutation (int64), and one uint8 array
-holding a JSON object with the scalars (client id, round, scenario fingerprint, counters, and
-what its rule keeps from round to round, ``Aggregate.memory``, where it keeps anything). It
-is loaded with ``allow_pickle=False``, so a file holding a pickled object array is refused.
+``checkpoint.every`` rounds: a ``numpy.savez`` archive of arrays, never a pickle (loaded with
+``allow_pickle=False``, so a pickled object array is refused). It holds the model vector
+(float32), each random generator's state (uint8, ``torch.Generator.get_state()``), the trainer's
+epoch permutation (int64), and a uint8 array of JSON with the scalars (client id, round, scenario
+fingerprint, counters, and what its rule keeps from round to round, ``Aggregate.memory``).
 
-Written atomically: to ``<name>.tmp`` first, flushed to disk, then renamed over the old one. A
-crash mid-write leaves the previous checkpoint intact and a torn ``.tmp`` that is never read.
-"""
+Written atomically: to ``<name>.tmp``, flushed to disk, then renamed over the old one; a crash
+mid-write leaves the previous checkpoint intact and a torn ``.tmp`` that is never read."""
 
 from __future__ import annotations
 
@@ -40,9 +38,8 @@ def checkpoint_path(out_dir: Path, client_id: int) -> Path:
 
 
 def scenario_fingerprint(scenario: Scenario) -> str:
-    """What a checkpoint must match: every setting that shapes the model's training. The
-    [network], [checkpoint] and [eval] sections are left out: a client may come back with
-    another address, deadline or evaluation cadence and still continue the same training."""
+    """What a checkpoint must match: the settings that shape training, not [network], [checkpoint]
+    or [eval] (a client may come back with another address, deadline or evaluation cadence)."""
     table = scenario_to_dict(scenario)
     for name in ("network", "checkpoint", "eval"):
         table.pop(name, None)
@@ -61,8 +58,7 @@ class Checkpoint:
 
 
 def memory_counters(memory: Mapping[int, float] | None) -> dict[str, Any]:
-    """What a checkpoint's counters keep of a rule's memory (``Aggregate.memory``): nothing
-    when there is none."""
+    """What a checkpoint's counters keep of a rule's ``Aggregate.memory`` (nothing if None)."""
     return {} if memory is None else {"rule_memory": {str(k): float(v) for k, v in memory.items()}}
 
 

@@ -1,31 +1,26 @@
 """Colluding Byzantine clients pool the honest models they received, over their own channel.
 
-With ``attack.colluding = true`` every Byzantine client of a run is in one group,
-``colluders = tuple(sorted(topology.byzantine))`` (:func:`~dfedrw.peer.wiring.plan.colluding_group`). In round r a
-colluder
+With ``attack.colluding = true`` all Byzantine clients of a run form one group, sorted by id
+(:func:`~dfedrw.peer.wiring.plan.colluding_group`). In round r a colluder
 
 1. waits for its honest neighbours' round-r models, as every Byzantine client does;
 2. sends every other colluder not presumed gone one *pool message*: round r, the sorted ids of
    the honest senders it heard (``origins``) and their models in that order
    (:func:`~dfedrw.peer.transport.pools.pool_out`);
-3. waits, until the round deadline, for the round-r pool of every other colluder not presumed
-   gone;
-4. takes the union by origin (:func:`pool_union`): ``pool_senders = sorted(union)``, each
-   sender's model once (an honest client sends every neighbour the same model; its own copy
-   first), which its attack sees as ``AttackView.pool``.
+3. waits, until the round deadline, for the round-r pool of each other colluder not presumed gone;
+4. takes the union by origin (:func:`pool_union`; an honest client sends every neighbour the same
+   model), which its attack sees as ``pool_senders = sorted(union)`` and ``AttackView.pool``.
 
 The batched engine (``engines/run.py``) computes the same union from the rows of the honest
 models, so a seeded run gives the same records in both.
 
-The pool messages travel over the clients' transport, authenticated like every message (gRPC:
-the id in the sender's certificate; torch.distributed: the sending rank); a Byzantine client
-takes a pool only from a colluder, an honest one never (``serde.decode`` rejects it). They are
-kept out of the honest-model inbox: :class:`PoolStore` buffers them by (round, colluder),
-drops stale rounds and holds a bounded number. Liveness as for neighbours: a colluder that
-misses ``max_missed`` pools in a row, or cannot be reached, is no longer waited for and only
-gets a pool every ``probe_every`` rounds; a pool from it in the window makes it waited for
-again. A colluder that dies does not stop the others: they go on with what they have.
-"""
+Pools travel over the clients' transport, authenticated like every message (gRPC: the id in the
+sender's certificate; torch.distributed: the sending rank); only a Byzantine client takes one,
+and only from a colluder (``serde.decode`` rejects it otherwise). :class:`PoolStore` keeps them
+out of the honest-model inbox, by (round, colluder), stale rounds dropped, a bounded number.
+Liveness as for neighbours: a colluder that misses ``max_missed`` pools in a row, or cannot be
+reached, is no longer waited for and gets a pool only every ``probe_every`` rounds, until a pool
+from it arrives in the window. A colluder that dies does not stop the others."""
 
 from __future__ import annotations
 
@@ -48,8 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class Counters(Protocol):
-    """Where the pool store counts what it receives (the client's inbox): every message a client
-    receives ends in one counter."""
+    """The client's inbox, where the pool store counts each message it receives in one counter."""
 
     def reject(self, reason: str, detail: str = "") -> tuple[bool, str]: ...
 
@@ -60,10 +54,9 @@ class Counters(Protocol):
 
 @dataclass(frozen=True)
 class Pooled:
-    """A colluder's view of round r after the exchange: ``senders`` (sorted) and their models
-    ``vectors [len(senders), D]``, the union by origin of its own received models and the
-    other colluders' pools; ``used``: the colluders whose pool of the round went in, itself
-    included (sorted)."""
+    """A colluder's round after the exchange: ``senders`` (sorted) and their models
+    ``vectors [len(senders), D]``, the union by origin of what it received and the other
+    colluders' pools; ``used``: the colluders whose pool went in, itself included (sorted)."""
 
     senders: tuple[int, ...]
     vectors: torch.Tensor
@@ -71,10 +64,9 @@ class Pooled:
 
 
 def pool_union(own_id: int, senders: Sequence[int], received: torch.Tensor, pools: Mapping[int, PoolMessage]) -> Pooled:
-    """The union by origin of what ``own_id`` received (``senders``, rows of ``received``) and
-    the colluders' ``pools`` (colluder -> its pool). A model that several colluders hold is
-    taken once: its own copy first, then from the colluders in id order (all copies are the one
-    model that origin sent, so the choice only fixes which bytes are read).
+    """The union by origin of what ``own_id`` received (``senders``, rows of ``received``) and the
+    colluders' ``pools`` (colluder -> pool). A model several hold is taken once: its own copy
+    first, then the colluders' in id order (every copy is the one model that origin sent).
 
     >>> r = torch.tensor([[1.0, 2.0]])
     >>> other = PoolMessage(sender=6, round=0, origins=(0, 2), vectors=torch.tensor([[9.0, 9.0], [3.0, 4.0]]))
@@ -93,11 +85,10 @@ def pool_union(own_id: int, senders: Sequence[int], received: torch.Tensor, pool
 
 class PoolStore(RoundWaiting):
     """The pools a colluder received, by (round, colluder), beside its inbox (a pool is not a
-    neighbour's model). A pool for the current round or up to ``window`` rounds ahead is kept;
-    an older one is stale and dropped; a later one, a second one for a round, one from a
-    client outside ``peers`` or one past ``max_entries`` kept pools is rejected. Counted in
-    ``counters``. :meth:`wait` blocks on a condition variable until every expected colluder's
-    pool of a round is in, or a deadline."""
+    neighbour's model). One for the current round or up to ``window`` rounds ahead is kept, an
+    older one dropped as stale; a later one, a second for a round, one from outside ``peers`` or
+    one past ``max_entries`` is rejected; all counted in ``counters``. :meth:`wait` blocks until
+    every expected colluder's pool of a round is in, or a deadline."""
 
     def __init__(self, own_id: int, peers: Iterable[int], window: int, counters: Counters, *, max_entries: int | None = None) -> None:
         self.own_id = own_id
@@ -160,12 +151,11 @@ class PoolStore(RoundWaiting):
 
 
 class Collusion:
-    """A colluding Byzantine client's side of the pool exchange (see the module docstring).
+    """A colluding Byzantine client's side of the pool exchange (see the module).
 
-    ``transport`` carries the pools (its ``send(to, chunks)``; ``reconnect(peer)`` when it has
-    one); ``counters`` is the client's inbox. :meth:`accept` takes a message whose
-    authenticated sender is a colluder (on the transport's thread); :meth:`exchange` runs a
-    round's exchange (on the round loop's thread)::
+    ``transport`` carries the pools (``send(to, chunks)``; ``reconnect(peer)`` if it has one);
+    ``counters`` is the client's inbox. :meth:`accept` takes a pool from an authenticated
+    colluder (transport's thread), :meth:`exchange` runs a round's exchange (round loop's)::
 
         collusion = Collusion(5, (5, 6), specs=specs, num_clients=7, transport=t, counters=inbox, window=2, max_missed=2)
         pooled = collusion.exchange(r, senders, received, timeout=30.0)
@@ -200,7 +190,7 @@ class Collusion:
         self.plausible = plausible
         self.transport = transport
         self.store = PoolStore(own_id, self.peers, window, counters)
-        # The most a pool can hold: one model of each client (a pool is never larger).
+        # The most a pool can hold: one model of each client.
         self.max_bytes = pool_bytes(self.specs, self.num_clients)
         self._liveness = Liveness(self.max_missed, own_id, "colluder", "pools in a row")
         self._last: tuple[int, list[pb.ModelChunk]] | None = None  # (round, chunks) of its last pool
@@ -224,9 +214,9 @@ class Collusion:
         return accepted, reason
 
     def _on_back(self, peer: int, round_: int) -> None:
-        """A colluder presumed gone sent a pool: it is waited for again (the store took it off
-        the gone list); if this client already sent that round's pool (to it only as a probe),
-        it goes again, and a channel still backing off from the failure is opened anew."""
+        """A colluder presumed gone sent a pool: it is waited for again (the store took it off the
+        gone list), a channel still backing off is opened anew, and its pool of that round, if
+        sent already (to it only as a probe), goes again."""
         log.warning("client %d: colluder %d is back (round %d); waiting for its pools again", self.own_id, peer, round_)
         reconnect = getattr(self.transport, "reconnect", None)
         if reconnect is not None:

@@ -1,14 +1,11 @@
 """The messages of the launcher's zmq link, both sides of it, in one place.
 
-A client sends ``register`` (its id, address, pid, role and the secret from ``TOKEN_ENV``), then
-a ``round`` event per round and ``done`` at the end; the launcher answers every registration at
-once with the ``addresses`` book. Here: a builder for each message, ``encode`` (a message's
-bytes on the wire), ``parse_frame`` (the launcher's stateless check of a frame that arrives:
-frame count, size, JSON object, message type and the type of every field read later, or the
-reason to drop it) and ``read_address_book`` (the client's check of the reply). The stateful
-part of the launcher's checks (tokens, one registration per id, the sender of telemetry) is
-``launch.link.LinkGate``.
-"""
+A client sends ``register`` (its id, address, pid, role and the secret from ``TOKEN_ENV``), a
+``round`` event per round and ``done`` at the end; the launcher answers every registration at once
+with the ``addresses`` book. Here: a builder per message, ``encode`` (its bytes on the wire),
+``parse_frame`` (the launcher's stateless check of a frame: count, size, JSON object, type and every
+field read later) and ``read_address_book`` (the client's check of the reply); the stateful checks
+(tokens, one registration per id, the sender of telemetry) are ``launch.link.LinkGate``'s."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from typing import Any
 
 from dfedrw.peer.client.rendezvous import host_port
 
-# Environment variable that carries a client's secret (never its command line: /proc/PID/cmdline
-# is readable by every user).
+# A client's secret, never on its command line (/proc/PID/cmdline is readable by every user).
 TOKEN_ENV = "DFEDRW_LINK_TOKEN"
 
 # Largest frame the socket takes (zmq.MAXMSGSIZE; a longer one closes the sender's connection).
@@ -74,8 +70,7 @@ def done(client_id: int, accuracy: float | None = None, global_accuracy: float |
 
 
 def address_book(book: Mapping[int, str]) -> dict[str, Any]:
-    """The launcher's reply to every registration: id -> address of each registered client
-    (ids as strings, as JSON object keys are)."""
+    """The launcher's reply: each registered client's id (a string, as JSON keys are) -> address."""
     return {"type": "addresses", "addresses": {str(k): address for k, address in book.items()}}
 
 
@@ -132,8 +127,7 @@ def _valid_fields(msg: dict[str, Any]) -> bool:
 
 # -- readers -------------------------------------------------------------------------------
 def parse_frame(frames: list[bytes]) -> dict[str, Any] | str:
-    """One message as a ROUTER receives it ([identity, payload]): the message, every field it
-    uses type-checked, or the reason to drop it."""
+    """A ROUTER's [identity, payload]: the message (its fields type-checked) or the drop reason."""
     if len(frames) != 2:
         return FRAMES
     payload = frames[1]

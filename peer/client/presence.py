@@ -2,27 +2,23 @@
 of them it may run.
 
 A neighbour that misses ``max_missed_rounds`` deadlines in a row is not waited for at the round
-barrier (:class:`peer.transport.inbox.Inbox` keeps that set), but it is slow, not gone: it is
-still sent every model, and a model of any round from it (accepted, late or early) is a sign
-of life that has it waited for again from the next round on. Only a neighbour the transport
-finds unreachable (its process is gone) is sent a model no more than every
-:data:`PROBE_EVERY` rounds, as a probe, until it is heard from again. One that the client's own
-server shut out for sending past its rate bound is alive too: not waited for until it is heard
-from again, but still sent every model. The model sent last is kept until its round has
-passed, so that a neighbour that comes back in that round can be sent it again.
+barrier (:class:`peer.transport.inbox.Inbox` keeps that set) but is slow, not gone: it is still
+sent every model, and a model of any round from it (accepted, late or early) has it waited for
+again from the next round on. One this client's server shut out for sending past its rate bound
+is alive too: not waited for until heard from, but sent every model. Only one the transport finds
+unreachable (its process is gone) gets just a probe every :data:`PROBE_EVERY` rounds until heard
+from. The model sent last is kept until its round has passed, for a neighbour back in it.
 
-The lead bound (synchronous rounds on a fixed graph): a client does not begin round ``r``
-while neighbours it stopped waiting for, and can reach, are known to be in a round before
-``r - round_window``, more of them than the Byzantine neighbours it is told of (``tolerate``: a
-Byzantine neighbour that lies about its round, or creeps on, cannot set its pace): its model of ``r`` would reach that neighbour too far ahead to be kept,
-and a client that stopped waiting for everyone would otherwise race through its remaining
-rounds alone. (A neighbour it still waits for holds it back at the barrier.) What a client
-knows of a neighbour's round is the highest label of any model it had from it and the round
-named in its replies. A neighbour whose known round has not moved for ``stall_timeout``
-seconds (stopped, or hung) does not hold the client back until it moves again, so a silent
-neighbour cannot stall the network; a slow one holds its neighbours within ``round_window``
-rounds of it. What it cost is counted (:attr:`Presence.held_rounds`,
-:attr:`Presence.held_seconds`).
+The lead bound (synchronous rounds on a fixed graph): a client does not begin round ``r`` while
+more than ``tolerate`` neighbours it stopped waiting for, and can reach, are known to be in a
+round before ``r - round_window`` (``tolerate``: how many Byzantine neighbours it is told of, so
+that one lying about its round, or creeping on, cannot set its pace). Its model of ``r`` would reach
+them too far ahead to be kept, and a client that stopped waiting for everyone would race through
+its rounds alone; one it still waits for holds it back at the barrier. A neighbour's known round
+is the highest label of any model from it and the round named in its replies; one whose known
+round has not moved for ``stall_timeout`` seconds (stopped, or hung) holds nobody back until it
+moves, so a silent neighbour cannot stall the network, while a slow one holds its neighbours
+within ``round_window`` rounds of it. Counted: :attr:`Presence.held_rounds`, ``held_seconds``.
 
 :class:`Presence` holds that state for one client; the client gives it the callbacks of its
 intake (:meth:`Presence.after_offer`) and transport (:meth:`Presence.on_reachability`).
@@ -43,12 +39,10 @@ PROBE_EVERY = 5
 
 
 class Presence:
-    """The neighbours client ``own_id`` waits for and sends to. ``inbox``: its inbox (the set
-    not waited for, the round it is in); ``transport``: what it sends with; ``graphs``: the
-    round graphs; ``round_timeout``, ``round_window`` and ``max_missed_rounds``: the network's
-    settings (``stall_timeout``, ``tolerate``: see the module); ``collusion``: a colluder's exchange with the other colluders (told of their
-    reachability too), or None; ``newest_only`` (asynchronous gossip): a neighbour whose reply
-    says it holds a newer model of this client is not sent an older one."""
+    """The neighbours client ``own_id`` waits for and sends to (settings: see the module).
+    ``inbox`` keeps the set not waited for and the round it is in; ``collusion``: a colluder's
+    exchange with the other colluders (told of their reachability too), or None; ``newest_only``
+    (asynchronous gossip): no older model goes to a neighbour whose reply names a newer one."""
 
     def __init__(
         self, own_id: int, neighbours: Iterable[int], *, inbox, transport, graphs, round_timeout: float, round_window: int, collusion=None,
@@ -59,12 +53,10 @@ class Presence:
         self.inbox, self.transport, self.graphs, self.collusion = inbox, transport, graphs, collusion
         self.round_timeout, self.round_window = round_timeout, round_window
         self.newest_only = newest_only
-        # Neighbours that came back after not being waited for -> the first round they are
-        # waited for again.
+        # Neighbours back after not being waited for -> the first round they are waited for again.
         self.back_at: dict[int, int] = {}
         self._back_since: dict[int, float] = {}  # when each came back (monotonic seconds)
-        # Neighbours our server shut out for sending past their rate bound, not heard from
-        # since: alive, so still sent every model (see send_all), but not waited for.
+        # Neighbours our server shut out (rate bound), unheard since: still sent to, not waited for.
         self.shut_out: set[int] = set()
         self.shut_out_count: dict[int, int] = {}  # times our server shut each one out
         # Neighbours the transport could not reach, not heard from since: only probed.
@@ -78,15 +70,13 @@ class Presence:
         self._news = threading.Condition()
         self.held_rounds = 0  # rounds it began late because a neighbour was too far behind
         self.held_seconds = 0.0
-        # Asynchronous gossip: neighbours whose queue did not empty within a round_timeout (not
-        # paced for until they answer again), and the seconds the client waited for its links.
+        # Asynchronous gossip (see pace): neighbours not paced for, and the seconds spent pacing.
         self.lagging: set[int] = set()
         self.paced_seconds = 0.0
 
     # -- what it hears -------------------------------------------------------------------
     def heard(self, peer: int, round_: int) -> None:
-        """``peer`` is known to be in round ``round_`` at least (a model of that round came from
-        it, or its reply named it)."""
+        """``peer`` is in round ``round_`` or later (a model of it came, or its reply named it)."""
         if peer not in self.neighbours:
             return
         with self._news:
@@ -153,9 +143,8 @@ class Presence:
 
     def on_back(self, peer: int, round_: int) -> None:
         """A neighbour not waited for sent a model (it caught up, restarted, or is merely slow):
-        wait for it again from ``round_`` on, not before, and if this client already sent that
-        round's model (to a neighbour it could not reach, only as an occasional probe), send it
-        again."""
+        wait for it again from ``round_`` on, not before, and send it that round's model again if
+        it went out already (to one it could not reach, only as an occasional probe)."""
         self.back_at[peer] = round_
         self._back_since[peer] = time.monotonic()
         self.shut_out.discard(peer)
@@ -170,8 +159,7 @@ class Presence:
 
     # -- whom it waits for and sends to -----------------------------------------------------
     def expected(self, r: int, among: frozenset[int]) -> frozenset[int]:
-        """Who is waited for in round ``r``: not the neighbours given up on, nor those that
-        came back at a later round."""
+        """Waited for in round ``r``: not those given up on, nor those back from a later round."""
         for k in [k for k, b in list(self.back_at.items()) if b <= r]:
             self.back_at.pop(k, None)
         later = {k for k, b in list(self.back_at.items()) if b > r}
@@ -217,11 +205,10 @@ class Presence:
 
     def pace(self, to: Iterable[int]) -> None:
         """Asynchronous gossip: wait, at most ``round_timeout`` seconds, until the model sent last
-        to each of ``to`` went out (transports that queue per neighbour), so that a client makes
-        no model faster than its neighbours take them: a receiver that answers slowly slows its
-        senders down instead of being sent models that go stale in a queue. A neighbour whose
-        queue did not empty in that time (stopped, hung, or far slower) is not waited for again
-        until it answers."""
+        to each of ``to`` went out (transports that queue per neighbour): a client makes models no
+        faster than its neighbours take them, and a slow receiver slows its senders down rather
+        than be sent models that go stale in a queue. A neighbour whose queue did not empty in
+        that time (stopped, hung, or far slower) is not waited for again until it answers."""
         wait = getattr(self.transport, "wait_room", None)
         if not self.newest_only or wait is None:
             return
@@ -235,13 +222,11 @@ class Presence:
         self.paced_seconds += time.monotonic() - start
 
     def send_all(self, round_: int, outgoing, to: Iterable[int]) -> None:
-        """Send the round's model (``outgoing``: a
-        :class:`~dfedrw.peer.transport.compression.Outgoing`, the message each neighbour gets)
-        to ``to``, and keep it as the one sent last."""
+        """Send the round's model (an :class:`~dfedrw.peer.transport.compression.Outgoing`) to
+        ``to``, and keep it as the one sent last."""
         self.last_sent = (round_, outgoing)
-        # A receiver whose last reply said it holds another model of this client than the one
-        # a difference is from, or that refused the last as too far ahead (which does not
-        # change what it holds), gets a whole model next (transports whose replies reach here).
+        # A receiver whose last reply said it holds another base than a difference is from, or
+        # refused the last as too far ahead (which leaves what it holds), gets a whole model next.
         replies = getattr(self.transport, "peer_replies", None) or {}
         # Emulated links under asynchronous gossip: a link still busy with the last model takes
         # none now (asked before the model is encoded for it: a difference not sent is no base).

@@ -37,15 +37,12 @@ def grpc_client(
     link_token: str | None = None,
     tensorboard: Path | None = None,
 ) -> tuple[Client, Rendezvous]:
-    """One client process's client and the way it meets its neighbours, built and not started;
-    its graph and model are built once (:func:`~dfedrw.peer.wiring.assembly.client_parts`), for its
-    transport and for the client.
-
-    Addresses come either from the launcher (``rendezvous``, a zmq endpoint, where the client
-    registers with ``link_token``, the secret the launcher gave it) or are given.
-    ``certs`` is the run's certificate folder (``dfedrw certs``), needed with TLS.
-    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``).
-    """
+    """One client process's client and the way it meets its neighbours, built, not started; its
+    graph and model are built once (:func:`~dfedrw.peer.wiring.assembly.client_parts`), for its
+    transport and for the client. Addresses come from the launcher (``rendezvous``, a zmq
+    endpoint, where the client registers with ``link_token``, the secret the launcher gave it)
+    or are given (``addresses``). ``certs``: the run's certificate folder (``dfedrw certs``),
+    needed with TLS; ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``)."""
     if (rendezvous is None) == (addresses is None):
         raise ValueError("give exactly one of rendezvous (launcher endpoint) or addresses")
     net = scenario.network
@@ -70,9 +67,8 @@ def grpc_client(
 
 
 def start_and_run(client: Client, rendezvous: Rendezvous) -> dict[str, Any]:
-    """A client's start-up sequence, the same under every launcher: start a built client's
-    server, exchange addresses through ``rendezvous``, connect to the neighbours (and a colluder to the other colluders), run every round; the client is closed
-    whatever happens."""
+    """Start a built client's server, exchange addresses through ``rendezvous``, connect (to the
+    neighbours; a colluder to the colluders too), run every round; close it whatever happens."""
     try:
         address = client.start()
         addresses = rendezvous.exchange(client.id, address, client.contacts, client.scenario.network.connect_timeout)

@@ -1,12 +1,10 @@
 """A client that comes back: checkpoints, and the way back into the network after a restart.
 
 A client saves its state every ``checkpoint.every`` rounds. Restarted, it asks its neighbours
-which round they are in (its checkpointed model, labelled with its checkpoint round: each reply
-carries the receiver's round), continues one past the furthest of them, takes its neighbours'
-median in place of a model too many rounds stale, and for a while keeps skipping ahead to
-neighbours found further on and resending its model to those not yet able to take it.
-:class:`Resume` holds that state for one client, which asks it at each round.
-"""
+which round they are in, continues one past the furthest of them, takes their median in place of
+a model too many rounds stale, and for a while skips ahead to neighbours found further on and
+resends its model to those not yet able to take it. :class:`Resume` holds that state for one
+client, which asks it at each round."""
 
 from __future__ import annotations
 
@@ -22,12 +20,10 @@ from dfedrw.peer.transport.serde import message_out
 
 log = logging.getLogger("dfedrw.peer.client.client")
 
-# A client that resumed from a checkpoint and had to skip more rounds than this to catch up
-# with its neighbours holds a stale model: it takes their models' coordinate-wise median in its
-# place (see Client._run_honest).
+# A resumed client that skips more rounds than this to catch up with its neighbours holds a
+# stale model: it takes their models' coordinate-wise median instead (see Client._run_honest).
 STALE_AFTER = 10
-# How many rounds after resuming a client keeps checking whether its neighbours are ahead of
-# it (their replies say their round) and skips ahead to them.
+# Rounds after resuming in which a client skips ahead to neighbours their replies show ahead.
 REJOIN_ROUNDS = 20
 
 
@@ -47,11 +43,8 @@ def coordinate_median(vectors: torch.Tensor) -> torch.Tensor:
 
 class Resume:
     """A client's checkpoints and its way back after a restart. ``resumed``: the checkpoint it
-    started from (None: a fresh start); ``scenario``: its rounds and network settings;
-    ``graphs``, ``byzantine``: the round graphs and the Byzantine clients; ``transport``,
-    ``inbox``, ``specs``: how it sends and receives, its model's layout; ``presence``: its
-    neighbours' presence (the model it sent last); ``results``: its round log (the last round
-    logged); ``checkpoint_file`` and ``fingerprint``: where it saves, and the scenario's."""
+    started from (None: a fresh start); ``presence`` gives the model it sent last, ``results`` the
+    last round logged; it saves to ``checkpoint_file`` under the scenario's ``fingerprint``."""
 
     def __init__(
         self, own_id: int, role: str, scenario, *, graphs, byzantine, transport, inbox, specs, presence, results,
@@ -122,10 +115,10 @@ class Resume:
 
     def rejoin(self, vector: torch.Tensor, num_samples: int) -> int:
         """The round a resumed client continues at: the one after its checkpoint, or, when its
-        neighbours went further meanwhile, one past the furthest: that neighbour buffers this
-        client's message of that round (it is in its window) and takes it back before it starts
-        the round, so it sends it its model of that round as to everyone; a neighbour further
-        behind takes it back once it is within its window (see :meth:`wait`)."""
+        neighbours went further meanwhile, one past them (:func:`upper_median`): such a neighbour
+        buffers this client's message of that round (it is in its window) and, before it starts
+        the round, takes it back and sends it its model; one further behind takes it back once it
+        is within its window (see :meth:`wait`)."""
         c = self.resumed.round
         start = c + 1
         asked = time.monotonic()
@@ -147,17 +140,15 @@ class Resume:
 
     def resume_steps(self, senders) -> tuple[int, torch.Tensor | None]:
         """Under asynchronous gossip: the step to continue at, and the model to continue with
-        where its own is stale (else None). The neighbours it can reach (``senders``) send it
-        their steps as they go (a neighbour that found it gone probes it every few steps): it
-        waits, at most ``round_timeout``, for a first model of each, and continues one past the
-        upper median of their steps, or one past its checkpoint's where they are no further (or
-        none came: a network that finished). Where that skips more than :data:`STALE_AFTER`
-        steps its checkpointed model is stale (one vote among its neighbours' would pull each of
-        their aggregates back for as long as it lagged), and it takes the coordinate-wise median
-        of the models it holds of its neighbours in its place. Neighbours are sent nothing older
-        than the newest model they hold of it (their replies name it, see
-        :class:`~dfedrw.peer.client.presence.Presence`, ``newest_only``). Noted as a resume: the
-        steps skipped here, the steps done again as they come (:meth:`note_round`)."""
+        where its own is stale (else None). It waits, at most ``round_timeout``, for a first model
+        of each reachable neighbour (``senders``; one that found it gone probes it every few
+        steps) and continues one past the upper median of their steps, or of its checkpoint's
+        where they are no further (or none came: a finished network). Past :data:`STALE_AFTER`
+        skipped steps its checkpointed model is stale (one vote among its neighbours' would pull
+        their aggregates back while it lagged): it takes the coordinate-wise median of theirs
+        instead. Neighbours get nothing older than the newest model they hold of it (their
+        replies name it, :class:`~dfedrw.peer.client.presence.Presence` ``newest_only``). Noted as
+        a resume: the steps skipped here, and those done again as they come (:meth:`note_round`)."""
         c = self.resumed.round
         start = c + 1
         senders = tuple(senders)
@@ -193,12 +184,11 @@ class Resume:
         return target
 
     def catch_up(self, r: int) -> int:
-        """While rejoining: when a neighbour's reply says it is further on than the round window
-        (it went on without this client and will not take it back from a late message), skip
-        to its round. A neighbour fewer rounds ahead takes it back on its late message and
-        waits for its next round: this client gets there quickly, not waiting for rounds that
-        neighbour has passed (see :meth:`wait`); a neighbour that took it back meanwhile would
-        miss the rounds it skipped."""
+        """While rejoining: when its neighbours' replies say they are further on than the round
+        window (they went on without this client and will not take it back from a late message),
+        skip to their round. Not for one fewer rounds ahead: it takes this client back on its late
+        message and waits for its next round, which this client reaches quickly, waiting for no
+        round that neighbour passed (see :meth:`wait`); it would miss the rounds a skip passes."""
         if self.rejoining <= 0:
             return r
         self.rejoining -= 1
@@ -215,12 +205,11 @@ class Resume:
         return target
 
     def wait(self, r: int, expected: frozenset[int]) -> tuple[dict[int, Any], frozenset[int]]:
-        """The round's wait (while rejoining, the one below); returns (what arrived, neighbours
-        that had passed this round). While rejoining, this client's model of the round goes
-        again to a neighbour whose last reply refused it as too far ahead (it is further
-        behind than the round window), until that neighbour is close enough to take it back. A
-        neighbour whose reply says it passed this round sent nothing for it: not waited for,
-        and not counted as missing."""
+        """The round's wait; returns (what arrived, neighbours that had passed this round). While
+        rejoining, this client's model of the round goes again to a neighbour whose last reply
+        refused it as too far ahead (further behind than the round window) until that neighbour
+        can take it back; one whose reply says it passed this round sent nothing for it, and is
+        neither waited for nor counted as missing."""
         timeout = self.scenario.network.round_timeout
         replies = getattr(self.transport, "peer_replies", None)
         last = self.presence.last_sent

@@ -1,14 +1,13 @@
 """How a client learns its neighbours' addresses once its own server is up.
 
 A rendezvous is any object with ``exchange(client_id, address, neighbours, timeout)``: it
-publishes this client's ``address`` and returns the addresses it knows (id -> address) of the
-``neighbours``, waiting at most ``timeout`` seconds; a neighbour left out is one the client goes
-on without. :func:`peer.client.client.run_client` calls it between starting the client and connecting.
+publishes ``address`` and returns the addresses it knows of ``neighbours`` (id -> address), within
+``timeout`` seconds; the client goes on without one left out. Called between starting the client
+and connecting (:func:`~dfedrw.peer.client.process.start_and_run`).
 
 Here: given addresses (:class:`StaticRendezvous`), the launcher's zmq socket
 (:class:`LauncherRendezvous`) and clients in one process (:class:`SharedRendezvous`). Under
-torchrun the addresses go through torchrun's store (``launch.torchrun.StoreRendezvous``).
-"""
+torchrun the addresses go through torchrun's store (``launch.torchrun.StoreRendezvous``)."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class StaticRendezvous:
 
 
 class LauncherRendezvous:
-    """Register with the launcher (``dfedrw run``) through its link; it answers with the address
-    book once every client has registered."""
+    """Register through the launcher's link (``dfedrw run``); answered once every client has."""
 
     def __init__(self, link, role: str, pid: int | None = None) -> None:
         self.link = link

@@ -1,15 +1,13 @@
-"""The client's link to the launcher, over pyzmq: registration (address discovery) and
-per-round telemetry.
+"""The client's link to the launcher over pyzmq: registration (address discovery), telemetry.
 
-Telemetry is best effort: sends never block the round loop, and results never depend on it
-(each client writes its own JSONL). A round event goes at most every ``ROUND_EVENT_EVERY``
-seconds (one with a test's accuracy always): the board shows the newest round, and an event a
-round would wake the launcher and the link's I/O thread hundreds of times a second. Registration is a DEALER -> ROUTER request: the client sends
-its id, address, pid and the secret the launcher gave it (``DFEDRW_LINK_TOKEN`` in its
-environment); the launcher answers once every client has registered with the full address book,
-and from then on takes this client's telemetry only from this connection. The messages
-themselves, and the check of the reply, are in ``peer.client.link_messages``.
-"""
+Registration is a DEALER -> ROUTER request: the client sends its id, address, pid and the secret
+the launcher gave it (``DFEDRW_LINK_TOKEN`` in its environment); once every client registered,
+the launcher answers with the full address book, and from then on takes this client's telemetry
+only from this connection. Telemetry is best effort: sends never block the round loop, and
+results never depend on it (each client writes its own JSONL). A round event goes at most every
+``ROUND_EVENT_EVERY`` seconds (one with a test's accuracy always): the board shows the newest
+round, and an event a round would wake the launcher and the link's I/O thread hundreds of times
+a second. The messages and the check of the reply are in ``peer.client.link_messages``."""
 
 from __future__ import annotations
 
@@ -46,9 +44,8 @@ class LauncherLink:
         return link_messages.read_address_book(self._sock.recv())
 
     def send(self, event: dict[str, Any]) -> None:
-        """Send an event built by ``link_messages`` (``round_event``, ``done``) without blocking;
-        a round event without an accuracy only when ``ROUND_EVENT_EVERY`` has passed since the
-        last one sent."""
+        """Send an event (``link_messages.round_event``, ``done``) without blocking; a round event
+        without an accuracy only once ``ROUND_EVENT_EVERY`` has passed since the last one sent."""
         if event.get("type") == "round" and event.get("accuracy") is None:
             now = time.monotonic()
             if now < self._next_round_event:

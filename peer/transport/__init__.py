@@ -3,5 +3,4 @@ transport (:mod:`.base`), the kinds a scenario can name (:mod:`.kinds`), the wir
 (:mod:`.serde`, :mod:`.chunks`, :mod:`.framing`, the schema in :mod:`.pb`), the checked receive
 path (:mod:`.intake`) into the round's inbox (:mod:`.inbox`), each client's certificate
 (:mod:`.identity`), and the implementations: gRPC (:mod:`.grpc`), in-process (:mod:`.inproc`) and
-torch.distributed (:mod:`.torchdist`).
-"""
+torch.distributed (:mod:`.torchdist`)."""

@@ -1,12 +1,10 @@
 """What the client needs from a transport; gRPC is one implementation.
 
-A transport delivers each received message to a ``Deliver`` callback (which validates and
-buffers it, see :meth:`peer.client.client.Client.deliver`) on the thread it receives on (gRPC: its event
-loop; in-process: the sender's round loop), so the callback must return promptly; and it sends
-model messages to neighbours without blocking the round loop. It tells the client when a
-neighbour cannot be reached at all, so the client stops waiting for it instead of paying the
-round deadline every round.
-"""
+A transport hands each received message to a ``Deliver`` callback (which validates and buffers
+it, see :meth:`peer.client.client.Client.deliver`) on the thread it receives on (gRPC: its event
+loop; in-process: the sender's round loop), so the callback must return promptly. It sends
+without blocking the round loop, and tells the client when a neighbour cannot be reached at all,
+so the client stops waiting for it instead of paying the round deadline every round."""
 
 from __future__ import annotations
 
@@ -15,13 +13,12 @@ from typing import Protocol
 
 from dfedrw.peer.transport.pb import peer_pb2 as pb
 
-# (chunks of one message, the sender's authenticated id or None) -> (accepted, reason, own round).
-# The id is the one the transport verified (gRPC: the peer certificate; torch.distributed and
-# in-process: the sending rank or thread); None when the transport authenticates nobody. A
-# client's (peer.transport.intake.ModelIntake) also offers ``begin(first chunk, sender)``, the message as
-# it arrives (its ``add(chunk)`` for each chunk after the first, then ``end()``, the verdict),
-# and ``has_room(header)``, whether to read that message now: the gRPC server uses both, so that
-# each chunk is decoded into place as it comes and a model is not read before there is room.
+# (chunks of one message, the sender's id) -> (accepted, reason, own round). The id is the one
+# the transport verified (gRPC: the peer certificate; torch.distributed: the sending rank), None
+# where it authenticates nobody (in-process). A client's (peer.transport.intake.ModelIntake) also
+# offers ``begin(first chunk, sender)`` (then ``add(chunk)`` per later chunk, ``end()`` for the
+# verdict) and ``has_room(header)``, whether to read that message now: the gRPC server uses both,
+# to decode each chunk into place as it comes and read no model before there is room.
 Deliver = Callable[[Iterable[pb.ModelChunk], int | None], tuple[bool, str, int]]
 # (peer id, state) -> None. States: "reachable" (it answered), "unreachable" (a send or
 # receive failed for good), "shut_out" (this client's server refuses the peer's calls for a

@@ -45,12 +45,11 @@ def _payload_view(values: torch.Tensor) -> memoryview:
 
 class WireMessage(Sequence):
     """One message ready to send: its header and the sender's tensor, whose bytes are the
-    payload (not copied). Its chunks are what :func:`encode` returns, built when asked:
-    :meth:`wire_chunks` gives each one's protobuf bytes (the one copy of the model a transport
-    makes, one chunk at a time), indexing gives each as a ``ModelChunk``. The first chunk holds
-    the header and the first ``chunk_bytes`` of the payload, every other one the next
-    ``chunk_bytes`` and its ``offset``. The tensor must not change while the message may still
-    be sent (a client sends a model it made for the purpose and never writes to again)."""
+    payload (not copied). Its chunks, those ``serde.encode`` returns, are built when asked:
+    :meth:`wire_chunks` gives their protobuf bytes (a transport's one copy of the model, a chunk
+    at a time), indexing each as a ``ModelChunk``. The first holds the header and the first
+    ``chunk_bytes`` of the payload, each other the next ``chunk_bytes`` and its ``offset``. The
+    tensor must not change while the message may be sent (a client never writes to it again)."""
 
     def __init__(self, header: pb.ModelHeader, payload: memoryview, chunk_bytes: int) -> None:
         if chunk_bytes < 1:
@@ -95,8 +94,7 @@ class WireMessage(Sequence):
         return sum(self._chunk_size(i) for i in range(self._count))
 
     def wire_chunks(self) -> Iterator[bytes]:
-        """Each chunk's protobuf bytes (``ModelChunk.SerializeToString`` of :meth:`__getitem__`),
-        made as it is asked for."""
+        """Each chunk's ``ModelChunk.SerializeToString()`` bytes, made as it is asked for."""
         for i in range(self._count):
             start, end = self._span(i)
             data = self._payload[start:end]
@@ -126,10 +124,9 @@ def serialized_chunks(chunks: Sequence) -> Iterator[bytes]:
 
 
 class DataChunk:
-    """A chunk after a message's first, as :func:`parse_chunk` reads it off the wire: its
-    ``data`` a view of the received bytes, its ``offset`` (None when the sender set none). It
-    answers the questions a receiver asks a ``ModelChunk`` (``HasField``, ``ByteSize``) as the
-    protobuf message of the same bytes would; it has no header."""
+    """A chunk after a message's first, as :func:`parse_chunk` reads it: ``data`` a view of the
+    received bytes, ``offset`` None when the sender set none. It answers ``HasField`` and
+    ``ByteSize`` as the protobuf ``ModelChunk`` of the same bytes would; it has no header."""
 
     __slots__ = ("data", "offset", "_size")
 
@@ -157,10 +154,9 @@ def _read_varint(raw: bytes, pos: int) -> tuple[int, int] | None:
 
 
 def parse_chunk(raw: bytes) -> pb.ModelChunk | DataChunk:
-    """A received chunk from its bytes. A data chunk as senders write it (the data field, then
-    at most an offset, nothing else) is read as a :class:`DataChunk` viewing ``raw``: no copy
-    of its data. Anything else (a header chunk, other encodings of the same fields) is parsed
-    by protobuf, with protobuf's meaning."""
+    """A received chunk from its bytes: a data chunk as senders write it (the data field, then at
+    most an offset) as a :class:`DataChunk` viewing ``raw``, no copy; anything else (a header
+    chunk, other encodings of the same fields) parsed by protobuf, with protobuf's meaning."""
     if raw[:1] == _DATA_TAG:
         length = _read_varint(raw, 1)
         if length is not None:

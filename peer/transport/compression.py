@@ -1,34 +1,26 @@
 """What a model costs on the wire: the compressions a scenario can name (``network.compression``).
 
-A compression is a class registered in :data:`COMPRESSION_REGISTRY` (or ``"module:Class"``, or
-a plugin of the ``dfedrw.compressions`` entry-point group); its constructor's keyword
-parameters are its settings (``[network.compression_params.NAME]``). The sender encodes each
-model it sends (:class:`Encoder`), the receiver's intake checks the encoded payload and
-rebuilds the model from it (:class:`Decoder`) before the model meets any other check a model
-gets (its values against ``network.max_abs_value``), so a rule sees a rebuilt model exactly as
-it sees a raw one. The header names the encoding (``encoding``); a receiver takes the raw
-encoding and its scenario's, nothing else (``bad_encoding``).
+A compression is a class registered in :data:`COMPRESSION_REGISTRY` (or ``"module:Class"``, or a
+plugin of the ``dfedrw.compressions`` entry-point group); its constructor's keyword parameters
+are its settings (``[network.compression_params.NAME]``). The sender encodes each model it sends
+(:class:`Encoder`); the receiver's intake checks the payload and rebuilds the model
+(:class:`Decoder`) before any other check a model gets (its values against
+``network.max_abs_value``), so a rule sees a rebuilt model exactly as a raw one. The header names
+the encoding (``encoding``); a receiver takes raw models and its scenario's encoding, nothing
+else (``bad_encoding``). Pure: bytes and tensors in and out; no transport here.
 
-* ``none``: the raw little-endian float32 values (4 bytes a value), as without compression.
-* ``int8``: per block of ``block`` values a float32 scale (the block's largest magnitude / 127),
-  then each value as an int8 multiple of it, rounded stochastically (up with probability the
-  fraction left over, so the rebuilt value's expectation is the value): about 1 byte a value.
-  Stateless: one encoding per round serves every neighbour. The header names the block size
-  (``block``): a receiver whose own differs refuses the message (``bad_encoding``), as the
-  payload's size cannot tell (blocks of other sizes can make as many scales).
-* ``topk``: the ``fraction`` of coordinates where the model differs most from the model the
-  receiver rebuilt from this sender's previous message, as uint32 positions (increasing) and
-  their float32 differences: 8 bytes a kept coordinate. What is not sent stays in the
-  difference and goes with a later message (error feedback, as in CHOCO-gossip: the sender
-  keeps, per neighbour, the model that neighbour holds of it). The header names the round of
-  the message the difference is from (``base_round``): a receiver whose rebuilt model is of
-  another round (it lost a message, or restarted) rejects the message (``base_mismatch``) and
-  waits for the next whole model, which the sender sends on every link first, every
-  ``refresh`` messages after, and again after a receiver's reply says ``base_mismatch`` or
-  ``future_round`` (on transports whose replies reach the sender). Which messages change what a
-  receiver holds: :meth:`Decoder.keep`.
-
-Pure: bytes and tensors in, bytes and tensors out; no transport here.
+* ``none`` (:class:`NoCompression`): the raw little-endian float32 values.
+* ``int8`` (:class:`Int8`): stateless, one encoding per round serves every neighbour. The header
+  names the block size (``block``), which the payload's size cannot tell (blocks of other sizes
+  can make as many scales): a receiver whose own differs refuses the message (``bad_encoding``).
+* ``topk`` (:class:`TopK`): positions (increasing) and differences; what is not sent stays in the
+  difference for a later message, the sender keeping per neighbour the model that neighbour
+  holds of it. The header names the round of the message the difference is from
+  (``base_round``): a receiver holding a model of another round (it lost a message, or
+  restarted) rejects the message (``base_mismatch``) and waits for the next whole model, which
+  the sender sends on every link first, every ``refresh`` messages after, and after a reply says
+  ``base_mismatch`` or ``future_round`` (on transports whose replies reach the sender). Which
+  messages change what a receiver holds: :meth:`Decoder.keep`.
 """
 
 from __future__ import annotations
@@ -232,10 +224,9 @@ def encoded_out(
     scores: Mapping[int, float] | None = None,
     chunk_bytes: int = 1 << 20,
 ) -> WireMessage:
-    """A model a compression encoded, as a
-    message to send: ``payload`` as it is, the header naming ``encoding`` (and the
-    ``base_round`` a difference is from, the ``block`` size of int8's scales: the
-    compression's :meth:`~Compression.header_fields`)."""
+    """A model a compression encoded, as a message to send: ``payload`` as it is, the header
+    naming ``encoding`` (and the ``base_round`` a difference is from, the ``block`` size of
+    int8's scales: the compression's :meth:`~Compression.header_fields`)."""
     fields = {"num_samples": num_samples, "train_loss": train_loss, "encoding": encoding}
     if base_round is not None:
         fields["base_round"] = base_round
@@ -245,18 +236,16 @@ def encoded_out(
 
 
 def rounding_generator(seed: int, sender: int, round_: int) -> torch.Generator:
-    """The stochastic rounding of one sender's round: seeded from (seed, sender, round), so a
-    run repeats to the bit."""
+    """Stochastic rounding of a sender's round, seeded by (seed, sender, round): bit-repeatable."""
     digest = hashlib.blake2b(f"compression:{seed}:{sender}:{round_}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
 
 
 class Encoder:
     """A client's sending side: each round's model as the message every neighbour gets
-    (:meth:`round`), and what each link carried (``bytes_to``: peer -> payload and header bytes
-    on the wire, ``dense_to``: peer -> whole models sent where the compression sends
-    differences). For a stateful compression it keeps, per neighbour, the model that neighbour
-    rebuilt of this client (``bases``)."""
+    (:meth:`round`), and what each link carried (``bytes_to``: peer -> bytes on the wire;
+    ``dense_to``: peer -> whole models sent, stateful compressions). For a stateful compression
+    it keeps, per neighbour, the model that neighbour rebuilt of this client (``bases``)."""
 
     def __init__(self, compression: Compression, sender: int, specs: Sequence[TensorSpec], *, seed: int, chunk_bytes: int) -> None:
         self.compression = compression
@@ -385,9 +374,7 @@ class Outgoing:
 class Decoder:
     """A client's receiving side of a compression: the payload size a header must declare
     (:meth:`payload_bytes`), the model an encoded payload rebuilds (:meth:`decode`), and, for a
-    stateful compression, the model it holds of each sender (:meth:`keep`: every whole or rebuilt
-    model of a sender that passed its checks, kept or not by the inbox, unless the inbox refused
-    its round as too far ahead)."""
+    stateful compression, the model it holds of each sender (:meth:`keep`)."""
 
     def __init__(self, compression: Compression, specs: Sequence[TensorSpec]) -> None:
         self.compression = compression
@@ -428,27 +415,25 @@ class Decoder:
         return self.compression.decode(payload, self.numel, base)
 
     def keep(self, sender: int, round_: int, vector: torch.Tensor, *, owned: bool = False) -> None:
-        """``vector`` (the sender's round-``round_`` model, checked) is what this receiver now
-        holds of ``sender`` (stateful compressions only; a copy is kept unless ``owned``: a
-        model :meth:`decode` rebuilt, which nothing else holds); one of an earlier round than
-        the model held changes nothing. One of the same round replaces it (only a whole model
-        can be: :meth:`decode` takes a difference only of a later round than its base): the
-        round's model sent again, whole, to a neighbour that came back (:meth:`Outgoing.again`)
-        is what the sender counts on from then, even where a difference of it came first.
+        """``vector``, the sender's checked round-``round_`` model, is what this receiver now
+        holds of ``sender`` (stateful compressions only; copied unless ``owned``: a model
+        :meth:`decode` rebuilt, which nothing else holds). One of an earlier round than the model
+        held changes nothing; one of the same round (only a whole model: :meth:`decode` takes a
+        difference only of a later round than its base) replaces it, even after a difference of
+        it: the round's model sent again, whole, to a neighbour that came back
+        (:meth:`Outgoing.again`) is what the sender counts on from then.
 
-        Which messages come here (the receiver's intake decides). What a receiver holds must
-        stay what the sender's :class:`Encoder` counts on, and the encoder moves its copy with
-        every message it sends, told otherwise only by a reply (:meth:`Encoder.mismatch`, on
-        transports that have replies). So every message that passed its own checks (form,
-        checksum, which covers its rounds, values) comes here whether or not the inbox keeps
-        its model: one that arrived after its round passed (``stale_round``: at a slow receiver,
-        or one rejoining that skipped past it) still carries the difference the sender's next
-        message is from, and leaving it out would turn that one into a ``base_mismatch`` and a
-        whole model. Not one refused as too far ahead (``future_round``): the inbox does not
-        believe that round, and held, a label the sender's later messages do not reach (one it
-        never meant, or a round it is far from) would refuse each of its differences and whole
-        models of an earlier round, the link alternating between the two until then. Left out,
-        it costs a sender that is that far ahead one whole model: the reply tells it."""
+        The intake sends here every message that passed its own checks (form, checksum, which
+        covers its rounds, values), kept by the inbox or not: what a receiver holds must stay
+        what the sender's :class:`Encoder` counts on, and the encoder moves its copy with every
+        message, told otherwise only by a reply (:meth:`Encoder.mismatch`). One that arrived
+        after its round passed (``stale_round``: at a slow receiver, or one rejoining) still
+        carries the difference the sender's next message is from; left out, that one would be a
+        ``base_mismatch`` and cost a whole model. Not one refused as too far ahead
+        (``future_round``): the inbox does not believe that round, and held, a label the sender's
+        later messages do not reach would refuse each of its differences and earlier whole
+        models, the link alternating between the two until then; left out, it costs a sender
+        that far ahead one whole model, which the reply tells it to send."""
         if not self.stateful:
             return
         held = self.bases.get(sender)

@@ -40,20 +40,18 @@ def _glibc():
 
 
 def free_heap_bytes() -> int | None:
-    """The free bytes malloc's arenas hold (glibc's ``mallinfo2().fordblks``), or None where
-    that is not known."""
+    """The free bytes malloc's arenas hold (glibc's ``mallinfo2().fordblks``), else None."""
     _, info = _glibc()
     return None if info is None else int(info().fordblks)
 
 
 def release_free_heap(keep: int = KEEP_FREE_BYTES, every: float = TRIM_EVERY_SECONDS) -> bool:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
-    nothing) when malloc holds more than ``keep`` free bytes, or ``every`` seconds have passed
-    since the last time. gRPC and the interpreter free the buffers of the chunks a client
-    received into malloc's arenas, which keep those pages: about 100 MB on a client that
-    received ten 44 MB models (measured). A client calls this once it has its round's models,
-    before aggregating or crafting, whose tensors come from fresh pages: so those pages do not
-    add to them. Returns whether it trimmed."""
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing)
+    when malloc holds more than ``keep`` free bytes, or ``every`` seconds have passed since the
+    last time; returns whether it trimmed. gRPC and the interpreter free the buffers of a
+    client's received chunks into malloc's arenas, which keep the pages: about 100 MB on a client
+    that received ten 44 MB models (measured). Called once a client has its round's models,
+    before aggregating or crafting takes fresh pages, so that those do not add to them."""
     trim, _ = _glibc()
     if trim is None:
         return False

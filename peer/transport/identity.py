@@ -1,17 +1,15 @@
 """Who a client is: a run's own certificate authority and one certificate per client.
 
-Each run has its own CA. Every client, honest or Byzantine, gets an ECDSA P-256 key and a
-certificate signed by that CA whose subject alternative names say which client of which run it
-is: the URI ``dfedrw://RUN/client/K`` (what a receiver reads the sender's id from) and the DNS
-name ``client-K.RUN.dfedrw`` (what a sender checks the receiver's certificate against). Robust
+Every client, honest or Byzantine, gets an ECDSA P-256 key and a certificate signed by the run's
+CA whose subject alternative names say which client of which run it is: the URI
+``dfedrw://RUN/client/K`` (what a receiver reads the sender's id from) and the DNS name
+``client-K.RUN.dfedrw`` (what a sender checks the receiver's certificate against). Robust
 aggregation rules assume that a model labelled "from client J" was sent by client J; with these
-certificates gRPC's mutual TLS makes that true, and a Byzantine client can lie about its models
-but not about who it is.
+certificates gRPC's mutual TLS makes that true: a Byzantine client can lie about its models but
+not about who it is.
 
-The CA's private key is never written: a folder of certificates is complete when it is made, so
-nobody holding the folder can mint another identity. Private keys are written with mode 0600
-and never logged or sent.
-"""
+The CA's private key is never written: a folder of certificates is complete when made, and
+nobody holding it can mint another identity. Private keys are written 0600, never logged or sent."""
 
 from __future__ import annotations
 

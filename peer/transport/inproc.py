@@ -2,8 +2,7 @@
 
 The same client code runs on it as on gRPC; messages still go through the wire encoding and
 the same validation (they are protobuf chunks handed to the receiver's ``deliver``), so a run
-here and a run over gRPC processes compute the same thing. Used for fast tests and sweeps.
-"""
+here and a run over gRPC processes compute the same thing. Used for fast tests and sweeps."""
 
 from __future__ import annotations
 

@@ -1,27 +1,24 @@
 """A client's receive path: every incoming message checked, decoded into place, and kept or
-rejected, chunk by chunk as it arrives (the gRPC transport hands each message over this way,
-:meth:`ModelIntake.begin`) or whole (:meth:`ModelIntake.__call__`, every other transport).
+rejected, chunk by chunk as it arrives (:meth:`ModelIntake.begin`, the gRPC transport's way) or
+whole (:meth:`ModelIntake.__call__`, every other transport).
 
-When a message's header arrives its verdict is mostly known: who sent it (a stranger is turned
-away before any tensor byte is read), whether its layout is the model's, whether its round has
-a place in the inbox. Only a message the inbox can keep gets a buffer, sized once from its
-header (:meth:`~dfedrw.peer.transport.inbox.Inbox.reserve`: a row of the round's matrix), and
-each chunk is copied into it as it comes, the checksum and the values checked on the way
-(:class:`~dfedrw.peer.transport.serde.PayloadDecoder`). Any other message is followed to its
-end without being kept, so that it gets the verdict it always got: a message is rejected for
-the first defect in this order, whatever its size: the stream (no header, too large, longer or
-shorter than declared, a chunk out of place), the sender (impersonation; a colluder's pool
-goes to :class:`~dfedrw.peer.client.collusion.Collusion`; a stranger, or a sender not of the round's
-graph), the header (layout, size, declared samples), the payload (checksum, values), the
-inbox (stale, too far ahead, a second copy, the inbox full). Every message ends in exactly one
-of the inbox's counters; nothing a message holds can raise out of here (``malformed``).
+When a message's header arrives its verdict is mostly known: who sent it (a stranger is turned away
+before any tensor byte is read), whether its layout is the model's, whether its round has a place in
+the inbox. Only a message the inbox can keep gets a buffer, sized once from its header (a row of the
+round's matrix, :meth:`~dfedrw.peer.transport.inbox.Inbox.reserve`), each chunk copied into it as it
+comes, checksum and values checked on the way
+(:class:`~dfedrw.peer.transport.serde.PayloadDecoder`). Any other message is followed to its end
+unkept, so a message is rejected for its first defect in this order, whatever its size: the stream
+(no header, too large, longer or shorter than declared, a chunk out of place), the sender
+(impersonation; a stranger, or a sender not of the round's graph; a colluder's pool goes to
+:class:`~dfedrw.peer.client.collusion.Collusion`), the header (layout, size, declared samples), the
+payload (checksum, values), the inbox (stale, too far ahead, a second copy, full). Every message
+ends in exactly one of the inbox's counters; nothing in it can raise out of here (``malformed``).
 
 A compressed model, and under a compression that sends differences (``topk``) a whole one too,
-is received into a buffer of its own instead and put into the inbox's row at the end (a
-compressed one rebuilt first): under ``topk`` it is what this client holds of its sender from
-then on, whatever the inbox does with it (see
-:meth:`~dfedrw.peer.transport.compression.Decoder.keep`).
-"""
+is received into a buffer of its own and put into the inbox's row at the end (a compressed one
+rebuilt first): under ``topk`` it is what this client holds of its sender from then on, whatever
+the inbox does with it (:meth:`~dfedrw.peer.transport.compression.Decoder.keep`)."""
 
 from __future__ import annotations
 
@@ -86,10 +83,9 @@ class ModelIntake:
 
     def has_room(self, header) -> bool:
         """Whether a message with ``header`` is to be read now. A large one for a later round
-        than the client's waits while the inbox holds a whole round's models already (the
-        client has all it needs for its round and is about to aggregate: meanwhile the sender
-        is held by gRPC's flow control, and the client does not hold a second round's models on
-        top of the first); anything else is read at once."""
+        than the client's waits while the inbox already holds a whole round's models (the client
+        is about to aggregate; meanwhile gRPC's flow control holds the sender, and the client
+        holds no second round's models on top of the first); anything else is read at once."""
         return header.total_bytes <= LARGE_MESSAGE or self.inbox.room_for(header.round)
 
     def begin(self, first, sender: int | None = None) -> "Incoming":
@@ -171,16 +167,12 @@ class Incoming:
             return
         self.slot = inbox.reserve(header.sender, header.round)
         if header.encoding:
-            # A compressed model: its payload is kept as it comes (whether or not the inbox
-            # keeps the model: a difference must still reach what this client holds of the
-            # sender, see Decoder.keep), the model rebuilt from it and its values checked at the end.
+            # Its payload kept whatever the inbox does (see the module); rebuilt and checked last.
             self.encoded = torch.empty(header.total_bytes, dtype=torch.uint8)
             self.decoder = PayloadDecoder(header.total_bytes, header.crc32, None, self.encoded, crc_start=checksum_start(header))
         elif codec is not None and codec.stateful and self._moves_held():
-            # A whole model under a compression that sends differences: what this client holds
-            # of its sender from now on, even if the inbox lets go of its row (the round passes
-            # while it arrives) or keeps none (a round closed). Copied into the row at the end,
-            # in place of the copy of the row keep() would make: no dearer than before.
+            # A whole model under a stateful compression, held even if the inbox lets go of its row
+            # or keeps none (see the module): copied into the row at the end; keep() copies nothing.
             self.whole = torch.empty(header.total_bytes // 4, dtype=torch.float32)
             self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, self.whole, crc_start=checksum_start(header))
         elif isinstance(self.slot, Slot):
@@ -193,9 +185,8 @@ class Incoming:
             self.decoder = PayloadDecoder(header.total_bytes, header.crc32, intake.plausible, None, crc_start=checksum_start(header))
 
     def _moves_held(self) -> bool:
-        """Whether this model, once it passed its own checks, is what this client holds of its
-        sender (under a compression that sends differences): unless the inbox refuses its round
-        as too far ahead (see :meth:`~dfedrw.peer.transport.compression.Decoder.keep`)."""
+        """Whether this model, once checked, is what this client holds of its sender (stateful
+        compressions): unless the inbox refuses its round as too far ahead (see the module)."""
         return self.slot != "future"
 
     def _take(self, chunk) -> None:
@@ -233,8 +224,7 @@ class Incoming:
             if isinstance(self.slot, Slot):
                 inbox.release(self.slot)  # a no-op once filled
             if self.header is not None and self.header.total_bytes > LARGE_MESSAGE:
-                # Its chunks' buffers were freed into the heap: let the system have the pages
-                # back, or the ten models a round brings leave a hundred MB behind in it.
+                # Its chunks' buffers were freed into the heap: give the pages back to the system.
                 release_free_heap()
         return (*verdict, inbox.told(self.header.sender if self.header is not None else None))
 
@@ -274,8 +264,7 @@ class Incoming:
         return rebuilt
 
     def _into_row(self, vector: torch.Tensor) -> torch.Tensor | None:
-        """``vector`` copied into the inbox's row for this message, which is returned (None:
-        the inbox let go of it, the model is not kept)."""
+        """Copy ``vector`` into this message's inbox row, returned (None: the inbox let it go)."""
         with self.slot.lock:
             row = self.slot.buffer
             if row is not None:

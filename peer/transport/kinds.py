@@ -1,10 +1,9 @@
 """The transports a scenario can name (``network.transport``): one registry of kinds.
 
-A transport kind is a class registered in :data:`TRANSPORT_REGISTRY` (or named by import path
-``"module:Class"``, or an installed plugin of the ``dfedrw.transports`` entry-point group); its
-constructor's keyword parameters are its settings (``[network.NAME]``). It says how its
-clients are placed (``placement``) and makes each client's
-:class:`~dfedrw.peer.transport.base.Transport`:
+A transport kind is a class registered in :data:`TRANSPORT_REGISTRY` (or ``"module:Class"``, or a
+plugin of the ``dfedrw.transports`` entry-point group); its constructor's keyword parameters are
+its settings (``[network.NAME]``). It says how its clients are placed (``placement``) and makes
+each client's :class:`~dfedrw.peer.transport.base.Transport`:
 
 * ``"processes"``: one OS process per client (``dfedrw run``, ``dfedrw peer``, compose, and
   torchrun ranks): :meth:`TransportKind.process_transport` makes a client's transport from the
@@ -18,10 +17,9 @@ clients are placed (``placement``) and makes each client's
 sender of a message being the client its certificate names); a transport without it must
 authenticate its senders some other way, or every claim of a sender id is taken on trust.
 
-A hook's ``scenario`` is the run's validated :class:`~dfedrw.peer.config.scenario.Scenario`; this module
-only reads it (its kinds are built from a scenario by :func:`dfedrw.peer.wiring.build.scenario_transport`,
-which gives the gRPC kind ``message_bytes``, the largest message a client receives).
-"""
+A hook's ``scenario`` is the run's validated :class:`~dfedrw.peer.config.scenario.Scenario`, only
+read here; :func:`dfedrw.peer.wiring.build.scenario_transport` builds the kinds from it, giving
+the gRPC kind ``message_bytes``, the largest message a client receives."""
 
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ the largest message client K receives (``message_bytes(K)``), given by the run."
 
 
 class TransportKind:
-    """What every transport kind offers (see the module); a subclass sets ``placement`` and
-    overrides the hook of its placement."""
+    """Every kind's hooks (see the module): a subclass sets ``placement`` and overrides its own."""
 
     placement: ClassVar[str] = "processes"
     uses_tls: ClassVar[bool] = False
@@ -91,13 +88,12 @@ class Grpc(TransportKind):
     def process_transport(
         self, scenario: Any, client: int | None, *, host: str, port: int, advertise: str | None = None, identity: ClientIdentity | None = None
     ) -> Transport:
-        """The gRPC transport with the scenario's limits. Each sender gets its own call slots (its
-        ``Exchange`` call, which stays open for the whole run, and ``network.calls_per_sender``
-        pushes) and a message bucket of ``round_window + 2`` messages a round (one is honest);
-        the server's bound on concurrent calls leaves room for every client's slots. With
-        ``network.tls = "mutual"`` it needs the client's ``identity``. ``client`` (None: the
-        identity's) is whose transport it is: a receiver buffers at most ``message_bytes(client)``
-        per open call."""
+        """The gRPC transport with the scenario's limits: each sender gets its own call slots (its
+        ``Exchange`` call, open all run, and ``network.calls_per_sender`` pushes) and a bucket of
+        ``round_window + 2`` messages a round (one is honest); the server's bound on concurrent
+        calls leaves room for every client's slots. ``network.tls = "mutual"`` needs the client's
+        ``identity``. ``client`` (None: the identity's) is whose transport it is: a receiver
+        buffers at most ``message_bytes(client)`` per open call."""
         from dfedrw.peer.transport.identity import IdentityError
         from dfedrw.peer.transport.grpc.limits import CallLimits
         from dfedrw.peer.transport.grpc.transport import GrpcTransport
@@ -124,8 +120,7 @@ class Grpc(TransportKind):
             # Without TLS a sender is an IP address: every client of the run may share one host.
             shared_host=1 if identity is not None else scenario.num_clients,
         )
-        # What an honest message holds (a colluder's pools hold more), not the scenario's far
-        # larger ceiling.
+        # What an honest message holds (a colluder's pools hold more), not the scenario's ceiling.
         client = identity.client if client is None and identity is not None else client
         model_bytes = self.message_bytes(client)
         return GrpcTransport(

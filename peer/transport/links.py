@@ -1,25 +1,22 @@
 """Emulated network links, applied on the sending side in user space, under any transport.
 
 :class:`EmulatedLinks` wraps a transport (gRPC, in-process, torch.distributed) and holds each
-message back until the time its link says it arrives, then hands it to the wrapped transport,
-which sends it at once. What is emulated, per directed link (:class:`LinkProfile`, timed by a
-seeded :class:`LinkSchedule`):
+message back until its link says it arrives, then hands it to the wrapped transport, which sends it
+at once. Emulated per directed link (:class:`LinkProfile`, timed by a seeded :class:`LinkSchedule`):
 
 - latency, plus jitter (a normal draw, the total clamped at >= 0);
-- bandwidth, with the link sending one message at a time: a message starts when the one
-  before it on the same link has been transmitted, so messages queue behind each other;
+- bandwidth, one message at a time: a message starts when the one before it on the same link
+  has been transmitted, so messages queue behind each other;
 - loss, per message (a lost message still occupies the link for its transfer time).
 
-What is not: the sender's own TCP stack (or NCCL, or the in-process hand-over) still runs at
-full speed underneath, once a message is released; there is no duplication, no reordering
-on a link (arrivals stay in send order, as on one TCP connection), no loss of single
-packets or chunks (a message is lost whole or arrives whole), no congestion between links
-(each link has its own bandwidth; links sharing a sender or a receiver do not slow each
-other down), and nothing on the receiving side.
+Not emulated: the sender's own TCP stack (or NCCL, or the in-process hand-over) runs at full
+speed once a message is released; no duplication, no reordering on a link (arrivals stay in send
+order, as on one TCP connection), no loss of single packets or chunks (a message is lost or
+arrives whole), no congestion between links (each has its own bandwidth; links sharing a sender
+or a receiver do not slow each other down), and nothing on the receiving side.
 
 Every link has its own random stream, seeded from a digest of the run's seed and the link's
-ends, so a run is reproducible on any platform and no link's draws depend on another's.
-"""
+ends, so a run is reproducible on any platform and no link's draws depend on another's."""
 
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def _stream(label: str) -> np.random.Generator:
-    # A digest rather than ``hash()``: the same draws on every platform and Python version,
-    # and each label its own stream, without any shared RNG state.
+    # A digest rather than ``hash()``: the same draws on every platform and Python version.
     digest = hashlib.blake2b(label.encode(), digest_size=8).digest()
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "big")))
 
@@ -83,11 +79,9 @@ class LinkSchedule:
 
     Two draws per message, always, in this order: a uniform (lost when below ``loss``), then a
     standard normal (the jitter), so the stream's position never depends on an outcome. Not
-    thread-safe: :class:`EmulatedLinks` plans under its lock.
-
-    Counters: ``sent`` (messages planned, lost ones included), ``lost``, ``bytes`` (of every
-    message planned: a lost one was transmitted too).
-    """
+    thread-safe: :class:`EmulatedLinks` plans under its lock. Counters: ``sent`` (messages
+    planned, lost ones included), ``lost``, ``bytes`` (of every message planned: a lost one was
+    transmitted too)."""
 
     def __init__(self, profile: LinkProfile, seed: int, src: int, dst: int) -> None:
         self.profile = profile
@@ -140,8 +134,7 @@ def distance_profiles(
 ) -> dict[tuple[int, int], LinkProfile]:
     """Profiles of every directed link ``(i, j)``, ``i != j``, between clients placed at seeded
     uniform random points of the unit square: ``base`` with ``latency_per_unit`` seconds more
-    latency per unit of distance (a checked scenario's ``[links]``). ``(i, j)`` and ``(j, i)``
-    get the same profile."""
+    latency per unit of distance (a checked scenario's ``[links]``), the same both ways."""
     points = _stream(f"links/points/{seed}").random((num_clients, 2)).tolist()
     profiles: dict[tuple[int, int], LinkProfile] = {}
     for i in range(num_clients):
@@ -156,20 +149,17 @@ class EmulatedLinks:
     """A transport that sends through ``inner`` as if over the links ``schedules`` time (one
     per receiver; a receiver without one is sent to at once).
 
-    :meth:`send` never blocks: it plans the message on its link and queues it until its
-    arrival time (a lost one is dropped here, counted in ``lost``); :meth:`pump` hands every
-    message due by a given time to ``inner``, in arrival order. A daemon worker thread pumps as
-    messages fall due by ``clock`` (which must then count seconds, as ``time.monotonic``);
-    with ``start_worker=False`` there is none, and the caller pumps (tests, with a fake clock).
+    :meth:`send` never blocks: it plans the message on its link and queues it until its arrival
+    time (a lost one is dropped here, counted in ``lost``); :meth:`pump` hands every message due
+    by a given time to ``inner``, in arrival order. A daemon worker thread pumps as messages fall
+    due by ``clock`` (which must then count seconds, as ``time.monotonic``); with
+    ``start_worker=False`` there is none, and the caller pumps (tests, with a fake clock). With
+    ``newest_only`` (asynchronous gossip) a link takes no message while it still transmits the
+    one before: the sender's next model goes instead (:meth:`offer`).
 
-    With ``newest_only`` (asynchronous gossip) a link takes no message while it still
-    transmits the one before: the sender's next model goes instead (:meth:`offer`).
-
-    Counters: ``bytes_sent``, ``dropped``, ``skipped_stale`` are the inner transport's (a
-    message is counted there when it is handed over); ``lost`` counts the messages the links
-    lost, ``delayed`` those handed over after waiting for their arrival time, ``skipped_busy``
-    those a busy link turned away (``newest_only``).
-    """
+    Counters: ``bytes_sent``, ``dropped``, ``skipped_stale`` are the inner transport's (counted
+    when a message is handed over); ``lost``: messages the links lost; ``delayed``: handed over
+    after waiting for their arrival time; ``skipped_busy``: turned away by a busy link."""
 
     def __init__(
         self,
@@ -186,10 +176,9 @@ class EmulatedLinks:
         self.schedules = dict(schedules)
         self._clock = clock
         self._cond = threading.Condition()
-        # Held around every call of inner.send: messages are handed over one at a time and in
-        # order, and the inner transport's counters are written by one thread at a time.
-        # Taken before _cond, never while holding it; reentrant, for a close (or a send) made
-        # from within a hand-over.
+        # Held around every inner.send: messages are handed over one at a time, in order, and the
+        # inner transport's counters written by one thread at a time. Taken before _cond, never
+        # while holding it; reentrant, for a close (or a send) made from within a hand-over.
         self._send_lock = threading.RLock()
         # (arrival time, sequence, to, chunks, time queued); the sequence breaks ties in order.
         self._heap: list[tuple[float, int, int, Sequence[pb.ModelChunk], float]] = []
@@ -342,8 +331,7 @@ class EmulatedLinks:
         self.inner.flush(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        """Stop the worker (the messages still waiting are never sent), then close the inner
-        transport."""
+        """Stop the worker (messages still waiting are never sent), then close the inner one."""
         with self._cond:
             self._closed = True
             self._heap.clear()

@@ -2,9 +2,8 @@
 
 Anyone who reaches a client can make it reject messages as fast as it can send them, so a
 rejection must cost a counter, not a log line: :class:`RateLimitedLog` writes at most one line
-per key (a rejection reason) per interval and says in that line how many were left out since the
-previous one. Text taken from a message goes into a line only through :func:`quote`.
-"""
+per key (a rejection reason) per interval, saying how many were left out since the previous one.
+Text taken from a message goes into a line only through :func:`quote`."""
 
 from __future__ import annotations
 

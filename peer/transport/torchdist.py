@@ -2,30 +2,24 @@
 of one torchrun job (gloo on CPU, NCCL on GPU). Only valid under torchrun, where client id =
 rank and every client is a rank of the one default process group.
 
-Framing. A message is the protobuf bytes of one ``ModelChunk`` (the chunks ``serde.encode``
-made, joined into one), sent as two tensors: its length (int64, one element), then the bytes
-(uint8; on the GPU for NCCL). A length of 0 is the end-of-stream sentinel each client sends
-each neighbour when it closes, so the neighbour's receive thread ends. The receiver parses the
-bytes with ``ModelChunk.FromString`` and hands the chunk to the client's ``deliver`` callback:
-the same validation as over gRPC, and never pickle.
+Framing: a message is one ``ModelChunk``'s protobuf bytes (``serde.encode``'s chunks joined),
+sent as two tensors: its length (int64, one element), then the bytes (uint8; on the GPU for
+NCCL); a length of 0 is the end-of-stream sentinel a client sends each neighbour when it closes.
+The receiver parses the bytes (``ModelChunk.FromString``) and hands the chunk to the client's
+``deliver``: the same validation as over gRPC, and never pickle.
 
-Threads. Per neighbour one sender thread fed by a queue (messages to one peer stay in order)
-and one receiver thread (recv length -> recv payload -> deliver). Each direction of each edge
-gets its own two-rank process group, so a group carries one ordered stream between one sending
-and one receiving thread: NCCL runs all work of a communicator on one stream, and sends in both
-directions on one communicator can wait on each other forever.
+Threads: per neighbour one sender thread fed by a queue (messages to one peer stay in order) and
+one receiver thread (recv length, recv payload, deliver). Each direction of each edge has its own
+two-rank process group, carrying one ordered stream between one sending and one receiving
+thread: NCCL runs all work of a communicator on one stream, and sends in both directions on one
+communicator can wait on each other forever.
 
-What it gives up against gRPC:
-
-- No per-round deadline can unblock a recv from a silent peer. The round loop keeps its
-  deadline (it waits on the inbox, not on the transport), but the receive thread stays blocked
-  until that peer sends or the group timeout passes.
-- A crashed peer ends the job: torchrun stops every rank when one fails, and a timed-out NCCL
-  operation aborts the process; over gRPC the other clients carry on without it.
-- All ranks are in one process group from the start: no late joiners, no restarted clients.
-- NCCL needs one GPU per rank; the launcher hands this transport a CPU device (gloo) when the
-  ranks on a node share GPUs.
-"""
+Against gRPC it gives up a per-round deadline that unblocks a recv from a silent peer (the round
+loop keeps its deadline, as it waits on the inbox, but the receive thread stays blocked until that
+peer sends or the group timeout passes); surviving a crashed peer (torchrun stops every rank when
+one fails, and a timed-out NCCL operation aborts the process); late joiners and restarted clients
+(all ranks are in one process group from the start); and ranks sharing GPUs under NCCL, which needs
+one GPU per rank (the launcher then hands this transport a CPU device, gloo)."""
 
 from __future__ import annotations
 
@@ -97,11 +91,9 @@ def checked_length(size: int, limit: int) -> int:
 
 
 def directed_groups(edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(sender, receiver) of every process group to create, in the order all ranks create them.
-
+    """(sender, receiver) of every process group to create, in the order all ranks create them:
     ``new_group`` is collective over the whole job and must be called in the same order
-    everywhere, so the order depends on the graph alone.
-    """
+    everywhere, so the order depends on the graph alone."""
     out: list[tuple[int, int]] = []
     for a, b in sorted({(min(u, v), max(u, v)) for u, v in edges}):
         out += [(a, b), (b, a)]
@@ -111,12 +103,10 @@ def directed_groups(edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 class TorchDistTransport:
     """A :class:`~peer.transport.base.Transport` over ``torch.distributed`` point-to-point.
 
-    ``edges`` is the whole communication graph: the topology's edges and, when Byzantine
-    clients collude, every pair of colluders (every rank creates the same process groups);
-    ``timeout`` bounds every send and receive; ``max_messages`` is the most a neighbour sends
-    in a run (its rounds); ``linger`` bounds how long ``close`` waits for the neighbours' end
-    of stream.
-    """
+    ``edges`` is the whole communication graph: the topology's edges and, when Byzantine clients
+    collude, every pair of colluders (every rank creates the same process groups); ``timeout``
+    bounds every send and receive; ``max_messages`` is the most a neighbour sends in a run (its
+    rounds); ``linger`` bounds how long ``close`` waits for the neighbours' end of stream."""
 
     def __init__(
         self,

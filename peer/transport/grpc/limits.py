@@ -18,18 +18,16 @@ class CallLimits:
     call that carries no chunk for ``idle_call_timeout`` seconds is ended.
 
     Messages: a token bucket per sender, ``burst`` deep, refilled by ``per_round`` tokens each
-    round the receiver advances and by ``per_second`` tokens a second (so a receiver whose round
-    is stuck still hears from everyone). A message takes a token when it begins and gives it
-    back at its end when it brought news: the receiver took it (an honest model of a round in
-    its window, or under asynchronous gossip a newer model than the one held), or it is a
-    model of a round the receiver has passed that is newer than any the sender sent before (a
-    neighbour that fell behind, whose every model arrives late). So an honest sender, which
-    sends each label once, however fast or slow either side's rounds go, never runs its bucket
-    dry; what costs is what an honest sender does not send: copies, old or far-future labels,
-    bad messages, headers without a model. A message without a token is answered
-    ``rate_limited`` unread; a sender that keeps sending without tokens (``2 * burst`` past
-    empty) has its calls ended and every new one refused for ``block_seconds``. A refused call
-    costs a token too.
+    round the receiver advances and ``per_second`` tokens a second (so a receiver whose round is
+    stuck still hears from everyone). A message takes a token when it begins and gives it back at
+    its end if it brought news: the receiver took it (a model of a round in its window, or under
+    asynchronous gossip newer than the one held), or it is of a round the receiver passed and
+    newer than any the sender sent before (a neighbour that fell behind, whose every model
+    arrives late). So an honest sender, which sends each label once, never runs dry however fast
+    or slow either side's rounds go; what costs is what it does not send: copies, old or
+    far-future labels, bad messages, headers without a model. A message without a token is
+    answered ``rate_limited`` unread; a sender ``2 * burst`` tokens past empty has its calls
+    ended and every new one refused for ``block_seconds``. A refused call costs a token too.
 
     ``shared_host``: without TLS a caller is known only by its IP address, which every client on
     one host shares: such a caller gets this many times every bound."""

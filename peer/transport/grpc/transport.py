@@ -1,30 +1,25 @@
 """gRPC transport: one server per client and a channel to each neighbour, on gRPC's asyncio API.
 
 Models go to a neighbour on one long-lived ``Exchange`` call, one message at a time: the next
-goes out once the receiver's reply to the previous one came back (:mod:`.grpc_sender`). The
-servicer is thin: it cuts the call into messages at their header chunks (:mod:`.framing`),
-hands each to the client's ``deliver`` callback chunk by chunk as it arrives, and turns the
-verdict into a reply; each
-sender has its own call slots and message rate bound at the receiver, and idle calls are
-ended (:mod:`.grpc_admission`): no sender can take another's place or flood the receiver.
-``Push``/``PushOne`` take one message per call, for tools and tests. Message-size limits are
-explicit on both ends (a model larger than one chunk streams in several), and
-``grpc.so_reuseport`` is off so two clients can never share a port silently. Credentials come
-from the client's identity (:mod:`.grpc_tls`).
+goes out once the receiver replied to the previous one (:mod:`.sender`). The thin servicer cuts
+the call into messages at their header chunks (``peer.transport.framing``), hands each to the
+client's ``deliver`` chunk by chunk as it arrives, and turns the verdict into a reply; each sender
+has its own call slots and message rate bound at the receiver, and idle calls are ended
+(:mod:`.admission`): no sender can take another's place or flood the receiver. ``Push`` and
+``PushOne`` take one message per call, for tools and tests. Message-size limits are explicit on
+both ends (a larger model streams in several chunks); ``grpc.so_reuseport`` is off, so two
+clients never share a port silently. Credentials: the client's identity (:mod:`.tls`).
 
-Channels are opened to every neighbour at :meth:`~GrpcTransport.connect` (a fixed graph), or,
-``on_demand`` (a graph that changes from round to round), when a peer is first sent to (or
-:meth:`~GrpcTransport.open` is asked for it): the transport then keeps a channel to each peer it
-has met and closes one that carried nothing for ``idle_channel_timeout`` seconds (the next
-message to that peer opens a new one). Either way every channel is mutual TLS.
+Channels are opened to every neighbour at :meth:`~GrpcTransport.connect` (a fixed graph) or,
+``on_demand`` (a graph that changes each round), when a peer is first sent to or opened
+(:meth:`~GrpcTransport.open`); then one that carried nothing for ``idle_channel_timeout`` seconds
+is closed, the next message to its peer opening a new one. Either way every channel is mutual TLS.
 
 Every server, channel and call of a process runs on one event loop in one thread (``grpc-io``,
-:mod:`.grpc_io`), started on first use. The round loop hands a message over with one
-thread-safe call; gRPC's threaded API would have passed each message and each reply between
-several threads per call (request iterator, channel poller, sender, server poller, handler
-pool). ``deliver`` runs on the event loop and must return promptly: the client's own
-validates, decodes and buffers.
-"""
+:mod:`.loop`): the round loop hands a message over with one thread-safe call, where gRPC's
+threaded API passes each message and reply between several threads per call (request iterator,
+channel poller, sender, server poller, handler pool). ``deliver`` runs on the event loop and must
+return promptly: the client's own validates, decodes and buffers."""
 
 from __future__ import annotations
 
@@ -99,7 +94,6 @@ class GrpcTransport:
         # from a checkpoint learns from it which round its neighbours are in.
         self.peer_replies: dict[int, tuple[int, bool, str]] = {}
         self._addresses: dict[int, str] = {}
-        # On demand: channels opened when first needed, closed when idle (see the module).
         self.on_demand = on_demand
         self.idle_channel_timeout = idle_channel_timeout
         # Asynchronous gossip: a neighbour's queue keeps only the newest model (see Sender).
@@ -235,10 +229,9 @@ class GrpcTransport:
         return on_loop(close())
 
     def reconnect(self, peer: int) -> None:
-        """A neighbour that was down is back (it sent us a message): when our channel to it is
-        still failing (gRPC waits out its reconnection backoff first), open a new one now, so
-        that our next messages reach it. Callable from any thread; the queued messages move
-        over to the new channel."""
+        """A neighbour that was down is back (it sent us a message): if our channel to it is still
+        failing (gRPC waits out its reconnection backoff first), open a new one now and move the
+        queued messages over to it. Callable from any thread."""
 
         async def swap() -> None:
             channel, sender = self._channels.get(peer), self._senders.get(peer)
@@ -275,11 +268,10 @@ class GrpcTransport:
         return [peer for peer, ok in zip(self._channels, on_loop(every())) if not ok]
 
     def offer(self, to: int) -> bool:
-        """Whether a model for ``to`` is to be made and sent now. Under asynchronous gossip
-        (``newest_only``) not while one already waits behind the message in flight: it would be
-        dropped for the newer one, and under a compression that sends differences a dropped
-        message leaves the receiver's copy behind the sender's (``skipped_busy`` counts these).
-        Asked before the model is encoded for the link."""
+        """Whether a model for ``to`` is to be made and sent now (asked before it is encoded for
+        the link). Under asynchronous gossip (``newest_only``) not while one waits behind the
+        message in flight: it would be dropped for the newer one, and a dropped difference leaves
+        the receiver's copy behind the sender's (counted in ``skipped_busy``)."""
         sender = self._senders.get(to)
         if not self.newest_only or sender is None:
             return True
@@ -304,11 +296,9 @@ class GrpcTransport:
             self._room.notify_all()
 
     def wait_room(self, peers: Iterable[int], timeout: float) -> list[int]:
-        """Wait until no message waits in the queue of any of ``peers`` (one may be in flight),
-        at most ``timeout`` seconds; returns those whose queue still holds one. Under
-        asynchronous gossip a client takes its next step only when its last model went out:
-        a receiver that answers slowly tells the sender to slow down, rather than have it
-        make models nobody will take in time."""
+        """Wait, at most ``timeout`` seconds, until no message waits in the queue of any of
+        ``peers`` (one may be in flight); returns those whose queue still holds one. How
+        asynchronous gossip paces a client (:meth:`~dfedrw.peer.client.presence.Presence.pace`)."""
         deadline = time.monotonic() + timeout
         with self._room:
             while True:
