@@ -1,27 +1,23 @@
 """The timeline of the synchronous round protocol over emulated links, on a simulated clock.
 
-A batched engine runs every client as one tensor, with no real time, so nothing in it ever
-waits for a message: :class:`SimulatedClock` works out, round by round, when each client would
-start, send and stop waiting, and so which of its senders' models a real client process would
-miss over the same links (:class:`~dfedrw.peer.transport.links.LinkSchedule`, one per directed
-link, each with its own seeded stream, so the timeline is reproducible).
+A batched engine runs every client as one tensor, with no real time, so nothing in it waits for
+a message: :class:`SimulatedClock` works out, round by round, when each client would start, send
+and stop waiting, and so which senders' models a real client process would miss over the same
+links (:class:`~dfedrw.peer.transport.links.LinkSchedule`, one per directed link, each with its
+own seeded stream, so the timeline is reproducible).
 
-What it follows is the real client's round (``peer.client.rounds`` and ``peer.client.presence``):
-train for ``step_seconds``, send the round's model to every receiver of the round, wait for the
-expected senders until they are all in or the round's deadline passes, aggregate for
-``aggregate_seconds``, and start the next round. A sender that misses ``max_missed_rounds``
-deadlines in a row is not waited for, until a model of it arrives (in time, or late: a sign of
-life, which has it waited for again from the receiver's next round that begins after it
-arrived); it is still sent every model. A model that arrives after its receiver stopped waiting
-is stale and never used.
+It follows the real client's round (``peer.client.rounds``, ``peer.client.presence``): train for
+``step_seconds``, send the round's model to every receiver, wait for the expected senders until all
+are in or the deadline passes, aggregate for ``aggregate_seconds``, start the next round. A sender
+that misses ``max_missed_rounds`` deadlines in a row is not waited for (though still sent every
+model) until a model of it arrives, in time or late: from the receiver's next round begun after
+that, it is waited for again. A model that arrives after its receiver stopped waiting goes unused.
 
-What it leaves out: the lead bound (a real client does not begin a round more than
-``round_window`` rounds ahead of a neighbour it knows to be behind, :mod:`peer.client.presence`;
-here a client that stopped waiting for a slower one runs on at its own pace), the model sent
-again to a neighbour that comes back, the transport's word on reachability (no client here is
-ever unreachable, so none is only probed), and any time spent on the receiving side. Pure: no
-threads, no real time, no I/O.
-"""
+Left out: the lead bound (a real client begins no round more than ``round_window`` rounds ahead of a
+neighbour it knows to be behind, :mod:`peer.client.presence`; here a client that stopped waiting for
+a slower one runs on at its own pace), the model sent again to a neighbour that comes back, the
+transport's word on reachability (no client here is unreachable, so none is only probed), and time
+spent on the receiving side. Pure: no threads, no real time, no I/O."""
 
 from __future__ import annotations
 
@@ -39,12 +35,10 @@ Schedules = Mapping[tuple[int, int], LinkSchedule] | Callable[[int, int], LinkSc
 
 @dataclass(frozen=True)
 class RoundTiming:
-    """One round of every client: when it started, sent and stopped waiting (``start``,
-    ``send``, ``end``, seconds, per client); per receiver, the expected senders whose model it
-    missed (``missing``) and the senders whose model it aggregates (``used``), sorted ids; and
-    how many messages the links lost (``lost``) or delivered after their receiver's ``end``
-    (``late``); per client, how many messages it sent (``sent``), and the links that carried
-    one (``planned``)."""
+    """One round of every client: when it started, sent and stopped waiting (``start``, ``send``,
+    ``end``, seconds, per client); per receiver, the expected senders whose model it missed
+    (``missing``) and the senders whose model it aggregates (``used``), sorted ids; how many
+    messages the links lost (``lost``) or delivered after their receiver's ``end`` (``late``)."""
 
     round: int
     start: tuple[float, ...]
@@ -67,19 +61,17 @@ def link_schedules(
 
 
 class SimulatedClock:
-    """The rounds of ``num_clients`` clients over the links ``schedules`` times: a mapping
-    from ``(src, dst)`` to its schedule, or a factory called once per link, the first time it
-    is sent on (the schedule is kept: its stream and its queue go on from round to round).
+    """The rounds of ``num_clients`` clients over the links ``schedules`` times: a mapping from
+    ``(src, dst)`` to its schedule, or a factory called once per link, the first time it is sent
+    on (the schedule is kept: its stream and its queue go on from round to round).
 
-    ``step_seconds[i]`` is client ``i``'s local training per round, ``aggregate_seconds[i]``
-    its aggregation (scoring included); ``round_timeout``, ``max_missed_rounds`` are the
-    network's settings. ``reactive``: clients
-    that train nothing and answer what they receive, as a Byzantine client does: each waits for
-    its senders that are not reactive from its round's start (its deadline ``round_timeout``
-    after it), then sends, ``step_seconds`` later (its crafting), to its receivers that are not
-    reactive only, and starts its next round. What it is given comes from a checked scenario
-    (:func:`scenario_clock`) and a schedule's graphs: it checks none of it again.
-    """
+    ``step_seconds[i]``: client ``i``'s local training per round; ``aggregate_seconds[i]``: its
+    aggregation (scoring included); ``round_timeout``, ``max_missed_rounds``: the network's
+    settings. ``reactive``: clients that train nothing and answer what they receive, as a
+    Byzantine client does: each waits for its non-reactive senders from its round's start
+    (deadline ``round_timeout`` after it), then sends, ``step_seconds`` later (its crafting), to
+    its non-reactive receivers only, and starts its next round. Its arguments come from a checked
+    scenario (:func:`scenario_clock`) and a schedule's graphs: it checks none of them again."""
 
     def __init__(
         self,
@@ -100,10 +92,9 @@ class SimulatedClock:
         self._links: dict[tuple[int, int], LinkSchedule] = {}
         self._start = [0.0] * n
         self._round = 0
-        # Per receiver: the senders it presumes gone, and the deadlines each missed in a row.
+        # Per receiver: senders presumed gone, deadlines missed in a row, when each was given up.
         self._gone: list[set[int]] = [set() for _ in range(n)]
         self._missed: list[dict[int, int]] = [{} for _ in range(n)]
-        # Per receiver and sender given up on: when it was given up.
         self._given_up_at: list[dict[int, float]] = [{} for _ in range(n)]
         # Per link: when its models of the rounds past arrive (those not yet past at the
         # receiver), for a sender given up on whose late model brings it back.
@@ -115,8 +106,7 @@ class SimulatedClock:
         return tuple(self._start)
 
     def link(self, src: int, dst: int) -> LinkSchedule:
-        """The schedule of the link ``src -> dst`` (built on first use; its counters tell what
-        was sent on it)."""
+        """The schedule of ``src -> dst``, built on first use; its counters tell what was sent."""
         key = (src, dst)
         schedule = self._links.get(key)
         if schedule is None:
@@ -225,8 +215,7 @@ class SimulatedClock:
 def scenario_clock(scenario: Scenario, byzantine: frozenset[int] | set[int]) -> SimulatedClock:
     """The simulated clock of a batched run: the scenario's links (the same profiles and seeded
     streams as its clients' :class:`EmulatedLinks`), each client's ``[clock]`` compute at its
-    speed, the network's deadline and liveness; the Byzantine clients answer what they receive
-    (``reactive``)."""
+    speed, the network's deadline and liveness; the Byzantine clients are ``reactive``."""
     default, own = link_profiles(scenario)
     clock, n = scenario.clock, scenario.num_clients
     speeds = [scenario.speed_of(k) for k in range(n)]

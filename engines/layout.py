@@ -4,15 +4,13 @@ before the first round and recorded in every run's results.
 A model with a layer plan (a stack of Linear and elementwise layers) runs as batched matrix
 products whatever the setting. Any other model (the convolutional ones) runs in one of
 :attr:`~dfedrw.peer.learning.model_matrix.FlatModel.LAYOUTS`: ``loop``, each model called in
-turn, or ``vmap``, every model in one call per layer (grouped convolutions). On the CPU
-``loop`` is the faster (1.3x for LeNet-5, 1.5x for ResNet-20: docs/gpu.md), so ``auto`` takes
-it there without measuring, and the CPU's results do not depend on a timing. On another device ``auto`` times
-both on this run's own work (one local step of up to :data:`MEASURED_ROWS` clients and the
-scoring of a few clients' candidates on their auxiliary sets) and keeps the faster: which one
-wins on a GPU depends on the model, the client count and the card. The two layouts compute
-the same function; their floats may differ in the last bits (a grouped convolution sums in
-another order), so a run on a GPU under ``auto`` is reproducible up to that.
-"""
+turn, or ``vmap``, every model in one call per layer (grouped convolutions). On the CPU ``loop``
+is the faster (1.3x for LeNet-5, 1.5x for ResNet-20: docs/gpu.md), so ``auto`` takes it there
+without measuring and the CPU's results do not depend on a timing. On another device ``auto``
+times both on the run's own work (:func:`layout_work`) and keeps the faster: which wins on a GPU
+depends on the model, the client count and the card. The two layouts compute the same function;
+their floats may differ in the last bits (a grouped convolution sums in another order), so a run
+on a GPU under ``auto`` is reproducible up to that."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ CPU_RULE: str | None = "loop"
 # Clients whose local step the measurement times: the loop's time grows with the count and
 # vmap's much less, so a few dozen rows show which wins without costing a round of 10,000.
 MEASURED_ROWS = 64
-# Clients whose candidates' scoring it times (each on its own auxiliary set).
 MEASURED_OWNERS = 4
 # Timed repetitions of each layout, after one untimed (kernel selection, caches); the least counts.
 REPEATS = 2

@@ -6,13 +6,12 @@ message costs on the wire (:class:`LinkCodec`).
 The same :class:`~dfedrw.peer.transport.compression.Compression` a client's encoder uses, on the
 rows of the batched engine's models: ``int8`` encodes each honest model once a round with the
 generator a client would draw its rounding from (seeded by the run's seed, the sender and the
-round), every receiver rebuilding the same model; ``topk`` keeps per link the model its
-receiver holds of the sender, as a client's encoder and its neighbour's decoder do (a whole
-model first and every ``refresh`` messages, a difference of the largest coordinates between).
-A link's state moves on only when the link carries a message (the clock says which). Byzantine clients send raw models, as theirs do.
-The batched engine has no replies, so a lossy link under ``topk`` is refused (see
-:func:`check_supported`): no receiver's copy falls out of step.
-"""
+round), every receiver rebuilding the same model; ``topk`` keeps per link the model its receiver
+holds of the sender, as a client's encoder and its neighbour's decoder do (a whole model first
+and every ``refresh`` messages, a difference of the largest coordinates between). A link's state
+moves on only when it carries a message (the clock says which). Byzantine clients send raw
+models, as theirs do. With no replies, a lossy link under ``topk`` is refused
+(:func:`check_supported`): no receiver's copy falls out of step."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def message_bytes(specs: Sequence[TensorSpec], chunk_bytes: int, scores: int = 0
 
 
 def _scores(n: int) -> dict[int, float]:
-    """``n`` scores as a message's header holds them (fixed width: what they say does not
-    change their size)."""
+    """``n`` scores as a header holds them (fixed width: their values do not change the size)."""
     return dict.fromkeys(range(n), 1.0)
 
 
@@ -59,9 +57,8 @@ def pooled(rebuilt: Mapping[tuple[int, int], torch.Tensor], receivers: Collectio
 
 
 def check_supported(compression: Compression, lossy: bool) -> None:
-    """Raise ``ValueError`` for what the batched engine does not model: differences over links
-    that lose messages (a receiver's copy falls behind and is resynced by the sender's replies,
-    which the batched engine has none of)."""
+    """Raise ``ValueError`` for what the batched engine does not model: differences over lossy
+    links (a receiver's copy falls behind and is resynced by the sender's replies; it has none)."""
     if compression.stateful and lossy:
         raise ValueError(
             "network.compression = 'topk' over [links] that lose messages: the batched engine does not model the receivers' "
@@ -80,7 +77,6 @@ class LinkCodec:
         self.seed = seed
         self.honest = frozenset(honest)
         self.specs, self.chunk_bytes = tuple(specs), chunk_bytes
-        # A raw message's bytes, and how many scores each sender's carries.
         self.raw = MessageSizes(specs, chunk_bytes) if raw is None else raw
         self._encoded_bytes: dict[int, int] = {}
         # Per link (sender, receiver) under topk: (the round of the model the receiver holds, it).
@@ -114,9 +110,8 @@ class LinkCodec:
         return out
 
     def rebuilt(self, r: int, models: Mapping[int, torch.Tensor], links: Iterable[tuple[int, int]]) -> dict[tuple[int, int], torch.Tensor]:
-        """Round ``r``: the model each link's receiver rebuilds of its honest sender
-        (``models``: sender -> its model, flat float32 on the CPU), for the links that carried
-        a message; the links' state moves on."""
+        """Round ``r``: the model each link that carried a message rebuilds of its honest sender
+        (``models``: sender -> its model, flat float32 on the CPU); the links' state moves on."""
         compression = self.compression
         out: dict[tuple[int, int], torch.Tensor] = {}
         shared: dict[int, torch.Tensor] = {}
@@ -167,10 +162,9 @@ class MessageSizes:
 
 
 class SimulatedNetwork:
-    """The batched engine's network: with a clock (``scenario.clocked``) the models that reach
-    each receiver by its deadline and each round's simulated seconds and bytes; with a
-    compression the models as their receivers rebuild them. Neither: every model of the round's
-    graph arrives as it was sent, as the batched engine always had it."""
+    """The batched engine's network: with a clock (``scenario.clocked``), the models that reach
+    each receiver by its deadline and each round's simulated seconds and bytes; with a compression,
+    the models as their receivers rebuild them; with neither, every model arrives as sent."""
 
     def __init__(self, scenario: Scenario, honest: Sequence[int], byzantine: Sequence[int]) -> None:
         sc = scenario

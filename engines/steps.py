@@ -1,7 +1,6 @@
-"""The pieces of a batched round (:mod:`dfedrw.engines.together`), shared by the round protocol's
-driver (:func:`~dfedrw.engines.together.run_together`) and asynchronous gossip's
-(:mod:`dfedrw.engines.gossip`): the groups of clients that share a rule, the local steps of
-many clients at once, and their aggregation over one pool of candidates."""
+"""The pieces of a batched round, shared by :func:`~dfedrw.engines.together.run_together` (the round
+protocol) and :mod:`dfedrw.engines.gossip` (asynchronous gossip): the groups of clients that share a
+rule, the local steps of many clients at once, and their aggregation over one pool of candidates."""
 
 from __future__ import annotations
 
@@ -27,15 +26,12 @@ def _same(a: Any, b: Any) -> bool:
 
 def rule_groups(rules: list[Any]) -> list[tuple[Any, list[int]]]:
     """Positions of equal rules (same class, same settings), in first-seen order: a rule with a
-    batched method is called once a round for its whole group. A rule may say what it is
-    grouped by (``batch_group()``, a hashable value): Flame leaves out its seed, which each
-    client draws for itself, so one call takes every client's round (each with its own rule,
-    ``RoundBatch.rules``).
-
-    Hashable rules (the built-in ones are frozen dataclasses) are grouped through a dict, so
-    10,000 clients each with its own rule cost 10,000 lookups rather than 50 million
-    comparisons; the others are compared with each group found so far.
-    """
+    batched method is called once a round for its whole group. A rule may say what it is grouped
+    by (``batch_group()``, a hashable value): Flame leaves out its seed, which each client draws
+    for itself, so one call takes every client's round (each its own rule: ``RoundBatch.rules``).
+    Hashable rules (the built-in ones are frozen dataclasses) are grouped through a dict, so 10,000
+    clients each with its own rule cost 10,000 lookups rather than 50 million comparisons; the
+    others are compared with each group found so far."""
     groups: list[tuple[Any, list[int]]] = []
     by_key: dict[Any, list[int]] = {}
     for c, rule in enumerate(rules):
@@ -55,16 +51,14 @@ def rule_groups(rules: list[Any]) -> list[tuple[Any, list[int]]]:
 
 
 def train_together(runs: list[BatchedRun], r: int = 0) -> list[list[float]]:
-    """Round ``r``'s local SGD steps of every client of ``runs`` (runs of one
-    :func:`batch_key`); returns each run's clients' mean minibatch loss.
-
-    The clients' losses are independent, so the gradient of their sum with respect to the
-    stacked ``[clients, params]`` parameters is each client's own gradient in its own row: the
-    runs whose minibatches have one width go through one product, a run with a padded
-    minibatch (a shard smaller than the batch size), or with clients that have taken all their
-    steps of the round (``train.local_epochs`` over shards of different sizes), through its own.
-    Each step is :func:`~dfedrw.peer.learning.training.sgd_update` of the rows (momentum buffers kept
-    per run, as each client keeps its own)."""
+    """Round ``r``'s local SGD steps of every client of ``runs`` (runs of one :func:`batch_key`);
+    returns each run's clients' mean minibatch loss. The clients' losses are independent, so the
+    gradient of their sum with respect to the stacked ``[clients, params]`` parameters is each
+    client's own gradient in its own row. The runs whose minibatches have one width share one
+    product; a run with a padded minibatch (a shard smaller than the batch size) or with clients
+    done with the round's steps (``train.local_epochs`` over shards of different sizes) has its own.
+    Each step is an :func:`~dfedrw.peer.learning.training.sgd_update` of the rows, momentum buffers
+    kept per run (as each client keeps its own)."""
     t = runs[0].scenario.train
     lr = t.lr_at(r, runs[0].scenario.rounds)
     totals = [[0.0] * len(run.honest) for run in runs]
@@ -140,8 +134,7 @@ def aggregate_together(
     offsets = np.cumsum([0] + [p.count for p in parts[:-1]]).tolist()
     pieces = [piece for p in parts for piece in p.pieces]
     vectors = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # one copy for every run's rows
-    # The pool's non-finite rows, for every rule and the scorer: as the intake found them, or
-    # checked once here.
+    # Finite pooled rows, for every rule and the scorer: as the intake found them, or checked here.
     if all(p.finite is not None for p in parts):
         finite = torch.tensor([ok for p in parts for ok in p.finite], dtype=torch.bool)
     else:

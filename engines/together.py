@@ -1,14 +1,13 @@
 """``engine.name = "batched"``: every client of a scenario at once, in this process.
 
-The honest clients' models are the rows of one ``[clients, params]`` tensor on one device. A
-round is, for all of them together: the local SGD step(s) (one ``vmap`` of the model's
-per-sample-batch gradient over the clients), the Byzantine clients' messages (each attack
-called on the rows its neighbours sent it, as a Byzantine process would), and each client's
-aggregation rule on the rows its neighbours sent it. Nothing is serialised and nothing waits,
-no threads: when time can change what happens (emulated links, slow clients, ``[clock]``
-compute) a simulated clock says which models each receiver has by its deadline, and under a
-compression each receiver aggregates the models as it would rebuild them
-(:mod:`dfedrw.engines.network`).
+The honest clients' models are the rows of one ``[clients, params]`` tensor on one device. A round
+is, for all of them together: the local SGD step(s) (:func:`~dfedrw.engines.steps.train_together`),
+the Byzantine clients' messages (each attack called on the rows its neighbours sent it, as a
+Byzantine process would), and each client's aggregation rule on the rows its neighbours sent it.
+Nothing is serialised, nothing waits, no threads: when time can change what happens (emulated
+links, slow clients, ``[clock]`` compute) a simulated clock says which models each receiver has
+by its deadline, and under a compression each receiver aggregates the models as it would rebuild
+them (:mod:`dfedrw.engines.network`).
 
 It is the same experiment as the other engines, not a re-implementation of it: the partition,
 graph, Byzantine placement, initial models, minibatch order (:class:`~dfedrw.peer.learning.training.BatchOrder`),
@@ -17,9 +16,8 @@ applies are the ones the clients use, drawn from the same seeds. Floats may diff
 bits (a batched matrix product sums in another order), see ``tests/integration/test_engine_parity.py``.
 
 Its results folder has the layout and keys of every run (``scenario.toml``, ``peers/<id>.jsonl``,
-``peers/<id>.json``, ``summary.json``); byte counts are 0 (nothing was sent) and
-``summary.json`` says ``"engine": "batched"``.
-"""
+``peers/<id>.json``, ``summary.json``); byte counts are 0 (nothing was sent) and ``summary.json``
+says ``"engine": "batched"``."""
 
 from __future__ import annotations
 
@@ -38,10 +36,9 @@ from dfedrw.peer.learning.model_matrix import ManyEvaluator
 
 
 def batch_key(scenario: Scenario) -> tuple:
-    """What runs must share to be rows of one batch (:func:`run_together`): the data set and
-    model (one parameter shape), the local training (one SGD step for all rows), the rounds and
-    evaluation rounds (one loop), the device, threads and layout. Seeds, partitions, graphs, rules and
-    attacks may differ."""
+    """What runs must share to be rows of one batch (:func:`run_together`): the data set and model
+    (one parameter shape), local training (one SGD step for all rows), rounds and evaluation rounds
+    (one loop), device, threads and layout. Seeds, partitions, graphs, rules, attacks may differ."""
     t = scenario.train
     return (
         scenario.engine.name, scenario.engine.device, scenario.engine.threads, scenario.engine.layout, scenario.data.name, t.model, t.hidden, t.lr,

@@ -1,12 +1,9 @@
-"""Data held as tensors, the IDX file format, client partitions, local test sets and
-auxiliary subsets.
+"""Data held as tensors, client partitions, local test sets, auxiliary subsets, augmentation.
 
 Which data sets a scenario can name, and how each is loaded, is :mod:`peer.learning.datasets`.
-Partitions follow the paper's "Experimental Settings": IID, Dirichlet(alpha) and
-LabelSkew(h); "natural" deals a data set's own groups (FEMNIST's writers) to the clients.
-Every randomised function takes an explicit seed; nothing here touches global RNG state or
-writes to disk.
-"""
+Partitions follow the paper's "Experimental Settings": IID, Dirichlet(alpha) and LabelSkew(h);
+"natural" deals a data set's own groups (FEMNIST's writers) to the clients. Every randomised
+function takes an explicit seed; nothing here touches global RNG state or writes to disk."""
 
 from __future__ import annotations
 
@@ -40,11 +37,8 @@ DIRICHLET_MAX_TRIES = 1000
 
 @dataclass(frozen=True)
 class Dataset:
-    """Features and labels held as tensors.
-
-    ``x`` is float32 ``[n, features]`` with pixel values scaled to [0, 1] and images
-    flattened; ``y`` is int64 ``[n]`` with values in ``0 .. num_classes - 1``.
-    """
+    """Features and labels held as tensors: ``x`` float32 ``[n, features]``, pixel values scaled
+    to [0, 1] and images flattened; ``y`` int64 ``[n]``, values in ``0 .. num_classes - 1``."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -64,7 +58,7 @@ class Dataset:
         return int(self.y.shape[0])
 
     def subset(self, idx: Sequence[int] | np.ndarray | torch.Tensor) -> "Dataset":
-        """Return the rows ``idx`` (any integer index sequence) as a new Dataset."""
+        """The rows ``idx`` (any integer index sequence) as a new Dataset."""
         index = torch.as_tensor(np.asarray(idx, dtype=np.int64))
         return Dataset(x=self.x[index], y=self.y[index], num_classes=self.num_classes)
 
@@ -86,14 +80,11 @@ def _partition_error(spec: object, why: str) -> ValueError:
 
 
 def parse_partition(spec: str) -> tuple[str, float | int | str | None]:
-    """Parse a partition spec into ``(kind, parameter)``.
-
-    ``"iid"`` -> ``("iid", None)``; ``"iid:balanced"`` -> ``("iid", "balanced")``;
-    ``"dirichlet:0.1"`` -> ``("dirichlet", 0.1)``;
-    ``"labelskew:4"`` -> ``("labelskew", 4)``; ``"natural"`` -> ``("natural", None)``.
-    Anything else raises ValueError listing the valid forms. The upper bound of H is checked by
-    :func:`partition`, which knows the labels.
-    """
+    """Parse a partition spec into ``(kind, parameter)``: ``"iid"`` -> ``("iid", None)``;
+    ``"iid:balanced"`` -> ``("iid", "balanced")``; ``"dirichlet:0.1"`` -> ``("dirichlet", 0.1)``;
+    ``"labelskew:4"`` -> ``("labelskew", 4)``; ``"natural"`` -> ``("natural", None)``. Anything
+    else raises ValueError listing the valid forms. The upper bound of H is checked by
+    :func:`partition`, which knows the labels."""
     if not isinstance(spec, str):
         raise _partition_error(spec, "not a string")
     text = spec.strip().lower()
@@ -179,8 +170,7 @@ def _partition_natural(groups: np.ndarray, num_clients: int, rng: np.random.Gene
         raise ValueError(
             f"partition 'natural': {ids.size} groups cannot give each of {num_clients} clients groups of its own; use fewer clients"
         )
-    # Largest group first to the client with the fewest rows (ties: the lower client index);
-    # groups of equal size in a seeded order, so the seed decides which client gets which.
+    # Groups of equal size in a seeded order, so the seed decides which client gets which.
     shuffled = rng.permutation(ids.size)
     order = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
     owner = np.empty(ids.size, dtype=np.int64)
@@ -222,8 +212,6 @@ def _partition_labelskew(
         for c in cls:
             holders[int(c)].append(k)
     shuffled = {int(c): rng.permutation(np.flatnonzero(labels == c)) for c in classes}
-    # A client takes the same count from each of its classes (the paper's "equal samples per
-    # class"): the smallest equal share among its classes, so no class is over-drawn.
     share = {c: shuffled[c].size // len(ks) for c, ks in holders.items() if ks}
     per_client = [min(share[int(c)] for c in cls) for cls in held]
     if min(per_client) == 0:
@@ -252,26 +240,23 @@ def partition(
     labelskew_assign: str = "cyclic",
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Split sample indices among ``num_clients`` clients according to ``spec``.
+    """Split sample indices among ``num_clients`` clients according to ``spec``: one sorted int64
+    index array per client, the arrays disjoint.
 
     - ``iid``: seeded shuffle cut into equal parts; the remainder ``n % num_clients`` is dropped.
-    - ``iid:balanced``: every client the same number of samples of each class, ``n_c //
-      num_clients`` of class ``c`` (seeded); the remainders are dropped.
+    - ``iid:balanced``: every client ``n_c // num_clients`` samples of each class ``c`` (seeded);
+      the remainders are dropped.
     - ``dirichlet:ALPHA``: per class, proportions ~ Dir(ALPHA) over clients split that class's
       samples; redrawn (at most :data:`DIRICHLET_MAX_TRIES` times) until every client has at
       least ``min(10, n // num_clients)`` samples.
-    - ``labelskew:H``: client k holds classes ``perm[(k*H + j) % C]`` for ``j < H`` (seeded
-      class permutation); each client takes the same number of samples from each of its
-      classes, the smallest equal share of those classes among their holders. Samples beyond
-      that are unused. ``labelskew_assign="random"`` instead lets every client draw its H
-      classes at random (seeded).
-    - ``natural``: ``groups`` gives each sample's group (an integer, e.g. its writer); whole
-      groups are dealt to clients so that their row counts are as even as possible: the groups
-      in a seeded order, stably sorted largest first, each to the client with the fewest rows
-      so far (ties: the lower client index). Every sample is used and no group is split; fewer
-      groups than clients is an error.
-
-    Returns one sorted int64 index array per client; the arrays are disjoint.
+    - ``labelskew:H``: client k holds classes ``perm[(k*H + j) % C]`` for ``j < H`` (seeded class
+      permutation), or with ``labelskew_assign="random"`` H classes drawn at random (seeded), and
+      takes the same number of samples from each (the paper's "equal samples per class"): the
+      smallest equal share of those classes among their holders (none over-drawn); the rest unused.
+    - ``natural``: ``groups`` gives each sample's group (an integer, e.g. its writer); whole groups
+      are dealt so that the clients' row counts are as even as possible: in a seeded order, stably
+      sorted largest first, each to the client with the fewest rows so far (ties: the lower client
+      index). Every sample is used and no group is split; fewer groups than clients is an error.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1:
@@ -305,13 +290,10 @@ def partition(
 def local_test_indices(
     train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int, size: int, seed: int
 ) -> np.ndarray:
-    """Draw a local test set whose label distribution matches a client's training shard.
-
-    With ``p_c`` the fraction of class ``c`` in ``train_labels``, take ``round(p_c * size)``
-    test samples of class ``c`` without replacement (fewer if the test set has fewer). The
-    total may differ from ``size`` by rounding. Returns sorted int64 indices into
-    ``test_labels``.
-    """
+    """Draw a local test set whose label distribution matches a client's training shard: with
+    ``p_c`` the fraction of class ``c`` in ``train_labels``, ``round(p_c * size)`` test samples of
+    class ``c`` without replacement (fewer if the test set has fewer), so the total may differ
+    from ``size``. Returns sorted int64 indices into ``test_labels``."""
     train_labels = np.asarray(train_labels)
     test_labels = np.asarray(test_labels)
     if train_labels.ndim != 1 or train_labels.size == 0:
@@ -342,11 +324,8 @@ def local_test_indices(
 
 
 def aux_indices(n: int, fraction: float, seed: int) -> np.ndarray:
-    """Sample the auxiliary subset: ``max(1, ceil(fraction * n))`` of ``range(n)``.
-
-    Drawn without replacement with ``seed``; ``fraction`` must lie in (0, 1]. Returns sorted
-    int64 indices (positions within the client's own training shard).
-    """
+    """Sample the auxiliary subset: ``max(1, ceil(fraction * n))`` of ``range(n)``, without
+    replacement, ``fraction`` in (0, 1]. Returns sorted int64 positions in the client's shard."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction <= 1:
@@ -365,12 +344,11 @@ AUGMENTATIONS = ("none", "crop", "crop_flip")
 
 def augment_batch(x: torch.Tensor, input_shape: Sequence[int], kind: str, padding: int, generator: torch.Generator) -> torch.Tensor:
     """A minibatch ``x [B, features]`` of images of ``input_shape`` (channels, height, width),
-    augmented as the usual CIFAR training does: ``"crop"``: each image padded with ``padding``
-    zeros on every side and cropped back to its size at an offset drawn uniformly (both axes);
-    ``"crop_flip"``: then mirrored left to right with probability 1/2; ``"none"``: ``x`` itself.
-    The draws come from ``generator`` (per image: the row offset, the column offset, then the
-    flip, as three vectors of ``B``), so a client's augmentations are the same in every engine.
-    Returns new flat rows on ``x``'s device."""
+    augmented as the usual CIFAR training does, as new flat rows on ``x``'s device: ``"crop"``:
+    each image padded with ``padding`` zeros on every side and cropped back to its size at an
+    offset drawn uniformly (both axes); ``"crop_flip"``: then mirrored left to right with
+    probability 1/2; ``"none"``: ``x`` itself. The draws (row offsets, column offsets, flips:
+    three vectors of ``B``) come from ``generator``, so every engine augments a client alike."""
     if kind == "none":
         return x
     if kind not in AUGMENTATIONS:

@@ -1,27 +1,22 @@
 """A data set stored once per machine as uint8 files that every client process maps.
 
-Decoding the IDX files and converting all 70,000 images to float32 costs a client process
-about a second and 235 MB, though it trains on a tenth of the rows. Instead, the first process
-that needs a data set writes its pixels and labels as raw uint8 files (with a manifest giving
-their shapes, scale and SHA-256) under the cache folder; every process then maps those files
-read-only (the pages are the machine's page cache, shared by all processes) and converts only
-the rows it uses to float32. The values are the same to the bit as :func:`load_dataset`'s:
-``uint8 -> float32`` is exact and ``/ scale`` is one correctly rounded division either way.
+Decoding the IDX files and converting all 70,000 images to float32 costs a client process about a
+second and 235 MB, though it trains on a tenth of the rows. So the first process that needs a data
+set writes its pixels and labels as raw uint8 files under the cache folder, with a manifest of their
+shapes, scale and SHA-256; every process maps them read-only (the machine's page cache, shared by
+all) and converts only the rows it uses to float32, the same to the bit as :func:`load_dataset`'s
+(``uint8 -> float32`` is exact, ``/ scale`` one correctly rounded division).
 
-Where: ``$DFEDRW_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/dfedrw``, else ``~/.cache/dfedrw``;
-a data set lives in ``data/<name>-<key>/``, the key naming its source (for IDX files: their
-folder, sizes and modification times, so replaced files give a new entry). A data set is
-cached when its class gives uint8 ``pixels()`` and a ``source()`` (the built-in sets, see
-:mod:`peer.learning.datasets`); any other is loaded by each process that needs it. A set whose
-``pixels()`` include ``train_groups`` (its training rows' natural groups, FEMNIST's writers)
-has them stored beside, as little-endian int32 (``train_groups.i32``, in the manifest with its
-shape and SHA-256 like the others); the entries of other sets are as they were (same format).
-An entry is written under a temporary name and renamed when complete, so processes that build
-it at once never see half of one. A process opening an entry checks the manifest and the file sizes;
-:func:`verify_stored` re-hashes the files (a launcher does it once before starting its
-clients) and a damaged entry is rebuilt. Where no cache folder can be written the arrays stay
-in the process's memory, as before.
-"""
+Where: ``$DFEDRW_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/dfedrw``, else ``~/.cache/dfedrw``; a
+data set lives in ``data/<name>-<key>/``, the key naming its source (for IDX files: their folder,
+sizes and modification times, so replaced files give a new entry). A set is cached when its class
+gives uint8 ``pixels()`` and a ``source()`` (the built-in sets, :mod:`peer.learning.datasets`); any
+other is loaded by each process that needs it. Its ``train_groups`` (natural groups, FEMNIST's
+writers) are stored beside as little-endian int32 (``train_groups.i32``, in the manifest like the
+others). An entry is written under a temporary name and renamed when complete, so processes that
+build it at once never see half of one. Opening an entry checks the manifest and the file sizes;
+:func:`verify_stored` re-hashes the files (a launcher, once before starting its clients) and a
+damaged entry is rebuilt. Where no cache folder can be written the arrays stay in memory."""
 
 from __future__ import annotations
 
@@ -50,8 +45,8 @@ __all__ = [
 CACHE_ENV = "DFEDRW_CACHE_DIR"
 _FORMAT = 1
 _FILES = ("train_x", "train_y", "test_x", "test_y")
-# Each part an entry may hold: its file and the type of its values. The groups are optional:
-# an entry of a set without them is what it was before they existed, so the format stays 1.
+# Each part an entry may hold: its file and the type of its values. The groups are optional, so
+# an entry without them is format 1 all the same.
 _PARTS = {part: (f"{part}.u8", np.dtype(np.uint8)) for part in _FILES} | {"train_groups": ("train_groups.i32", np.dtype("<i4"))}
 
 
@@ -202,10 +197,9 @@ _PROVIDED: dict[Any, Stored] = {}
 
 
 def provide(source: Any, arrays: dict[str, np.ndarray], scale: float, classes: int) -> None:
-    """Serve ``source`` in this process from ``arrays`` (its parts as :func:`stored_arrays`
-    gives them: uint8 ``train_x``, ``train_y``, ``test_x``, ``test_y``, and int32
-    ``train_groups`` where it has them) instead of its files, which this machine lacks: a node
-    of a sweep on Ray given the driver's copy. Kept until :func:`clear_stored`."""
+    """Serve ``source`` in this process from ``arrays`` (its parts as :func:`stored_arrays` gives
+    them) instead of its files, which this machine lacks: a node of a sweep on Ray given the
+    driver's copy. Kept until :func:`clear_stored`."""
     _PROVIDED[source] = _splits(dict(arrays), float(scale), int(classes), None)
 
 
@@ -218,9 +212,9 @@ def provided(source: Any) -> bool:
 
 
 def stored_arrays(source: Any) -> tuple[dict[str, np.ndarray], float, int] | None:
-    """A cacheable data set's parts (uint8 pixels and labels; the groups where it has them),
-    its scale and its number of classes, checked (:func:`verify_stored`); None for a set the
-    cache cannot store."""
+    """A cacheable data set's parts (uint8 ``train_x``, ``train_y``, ``test_x``, ``test_y``; int32
+    ``train_groups`` where it has them), scale and number of classes, checked
+    (:func:`verify_stored`); None for a set the cache cannot store."""
     stored = verify_stored(source)  # a set given with provide() is what it was given
     if isinstance(stored, Held):
         return None
@@ -315,8 +309,7 @@ def _pixels(source: Any) -> Pixels:
     images = split.images
     if not images.flags.writeable and images.flags.c_contiguous and images.dtype == np.uint8:
         # The mapped file (or the arrays a Ray node was given) itself, no copy: its pages are
-        # shared with every process that maps them. torch warns of a tensor it may not write
-        # to; nothing writes to it.
+        # shared with every process that maps them; nothing writes to it (torch's warning is moot).
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return Pixels(torch.from_numpy(images), split.y, float(split.scale))
@@ -324,8 +317,7 @@ def _pixels(source: Any) -> Pixels:
 
 
 def test_set(source: Any) -> Dataset:
-    """Every test row of a built data set converted, kept per process: the batched engine's
-    runs of a batch share one copy."""
+    """Each test row of a built data set converted, kept per process for a batch's runs to share."""
     return _converted(source, "test")
 
 
@@ -382,11 +374,11 @@ def _stamp(folder: Path) -> tuple:
 
 
 def verify_stored(source: Any) -> Stored | Held:
-    """:func:`stored_dataset`, with every cache file's SHA-256 checked against its manifest
-    first; an entry that fails is built again. For a launcher, once before its clients start;
-    an entry this process has checked already, whose files have the sizes and modification
-    times they had then, is not hashed again (a batch of runs checks its data set once). A set
-    given with :func:`provide` is what it was given."""
+    """:func:`stored_dataset`, with every cache file's SHA-256 checked against its manifest first;
+    an entry that fails is built again. For a launcher, once before its clients start; an entry
+    this process has checked, whose files' sizes and modification times are unchanged since, is
+    not hashed again (a batch of runs checks its data set once). A set given with :func:`provide`
+    is what it was given."""
     if provided(source):
         return _PROVIDED[source]
     if _cacheable(source):

@@ -7,10 +7,9 @@ import torch
 
 
 def engine_device(name: str, *, resolve: bool = True) -> torch.device:
-    """The device ``engine.device`` names (plain ``cuda``: the current GPU, by its index; with
-    ``resolve`` False, as named: reading the current GPU starts CUDA in this process, which a
-    launcher that only checks the setting does not want), refused with one line when it is
-    not here."""
+    """The device ``engine.device`` names, refused with one line when it is not here. Plain
+    ``cuda`` is the current GPU, by its index; with ``resolve`` False, as named (reading the
+    current GPU starts CUDA in this process, which a launcher that only checks does not want)."""
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -25,8 +24,7 @@ def engine_device(name: str, *, resolve: bool = True) -> torch.device:
 
 def device_memory(device: torch.device | str) -> dict[str, float]:
     """On a CUDA device, the most this process's tensors held there and the most its caching
-    allocator reserved (MiB; the process's CUDA context is in neither); on any other device
-    nothing."""
+    allocator reserved (MiB; the process's CUDA context is in neither); elsewhere nothing."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_initialized():
         return {}

@@ -1,8 +1,7 @@
-"""Many models at once, each a flat parameter vector, rows of one matrix: their logits, scores
-and local-step gradients on shared or per-model inputs (:class:`FlatModel`, what the batched
-engine trains and scores with), the candidates' scores on a client's auxiliary set
-(:class:`VectorEvaluator`, the ``evaluate`` a TPM calls), and the blocks of rows that bound the
-activations a forward holds."""
+"""Many models at once, each a flat parameter vector, rows of one matrix: their logits, scores and
+local-step gradients (:class:`FlatModel`, what the batched engine trains and scores with), the
+candidates' scores on a client's auxiliary set (:class:`VectorEvaluator`, the ``evaluate`` a TPM
+calls), and the blocks of rows that bound the activations a forward holds."""
 
 from __future__ import annotations
 
@@ -75,12 +74,10 @@ _METRICS = ("accuracy", "loss")  # what an evaluator returns
 
 
 class VectorEvaluator:
-    """Scores flat model vectors on a fixed dataset: the ``evaluate`` a TPM calls.
-
-    All finite candidates go through the model at once (:func:`score_models`: for
-    the project's models, one matrix product per layer for every candidate, the data read
-    once). The client's own model is never touched.
-    """
+    """Scores flat model vectors on a fixed dataset: the ``evaluate`` a TPM calls. All finite
+    candidates go through the model at once (:func:`score_models`: for the project's models, one
+    matrix product per layer for every candidate, the data read once); the client's own model is
+    never touched."""
 
     def __init__(self, template: nn.Module, data: Dataset) -> None:
         self.model = FlatModel(_structure(template, data.x.device), data.x.device)
@@ -160,17 +157,14 @@ class FlatModel:
     order), for many models at once: the candidates a client scores, or every client's model in
     the batched engine.
 
-    A ``Sequential`` of ``Linear`` layers and parameter-free layers (softmax regression, the
-    MLP) runs as batched matrix products over the models, and inputs every model shares go
-    through each layer as one product for all of them (reading the data once, not once per
-    model). Any other module (the convolutional models) is called once per model
-    (``functional_call`` on views of its vector: ``layout = "loop"``), its rows in blocks of
-    :func:`block_rows` when no gradient is wanted; on the CPU that is faster than
-    ``torch.func.vmap`` of the same call, which turns the models' convolutions into grouped ones
-    (2.7x for LeNet-5's scoring when vmap took every row at once, docs/models.md; 1.3-1.5x a
-    round since it takes them in blocks, docs/gpu.md). ``layout = "vmap"`` keeps that form
-    (``engine.layout``: a GPU may favour it).
-    """
+    A ``Sequential`` of ``Linear`` and parameter-free layers (softmax regression, the MLP) runs
+    as batched matrix products over the models, and inputs every model shares go through each layer
+    as one product for all of them (the data read once, not once per model). Any other module (the
+    convolutional models) is called once per model (``functional_call`` on views of its vector:
+    ``layout = "loop"``), its rows in blocks of :func:`block_rows` when no gradient is wanted; on
+    the CPU that is faster than ``torch.func.vmap`` of the same call (``layout = "vmap"``), which
+    turns the models' convolutions into grouped ones (2.7x for LeNet-5's scoring with every row at
+    once, docs/models.md; in blocks: :mod:`dfedrw.engines.layout`, which picks the layout)."""
 
     LAYOUTS = ("loop", "vmap")
     # The layout of models without a layer plan when none is named (a benchmark may change it).
@@ -278,15 +272,13 @@ class FlatModel:
 def softmax_regression_grads(
     model: FlatModel, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The minibatch losses ``[C]`` and their gradients ``[C, P]`` with respect to each of the
-    flat ``models`` (``x [C, B, F]``, ``y [C, B]``; the loss the mean cross-entropy, or with
-    ``weight [C, B]`` the weighted sum) when the model is one Linear layer; else None.
-
-    The gradient is composed step by step as autograd composes it for
-    ``class_first_logits`` and ``F.cross_entropy`` (the loss's gradient at the targets, then
-    torch's own log-softmax backward, then the two products), so the values are autograd's, bit
-    for bit (a test compares them), at about half its time for a few hundred small models: no
-    graph is recorded and nothing else is computed."""
+    """The minibatch losses ``[C]`` of the flat ``models`` and their gradients ``[C, P]`` when the
+    model is one Linear layer, else None (``x [C, B, F]``, ``y [C, B]``; the loss the mean
+    cross-entropy, or with ``weight [C, B]`` the weighted sum). The gradient is composed as autograd
+    composes it for ``class_first_logits`` and ``F.cross_entropy`` (the loss's gradient at the
+    targets, torch's own log-softmax backward, then the two products), so the values are autograd's,
+    bit for bit (a test compares them), in about half its time for a few hundred small models: no
+    graph recorded, nothing else computed."""
     plan = model.plan
     if plan is None or len(plan) != 1 or not isinstance(plan[0], tuple) or models.dim() != 2 or models.dtype != torch.float32:
         return None
@@ -308,17 +300,16 @@ def softmax_regression_grads(
 
 class ManyEvaluator:
     """Many clients' ``evaluate`` at once (:data:`~dfedrw.peer.aggregation.rules.EvaluateMany`):
-    each owner's candidate rows scored by that owner's :class:`VectorEvaluator` on its
-    auxiliary set, exactly as the evaluator alone scores them (the same :func:`score_models`
-    call on the same rows). Owners may come from several runs (a batch of runs).
+    each owner's candidate rows scored by that owner's :class:`VectorEvaluator` on its auxiliary
+    set, exactly as the evaluator alone scores them (the same :func:`score_models` call on the
+    same rows). Owners may come from several runs (a batch of runs).
 
-    What it saves over one evaluator call per owner: the pooled rows are checked for
-    finiteness once (a row is the candidate of several owners), and the scores of all owners
-    come back from the device in one transfer. For a one-layer model (softmax regression)
-    each candidate's weights are laid out once as the product reads them (``[classes, in]``
-    rows, which :meth:`FlatModel.class_first_logits` would copy out of every owner's gathered
-    candidates), and each owner takes its rows of that: one copy of its candidates, not two.
-    """
+    What it saves over one evaluator call per owner: the pooled rows are checked for finiteness
+    once (a row is the candidate of several owners), and all owners' scores come back from the
+    device in one transfer. For a one-layer model (softmax regression) each candidate's weights
+    are laid out once as the product reads them (``[classes, in]`` rows, which
+    :meth:`FlatModel.class_first_logits` would copy out of every owner's gathered candidates), and
+    each owner takes its rows of that: one copy of its candidates, not two."""
 
     @torch.no_grad()
     def __call__(
@@ -330,9 +321,8 @@ class ManyEvaluator:
         finite = (torch.isfinite(vectors).all(1) if finite is None else finite).tolist()
         device = owners[0].data.x.device if owners else vectors.device
         if vectors.device != device and all(e.data.x.device == device for e in owners):
-            # The pool on the CPU (as rules get it) and the owners' data on a GPU: the pool
-            # goes over once, not each owner's candidates one owner at a time (the same
-            # float32 values either way, so the same scores).
+            # The pool on the CPU (as rules get it), the owners' data on a GPU: the pool goes over
+            # once, not each owner's candidates in turn (the same float32 values, the same scores).
             vectors = vectors.to(device, torch.float32)
         where = [[j for j, i in enumerate(r) if finite[i]] for r in rows]  # positions in each list
         picked = [[r[j] for j in w] for r, w in zip(rows, where, strict=True)]
@@ -390,10 +380,9 @@ _ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sig
 
 
 def _layer_plan(module: torch.nn.Module) -> list | None:
-    """``module`` as steps (offset, out, in, has bias) for each Linear layer and the layer
-    itself for each elementwise one; None for any other module. (A layer such as
-    ``Softmax(dim=1)`` or ``Flatten`` reads its dims, which the batched layouts move, so a
-    model with one goes through ``vmap``.)"""
+    """``module`` as steps (offset, out, in, has bias) for each Linear layer and the layer itself
+    for each elementwise one; None for any other module (a layer such as ``Softmax(dim=1)`` or
+    ``Flatten`` reads its dims, which the batched layouts move)."""
     if not isinstance(module, torch.nn.Sequential):
         return None
     plan: list = []

@@ -77,11 +77,10 @@ def _check_norm(model: str, norm: str, groups: int) -> None:
 
 class MaxPool2x2(nn.Module):
     """``nn.MaxPool2d(2)``'s values (the largest of each 2x2 window, a trailing odd row or column
-    left out) computed as two elementwise maxima, of row pairs and then of column pairs: on the
-    CPU, for the small channel counts of LeNet-5 and the FEMNIST CNN, about 8x faster than
-    ``max_pool2d`` (measured on LeNet-5's activations: docs/batched-speed.md). The gradient is
-    the same wherever a window's maximum is unique; where it is tied the gradient is shared
-    among the tied entries."""
+    left out) as two elementwise maxima, of row pairs then of column pairs: on the CPU, for the
+    small channel counts of LeNet-5 and the FEMNIST CNN, about 8x faster than ``max_pool2d``
+    (measured on LeNet-5's activations: docs/batched-speed.md). The gradient is the same where a
+    window's maximum is unique; where it is tied, it is shared among the tied entries."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2], x.shape[-1]
@@ -168,9 +167,8 @@ class BasicBlock(nn.Module):
 
 class ResNet(nn.Module):
     """A residual network for small images (CIFAR's 32x32): a 3x3 stem convolution, stages of
-    :class:`BasicBlock` (the first block of each stage after the first halves the size),
-    global average pooling and one linear layer. Inputs arrive flat and are unflattened to the
-    data set's ``input_shape``."""
+    :class:`BasicBlock` (the first block of each stage after the first halves the size), global
+    average pooling and one linear layer. Flat inputs are unflattened to ``input_shape``."""
 
     def __init__(
         self, input_shape: tuple[int, int, int], num_classes: int, *, widths: tuple[int, ...], blocks: tuple[int, ...],
@@ -209,12 +207,11 @@ def _check_resnet(model: str, least: int) -> Any:
 @MODEL_REGISTRY.register("resnet20")
 @checked_by(_check_resnet("resnet20", least=4))
 def resnet20(input_shape: tuple[int, ...], num_classes: int, norm: str = "group", groups: int = 2) -> nn.Module:
-    """ResNet-20 for CIFAR (He et al. 2016, section 4.2): three stages of three basic blocks at
-    16, 32 and 64 channels, parameter-free shortcuts (option A). ``norm = "group"``: GroupNorm
-    of ``groups`` groups after every convolution (Wu and He 2018; 2 groups as in Hsieh et al.
-    2020 for non-IID federated training), in place of BatchNorm, whose running statistics do
-    not average across clients; ``"none"``: no normalisation. 269,722 parameters for 3x32x32
-    and 10 classes."""
+    """ResNet-20 for CIFAR (He et al. 2016, section 4.2): three stages of three basic blocks at 16,
+    32 and 64 channels, parameter-free shortcuts (option A). ``norm = "group"``: GroupNorm of
+    ``groups`` groups after every convolution (Wu and He 2018; 2 groups as in Hsieh et al. 2020 for
+    non-IID federated training), in place of BatchNorm, whose running statistics do not average
+    across clients; ``"none"``: no normalisation. 269,722 parameters for 3x32x32 and 10 classes."""
     shape = resnet20.check_arguments(input_shape, norm, groups)
     return ResNet(shape, num_classes, widths=(16, 32, 64), blocks=(3, 3, 3), shortcut="pad", norm=norm, groups=groups)
 

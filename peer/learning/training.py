@@ -57,11 +57,10 @@ LR_SCHEDULES = ("constant", "step", "cosine")
 
 
 def learning_rate(lr: float, schedule: str, r: int, rounds: int, *, gamma: float = 0.1, step: int = 100) -> float:
-    """The learning rate of round ``r`` (0-based) of ``rounds``: ``"constant"``: ``lr``;
-    ``"step"``: ``lr * gamma ** (r // step)`` (``step = 1``: an exponential decay);
-    ``"cosine"``: ``lr * (1 + cos(pi * r / rounds)) / 2`` (Loshchilov and Hutter 2017, without
-    restarts: ``lr`` at round 0, towards 0 at the last). A Python float: every engine computes the
-    same value."""
+    """The learning rate of round ``r`` (0-based) of ``rounds``, a Python float so every engine
+    computes the same value: ``"constant"``: ``lr``; ``"step"``: ``lr * gamma ** (r // step)``
+    (``step = 1``: an exponential decay); ``"cosine"``: ``lr * (1 + cos(pi * r / rounds)) / 2``
+    (Loshchilov and Hutter 2017, without restarts: ``lr`` at round 0, towards 0 at the last)."""
     if schedule == "constant":
         return lr
     if schedule == "step":
@@ -112,10 +111,9 @@ class Augmentation:
 
 class LocalTrainer:
     """SGD on a client's shard: ``step(lr)`` takes the round's local steps (``local_steps``, or
-    ``local_epochs`` passes over the shard: :func:`local_step_count`), the minibatches drawn by
-    a :class:`BatchOrder`, each an :func:`sgd_update` (momentum and weight decay as
-    ``torch.optim.SGD``'s; the momentum buffer stays with the client across rounds, neither
-    sent nor averaged)."""
+    ``local_epochs`` passes over the shard: :func:`local_step_count`), the minibatches drawn by a
+    :class:`BatchOrder`, each an :func:`sgd_update` (``torch.optim.SGD``'s momentum and weight decay;
+    the momentum buffer stays with the client across rounds, neither sent nor averaged)."""
 
     def __init__(
         self, model: nn.Module, data: Dataset, *, lr: float, batch_size: int, local_steps: int, seed: int, local_epochs: float = 0.0,
@@ -133,9 +131,8 @@ class LocalTrainer:
         self.augment = augment if augment is not None and augment.kind != "none" else None
 
     def state(self) -> tuple[dict[str, "np.ndarray"], dict[str, "np.ndarray"], int]:
-        """(generator states, arrays, position): the minibatch order's, and the momentum buffer
-        (``momentum``, flat float32) once there is one, so a resumed client continues the same
-        trajectory."""
+        """(generator states, arrays, position): the minibatch order's and, once there is one, the
+        momentum buffer (``momentum``, flat float32), so a resumed client goes on the same way."""
         generators, arrays, pos = self.batches.state()
         if self.augment is not None:
             generators = {**generators, "augment": self.augment.generator.get_state().numpy()}
@@ -182,31 +179,27 @@ class LocalTrainer:
                     if not self.momentum:
                         self.buffers = None
             total += float(loss.detach())
-        # The gradients are not needed until the next step makes new ones: let them go (a
-        # model's worth of memory between steps).
+        # Let the gradients go until the next step makes new ones: a model's worth of memory.
         for p in params:
             p.grad = None
         return total / self.local_steps
 
     @functools.cached_property
     def params(self) -> list[torch.nn.Parameter]:
-        """The model's parameters, listed once (a model keeps its parameters; loading a vector
-        replaces their values, not them): walking its modules each step costs more than the
-        step of a small model."""
+        """The model's parameters, listed once (loading a vector replaces their values, not them):
+        walking its modules each step costs more than the step of a small model."""
         return list(self.model.parameters())
 
 
-# A stack of linear layers of more than this many parameters is evaluated in blocks of rows too:
-# its activations for a whole test set (10,000 samples through a 4,096-unit layer: 164 MB) would
-# outweigh the model.
+# A stack of linear layers of more than this many parameters is evaluated in blocks of rows too: its
+# activations for a whole test set (10,000 samples through a 4,096-unit layer: 164 MB) outweigh it.
 BIG_MODEL = 1 << 20
 
 
 @torch.no_grad()
 def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``model``'s logits for the rows ``x`` (a model other than a stack of linear layers, or one
-    of more than :data:`BIG_MODEL` parameters, takes the rows in blocks, as :class:`FlatModel`
-    does)."""
+    """``model``'s logits for the rows ``x``; a model other than a stack of linear layers, or one of
+    more than :data:`BIG_MODEL` parameters, takes them in blocks, as :class:`FlatModel` does."""
     big = sum(p.numel() for p in model.parameters()) > BIG_MODEL
     rows = None if _layer_plan(model) is not None and not big else block_rows(model, x.shape[1])
     return in_blocks(model, x, rows)

@@ -2,39 +2,34 @@
 
 A data set is a class registered in :data:`DATASET_REGISTRY` (or named by import path
 ``"module:Class"``, or an installed plugin of the ``dfedrw.datasets`` entry-point group). Its
-constructor's keyword parameters are its settings (``[data.NAME]`` in a scenario); ``data_dir``
-is supplied from ``data.dir`` to a class that takes it. A built instance says, without loading
+constructor's keyword parameters are its settings (``[data.NAME]`` in a scenario); ``data_dir`` is
+supplied from ``data.dir`` to a class that takes it. A built instance says, without loading
 anything, what every client (a Byzantine one holds no data) must know:
 
-* ``input_shape``: the shape of one sample, ``(channels, height, width)`` for images; its
-  product is ``num_features``. Optional for a plugin set: one that does not declare it is
-  ``(num_features,)`` (:func:`input_shape_of` reads and checks it);
+* ``input_shape``: one sample's shape, ``(channels, height, width)`` for images, whose product is
+  ``num_features``; a plugin set without it has ``(num_features,)`` (:func:`input_shape_of`);
 * ``num_features``: features per sample (images are flattened, channel-major);
 * ``num_classes``: labels are ``0 .. num_classes - 1``;
 * ``train_size``: rows of the training set, at most (bounds the size a message may declare);
 
 and ``load()`` returns ``((train_x, train_y), (test_x, test_y))``: float features ``[n, ...]``
-(flattened to ``num_features``) and integer labels ``[n]``, as tensors or numpy arrays. The
-values are checked against what the instance declared (:func:`load_splits`). A set whose
-samples fall into natural groups (FEMNIST's writers, for ``data.partition = "natural"``) gives
-the training split as ``(train_x, train_y, train_groups)``: one integer group per row, >= 0.
-``natural_groups`` (a class attribute) says whether it does; a set that says False is refused
-with a natural partition when the scenario is loaded, one that says nothing when loaded.
+(flattened to ``num_features``) and integer labels ``[n]``, as tensors or numpy arrays, checked
+against what the instance declared (:func:`load_splits`). A set whose samples fall into natural
+groups (FEMNIST's writers, for ``data.partition = "natural"``) gives the training split as
+``(train_x, train_y, train_groups)``: one integer group per row, >= 0; its class attribute
+``natural_groups`` says so. With a natural partition, a set that says False is refused when the
+scenario is loaded, one that says nothing when its data is loaded.
 
 Optional, for the built-in sets: ``check()`` raises :class:`~dfedrw.peer.learning.data.DatasetUnavailable`
-without loading (a launcher checks before it starts clients); ``pixels()`` and ``source()``
-give uint8 arrays (``train_x``, ``train_y``, ``test_x``, ``test_y``, and ``train_groups`` for a
-set with natural groups) and a description of their origin, which lets the machine-wide cache
-(:mod:`peer.learning.datacache`) store the set once for every client process to map; ``folder()`` is a
-folder of files the set reads (mounted into containers by ``dfedrw compose``). A set without
-``pixels`` is loaded by each process that needs it.
+without loading (a launcher checks before it starts clients); ``pixels()`` (uint8 ``train_x``,
+``train_y``, ``test_x``, ``test_y``; ``train_groups`` too for a set with natural groups) and
+``source()`` (their origin) let the machine-wide cache (:mod:`peer.learning.datacache`) store the
+set once for every client process to map; ``folder()``: the folder of files the set reads
+(mounted into containers by ``dfedrw compose``).
 
-Built in: scikit-learn's 8x8 ``digits`` (offline); ``fashion-mnist`` and ``mnist`` read from
-the standard IDX files in a folder (Debian's ``dataset-fashion-mnist`` for the first;
-``dfedrw fetch`` downloads either on a machine online); ``cifar10`` and ``cifar100`` read from
-the binary version of CIFAR (its ``.tar.gz`` or the folder in it); ``femnist`` read from the
-JSON files of LEAF's preprocessing, grouped by writer. Nothing is downloaded for the last three.
-"""
+Built in: ``digits`` (:mod:`.digits`, offline), ``fashion-mnist`` and ``mnist`` (:mod:`.idx`, the
+only ones ``dfedrw fetch`` downloads), ``cifar10`` and ``cifar100`` (:mod:`.cifar`) and ``femnist``
+(:mod:`.femnist`); each module says what its sets read."""
 
 from __future__ import annotations
 

@@ -19,10 +19,6 @@ from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
 from dfedrw.peer.learning.datasets.files import cache_settings, data_folder, file_digest, file_stamps, scaled_splits
 
 
-# ---------------------------------------------------------------------------------------------
-# CIFAR, binary version
-
-
 @dataclass(frozen=True)
 class CifarBinary(Checked):
     """A CIFAR set read from its binary version (Krizhevsky 2009): fixed-size records of label
@@ -30,11 +26,10 @@ class CifarBinary(Checked):
     image, each plane row-major. The features are those bytes as they stand, (C, H, W) order.
 
     ``data_dir`` may be the folder of the ``.bin`` files, the folder holding it (the archive's
-    ``subfolder``), or the folder holding the distributed ``archive``, read as it is (its
-    members found by name, nothing extracted); the first of these three where any of the files
-    is found is read. The archive is checked against its published
-    MD5 (``archive_md5``, from the CIFAR page); the ``.bin`` files have no published digest
-    and are not checked. Subclasses name the files and the label bytes."""
+    ``subfolder``), or the folder holding the distributed ``archive``, read as it is (members found
+    by name, nothing extracted): the first of these that holds any of the files. The archive is
+    checked against its published MD5 (``archive_md5``, from the CIFAR page); the ``.bin`` files
+    have no published digest and are not checked. Subclasses name the files and the label bytes."""
 
     data_dir: str = ""
 
@@ -157,9 +152,8 @@ class CifarBinary(Checked):
 class CIFAR10(CifarBinary):
     """CIFAR-10 (Krizhevsky 2009): 32x32 colour images of 10 classes, 50,000 + 10,000.
 
-    Read from the binary version in ``data.dir``: ``cifar-10-binary.tar.gz`` or its
-    ``cifar-10-batches-bin/`` folder (``data_batch_1.bin`` .. ``data_batch_5.bin``, ``test_batch.bin``).
-    """
+    Read from the binary version in ``data.dir``: ``cifar-10-binary.tar.gz`` or its folder
+    ``cifar-10-batches-bin/`` (``data_batch_1.bin`` .. ``data_batch_5.bin``, ``test_batch.bin``)."""
 
     name: ClassVar[str] = "cifar10"
     title: ClassVar[str] = "CIFAR-10"
@@ -182,8 +176,7 @@ class CIFAR100(CifarBinary):
 
     Read from the binary version in ``data.dir``: ``cifar-100-binary.tar.gz`` or its
     ``cifar-100-binary/`` folder (``train.bin``, ``test.bin``). ``labels``: ``"fine"`` (100
-    classes) or ``"coarse"`` (20 superclasses).
-    """
+    classes) or ``"coarse"`` (20 superclasses)."""
 
     labels: str = "fine"
 

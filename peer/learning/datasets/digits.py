@@ -17,8 +17,7 @@ from dfedrw.peer.learning.datasets.files import scaled_splits
 class Digits(Checked):
     """scikit-learn's 8x8 handwritten digits: 1,797 images, a fixed stratified 80/20 split.
 
-    Always available offline (it ships with scikit-learn). Pixels 0..16 scaled to [0, 1].
-    """
+    Always available offline (it ships with scikit-learn). Pixels 0..16 scaled to [0, 1]."""
 
     name: ClassVar[str] = "digits"
     input_shape: ClassVar[tuple[int, ...]] = (1, 8, 8)

@@ -17,10 +17,6 @@ from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
 from dfedrw.peer.learning.datasets.files import cache_settings, data_folder, file_stamps, scaled_splits
 
 
-# ---------------------------------------------------------------------------------------------
-# FEMNIST, LEAF's JSON files
-
-
 @DATASET_REGISTRY.register("femnist")
 @dataclass(frozen=True)
 class FEMNIST(Checked):
@@ -31,8 +27,7 @@ class FEMNIST(Checked):
     ``data/femnist/data``), each read once. Pixels, written as grey level / 255, are stored as
     the grey levels; a value that is no grey level is refused. Writers are sorted by id, each
     writer's rows kept in file order. ``max_writers``: 0 reads every writer, N only the first N
-    writers (sorted) of each split (after LEAF's sample split, normally the same ones).
-    """
+    writers (sorted) of each split (after LEAF's sample split, normally the same ones)."""
 
     data_dir: str = ""
     max_writers: int = 0

@@ -33,14 +33,10 @@ _IDX_DTYPES: dict[int, np.dtype] = {
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read one IDX file (plain or gzip-compressed) into a numpy array.
-
-    Header: two zero bytes, a type code (0x08 ubyte, 0x09 byte, 0x0B int16, 0x0C int32,
-    0x0D float32, 0x0E float64), the number of dimensions, then each dimension as a
-    big-endian int32; the data follow in C order, big-endian. The returned array has native
-    byte order. A bad magic number, unknown type code or truncated/overlong body raises
-    ValueError naming the file.
-    """
+    """Read one IDX file (plain or gzip-compressed) into a numpy array of native byte order. Header:
+    two zero bytes, a type code (``_IDX_DTYPES``), the number of dimensions, then each dimension as
+    a big-endian int32; the data follow in C order, big-endian. A bad magic number, unknown type
+    code or truncated/overlong body raises ValueError naming the file."""
     path = Path(path)
     with open(path, "rb") as handle:
         raw = handle.read()
@@ -155,8 +151,7 @@ class IdxDataset(Checked):
 class FashionMNIST(IdxDataset):
     """Fashion-MNIST (Xiao et al. 2017): 28x28 greyscale clothing images, 60,000 + 10,000.
 
-    Read from IDX files: Debian's ``dataset-fashion-mnist`` package, or ``data.dir``.
-    """
+    Read from IDX files: Debian's ``dataset-fashion-mnist`` package, or ``data.dir``."""
 
     name: ClassVar[str] = "fashion-mnist"
     default_dir: ClassVar[str | None] = "/usr/share/datasets/fashion-mnist"
@@ -180,8 +175,7 @@ class FashionMNIST(IdxDataset):
 class MNIST(IdxDataset):
     """MNIST (LeCun et al. 1998): 28x28 greyscale handwritten digits, 60,000 + 10,000.
 
-    Read from IDX files in ``data.dir`` (no offline package; ``dfedrw fetch mnist --dir DIR``).
-    """
+    Read from IDX files in ``data.dir`` (no offline package; ``dfedrw fetch mnist --dir DIR``)."""
 
     name: ClassVar[str] = "mnist"
     download_url: ClassVar[str] = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -223,14 +217,12 @@ def idx_digest_error(name: str, stem: str, path: str | os.PathLike) -> str | Non
 
 
 def download_idx(name: str, data_dir: str | os.PathLike, base_url: str | None = None, timeout: float = 60.0) -> None:
-    """Download the four gzipped IDX files of ``name`` into ``data_dir`` (the online path).
-
-    ``base_url`` defaults to the class's ``download_url``. Files already present (plain or
-    ``.gz``) are kept. Each file is written under a temporary name, checked against the
-    class's digests and with :func:`read_idx`, then renamed, so an interrupted, corrupt or
-    substituted download leaves nothing that :func:`load_dataset` would pick up; a checksum
-    mismatch raises ValueError naming the file.
-    """
+    """Download the four gzipped IDX files of ``name`` into ``data_dir`` (the online path), from
+    ``base_url`` (default: the class's ``download_url``); files already there (plain or ``.gz``) are
+    kept. Each is written under a temporary name, checked against the class's digests and with
+    :func:`read_idx`, then renamed, so an interrupted, corrupt or substituted download leaves
+    nothing that :func:`load_dataset` would pick up; a checksum mismatch raises ValueError naming
+    the file."""
     base = base_url if base_url is not None else _idx_class(name).download_url
     if not base.endswith("/"):
         base += "/"

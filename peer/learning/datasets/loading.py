@@ -18,10 +18,6 @@ from dfedrw.peer.registry import settings_of
 from dfedrw.peer.learning.datasets.registry import DATASET_REGISTRY
 
 
-# ---------------------------------------------------------------------------------------------
-# Building and loading
-
-
 def build_dataset(name: str, params: dict[str, Any] | None = None, data_dir: str | os.PathLike | None = None) -> Any:
     """The data set ``name`` with its settings; ``data_dir`` goes to a class that takes it.
     Raises ``ValueError`` for an unknown name or a bad setting; loads nothing."""
@@ -155,14 +151,10 @@ def load_grouped_splits(source: Any) -> tuple[Dataset, Dataset, np.ndarray | Non
 
 @functools.lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> tuple[Dataset, Dataset]:
-    """``(train, test)`` of the data set ``name`` with its default settings.
-
-    Cached per process: clients that share a process share one read-only copy. ``digits``
-    ignores ``data_dir``; ``fashion-mnist`` and ``mnist`` read the four IDX files (plain or
-    ``.gz``) from ``data_dir``, falling back to their default folder; the other sets read
-    ``data_dir`` (see their classes); a missing folder or file raises
-    :class:`DatasetUnavailable`. Nothing is downloaded here: see :func:`download_idx`.
-    """
+    """``(train, test)`` of the data set ``name`` with its default settings, cached per process
+    (clients in one process share one read-only copy). ``digits`` ignores ``data_dir``; the others
+    read it as their classes say (an IDX set falls back to its ``default_dir``); a missing folder or
+    file raises :class:`DatasetUnavailable`. Nothing is downloaded here (:func:`download_idx`)."""
     source = build_dataset(name, None, data_dir)
     check_available(source)
     return load_splits(source)

@@ -1,5 +1,4 @@
-"""The registry of data sets (``data.name``); every module of this package registers its sets in
-it."""
+"""The data set registry (``data.name``); every module of this package registers its sets in it."""
 
 from __future__ import annotations
 
