@@ -2,16 +2,13 @@
 
     python -m dfedrw.peer --scenario FILE --id K (--rendezvous ENDPOINT | --peer ID=HOST:PORT ...) [--out DIR] [--certs DIR] [--tensorboard DIR]
 
-Every flag can also come from the environment (:data:`FLAG_VARIABLES`): DFEDRW_SCENARIO,
-DFEDRW_ID, DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated
-ID=HOST:PORT), DFEDRW_CERTS, DFEDRW_TENSORBOARD. A launcher gives its clients their flags itself
-and takes these variables out of the environment it hands them (:func:`without_flag_variables`).
-The secret a client shows the launcher comes only from the environment (DFEDRW_LINK_TOKEN, set
-by ``dfedrw run``), never a flag: a command line is readable by every user.
+Every flag can also come from the environment (:data:`FLAG_VARIABLES`): DFEDRW_SCENARIO, DFEDRW_ID,
+DFEDRW_RENDEZVOUS, DFEDRW_OUT, DFEDRW_LISTEN_PORT, DFEDRW_PEERS (comma-separated ID=HOST:PORT),
+DFEDRW_CERTS, DFEDRW_TENSORBOARD. The secret a client shows the launcher (DFEDRW_LINK_TOKEN, set by
+``dfedrw run``) comes only from the environment, never a flag: any user can read a command line.
 
-The launchers' command line (:mod:`launch.cli`) adds this command to its own, so both read the
-same flags. Under torchrun (client id = RANK) the clients start with ``-m dfedrw.launch.torchrun``.
-"""
+The launchers' command line (:mod:`launch.cli`) adds this command to its own, so both read the same
+flags. Under torchrun (client id = RANK) the clients start with ``-m dfedrw.launch.torchrun``."""
 
 from __future__ import annotations
 
@@ -32,7 +29,6 @@ from dfedrw.peer.results.tensorboard import INSTALL, TensorBoardUnavailable
 from dfedrw.peer.quote import cut
 
 
-# The variables that stand for ``dfedrw peer``'s flags.
 FLAG_VARIABLES = (
     "DFEDRW_SCENARIO", "DFEDRW_ID", "DFEDRW_RENDEZVOUS", "DFEDRW_OUT", "DFEDRW_LISTEN_PORT", "DFEDRW_PEERS", "DFEDRW_CERTS",
     "DFEDRW_TENSORBOARD", "DFEDRW_SCENARIO_SHA256",
@@ -44,10 +40,9 @@ def _env(name: str, default=None):
 
 
 def without_flag_variables(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` less :data:`FLAG_VARIABLES`: the environment a launcher hands the clients
-    (or runs) it starts with their flags. A variable left in the user's shell, say from a
-    client started by hand, would otherwise set what the launcher left out: every client
-    listening on one port, or writing event files the launcher knows nothing of."""
+    """``environ`` less :data:`FLAG_VARIABLES`: what a launcher hands the clients (or runs) it
+    starts with their flags. A variable left in the user's shell (say by a client started by hand)
+    would otherwise set what the launcher left out: every client on one port, stray event files."""
     return {name: value for name, value in environ.items() if name not in FLAG_VARIABLES}
 
 
@@ -122,9 +117,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 
 def client_scenario(path: str, overrides: list[str]) -> Scenario:
-    """The scenario of a client process: read without checking it again when the launcher that
-    started this process validated it and gave its file's digest (:data:`SCENARIO_DIGEST_ENV`)
-    and nothing overrides it; else loaded and validated."""
+    """A client's scenario: not checked again when its launcher validated it and gave the file's
+    digest (:data:`SCENARIO_DIGEST_ENV`) and nothing overrides it; else loaded and validated."""
     digest = _env(SCENARIO_DIGEST_ENV)
     if digest and not overrides:
         scenario = load_validated(path, digest)
@@ -189,13 +183,11 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         print(f"dfedrw: {cut(str(exc))}", file=sys.stderr)
         return 2
     except (FileExistsError, DatasetUnavailable, TensorBoardUnavailable, ValueError) as exc:
-        # Bad input: one clear line, no traceback.
         print(f"dfedrw: {cut(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:
-        # A path that is not what the command needs (a folder for a file, a file for a folder,
-        # nothing there, no permission), or the system refusing a write: one line that names
-        # the path (the traceback with --verbose).
+        # A path unfit for the command (a folder for a file or the reverse, nothing there, no
+        # permission) or a refused write: one line naming the path (the traceback with --verbose).
         logging.getLogger("dfedrw").debug("the error in full", exc_info=True)
         print(f"dfedrw: {cut(str(exc))}", file=sys.stderr)
         return 2 if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)) else 1

@@ -1,4 +1,2 @@
-"""Who talks to whom: the communication graphs a scenario can name (:mod:`.topology`) and the
-graphs that change from round to round (:mod:`.schedule`). The graph types themselves are in
-:mod:`dfedrw.topologies`.
-"""
+"""Who talks to whom: the graphs a scenario can name (:mod:`.topology`) and those that change from
+round to round (:mod:`.schedule`); the graph types are in :mod:`dfedrw.topologies`."""

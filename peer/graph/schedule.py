@@ -2,25 +2,23 @@
 and :class:`RoundGraphs`, who sends to whom in a round, for fixed graphs and schedules alike.
 
 A schedule is a class registered in :data:`SCHEDULE_REGISTRY` (or named by import path
-``"module:Class"``, or an installed plugin of the ``dfedrw.schedules`` entry-point group) with a
-method ``graph_at(round)`` that returns the round's graph on the nodes ``0 .. num_clients - 1``:
-a ``networkx.Graph`` (every edge carries a model both ways) or a ``networkx.DiGraph`` (an edge
-``u -> v``: ``u`` sends to ``v``). Its constructor's keyword parameters are its settings
-(``[topology.schedule_params.NAME]``); the running system supplies, to a constructor that takes
-them, ``num_clients``, ``byzantine`` (the Byzantine ids: placed once, before any graph, and the
-same every round), ``seed`` (the scenario's), ``rho`` (``topology.rho``) and ``base`` (the
-scenario's fixed graph, ``topology.kind``: a ``networkx.Graph``).
+``"module:Class"``, or a plugin of the ``dfedrw.schedules`` entry-point group) whose method
+``graph_at(round)`` returns the round's graph on the nodes ``0 .. num_clients - 1``: a
+``networkx.Graph`` (every edge carries a model both ways) or a ``networkx.DiGraph`` (an edge
+``u -> v``: ``u`` sends to ``v``). Its settings (``[topology.schedule_params.NAME]``) are its
+constructor's keyword parameters; the running system supplies, to a constructor that takes them,
+``num_clients``, ``byzantine`` (the Byzantine ids, placed once before any graph), the scenario's
+``seed``, ``rho`` (``topology.rho``) and ``base`` (``topology.kind``'s graph, a ``networkx.Graph``).
 
 ``graph_at`` must be a pure function of the constructor's arguments and the round, so that every
-client computes the same graph of any round without asking anyone. Optional, on the class:
-``possible_peers(k)``, every client ``k`` may exchange a model with in some round (default: all
-others; it bounds whom a client accepts a connection or message from before it knows the
-round), and the promises ``connected = True`` (every round's graph is connected, weakly when
-directed) and ``honest_connected = True`` (so is its honest subgraph), checked on every graph.
+client computes any round's graph alone. Optional on the class: ``possible_peers(k)``, whom ``k``
+may exchange a model with in some round (default: all others; it bounds whom ``k`` accepts a
+connection or message from before it knows the round), and the promises ``connected = True`` (every
+round's graph is connected, weakly when directed) and ``honest_connected = True`` (so is its honest
+subgraph), checked on every graph.
 
-A message's sender must be one of the receiver's in-neighbours in the message's round; a
-Byzantine client gets at most the edges the schedule gives it, however many clients it sends to.
-"""
+A message's sender must be one of the receiver's in-neighbours in the message's round; a Byzantine
+client gets at most the edges the schedule gives it, however many clients it sends to."""
 
 from __future__ import annotations
 
@@ -38,20 +36,17 @@ from dfedrw.topologies.schedules import edges_up, epidemic_push, random_regular_
 
 __all__ = ["SCHEDULE_REGISTRY", "EdgeFailures", "EpidemicPush", "Redraw", "RoundGraphs", "build_schedule", "receive_window"]
 
-# Under a schedule a receiver buffers this many times ``network.round_window`` rounds ahead.
 SCHEDULE_WINDOW_FACTOR = 8
 
 
 def receive_window(round_window: int, schedule: str) -> int:
-    """How many rounds ahead of a receiver a message is buffered: ``network.round_window``
-    with a fixed graph, ``SCHEDULE_WINDOW_FACTOR`` times it under a schedule.
-
-    With a fixed graph two neighbours are at most a round apart (each waits for the other).
-    Under a schedule a client waits only for the round's senders, not for those it sends to,
-    so a sender may run several rounds ahead of a receiver it did not hear from lately (under
-    ``epidemic`` a client that receives nothing in a round does not wait at all): its message
-    must still be kept until the receiver gets to that round. Only the round's in-neighbours
-    fill these rounds (one message each), so what a receiver holds stays bounded."""
+    """How many rounds ahead of a receiver a message is buffered: ``network.round_window`` with a
+    fixed graph (two neighbours are at most a round apart: each waits for the other),
+    ``SCHEDULE_WINDOW_FACTOR`` times it under a schedule. There a client waits only for the round's
+    senders, so a sender may run rounds ahead of a receiver it did not hear from lately (under
+    ``epidemic`` a client that receives nothing does not wait at all); its message is kept until the
+    receiver gets to that round. Only the round's in-neighbours fill these rounds (one message
+    each), so what a receiver holds stays bounded."""
     return round_window * SCHEDULE_WINDOW_FACTOR if schedule else round_window
 
 SCHEDULE_REGISTRY = Registry(
@@ -121,8 +116,7 @@ class EpidemicPush:
     aggregates its own model with those it got. Every client, Byzantine ones too, sends to
     exactly ``fanout`` peers; the number a client receives varies (mean ``fanout``), may be 0,
     and a round's graph need not be connected (the paper's EL-Oracle: the union over rounds
-    mixes fast). Drawn from (scenario seed, round) alone.
-    """
+    mixes fast). Drawn from (scenario seed, round) alone."""
 
     num_clients: int
     seed: int
@@ -146,8 +140,7 @@ class EdgeFailures:
 
     An edge that is down carries nothing either way in that round. Nothing is promised of a
     round's connectivity; a client only ever exchanges with its neighbours in the base graph.
-    Drawn from (scenario seed, round) alone.
-    """
+    Drawn from (scenario seed, round) alone."""
 
     base: Any
     seed: int
@@ -208,8 +201,7 @@ class RoundGraphs:
         return self.topology.num_clients
 
     def possible(self, k: int) -> tuple[int, ...]:
-        """Every client ``k`` may exchange a model with in some round, sorted (fixed: its
-        neighbours)."""
+        """Whom ``k`` may exchange a model with in some round, sorted (fixed: its neighbours)."""
         if self._fixed is not None:
             return self._fixed[k]
         peers = getattr(self.schedule, "possible_peers", None)
@@ -239,8 +231,7 @@ class RoundGraphs:
         return self._round(round_).edges
 
     def mean_degree(self, rounds: int) -> float:
-        """The mean number of models a client receives in a round, over ``rounds`` rounds
-        (fixed: twice the edges over the clients)."""
+        """The mean number of models a client receives in a round, over ``rounds`` rounds."""
         if self._fixed is not None:
             return self.messages(0) / self.num_clients
         return sum(self.messages(r) for r in range(rounds)) / (rounds * self.num_clients)

@@ -1,18 +1,16 @@
 """The communication graphs a scenario can name (``topology.kind``): one registry of builders.
 
 A topology is a builder registered in :data:`TOPOLOGY_REGISTRY` (or named by import path
-``"module:function"``, or an installed plugin of the ``dfedrw.topologies`` entry-point group):
-a function that returns a ``networkx.Graph`` on the nodes ``0 .. num_clients - 1``. Its keyword
-parameters are its settings (``[topology.NAME]`` in a scenario); the running system supplies,
-to a builder that takes them, ``num_clients``, ``byzantine`` (the Byzantine ids, a frozenset,
-placed before the graph is drawn; empty when ``topology.placement`` places them on the drawn
-graph by centrality, so the builder draws a graph that is connected), ``seed`` (the scenario's), and ``rho`` and ``file`` (the
-scenario's ``topology.rho`` and ``topology.file``).
+``"module:function"``, or a plugin of the ``dfedrw.topologies`` entry-point group): a function that
+returns a ``networkx.Graph`` on the nodes ``0 .. num_clients - 1``. Its settings
+(``[topology.NAME]`` in a scenario) are its keyword parameters; the running system supplies, to a
+builder that takes them, ``num_clients``, ``byzantine`` (the Byzantine ids, a frozenset, placed
+before the graph is drawn; empty when ``topology.placement`` places them by centrality on the drawn
+graph), the scenario's ``seed``, ``rho`` (``topology.rho``) and ``file`` (``topology.file``).
 
-Every graph must be connected and give every honest client a neighbour; a builder with the
-attribute ``honest_connected = True`` is held to a connected honest subgraph as well. The
-graph is a pure function of these arguments, so every client computes the same one.
-"""
+Every graph must be connected and give every honest client a neighbour; a builder with the attribute
+``honest_connected = True`` is held to a connected honest subgraph as well. The graph is a pure
+function of these arguments, so every client computes the same one."""
 
 from __future__ import annotations
 
@@ -81,14 +79,12 @@ def build_topology(
 ) -> Topology:
     """The topology ``kind`` on ``num_honest + num_byzantine`` nodes.
 
-    ``placement="random"``: Byzantine ids come from :func:`~dfedrw.topologies.place_byzantine`
-    with ``seed``; then the builder draws the graph. Any other of
-    :data:`~dfedrw.topologies.PLACEMENTS`: the builder draws a graph with no Byzantine ids
-    known, then :func:`~dfedrw.topologies.place_by_centrality` picks them on it, and the
-    honest clients must still be connected to each other. Raises ``ValueError`` for an unknown
-    kind or placement, a bad setting, a ``file`` given to a kind that reads none, a placement
-    that cuts the honest clients apart, or a graph that is not usable (see the module).
-    """
+    ``placement="random"``: Byzantine ids come from :func:`~dfedrw.topologies.place_byzantine` with
+    ``seed``; then the builder draws the graph. Any other of :data:`~dfedrw.topologies.PLACEMENTS`:
+    the builder draws a graph with no Byzantine ids known, then
+    :func:`~dfedrw.topologies.place_by_centrality` picks them on it. Raises ``ValueError`` for an
+    unknown kind or placement, a bad setting, a ``file`` given to a kind that reads none, a
+    placement that cuts the honest clients apart, or a graph that is not usable (see the module)."""
     for name, value, minimum in (("num_honest", num_honest, 1), ("num_byzantine", num_byzantine, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

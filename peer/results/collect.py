@@ -1,10 +1,9 @@
 """Build a run's ``summary.json`` from the files its clients wrote: the one place every way of
-running a scenario (local processes, in-process, torchrun, docker-compose services, clients
-started by hand, the batched engine) turns a results folder into a summary. Roles come from the
-scenario; pids, when the caller does not know them, from each client's final record; a client
-with no final record failed. The run's compact ``record.json`` (what a sweep's report reads:
-:class:`~dfedrw.peer.results.records.RecordBuilder`) is written beside it, from the same read of the
-round logs."""
+running a scenario (local processes, in-process, torchrun, docker-compose services, clients started
+by hand, the batched engine) turns a results folder into a summary. Roles come from the scenario;
+pids, when the caller does not know them, from each client's final record; a client with no final
+record failed. The compact ``record.json`` that a sweep's report reads
+(:class:`~dfedrw.peer.results.records.RecordBuilder`) is written beside it from the same read."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ def collect_summary(
     uses_tls = scenario_transport(scenario).uses_tls
     summary["tls"] = scenario.network.tls if uses_tls else f"n/a ({scenario.network.transport} transport)"
     summary["engine"] = scenario.engine.name
-    # How many models a client received a round, on average over the clients and rounds (the
-    # graph's, every round the same, or a schedule's).
+    # Models a client received a round, the mean over clients and rounds (fixed graph or schedule).
     graphs = scenario_graphs(scenario, topology)
     summary["mean_degree"] = round(graphs.mean_degree(scenario.rounds), 6)
     if graphs.dynamic:
@@ -71,9 +69,8 @@ def collect_summary(
 
 
 def placement_summary(scenario: Scenario, topology: Topology) -> dict[str, Any]:
-    """``summary["placement"]``: how the Byzantine clients were placed (``topology.placement``)
-    and each one's centrality under that placement's measure, by id in the order picked
-    (empty for ``"random"``)."""
+    """``summary["placement"]``: how the Byzantine clients were placed (``topology.placement``) and
+    each one's centrality by that measure, by id in picking order (empty for ``"random"``)."""
     centrality = {str(k): round(v, 9) for k, v in topology.centrality.items()}
     return {"kind": scenario.topology.placement, "centrality": centrality}
 

@@ -7,9 +7,8 @@ and from the same read of them the run's compact ``record.json`` (:class:`Record
 
 A results folder holds one run: the launchers refuse a folder an earlier run wrote into
 (:func:`check_fresh_out_dir`), and a client started again by hand into its own folder moves the
-earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file, unless it resumes
-from its checkpoint (``peers/<id>.ckpt.npz``): then it continues its own log.
-"""
+earlier round log aside (``<id>.jsonl.1``, ``.2``, ...) rather than mixing two runs in one file,
+unless it resumes from its checkpoint (``peers/<id>.ckpt.npz``): then it continues its own log."""
 
 from __future__ import annotations
 
@@ -27,15 +26,14 @@ log = logging.getLogger(__name__)
 
 
 class RoundLog:
-    """One client's round log. ``keep_through``: the client resumes from a checkpoint of that
-    round, so the log is continued: records up to that round are kept (rewritten atomically),
-    the ones after it, logged before the crash, are dropped (``dropped``, and the highest round
-    logged before the crash is ``last_logged``) and the resumed rounds are appended. One record
-    per round stays the rule.
+    """One client's round log. ``keep_through``: the client resumes from a checkpoint of that round,
+    so records up to that round are kept (rewritten atomically), the ones after it, logged before
+    the crash, are dropped (counted in ``dropped``; ``last_logged`` is the highest round logged
+    before the crash) and the resumed rounds are appended: one record per round stays the rule.
 
-    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``); an honest client
-    (one not in ``byzantine``, the scenario's Byzantine ids) also writes each record there as
-    scalars, see :mod:`dfedrw.peer.results.tensorboard`."""
+    ``tensorboard``: a folder for TensorBoard event files (``--tensorboard``); an honest client (one
+    not in ``byzantine``, the scenario's Byzantine ids) also writes each record there as scalars,
+    see :mod:`dfedrw.peer.results.tensorboard`."""
 
     def __init__(
         self,
@@ -48,9 +46,8 @@ class RoundLog:
         byzantine: Collection[int] = (),
         digest: bool = False,
     ) -> None:
-        # ``digest``: also keep what the run's summary and record read of this log
-        # (:class:`RoundDigest`, ``self.digest``), so that a launcher in this process builds them
-        # without reading the log back (the batched engine).
+        # ``digest``: also keep what the summary and record read of this log (``self.digest``), so
+        # that a launcher in this process (the batched engine) need not read it back.
         self.digest = RoundDigest(byzantine) if digest else None
         # A record reaches the file at once (a client process may be killed any moment), or,
         # with ``flush_seconds``, at most that long after it was written (the batched engine,
@@ -188,12 +185,11 @@ OPTIONAL_CURVES = frozenset({"attack_success", *TIME_CURVES})
 
 
 class RoundDigest:
-    """What :func:`summarize` and :class:`RecordBuilder` read of one client's round records, fed
-    one record at a time in round order (:meth:`add`): how many there are, each one's weight on
-    Byzantine senders (``byzantine``: their ids), how many of the last weighed at most one sender, the
-    curves' values by round, and each sender's weights summed in round order. Built from a log
-    read back (:meth:`of`) or as a :class:`RoundLog` writes it: the same values either way (a
-    record's floats come back from JSON unchanged), so the summary and record are the same bytes."""
+    """What :func:`summarize` and :class:`RecordBuilder` read of one client's round records (the
+    attributes below; ``byzantine``: the Byzantine senders' ids), fed one record at a time in round
+    order (:meth:`add`). Built from a log read back (:meth:`of`) or as a :class:`RoundLog` writes
+    it: the same values either way (a record's floats come back from JSON unchanged), so the summary
+    and record are the same bytes."""
 
     def __init__(self, byzantine: Collection[int] = ()) -> None:
         self.byzantine = frozenset(byzantine)
@@ -274,8 +270,7 @@ class RecordBuilder:
         self._last: int | None = None  # the receiver added last
 
     def add(self, receiver: int, records: "Iterable[dict[str, Any]] | RoundDigest") -> None:
-        """One receiver's round records, or their :class:`RoundDigest` (each receiver once, in
-        ascending id order)."""
+        """One receiver's records, or their :class:`RoundDigest`, receivers in ascending order."""
         i = self._row[receiver]
         if self._last is not None and receiver <= self._last:
             raise ValueError(f"RecordBuilder.add: receiver {receiver} out of order (each once, in ascending order)")
@@ -301,9 +296,8 @@ class RecordBuilder:
             "weights": {
                 "receivers": list(self.receivers),
                 "senders": list(self.senders),
-                # A row at a time as Python floats, NaN found as the value that differs from
-                # itself: the values np.isnan per entry gave, in a tenth of the time (it took 70 s
-                # of the 10^8 entries of 10,000 clients).
+                # Python floats a row at a time, NaN found as x != x: what np.isnan per entry gave,
+                # in a tenth of the time (70 s for the 10^8 entries of 10,000 clients).
                 "matrix": [[None if x != x else x for x in row.tolist()] for row in self._matrix],
             },
         }
@@ -320,10 +314,9 @@ def summarize(
     record: RecordBuilder | None = None,
     digests: Mapping[int, RoundDigest] | None = None,
 ) -> dict[str, Any]:
-    """Build the run summary from the files the clients wrote; ``record``, when given, is fed
-    each honest client's round records from the same read. ``digests``: each client's
-    :class:`RoundDigest` kept as its round log was written (by :class:`RoundLog` in this
-    process), read instead of the round logs: the same summary."""
+    """Build the run summary from the clients' files; ``record``, when given, is fed each honest
+    client's round records from the same read. ``digests``: each client's :class:`RoundDigest` as
+    its :class:`RoundLog` kept it in this process, read instead of the logs."""
     byzantine = {k for k, r in roles.items() if r == "byzantine"}
     peers: dict[str, Any] = {}
     failed: list[int] = []
@@ -361,14 +354,12 @@ def summarize(
             "global_accuracy": None,
             "rejected_messages": None,
             "stale_messages": None,
-            # Times it was started again and resumed from its checkpoint, and the rounds that
-            # cost it (skipped to catch up with its neighbours, or done twice).
+            # Restarts from its checkpoint, and rounds they cost (skipped to catch up, or redone).
             "restarts": 0,
             "rounds_lost": 0,
         }
         if roles[k] == "honest":
-            # Rounds it aggregated its own model only: a client cut off from its neighbours
-            # learns alone, whatever its final accuracy says.
+            # Rounds it learnt alone (its own model only), whatever its final accuracy says.
             entry["rounds_alone"] = digest.alone
             if digest.rounds and digest.alone > ALONE_SHARE * digest.rounds:
                 entry.setdefault("notes", []).append(f"alone {100 * digest.alone / digest.rounds:.0f}% of rounds")
@@ -392,8 +383,7 @@ def summarize(
         if entry["restarts"]:
             restarted.append(k)
         if roles[k] == "honest" and digest.isolated():
-            # Completed, but alone: it heard from no neighbour at the end (e.g. its host was cut
-            # off). Its accuracy is that of a model trained on its own data only.
+            # Completed, but alone at the end (its host cut off, say): trained on its own data only.
             isolated.append(k)
         peers[str(k)] = entry
         if roles[k] == "honest" and ok:
@@ -423,16 +413,14 @@ def summarize(
         "byzantine_weight_share": (float(np.mean(shares)) if shares else 0.0) if byzantine else None,
         "failed_peers": failed,
         "isolated_peers": isolated,
-        # What the network did to honest clients that a final accuracy does not show (see
-        # network_warnings): none in a healthy run.
+        # What the network did to honest clients, unseen in a final accuracy: none in a healthy run.
         "alone_peers": {str(k): v for k, v in alone.items()},
         "honest_senders_shut_out": {str(k): {str(s): n for s, n in v.items()} for k, v in shut_out.items()},
         "warnings": network_warnings(alone, shut_out),
         "restarted_peers": restarted,
         "honest_completed": len(accs),
         **({"attack_success": success_summary(successes, success_by_round)} if successes else {}),
-        # With a clock: what the run cost the mean honest client (record.json's curves give
-        # accuracy against both, round by round).
+        # With a clock: the mean honest client's cost (record.json's curves: accuracy against both).
         **({"honest_mean_seconds": stat(np.mean, seconds), "honest_mean_bytes_sent": stat(np.mean, sent)} if seconds else {}),
         "peers": peers,
     }
@@ -444,9 +432,8 @@ ALONE_SHARE = 0.01
 
 
 def network_warnings(alone: Mapping[int, float], shut_out: Mapping[int, Mapping[int, int]]) -> list[str]:
-    """One line for each thing the network did to honest clients that a run must say instead of
-    "ok": honest clients that ran alone for a share of their rounds, honest senders that an
-    honest receiver shut out for sending past its rate bound."""
+    """One line per thing the network did to honest clients that a run must report instead of "ok":
+    honest clients alone in a share of their rounds, honest senders shut out past a rate bound."""
     lines = []
     if alone:
         who = ", ".join(f"{k} ({100 * v:.0f}%)" for k, v in sorted(alone.items()))

@@ -6,15 +6,13 @@
 
 Each round record becomes scalars at step = round: ``train_loss``; ``accuracy`` and
 ``global_accuracy`` on evaluation rounds (and ``attack_success`` under a backdoor attack);
-``byzantine_weight_share``, the total weight the
-client gave Byzantine senders that round (only in scenarios with Byzantine clients; its mean
-over clients and rounds is the summary's ``byzantine_weight_share``); and, per client only,
-``weight/<id>``: the weight it gave each candidate, its own model included. Byzantine clients
-get no folder.
+``byzantine_weight_share``, the total weight the client gave Byzantine senders that round (only in
+scenarios with Byzantine clients; its mean over clients and rounds is the summary's
+``byzantine_weight_share``); and, per client only, ``weight/<id>``: the weight it gave each
+candidate, its own model included. Byzantine clients get no folder.
 
-The files are written with the ``tensorboard`` package (the ``tensorboard`` extra), imported
-here only when a writer is made: without ``--tensorboard`` nothing imports it.
-"""
+The files are written with the ``tensorboard`` package (the ``tensorboard`` extra), imported only
+when a writer is made: without ``--tensorboard`` nothing imports it."""
 
 from __future__ import annotations
 
@@ -55,9 +53,8 @@ def client_dir(log_dir: Path, client_id: int) -> Path:
 
 
 def check_fresh_event_dir(log_dir: Path, client_ids: Iterable[int], *, mean: bool = True) -> None:
-    """Raise FileExistsError when the folders a run would write under ``log_dir`` (the clients'
-    and, with ``mean``, the honest mean's) already hold event files: TensorBoard would draw two
-    runs as one."""
+    """Raise FileExistsError when the folders a run would write under ``log_dir`` (the clients' and,
+    with ``mean``, the honest mean's) hold event files: TensorBoard would draw two runs as one."""
     if Path(log_dir).exists() and not Path(log_dir).is_dir():
         raise NotADirectoryError(f"--tensorboard {log_dir} is not a folder")
     folders = [client_dir(log_dir, k) for k in client_ids] + ([Path(log_dir) / MEAN_DIR] if mean else [])
@@ -81,8 +78,7 @@ def record_scalars(record: Mapping[str, Any], byzantine: Collection[int]) -> dic
 
 
 def honest_mean(records: Iterable[Iterable[Mapping[str, Any]]], byzantine: Collection[int]) -> dict[int, dict[str, float]]:
-    """Per round, the mean of each of :data:`MEAN_TAGS` over the honest clients whose records
-    (one list per client) hold it that round."""
+    """Per round, the mean of each of :data:`MEAN_TAGS` over the honest clients that report it."""
     values: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for client_records in records:
         for record in client_records:
@@ -130,9 +126,8 @@ class EventFile:
 
 
 class ClientScalars:
-    """Honest client ``client_id``'s round records as scalars in ``log_dir/client-<id>/``;
-    ``byzantine``: the scenario's Byzantine ids. A :class:`~dfedrw.peer.results.records.RoundLog` given a
-    TensorBoard folder owns one and writes each record through it."""
+    """Honest client ``client_id``'s round records as scalars in ``log_dir/client-<id>/``; owned and
+    written by a :class:`~dfedrw.peer.results.records.RoundLog` given a TensorBoard folder."""
 
     def __init__(self, log_dir: Path, client_id: int, byzantine: Collection[int], *, restart_at: int | None = None) -> None:
         self.byzantine = frozenset(byzantine)
@@ -149,8 +144,7 @@ class ClientScalars:
 
 
 def write_honest_mean(log_dir: Path, records: Iterable[Iterable[Mapping[str, Any]]], byzantine: Collection[int]) -> Path:
-    """Write :func:`honest_mean` of the honest clients' ``records`` (one list per client) to
-    ``log_dir/honest-mean/``; returns that folder."""
+    """Write :func:`honest_mean` of ``records`` to ``log_dir/honest-mean/``; returns that folder."""
     folder = Path(log_dir) / MEAN_DIR
     events = EventFile(folder)
     try:

@@ -56,10 +56,9 @@ def client_rule(scenario: Scenario, topology: Topology, client: int, senders: tu
 
 
 def scenario_plausible(scenario: Scenario, graphs: RoundGraphs) -> Plausible:
-    """What a received message may hold and declare: no sender has more samples than the whole
-    training set of the scenario's dataset (known to every client, data or not), nor scores
-    more clients than the most candidates a client of ``graphs`` can hold (its possible
-    senders and itself)."""
+    """What a received message may hold and declare: no sender has more samples than the scenario's
+    whole training set (known to every client, data or not), nor scores more clients than the most
+    candidates a client of ``graphs`` can hold (its possible senders and itself)."""
     return Plausible(
         max_abs_value=scenario.network.max_abs_value, max_num_samples=int(scenario_dataset(scenario.data).train_size),
         clients=graphs.num_clients, max_scores=1 + max((len(graphs.possible(k)) for k in range(graphs.num_clients)), default=0),
@@ -79,8 +78,7 @@ def scenario_model(scenario: Scenario, seed: int = 0) -> torch.nn.Module:
 
 
 def client_augmentation(scenario: Scenario, client_id: int) -> Augmentation | None:
-    """Client k's minibatch augmentation (``data.augment``) with its own seeded generator; None
-    without one."""
+    """Client k's minibatch augmentation (``data.augment``), seeded per client; None without one."""
     d = scenario.data
     if d.augment == "none":
         return None
@@ -111,8 +109,7 @@ class ClientParts:
 
 
 def client_parts(scenario: Scenario, client_id: int) -> ClientParts:
-    """Client ``client_id``'s :class:`ClientParts`: the graph drawn and the model built once, for
-    its transport and for the client itself."""
+    """Client ``client_id``'s :class:`ClientParts`, made once for its transport and the client."""
     topology = scenario_topology(scenario)
     if not 0 <= client_id < topology.num_clients:
         raise ValueError(f"client id {client_id} out of range 0..{topology.num_clients - 1}")
@@ -124,15 +121,12 @@ def client_parts(scenario: Scenario, client_id: int) -> ClientParts:
 
 def attacker_data(scenario: Scenario, attacker: int) -> AttackerData:
     """Byzantine client ``attacker``'s own data sample, for attacks that declare they hold data:
-    ``n`` rows of the scenario's training set drawn without replacement by the attacker's own
-    seed (``derive_seed(seed, "attacker data", attacker)``; colluding clients share one sample,
-    ``derive_seed(seed, "attacker data", "colluders")``), independent of the honest partition
-    (public data from the same distribution: the honest shards are the same whether or not an
-    attack holds data). Nothing is read until an attack asks for its sample."""
+    ``n`` rows of the scenario's training set drawn without replacement by the attacker's own seed
+    (colluders share one, so each computes the group's plan from the same inputs), independent of
+    the honest partition (public data from the same distribution: the honest shards are the same
+    whether or not an attack holds data). Nothing is read until an attack asks for its sample."""
     d = scenario.data
     classes = dataset_shape(scenario)[1]
-    # Colluders pool their data as they pool models: one sample for the group, so each of them
-    # computes the group's plan from the same inputs.
     seed = derive_seed(scenario.seed, "attacker data", "colluders" if scenario.attack.colluding else attacker)
 
     def load(n: int) -> tuple[torch.Tensor, torch.Tensor]:

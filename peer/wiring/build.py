@@ -1,14 +1,12 @@
-"""From a scenario to objects: the rule or attack a section configures, the data set, the
-transport kind and the model's wire layout.
+"""From a scenario to objects: the rule or attack, data set, transport kind and model's wire layout.
 
-The layer above both configuration and the registries. :mod:`peer.config.scenario` describes a
-scenario and checks it against the registries; the registries know nothing of configuration;
-the functions here read a validated :class:`~dfedrw.peer.config.scenario.Scenario` and build with the
-registries' plain functions (:func:`~dfedrw.peer.kinds.registries.build_named_rule`,
-:func:`~dfedrw.peer.learning.datasets.dataset_of`, ``TRANSPORT_REGISTRY.build``). A client is put
-together from them by :mod:`peer.wiring.assembly`; :mod:`peer.wiring.plan` holds what a scenario says of its
-clients without building them (graph, roles, seeds).
-"""
+The layer above both configuration and the registries: :mod:`peer.config.scenario` describes a
+scenario and checks it against the registries, which know nothing of configuration; the functions
+here read a validated :class:`~dfedrw.peer.config.scenario.Scenario` and build with the registries'
+plain functions (:func:`~dfedrw.peer.kinds.registries.build_named_rule`,
+:func:`~dfedrw.peer.learning.datasets.dataset_of`, ``TRANSPORT_REGISTRY.build``).
+:mod:`peer.wiring.assembly` puts a client together from them; :mod:`peer.wiring.plan` holds what a
+scenario says of its clients without building them (graph, roles, seeds)."""
 
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ def build_client_rule(scenario: Scenario, client: int, num_byzantine: int, lr: f
 
 
 def build_attack(scenario: Scenario, num_clients: int, num_byzantine: int, **knowledge: Any) -> Any:
-    """The scenario's attack, as a Byzantine client runs it (``knowledge``: see
-    :func:`build_attack_from`)."""
+    """The scenario's attack as a client runs it (``knowledge``: see :func:`build_attack_from`)."""
     return build_attack_from(
         scenario.attack, num_clients=num_clients, num_byzantine=num_byzantine,
         lr=scenario.train.lr, total_rounds=scenario.rounds,
@@ -101,9 +98,8 @@ def scenario_dataset(data: DataConfig) -> Any:
 
 
 def scenario_transport(scenario: Scenario, *, topology: Topology | None = None, specs: Sequence[TensorSpec] | None = None) -> TransportKind:
-    """The transport kind ``network.transport`` names, with its ``[network.NAME]`` settings
-    (``topology`` and ``specs``: the scenario's graph and model layout where the caller has them
-    already, so that they are not built again for :func:`message_bytes`)."""
+    """The transport kind ``network.transport`` names, with its ``[network.NAME]`` settings;
+    ``topology``, ``specs``: as built already, or None (then :func:`message_bytes` builds them)."""
     net = scenario.network
     supplied = {"message_bytes": functools.partial(message_bytes, scenario, topology=topology, specs=specs)}
     kind = TRANSPORT_REGISTRY.build(net.transport, settings_of(net.transport_params, net.transport), supplied)
@@ -151,8 +147,7 @@ def scenario_colluders(scenario: Scenario, topology: Topology | None = None) -> 
 
 
 def scenario_model_specs(scenario: Scenario) -> tuple[TensorSpec, ...]:
-    """The wire layout of the scenario's model, from a model on the meta device (no memory,
-    no initialisation)."""
+    """The scenario model's wire layout, from a meta-device model (no memory, no initialisation)."""
     import torch
 
     from dfedrw.peer.learning.models import make_model
@@ -211,9 +206,8 @@ def scenario_compression(scenario: Scenario) -> Compression:
 
 
 def client_codec(scenario: Scenario, client: int, specs: Sequence[TensorSpec]) -> tuple[Encoder, Decoder | None]:
-    """Client ``client``'s two sides of the scenario's compression: what encodes the models it
-    sends, and what its intake rebuilds received ones with (None without compression: raw
-    models only, as always)."""
+    """Client ``client``'s two sides of the scenario's compression: the encoder of the models it
+    sends, and the decoder its intake rebuilds received ones with (None without compression)."""
     compression = scenario_compression(scenario)
     encoder = Encoder(compression, client, specs, seed=scenario.seed, chunk_bytes=scenario.network.chunk_bytes)
     return encoder, (Decoder(compression, specs) if compression.encoding else None)

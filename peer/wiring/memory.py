@@ -6,29 +6,26 @@ of its receiver (``network.round_window``; under a schedule the receive window,
 every client it may exchange models with) and ``t`` the honest neighbours a Byzantine client
 sends to, a client holds at most
 
-* honest: ``M * ((W + 1) * d + 5)``: one received model per neighbour and round of the window
-  (the inbox refuses one more: ``inbox_full``), its parameters (which after its local step are
-  the model it sends), its model of the round before (still in flight to a slow neighbour; the
-  sender gives up one two rounds old), its model at the start of the round (the rule's
-  reference), the copy of its own model in the round's candidate matrix, and the aggregate
-  (with ``train.momentum``, its momentum buffer too: ``+ 1``);
-* Byzantine: ``M * ((W + 1) * d + 2 * t + 2)``: the received models likewise, a crafted
-  message per receiver of this round and of the one before (one in flight and one queued per
-  receiver), and a float64 mean of what it received (sign flipping's; the Gaussian attack
-  takes its centre a block of coordinates at a time); colluding, also its colluders' pools
-  of the window, each of at most one model per client: ``M * (W + 1) * (c - 1) * n``;
+* honest: ``M * ((W + 1) * d + 5)``: one received model per neighbour and round of the window (the
+  inbox refuses one more: ``inbox_full``), its parameters (after its local step, the model it
+  sends), its model of the round before (still in flight to a slow neighbour; the sender gives up
+  one two rounds old), its model at the start of the round (the rule's reference), its own row in
+  the round's candidate matrix, and the aggregate (``+ 1`` with ``train.momentum``: its buffer);
+* Byzantine: ``M * ((W + 1) * d + 2 * t + 2)``: the received models likewise, a crafted message per
+  receiver of this round and of the one before (one in flight and one queued per receiver), and a
+  float64 mean of what it received (sign flipping's; the Gaussian attack takes its centre a block of
+  coordinates at a time); colluding, also its colluders' pools of the window, each of at most one
+  model per client: ``M * (W + 1) * (c - 1) * n`` (``c`` colluders, ``n`` clients);
 
-plus a baseline :data:`CLIENT_BASELINE` for the interpreter, torch, gRPC and its shard of the
-data. That is so for the rules and attacks that work on the candidates as they are, a block of
-coordinates at a time (DFedAvg, the Gaussian attack: :mod:`~dfedrw.peer.aggregation.columns`);
-a rule or an attack that makes copies of its own (a sort, a distance matrix, float64 rows) holds
-those besides. :func:`run_needs` adds the launcher and the fork server: the launcher refuses a
-run that needs more than the machine has available (:mod:`dfedrw.launch.preflight`).
+plus a baseline :data:`CLIENT_BASELINE` for the interpreter, torch, gRPC and its shard of the data.
+This holds for rules and attacks that work on the candidates in place, a block of coordinates at a
+time (DFedAvg, the Gaussian attack: :mod:`~dfedrw.peer.aggregation.columns`); one that makes copies
+(a sort, a distance matrix, float64 rows) holds those too. :func:`run_needs` adds the launcher and
+the fork server; :mod:`dfedrw.launch.preflight` refuses a run needing more than is available.
 
-The batched engine (``engine.name = "batched"``) holds no process and no inbox per client:
-one process holds every honest client's model as a row of one matrix, and :func:`batched_needs`
-counts what it holds (see :class:`BatchedNeeds`).
-"""
+The batched engine (``engine.name = "batched"``) holds no process and no inbox per client: one
+process holds every honest client's model as a row of one matrix, and :func:`batched_needs` counts
+what it holds (see :class:`BatchedNeeds`)."""
 
 from __future__ import annotations
 
@@ -51,8 +48,7 @@ CLIENT_BASELINE = 160 * 10**6
 # The launcher and the fork server together (each about 250 MB, bench/memory_at_size.py).
 LAUNCHER_BASELINE = 600 * 10**6
 
-# Working copies besides received models: honest (parameters, last round's model in flight,
-# reference, the own model's row, the aggregate), Byzantine (a float64 mean: two models).
+# Working copies besides received models, as the module lists them (a float64 mean: two models).
 HONEST_WORK = 5
 BYZANTINE_WORK = 2
 
@@ -98,7 +94,6 @@ def held_models(scenario: Scenario) -> list[Held]:
             pools = (window + 1) * (len(colluders) - 1) * topology.num_clients if k in colluders else 0
             out.append(Held(k, "byzantine", received, 2 * targets, BYZANTINE_WORK, pools))
         else:
-            # With momentum the trainer keeps its buffer: one model more.
             out.append(Held(k, "honest", received, 0, HONEST_WORK + (1 if scenario.train.momentum else 0)))
     return out
 
@@ -160,13 +155,11 @@ def _size(n: int) -> str:
 # -- the batched engine --------------------------------------------------------------------------
 
 # The batched engine's process besides what grows with its clients: the interpreter, torch, the
-# engine. Measured: 266 MB of peak RSS for 10 clients of the softmax regression on digits;
-# rounded up.
+# engine. Measured: 266 MB peak RSS for 10 clients of softmax regression on digits; rounded up.
 BATCHED_BASELINE = 280 * 10**6
-# A client's Python objects besides its model rows: its rule, minibatch order, evaluator and
-# round log, its share of a round's records, weights and scores, its final file. Measured: about
-# 90 KB a client at 1,000 clients of digits over 100 rounds, 60-80 KB at 10,000 of Gaussian
-# blobs; rounded up.
+# A client's Python objects besides its model rows: its rule, minibatch order, evaluator, round log,
+# its share of a round's records, weights and scores, its final file. Measured: about 90 KB a client
+# at 1,000 clients of digits over 100 rounds, 60-80 KB at 10,000 of Gaussian blobs; rounded up.
 BATCHED_CLIENT = 120 * 10**3
 # Model rows a round holds per honest client: its model, its copy at the start of the round
 # (the rule's reference), a local step's gradient and what autograd keeps of it, its aggregate
@@ -187,30 +180,26 @@ MATRIX_ENTRY = 30
 
 @dataclass(frozen=True)
 class BatchedNeeds:
-    """What one process of the batched engine needs for a run, or a batch of runs (each row of
-    :attr:`runs`: clients, honest clients, model rows, model bytes, minibatch bytes;
-    :attr:`data`: the bytes of each data set, held once however many runs read it),
-    :attr:`total` in bytes.
+    """What one process of the batched engine needs for a run or a batch of runs, :attr:`total` in
+    bytes (:attr:`data`: each data set's bytes, held once however many runs read it).
 
-    With ``C`` honest clients of a run, ``d_k`` client ``k``'s neighbours (under a schedule,
-    every client it may hear from) and ``X`` the Byzantine messages a round may pool (one per
-    honest neighbour of each Byzantine client; colluders' pools, ``C`` more; under a
-    compression, the models each receiver rebuilds: one per link), a run holds
+    With ``C`` honest clients of a run, ``d_k`` client ``k``'s neighbours (under a schedule, every
+    client it may hear from) and ``X`` the Byzantine messages a round may pool (one per honest
+    neighbour of each Byzantine client; colluders' pools, ``C`` more; under a compression, the
+    models each receiver rebuilds: one per link), a run holds
 
     * ``C x 8 (+ C with momentum) + 3 x (C + X) + sum_k (d_k + 1)`` model rows
-      (:data:`BATCHED_ROWS`, :data:`POOL_ROWS`, and each client's candidates gathered once, as
-      the coordinate-wise and distance rules gather them; the sum leaves out the clients whose
-      rule weighs the pool as it is, DFedAvg and DFedReweighting; a rule that sorts the
-      candidates holds a sorted copy besides);
+      (:data:`BATCHED_ROWS`, :data:`POOL_ROWS`, and each client's candidates gathered once, as the
+      coordinate-wise and distance rules gather them; the sum leaves out clients whose rule weighs
+      the pool as it is, DFedAvg and DFedReweighting; a rule that sorts holds a sorted copy too);
     * a local step's minibatches, ``C x batch_size x features`` float32 values;
     * its clients' objects, :data:`BATCHED_CLIENT` each;
-    * its mean weight matrix as the run ends, :data:`MATRIX_ENTRY` per honest client and
-      client (the runs of a batch end one after the other);
+    * its mean weight matrix as the run ends, :data:`MATRIX_ENTRY` per honest client and client (the
+      runs of a batch end one after the other);
 
-    and the process holds each data set once (its training set, its clients' auxiliary copies
-    and a test set of :data:`TEST_SHARE` of it, float32, with their indexes), plus
-    :data:`BATCHED_BASELINE`. A model whose local step keeps activations (the convolutional
-    ones) holds those besides."""
+    and the process holds each data set once (its training set, its clients' auxiliary copies and a
+    test set of :data:`TEST_SHARE` of it, float32, with indexes) plus :data:`BATCHED_BASELINE`; a
+    model whose local step keeps activations (a convolutional one) holds those too."""
 
     runs: tuple[tuple[int, int, int, int, int], ...]  # (clients, honest, rows, model bytes, minibatch bytes)
     data: tuple[int, ...]
