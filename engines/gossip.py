@@ -4,14 +4,13 @@ batch (:func:`run_gossip`).
 
 It follows the client's loop (:mod:`peer.client.asynchronous`) step for step. Honest client
 ``k``'s step ``t`` starts at ``S_k(t)``, trains for its ``[clock]`` compute (``step_seconds``
-over its speed) and at ``E_k(t)`` sends its model to every neighbour over the links (the same
-seeded :class:`~dfedrw.peer.transport.links.LinkSchedule` a client's emulated links use) and
-aggregates it with the newest model that has arrived from each neighbour by ``E_k(t)``; the
-aggregation takes ``aggregate_seconds`` over its speed, and the next step starts at
-``S_k(t + 1)``. Nothing waits. A model's staleness is the receiver's steps since it arrived
-(the step it arrived in: the latest ``t`` with ``S_k(t)`` at or before its arrival). A Byzantine
-client, at each arrival of an honest neighbour's model, crafts from the newest model it holds
-of each and answers that neighbour with a message labelled as its model, as its process does.
+over its speed) and at ``E_k(t)`` sends its model to every neighbour over the links (the seeded
+:class:`~dfedrw.peer.transport.links.LinkSchedule` of a client's emulated links) and aggregates
+it with the newest model arrived from each by ``E_k(t)``, which takes ``aggregate_seconds`` over
+its speed; step ``t + 1`` starts at ``S_k(t + 1)``. Nothing waits. A model's staleness is the
+receiver's steps since it arrived (in the latest step ``t`` with ``S_k(t)`` at or before its
+arrival). A Byzantine client, at each arrival of an honest neighbour's model, crafts from the
+newest model held of each and answers that neighbour with a message labelled as its model.
 
 Why batches are exact: a client's model sent at ``E_k(t)`` is what it trained from its
 aggregate of step ``t - 1``, which ended before ``E_k(t)``. So the clients are taken in the
@@ -22,8 +21,7 @@ from the same start) aggregate as one batch: one training product, one rule call
 
 What it leaves out, besides what the sync clock leaves out: the transport's word on
 reachability (no neighbour is presumed gone and probed), and attacks that send copies labelled
-with other steps (refused: what a receiver does with them is the real client's timing).
-"""
+with other steps (refused: what a receiver does with them is the real client's timing)."""
 
 from __future__ import annotations
 
@@ -85,8 +83,7 @@ class Gossip:
         self.pending: dict[int, list[tuple[float, int, Message]]] = {k: [] for k in range(self.topology.num_clients)}
         self.held: dict[int, dict[int, Held]] = {k: {} for k in range(self.topology.num_clients)}
         self.answered = {b: {k: -1 for k in self.graphs.possible(b) if k not in self.byzantine} for b in run.byzantine}
-        # Each Byzantine client's step (its attack, generator and reference): the run's, which
-        # the round protocol would drive and gossip drives instead.
+        # Each Byzantine client's step (attack, generator, reference): the run's, driven by gossip.
         self.attack_steps = run.attack_steps
         self.byzantine_events: list[tuple[float, int, int]] = []  # (arrival, order, Byzantine receiver)
         self.losses: dict[int, float] = {}
@@ -111,9 +108,8 @@ class Gossip:
         return arrival
 
     def _free(self, sender: int, receivers, now: float) -> list[tuple[int, int]]:
-        """The links from ``sender`` to ``receivers`` that take a message at ``now``: not one
-        still transmitting the last (the next model goes instead, as over a client's emulated
-        links under asynchronous gossip); those turned away are counted."""
+        """The links from ``sender`` to ``receivers`` free at ``now``; one still sending skips this
+        model, counted (the next goes instead, as over a client's emulated links under gossip)."""
         free = []
         for j in receivers:
             if self.clock.link(sender, j).busy(now):
@@ -322,10 +318,9 @@ class Gossip:
             seconds = self.starts[k][-1]
             run.network.gossip[k] = {
                 "protocol": "async", "steps_per_second": round(rounds / seconds, 3) if seconds > 0 else None, "staleness_total": self.staleness_total[k],
-                # A client process waits for its links to take its models, and for its
-                # neighbours' models of its step; on the simulated clock a link takes one whenever
-                # it is not still transmitting the last (skipped_busy), and a model of the same
-                # step is in when it arrived by the end of the step's training.
+                # A client process waits for its links to take its models and for its neighbours'
+                # models of its step; here a link takes one whenever not still sending the last
+                # (skipped_busy), and a same-step model is in if it arrived by the end of training.
                 "paced_seconds": 0.0, "fresh_seconds": 0.0,
             }
         for b in run.byzantine:

@@ -69,7 +69,6 @@ class BatchedRun:
     def __init__(self, scenario: Scenario, out_dir: Path, *, tensorboard: Path | None = None) -> None:
         self.scenario = sc = scenario
         if sc.paced and not (sc.clock.step_seconds or sc.clock.aggregate_seconds):
-            # On the simulated clock a client computes for [clock]'s seconds over its speed.
             raise ValueError(
                 "train.speed, train.speed_spread or a [peers.K] speed slows a client's compute, which in the batched engine "
                 "takes the simulated seconds of [clock]: set clock.step_seconds (its local steps a round at speed 1)"
@@ -84,9 +83,8 @@ class BatchedRun:
         self.honest = sorted(topo.honest())
         self.byzantine = sorted(topo.byzantine)
         self.row = {k: i for i, k in enumerate(self.honest)}
-        # On the CPU: each client's aux set (a copy) and its shard's rows of the training set,
-        # the test set once per process. What the rounds use is moved to the device below, the
-        # test set once for all clients (each client's local test set is rows of it).
+        # On the CPU: each client's aux set (a copy) and its shard's rows of the training set. The
+        # test set (read once per process) goes to the device once: local test sets are rows of it.
         self.data = clients_data(sc, topo, self.honest, shards=False)
         self.test = move(test_set(scenario_dataset(sc.data)), self.device)
         # Under a backdoor attack: the triggered test rows each honest client's success rate is read on.
@@ -98,11 +96,10 @@ class BatchedRun:
         # The layout its models run in, once picked for its batch (engines/layout.py).
         self.layout: dict[str, Any] = {}
         self.models = torch.stack([get_vector(initial_model(sc, k)) for k in self.honest]).to(self.device)
-        # The training set once (shared by every run of a batch: the dataset is read once per
-        # process), each client's shard as rows of it: client c's minibatch rows are
-        # shard_rows[offsets[c] + i] for the positions i its BatchOrder draws.
-        # Kept as stored (uint8 pixels for a cached set): each minibatch's rows are converted as
-        # they are gathered (``train_features``), the same values as converting all of them first.
+        # The training set once (shared by every run of a batch: read once per process), each
+        # client's shard as rows of it: client c's minibatch rows are shard_rows[offsets[c] + i]
+        # for the positions i its BatchOrder draws. Kept as stored (uint8 pixels for a cached
+        # set): rows are converted as gathered (train_features), the same values as all at once.
         self.pixels = training_pixels(scenario_dataset(sc.data))
         self.train_x, self.train_y = self.pixels.x.to(self.device), self.pixels.y.to(self.device)
         self.shard_rows = torch.cat([self.data[k].train_index for k in self.honest]).to(self.device)
@@ -116,19 +113,16 @@ class BatchedRun:
         self.momentum: torch.Tensor | None = None
         self.wave: list[int] | None = None  # under asynchronous gossip: the rows that train now
         self.augment = [client_augmentation(sc, k) for k in self.honest]
-        # Who sends to whom each round (a schedule's graph of the round, or the graph); under a
-        # schedule each client's rule is the one told the Byzantine senders of the round.
+        # Under a schedule each client's rule is the one told the Byzantine senders of the round.
         self.graphs = scenario_graphs(sc, topo)
         self.told_rules = ToldRules(sc, topo, self.honest, dynamic=self.graphs.dynamic)
         self.rules = dict(self.told_rules.fixed)  # each client's rule this round (under a schedule: begin_round's)
         self.told: dict[int, int] = {}
-        # What each honest client's rule kept of its last aggregation (Aggregate.memory).
         self.memory: dict[int, dict[int, float] | None] = {}
         # Scoring on the auxiliary sets: many clients at once, or each client's own evaluator.
         self.aux = {k: VectorEvaluator(template, move(self.data[k].aux, self.device)) for k in self.honest}
         self.plausible = scenario_plausible(sc, self.graphs)
-        # Each Byzantine client's attack, its generator (seeded by its id), the reference it
-        # carries and the scores it reports.
+        # Each Byzantine client's attack, generator (seeded by its id), reference, reported scores.
         self.attack_steps = {
             b: ByzantineStep(
                 sc, b, client_attack(sc, topo, b), torch.Generator().manual_seed(derive_seed(sc.seed, "attack", b)),
@@ -167,9 +161,8 @@ class BatchedRun:
             self.rules[k], self.told[k] = self.told_rules.at(k, self.senders[k])
 
     def active_rows(self, step: int) -> torch.Tensor | None:
-        """The rows of the clients that take local step ``step`` of the round: None for all of
-        them (the usual case), else their positions (int64, on the models' device). Under
-        asynchronous gossip only the clients of ``self.wave`` (positions) train, when set."""
+        """The rows of the clients taking local step ``step``: None for all (the usual case), else
+        their positions (int64, on the models' device); under gossip, those of ``self.wave``."""
         if self.wave is not None:
             return torch.tensor([c for c in self.wave if step < self.steps[c]], dtype=torch.long, device=self.device)
         if all(step < n for n in self.steps):
@@ -278,13 +271,12 @@ class BatchedRun:
         return out, heard
 
     def _misrouted(self, receiver: int, label: int, r: int) -> None:
-        """What a receiver's intake does with a message of round ``r``'s sender labelled
-        ``label``: a receiver is then in round ``r`` or ``r + 1`` (it sent its round-``r``
-        model, and waits for this sender's round ``r + 1`` before going on), so the message is
-        what its inbox makes of it in both (:func:`window_outcome`): stale (below ``r``) or
-        refused as ``future_round`` (past ``r + 1 + round_window``). Labels in between would be
-        buffered and used, which depends on timing the batched engine has none of: refused with
-        one line."""
+        """What a receiver's intake does with a message labelled ``label`` from a sender in round
+        ``r``: the receiver is then in round ``r`` or ``r + 1`` (it sent its round-``r`` model and
+        waits for this sender's round ``r + 1``), so the message is what its inbox makes of it in
+        both (:func:`window_outcome`): stale (below ``r``) or refused as ``future_round`` (past
+        ``r + 1 + round_window``). Labels in between would be buffered and used, which depends on
+        timing the batched engine does not model: a ``ValueError``."""
         if self.graphs.dynamic:
             # Under a schedule a receiver may be several rounds behind or ahead of its sender
             # (each waits only for its own senders): what becomes of the message is timing.
@@ -315,9 +307,8 @@ class BatchedRun:
         rows, link_row = pooled_links(self.network.rebuilt, self.row, pooled)
         pool += [row.to(self.device) for row in rows]
         pooled += len(rows)
-        # One row per distinct message of a Byzantine sender: an attack that sends all its
-        # receivers the same tensor (most do) is one row, scored, compared and summed once.
-        # (Per sender: two senders' messages stay two rows, so no client holds a row twice.)
+        # One row per distinct message of a Byzantine sender (two senders' stay two rows: no client
+        # holds a row twice): a tensor sent to all receivers (most attacks) is scored, summed once.
         row_of: dict[tuple[int, int], int] = {}
         for key, (vector, *_) in byz.items():
             same = (key[0], id(vector))
@@ -359,9 +350,8 @@ class BatchedRun:
         self.memory[k] = agg.memory
 
     def records(self, r: int, losses: dict[int, float], candidates: Candidates, results: list[Aggregate]) -> list[dict[str, Any]]:
-        """The rules' results become the models; returns the clients' round records, in
-        ``self.honest`` order (with a clock: the simulated seconds at the round's end and the
-        bytes each client put on its links)."""
+        """The rules' results become the models; returns the round records in ``self.honest`` order
+        (with a clock: simulated seconds at the round's end, bytes each put on its links)."""
         self.models = torch.stack([agg.model for agg in results]).to(self.device)
         records = []
         for c, (k, agg) in enumerate(zip(self.honest, results, strict=True)):
@@ -372,10 +362,10 @@ class BatchedRun:
 
     @torch.no_grad()
     def accuracies(self, only: list[int] | None = None) -> dict[int, dict[str, float]]:
-        """Each honest client's local and global test accuracy (percent), as a client measures
-        it, and under a backdoor attack its attack success rate on the triggered test rows. The global test set goes through the model once for a block of clients (blocks
-        bounded so the logits stay under ~64 M values), and a client's local test set is rows
-        of it: its local accuracy is read from the same predictions. ``only``: of those clients."""
+        """Each honest client's local and global test accuracy (percent), as a client measures it,
+        and under a backdoor attack its attack success rate on the triggered test rows (``only``:
+        of those clients). The global test set goes through the model once per block of clients
+        (logits under ~64 M values); a client's local test set is rows of it: same predictions."""
         honest = self.honest if only is None else only
         models = self.models if only is None else self.models[[self.row[k] for k in only]]
         out: dict[int, dict[str, float]] = {k: {} for k in honest}
@@ -407,8 +397,7 @@ class BatchedRun:
         self.last: dict[int, dict[str, float]] = {k: {} for k in self.honest}
 
     def before_aggregation(self, r: int, losses: list[float]) -> tuple[dict[int, float], Candidates]:
-        """After the local steps: the Byzantine clients' messages, then what each honest client
-        aggregates."""
+        """After local training: the Byzantine messages, then each honest client's candidates."""
         reference = self._reference
         losses_by_id = dict(zip(self.honest, losses, strict=True))
         refused = self.refused_rows()

@@ -2,12 +2,11 @@
 median (Pillutla et al., 2022) (conventions: :mod:`peer.aggregation.baselines`).
 
 A client's squared distances come from the Gram matrix of its finite candidates (float64,
-:func:`pairwise_squared_distances`): one matrix product instead of a pass over each pair's
-differences. Krum and multi-Krum are written once, over a batch (a client's call is a batch of
-one), and give every client what ``rule(batch.one(c))`` gives, bit for bit: each client's
-product is taken on its own rows, in the order and shape a batch of one has them, so nothing
-else in the batch enters its arithmetic. Scores, choices and the weighted sum are each client's own.
-"""
+:func:`pairwise_squared_distances`): one matrix product, not a pass over each pair's differences.
+Krum and multi-Krum are written once, over a batch (a client's call is a batch of one), and give
+every client what ``rule(batch.one(c))`` gives, bit for bit: each client's product, scores,
+choices and weighted sum are taken on its own rows, in the order and shape a batch of one has
+them, so nothing else in the batch enters its arithmetic."""
 
 from __future__ import annotations
 import math
@@ -22,10 +21,9 @@ from dfedrw.peer.aggregation.candidates import (
     FiniteCandidates, by_id, combine_rows, finite_by_id, keep_own, keep_own_pooled, package_aggregate, package_for, pooled_order,
 )
 
-# A pair whose squared distance from the Gram matrix is at most this share of the two rows'
-# squared norms is measured from its difference: the product's rounding, about D * 2^-53 of
-# the norms, would be a large part of it (and could leave two identical models a hair apart,
-# or below zero).
+# A pair whose squared distance from the Gram matrix is at most this share of the rows' squared
+# norms is measured from its difference: the product's rounding, about D * 2^-53 of the norms,
+# would be a large part of it (and could leave identical models a hair apart, or below zero).
 _NEAR = 1e-9
 
 
@@ -45,8 +43,7 @@ def pairwise_squared_distances(rows: torch.Tensor, origin: int | None = None) ->
     norms is measured from its difference instead: exactly 0 for two identical rows. The others
     are off by about ``D * 2^-53`` of ``|x_i|^2 + |x_j|^2``, under ``1e-9`` of the distance.
 
-    For ``rows = [[0, 0], [3, 4]]``: ``[[0, 25], [25, 0]]``.
-    """
+    For ``rows = [[0, 0], [3, 4]]``: ``[[0, 25], [25, 0]]``."""
     distances = _squared_distances(rows, origin)
     return torch.tensor(distances, dtype=torch.float64).view(len(distances), len(distances))
 
@@ -74,11 +71,10 @@ def _squared_distances(rows: torch.Tensor, origin: int | None) -> list[list[floa
 
 
 def krum_scores(finite: FiniteCandidates, num_byzantine: int) -> list[float]:
-    """Krum's score of each row of ``finite`` (at least two rows): the sum of its squared
-    distances to its ``C - f - 2`` nearest others (at least one, at most ``C - 1``: a score of 0
-    for everybody would make a choice arbitrary), summed exactly rounded (``math.fsum``), so no
-    order of the terms enters it; the distances measured from the client's own model (from the
-    first finite candidate where the own model is not finite)."""
+    """Krum's score of each row of ``finite`` (at least two rows): the sum of its squared distances
+    to its ``C - f - 2`` nearest others (at least one, at most ``C - 1``: all scores 0 would make
+    the choice arbitrary), exactly rounded (``math.fsum``: no order of terms enters it); distances
+    measured from the own model (where not finite, the first finite candidate)."""
     count = len(finite.ids)
     distances = _squared_distances(finite.rows, 0 if finite.own is None else finite.own)
     neighbours = min(max(count - num_byzantine - 2, 1), count - 1)
@@ -86,8 +82,7 @@ def krum_scores(finite: FiniteCandidates, num_byzantine: int) -> list[float]:
 
 
 def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int) -> torch.Tensor:
-    """Uniform weights (CPU [F]) on the ``keep`` lowest :func:`krum_scores`, ties to the lower
-    id."""
+    """Uniform weights (CPU [F]) on the ``keep`` lowest :func:`krum_scores` (ties: lower id)."""
     count = len(finite.ids)
     if count == 1:
         return torch.ones(1, dtype=torch.float64)
@@ -97,10 +92,9 @@ def _lowest_scores(finite: FiniteCandidates, num_byzantine: int, keep: int) -> t
 
 
 def _krum_batched(batch: RoundBatch, settings: Callable[[int, int], tuple[int, int]]) -> list[Aggregate]:
-    """Krum's or multi-Krum's round for every client of ``batch`` (``settings(c, count)``:
-    client ``c``'s ``num_byzantine`` and how many to average of its ``count`` finite
-    candidates), each client's arithmetic on its own rows as in a batch of one; the rows the
-    round's clients hold are widened to float64 once (exact: the same values)."""
+    """Krum's or multi-Krum's round for every client of ``batch`` (``settings(c, count)``: client
+    ``c``'s ``num_byzantine`` and how many of its ``count`` finite candidates to average), each on
+    its own rows as in a batch of one, widened to float64 once for all (exact)."""
     finite = batch.finite().tolist()
     orders = [pooled_order(batch, c, finite) for c in range(len(batch))]
     used = sorted({row for order in orders for row in order.pooled})
@@ -135,10 +129,8 @@ class Krum(BatchOfOne, ToleratesByzantine):
     Source: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
     Descent", NeurIPS 2017.
 
-    Written once, over a batch (:class:`BatchOfOne`): :meth:`batched` hands ``_lowest_scores``
-    each client's rows from the round's pool, widened to float64 once for all clients: 1.69x
-    faster than a batch of one per client (``python bench/rules_batched.py``, this
-    machine).
+    Written once, over a batch (:class:`BatchOfOne`; module notes): 1.69x faster than a batch of
+    one per client (``python bench/rules_batched.py``, this machine).
     """
 
 
@@ -159,9 +151,8 @@ class MultiKrum(BatchOfOne, ToleratesByzantine):
     """Multi-Krum: average the ``m`` candidates with the lowest Krum scores.
 
     ``s_i`` as in :class:`Krum`;  ``w_k^{t+1} = 1/m * sum_{i in S} w_i`` with ``S`` the ``m``
-    lowest scores. ``m`` defaults to ``C - f`` and is clamped to ``[1, C]`` (C = finite
-    candidates this round). Neighbour count clamp and tie-break as in :class:`Krum`; weight
-    ``1/m`` on each chosen candidate.
+    lowest scores. ``m`` defaults to ``C - f``, clamped to ``[1, C]`` (C = finite candidates this
+    round). Neighbour count clamp and tie-break as in :class:`Krum`; weight ``1/m`` on each chosen.
 
     Source: Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
     Descent", NeurIPS 2017 (Multi-Krum, El Mhamdi et al. 2018 naming).
@@ -199,10 +190,9 @@ class GeometricMedian(Checked):
 
     ``z = argmin_z sum_i ||z - w_i||``, iterated from the mean as
     ``beta_i = 1 / max(eps, ||z - w_i||)``,  ``c_i = beta_i / sum_j beta_j``,
-    ``z <- sum_i c_i w_i``, for at most ``max_iter`` steps, stopping once the objective
-    changes by at most ``tol`` times its value. ``eps`` keeps a candidate that coincides with
-    ``z`` from dividing by zero. Reported weights are the final ``c_i`` (a convex
-    combination), and the model is exactly ``sum_i c_i w_i``.
+    ``z <- sum_i c_i w_i``, for at most ``max_iter`` steps, until the objective changes by at most
+    ``tol`` times its value; ``eps`` keeps a candidate at ``z`` from dividing by zero. Reported
+    weights: the final ``c_i`` (a convex combination); the model is exactly ``sum_i c_i w_i``.
 
     Source: Pillutla, Kakade and Harchaoui, "Robust Aggregation for Federated Learning",
     IEEE Trans. Signal Processing 2022 (RFA), with uniform candidate weights.

@@ -1,45 +1,34 @@
 """Asynchronous gossip (``network.protocol = "async"``): a client without a round barrier. Its
-honest steps are ``Client._run_honest``'s loop, which it shares with the round protocol, with
+honest steps are ``Client._run_honest``'s loop, shared with the round protocol, with
 :class:`GossipGather`; a Byzantine client's loop is :func:`run_async_byzantine`.
 
-An honest client takes its local steps at its own speed, one after the other, and never waits
-for anyone. Its step ``t``:
+An honest client takes its local steps at its own speed: it waits only until its last model went
+out to each neighbour (:meth:`~peer.client.presence.Presence.pace`) and, briefly, for fresh
+models of its neighbours (:class:`Freshness`). Step ``t``:
   1. local SGD step(s) -> w_k^{t+1/2};
   2. send it to every neighbour, labelled ``t`` (a neighbour presumed gone is probed now and
      then, as in the round protocol, :mod:`peer.client.presence`);
-  3. aggregate it with the newest model it holds from each neighbour, whenever that came
-     (:class:`~dfedrw.peer.transport.latest.LatestInbox`), with the client's rule, unchanged:
-     DFedReweighting scores the candidates at hand on its auxiliary set, a robust rule is told
-     the Byzantine neighbours as ever. Each candidate's staleness (how many of the client's
-     own steps ago it arrived) is in the rule's inputs, for a rule that weighs by it
-     (``staleness_exponent``), and in the step's record; ``network.max_staleness`` leaves out
-     the older ones. A neighbour that finished its steps stays a candidate with its last model;
-     one that cannot be reached mid-run does not (until it sends again).
+  3. aggregate it with the newest model held from each neighbour, whenever that came
+     (:class:`~dfedrw.peer.transport.latest.LatestInbox`), with the client's rule, unchanged
+     (DFedReweighting scores the candidates at hand, a robust rule is told the Byzantine
+     neighbours). Each candidate's staleness (the client's own steps since it arrived) is in the
+     rule's inputs (``staleness_exponent``) and the step's record; ``network.max_staleness``
+     leaves out older ones. A neighbour that finished stays a candidate with its last model; one
+     unreachable mid-run does not (until it sends again).
 
-Pacing: a client takes its next step only once the model it sent last went out to each
-neighbour (at most ``round_timeout``; :meth:`~peer.client.presence.Presence.pace`), so that it
-makes no model faster than its neighbours take them; after it sent step ``t`` it waits, briefly,
-for the next model of each neighbour stepping with it (the step-``t`` model of one keeping pace,
-:class:`Freshness`); as it (re)starts, once, for a first model of each neighbour.
-
-A Byzantine client has no steps of its own: each time models of its honest neighbours arrive
-it crafts its attack from the newest model it holds of each (what it received, as ever) and
-answers each neighbour whose model came with a message labelled as that model, so that its
-messages are as fresh as theirs. It stops when each honest neighbour sent its last step, or
-when none sent anything for ``max_missed_rounds + 1`` round timeouts.
+A Byzantine client has no steps of its own: when models of its honest neighbours arrive it
+crafts its attack from the newest model held of each and answers each neighbour whose model
+came with a message labelled as that model, as fresh as theirs. It stops once each honest
+neighbour sent its last step, or none sent anything for ``max_missed_rounds + 1`` round timeouts.
 
 Under a schedule (``topology.schedule``, e.g. Epidemic Learning) a client sends each step to
 its receivers of that step's graph, and takes the newest model of anyone who sent it one.
 
-Records: one per local step (``round`` is the step), with ``seconds`` since the loop began
-and ``staleness``; ``missing``: the step's senders (its graph's) nothing is held from. What
-the round protocol has and this one has not: colluders' pools (refused by the scenario's
-checks) and deadlines. A client that restarts waits briefly for its neighbours' models and
-continues one past the steps they are at (the upper median), taking the median of their models
-in place of its own where that skips many steps (:meth:`~peer.client.rejoin.Resume.resume_steps`);
-a client that lagged its neighbours by the time its restart took would otherwise pull their
-aggregates back for the rest of the run.
-"""
+Records: one per local step (``round`` is the step), with ``seconds`` since the loop began and
+``staleness``; ``missing``: the step's senders (its graph's) nothing is held from. Unlike the
+round protocol: no colluders' pools (refused by the scenario's checks), no deadlines. A client
+that restarts continues where its neighbours are, taking their median model where its own is
+stale (:meth:`~peer.client.rejoin.Resume.resume_steps`)."""
 
 from __future__ import annotations
 
@@ -72,11 +61,9 @@ def client_inbox(scenario, client_id: int, neighbours, num_clients: int, window:
 
 
 class GossipGather:
-    """Asynchronous gossip's part of an honest client's step (``Client._run_honest``, which
-    runs both protocols): where a resumed client goes on
-    (:meth:`~peer.client.rejoin.Resume.resume_steps`), how it sends (paced, then briefly waiting
-    for fresh models, :class:`Freshness`), and what step ``t`` aggregates: the newest model it
-    holds of each neighbour, with its staleness."""
+    """Asynchronous gossip's part of an honest client's step (``Client._run_honest``): where a
+    resumed client goes on, how it sends (paced, then :class:`Freshness`), and what step ``t``
+    aggregates: the newest model held of each neighbour, with its staleness."""
 
     unit = "step"  # what its progress lines count
     gossip = True  # its candidates carry their staleness
@@ -125,24 +112,18 @@ class GossipGather:
 
 
 class Freshness:
-    """What a client waits for after it sent its step ``t``: the next model of each neighbour
-    stepping with it, at most a grace of a few times what a message takes lately (its
-    transport's ``message_seconds``: sent to answered; :data:`FLOOR` where it does not say),
-    never more than ``timeout``; as it (re)starts, a first model of each neighbour, at most
-    ``timeout``. Of a neighbour keeping pace (the model it holds of it is of step ``t - 1`` or
-    later) the next model is that of step ``t`` (held already of one ahead: not waited for); of
-    one behind, the one after the model it holds.
-    So that, where neighbours step at one speed, a step aggregates models of that step, as the
-    batched engine's clock does: a message between two processes takes about as long as a local
-    step of a small model, and aggregating each neighbour's step before at every step halves
-    what a step learns. And so that a client that got ahead (a wait that ran out, a scheduler's
-    whim) waits as a client behind it does: were it waited for by its neighbours and not
-    waiting itself, it would step faster the further ahead it got, and under a long run its
-    neighbours would aggregate its model of hundreds of steps before or after theirs; as it is,
-    the one behind waits for nobody ahead of it and closes the gap. A neighbour behind that made
-    fewer than :data:`PACE` steps per step of this client over its last :data:`WINDOW` steps is
-    a straggler (slower, not merely behind): not waited for, so that a straggler slows only
-    itself. What it waited is counted (:attr:`seconds`)."""
+    """What a client waits for after sending step ``t``: the next model of each neighbour stepping
+    with it (of one keeping pace, its step-``t`` model; of one behind, the one after the model
+    held), for a grace (:data:`FACTOR` times the transport's ``message_seconds``, sent to answered;
+    at least :data:`FLOOR`, at most ``timeout``); on (re)start, a first model of each neighbour, at
+    most ``timeout``. A straggler (:data:`PACE`, :data:`WINDOW`: slower, not merely behind) is not
+    waited for, so it slows only itself. So where neighbours step at one speed a step aggregates
+    models of that step, as the batched engine's clock does: a message between processes takes
+    about as long as a local step of a small model, and aggregating each neighbour's previous step
+    at every step halves what a step learns. And a client that got ahead (a wait that ran out, a
+    scheduler's whim) waits as one behind it does: waited for but not waiting, it would step ever
+    faster, and its neighbours would aggregate its models of hundreds of steps before or after
+    theirs; as it is, the one behind waits for nobody ahead and closes the gap."""
 
     FACTOR = 6.0  # the grace: this many times what a message takes
     FLOOR = 0.002  # seconds: the least grace
@@ -198,7 +179,6 @@ def run_async_byzantine(client) -> dict[str, Any]:
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
     honest = tuple(k for k in client.neighbours if k not in byzantine)
     answered = dict.fromkeys(honest, -1)  # per honest neighbour, the label it was last answered at
-    # The last step each honest neighbour sends it a model in (a fixed graph: the last step).
     last = last_labels(client.graphs, client.id, honest, sc.rounds)
     step = ByzantineStep(
         sc, client.id, client.attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores), byzantine=byzantine,

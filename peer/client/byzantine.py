@@ -1,10 +1,10 @@
-"""A Byzantine client's round loop (:func:`run_byzantine`, on a :class:`peer.client.client.Client` built
-for a Byzantine id, whose parts it uses). It holds no data: each round it waits for the models of the honest clients that
-send to it in that round, crafts one message per receiver of the round with its attack, and
+"""A Byzantine client's round loop (:func:`run_byzantine`, on a :class:`peer.client.client.Client`
+built for a Byzantine id, whose parts it uses). It holds no data: each round it waits for the
+models of its honest senders of the round, crafts one message per receiver with its attack, and
 sends them; with ``attack.colluding`` it first pools what it received with the other colluders
-(:mod:`peer.client.collusion`). Under a schedule (:mod:`peer.graph.schedule`) its receivers and senders are
-the round's: it reaches no one the schedule does not give it, whomever it sends to (receivers
-refuse a message from a sender that is not their in-neighbour in the message's round)."""
+(:mod:`peer.client.collusion`). Under a schedule (:mod:`peer.graph.schedule`) it reaches no one
+the schedule does not give it, whomever it sends to: receivers refuse a message from a sender
+that is not their in-neighbour in the message's round."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ def run_byzantine(client) -> dict[str, Any]:
     liveness = Liveness(sc.network.max_missed_rounds)
     loop_start, cpu_start, started_at = time.monotonic(), time.process_time(), time.time()
     r = 0
-    # Its attack, generator, reference (AttackView.reference) and the scores it reports.
     step = ByzantineStep(
         sc, client.id, attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores), byzantine=byzantine,
     )
@@ -48,14 +47,12 @@ def run_byzantine(client) -> dict[str, Any]:
         r = client.resume.rejoin(torch.zeros(sum(s.numel for s in client.specs)), 0)
     while r < sc.rounds:
         r, sent0, recv0 = client.begin_round(r)
-        # Whom it sends to and hears from in this round (a fixed graph: its honest neighbours).
         targets = tuple(k for k in client.graphs.receivers_of(client.id, r) if k not in byzantine)
         heard = tuple(k for k in client.graphs.senders_to(client.id, r) if k not in byzantine)
         expected = client.presence.expected(r, frozenset(heard))
-        # After a round in which it was silent to some receiver, twice the deadline: those
-        # receivers waited out their whole round_timeout for it before they began round r.
-        # With one, its clock would run ahead of theirs, and under load it would miss
-        # their models in exactly the rounds it means to act.
+        # Twice the deadline after a round in which it was silent to some receiver: those waited
+        # out their whole round_timeout for it before they began round r. With one, its clock
+        # would run ahead of theirs and, under load, miss their models in the rounds it acts.
         got = client.inbox.wait(r, expected, (2 if silent_before else 1) * sc.network.round_timeout)
         liveness.update(client.inbox, expected, got)
         senders = tuple(k for k in sorted(got) if k not in byzantine)
@@ -94,11 +91,10 @@ def run_byzantine(client) -> dict[str, Any]:
 
 
 def send_crafted(client, crafted, labels: dict[int, int], claims: dict[str, Any]) -> int:
-    """Send what Byzantine ``client``'s attack crafted: the copies labelled with other rounds
-    first (a receiver takes the round's own message last, so it is still running, and counts
-    what it does with them, when they arrive), then each receiver ``k``'s message labelled
-    ``labels[k]``, each with the ``claims`` (declared size, loss, reported scores, chunk size).
-    Returns how many receivers it was silent to."""
+    """Send what Byzantine ``client``'s attack crafted, each with the ``claims`` (declared size,
+    loss, reported scores, chunk size): first the copies labelled with other rounds (a receiver,
+    taking the round's own message last, is still running to count them), then each receiver
+    ``k``'s message labelled ``labels[k]``. Returns how many receivers it was silent to."""
     for k, labelled in crafted.extra.items():
         for label, extra in labelled:
             client.transport.send(k, message_out(client.id, label, extra, client.specs, **claims))

@@ -12,11 +12,8 @@ Round t at an honest client k (paper, Algorithm 1):
      on the auxiliary set A_k) -> w_k^{t+1}.
 Under a schedule (``topology.schedule``, :mod:`peer.graph.schedule`) the graph is the round's: k
 sends to its out-neighbours of round t, waits for its in-neighbours of round t, and a robust
-rule is told the Byzantine clients among them. A Byzantine client (:func:`peer.client.byzantine.run_byzantine`)
-holds no data: each round it waits for its honest neighbours' round-t models, crafts one
-message per receiver with its attack, and sends them. With ``attack.colluding`` the Byzantine
-clients first pool what they received (peer/client/collusion.py).
-"""
+rule is told the Byzantine clients among them. A Byzantine client's rounds (its attack, the
+colluders' pools) are :func:`peer.client.byzantine.run_byzantine`'s."""
 
 from __future__ import annotations
 
@@ -67,11 +64,9 @@ class Stopped(RuntimeError):
 
 
 class Client:
-    """A client process's state and round loop (honest or Byzantine). ``tensorboard``: a folder
-    for the round records as TensorBoard scalars too (see :mod:`dfedrw.peer.results.tensorboard`). Its
-    parts: the neighbours it waits for and sends to (:attr:`presence`), its checkpoints and way
-    back after a restart (:attr:`resume`); a Byzantine client's rounds are
-    :func:`peer.client.byzantine.run_byzantine`'s."""
+    """A client process's state and round loop (honest or Byzantine); ``tensorboard``: a folder for
+    its round records as TensorBoard scalars too (:mod:`dfedrw.peer.results.tensorboard`). Whom it
+    waits for and sends to: :attr:`presence`; checkpoints and restarts: :attr:`resume`."""
 
     def __init__(
         self,
@@ -85,40 +80,30 @@ class Client:
         tensorboard: Path | None = None,
         parts: ClientParts | None = None,
     ) -> None:
-        # Its graph, initial model and model layout: given (built once for its transport too),
-        # or built here.
+        # Graph, initial model and layout: given (built once for its transport too), or built here.
         parts = client_parts(scenario, client_id) if parts is None else parts
         self.scenario = scenario
-        # Where the model, training data and evaluation live; vectors on the wire and in
-        # aggregation stay on the CPU.
+        # The model's, data's and evaluation's device; wire and aggregation vectors stay on the CPU.
         self.device = torch.device(device)
         self.id = client_id
         self.out_dir = Path(out_dir)
         self.topology = parts.topology
         self.role = "byzantine" if client_id in self.topology.byzantine else "honest"
-        # Who sends to whom in each round: the graph every round, or the schedule's graph.
         self.graphs = scenario_graphs(scenario, self.topology)
-        # Everyone it may exchange models with (a fixed graph: its neighbours); each round's
-        # senders and receivers are among them.
+        # All it may exchange models with (a fixed graph: its neighbours), each round's among them.
         self.neighbours = self.graphs.possible(client_id)
         self.link = link or NullLink()
         net = scenario.network
-        # What carries its messages underneath, where the transport picks one (the torch
-        # transport: gloo or NCCL), and why, for its final record.
+        # Its transport's backend where it picks one (torch: gloo or NCCL), and why, for its record.
         self.transport_backend = {
             key: value for key, value in (("transport_backend", getattr(transport, "backend", None)), ("transport_backend_note", getattr(transport, "backend_note", None))) if value
         }
-        # What it sends waits on the scenario's emulated links ([links]), under any transport.
         self.transport = transport = with_links(scenario, client_id, transport)
-        # A straggler's local steps and aggregation take 1/speed times as long ([peers.K] speed).
         self.pace = Pace(scenario.speed_of(client_id))
         self.plausible = scenario_plausible(scenario, self.graphs)
-        # The scores its next model carries (network.share_scores): its last aggregation's.
         self.shared_scores: dict[int, float] | None = None
-        # What its rule kept of its last aggregation for the next (Aggregate.memory).
         self.memory: dict[int, float] | None = None
-        # A Byzantine client trains nothing: it needs only the model's layout (from a model on
-        # the meta device, which holds no values).
+        # A Byzantine client needs only the model's layout (a model on the meta device: no values).
         self.model, self.specs = parts.model, parts.specs
         self.inbox = client_inbox(
             scenario, client_id, self.neighbours, self.topology.num_clients, receive_window(net.round_window, scenario.topology.schedule),
@@ -126,8 +111,7 @@ class Client:
             model_size=sum(s.numel for s in self.specs), rows_at=self._candidate_rows,
         )
         self.max_bytes = min(net.max_message_bytes, sum(s.nbytes for s in self.specs) + 1)
-        # A colluding Byzantine client exchanges pools with the other colluders (graph
-        # neighbours or not), whom it reaches besides its neighbours.
+        # A colluder exchanges pools with the other colluders too (graph neighbours or not).
         colluders = colluding_group(self.topology.byzantine, scenario.attack.colluding) if self.role == "byzantine" else ()
         self.collusion: Collusion | None = None
         if colluders:
@@ -171,12 +155,10 @@ class Client:
 
     # -- receiving ---------------------------------------------------------------------
     def deliver(self, chunks, sender: int | None = None) -> tuple[bool, str, int]:
-        """Validate one incoming message and buffer it (called on the transport's thread).
-        ``sender`` is the id the transport authenticated (None: it authenticates nobody).
-
-        Returns (accepted, reason, this client's round): the sender drops what it still has
-        queued for earlier rounds. (Transports that hand messages over as they arrive use
-        :attr:`intake`'s ``begin``.)"""
+        """Validate one incoming message and buffer it (on the transport's thread); ``sender``:
+        the id the transport authenticated (None: it authenticates nobody). Returns (accepted,
+        reason, this client's round): the sender drops what it still has queued for earlier
+        rounds. Transports that hand messages over as they arrive use :attr:`intake`'s ``begin``."""
         return self.intake(chunks, sender)
 
     def _candidate_rows(self, r: int) -> tuple[int, ...]:
@@ -194,8 +176,7 @@ class Client:
         if self.role == "honest":
             self.data = client_data(sc, self.topology, self.id)
             if self.device.type != "cpu":
-                # The model computes where its data is; what goes on the wire and into the
-                # rule stays on the CPU (get_vector copies it back).
+                # The model computes where its data is; wire and rule get CPU copies (get_vector).
                 self.data = self.data.to(self.device)
                 self.model.to(self.device)
             t = sc.train
@@ -296,8 +277,7 @@ class Client:
             if hasattr(self.transport, "channels_opened"):
                 final["channels"] = {"opened": self.transport.channels_opened, "closed_idle": self.transport.channels_closed}
         write_json_atomic(self.out_dir / "peers" / f"{self.id}.json", final)
-        # Done: a client started again with this id now starts a new run (its round log is
-        # moved aside), it does not resume this one.
+        # Done: a client started again with this id starts a new run (its round log moved aside).
         self.checkpoint_file.unlink(missing_ok=True)
         self.link.send(link_messages.done(self.id, final.get("accuracy"), final.get("global_accuracy")))
         return final
@@ -385,20 +365,17 @@ class Client:
             notes: dict[str, Any] = {"resumed_from": self.resumed.round} if first_after_resume else {}
             first_after_resume = False
             held, own, reference, told_of = gather.candidates(r, own, reference, num_samples, loss, notes)
-            # The candidates: the round's matrix itself when every received model was decoded
-            # into its row (own model copied into row 0), else a stack of them.
+            # The round's matrix itself when every model was decoded into its row, else a stack.
             vectors = inbox.stacked(r, list(held.models[1:]), own)
             rule, told = self.rules.at(self.id, told_of)
-            # Every received model passed the intake's check of its values: only the own
-            # model's need looking at (for a big model a pass over every candidate saved).
+            # The intake checked every received model's values: only the own model's need a look.
             finite = (bool(finite_rows(own[None])[0]), *(True for _ in held.senders))
             with self.pace.work():
                 agg = rule(held.inputs(r, vectors, evaluate=self.aux_eval, total_rounds=sc.rounds, reference=reference, finite=finite, gossip=gather.gossip))
             model = agg.model
             self._keep(agg)
             if model.untyped_storage().data_ptr() == vectors.untyped_storage().data_ptr():
-                # A rule that kept a candidate as it is: the parameters must not hold on to
-                # the whole matrix of the round.
+                # A candidate kept as it is: the parameters must not pin the round's whole matrix.
                 model = model.clone()
             set_vector(self.model, model)
             # Done with the round's models: let them go before evaluating and checkpointing.

@@ -28,8 +28,7 @@ log = logging.getLogger("dfedrw.peer.client.client")
 class RoundGather:
     """The round protocol's part of an honest client's round (``Client._run_honest``): where a
     resumed client goes on (:meth:`~peer.client.rejoin.Resume.rejoin`), and what round ``r``
-    aggregates: the round-``r`` models of its senders that came by the deadline (a neighbour
-    that missed ``max_missed_rounds`` deadlines in a row is not waited for)."""
+    aggregates: its senders' round-``r`` models that came by the deadline (:class:`Liveness`)."""
 
     unit = "round"  # what its progress lines count
     gossip = False  # its candidates carry no staleness
@@ -47,9 +46,8 @@ class RoundGather:
         c._send_all(r, own, num_samples, c.graphs.receivers_of(c.id, r), loss)
 
     def candidates(self, r: int, own: Any, reference: Any, num_samples: int, loss: float, notes: dict[str, Any]) -> tuple[ClientCandidates, Any, Any, tuple[int, ...]]:
-        """(round ``r``'s candidates, the own model and reference it aggregates from, the senders
-        its rule is told of: the round's in-neighbours); what the round did beyond that goes
-        into ``notes``."""
+        """(round ``r``'s candidates, the own model and reference, the senders its rule is told
+        of: the round's in-neighbours); what the round did beyond that goes into ``notes``."""
         c = self.client
         senders = c.graphs.senders_to(c.id, r)
         expected = c.presence.expected(r, frozenset(senders))
@@ -58,11 +56,9 @@ class RoundGather:
         self.liveness.update(c.inbox, expected, got)
         ids = sorted(got)
         if r == c.resume.stale_round and got:
-            # Resumed far behind its neighbours: its own model is many rounds stale, and one
-            # vote among its neighbours' would pull every aggregate back. It takes the
-            # coordinate-wise median of the neighbours' models of this round as its own (the
-            # median, not the mean, so that one Byzantine neighbour among three cannot set it),
-            # then aggregates with its rule as every round.
+            # Resumed far behind its neighbours: its own model is many rounds stale, and one vote
+            # among theirs would pull every aggregate back. It takes the coordinate-wise median of
+            # their models as its own (not the mean: one Byzantine of three cannot set it).
             own = reference = coordinate_median(torch.stack([got[k].vector for k in ids]))
             c.resume.stale_round = None
             c.resume.resumed_from[-1]["took_neighbours_model"] = notes["took_neighbours_model"] = True
@@ -78,11 +74,10 @@ class RoundGather:
 
 
 def end_of_round(client, r: int, loss: float, record: dict[str, Any], model: Any, last: dict[str, float], *, step: str = "round") -> dict[str, float]:
-    """Honest ``client``'s round ``r`` (under asynchronous gossip its step: ``step``) ends with
-    ``record``: the evaluation when due, the record written, the launcher told, a progress line
-    now and then, a checkpoint when due (``model``: the aggregate whose vector the parameters
-    view, saved as it is, not copied). Returns the latest test measures (``last`` when none
-    were due)."""
+    """The end of honest ``client``'s round ``r`` (asynchronous gossip: its step, as ``step`` says):
+    the evaluation when due, ``record`` written, the launcher told, a progress line now and then,
+    a checkpoint when due (``model``: the aggregate the parameters view, saved as it is, not
+    copied). Returns the latest test measures (``last`` when none were due)."""
     sc = client.scenario
     if evaluation_due(r, sc.rounds, sc.eval.every):
         last = test_measures(client.model, client.data, client.backdoor)
@@ -101,9 +96,8 @@ def end_of_round(client, r: int, loss: float, record: dict[str, Any], model: Any
 
 class Pace:
     """A client slower than the machine (``speed`` in (0, 1], :meth:`Scenario.speed_of`): after
-    each piece of work timed with :meth:`work` it waits ``1/speed - 1`` times as long as the
-    work took, so the work takes ``1/speed`` times as long in all. ``waited``: the seconds it
-    waited. At speed 1 it times nothing and waits for nothing."""
+    each piece of work timed with :meth:`work` it waits ``1/speed - 1`` times as long, so the work
+    takes ``1/speed`` times as long in all (``waited``: seconds); at speed 1 it times nothing."""
 
     def __init__(self, speed: float) -> None:
         self.extra = 1.0 / speed - 1.0

@@ -60,18 +60,16 @@ def message_begin(deliver: Deliver) -> Callable[[Any, int | None], Assembly]:
 
 class MessageSplitter:
     """Cuts an ``Exchange`` call into messages, one chunk at a time: a header chunk begins one
-    (``begin(chunk)``, an :class:`Assembly`), each data chunk goes to the message it continues,
-    and a message is complete when its data reaches ``header.total_bytes``: :meth:`feed`
-    returns what its :meth:`~Assembly.end` gives. A data chunk outside a message is a message on
-    its own (the receiver rejects it: no header); a message whose header declares more than
-    ``max_bytes`` ends at once (rejected: too large) and its data is skipped; a message cut
-    short by the next header or the end of the call, or one that reaches ``max_chunks`` chunks
-    before its data is complete, ends as it is (rejected: size mismatch), and in the last case
-    its remaining chunks are skipped. So no message takes in more than ``max_bytes`` of data
-    plus one chunk, in at most ``max_chunks`` chunks (a parsed chunk costs about half a
-    kilobyte of memory even when it carries nothing). One message out, one reply back: the
-    sender counts on it. ``begin`` defaults to :class:`Collected` (the messages come out as
-    lists of chunks)."""
+    (``begin(chunk)``, an :class:`Assembly`; by default :class:`Collected`, a list of chunks),
+    each data chunk goes to the message it continues, and a message is complete when its data
+    reaches ``header.total_bytes``: :meth:`feed` returns what its :meth:`~Assembly.end` gives.
+    A data chunk outside a message is a message of its own (rejected: no header); a message
+    declaring more than ``max_bytes`` ends at once (rejected: too large), its data skipped; one
+    cut short by the next header or the call's end, or reaching ``max_chunks`` chunks before its
+    data is complete, ends as it is (rejected: size mismatch; in the last case the rest is
+    skipped). So no message takes in more than ``max_bytes`` of data plus one chunk, in at most
+    ``max_chunks`` chunks (a parsed chunk costs about half a kilobyte of memory even when it
+    carries nothing). One message out, one reply back: the sender counts on it."""
 
     def __init__(self, max_bytes: int, max_chunks: int | None = None, begin: Callable[[Any], Assembly] = Collected) -> None:
         self.max_bytes = max_bytes
@@ -86,8 +84,7 @@ class MessageSplitter:
         return current.end()
 
     def feed(self, chunk: Any) -> list:
-        """What the messages this chunk completes come to (none, one, or two when it cuts one
-        short)."""
+        """What the messages this chunk completes come to: none, one, or two (it cut one short)."""
         out = []
         if chunk.HasField("header"):
             if self.current is not None:

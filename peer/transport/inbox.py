@@ -1,10 +1,9 @@
 """The receive side of the round protocol, independent of any transport.
 
-Messages are keyed by round. A message for the current round or up to ``window`` rounds ahead
-is buffered; an older one is stale and dropped; anything else (unknown sender, not a neighbour,
-far-future round, second copy) is rejected. Every rejection is counted by reason; the log gets
-at most one line per reason per ``log_interval`` seconds (anyone can make a client reject
-messages as fast as it can send them), and the client carries on.
+Messages are keyed by round: one for the current round or up to ``window`` rounds ahead is
+buffered, an older one is stale and dropped, anything else (unknown sender, not a neighbour,
+far-future round, second copy) is rejected and counted by reason, logged at most once per reason
+per ``log_interval`` seconds (anyone can make a client reject messages as fast as it sends them).
 
 Under a schedule (a graph per round, :mod:`peer.graph.schedule`) a sender must also be one of the
 receiver's in-neighbours in the round the message is for, else it is rejected as
@@ -15,17 +14,14 @@ Only an accepted message (for the current round or the window ahead) marks a nei
 presumed gone as alive again. A stale one does not: anyone who can send in a dead client's
 name could otherwise keep its neighbours waiting for it every round.
 
-Held models. A message that arrives in chunks gets its place here when its header arrives
-(:meth:`Inbox.reserve`): a :class:`Slot` with the buffer its payload is decoded into. A
-round's buffers are the rows of one matrix (row 0 for the client's own model, then one row per
-sender of the round, in id order), so that the round's candidates go to the aggregation rule as
-that matrix, not as a copy (:meth:`Inbox.stacked`). The inbox holds at most ``capacity``
-received models, kept or reserved (by default one per neighbour and round of the window: what
-an honest network can fill); a message beyond is rejected as ``inbox_full``, counted. A round
-the client is done with (:meth:`Inbox.close`) lets its models go at once; a message for it that
-comes later is counted as it always was but not kept, and one still arriving for a round the
-client moved past lets go of its buffer (it will be stale).
-"""
+Held models. A message that arrives in chunks gets a :class:`Slot` when its header arrives
+(:meth:`Inbox.reserve`), with the buffer its payload is decoded into. A round's buffers are rows
+of one matrix (row 0 the client's own model, then the round's senders in id order), so the
+candidates go to the rule as that matrix, not a copy (:meth:`Inbox.stacked`). The inbox holds at
+most ``capacity`` received models, kept or reserved (by default one per neighbour and round of the
+window: what an honest network can fill); one beyond is rejected as ``inbox_full``. A round the
+client is done with (:meth:`Inbox.close`) lets its models go at once: a message for it that comes
+later is counted, not kept, and one still arriving for a passed round lets go of its buffer."""
 
 from __future__ import annotations
 
@@ -57,11 +53,10 @@ def window_outcome(label: int, current: int, window: int) -> str | None:
     return None
 
 class RoundWaiting:
-    """Messages kept by round, that a round loop waits on until every expected sender's message
-    of a round is in (or the sender is presumed gone), or a deadline. A subclass sets
-    ``_cond`` (a ``threading.Condition``), ``_gone`` (a set), ``_waiting = None``, says what
-    arrived for a round (:meth:`_arrived`, called with the lock held) and calls
-    :meth:`_wake_if_complete` whenever something arrives."""
+    """Messages kept by round, that a round loop waits on until every expected sender's message of
+    a round is in (or the sender is presumed gone), or a deadline. A subclass sets ``_cond`` (a
+    ``threading.Condition``), ``_gone`` (a set), ``_waiting = None``, says what came for a round
+    (:meth:`_arrived`, lock held) and calls :meth:`_wake_if_complete` on each arrival."""
 
     _cond: threading.Condition
     _gone: set[int]
@@ -108,11 +103,10 @@ class RoundWaiting:
 
 
 class Slot:
-    """A message whose header the inbox took, while its payload arrives: its sender, its round
-    and the buffer its payload goes into (None: it is not kept, or was let go). Whoever writes
-    into the buffer holds ``lock`` while it does; ``on_release`` is called, with that lock held,
-    when the inbox lets go of the buffer before the message is complete (so that once
-    :meth:`release` returns nothing writes there any more)."""
+    """A message whose header the inbox took, while its payload arrives: sender, round, and the
+    buffer its payload goes into (None: not kept, or let go). Writers into the buffer hold
+    ``lock``; ``on_release`` is called, with it held, when the inbox lets go of the buffer before
+    the message is complete, so nothing writes there once :meth:`release` returns."""
 
     __slots__ = ("sender", "round", "buffer", "on_release", "lock")
 
@@ -189,12 +183,9 @@ class Inbox(RoundWaiting):
 
     def screen(self, sender: int, round_: int | None = None) -> tuple[bool, str] | None:
         """Reject a sender that is unknown or not a neighbour (None when it may send to us);
-        under a schedule, given the message's round, also one that does not send to this
-        client in that round, when the round is one a message would be buffered for now
-        (:meth:`offer` checks every message it buffers).
-
-        Cheap, so a transport can call it before decoding any tensor bytes.
-        """
+        under a schedule, given the message's round, also one that does not send to this client
+        in that round, when a message for it would be buffered now (:meth:`offer` checks every
+        message it buffers). Cheap: a transport calls it before decoding any tensor bytes."""
         refused = self.screened(sender, round_)
         return None if refused is None else self.reject(*refused)
 
@@ -212,9 +203,8 @@ class Inbox(RoundWaiting):
     # -- the verdict on a round and sender ---------------------------------------------------
     def _outcome(self, sender: int, round_: int) -> str | None:
         """Why a message of ``sender`` for ``round_`` cannot be kept now, or None (lock held)."""
-        # A stale one is not a sign of life by itself: only a message it can be waited for again
-        # (in the window) is; the client re-arms a neighbour for a late one at most once per
-        # absence (see the client's intake).
+        # Only a message in the window is a sign of life (module notes); the client re-arms a
+        # neighbour for a late one at most once per absence (see the client's intake).
         outside = window_outcome(round_, self._round, self.window)
         if outside is not None:
             return outside
@@ -283,10 +273,9 @@ class Inbox(RoundWaiting):
         return self.settle(outcome, msg.sender, msg.round)
 
     def drop_stale(self, sender: int, round_: int) -> tuple[bool, str]:
-        """Count a message for a round already passed: late, not malicious (the deadline for
-        that round passed), so dropped and counted apart from the rejections. Also for the
-        messages buffered beside the inbox (a colluders' pool store), so that every message a
-        client receives ends in one of its counters."""
+        """Count a message for a round already passed: late, not malicious, so dropped and counted
+        apart from the rejections. Also for messages buffered beside the inbox (a colluders' pool
+        store), so that every message a client receives ends in one of its counters."""
         with self._cond:
             self.stale += 1
         self.quiet_log.log(logging.INFO, "stale_round", "client %d dropped a stale round-%d message from %d", self.own_id, round_, sender)
@@ -339,12 +328,10 @@ class Inbox(RoundWaiting):
             slot.buffer = None
 
     def stacked(self, round_: int, vectors: Sequence[torch.Tensor], own: torch.Tensor | None = None) -> torch.Tensor:
-        """``torch.stack([own, *vectors])`` (``vectors`` alone when ``own`` is None), made of
-        the round's matrix: ``vectors`` (received models of ``round_``, in id order) are rows
-        of it; those after a missing sender's row are moved up, in place, and ``own`` is copied
-        into row 0. Moving rows takes the round: it is closed (:meth:`close`, its messages'
-        vectors are not to be read any more) and messages still arriving for it let go of
-        their rows first. Vectors that are not the matrix's rows in id order are stacked anew."""
+        """``torch.stack([own, *vectors])`` (``vectors`` alone when ``own`` is None), made in place
+        of the round's matrix when ``vectors`` are its rows in id order (else stacked anew). Moving
+        rows up over a missing sender's closes the round (:meth:`close`: its messages' vectors are
+        not to be read any more), and messages still arriving for it let go of their rows first."""
         with self._cond:
             matrix = self._matrices.get(round_)
             rows = matrix[0] if matrix is not None else None

@@ -1,21 +1,18 @@
 """The receive side of asynchronous gossip (``network.protocol = "async"``): the newest model of
 each neighbour, kept until a newer one replaces it.
 
-There are no rounds to wait for: a message is labelled with its sender's local step, and the
-receiver keeps, per neighbour, the message with the highest label it has taken so far. One with
-a label at or below that one is stale (it was overtaken on the way, or is a second copy of the
-one held: ``duplicate``), one past the run's last step is refused as ``future_round``; the other
-reasons are the round inbox's (:class:`~dfedrw.peer.transport.inbox.Inbox`, whose checks of the
-sender, the intake's of the header and payload, and whose counters this inbox keeps). A held
-model remembers the receiver's local step it arrived in, so that the receiver knows how stale
-each of its candidates is (:meth:`LatestInbox.held_models`), measured by the receiver itself:
-the label is the sender's word, the arrival the receiver's.
+No rounds to wait for: a message is labelled with its sender's local step, and the receiver
+keeps, per neighbour, the one with the highest label so far. One below it is stale (overtaken on
+the way), one equal to it a ``duplicate``, one past the run's last step refused as
+``future_round``; otherwise the checks, reasons and counters are the round inbox's
+(:class:`~dfedrw.peer.transport.inbox.Inbox`) and the intake's. A held model remembers the
+receiver's local step it arrived in: the receiver measures each candidate's staleness itself
+(:meth:`LatestInbox.held_models`), the label being the sender's word.
 
 A message whose header was taken is received into a buffer of its own (not a row of a round's
-matrix: the candidates of a step are the newest held models, whenever they came), so the inbox
-holds at most two models per neighbour (the one held, the one arriving) and a large message is
-always read at once.
-"""
+matrix: a step's candidates are the newest held models, whenever they came), so the inbox holds
+at most two models per neighbour (the one held, the one arriving) and a large message is always
+read at once."""
 
 from __future__ import annotations
 
@@ -44,9 +41,8 @@ def fresh_enough(staleness: int, max_staleness: int) -> bool:
 
 
 class LatestInbox(Inbox):
-    """The newest model of each of ``neighbours`` (see the module). ``last_step``: the highest
-    label a message may carry (the run's last local step); ``model_size``: the float32 values
-    of a model."""
+    """The newest model of each of ``neighbours`` (see the module); ``last_step``: the highest
+    label a message may carry (the run's last step); ``model_size``: a model's float32 values."""
 
     def __init__(self, own_id: int, neighbours: Iterable[int], num_clients: int, *, last_step: int, model_size: int = 0, log_interval: float = 10.0) -> None:
         neighbours = frozenset(neighbours)
@@ -142,9 +138,8 @@ class LatestInbox(Inbox):
         return {k: v for k, v in out.items() if fresh_enough(v[1], max_staleness)}
 
     def forget_unfinished(self, sender: int) -> None:
-        """``sender`` cannot be reached: let go of its held model unless it is of the run's last
-        step (a neighbour that finished stays a candidate with its last model; one that died
-        mid-run would otherwise be aggregated, unchanged, at every step until it comes back)."""
+        """``sender`` cannot be reached: let go of its held model unless of the run's last step
+        (one that died mid-run would otherwise be aggregated, unchanged, every step until back)."""
         with self._cond:
             held = self._latest.get(sender)
             if held is not None and held.message.round < self.last_step:

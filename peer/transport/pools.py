@@ -34,9 +34,8 @@ def pool_out(
     *,
     chunk_bytes: int = 1 << 20,
 ) -> WireMessage:
-    """A pool as a message to send: ``vectors [len(origins), D]`` back to back (not copied),
-    ``origins`` in the header, whose tensor specs describe one model. Declares no size and no
-    loss (a pool is not a model of its sender's)."""
+    """A pool to send: ``vectors [len(origins), D]`` back to back (not copied), ``origins`` in the
+    header, specs of one model; it declares no size or loss (not its sender's model)."""
     origins = [int(k) for k in origins]
     if len(set(origins)) != len(origins):
         raise ValueError(f"pool origins must be distinct, got {origins}")
@@ -92,13 +91,12 @@ def decode_pool(
     *,
     num_clients: int,
 ) -> PoolMessage:
-    """Check a pool against the receiver's model layout and turn it into rows.
-
-    Raises :class:`WireError` on: no sender, tensor specs unlike the model's; more origins
-    than clients (``too_many_origins``), an origin outside ``0..num_clients-1``
-    (``unknown_origin``), an origin named twice (``duplicate_origin``); a byte size other than
-    one model per origin; a checksum mismatch; a non-finite or implausible value in any model.
-    An empty pool (no origins, no payload) is valid: its sender received nothing."""
+    """Check a pool against the receiver's model layout and turn it into rows. Raises
+    :class:`WireError` on: no sender, tensor specs unlike the model's; more origins than clients
+    (``too_many_origins``), an origin outside ``0..num_clients-1`` (``unknown_origin``), an
+    origin named twice (``duplicate_origin``); a byte size other than one model per origin; a
+    checksum mismatch; a non-finite or implausible value in any model. An empty pool (no
+    origins, no payload) is valid: its sender received nothing."""
     origins = check_pool_header(header, specs, num_clients=num_clients)
     if len(payload) != header.total_bytes:
         raise WireError("size_mismatch", f"{len(payload)} bytes, expected {header.total_bytes} for {len(origins)} models")

@@ -6,21 +6,16 @@ name, dtype and shape against its own model before it touches the bytes.
 
 What a message declares is checked too, not only its form: :class:`Plausible` bounds the
 values a model may hold and the training-set size a sender may claim (DFedAvg weights by it),
-and a declared loss outside its range is read as absent. Pure: no transport here.
+and a declared loss outside its range is read as absent. Pure: no transport here. A model
+message never names ``origins``, as a colluders' pool does (:mod:`peer.transport.pools`):
+:func:`decode` rejects one that does (``pool_message``).
 
-A *pool message* (:mod:`peer.transport.pools`) is what colluding Byzantine clients send each
-other: the honest models one of them received in a round, back to back, with ``origins``
-naming whose each is. A model message never names origins: :func:`decode` rejects one that
-does (``pool_message``).
-
-No model is copied on its way to the wire or off it. :func:`message_out` wraps the sender's
-own tensor in a :class:`WireMessage`, whose chunks are cut from that tensor's bytes when the
-transport writes them (one chunk at a time); a receiver checks a message's header first and
-then decodes each chunk straight into a buffer sized once from that header
-(:class:`PayloadDecoder`: each chunk copied into place, the checksum and the values checked as
-the chunks come), and a gRPC server reads a data chunk as a view of the bytes it received
-(:func:`parse_chunk`).
-"""
+No model is copied on its way to the wire or off it. :func:`message_out` wraps the sender's own
+tensor in a :class:`WireMessage`, whose chunks are cut from its bytes as the transport writes
+them; a receiver checks a message's header first, then decodes each chunk straight into a
+buffer sized once from that header (:class:`PayloadDecoder`, checking the checksum and values
+as the chunks come), and a gRPC server reads a data chunk as a view of the bytes it received
+(:func:`parse_chunk`)."""
 
 from __future__ import annotations
 
@@ -86,19 +81,17 @@ def model_specs(model: torch.nn.Module) -> tuple[TensorSpec, ...]:
 class Plausible:
     """What a receiver believes of a message beyond its form.
 
-    ``max_abs_value``: no parameter of a model of this scenario is larger in magnitude
-    (``network.max_abs_value``); a message holding one is rejected as ``implausible``.
-    ``max_num_samples``: the most training samples a sender can have (the whole training set
-    of the scenario's dataset); a declared size outside ``[1, max_num_samples]`` is rejected
-    as ``implausible_samples``. ``max_train_loss``: a declared training loss outside
-    ``[0, max_train_loss]`` (or not finite) is read as absent (NaN), not rejected: the loss is
-    optional (senders that have none send NaN) and only q-FDFL uses it, which leaves out a
-    candidate without one. ``clients``: the ids a message's scores may name are ``0 ..
-    clients - 1``; ``max_scores``: the most scores a sender can have (the most candidates a
-    client of the scenario aggregates: 0 takes none). Scores that break either, name an id
-    twice, are not finite, or do not pair every id with a value are rejected as
-    ``implausible_scores``.
-    """
+    ``max_abs_value`` (``network.max_abs_value``): the largest magnitude of a parameter of this
+    scenario's models; a message holding more is rejected as ``implausible``. ``max_num_samples``:
+    the most training samples a sender can have (the dataset's whole training set); a declared
+    size outside ``[1, max_num_samples]`` is rejected as ``implausible_samples``.
+    ``max_train_loss``: a declared loss outside ``[0, max_train_loss]`` or not finite is read as
+    absent (NaN), not rejected: the loss is optional (senders without one send NaN) and only
+    q-FDFL uses it, leaving out a candidate without one. ``clients``: a message's scores may name
+    ids ``0 .. clients - 1``; ``max_scores``: the most scores a sender can have (the most
+    candidates a client of the scenario aggregates: 0 takes none). Scores that break either, name
+    an id twice, are not finite, or do not pair every id with a value are rejected as
+    ``implausible_scores``."""
 
     max_abs_value: float = 1e6
     max_num_samples: int = 10_000_000
@@ -177,12 +170,12 @@ def shareable(scores: Mapping[int, float] | None) -> dict[int, float] | None:
 
 
 def checksum_start(header: pb.ModelHeader) -> int:
-    """The CRC-32 a message's checksum runs on from into its payload: that of its ``round`` and
-    then, when it names one, its ``base_round`` (8 bytes each, little-endian). The rounds say
-    what the payload is (which round's model it is, which model a difference is from): a round
-    changed on the way fails the checksum as a changed payload byte does, instead of placing
-    the model in another round, or relabelling what a receiver holds of its sender. Scores,
-    when it carries any, follow: the ids (4 bytes each), then the values (float32), little-endian."""
+    """The CRC-32 a message's checksum runs on from into its payload: of its ``round``, then its
+    ``base_round`` if named (8 bytes each), then its scores if any (the ids as 4 bytes each, then
+    the float32 values), all little-endian. The rounds say what the payload is (which round's
+    model, which model a difference is from): one changed on the way fails the checksum as a
+    changed payload byte does, instead of placing the model in another round or relabelling
+    what a receiver holds of its sender."""
     start = zlib.crc32(header.round.to_bytes(8, "little"))
     if header.HasField("base_round"):
         start = zlib.crc32(header.base_round.to_bytes(8, "little"), start)
@@ -250,14 +243,13 @@ class PayloadDecoder:
 
     :meth:`add` places each chunk where the data before it ended, after checking it starts
     there (its ``offset``, when the sender gave one) and fits in what the header declared; the
-    CRC-32 and, with ``plausible``, the smallest and largest float32 value are updated from the
-    chunk as it passes (vectorised on its bytes: no loop over values). :meth:`finish` checks
-    that the whole payload came, :meth:`verify` the checksum and the values. Each raises
-    :class:`WireError`: ``chunk_out_of_order`` / ``chunk_overlap`` (an offset past or before
-    where the data so far ends), ``size_mismatch`` (longer or shorter than declared),
-    ``bad_checksum``, ``non_finite``, ``implausible``. With ``crc32`` None (a message whose
-    verdict is known already) only its size is followed. The CRC-32 runs on from
-    ``crc_start``: a message's :func:`checksum_start` (0: the payload's alone)."""
+    CRC-32 (run on from ``crc_start``: a message's :func:`checksum_start`, 0: the payload's
+    alone) and, with ``plausible``, the smallest and largest float32 value are updated from the
+    chunk as it passes (vectorised: no loop over values). :meth:`finish` checks that the whole
+    payload came, :meth:`verify` the checksum and the values. Each raises :class:`WireError`:
+    ``chunk_out_of_order`` / ``chunk_overlap`` (an offset past or before where the data so far
+    ends), ``size_mismatch`` (longer or shorter than declared), ``bad_checksum``, ``non_finite``,
+    ``implausible``. With ``crc32`` None (a verdict known already) only the size is followed."""
 
     def __init__(
         self, total_bytes: int, crc32: int | None, plausible: Plausible | None = None, buffer: torch.Tensor | None = None,
@@ -357,11 +349,8 @@ class PayloadDecoder:
 
 def join_chunks(chunks: Iterable[pb.ModelChunk], max_bytes: int) -> tuple[pb.ModelHeader, bytes, int]:
     """Reassemble a Push stream: (header, payload, bytes on the wire). For tools and tests: a
-    client decodes each chunk into place (:class:`PayloadDecoder`).
-
-    Stops reading as soon as the stream exceeds ``max_bytes`` or the size the header declared,
-    so an oversized stream costs the receiver at most that much memory.
-    """
+    client decodes each chunk into place (:class:`PayloadDecoder`). Stops reading as soon as the
+    stream exceeds ``max_bytes`` or the declared size: an oversized stream costs at most that."""
     header = None
     parts: list[bytes] = []
     size = 0
@@ -439,12 +428,10 @@ def decode(
     wire_bytes: int = 0,
     plausible: Plausible = Plausible(),
 ) -> ModelMessage:
-    """Check a message against the receiver's model layout and turn it into a vector.
-
-    Raises :class:`WireError` on any mismatch: no sender, tensor count, name, dtype, shape,
-    byte size, checksum (of the rounds and the payload), a non-finite value, a value or a declared sample count outside
-    ``plausible``. Text from the message goes into an error only through :func:`quote`.
-    """
+    """Check a message against the receiver's model layout and turn it into a vector. Raises
+    :class:`WireError` on any mismatch: no sender, tensor count, name, dtype, shape, byte size,
+    checksum (of the rounds and payload), a non-finite value, a value or declared sample count
+    outside ``plausible``. Text from the message enters an error only through :func:`quote`."""
     check_model_header(header, specs, plausible)
     if len(payload) != header.total_bytes:
         raise WireError("size_mismatch", f"{len(payload)} bytes, expected {header.total_bytes}")

@@ -1,9 +1,7 @@
 """What a scenario says about its clients, without building any of them: the graph, who is
-Byzantine, each client's role and seeds, the model layout per dataset.
-
-Light on purpose: it imports neither torch nor gRPC, so the launchers that only plan a run
-(docker-compose files, the summary) stay light. :mod:`peer.client.client` builds clients from it.
-"""
+Byzantine, each client's role and seeds, the model layout per dataset. Light on purpose: it
+imports neither torch nor gRPC, so the launchers that only plan a run (docker-compose files, the
+summary) stay light. :mod:`peer.client.client` builds clients from it."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ def dataset_shape(scenario: Scenario) -> tuple[int, int]:
 
 
 def dataset_input_shape(scenario: Scenario) -> tuple[int, ...]:
-    """The shape of one sample of the scenario's data set, ``(channels, height, width)`` for
-    images, as it declares it (``(features,)`` for a set that declares none): what a model is
-    given as ``input_shape``."""
+    """One sample's shape as the scenario's data set declares it (``(channels, height, width)``
+    for images; ``(features,)`` where it declares none): what a model gets as ``input_shape``."""
     from dfedrw.peer.learning.datasets import dataset_of, input_shape_of
 
     d = scenario.data
@@ -61,9 +58,8 @@ def scenario_topology(scenario: Scenario) -> Topology:
 
 
 def scenario_graphs(scenario: Scenario, topology: Topology | None = None) -> RoundGraphs:
-    """Who sends to whom in each round: the scenario's graph every round, or, with
-    ``topology.schedule``, the schedule's graph of the round (over ``topology``, the scenario's
-    base graph and Byzantine placement: given, or built here)."""
+    """Who sends to whom in each round: the scenario's graph, or the ``topology.schedule`` graph of
+    the round, over ``topology`` (base graph and Byzantine placement; given or built here)."""
     from dfedrw.peer.registry import settings_of
     from dfedrw.peer.graph.schedule import RoundGraphs, build_schedule
 

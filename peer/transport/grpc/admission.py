@@ -1,12 +1,11 @@
 """The gRPC server's side: which calls it admits and how much each sender may send.
 
-Each sender has its own call slots and message rate bound (:class:`~.limits.CallLimits`); idle calls
-are ended; a sender that is not a neighbour, unknown, or claiming another's id has its call
-ended at once. The servicer is thin: it cuts a call into messages, hands each to the client's
-``deliver`` callback chunk by chunk as it arrives (its ``begin``, see
-:func:`~dfedrw.peer.transport.framing.message_begin`), and turns the verdict into a reply.
-Chunks are read off the wire by :func:`~dfedrw.peer.transport.chunks.parse_chunk`: a data chunk's
-bytes are not copied before the receiver decodes them into place (:func:`add_peer_servicer`)."""
+Each sender has its own call slots and message rate bound (:class:`~.limits.CallLimits`); idle
+calls are ended, and at once the call of a sender that is unknown, not a neighbour, or claiming
+another's id. The servicer cuts a call into messages, hands each to the client's ``deliver``
+chunk by chunk as it arrives (:func:`~dfedrw.peer.transport.framing.message_begin`), and turns
+the verdict into a reply. A data chunk's bytes are not copied before the receiver decodes them
+into place (:func:`add_peer_servicer`)."""
 
 from __future__ import annotations
 import asyncio
@@ -54,12 +53,10 @@ def _peer_host(context) -> str:
 
 
 class PeerServicer(pb_grpc.PeerServicer):
-    """Thin: who is calling (from the TLS handshake), then each message to ``deliver``.
-
-    Every sender has its own call slots and message bucket (:class:`CallLimits`), so no sender
-    can take another's: with TLS a sender is the client its certificate names, and a stranger is
-    turned away before it sends a byte of model; without TLS it is an IP address. What is refused
-    is counted in :attr:`refused` by reason."""
+    """Thin: who is calling (from the TLS handshake), then each message to ``deliver``. No sender
+    can take another's call slots or message bucket: with TLS a sender is the client its
+    certificate names, and a stranger is turned away before it sends a byte of model; without TLS
+    it is an IP address. What is refused is counted in :attr:`refused` by reason."""
 
     def __init__(
         self,
@@ -74,11 +71,9 @@ class PeerServicer(pb_grpc.PeerServicer):
         self._begin_message = message_begin(deliver)
         # Whether the client takes a message with this header now (else it is read later).
         self._has_room = getattr(deliver, "has_room", None)
-        # The receiver's round, for the buckets' refill (a client's intake says; else the round
-        # its latest verdict named).
+        # The receiver's round, for the buckets' refill (its intake's, else its latest verdict's).
         self._progress = getattr(deliver, "progress", None)
-        # Told the id of an authenticated sender when it is shut out (its messages cannot
-        # arrive until the time is up, so the client need not wait for them).
+        # Told the id of a shut-out authenticated sender: the client need not wait for it meanwhile.
         self._on_shut_out = on_shut_out or (lambda sender: None)
         self._max_bytes = max_bytes
         self._max_chunks = max_chunks

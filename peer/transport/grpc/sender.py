@@ -52,8 +52,7 @@ def _settle_future(future: asyncio.Future) -> None:
 class Waker:
     """Sets events of one event loop from other threads, with one hand-over to the loop for all
     those set before it runs: a round queues a message for every neighbour at once, and each
-    ``call_soon_threadsafe`` is a write to the loop's wake-up socket and a wake-up of its
-    thread."""
+    ``call_soon_threadsafe`` writes to the loop's wake-up socket and wakes its thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -86,36 +85,29 @@ def waker(loop: asyncio.AbstractEventLoop) -> Waker:
 
 
 class Sender:
-    """One neighbour's outgoing queue and the ``Exchange`` call that carries it.
+    """One neighbour's outgoing queue and the ``Exchange`` call that carries it: long-lived, as a
+    unary call costs gRPC several hand-offs per message, a message and its reply on an open call
+    much less.
 
-    A long-lived call instead of a call per message: a unary call costs gRPC several hand-offs
-    per message, a message and its reply on an open call much less.
-
-    One message in flight at a time. gRPC counts a message as sent once it is in the
-    connection's buffer, so without the wait for the reply every queued message would go there
-    at once, and on a lossy link the fresh model would sit behind a backlog of ones that arrive
-    stale. Here they wait in the queue, where only the newest few are kept (older ones are
-    dropped), as with a call per message: at most four, and at most ``MAX_QUEUED_BYTES`` (one
-    message of a 44 MB model). Each reply carries the receiver's round: queued messages for
-    earlier rounds would arrive stale and are dropped unsent. A large message still in flight
-    when one two rounds newer is queued is given up (see :meth:`put`). A message is held here
-    only while it is queued or in flight: so a client holds, per neighbour, at most one model
-    in flight and one queued.
-
-    Under asynchronous gossip (the transport's ``newest_only``) only the newest model matters
-    to a receiver, which keeps one per neighbour: the queue holds one message, the newest, so
-    that what goes next is never older than what the sender has.
+    One message in flight at a time: gRPC counts a message as sent once it is in the connection's
+    buffer, so without waiting for the reply every queued message would go there at once, and on a
+    lossy link the fresh model would sit behind a backlog of ones that arrive stale. Here they wait
+    in the queue, which keeps only the newest few (at most ``MAX_QUEUED`` messages and
+    ``MAX_QUEUED_BYTES``; under asynchronous gossip, the transport's ``newest_only``, the newest
+    alone: a receiver keeps one model per neighbour), as with a call per message. Each reply
+    carries the receiver's round: queued messages for earlier rounds would arrive stale and are
+    dropped unsent. A large message still in flight when one two rounds newer is queued is given up
+    (:meth:`put`). A message is held here only while queued or in flight: so a client holds, per
+    neighbour, at most one model in flight and one queued.
 
     :meth:`put` is called from the round loop's thread; everything else runs on the gRPC event
     loop, in one task per neighbour that opens a call when there is something to send. A call
     that fails, or whose reply is more than ``send_timeout`` late (the call is cancelled), loses
-    the message in flight; the next message opens a new call.
-    """
+    the message in flight; the next message opens a new call."""
 
     MAX_QUEUED = 4
-    # Bytes of model the queue holds (always at least the newest message): four messages of up
-    # to 16 MiB (LARGE_MESSAGE), one of a 44 MB model. Each queued message is a model the client
-    # still holds.
+    # Bytes of model the queue holds (always at least the newest message): four messages of up to
+    # 16 MiB (LARGE_MESSAGE), one of a 44 MB model; each is a model the client still holds.
     MAX_QUEUED_BYTES = 4 * LARGE_MESSAGE
 
     def __init__(self, peer: int, channel: grpc.aio.Channel, transport: SendingTransport) -> None:
@@ -141,11 +133,10 @@ class Sender:
         self.task = self.loop.create_task(self._run(), name=f"send-{peer}")
 
     def put(self, chunks: list[pb.ModelChunk]) -> int:
-        """Queue one message (from any thread); returns how many messages it pushed out: the
-        oldest queued ones (past ``MAX_QUEUED`` messages or ``MAX_QUEUED_BYTES``), and, for a
-        large message (``serde.LARGE_MESSAGE``), the one in flight when that is two rounds older
-        or more (its reply is that late: it would reach the receiver stale, and
-        until then it holds a model here; its call is cancelled, the next opens a new one)."""
+        """Queue one message (from any thread); returns how many messages it pushed out: the oldest
+        queued ones (past ``MAX_QUEUED`` messages or ``MAX_QUEUED_BYTES``), and a large one
+        (``serde.LARGE_MESSAGE``) in flight when two rounds older or more: its reply is that late,
+        it would arrive stale and holds a model here till then; its call is cancelled."""
         size = wire_size(chunks)
         round_ = wire_round(chunks)
         dropped = 0
@@ -225,11 +216,9 @@ class Sender:
 
     async def _call(self, first: list[list[pb.ModelChunk]]) -> None:
         """One ``Exchange`` call: the message in ``first`` (taken out of it) and whatever is
-        queued after it, until the call ends. A message is let go as soon as its reply came.
-
-        A call the receiver ended while nothing was in flight (it ends calls idle for
-        ``idle_call_timeout``), or one idle here for half that, is let go between messages:
-        the next message opens a new call and is not lost."""
+        queued after it until the call ends, each let go once its reply came. A call the receiver
+        ended while nothing was in flight (it ends calls idle for ``idle_call_timeout``), or one
+        idle here for half that, is let go between messages: the next, not lost, opens a new one."""
         call = self.exchange()
         ended = self.loop.create_task(call.code())
         chunks: list[pb.ModelChunk] | None = first.pop()
