@@ -16,8 +16,8 @@ applies are the ones the clients use, drawn from the same seeds. Floats may diff
 bits (a batched matrix product sums in another order), see ``tests/integration/test_engine_parity.py``.
 
 Its results folder has the layout and keys of every run (``scenario.toml``, ``peers/<id>.jsonl``,
-``peers/<id>.json``, ``summary.json``); byte counts are 0 (nothing was sent) and ``summary.json``
-says ``"engine": "batched"``."""
+``peers/<id>.json``, ``summary.json``); byte counts are the simulated links' with a clock, else 0
+(nothing was sent), and ``summary.json`` says ``"engine": "batched"``."""
 
 from __future__ import annotations
 
