@@ -20,7 +20,7 @@ constructor that has a parameter of that name, and cannot be set by configuratio
 
 Besides the built-in names, a registry resolves installed plugins (entry points of its group,
 ``dfedrw.rules``, ``dfedrw.tpms``, ``dfedrw.crs``, ``dfedrw.attacks``, ``dfedrw.datasets``,
-``dfedrw.models``, ``dfedrw.topologies``, ``dfedrw.transports``, ..., named by the entry point)
+``dfedrw.models``, ``dfedrw.topologies``, ``dfedrw.transports``; named by the entry point)
 and an import path ``"package.module:Name"`` naming any class (or builder) on ``sys.path``. A typo
 in a name or a parameter fails with one line rather than being ignored: unknown names list the
 valid ones, unknown parameters the accepted ones.
