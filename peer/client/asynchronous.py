@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from dfedrw.peer.client import link_messages
-from dfedrw.peer.client.byzantine import send_crafted
+from dfedrw.peer.client.byzantine import restore_attack, send_crafted
+from dfedrw.peer.client.checkpoint import CheckpointError
 from dfedrw.peer.round.byzantine import ByzantineStep, scenario_lie
 from dfedrw.peer.round.candidates import ClientCandidates, Offer, assemble
 from dfedrw.peer.round.records import byzantine_record, loop_times
@@ -172,6 +173,10 @@ def last_labels(graphs, own: int, senders, rounds: int) -> dict[int, int]:
 
 
 def run_async_byzantine(client) -> dict[str, Any]:
+    """Every answer of the Byzantine ``client`` (see the module); returns what its final file
+    adds. Its checkpoints are labelled with the newest step it answered, every
+    ``checkpoint.every`` of them, and keep its attack's generator and standing and the step it
+    last answered each neighbour at; resumed, it answers only what is newer."""
     sc = client.scenario
     inbox: LatestInbox = client.inbox
     byzantine = client.topology.byzantine
@@ -183,6 +188,12 @@ def run_async_byzantine(client) -> dict[str, Any]:
     step = ByzantineStep(
         sc, client.id, client.attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores), byzantine=byzantine,
     )
+    newest, every = -1, sc.checkpoint.every  # the newest label it answered at: its checkpoints' round
+    if client.resumed is not None:
+        restore_attack(client, gen, step)
+        answered.update(answered_of(client, honest))
+        newest = client.resumed.round
+        client.resume.continue_at(newest + 1, newest + 1, {})
     seen, quiet, crafts = 0, 0, 0
     size = sum(s.numel for s in client.specs)
     while any(answered[k] < last[k] for k in honest):
@@ -220,5 +231,22 @@ def run_async_byzantine(client) -> dict[str, Any]:
         client.results.write(record)
         client.link.send(link_messages.round_event(client.id, label))
         crafts += 1
+        before, newest = newest, max(newest, label)
+        if every and (newest + 1) // every > (before + 1) // every and newest < sc.rounds - 1:
+            answers = {str(k): v for k, v in answered.items()}
+            client.resume.save(newest, generators={"attack": gen.get_state().numpy()}, answered=answers, **step.state())
         del received, messages, held, crafted
     return {"attack": sc.attack.name, **loop_times(loop_start, cpu_start, started_at), "gossip": {"protocol": "async", "crafts": crafts}}
+
+
+def answered_of(client, honest) -> dict[int, int]:
+    """Per honest neighbour, the label the resumed Byzantine ``client`` last answered it at, as
+    its checkpoint kept them; :class:`CheckpointError` naming the file if they are unusable."""
+    kept = client.resumed.counters.get("answered", {})  # none in a round protocol's checkpoint
+    try:
+        out = {int(k): v for k, v in kept.items()}
+    except (AttributeError, TypeError, ValueError):
+        out = None
+    if out is None or not all(k in honest and type(v) is int and v >= -1 for k, v in out.items()):
+        raise CheckpointError(f"checkpoint {client.checkpoint_file}: its answered labels are unusable ({kept!r}); delete it to start over")
+    return out

@@ -38,12 +38,7 @@ def run_byzantine(client) -> dict[str, Any]:
     )
     silent_before = False  # whether it was silent to a receiver last round
     if client.resumed is not None:
-        if "attack" in client.resumed.generators:
-            gen.set_state(torch.from_numpy(client.resumed.generators["attack"].copy()))
-        try:
-            step.restore(client.resumed.counters)
-        except ValueError as exc:
-            raise CheckpointError(f"checkpoint {client.checkpoint_file}: its attack's standing is unusable ({exc}); delete it to start over") from None
+        restore_attack(client, gen, step)
         r = client.resume.rejoin(torch.zeros(sum(s.numel for s in client.specs)), 0)
     while r < sc.rounds:
         r, sent0, recv0 = client.begin_round(r)
@@ -105,3 +100,14 @@ def send_crafted(client, crafted, labels: dict[int, int], claims: dict[str, Any]
         else:
             client.transport.send(k, message_out(client.id, label, crafted.messages[k], client.specs, **claims))
     return silent
+
+
+def restore_attack(client, gen: torch.Generator, step: ByzantineStep) -> None:
+    """The resumed Byzantine ``client``'s attack generator and standing, as its checkpoint kept
+    them; :class:`CheckpointError` naming the file if the standing is unusable."""
+    if "attack" in client.resumed.generators:
+        gen.set_state(torch.from_numpy(client.resumed.generators["attack"].copy()))
+    try:
+        step.restore(client.resumed.counters)
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {client.checkpoint_file}: its attack's standing is unusable ({exc}); delete it to start over") from None

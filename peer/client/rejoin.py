@@ -126,7 +126,7 @@ class Resume:
         asked = time.monotonic() - asked
         # A neighbour in the round after the checkpoint waits for this client's message of it.
         further = found and upper_median(found.values()) > start
-        target = self._continue_at(start, upper_median(found.values()) + 1 if further else start, found)
+        target = self.continue_at(start, upper_median(found.values()) + 1 if further else start, found)
         skipped = target - start
         stale = skipped > STALE_AFTER and self.role == "honest"
         self.stale_round = target if stale else None
@@ -159,7 +159,7 @@ class Resume:
         held = {k: m for k, (m, _) in self.inbox.held_models().items() if k in senders}
         found = {k: m.round for k, m in held.items()}
         # A neighbour's label is the step it sent last: one past it is where it goes on.
-        target = self._continue_at(start, upper_median(found.values()) + 1 if found else start, found)
+        target = self.continue_at(start, upper_median(found.values()) + 1 if found else start, found)
         skipped = target - start
         model = None
         if skipped > STALE_AFTER and self.role == "honest" and held:
@@ -171,7 +171,7 @@ class Resume:
         )
         return target, model
 
-    def _continue_at(self, start: int, furthest: int, found: dict[int, int]) -> int:
+    def continue_at(self, start: int, furthest: int, found: dict[int, int]) -> int:
         """Where a resumed client goes on: ``furthest`` (where its neighbours are), never before
         ``start`` (the round after its checkpoint), nor past the last round unless ``start`` is;
         noted in ``resumed_from``."""

@@ -69,3 +69,33 @@ def test_an_attacker_that_strikes_when_trusted_keeps_its_standing_in_its_checkpo
     for r, standing in kept.items():
         assert standing["streak"] == notes[r + 1]["trusted_for"] and standing["counted"] == r
     assert any(n.get("attacking", True) for n in notes.values()) and any(n["trusted_for"] for n in notes.values())
+
+
+def test_an_attacker_under_asynchronous_gossip_checkpoints_whom_it_answered(small_scenario, tmp_path, monkeypatch):
+    # Prepare: 3 honest clients and one attacker gossiping 12 steps, a checkpoint every 4 steps
+    scenario = small_scenario(
+        "topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "rounds=12", "checkpoint.every=4",
+        "attack.name=gaussian", "network.protocol=async",
+    )
+    (bad,) = scenario_topology(scenario).byzantine
+    counters: dict = {}
+    saved = record_saves(monkeypatch, counters)
+
+    # Execute
+    summary = run_inproc(scenario, tmp_path, console=quiet_console())
+
+    # Assert: each checkpoint is labelled with the newest step it answered so far, and holds the
+    # label it last answered each neighbour at, as its records up to that point say
+    assert summary["failed_peers"] == []
+    labels = [r for k, r in saved if k == bad]
+    assert labels
+    answered, newest, expected = {}, -1, {}
+    for rec in read_rounds(tmp_path, bad):
+        answered.update(rec["answered"])
+        before, newest = newest, max(newest, rec["round"])
+        if (newest + 1) // 4 > (before + 1) // 4 and newest < 11:
+            expected[newest] = dict(answered)
+    assert sorted(expected) == labels
+    for r in labels:
+        assert counters[(bad, r)]["answered"] == expected[r]
+    assert not checkpoint_path(tmp_path, bad).exists()  # deleted when it finished

@@ -22,6 +22,7 @@ from dfedrw.peer.client.checkpoint import (
 from dfedrw.peer.config.scenario import ScenarioError, load_scenario, scenario_changes
 from dfedrw.peer.learning.data import Dataset
 from dfedrw.peer.learning.models import build_model, get_vector
+from dfedrw.peer.client.asynchronous import run_async_byzantine
 from dfedrw.peer.client.byzantine import run_byzantine
 from dfedrw.peer.client.client import Client
 from dfedrw.peer.client.rejoin import coordinate_median
@@ -362,3 +363,72 @@ def test_an_asynchronous_client_restarted_close_behind_keeps_its_model_and_redoe
     # No one to wait for: nothing waited.
     resume, inbox = _resume_async({})
     assert resume.resume_steps([]) == (50, None) and inbox.waited == []
+
+
+def _async_attacker(small_scenario, tmp_path, answered):
+    """A Byzantine client under asynchronous gossip whose checkpoint (step 9) kept ``answered``
+    (a callable: of the honest ids), built again as it starts after a restart."""
+    scenario = small_scenario(
+        "topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5",
+        "network.protocol=async", "rounds=12",
+    )
+    bad = max(scenario_topology(scenario).byzantine)
+    peer = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    try:
+        kept = answered(sorted(scenario_topology(scenario).honest()))
+        peer.resume.save(9, generators={"attack": torch.Generator().manual_seed(7).get_state().numpy()}, answered=kept)
+        peer.results.close()
+    finally:
+        peer.close()
+    return Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+
+
+def test_a_byzantine_client_under_gossip_goes_on_from_whom_it_had_answered(small_scenario, tmp_path):
+    # Prepare: its checkpoint says it answered every honest neighbour's last step already
+    again = _async_attacker(small_scenario, tmp_path, lambda honest: {str(k): 11 for k in honest})
+
+    waits = []
+
+    def wait_news(seen, timeout):
+        waits.append(seen)
+        return seen  # nothing new: a client still owing an answer would wait on
+
+    # Execute
+    try:
+        again.prepare()
+        again.inbox.wait_news = wait_news
+        final = run_async_byzantine(again)
+    finally:
+        again.results.close()
+        again.close()
+
+    # Assert: nothing was due, so it never waited for a model (a fresh start would wait to answer
+    # each neighbour), and the resume is noted
+    assert waits == [] and final["gossip"]["crafts"] == 0
+    assert again.resume.restarts == 1
+    assert [e["checkpoint_round"] for e in again.resume.resumed_from] == [9]
+
+
+@pytest.mark.parametrize(
+    "answered",
+    [
+        lambda honest: [1, 2],
+        lambda honest: {"x": 3},
+        lambda honest: {str(honest[0]): "3"},
+        lambda honest: {str(honest[0]): True},
+        lambda honest: {str(honest[0]): -2},
+        lambda honest: {"99": 4},  # no neighbour of it
+    ],
+)
+def test_a_byzantine_client_under_gossip_resumes_no_labels_it_cannot_read(small_scenario, tmp_path, answered):
+    # Prepare: a checkpoint whose answered labels are not a neighbour -> label table
+    again = _async_attacker(small_scenario, tmp_path, answered)
+
+    # Execute / Assert: refused before it waits for anyone, naming the file
+    try:
+        again.prepare()
+        with pytest.raises(CheckpointError, match=r"\.ckpt\.npz: its answered labels are unusable"):
+            run_async_byzantine(again)
+    finally:
+        again.results.close()
+        again.close()
