@@ -238,20 +238,27 @@ def test_a_byzantine_client_checkpoints_its_round_and_attack_generator(small_sce
         again.close()
 
 
-def test_a_byzantine_client_resumes_no_standing_it_cannot_read(small_scenario, tmp_path):
-    # Prepare: an attacker that strikes when trusted, its checkpoint holding no standing
+def _restarted_attacker(small_scenario, tmp_path, *settings, kept):
+    """A Byzantine client (of 3 honest ones) whose checkpoint of round 9 kept ``kept(honest
+    ids)`` besides its generator, built again as it starts after a restart."""
     scenario = small_scenario(
-        "topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5",
-        "network.share_scores=true", "attack.strike=trusted",
+        "topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5", *settings,
     )
     bad = max(scenario_topology(scenario).byzantine)
     peer = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
     try:
-        peer.resume.save(9, generators={"attack": torch.Generator().get_state().numpy()}, standing={"streak": "many"})
+        peer.resume.save(9, generators={"attack": torch.Generator().get_state().numpy()}, **kept(sorted(scenario_topology(scenario).honest())))
         peer.results.close()
     finally:
         peer.close()
-    again = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    return Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+
+
+def test_a_byzantine_client_resumes_no_standing_it_cannot_read(small_scenario, tmp_path):
+    # Prepare: an attacker that strikes when trusted, its checkpoint holding no standing
+    again = _restarted_attacker(
+        small_scenario, tmp_path, "network.share_scores=true", "attack.strike=trusted", kept=lambda honest: {"standing": {"streak": "many"}},
+    )
 
     # Execute / Assert: refused before it waits for anyone, naming the file
     try:
@@ -366,21 +373,9 @@ def test_an_asynchronous_client_restarted_close_behind_keeps_its_model_and_redoe
 
 
 def _async_attacker(small_scenario, tmp_path, answered):
-    """A Byzantine client under asynchronous gossip whose checkpoint (step 9) kept ``answered``
-    (a callable: of the honest ids), built again as it starts after a restart."""
-    scenario = small_scenario(
-        "topology.kind=complete", "topology.honest=3", "topology.byzantine=1", "attack.name=gaussian", "checkpoint.every=5",
-        "network.protocol=async", "rounds=12",
-    )
-    bad = max(scenario_topology(scenario).byzantine)
-    peer = Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
-    try:
-        kept = answered(sorted(scenario_topology(scenario).honest()))
-        peer.resume.save(9, generators={"attack": torch.Generator().manual_seed(7).get_state().numpy()}, answered=kept)
-        peer.results.close()
-    finally:
-        peer.close()
-    return Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
+    """A Byzantine client under asynchronous gossip whose checkpoint kept the labels
+    ``answered(honest ids)``, built again as it starts after a restart."""
+    return _restarted_attacker(small_scenario, tmp_path, "network.protocol=async", "rounds=12", kept=lambda honest: {"answered": answered(honest)})
 
 
 def test_a_byzantine_client_under_gossip_goes_on_from_whom_it_had_answered(small_scenario, tmp_path):
