@@ -44,7 +44,7 @@ from dfedrw.peer.client.byzantine import restore_attack, send_crafted
 from dfedrw.peer.client.checkpoint import CheckpointError
 from dfedrw.peer.round.byzantine import ByzantineStep, scenario_lie
 from dfedrw.peer.round.candidates import ClientCandidates, Offer, assemble
-from dfedrw.peer.round.records import byzantine_record, loop_times
+from dfedrw.peer.round.records import byzantine_record, checkpoint_due, loop_times
 from dfedrw.peer.learning.models import set_vector
 from dfedrw.peer.transport.inbox import Inbox
 from dfedrw.peer.transport.latest import LatestInbox
@@ -188,7 +188,7 @@ def run_async_byzantine(client) -> dict[str, Any]:
     step = ByzantineStep(
         sc, client.id, client.attack, gen, lie=scenario_lie(sc, client.graphs, byzantine, client.id, client.plausible.max_scores), byzantine=byzantine,
     )
-    newest, every = -1, sc.checkpoint.every  # the newest label it answered at: its checkpoints' round
+    newest = -1  # the newest label it answered at: its checkpoints' round
     if client.resumed is not None:
         restore_attack(client, gen, step)
         answered.update(answered_of(client, honest))
@@ -232,7 +232,8 @@ def run_async_byzantine(client) -> dict[str, Any]:
         client.link.send(link_messages.round_event(client.id, label))
         crafts += 1
         before, newest = newest, max(newest, label)
-        if every and (newest + 1) // every > (before + 1) // every and newest < sc.rounds - 1:
+        # A checkpoint when its newest label passed one of the steps that end with one.
+        if sc.checkpoint.every and any(checkpoint_due(t, sc.rounds, sc.checkpoint.every) for t in range(before + 1, newest + 1)) and newest < sc.rounds - 1:
             answers = {str(k): v for k, v in answered.items()}
             client.resume.save(newest, generators={"attack": gen.get_state().numpy()}, answered=answers, **step.state())
         del received, messages, held, crafted

@@ -254,6 +254,17 @@ def _restarted_attacker(small_scenario, tmp_path, *settings, kept):
     return Client(scenario, bad, tmp_path, transport=InprocTransport(InprocHub(), "inproc:b"))
 
 
+def _refused_at_resume(again, run, match):
+    """``run(again)`` refuses the restarted client's checkpoint with a CheckpointError matching ``match``."""
+    try:
+        again.prepare()
+        with pytest.raises(CheckpointError, match=match):
+            run(again)
+    finally:
+        again.results.close()
+        again.close()
+
+
 def test_a_byzantine_client_resumes_no_standing_it_cannot_read(small_scenario, tmp_path):
     # Prepare: an attacker that strikes when trusted, its checkpoint holding no standing
     again = _restarted_attacker(
@@ -261,13 +272,7 @@ def test_a_byzantine_client_resumes_no_standing_it_cannot_read(small_scenario, t
     )
 
     # Execute / Assert: refused before it waits for anyone, naming the file
-    try:
-        again.prepare()
-        with pytest.raises(CheckpointError, match=r"\.ckpt\.npz: its attack's standing is unusable \(not a standing"):
-            run_byzantine(again)
-    finally:
-        again.results.close()
-        again.close()
+    _refused_at_resume(again, run_byzantine, r"\.ckpt\.npz: its attack's standing is unusable \(not a standing")
 
 
 def test_a_resumed_trainer_continues_the_same_momentum_and_augmentation_trajectory(tmp_path):
@@ -420,10 +425,4 @@ def test_a_byzantine_client_under_gossip_resumes_no_labels_it_cannot_read(small_
     again = _async_attacker(small_scenario, tmp_path, answered)
 
     # Execute / Assert: refused before it waits for anyone, naming the file
-    try:
-        again.prepare()
-        with pytest.raises(CheckpointError, match=r"\.ckpt\.npz: its answered labels are unusable"):
-            run_async_byzantine(again)
-    finally:
-        again.results.close()
-        again.close()
+    _refused_at_resume(again, run_async_byzantine, r"\.ckpt\.npz: its answered labels are unusable")
